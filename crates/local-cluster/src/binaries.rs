@@ -1,0 +1,79 @@
+//! Locating (and building when absent) the etcd and kube-apiserver binaries.
+
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+/// Paths of the two control-plane programs.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// The etcd server.
+    pub etcd: PathBuf,
+    /// The kube-apiserver.
+    pub kube_apiserver: PathBuf,
+}
+
+impl Binaries {
+    fn in_dir(dir: &Path) -> Option<Self> {
+        let b = Self {
+            etcd: dir.join("etcd"),
+            kube_apiserver: dir.join("kube-apiserver"),
+        };
+        (b.etcd.is_file() && b.kube_apiserver.is_file()).then_some(b)
+    }
+}
+
+/// The project's build script, found relative to this crate's sources.
+fn build_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-control-plane.sh")
+}
+
+static ENSURED: Mutex<Option<Binaries>> = Mutex::new(None);
+
+/// Returns the control-plane binaries, building them with the project's script when they
+/// are not cached yet (progress goes to stderr). `SERVICE_MIRROR_CONTROL_PLANE_DIR`
+/// overrides the location.
+pub fn ensure_binaries() -> Result<Binaries> {
+    let mut ensured = ENSURED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = ensured.as_ref() {
+        return Ok(b.clone());
+    }
+    if let Some(dir) = std::env::var_os("SERVICE_MIRROR_CONTROL_PLANE_DIR") {
+        let dir = PathBuf::from(dir);
+        let b = Binaries::in_dir(&dir).ok_or_else(|| {
+            Error::Binaries(format!(
+                "SERVICE_MIRROR_CONTROL_PLANE_DIR={} lacks etcd or kube-apiserver",
+                dir.display()
+            ))
+        })?;
+        *ensured = Some(b.clone());
+        return Ok(b);
+    }
+    let script = build_script();
+    if !script.is_file() {
+        return Err(Error::Binaries(format!(
+            "build script {} not found; set SERVICE_MIRROR_CONTROL_PLANE_DIR",
+            script.display()
+        )));
+    }
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| Error::Binaries(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::Binaries(format!(
+            "{} failed ({}); run it by hand to see why",
+            script.display(),
+            out.status
+        )));
+    }
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let b = Binaries::in_dir(Path::new(&dir)).ok_or_else(|| {
+        Error::Binaries(format!("script printed {dir}, which lacks the binaries"))
+    })?;
+    *ensured = Some(b.clone());
+    Ok(b)
+}

@@ -1,0 +1,440 @@
+//! One local cluster: an etcd and a kube-apiserver with their own PKI and data.
+
+use crate::binaries::{Binaries, ensure_binaries};
+use crate::certs::Pki;
+use crate::kubeconfig::{Credential, Kubeconfig, client_from_yaml};
+use crate::ports::free_port;
+use crate::process::Process;
+use crate::{Error, Result, workdir};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, ObjectMeta, PostParams};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long an apiserver may take to answer `/readyz` 200 (2 cores, cold caches).
+const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
+const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
+const START_ATTEMPTS: usize = 3;
+
+/// Audit policy: metadata of every write, nothing else. Tests count writes with it.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [\"RequestReceived\"]
+rules:
+- level: Metadata
+  verbs: [\"create\", \"update\", \"patch\", \"delete\", \"deletecollection\"]
+- level: None
+";
+
+/// Options of a local cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Service CIDR; by default a distinct `10.<n>.0.0/16` per cluster of this process.
+    pub service_cidr: Option<String>,
+}
+
+/// A running local cluster. Dropping it kills both processes and removes its directory.
+#[derive(Debug)]
+pub struct LocalCluster {
+    name: String,
+    binaries: Binaries,
+    service_cidr: String,
+    etcd_port: u16,
+    apiserver_port: Mutex<u16>,
+    admin: Mutex<Kubeconfig>,
+    pki: Pki,
+    etcd: Mutex<Option<Process>>,
+    apiserver: Mutex<Option<Process>>,
+    // Last, so the processes die before their directory goes.
+    dir: tempfile::TempDir,
+}
+
+fn next_service_cidr() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("10.{}.0.0/16", 100 + (n % 150))
+}
+
+impl LocalCluster {
+    /// Starts a cluster with default options.
+    pub async fn start(name: &str) -> Result<Self> {
+        Self::start_with(name, ClusterOptions::default()).await
+    }
+
+    /// Starts a cluster: builds the binaries if needed, generates certificates, starts
+    /// etcd and kube-apiserver and waits until `/readyz` answers 200.
+    pub async fn start_with(name: &str, opts: ClusterOptions) -> Result<Self> {
+        let binaries = tokio::task::spawn_blocking(ensure_binaries)
+            .await
+            .map_err(|e| Error::Binaries(e.to_string()))??;
+        let dir = workdir::create(name)?;
+        let pki = Pki::generate(name)?;
+        for (file, pem) in [
+            ("ca.crt", &pki.ca_cert),
+            ("apiserver.crt", &pki.serving_cert),
+            ("apiserver.key", &pki.serving_key),
+            ("sa.key", &pki.sa_key),
+            ("sa.pub", &pki.sa_pub),
+        ] {
+            std::fs::write(dir.path().join(file), pem)?;
+        }
+        std::fs::write(dir.path().join("audit-policy.yaml"), AUDIT_POLICY)?;
+        std::fs::create_dir_all(dir.path().join("etcd"))?;
+
+        let (etcd, etcd_port) = start_etcd(&binaries, dir.path()).await?;
+        let mut cluster = Self {
+            name: name.to_string(),
+            binaries,
+            service_cidr: opts.service_cidr.unwrap_or_else(next_service_cidr),
+            etcd_port,
+            apiserver_port: Mutex::new(0),
+            admin: Mutex::new(Kubeconfig {
+                yaml: String::new(),
+                path: PathBuf::new(),
+            }),
+            pki,
+            etcd: Mutex::new(Some(etcd)),
+            apiserver: Mutex::new(None),
+            dir,
+        };
+        let mut last = None;
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port()?;
+            *cluster.apiserver_port.get_mut().unwrap() = port;
+            match cluster.spawn_apiserver().await {
+                Ok(()) => return Ok(cluster),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    /// The cluster's name (also its kubeconfig context name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `https://127.0.0.1:<port>` of the apiserver.
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.apiserver_port())
+    }
+
+    fn apiserver_port(&self) -> u16 {
+        *self
+            .apiserver_port
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The etcd client URL.
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.etcd_port)
+    }
+
+    /// The service CIDR ClusterIPs are allocated from.
+    pub fn service_cidr(&self) -> &str {
+        &self.service_cidr
+    }
+
+    /// The cluster CA certificate (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &self.pki.ca_cert
+    }
+
+    /// The admin (`system:masters`) kubeconfig.
+    pub fn admin_kubeconfig(&self) -> Kubeconfig {
+        self.admin.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A new admin client. Create one per tokio runtime (per test).
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_from_yaml(&self.admin_kubeconfig().yaml).await
+    }
+
+    /// The apiserver's audit log: one JSON line per write request (metadata only).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
+    }
+
+    /// The cluster's working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Process ids of etcd and kube-apiserver (those running).
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        for p in [&self.etcd, &self.apiserver] {
+            if let Some(p) = p.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                pids.push(p.pid());
+            }
+        }
+        pids
+    }
+
+    /// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a token
+    /// from the TokenRequest API (valid 24 h). Creates the namespace and account if absent.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Kubeconfig> {
+        let client = self.client().await?;
+        let pp = PostParams::default();
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(namespace.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        ignore_exists(Api::<Namespace>::all(client.clone()).create(&pp, &ns).await)?;
+        let sas: Api<ServiceAccount> = Api::namespaced(client, namespace);
+        let sa = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        ignore_exists(sas.create(&pp, &sa).await)?;
+        let req = TokenRequest {
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(24 * 3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let token = sas
+            .create_token_request(name, &pp, &req)
+            .await?
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| Error::Kubeconfig("TokenRequest returned no status".into()))?;
+        let context = format!("{}-{namespace}-{name}", self.name);
+        let yaml = Kubeconfig::render(
+            &context,
+            &self.server_url(),
+            &self.pki.ca_cert,
+            Credential::Token(&token),
+        );
+        Kubeconfig::write(yaml, self.dir.path().join(format!("{context}.kubeconfig")))
+    }
+
+    /// Kills the apiserver (etcd keeps the data): the cluster is "away".
+    pub fn stop_apiserver(&self) {
+        if let Some(mut p) = self
+            .apiserver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            p.kill();
+        }
+    }
+
+    /// Starts the apiserver again on the same port and waits until it is ready.
+    pub async fn start_apiserver(&self) -> Result<()> {
+        self.spawn_apiserver().await
+    }
+
+    /// Kills all processes now (also done on drop).
+    pub fn stop(&self) {
+        self.stop_apiserver();
+        if let Some(mut p) = self.etcd.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            p.kill();
+        }
+    }
+
+    fn apiserver_args(&self) -> Vec<String> {
+        let d = self.dir.path();
+        let p = |f: &str| d.join(f).display().to_string();
+        vec![
+            format!("--etcd-servers={}", self.etcd_url()),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", self.apiserver_port()),
+            format!("--cert-dir={}", p("apiserver-certs")),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-cluster-ip-range={}", self.service_cidr),
+            "--allow-privileged=true".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--audit-policy-file={}", p("audit-policy.yaml")),
+            format!("--audit-log-path={}", p("audit.log")),
+            "--v=1".into(),
+        ]
+    }
+
+    async fn spawn_apiserver(&self) -> Result<()> {
+        let admin = Kubeconfig::write(
+            Kubeconfig::render(
+                &self.name,
+                &self.server_url(),
+                &self.pki.ca_cert,
+                Credential::ClientCert {
+                    cert: &self.pki.admin_cert,
+                    key: &self.pki.admin_key,
+                },
+            ),
+            self.dir.path().join("admin.kubeconfig"),
+        )?;
+        *self.admin.lock().unwrap_or_else(|e| e.into_inner()) = admin.clone();
+        let process = Process::spawn(
+            "kube-apiserver",
+            &self.binaries.kube_apiserver,
+            &self.apiserver_args(),
+            &self.dir.path().join("kube-apiserver.log"),
+        )?;
+        *self.apiserver.lock().unwrap_or_else(|e| e.into_inner()) = Some(process);
+        let client = admin.client().await?;
+        let deadline = Instant::now() + APISERVER_READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.with_apiserver(|p| p.exited()) {
+                let err = self.with_apiserver_err(format!("exited: {status}"));
+                self.stop_apiserver();
+                return Err(err);
+            }
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .expect("static request");
+            if client
+                .request_text(req)
+                .await
+                .is_ok_and(|t| t.trim() == "ok")
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let err = self.with_apiserver_err(format!(
+                    "/readyz not 200 within {}s",
+                    APISERVER_READY_TIMEOUT.as_secs()
+                ));
+                self.stop_apiserver();
+                return Err(err);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn with_apiserver<T: Default>(&self, f: impl FnOnce(&mut Process) -> Option<T>) -> Option<T> {
+        self.apiserver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .and_then(f)
+    }
+
+    fn with_apiserver_err(&self, reason: String) -> Error {
+        let etcd_tail = self
+            .etcd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|p| p.log_tail(10))
+            .unwrap_or_default();
+        match self
+            .apiserver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(p) => match p.start_error(reason) {
+                Error::Start {
+                    what,
+                    reason,
+                    log_tail,
+                } => Error::Start {
+                    what,
+                    reason,
+                    log_tail: format!("{log_tail}\n--- etcd log tail ---\n{etcd_tail}"),
+                },
+                other => other,
+            },
+            None => Error::Start {
+                what: "kube-apiserver".into(),
+                reason,
+                log_tail: String::new(),
+            },
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn ignore_exists<T>(r: kube::Result<T>) -> Result<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Starts etcd on free ports, retrying on a lost port race; waits for `/health`.
+async fn start_etcd(binaries: &Binaries, dir: &Path) -> Result<(Process, u16)> {
+    let mut last = None;
+    for _ in 0..START_ATTEMPTS {
+        let (client, peer) = (free_port()?, free_port()?);
+        let args = vec![
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{peer}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        let mut p = Process::spawn("etcd", &binaries.etcd, &args, &dir.join("etcd.log"))?;
+        let deadline = Instant::now() + ETCD_READY_TIMEOUT;
+        let outcome = loop {
+            if let Some(status) = p.exited() {
+                break Err(p.start_error(format!("exited: {status}")));
+            }
+            if etcd_healthy(client).await {
+                break Ok(());
+            }
+            if Instant::now() > deadline {
+                break Err(p.start_error("/health not true within 30s"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        match outcome {
+            Ok(()) => return Ok((p, client)),
+            Err(e) => {
+                p.kill();
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
+async fn etcd_healthy(port: u16) -> bool {
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await?;
+        Ok::<_, std::io::Error>(body.contains("\"health\":\"true\""))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), probe).await,
+        Ok(Ok(true))
+    )
+}

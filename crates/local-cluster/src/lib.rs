@@ -1,0 +1,56 @@
+//! Real local Kubernetes control planes for tests, benchmarks and the demo.
+//!
+//! A [`LocalCluster`] is one `etcd` plus one `kube-apiserver` on 127.0.0.1, built from Go
+//! modules by `scripts/build-control-plane.sh` and started with freshly generated
+//! certificates, RBAC authorization and a service CIDR of its own. There is no controller
+//! manager: no namespace finalisation, no endpoints controller, no garbage collection.
+//!
+//! Processes die with their handle, and with the process that started them (parent-death
+//! signal); working directories of dead processes are swept on the next start.
+
+mod binaries;
+mod certs;
+mod cluster;
+mod kubeconfig;
+mod ports;
+mod process;
+mod shared;
+mod workdir;
+
+pub use binaries::{Binaries, ensure_binaries};
+pub use cluster::{ClusterOptions, LocalCluster};
+pub use kubeconfig::Kubeconfig;
+pub use shared::{shared_cluster, unique_namespace};
+
+/// Errors from starting or driving a local cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The control-plane binaries are missing and could not be built.
+    #[error("control-plane binaries: {0}")]
+    Binaries(String),
+    /// A process did not start or did not become ready; carries its log tail.
+    #[error("{what} did not start: {reason}\n--- log tail ---\n{log_tail}")]
+    Start {
+        /// Which process.
+        what: String,
+        /// Why it is considered failed.
+        reason: String,
+        /// The last lines of its log.
+        log_tail: String,
+    },
+    /// Certificate generation failed.
+    #[error("certificates: {0}")]
+    Certs(#[from] rcgen::Error),
+    /// File system or process error.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    /// A Kubernetes API call failed.
+    #[error("kubernetes api: {0}")]
+    Kube(#[from] kube::Error),
+    /// A kubeconfig could not be turned into a client.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,9 @@
+//! Free loopback ports.
+
+use std::net::TcpListener;
+
+/// A port that was free on 127.0.0.1 a moment ago. A server may still lose the race for
+/// it, so callers retry the start on "address already in use".
+pub(crate) fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
