@@ -242,6 +242,28 @@ impl LocalCluster {
         self.spawn_apiserver().await
     }
 
+    /// Writes a throw-away key to etcd and compacts its history up to that revision, so
+    /// that any watch resuming from an earlier resourceVersion gets HTTP 410 Gone.
+    pub async fn compact_etcd(&self) -> Result<i64> {
+        let put = etcd_post(
+            self.etcd_port,
+            "/v3/kv/put",
+            r#"{"key":"L2xvY2FsLWNsdXN0ZXIvY29tcGFjdA==","value":"eA=="}"#,
+        )
+        .await?;
+        let revision: i64 = put["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| Error::Kubeconfig(format!("etcd put answered {put}")))?;
+        etcd_post(
+            self.etcd_port,
+            "/v3/kv/compaction",
+            &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+        )
+        .await?;
+        Ok(revision)
+    }
+
     /// Kills all processes now (also done on drop).
     pub fn stop(&self) {
         self.stop_apiserver();
@@ -422,6 +444,24 @@ async fn start_etcd(binaries: &Binaries, dir: &Path) -> Result<(Process, u16)> {
         }
     }
     Err(last.expect("at least one attempt"))
+}
+
+/// POSTs JSON to etcd's HTTP gateway and returns the JSON answer.
+async fn etcd_post(port: u16, path: &str, body: &str) -> Result<serde_json::Value> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let req = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await?;
+    let json = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    serde_json::from_str(json)
+        .map_err(|e| Error::Kubeconfig(format!("etcd {path} answered {answer:?}: {e}")))
 }
 
 async fn etcd_healthy(port: u16) -> bool {

@@ -1,0 +1,529 @@
+//! The desired mirror of one exported remote Service: the local Service and
+//! Endpoints that should exist, computed from the remote state alone.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Namespace, Service, ServicePort,
+    ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::gateway::{GatewayRef, ResolvedGateway};
+use super::labels::{
+    CLUSTER_NAME_LABEL, DEFAULT_CLUSTER_DOMAIN, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+    REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+    REMOTE_RESOURCE_VERSION_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION,
+};
+use super::naming::{fq_name, mirror_name};
+
+/// Protocol the apiserver assumes when a port has none.
+pub const DEFAULT_PROTOCOL: &str = "TCP";
+/// Service type of every mirror.
+pub const CLUSTER_IP: &str = "ClusterIP";
+
+/// What the core needs to know about a link (one remote cluster).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// The link's cluster name: mirror name suffix and `cluster-name` label value.
+    pub cluster_name: String,
+    /// The remote cluster's DNS domain, used in `remote-svc-fq-name`.
+    pub cluster_domain: String,
+}
+
+impl Link {
+    /// Builds a link; an empty domain means [`DEFAULT_CLUSTER_DOMAIN`].
+    pub fn new(cluster_name: impl Into<String>, cluster_domain: Option<&str>) -> Self {
+        Self {
+            cluster_name: cluster_name.into(),
+            cluster_domain: cluster_domain
+                .filter(|d| !d.is_empty())
+                .unwrap_or(DEFAULT_CLUSTER_DOMAIN)
+                .to_owned(),
+        }
+    }
+}
+
+/// The local objects that should mirror one remote Service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredMirror {
+    /// The mirror Service.
+    pub service: Service,
+    /// The mirror Endpoints (same name and namespace).
+    pub endpoints: Endpoints,
+}
+
+/// The four labels every mirror object carries.
+pub fn mirror_labels(cluster: &str, gateway: &GatewayRef) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            MIRRORED_SERVICE_LABEL.to_owned(),
+            MIRRORED_SERVICE_VALUE.to_owned(),
+        ),
+        (CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned()),
+        (REMOTE_GATEWAY_NAME_LABEL.to_owned(), gateway.name.clone()),
+        (
+            REMOTE_GATEWAY_NS_LABEL.to_owned(),
+            gateway.namespace.clone(),
+        ),
+    ])
+}
+
+/// A port's protocol with the apiserver's default applied.
+pub(crate) fn protocol_or_default(protocol: Option<&str>) -> String {
+    protocol
+        .filter(|p| !p.is_empty())
+        .unwrap_or(DEFAULT_PROTOCOL)
+        .to_owned()
+}
+
+/// A Service port's targetPort with the apiserver's default (the port) applied.
+pub(crate) fn target_port_or_default(target: Option<&IntOrString>, port: i32) -> IntOrString {
+    match target {
+        None | Some(IntOrString::Int(0)) => IntOrString::Int(port),
+        Some(IntOrString::String(s)) if s.is_empty() => IntOrString::Int(port),
+        Some(t) => t.clone(),
+    }
+}
+
+/// A port name as the apiserver returns it (an empty name is omitted).
+pub(crate) fn port_name(name: Option<&str>) -> Option<String> {
+    name.filter(|n| !n.is_empty()).map(str::to_owned)
+}
+
+/// The mirror's copy of a remote port: name, protocol, port and targetPort only,
+/// defaults made explicit so that the stored object compares equal.
+pub(crate) fn mirror_port(remote: &ServicePort) -> ServicePort {
+    ServicePort {
+        name: port_name(remote.name.as_deref()),
+        protocol: Some(protocol_or_default(remote.protocol.as_deref())),
+        port: remote.port,
+        target_port: Some(target_port_or_default(
+            remote.target_port.as_ref(),
+            remote.port,
+        )),
+        // nodePort and appProtocol belong to the remote cluster.
+        ..Default::default()
+    }
+}
+
+/// The mirror of `remote`, exported through `gateway`, for `link`.
+///
+/// With `resolved` the Endpoints get one subset (the gateway's addresses, one port
+/// per Service port at the gateway's port) and the Service records the gateway's
+/// resourceVersion; without it, or with no address, the Endpoints have no subsets
+/// and the mirror Service still exists.
+pub fn desired_mirror(
+    remote: &Service,
+    link: &Link,
+    gateway: &GatewayRef,
+    resolved: Option<&ResolvedGateway>,
+) -> DesiredMirror {
+    let remote_name = remote.metadata.name.as_deref().unwrap_or_default();
+    let namespace = remote.metadata.namespace.as_deref().unwrap_or_default();
+    let name = mirror_name(remote_name, &link.cluster_name);
+    let labels = mirror_labels(&link.cluster_name, gateway);
+    let fq = fq_name(remote_name, namespace, &link.cluster_domain);
+
+    let mut annotations = BTreeMap::from([
+        (
+            REMOTE_RESOURCE_VERSION_ANNOTATION.to_owned(),
+            remote.metadata.resource_version.clone().unwrap_or_default(),
+        ),
+        (REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq.clone()),
+    ]);
+    if let Some(r) = resolved {
+        annotations.insert(
+            REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION.to_owned(),
+            r.resource_version.clone(),
+        );
+    }
+
+    let ports: Vec<ServicePort> = remote
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(mirror_port)
+        .collect();
+
+    let subsets = resolved.filter(|r| !r.addresses.is_empty()).map(|r| {
+        vec![EndpointSubset {
+            addresses: Some(
+                r.addresses
+                    .iter()
+                    .map(|ip| EndpointAddress {
+                        ip: ip.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|p| EndpointPort {
+                        name: p.name.clone(),
+                        protocol: p.protocol.clone(),
+                        port: r.port,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }]
+    });
+
+    let service = Service {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some(CLUSTER_IP.to_owned()),
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let endpoints = Endpoints {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(),
+                fq,
+            )])),
+            ..Default::default()
+        },
+        subsets,
+    };
+    DesiredMirror { service, endpoints }
+}
+
+/// A namespace to create when a mirror's namespace is missing locally, labelled so
+/// that it is recognisable as created by the mirror of `cluster`.
+pub fn desired_namespace(namespace: &str, cluster: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([
+                (
+                    MIRRORED_SERVICE_LABEL.to_owned(),
+                    MIRRORED_SERVICE_VALUE.to_owned(),
+                ),
+                (CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned()),
+            ])),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+
+    fn remote(ports: Vec<ServicePort>) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                resource_version: Some("100".into()),
+                uid: Some("remote-uid".into()),
+                labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+                annotations: Some(BTreeMap::from([
+                    ("mirror.linkerd.io/gateway-name".into(), "gw".into()),
+                    ("mirror.linkerd.io/gateway-ns".into(), "mc".into()),
+                ])),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                cluster_ip: Some("10.1.2.3".into()),
+                selector: Some(BTreeMap::from([("app".into(), "web".into())])),
+                ports: Some(ports),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn port(
+        name: Option<&str>,
+        protocol: Option<&str>,
+        p: i32,
+        target: Option<IntOrString>,
+    ) -> ServicePort {
+        ServicePort {
+            name: name.map(str::to_owned),
+            protocol: protocol.map(str::to_owned),
+            port: p,
+            target_port: target,
+            ..Default::default()
+        }
+    }
+
+    fn link() -> Link {
+        Link::new("east", None)
+    }
+
+    fn gw() -> GatewayRef {
+        GatewayRef::new("mc", "gw")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn link_default_domain() {
+        assert_eq!(Link::new("e", None).cluster_domain, "cluster.local");
+        assert_eq!(Link::new("e", Some("")).cluster_domain, "cluster.local");
+        assert_eq!(
+            Link::new("e", Some("corp.example")).cluster_domain,
+            "corp.example"
+        );
+    }
+
+    #[test]
+    fn service_metadata() {
+        let m = desired_mirror(&remote(vec![]), &link(), &gw(), None);
+        let meta = &m.service.metadata;
+        assert_eq!(meta.name.as_deref(), Some("web-east"));
+        assert_eq!(meta.namespace.as_deref(), Some("shop"));
+        assert_eq!(meta.labels, Some(mirror_labels("east", &gw())));
+        assert_eq!(
+            meta.labels.as_ref().unwrap().len(),
+            4,
+            "exactly the four mirror labels, none copied from the remote"
+        );
+        assert_eq!(
+            meta.annotations,
+            Some(BTreeMap::from([
+                (
+                    "mirror.linkerd.io/remote-resource-version".into(),
+                    "100".into()
+                ),
+                (
+                    "mirror.linkerd.io/remote-svc-fq-name".into(),
+                    "web.shop.svc.cluster.local".into()
+                ),
+            ]))
+        );
+        assert_eq!(meta.uid, None);
+        assert_eq!(meta.resource_version, None);
+    }
+
+    #[test]
+    fn mirror_labels_values() {
+        assert_eq!(
+            mirror_labels("east", &gw()),
+            BTreeMap::from([
+                ("mirror.linkerd.io/mirrored-service".into(), "true".into()),
+                ("mirror.linkerd.io/cluster-name".into(), "east".into()),
+                ("mirror.linkerd.io/remote-gateway-name".into(), "gw".into()),
+                ("mirror.linkerd.io/remote-gateway-ns".into(), "mc".into()),
+            ])
+        );
+    }
+
+    #[test]
+    fn gateway_resource_version_only_when_resolved() {
+        let r = ResolvedGateway::new([ip("1.1.1.1")], 4143, "gw-7");
+        let m = desired_mirror(&remote(vec![]), &link(), &gw(), Some(&r));
+        assert_eq!(
+            m.service.metadata.annotations.as_ref().unwrap()
+                [REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION],
+            "gw-7"
+        );
+        let m = desired_mirror(&remote(vec![]), &link(), &gw(), None);
+        assert!(
+            !m.service
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION)
+        );
+    }
+
+    #[test]
+    fn fq_name_uses_link_domain() {
+        let l = Link::new("east", Some("corp.example"));
+        let m = desired_mirror(&remote(vec![]), &l, &gw(), None);
+        assert_eq!(
+            m.service.metadata.annotations.as_ref().unwrap()[REMOTE_SVC_FQ_NAME_ANNOTATION],
+            "web.shop.svc.corp.example"
+        );
+    }
+
+    #[test]
+    fn spec_is_cluster_ip_without_selector() {
+        let m = desired_mirror(&remote(vec![]), &link(), &gw(), None);
+        let spec = m.service.spec.unwrap();
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        assert_eq!(spec.selector, None);
+        assert_eq!(spec.cluster_ip, None);
+        assert_eq!(spec.ports, Some(vec![]));
+    }
+
+    #[test]
+    fn ports_are_copied_with_defaults() {
+        let full = ServicePort {
+            name: Some("http".into()),
+            protocol: Some("TCP".into()),
+            port: 80,
+            target_port: Some(IntOrString::String("web".into())),
+            node_port: Some(30080),
+            app_protocol: Some("http".into()),
+        };
+        let table = [
+            (
+                full,
+                port(
+                    Some("http"),
+                    Some("TCP"),
+                    80,
+                    Some(IntOrString::String("web".into())),
+                ),
+            ),
+            (
+                port(Some("dns"), Some("UDP"), 53, Some(IntOrString::Int(5353))),
+                port(Some("dns"), Some("UDP"), 53, Some(IntOrString::Int(5353))),
+            ),
+            (
+                port(None, None, 8080, None),
+                port(None, Some("TCP"), 8080, Some(IntOrString::Int(8080))),
+            ),
+            (
+                port(Some(""), Some(""), 81, Some(IntOrString::Int(0))),
+                port(None, Some("TCP"), 81, Some(IntOrString::Int(81))),
+            ),
+            (
+                port(
+                    Some("x"),
+                    None,
+                    82,
+                    Some(IntOrString::String(String::new())),
+                ),
+                port(Some("x"), Some("TCP"), 82, Some(IntOrString::Int(82))),
+            ),
+        ];
+        for (input, want) in table {
+            let m = desired_mirror(&remote(vec![input.clone()]), &link(), &gw(), None);
+            assert_eq!(m.service.spec.unwrap().ports, Some(vec![want]), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn endpoints_metadata() {
+        let m = desired_mirror(&remote(vec![]), &link(), &gw(), None);
+        let meta = &m.endpoints.metadata;
+        assert_eq!(meta.name.as_deref(), Some("web-east"));
+        assert_eq!(meta.namespace.as_deref(), Some("shop"));
+        assert_eq!(meta.labels, Some(mirror_labels("east", &gw())));
+        assert_eq!(
+            meta.annotations,
+            Some(BTreeMap::from([(
+                REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(),
+                "web.shop.svc.cluster.local".to_owned()
+            )]))
+        );
+    }
+
+    #[test]
+    fn endpoints_subsets() {
+        let ports = vec![
+            port(Some("http"), None, 80, None),
+            port(Some("dns"), Some("UDP"), 53, None),
+        ];
+        let two = ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.1")], 4143, "1");
+        let none = ResolvedGateway::new([], 4143, "1");
+        let want = vec![EndpointSubset {
+            addresses: Some(vec![
+                EndpointAddress {
+                    ip: "10.0.0.1".into(),
+                    ..Default::default()
+                },
+                EndpointAddress {
+                    ip: "10.0.0.2".into(),
+                    ..Default::default()
+                },
+            ]),
+            ports: Some(vec![
+                EndpointPort {
+                    name: Some("http".into()),
+                    protocol: Some("TCP".into()),
+                    port: 4143,
+                    app_protocol: None,
+                },
+                EndpointPort {
+                    name: Some("dns".into()),
+                    protocol: Some("UDP".into()),
+                    port: 4143,
+                    app_protocol: None,
+                },
+            ]),
+            not_ready_addresses: None,
+        }];
+        type Row<'a> = (
+            &'a str,
+            Option<&'a ResolvedGateway>,
+            Option<Vec<EndpointSubset>>,
+        );
+        let table: Vec<Row> = vec![
+            ("resolved", Some(&two), Some(want)),
+            ("resolved without addresses", Some(&none), None),
+            ("unresolved", None, None),
+        ];
+        for (what, resolved, want) in table {
+            let m = desired_mirror(&remote(ports.clone()), &link(), &gw(), resolved);
+            assert_eq!(m.endpoints.subsets, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn ipv6_addresses_are_written_canonically() {
+        let r = ResolvedGateway::new([ip("fd00:0:0::1")], 4143, "1");
+        let m = desired_mirror(
+            &remote(vec![port(None, None, 80, None)]),
+            &link(),
+            &gw(),
+            Some(&r),
+        );
+        let subset = &m.endpoints.subsets.unwrap()[0];
+        assert_eq!(subset.addresses.as_ref().unwrap()[0].ip, "fd00::1");
+    }
+
+    #[test]
+    fn long_remote_name_uses_mirror_name_rule() {
+        let mut svc = remote(vec![]);
+        svc.metadata.name = Some("a".repeat(63));
+        let m = desired_mirror(&svc, &link(), &gw(), None);
+        let name = m.service.metadata.name.clone().unwrap();
+        assert_eq!(name, mirror_name(&"a".repeat(63), "east"));
+        assert!(name.len() <= 63);
+        assert_eq!(m.endpoints.metadata.name, Some(name));
+    }
+
+    #[test]
+    fn namespace_labels() {
+        let ns = desired_namespace("shop", "east");
+        assert_eq!(ns.metadata.name.as_deref(), Some("shop"));
+        assert_eq!(
+            ns.metadata.labels,
+            Some(BTreeMap::from([
+                ("mirror.linkerd.io/mirrored-service".into(), "true".into()),
+                ("mirror.linkerd.io/cluster-name".into(), "east".into()),
+            ]))
+        );
+    }
+}

@@ -1,0 +1,435 @@
+//! Gateways: which gateway an exported Service names, and what a gateway Service
+//! offers (addresses and port) once checked.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, GATEWAY_PORT_NAME};
+
+/// Identifies a gateway Service in a remote cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GatewayRef {
+    /// Namespace of the gateway Service.
+    pub namespace: String,
+    /// Name of the gateway Service.
+    pub name: String,
+}
+
+impl GatewayRef {
+    /// Builds a reference from a namespace and a name.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for GatewayRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The gateway a remote Service is exported through, or `None` when it is not
+/// exported (both gateway annotations are needed, and must be non-empty).
+pub fn exported_gateway(service: &Service) -> Option<GatewayRef> {
+    let annotations = service.metadata.annotations.as_ref()?;
+    let name = annotations.get(GATEWAY_NAME_ANNOTATION)?;
+    let namespace = annotations.get(GATEWAY_NS_ANNOTATION)?;
+    if name.is_empty() || namespace.is_empty() {
+        return None;
+    }
+    Some(GatewayRef::new(namespace, name))
+}
+
+/// Why a gateway cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GatewayError {
+    /// The gateway Service does not exist in the remote cluster.
+    #[error("gateway Service not found in the remote cluster")]
+    NotFound,
+    /// The gateway has no `status.loadBalancer.ingress` entry yet.
+    #[error("gateway has no status.loadBalancer.ingress entry")]
+    NoIngress,
+    /// The gateway has no port named `mc-gateway`.
+    #[error("gateway has no port named \"{GATEWAY_PORT_NAME}\"")]
+    NoGatewayPort,
+    /// Every ingress entry is unusable (unparsable IP, or neither IP nor hostname).
+    #[error("gateway has no usable ingress entry (invalid: {})", .invalid.join(", "))]
+    NoUsableIngress {
+        /// Descriptions of the rejected entries.
+        invalid: Vec<String>,
+    },
+}
+
+/// What a usable gateway Service offers, before hostnames are resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewaySpec {
+    /// Ingress IP addresses, in ingress order.
+    pub ips: Vec<IpAddr>,
+    /// Ingress hostnames, to be resolved to IP addresses by the caller.
+    pub hostnames: Vec<String>,
+    /// The `port` of the gateway's `mc-gateway` port.
+    pub port: i32,
+    /// The gateway Service's resourceVersion.
+    pub resource_version: String,
+    /// Descriptions of skipped ingress entries, for the caller to warn about.
+    pub invalid_ingress: Vec<String>,
+}
+
+impl GatewaySpec {
+    /// The resolved gateway, given the addresses the hostnames resolved to.
+    pub fn into_resolved(
+        self,
+        resolved_hostnames: impl IntoIterator<Item = IpAddr>,
+    ) -> ResolvedGateway {
+        ResolvedGateway::new(
+            self.ips.into_iter().chain(resolved_hostnames),
+            self.port,
+            self.resource_version,
+        )
+    }
+}
+
+/// Checks a gateway Service and extracts its ingress addresses and port.
+///
+/// An ingress entry with a parsable `ip` gives an address; otherwise a non-empty
+/// `hostname` is kept for resolution (an Endpoints address must be an IP). Entries
+/// with an unparsable `ip` are reported in `invalid_ingress`, as are entries with
+/// neither field; an error is returned only when no entry is usable.
+pub fn gateway_spec(gateway: &Service) -> Result<GatewaySpec, GatewayError> {
+    let ingress = gateway
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or_default();
+    if ingress.is_empty() {
+        return Err(GatewayError::NoIngress);
+    }
+    let port = gateway
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .find(|p| p.name.as_deref() == Some(GATEWAY_PORT_NAME))
+        .map(|p| p.port)
+        .ok_or(GatewayError::NoGatewayPort)?;
+
+    let mut ips = Vec::new();
+    let mut hostnames = Vec::new();
+    let mut invalid_ingress = Vec::new();
+    for entry in ingress {
+        let ip = entry.ip.as_deref().filter(|s| !s.is_empty());
+        let hostname = entry.hostname.as_deref().filter(|s| !s.is_empty());
+        match ip.map(|s| (s, s.parse::<IpAddr>())) {
+            Some((_, Ok(addr))) => {
+                ips.push(addr);
+                continue;
+            }
+            Some((raw, Err(_))) => invalid_ingress.push(format!("unparsable ip {raw:?}")),
+            None => {}
+        }
+        match hostname {
+            Some(h) => hostnames.push(h.to_owned()),
+            None if ip.is_none() => {
+                invalid_ingress.push("entry with neither ip nor hostname".to_owned())
+            }
+            None => {}
+        }
+    }
+    if ips.is_empty() && hostnames.is_empty() {
+        return Err(GatewayError::NoUsableIngress {
+            invalid: invalid_ingress,
+        });
+    }
+    Ok(GatewaySpec {
+        ips,
+        hostnames,
+        port,
+        resource_version: gateway
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default(),
+        invalid_ingress,
+    })
+}
+
+/// A gateway whose addresses are all IPs: what a mirror's Endpoints point at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedGateway {
+    /// Gateway addresses, sorted and without duplicates.
+    pub addresses: Vec<IpAddr>,
+    /// The gateway's `mc-gateway` port.
+    pub port: i32,
+    /// The gateway Service's resourceVersion when resolved.
+    pub resource_version: String,
+}
+
+impl ResolvedGateway {
+    /// Builds a resolved gateway; addresses are sorted and deduplicated so that equal
+    /// sets give equal values (and so equal mirrors).
+    pub fn new(
+        addresses: impl IntoIterator<Item = IpAddr>,
+        port: i32,
+        resource_version: impl Into<String>,
+    ) -> Self {
+        let mut addresses: Vec<IpAddr> = addresses.into_iter().collect();
+        addresses.sort();
+        addresses.dedup();
+        Self {
+            addresses,
+            port,
+            resource_version: resource_version.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{
+        LoadBalancerIngress, LoadBalancerStatus, ServicePort, ServiceSpec, ServiceStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn annotated(pairs: &[(&str, &str)]) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                annotations: Some(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn ingress(ip: Option<&str>, hostname: Option<&str>) -> LoadBalancerIngress {
+        LoadBalancerIngress {
+            ip: ip.map(str::to_owned),
+            hostname: hostname.map(str::to_owned),
+            ..Default::default()
+        }
+    }
+
+    fn gateway(ports: &[(&str, i32)], ingress: Option<Vec<LoadBalancerIngress>>) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some("gw".into()),
+                namespace: Some("mc".into()),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(
+                    ports
+                        .iter()
+                        .map(|(name, port)| ServicePort {
+                            name: Some((*name).to_owned()),
+                            port: *port,
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            status: Some(ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus { ingress }),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn exported_gateway_needs_both_annotations() {
+        let n = GATEWAY_NAME_ANNOTATION;
+        let s = GATEWAY_NS_ANNOTATION;
+        let table: Vec<(Service, Option<GatewayRef>)> = vec![
+            (
+                annotated(&[(n, "gw"), (s, "mc")]),
+                Some(GatewayRef::new("mc", "gw")),
+            ),
+            (annotated(&[(n, "gw")]), None),
+            (annotated(&[(s, "mc")]), None),
+            (annotated(&[(n, ""), (s, "mc")]), None),
+            (annotated(&[(n, "gw"), (s, "")]), None),
+            (annotated(&[]), None),
+            (Service::default(), None),
+        ];
+        for (svc, want) in table {
+            assert_eq!(exported_gateway(&svc), want, "{:?}", svc.metadata);
+        }
+    }
+
+    #[test]
+    fn gateway_ref_display() {
+        assert_eq!(GatewayRef::new("mc", "gw").to_string(), "mc/gw");
+    }
+
+    #[test]
+    fn gateway_spec_errors() {
+        let good_port = [("mc-gateway", 4143)];
+        let table: Vec<(&str, Service, GatewayError)> = vec![
+            (
+                "no status",
+                {
+                    let mut g = gateway(&good_port, None);
+                    g.status = None;
+                    g
+                },
+                GatewayError::NoIngress,
+            ),
+            (
+                "no ingress",
+                gateway(&good_port, None),
+                GatewayError::NoIngress,
+            ),
+            (
+                "empty ingress",
+                gateway(&good_port, Some(vec![])),
+                GatewayError::NoIngress,
+            ),
+            (
+                "no mc-gateway port",
+                gateway(&[("http", 80)], Some(vec![ingress(Some("1.2.3.4"), None)])),
+                GatewayError::NoGatewayPort,
+            ),
+            (
+                "no spec",
+                {
+                    let mut g = gateway(&[], Some(vec![ingress(Some("1.2.3.4"), None)]));
+                    g.spec = None;
+                    g
+                },
+                GatewayError::NoGatewayPort,
+            ),
+            (
+                "only bad entries",
+                gateway(
+                    &good_port,
+                    Some(vec![ingress(Some("not-an-ip"), None), ingress(None, None)]),
+                ),
+                GatewayError::NoUsableIngress {
+                    invalid: vec![
+                        "unparsable ip \"not-an-ip\"".to_owned(),
+                        "entry with neither ip nor hostname".to_owned(),
+                    ],
+                },
+            ),
+            (
+                "empty strings",
+                gateway(&good_port, Some(vec![ingress(Some(""), Some(""))])),
+                GatewayError::NoUsableIngress {
+                    invalid: vec!["entry with neither ip nor hostname".to_owned()],
+                },
+            ),
+        ];
+        for (what, svc, want) in table {
+            assert_eq!(gateway_spec(&svc), Err(want), "{what}");
+        }
+    }
+
+    #[test]
+    fn gateway_spec_collects_ips_hostnames_and_invalid() {
+        let g = gateway(
+            &[("mc-probe", 4191), ("mc-gateway", 4143)],
+            Some(vec![
+                ingress(Some("10.0.0.2"), None),
+                ingress(Some("fd00::1"), None),
+                ingress(None, Some("lb.example.com")),
+                ingress(Some("10.0.0.1"), Some("ignored.example.com")),
+                ingress(Some("bogus"), Some("fallback.example.com")),
+                ingress(Some("999.1.1.1"), None),
+                ingress(None, None),
+            ]),
+        );
+        let spec = gateway_spec(&g).unwrap();
+        assert_eq!(
+            spec,
+            GatewaySpec {
+                ips: vec![ip("10.0.0.2"), ip("fd00::1"), ip("10.0.0.1")],
+                hostnames: vec!["lb.example.com".into(), "fallback.example.com".into()],
+                port: 4143,
+                resource_version: "42".into(),
+                invalid_ingress: vec![
+                    "unparsable ip \"bogus\"".into(),
+                    "unparsable ip \"999.1.1.1\"".into(),
+                    "entry with neither ip nor hostname".into(),
+                ],
+            }
+        );
+    }
+
+    #[test]
+    fn gateway_spec_hostname_only_is_usable() {
+        let g = gateway(
+            &[("mc-gateway", 4143)],
+            Some(vec![ingress(None, Some("lb.example.com"))]),
+        );
+        let spec = gateway_spec(&g).unwrap();
+        assert!(spec.ips.is_empty());
+        assert_eq!(spec.hostnames, vec!["lb.example.com".to_owned()]);
+        assert!(spec.invalid_ingress.is_empty());
+    }
+
+    #[test]
+    fn resolved_gateway_sorts_and_dedups() {
+        let r = ResolvedGateway::new(
+            [ip("10.0.0.2"), ip("::1"), ip("10.0.0.1"), ip("10.0.0.2")],
+            4143,
+            "7",
+        );
+        assert_eq!(r.addresses, vec![ip("10.0.0.1"), ip("10.0.0.2"), ip("::1")]);
+        assert_eq!(r.port, 4143);
+        assert_eq!(r.resource_version, "7");
+    }
+
+    #[test]
+    fn into_resolved_merges_hostname_addresses() {
+        let g = gateway(
+            &[("mc-gateway", 4143)],
+            Some(vec![
+                ingress(Some("10.0.0.2"), None),
+                ingress(None, Some("lb.example.com")),
+            ]),
+        );
+        let r = gateway_spec(&g)
+            .unwrap()
+            .into_resolved([ip("10.0.0.3"), ip("10.0.0.2")]);
+        assert_eq!(
+            r,
+            ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.3")], 4143, "42")
+        );
+    }
+
+    #[test]
+    fn error_messages_are_clear() {
+        assert_eq!(
+            GatewayError::NoGatewayPort.to_string(),
+            "gateway has no port named \"mc-gateway\""
+        );
+        assert_eq!(
+            GatewayError::NoUsableIngress {
+                invalid: vec!["a".into(), "b".into()]
+            }
+            .to_string(),
+            "gateway has no usable ingress entry (invalid: a, b)"
+        );
+    }
+}

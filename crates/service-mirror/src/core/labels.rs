@@ -1,0 +1,119 @@
+//! Wire names shared with Linkerd's multicluster tooling.
+//!
+//! These strings are part of the contract: a cluster running this project must look
+//! the same to Linkerd's CLI, proxies and dashboards as one running the original.
+
+/// Label marking a local object as a mirror (value `"true"`).
+pub const MIRRORED_SERVICE_LABEL: &str = "mirror.linkerd.io/mirrored-service";
+/// Value of [`MIRRORED_SERVICE_LABEL`] on every mirror.
+pub const MIRRORED_SERVICE_VALUE: &str = "true";
+/// Label naming the link (remote cluster) a mirror belongs to.
+pub const CLUSTER_NAME_LABEL: &str = "mirror.linkerd.io/cluster-name";
+/// Label naming the remote gateway Service a mirror sends traffic to.
+pub const REMOTE_GATEWAY_NAME_LABEL: &str = "mirror.linkerd.io/remote-gateway-name";
+/// Label naming the namespace of the remote gateway Service.
+pub const REMOTE_GATEWAY_NS_LABEL: &str = "mirror.linkerd.io/remote-gateway-ns";
+
+/// Annotation on a remote Service naming its gateway; with [`GATEWAY_NS_ANNOTATION`] it marks the Service exported.
+pub const GATEWAY_NAME_ANNOTATION: &str = "mirror.linkerd.io/gateway-name";
+/// Annotation on a remote Service naming its gateway's namespace.
+pub const GATEWAY_NS_ANNOTATION: &str = "mirror.linkerd.io/gateway-ns";
+/// Annotation on a mirror: the remote Service's resourceVersion when last mirrored.
+pub const REMOTE_RESOURCE_VERSION_ANNOTATION: &str = "mirror.linkerd.io/remote-resource-version";
+/// Annotation on a mirror: `<name>.<ns>.svc.<domain>` of its remote Service.
+pub const REMOTE_SVC_FQ_NAME_ANNOTATION: &str = "mirror.linkerd.io/remote-svc-fq-name";
+/// Annotation on a mirror Service: the gateway's resourceVersion when last resolved.
+pub const REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION: &str =
+    "mirror.linkerd.io/remote-gateway-resource-version";
+
+/// Name of the gateway Service port that receives cross-cluster traffic.
+pub const GATEWAY_PORT_NAME: &str = "mc-gateway";
+/// Name of the gateway Service port used for health probes.
+pub const PROBE_PORT_NAME: &str = "mc-probe";
+/// Annotation on the gateway Service: HTTP path of the health probe (e.g. `/health`).
+pub const PROBE_PATH_ANNOTATION: &str = "mirror.linkerd.io/probe-path";
+/// Annotation on the gateway Service: probe period in seconds.
+pub const PROBE_PERIOD_ANNOTATION: &str = "mirror.linkerd.io/probe-period";
+
+/// Secret `type` of a link registration.
+pub const LINK_SECRET_TYPE: &str = "mirror.linkerd.io/remote-kubeconfig";
+/// Data key of a link Secret holding the remote kubeconfig.
+pub const LINK_KUBECONFIG_KEY: &str = "kubeconfig";
+/// Annotation on a link Secret: the link's cluster name.
+pub const LINK_CLUSTER_NAME_ANNOTATION: &str = "mirror.linkerd.io/cluster-name";
+/// Annotation on a link Secret: the remote cluster's DNS domain.
+pub const LINK_CLUSTER_DOMAIN_ANNOTATION: &str = "mirror.linkerd.io/remote-cluster-domain";
+/// Annotation on a link Secret used only by Linkerd; accepted and ignored.
+pub const LINK_L5D_NS_ANNOTATION: &str = "mirror.linkerd.io/remote-cluster-l5d-ns";
+/// Remote cluster domain when the link Secret does not say.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// Label selector matching every mirror object of `cluster`.
+pub fn owner_selector(cluster: &str) -> String {
+    format!("{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE},{CLUSTER_NAME_LABEL}={cluster}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_selector_matches_contract() {
+        assert_eq!(
+            owner_selector("east"),
+            "mirror.linkerd.io/mirrored-service=true,mirror.linkerd.io/cluster-name=east"
+        );
+    }
+
+    #[test]
+    fn wire_names_are_exact() {
+        let table = [
+            (MIRRORED_SERVICE_LABEL, "mirror.linkerd.io/mirrored-service"),
+            (CLUSTER_NAME_LABEL, "mirror.linkerd.io/cluster-name"),
+            (
+                REMOTE_GATEWAY_NAME_LABEL,
+                "mirror.linkerd.io/remote-gateway-name",
+            ),
+            (
+                REMOTE_GATEWAY_NS_LABEL,
+                "mirror.linkerd.io/remote-gateway-ns",
+            ),
+            (GATEWAY_NAME_ANNOTATION, "mirror.linkerd.io/gateway-name"),
+            (GATEWAY_NS_ANNOTATION, "mirror.linkerd.io/gateway-ns"),
+            (
+                REMOTE_RESOURCE_VERSION_ANNOTATION,
+                "mirror.linkerd.io/remote-resource-version",
+            ),
+            (
+                REMOTE_SVC_FQ_NAME_ANNOTATION,
+                "mirror.linkerd.io/remote-svc-fq-name",
+            ),
+            (
+                REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+                "mirror.linkerd.io/remote-gateway-resource-version",
+            ),
+            (GATEWAY_PORT_NAME, "mc-gateway"),
+            (PROBE_PORT_NAME, "mc-probe"),
+            (PROBE_PATH_ANNOTATION, "mirror.linkerd.io/probe-path"),
+            (PROBE_PERIOD_ANNOTATION, "mirror.linkerd.io/probe-period"),
+            (LINK_SECRET_TYPE, "mirror.linkerd.io/remote-kubeconfig"),
+            (LINK_KUBECONFIG_KEY, "kubeconfig"),
+            (
+                LINK_CLUSTER_NAME_ANNOTATION,
+                "mirror.linkerd.io/cluster-name",
+            ),
+            (
+                LINK_CLUSTER_DOMAIN_ANNOTATION,
+                "mirror.linkerd.io/remote-cluster-domain",
+            ),
+            (
+                LINK_L5D_NS_ANNOTATION,
+                "mirror.linkerd.io/remote-cluster-l5d-ns",
+            ),
+            (DEFAULT_CLUSTER_DOMAIN, "cluster.local"),
+        ];
+        for (got, want) in table {
+            assert_eq!(got, want);
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! The pure domain core of the service mirror.
+//!
+//! Nothing here talks to a cluster: every function maps Kubernetes objects (as
+//! `k8s_openapi` values) to other values, so each rule is unit-tested without an
+//! apiserver. The rest of the program uses it in three steps:
+//!
+//! 1. the watcher reads its caches (remote Services, remote gateways, local mirrors)
+//!    and, for a remote Service key, builds the desired state with
+//!    [`exported_gateway`], [`gateway_spec`] (plus hostname resolution into a
+//!    [`ResolvedGateway`]) and [`desired_mirror`];
+//! 2. it selects the local objects owned by the link that map to the key
+//!    ([`is_owned`], [`remote_key`]) and calls [`plan()`];
+//! 3. the writer executes the returned [`Action`]s, in order, with retries.
+//!
+//! Because [`plan()`] compares before writing ([`service_update`],
+//! [`endpoints_update`]), an unchanged world produces no action at all.
+
+pub mod desired;
+pub mod diff;
+pub mod gateway;
+pub mod labels;
+pub mod namespaces;
+pub mod naming;
+pub mod ownership;
+pub mod plan;
+
+pub use desired::{DesiredMirror, Link, desired_mirror, desired_namespace, mirror_labels};
+pub use diff::{endpoints_update, service_update};
+pub use gateway::{
+    GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, exported_gateway, gateway_spec,
+};
+pub use labels::owner_selector;
+pub use namespaces::NamespaceFilter;
+pub use naming::{
+    MAX_CLUSTER_NAME_LEN, NameError, ServiceKey, fq_name, mirror_name, parse_fq_name,
+    validate_cluster_name,
+};
+pub use ownership::{is_owned, remote_key};
+pub use plan::{Action, plan};

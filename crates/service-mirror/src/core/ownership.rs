@@ -1,0 +1,154 @@
+//! Ownership: which local objects a link may change, and which remote Service a
+//! mirror stands for.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::labels::{
+    CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+    REMOTE_SVC_FQ_NAME_ANNOTATION,
+};
+use super::naming::{ServiceKey, parse_fq_name};
+
+/// Whether the object is a mirror belonging to `cluster` (and so may be changed or
+/// deleted by that link): `mirrored-service` is `"true"` and `cluster-name` is
+/// `cluster`.
+pub fn is_owned(meta: &ObjectMeta, cluster: &str) -> bool {
+    let Some(labels) = meta.labels.as_ref() else {
+        return false;
+    };
+    labels.get(MIRRORED_SERVICE_LABEL).map(String::as_str) == Some(MIRRORED_SERVICE_VALUE)
+        && labels.get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster)
+}
+
+/// The remote Service a mirror object stands for, read from its
+/// `remote-svc-fq-name` annotation.
+///
+/// `None` when the annotation is missing or malformed, or names another namespace
+/// than the object's own: a mirror always lives in its remote's namespace, so such
+/// an annotation cannot be trusted.
+pub fn remote_key(meta: &ObjectMeta) -> Option<ServiceKey> {
+    let fq = meta
+        .annotations
+        .as_ref()?
+        .get(REMOTE_SVC_FQ_NAME_ANNOTATION)?;
+    let key = parse_fq_name(fq)?;
+    (meta.namespace.as_deref() == Some(key.namespace.as_str())).then_some(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn meta(ns: Option<&str>, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> ObjectMeta {
+        let map = |pairs: &[(&str, &str)]| {
+            (!pairs.is_empty()).then(|| {
+                pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect::<BTreeMap<_, _>>()
+            })
+        };
+        ObjectMeta {
+            name: Some("web-east".into()),
+            namespace: ns.map(str::to_owned),
+            labels: map(labels),
+            annotations: map(annotations),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ownership_table() {
+        let m = MIRRORED_SERVICE_LABEL;
+        let c = CLUSTER_NAME_LABEL;
+        let table: Vec<(&str, ObjectMeta, bool)> = vec![
+            (
+                "owned",
+                meta(Some("ns"), &[(m, "true"), (c, "east")], &[]),
+                true,
+            ),
+            (
+                "owned with extra labels",
+                meta(Some("ns"), &[(m, "true"), (c, "east"), ("app", "x")], &[]),
+                true,
+            ),
+            (
+                "other cluster",
+                meta(Some("ns"), &[(m, "true"), (c, "west")], &[]),
+                false,
+            ),
+            (
+                "not a mirror",
+                meta(Some("ns"), &[(m, "false"), (c, "east")], &[]),
+                false,
+            ),
+            (
+                "mirror value case",
+                meta(Some("ns"), &[(m, "True"), (c, "east")], &[]),
+                false,
+            ),
+            (
+                "no mirror label",
+                meta(Some("ns"), &[(c, "east")], &[]),
+                false,
+            ),
+            (
+                "no cluster label",
+                meta(Some("ns"), &[(m, "true")], &[]),
+                false,
+            ),
+            ("no labels", meta(Some("ns"), &[], &[]), false),
+            (
+                "annotations are not labels",
+                meta(Some("ns"), &[], &[(m, "true"), (c, "east")]),
+                false,
+            ),
+        ];
+        for (what, meta, want) in table {
+            assert_eq!(is_owned(&meta, "east"), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn remote_key_table() {
+        let a = REMOTE_SVC_FQ_NAME_ANNOTATION;
+        let table: Vec<(&str, ObjectMeta, Option<ServiceKey>)> = vec![
+            (
+                "same namespace",
+                meta(Some("shop"), &[], &[(a, "web.shop.svc.cluster.local")]),
+                Some(ServiceKey::new("shop", "web")),
+            ),
+            (
+                "other namespace",
+                meta(Some("other"), &[], &[(a, "web.shop.svc.cluster.local")]),
+                None,
+            ),
+            (
+                "no namespace",
+                meta(None, &[], &[(a, "web.shop.svc.cluster.local")]),
+                None,
+            ),
+            (
+                "malformed",
+                meta(Some("shop"), &[], &[(a, "web.shop")]),
+                None,
+            ),
+            (
+                "no annotation",
+                meta(Some("shop"), &[], &[("x", "y")]),
+                None,
+            ),
+            ("no annotations", meta(Some("shop"), &[], &[]), None),
+            (
+                "label is not annotation",
+                meta(Some("shop"), &[(a, "web.shop.svc.cluster.local")], &[]),
+                None,
+            ),
+        ];
+        for (what, meta, want) in table {
+            assert_eq!(remote_key(&meta), want, "{what}");
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The one error type of the controller, with a label for the errors metric.
+
+/// Why a reconcile or a link failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to a Kubernetes API failed.
+    #[error("kubernetes api: {0}")]
+    Kube(#[from] kube::Error),
+    /// A local object of the mirror's name exists and is not ours: never touched.
+    #[error(
+        "{kind} {namespace}/{name} exists and is not a mirror of cluster {cluster}; leaving it alone"
+    )]
+    OwnershipConflict {
+        /// `Service` or `Endpoints`.
+        kind: String,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The cluster whose mirror wanted that name.
+        cluster: String,
+    },
+    /// The local cache had not yet seen an object the API has; retried shortly.
+    #[error("local cache is behind the API for {0}")]
+    StaleCache(String),
+    /// The link's parameters are invalid.
+    #[error("invalid link: {0}")]
+    InvalidLink(String),
+}
+
+impl Error {
+    /// A short, bounded label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => match s.code {
+                403 => "forbidden",
+                404 => "not_found",
+                409 => "conflict",
+                422 => "invalid",
+                429 => "throttled",
+                c if c >= 500 => "server_error",
+                _ => "api_error",
+            },
+            Error::Kube(_) => "connection",
+            Error::OwnershipConflict { .. } => "ownership_conflict",
+            Error::StaleCache(_) => "stale_cache",
+            Error::InvalidLink(_) => "invalid_link",
+        }
+    }
+}
+
+/// Result alias of the controller.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,179 @@
+//! In-memory indexes fed by watch events, so no event needs a scan of a store.
+
+use crate::core::{GatewayRef, ServiceKey};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Which remote Services use which gateway, and which local objects mirror which key.
+#[derive(Debug, Default)]
+pub struct Index {
+    gateway_of: HashMap<ServiceKey, GatewayRef>,
+    users_of: HashMap<GatewayRef, HashSet<ServiceKey>>,
+    services: LocalIndex,
+    endpoints: LocalIndex,
+}
+
+/// Local objects (by namespace and name) and the remote key each one mirrors.
+#[derive(Debug, Default)]
+pub struct LocalIndex {
+    key_of: HashMap<(String, String), ServiceKey>,
+    names_of: HashMap<ServiceKey, BTreeSet<String>>,
+}
+
+impl LocalIndex {
+    /// Records that local object `ns/name` mirrors `key`; returns the key it had before.
+    pub fn set(&mut self, ns: &str, name: &str, key: ServiceKey) -> Option<ServiceKey> {
+        let old = self.remove(ns, name);
+        self.names_of
+            .entry(key.clone())
+            .or_default()
+            .insert(name.to_string());
+        self.key_of.insert((ns.to_string(), name.to_string()), key);
+        old
+    }
+
+    /// Forgets local object `ns/name`; returns the key it mirrored.
+    pub fn remove(&mut self, ns: &str, name: &str) -> Option<ServiceKey> {
+        let key = self.key_of.remove(&(ns.to_string(), name.to_string()))?;
+        if let Some(names) = self.names_of.get_mut(&key) {
+            names.remove(name);
+            if names.is_empty() {
+                self.names_of.remove(&key);
+            }
+        }
+        Some(key)
+    }
+
+    /// Names of the local objects that mirror `key`.
+    pub fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &String> {
+        self.names_of.get(key).into_iter().flatten()
+    }
+
+    /// Every key some local object mirrors.
+    pub fn keys(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.names_of.keys()
+    }
+
+    /// Empties the index (before a rebuild after a relist).
+    pub fn clear(&mut self) {
+        self.key_of.clear();
+        self.names_of.clear();
+    }
+}
+
+impl Index {
+    /// Records the gateway a remote Service is exported through (None: not exported or
+    /// deleted). Returns the gateway it used before, if any.
+    pub fn set_gateway(
+        &mut self,
+        key: &ServiceKey,
+        gateway: Option<GatewayRef>,
+    ) -> Option<GatewayRef> {
+        let old = self.gateway_of.remove(key);
+        if let Some(old) = &old
+            && let Some(users) = self.users_of.get_mut(old)
+        {
+            users.remove(key);
+            if users.is_empty() {
+                self.users_of.remove(old);
+            }
+        }
+        if let Some(gw) = gateway {
+            self.users_of
+                .entry(gw.clone())
+                .or_default()
+                .insert(key.clone());
+            self.gateway_of.insert(key.clone(), gw);
+        }
+        old
+    }
+
+    /// Remote Services exported through `gateway`.
+    pub fn users_of(&self, gateway: &GatewayRef) -> Vec<ServiceKey> {
+        self.users_of
+            .get(gateway)
+            .map(|u| u.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every gateway in use.
+    pub fn gateways(&self) -> Vec<GatewayRef> {
+        self.users_of.keys().cloned().collect()
+    }
+
+    /// Every exported remote Service.
+    pub fn exported(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.gateway_of.keys()
+    }
+
+    /// Forgets every gateway association (before a rebuild after a relist).
+    pub fn clear_gateways(&mut self) {
+        self.gateway_of.clear();
+        self.users_of.clear();
+    }
+
+    /// The local Services index.
+    pub fn services(&mut self) -> &mut LocalIndex {
+        &mut self.services
+    }
+
+    /// The local Endpoints index.
+    pub fn endpoints(&mut self) -> &mut LocalIndex {
+        &mut self.endpoints
+    }
+
+    /// Names of local Services and Endpoints that mirror `key`.
+    pub fn local_names(&self, key: &ServiceKey) -> (Vec<String>, Vec<String>) {
+        (
+            self.services.names(key).cloned().collect(),
+            self.endpoints.names(key).cloned().collect(),
+        )
+    }
+
+    /// Every key a local object mirrors.
+    pub fn local_keys(&self) -> HashSet<ServiceKey> {
+        self.services
+            .keys()
+            .chain(self.endpoints.keys())
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: &str) -> ServiceKey {
+        ServiceKey::new("ns", n)
+    }
+
+    #[test]
+    fn gateway_moves_update_both_sides() {
+        let mut i = Index::default();
+        let (g1, g2) = (GatewayRef::new("gw", "one"), GatewayRef::new("gw", "two"));
+        i.set_gateway(&key("a"), Some(g1.clone()));
+        i.set_gateway(&key("b"), Some(g1.clone()));
+        assert_eq!(i.users_of(&g1).len(), 2);
+        assert_eq!(i.set_gateway(&key("a"), Some(g2.clone())), Some(g1.clone()));
+        assert_eq!(i.users_of(&g1), vec![key("b")]);
+        assert_eq!(i.users_of(&g2), vec![key("a")]);
+        i.set_gateway(&key("b"), None);
+        assert!(i.users_of(&g1).is_empty());
+        assert_eq!(i.gateways(), vec![g2]);
+    }
+
+    #[test]
+    fn local_objects_map_to_keys_and_back() {
+        let mut i = Index::default();
+        i.services().set("ns", "a-east", key("a"));
+        i.services().set("ns", "legacy", key("a"));
+        assert_eq!(
+            i.local_names(&key("a")).0,
+            vec!["a-east".to_string(), "legacy".to_string()]
+        );
+        assert_eq!(i.services().set("ns", "legacy", key("b")), Some(key("a")));
+        assert_eq!(i.services().remove("ns", "a-east"), Some(key("a")));
+        assert!(i.local_names(&key("a")).0.is_empty());
+        assert_eq!(i.local_keys(), HashSet::from([key("b")]));
+    }
+}

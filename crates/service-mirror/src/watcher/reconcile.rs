@@ -1,0 +1,119 @@
+//! Reconciling one key: desired mirror (pure core) vs. actual local objects (caches).
+
+use super::{Inner, Outcome};
+use crate::core::{
+    GatewayRef, ResolvedGateway, ServiceKey, desired_mirror, exported_gateway, gateway_spec, plan,
+};
+use crate::error::Result;
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::ObjectRef;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// The gateway Service from the remote cache.
+pub(super) fn gateway_service(inner: &Inner, gw: &GatewayRef) -> Option<Arc<Service>> {
+    inner
+        .remote
+        .get(&ObjectRef::new(&gw.name).within(&gw.namespace))
+}
+
+/// The gateway's addresses and port, or None (with a warning) when it is unusable.
+async fn resolve_gateway(
+    inner: &Inner,
+    key: &ServiceKey,
+    gw: &GatewayRef,
+) -> Option<ResolvedGateway> {
+    let cluster = &inner.link.cluster_name;
+    let Some(svc) = gateway_service(inner, gw) else {
+        tracing::warn!(%cluster, %key, gateway = %gw, "gateway not found; mirror kept without endpoints");
+        return None;
+    };
+    let spec = match gateway_spec(&svc) {
+        Ok(spec) => spec,
+        Err(e) => {
+            tracing::warn!(%cluster, %key, gateway = %gw, error = %e, "gateway unusable; mirror kept without endpoints");
+            return None;
+        }
+    };
+    if !spec.invalid_ingress.is_empty() {
+        tracing::warn!(%cluster, gateway = %gw, invalid = ?spec.invalid_ingress, "ignoring invalid gateway ingress entries");
+    }
+    let mut resolved = Vec::new();
+    for host in &spec.hostnames {
+        match inner.resolver.resolve(host).await {
+            Ok(ips) => resolved.extend(ips),
+            Err(e) => {
+                tracing::warn!(%cluster, gateway = %gw, error = %e, "gateway hostname unresolved; retried every endpoint refresh period")
+            }
+        }
+    }
+    let resolved = spec.into_resolved(resolved);
+    (!resolved.addresses.is_empty()).then_some(resolved)
+}
+
+/// Brings the local mirror of `key` to its desired state.
+pub(super) async fn reconcile(inner: &Inner, key: &ServiceKey) -> Result<Outcome> {
+    let remote = inner
+        .remote
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    // Absence in a cache that has not listed yet proves nothing: wait for the list.
+    if remote.is_none()
+        && !inner
+            .remote_synced
+            .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        return Ok(Outcome::Done);
+    }
+    let exported = remote
+        .as_deref()
+        .filter(|_| inner.opts.namespaces.allows(&key.namespace))
+        .and_then(|svc| exported_gateway(svc).map(|gw| (svc, gw)));
+    let desired = match exported {
+        Some((svc, gw)) => {
+            let resolved = resolve_gateway(inner, key, &gw).await;
+            Some(desired_mirror(svc, &inner.link, &gw, resolved.as_ref()))
+        }
+        None => None,
+    };
+
+    let (mut svc_names, mut ep_names): (BTreeSet<String>, BTreeSet<String>) = {
+        let (s, e) = inner.index().local_names(key);
+        (s.into_iter().collect(), e.into_iter().collect())
+    };
+    if let Some(d) = &desired {
+        let name = d.service.metadata.name.clone().unwrap_or_default();
+        svc_names.insert(name.clone());
+        ep_names.insert(name);
+    }
+    let services: Vec<_> = svc_names
+        .iter()
+        .filter_map(|n| {
+            inner
+                .local_services
+                .get(&ObjectRef::new(n).within(&key.namespace))
+        })
+        .collect();
+    let endpoints: Vec<_> = ep_names
+        .iter()
+        .filter_map(|n| {
+            inner
+                .local_endpoints
+                .get(&ObjectRef::new(n).within(&key.namespace))
+        })
+        .collect();
+    let services: Vec<&_> = services.iter().map(|s| s.as_ref()).collect();
+    let endpoints: Vec<&_> = endpoints.iter().map(|e| e.as_ref()).collect();
+
+    let actions = plan(
+        key,
+        desired.as_ref(),
+        &services,
+        &endpoints,
+        &inner.link.cluster_name,
+    );
+    for action in &actions {
+        tracing::debug!(cluster = %inner.link.cluster_name, %key, ?action, "writing");
+        inner.writer.execute(action).await?;
+    }
+    Ok(Outcome::Done)
+}

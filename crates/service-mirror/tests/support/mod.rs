@@ -1,0 +1,370 @@
+//! Shared fixtures of the integration tests: a remote and a local cluster (real
+//! apiservers, shared per test binary), a unique namespace and cluster name per test.
+#![allow(dead_code)]
+
+use k8s_openapi::api::core::v1::{
+    Endpoints, LoadBalancerIngress, LoadBalancerStatus, Namespace, Service, ServicePort,
+    ServiceSpec, ServiceStatus,
+};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
+use service_mirror::core::{Link, NamespaceFilter};
+use service_mirror::watcher::{ClusterWatcher, WatcherOptions};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for the world to converge before failing.
+pub const CONVERGE: Duration = Duration::from_secs(30);
+
+/// One test's world.
+pub struct Env {
+    pub remote: Arc<LocalCluster>,
+    pub local: Arc<LocalCluster>,
+    pub rc: Client,
+    pub lc: Client,
+    pub ns: String,
+    pub cluster: String,
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "service_mirror=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+impl Env {
+    /// Shared clusters, a fresh namespace on the remote, a fresh cluster name.
+    pub async fn new(prefix: &str) -> Self {
+        Self::on(
+            shared_cluster("remote").await.expect("remote cluster"),
+            shared_cluster("local").await.expect("local cluster"),
+            prefix,
+        )
+        .await
+    }
+
+    /// A world on the given clusters.
+    pub async fn on(remote: Arc<LocalCluster>, local: Arc<LocalCluster>, prefix: &str) -> Self {
+        init_tracing();
+        static N: AtomicU32 = AtomicU32::new(0);
+        let ns = unique_namespace(prefix);
+        let cluster = format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed));
+        let rc = remote.client().await.unwrap();
+        let lc = local.client().await.unwrap();
+        create_namespace(&rc, &ns).await;
+        Self {
+            remote,
+            local,
+            rc,
+            lc,
+            ns,
+            cluster,
+        }
+    }
+
+    pub fn link(&self) -> Link {
+        Link::new(self.cluster.clone(), None)
+    }
+
+    pub fn options(&self) -> WatcherOptions {
+        WatcherOptions {
+            namespaces: NamespaceFilter::allow_only([self.ns.clone()]),
+            ..WatcherOptions::default()
+        }
+    }
+
+    pub fn watch(&self) -> ClusterWatcher {
+        self.watch_with(self.options())
+    }
+
+    pub fn watch_with(&self, opts: WatcherOptions) -> ClusterWatcher {
+        ClusterWatcher::start(self.lc.clone(), self.rc.clone(), self.link(), opts)
+            .expect("start watcher")
+    }
+
+    pub fn remote_services(&self) -> Api<Service> {
+        Api::namespaced(self.rc.clone(), &self.ns)
+    }
+
+    pub fn local_services(&self) -> Api<Service> {
+        Api::namespaced(self.lc.clone(), &self.ns)
+    }
+
+    pub fn local_endpoints(&self) -> Api<Endpoints> {
+        Api::namespaced(self.lc.clone(), &self.ns)
+    }
+
+    pub fn mirror_name(&self, remote: &str) -> String {
+        service_mirror::core::mirror_name(remote, &self.cluster)
+    }
+
+    /// Creates (or replaces the spec of) a gateway with `mc-gateway` port `port` and
+    /// the given ingress entries (IPs or hostnames).
+    pub async fn gateway(&self, name: &str, port: i32, ingress: &[&str]) {
+        gateway_in(&self.rc, &self.ns, name, port, ingress).await;
+    }
+
+    /// Creates an exported Service with the given ports through gateway `gw` (same ns).
+    pub async fn export(&self, name: &str, gw: &str, ports: &[(&str, i32)]) -> Service {
+        let svc = exported(name, &self.ns, gw, ports);
+        self.remote_services()
+            .create(&PostParams::default(), &svc)
+            .await
+            .unwrap()
+    }
+
+    pub async fn patch_remote(&self, name: &str, patch: serde_json::Value) -> Service {
+        self.remote_services()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap()
+    }
+
+    pub async fn delete_remote(&self, name: &str) {
+        self.remote_services()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    pub async fn mirror(&self, remote: &str) -> (Option<Service>, Option<Endpoints>) {
+        let name = self.mirror_name(remote);
+        (
+            self.local_services().get_opt(&name).await.unwrap(),
+            self.local_endpoints().get_opt(&name).await.unwrap(),
+        )
+    }
+
+    /// Waits until the mirror of `remote` satisfies `check`; returns it.
+    pub async fn mirror_until(
+        &self,
+        remote: &str,
+        what: &str,
+        check: impl Fn(&Service, &Endpoints) -> bool,
+    ) -> (Service, Endpoints) {
+        eventually(what, || async {
+            match self.mirror(remote).await {
+                (Some(s), Some(e)) if check(&s, &e) => Some((s, e)),
+                _ => None,
+            }
+        })
+        .await
+    }
+
+    /// Waits until neither mirror object of `remote` exists.
+    pub async fn mirror_gone(&self, remote: &str) {
+        eventually(&format!("mirror of {remote} deleted"), || async {
+            matches!(self.mirror(remote).await, (None, None)).then_some(())
+        })
+        .await
+    }
+
+    /// Successful writes recorded by the local apiserver's audit log in this test's
+    /// namespace (and to the namespace itself).
+    pub fn local_writes(&self) -> Vec<String> {
+        writes_in(&self.local, &self.ns, true)
+    }
+
+    /// Every write request, successful or not.
+    pub fn local_write_attempts(&self) -> Vec<String> {
+        writes_in(&self.local, &self.ns, false)
+    }
+}
+
+/// Write requests (verb resource/name) in namespace `ns` from the audit log, all or only
+/// the successful ones.
+pub fn writes_in(cluster: &LocalCluster, ns: &str, successful_only: bool) -> Vec<String> {
+    let log = std::fs::read_to_string(cluster.audit_log()).unwrap_or_default();
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["objectRef"]["namespace"] == ns
+                || (e["objectRef"]["resource"] == "namespaces" && e["objectRef"]["name"] == ns)
+        })
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            !successful_only
+                || e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|c| c < 300)
+        })
+        .map(|e| {
+            format!(
+                "{} {}/{}",
+                e["verb"].as_str().unwrap_or(""),
+                e["objectRef"]["resource"].as_str().unwrap_or(""),
+                e["objectRef"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+pub async fn create_namespace(client: &Client, ns: &str) {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("create namespace {ns}: {e}"),
+    }
+}
+
+pub fn ports(ports: &[(&str, i32)]) -> Vec<ServicePort> {
+    ports
+        .iter()
+        .map(|(name, port)| ServicePort {
+            name: (!name.is_empty()).then(|| name.to_string()),
+            port: *port,
+            ..Default::default()
+        })
+        .collect()
+}
+
+pub fn exported(name: &str, ns: &str, gw: &str, p: &[(&str, i32)]) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            annotations: Some(BTreeMap::from([
+                ("mirror.linkerd.io/gateway-name".to_string(), gw.to_string()),
+                ("mirror.linkerd.io/gateway-ns".to_string(), ns.to_string()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(ports(p)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Creates or updates gateway `ns/name` (type LoadBalancer, port `mc-gateway`) and writes
+/// its ingress status (no cloud here fills it).
+pub async fn gateway_in(client: &Client, ns: &str, name: &str, port: i32, ingress: &[&str]) {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let spec = ServiceSpec {
+        type_: Some("LoadBalancer".into()),
+        ports: Some(ports(&[("mc-gateway", port), ("mc-probe", 4191)])),
+        ..Default::default()
+    };
+    if api.get_opt(name).await.unwrap().is_none() {
+        let svc = Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &svc).await.unwrap();
+    } else {
+        let patch = serde_json::json!({"spec": {"ports": [
+            {"name": "mc-gateway", "port": port, "protocol": "TCP"},
+            {"name": "mc-probe", "port": 4191, "protocol": "TCP"}]}});
+        // A merge patch replaces the port list (a strategic one merges by port number).
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    set_ingress(client, ns, name, ingress).await;
+}
+
+pub async fn set_ingress(client: &Client, ns: &str, name: &str, ingress: &[&str]) {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let entries: Vec<LoadBalancerIngress> = ingress
+        .iter()
+        .map(|i| {
+            if i.parse::<std::net::IpAddr>().is_ok() {
+                LoadBalancerIngress {
+                    ip: Some(i.to_string()),
+                    ..Default::default()
+                }
+            } else {
+                LoadBalancerIngress {
+                    hostname: Some(i.to_string()),
+                    ..Default::default()
+                }
+            }
+        })
+        .collect();
+    let status = ServiceStatus {
+        load_balancer: Some(LoadBalancerStatus {
+            ingress: Some(entries),
+        }),
+        ..Default::default()
+    };
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Polls `f` every 100 ms until it returns Some, or panics after [`CONVERGE`].
+pub async fn eventually<T, F, Fut>(what: &str, f: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        if let Some(t) = f().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The IPs of the first subset of `ep`.
+pub fn subset_ips(ep: &Endpoints) -> Vec<String> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.addresses.iter().flatten().map(|a| a.ip.clone()))
+        .collect()
+}
+
+/// (name, port) of the first subset's ports.
+pub fn subset_ports(ep: &Endpoints) -> Vec<(Option<String>, i32)> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.ports.iter().flatten().map(|p| (p.name.clone(), p.port)))
+        .collect()
+}
+
+pub fn has_subsets(ep: &Endpoints) -> bool {
+    ep.subsets.as_ref().is_some_and(|s| !s.is_empty())
+}
+
+pub fn service_ports(svc: &Service) -> Vec<(Option<String>, i32)> {
+    svc.spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten().map(|p| (p.name.clone(), p.port)))
+        .collect()
+}
+
+pub fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+pub fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}

@@ -1,0 +1,858 @@
+//! Every behaviour of one cluster watcher, on two real apiservers (remote + local).
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use local_cluster::LocalCluster;
+use service_mirror::watcher::{Lookup, Resolver, WatcherOptions};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::*;
+
+const GW_PORT: i32 = 4143;
+
+fn ips(ep: &Endpoints) -> Vec<String> {
+    subset_ips(ep)
+}
+
+#[tokio::test]
+async fn exported_service_gets_a_mirror_with_the_contract_shape() {
+    let env = Env::new("shape").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.20", "192.0.2.10"])
+        .await;
+    env.export("web", "gw", &[("http", 80), ("grpc", 9090)])
+        .await;
+    let w = env.watch();
+    let (svc, ep) = env
+        .mirror_until("web", "mirror with subsets", |_, e| has_subsets(e))
+        .await;
+
+    let remote = env.remote_services().get("web").await.unwrap();
+    let gw = env.remote_services().get("gw").await.unwrap();
+    let m = &svc.metadata;
+    assert_eq!(
+        m.name.as_deref(),
+        Some(format!("web-{}", env.cluster).as_str())
+    );
+    for meta in [&svc.metadata, &ep.metadata] {
+        assert_eq!(
+            label(meta, "mirror.linkerd.io/mirrored-service"),
+            Some("true")
+        );
+        assert_eq!(
+            label(meta, "mirror.linkerd.io/cluster-name"),
+            Some(env.cluster.as_str())
+        );
+        assert_eq!(
+            label(meta, "mirror.linkerd.io/remote-gateway-name"),
+            Some("gw")
+        );
+        assert_eq!(
+            label(meta, "mirror.linkerd.io/remote-gateway-ns"),
+            Some(env.ns.as_str())
+        );
+    }
+    assert_eq!(
+        annotation(m, "mirror.linkerd.io/remote-resource-version"),
+        remote.metadata.resource_version.as_deref()
+    );
+    assert_eq!(
+        annotation(m, "mirror.linkerd.io/remote-svc-fq-name"),
+        Some(format!("web.{}.svc.cluster.local", env.ns).as_str())
+    );
+    assert_eq!(
+        annotation(m, "mirror.linkerd.io/remote-gateway-resource-version"),
+        gw.metadata.resource_version.as_deref()
+    );
+
+    let spec = svc.spec.unwrap();
+    assert!(spec.selector.is_none(), "no selector");
+    let ports = spec.ports.unwrap();
+    assert_eq!(ports.len(), 2);
+    for p in &ports {
+        assert!(p.node_port.is_none(), "no nodePort");
+        assert_eq!(p.protocol.as_deref(), Some("TCP"));
+        assert_eq!(p.target_port, Some(IntOrString::Int(p.port)));
+    }
+    // The ClusterIP comes from the local cluster's own range.
+    let ip = spec.cluster_ip.unwrap();
+    let prefix = env
+        .local
+        .service_cidr()
+        .split('.')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(".");
+    assert!(
+        ip.starts_with(&format!("{prefix}.")),
+        "{ip} in {}",
+        env.local.service_cidr()
+    );
+
+    assert_eq!(
+        ips(&ep),
+        vec!["192.0.2.10", "192.0.2.20"],
+        "sorted gateway addresses"
+    );
+    assert_eq!(
+        subset_ports(&ep),
+        vec![
+            (Some("http".into()), GW_PORT),
+            (Some("grpc".into()), GW_PORT)
+        ],
+        "one port per service port, at the gateway port"
+    );
+    assert_eq!(ep.subsets.unwrap().len(), 1);
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn unusable_gateway_gives_endpoints_without_subsets_until_it_becomes_usable() {
+    let env = Env::new("nogw").await;
+    env.export("api", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    // Missing gateway.
+    env.mirror_until("api", "mirror without subsets", |_, e| !has_subsets(e))
+        .await;
+    // Gateway without ingress.
+    env.gateway("gw", GW_PORT, &[]).await;
+    // Gateway with ingress but no mc-gateway port.
+    let wrong_port = serde_json::json!({"spec": {"ports": [{"name": "other", "port": 1234}]}});
+    Api::<Service>::namespaced(env.rc.clone(), &env.ns)
+        .patch("gw", &PatchParams::default(), &Patch::Merge(&wrong_port))
+        .await
+        .unwrap();
+    set_ingress(&env.rc, &env.ns, "gw", &["192.0.2.1"]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, ep) = env.mirror("api").await;
+    assert!(!has_subsets(&ep.unwrap()), "no mc-gateway port: no subsets");
+    // Usable now.
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    let (_, ep) = env
+        .mirror_until("api", "subsets appear", |_, e| has_subsets(e))
+        .await;
+    assert_eq!(ips(&ep), vec!["192.0.2.1"]);
+    w.stop(false).await.unwrap();
+}
+
+/// A resolver whose answers the test sets.
+#[derive(Debug, Default)]
+struct MapResolver(Mutex<HashMap<String, Vec<IpAddr>>>);
+
+impl MapResolver {
+    fn set(&self, host: &str, ips: &[&str]) {
+        self.0.lock().unwrap().insert(
+            host.into(),
+            ips.iter().map(|i| i.parse().unwrap()).collect(),
+        );
+    }
+}
+
+impl Resolver for MapResolver {
+    fn lookup<'a>(&'a self, host: &'a str) -> Lookup<'a> {
+        let answer = self.0.lock().unwrap().get(host).cloned();
+        Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("no such host")) })
+    }
+}
+
+#[tokio::test]
+async fn hostname_ingress_is_resolved_refreshed_and_written_only_on_change() {
+    let env = Env::new("dns").await;
+    let resolver = Arc::new(MapResolver::default());
+    resolver.set("gw.example", &["192.0.2.9", "192.0.2.3"]);
+    env.gateway("gw", GW_PORT, &["gw.example"]).await;
+    env.gateway("gw2", GW_PORT, &["nowhere.invalid"]).await;
+    env.export("db", "gw", &[("pg", 5432)]).await;
+    env.export("lost", "gw2", &[("pg", 5432)]).await;
+    let opts = WatcherOptions {
+        resolver: resolver.clone(),
+        endpoint_refresh_period: Duration::from_millis(500),
+        ..env.options()
+    };
+    let w = env.watch_with(opts);
+    let (_, ep) = env
+        .mirror_until("db", "resolved addresses", |_, e| has_subsets(e))
+        .await;
+    assert_eq!(
+        ips(&ep),
+        vec!["192.0.2.3", "192.0.2.9"],
+        "all addresses, sorted"
+    );
+    let (_, lost) = env
+        .mirror_until("lost", "unresolvable: mirror without subsets", |_, _| true)
+        .await;
+    assert!(!has_subsets(&lost));
+
+    // Several refresh periods with the same answers: no write.
+    let before = env.local_writes().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        env.local_writes()[before..],
+        [] as [String; 0],
+        "no write while addresses are unchanged"
+    );
+
+    // New answers are picked up at the next refresh; the lost host resolves later.
+    resolver.set("gw.example", &["192.0.2.4"]);
+    resolver.set("nowhere.invalid", &["192.0.2.5"]);
+    env.mirror_until("db", "re-resolved", |_, e| ips(e) == ["192.0.2.4"])
+        .await;
+    env.mirror_until("lost", "resolved later", |_, e| ips(e) == ["192.0.2.5"])
+        .await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn remote_updates_rewrite_the_mirror() {
+    let env = Env::new("update").await;
+    env.gateway("gw-a", GW_PORT, &["192.0.2.1"]).await;
+    env.gateway("gw-b", 5000, &["192.0.2.2"]).await;
+    env.export("web", "gw-a", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("web", "first mirror", |_, e| has_subsets(e))
+        .await;
+
+    // Port added and renamed.
+    env.patch_remote(
+        "web",
+        serde_json::json!({"spec": {"ports": [
+        {"name": "web", "port": 80, "protocol": "TCP"},
+        {"name": "admin", "port": 9000, "protocol": "TCP"}]}}),
+    )
+    .await;
+    let (svc, ep) = env
+        .mirror_until("web", "ports added and renamed", |s, e| {
+            service_ports(s).len() == 2 && subset_ports(e).len() == 2
+        })
+        .await;
+    assert_eq!(
+        service_ports(&svc),
+        vec![(Some("web".into()), 80), (Some("admin".into()), 9000)]
+    );
+    assert_eq!(
+        subset_ports(&ep),
+        vec![
+            (Some("web".into()), GW_PORT),
+            (Some("admin".into()), GW_PORT)
+        ]
+    );
+
+    // Port removed.
+    env.patch_remote("web", serde_json::json!({"spec": {"ports": [{"name": "admin", "port": 9000, "protocol": "TCP"}]}}))
+        .await;
+    env.mirror_until("web", "port removed", |s, e| {
+        service_ports(s).len() == 1 && subset_ports(e).len() == 1
+    })
+    .await;
+
+    // Moved to another gateway.
+    env.patch_remote("web", serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/gateway-name": "gw-b"}}}))
+        .await;
+    let (svc, ep) = env
+        .mirror_until("web", "moved to gw-b", |_, e| ips(e) == ["192.0.2.2"])
+        .await;
+    assert_eq!(
+        label(&svc.metadata, "mirror.linkerd.io/remote-gateway-name"),
+        Some("gw-b")
+    );
+    assert_eq!(
+        label(&ep.metadata, "mirror.linkerd.io/remote-gateway-name"),
+        Some("gw-b")
+    );
+    assert_eq!(subset_ports(&ep), vec![(Some("admin".into()), 5000)]);
+    let remote = env.remote_services().get("web").await.unwrap();
+    assert_eq!(
+        annotation(&svc.metadata, "mirror.linkerd.io/remote-resource-version"),
+        remote.metadata.resource_version.as_deref()
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn unexported_or_deleted_services_lose_their_mirror() {
+    let env = Env::new("unexport").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    env.export("b", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("a", "mirror a", |_, _| true).await;
+    env.mirror_until("b", "mirror b", |_, _| true).await;
+    env.patch_remote(
+        "a",
+        serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/gateway-ns": null}}}),
+    )
+    .await;
+    env.mirror_gone("a").await;
+    env.delete_remote("b").await;
+    env.mirror_gone("b").await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn gateway_changes_update_its_mirrors_and_only_those() {
+    let env = Env::new("gwupd").await;
+    env.gateway("gw-1", GW_PORT, &["192.0.2.1"]).await;
+    env.gateway("gw-2", GW_PORT, &["192.0.2.2"]).await;
+    env.export("one-a", "gw-1", &[("http", 80)]).await;
+    env.export("one-b", "gw-1", &[("http", 80)]).await;
+    env.export("two", "gw-2", &[("http", 80)]).await;
+    let w = env.watch();
+    for s in ["one-a", "one-b", "two"] {
+        env.mirror_until(s, "mirrored", |_, e| has_subsets(e)).await;
+    }
+    let (two_svc, two_ep) = env.mirror("two").await;
+    let untouched = (
+        two_svc.unwrap().metadata.resource_version,
+        two_ep.unwrap().metadata.resource_version,
+    );
+
+    env.gateway("gw-1", 4999, &["192.0.2.7", "192.0.2.8"]).await;
+    for s in ["one-a", "one-b"] {
+        let (svc, ep) = env
+            .mirror_until(s, "new gateway addresses and port", |_, e| {
+                ips(e) == ["192.0.2.7", "192.0.2.8"]
+                    && subset_ports(e) == [(Some("http".into()), 4999)]
+            })
+            .await;
+        let gw = env.remote_services().get("gw-1").await.unwrap();
+        assert_eq!(
+            annotation(
+                &svc.metadata,
+                "mirror.linkerd.io/remote-gateway-resource-version"
+            ),
+            gw.metadata.resource_version.as_deref()
+        );
+        assert!(has_subsets(&ep));
+    }
+    let (two_svc, two_ep) = env.mirror("two").await;
+    assert_eq!(
+        (
+            two_svc.unwrap().metadata.resource_version,
+            two_ep.unwrap().metadata.resource_version
+        ),
+        untouched
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn deleted_or_unusable_gateway_keeps_services_and_empties_endpoints() {
+    let env = Env::new("gwdel").await;
+    env.gateway("gw-1", GW_PORT, &["192.0.2.1"]).await;
+    env.gateway("gw-2", GW_PORT, &["192.0.2.2"]).await;
+    env.export("x", "gw-1", &[("http", 80)]).await;
+    env.export("y", "gw-2", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("x", "x mirrored", |_, e| has_subsets(e))
+        .await;
+    env.mirror_until("y", "y mirrored", |_, e| has_subsets(e))
+        .await;
+    env.delete_remote("gw-1").await;
+    env.mirror_until("x", "gateway deleted: no subsets", |_, e| !has_subsets(e))
+        .await;
+    set_ingress(&env.rc, &env.ns, "gw-2", &[]).await;
+    env.mirror_until("y", "gateway unusable: no subsets", |_, e| !has_subsets(e))
+        .await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn missing_local_namespace_is_created_with_mirror_labels() {
+    let env = Env::new("newns").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("svc", "gw", &[("http", 80)]).await;
+    let namespaces: Api<Namespace> = Api::all(env.lc.clone());
+    assert!(namespaces.get_opt(&env.ns).await.unwrap().is_none());
+    let w = env.watch();
+    env.mirror_until("svc", "mirror", |_, _| true).await;
+    let ns = namespaces.get(&env.ns).await.unwrap();
+    assert_eq!(
+        label(&ns.metadata, "mirror.linkerd.io/mirrored-service"),
+        Some("true")
+    );
+    assert_eq!(
+        label(&ns.metadata, "mirror.linkerd.io/cluster-name"),
+        Some(env.cluster.as_str())
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn restart_collects_orphans_left_by_a_crash() {
+    let env = Env::new("orphan").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    for s in ["keep", "gone", "unexported"] {
+        env.export(s, "gw", &[("http", 80)]).await;
+    }
+    let w = env.watch();
+    for s in ["keep", "gone", "unexported"] {
+        env.mirror_until(s, "mirrored", |_, _| true).await;
+    }
+    w.stop(false).await.unwrap(); // the "crash": mirrors stay
+    env.delete_remote("gone").await;
+    env.patch_remote(
+        "unexported",
+        serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/gateway-name": null}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        env.mirror("gone").await.0.is_some(),
+        "nobody watched: the orphan is still there"
+    );
+
+    let w = env.watch();
+    env.mirror_gone("gone").await;
+    env.mirror_gone("unexported").await;
+    let (svc, ep) = env.mirror("keep").await;
+    assert!(
+        svc.is_some() && ep.is_some(),
+        "exported service keeps its mirror"
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn stop_with_cleanup_deletes_every_mirror_and_without_keeps_them() {
+    let env = Env::new("cleanup").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    env.export("b", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("a", "a", |_, _| true).await;
+    env.mirror_until("b", "b", |_, _| true).await;
+    w.stop(false).await.unwrap();
+    assert!(
+        env.mirror("a").await.0.is_some(),
+        "stop without cleanup keeps mirrors"
+    );
+
+    let w = env.watch();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.stop(true).await.unwrap();
+    for s in ["a", "b"] {
+        assert_eq!(
+            env.mirror(s).await,
+            (None, None),
+            "link removed: {s} deleted"
+        );
+    }
+}
+
+#[tokio::test]
+async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
+    let env = Env::new("owner").await;
+    create_namespace(&env.lc, &env.ns).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("taken", "gw", &[("http", 80)]).await;
+    // Someone else's Service holds the mirror's name.
+    let foreign = Service {
+        metadata: kube::api::ObjectMeta {
+            name: Some(env.mirror_name("taken")),
+            labels: Some([("app".to_string(), "mine".to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+            ports: Some(ports(&[("x", 1)])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let foreign = env
+        .local_services()
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    // A mirror of another cluster in the same namespace.
+    let mut other = exported("other-svc-x", &env.ns, "gw", &[("http", 80)]);
+    other.metadata.annotations = Some(
+        [(
+            "mirror.linkerd.io/remote-svc-fq-name".to_string(),
+            format!("other-svc.{}.svc.cluster.local", env.ns),
+        )]
+        .into(),
+    );
+    other.metadata.labels = Some(
+        [
+            (
+                "mirror.linkerd.io/mirrored-service".to_string(),
+                "true".to_string(),
+            ),
+            (
+                "mirror.linkerd.io/cluster-name".to_string(),
+                "x".to_string(),
+            ),
+        ]
+        .into(),
+    );
+    let other = env
+        .local_services()
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap();
+
+    let w = env.watch();
+    let events: Api<Event> = Api::namespaced(env.lc.clone(), &env.ns);
+    let event = eventually("conflict event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("MirrorConflict"))
+    })
+    .await;
+    assert_eq!(event.regarding.unwrap().name, foreign.metadata.name);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = env
+        .local_services()
+        .get(&env.mirror_name("taken"))
+        .await
+        .unwrap();
+    assert_eq!(
+        now.metadata.resource_version, foreign.metadata.resource_version,
+        "foreign Service untouched"
+    );
+    let now = env.local_services().get("other-svc-x").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, other.metadata.resource_version,
+        "other cluster's mirror untouched"
+    );
+    assert!(
+        env.status_failing(&w),
+        "the conflict is retried, not dropped"
+    );
+
+    // Once the owner frees the name, the retry creates the mirror.
+    env.local_services()
+        .delete(&env.mirror_name("taken"), &DeleteParams::default())
+        .await
+        .unwrap();
+    env.mirror_until("taken", "mirror after the conflict is gone", |s, _| {
+        label(&s.metadata, "mirror.linkerd.io/cluster-name") == Some(env.cluster.as_str())
+    })
+    .await;
+    w.stop(true).await.unwrap();
+    assert!(
+        env.local_services()
+            .get_opt("other-svc-x")
+            .await
+            .unwrap()
+            .is_some(),
+        "cleanup spares other clusters"
+    );
+}
+
+trait StatusExt {
+    fn status_failing(&self, w: &service_mirror::watcher::ClusterWatcher) -> bool;
+}
+
+impl StatusExt for Env {
+    fn status_failing(&self, w: &service_mirror::watcher::ClusterWatcher) -> bool {
+        w.status().failing > 0
+    }
+}
+
+#[tokio::test]
+async fn long_names_get_a_deterministic_short_name_and_map_back_by_annotation() {
+    let env = Env::new("long").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    let long = format!("s{}", "x".repeat(61)); // 62 chars: with the suffix it exceeds 63
+    env.export(&long, "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    let (svc, _) = env.mirror_until(&long, "long mirror", |_, _| true).await;
+    let name = svc.metadata.name.clone().unwrap();
+    assert_eq!(name.len(), 63, "{name}");
+    assert!(name.ends_with(&format!("-{}", env.cluster)));
+    assert_eq!(
+        annotation(&svc.metadata, "mirror.linkerd.io/remote-svc-fq-name"),
+        Some(format!("{long}.{}.svc.cluster.local", env.ns).as_str())
+    );
+    env.delete_remote(&long).await;
+    env.mirror_gone(&long).await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn drift_is_restored() {
+    let env = Env::new("drift").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("web", "mirror", |_, e| has_subsets(e))
+        .await;
+    let name = env.mirror_name("web");
+
+    let drift = serde_json::json!({
+        "metadata": {"labels": {"mirror.linkerd.io/remote-gateway-name": "evil"}},
+        "spec": {"ports": [{"name": "http", "port": 81, "protocol": "TCP", "targetPort": 81}]}
+    });
+    env.local_services()
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&drift))
+        .await
+        .unwrap();
+    env.mirror_until("web", "service restored", |s, _| {
+        service_ports(s) == [(Some("http".into()), 80)]
+            && label(&s.metadata, "mirror.linkerd.io/remote-gateway-name") == Some("gw")
+    })
+    .await;
+
+    let drift = serde_json::json!({"subsets": [{"addresses": [{"ip": "198.51.100.1"}], "ports": [{"name": "http", "port": 1}]}]});
+    env.local_endpoints()
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&drift))
+        .await
+        .unwrap();
+    env.mirror_until("web", "subsets restored", |_, e| {
+        ips(e) == ["192.0.2.1"] && subset_ports(e) == [(Some("http".into()), GW_PORT)]
+    })
+    .await;
+
+    env.local_endpoints()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.mirror_until("web", "endpoints re-created", |_, e| has_subsets(e))
+        .await;
+    env.local_services()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.mirror_until("web", "service re-created", |_, _| true)
+        .await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn failing_writes_are_retried_with_backoff_without_deleting_the_mirror() {
+    let env = Env::new("retry").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    // The local client can read but not write mirrors: every write is forbidden.
+    let admin = env.lc.clone();
+    create_namespace(&admin, &env.ns).await;
+    let reader = grant(&env.local, &env.ns, &["get", "list", "watch"]).await;
+    let w = service_mirror::watcher::ClusterWatcher::start(
+        reader,
+        env.rc.clone(),
+        env.link(),
+        env.options(),
+    )
+    .unwrap();
+    eventually("failures recorded", || async {
+        (w.status().failing > 0).then_some(())
+    })
+    .await;
+    let before = env.local_writes().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let attempts = env.local_write_attempts().len();
+    assert!(
+        attempts < 40,
+        "backoff, not a hot loop: {attempts} forbidden attempts"
+    );
+    assert!(w.status().failing > 0, "still retrying");
+    assert_eq!(env.local_writes().len(), before);
+    w.stop(false).await.unwrap();
+
+    // With write access the same key converges.
+    let w = env.watch();
+    env.mirror_until("web", "mirror after permissions are fixed", |_, e| {
+        has_subsets(e)
+    })
+    .await;
+    // A write failing later never deletes the working mirror.
+    let reader = grant(&env.local, &env.ns, &["get", "list", "watch"]).await;
+    w.stop(false).await.unwrap();
+    let w = service_mirror::watcher::ClusterWatcher::start(
+        reader,
+        env.rc.clone(),
+        env.link(),
+        env.options(),
+    )
+    .unwrap();
+    env.patch_remote(
+        "web",
+        serde_json::json!({"spec": {"ports": [{"name": "http", "port": 81, "protocol": "TCP"}]}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (svc, ep) = env.mirror("web").await;
+    assert!(
+        svc.is_some() && ep.is_some_and(|e| has_subsets(&e)),
+        "mirror kept while writes fail"
+    );
+    w.stop(false).await.unwrap();
+}
+
+/// A client for a ServiceAccount allowed `verbs` on services and endpoints (cluster-wide).
+async fn grant(cluster: &LocalCluster, ns: &str, verbs: &[&str]) -> kube::Client {
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
+    };
+    let admin = cluster.client().await.unwrap();
+    let name = format!("{ns}-limited");
+    let role = ClusterRole {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec![
+                "services".into(),
+                "endpoints".into(),
+                "namespaces".into(),
+            ]),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "limited".into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        }]),
+    };
+    let _ = Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await;
+    let _ = Api::<ClusterRoleBinding>::all(admin)
+        .create(&PostParams::default(), &binding)
+        .await;
+    cluster
+        .service_account_kubeconfig(ns, "limited")
+        .await
+        .unwrap()
+        .client()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn remote_outage_keeps_mirrors_and_expired_watches_resync() {
+    // A private remote cluster: this test stops its apiserver.
+    let remote = Arc::new(LocalCluster::start("outage").await.unwrap());
+    let local = local_cluster::shared_cluster("local").await.unwrap();
+    let env = Env::on(remote.clone(), local, "outage").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    env.export("b", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("a", "a", |_, e| has_subsets(e)).await;
+    env.mirror_until("b", "b", |_, e| has_subsets(e)).await;
+
+    remote.stop_apiserver();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = env.local_writes().len();
+    assert!(!w.status().remote_connected || w.status().remote_synced);
+    // Writes and compaction while the watcher cannot see: its resume point expires (410).
+    remote.compact_etcd().await.unwrap();
+    remote.start_apiserver().await.unwrap();
+    remote.compact_etcd().await.unwrap();
+    assert_eq!(
+        env.local_writes().len(),
+        before,
+        "outage: mirrors untouched"
+    );
+    let rc = remote.client().await.unwrap();
+    Api::<Service>::namespaced(rc.clone(), &env.ns)
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    gateway_in(&rc, &env.ns, "gw", GW_PORT, &["192.0.2.99"]).await;
+    env.mirror_gone("b").await;
+    env.mirror_until("a", "new gateway address after resync", |_, e| {
+        ips(e) == ["192.0.2.99"]
+    })
+    .await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn start_while_the_remote_is_away_deletes_nothing() {
+    let remote = Arc::new(LocalCluster::start("away").await.unwrap());
+    let local = local_cluster::shared_cluster("local").await.unwrap();
+    let env = Env::on(remote.clone(), local, "away").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("a", "a", |_, e| has_subsets(e)).await;
+    w.stop(false).await.unwrap();
+
+    remote.stop_apiserver();
+    let before = env.local_writes().len();
+    let w = env.watch();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!w.status().remote_synced);
+    assert_eq!(
+        env.local_writes().len(),
+        before,
+        "an unreachable remote is not an empty one"
+    );
+    assert!(env.mirror("a").await.0.is_some());
+    remote.start_apiserver().await.unwrap();
+    eventually("remote synced", || async {
+        w.status().remote_synced.then_some(())
+    })
+    .await;
+    env.mirror_until("a", "mirror still there", |_, e| has_subsets(e))
+        .await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unchanged_world_causes_zero_writes() {
+    let env = Env::new("idle").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    for i in 0..10 {
+        env.export(&format!("s{i}"), "gw", &[("http", 80), ("admin", 9000)])
+            .await;
+    }
+    let opts = WatcherOptions {
+        endpoint_refresh_period: Duration::from_millis(300),
+        ..env.options()
+    };
+    let w = env.watch_with(opts);
+    for i in 0..10 {
+        env.mirror_until(&format!("s{i}"), "mirrored", |_, e| has_subsets(e))
+            .await;
+    }
+    let converged = env.local_writes();
+    // 10 Services + 10 Endpoints + the namespace; a create that first met the missing
+    // namespace is one more request per worker at most.
+    assert_eq!(converged.len(), 21, "writes to converge: {converged:#?}");
+    let attempts = env.local_write_attempts().len();
+    assert!(attempts <= 21 + 4, "requests to converge: {attempts}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A restart re-lists everything and finds nothing to do either.
+    w.stop(false).await.unwrap();
+    let w = env.watch();
+    eventually("resynced", || async {
+        (w.status().remote_synced && w.status().queue_depth == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        env.local_write_attempts().len(),
+        attempts,
+        "idle and restart: zero write requests"
+    );
+    w.stop(false).await.unwrap();
+}
