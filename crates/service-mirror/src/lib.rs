@@ -5,7 +5,9 @@
 //! - [`watcher`]: one remote cluster: caches, indexes, work queue, reconcile.
 //! - [`writer`]: the only code that writes to the local cluster.
 
+pub mod cli;
 pub mod core;
+pub mod demo;
 pub mod error;
 pub mod watcher;
 pub mod writer;
