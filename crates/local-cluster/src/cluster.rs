@@ -225,6 +225,59 @@ impl LocalCluster {
         Kubeconfig::write(yaml, self.dir.path().join(format!("{context}.kubeconfig")))
     }
 
+    /// Does what the token controller (absent here: no controller manager) does for a
+    /// `kubernetes.io/service-account-token` Secret `namespace/secret`: gets a token
+    /// (24 h, TokenRequest API) for the ServiceAccount named by its
+    /// `kubernetes.io/service-account.name` annotation and writes `token`, `ca.crt` (the
+    /// cluster CA) and `namespace` into its data.
+    pub async fn fill_token_secret(&self, namespace: &str, secret: &str) -> Result<()> {
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::api::{Patch, PatchParams};
+        const SA_ANNOTATION: &str = "kubernetes.io/service-account.name";
+        let client = self.client().await?;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let current = secrets.get(secret).await?;
+        let account = current
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SA_ANNOTATION))
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| {
+                Error::TokenSecret(format!(
+                    "Secret {namespace}/{secret} has no {SA_ANNOTATION} annotation"
+                ))
+            })?
+            .clone();
+        let req = TokenRequest {
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(24 * 3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let token = Api::<ServiceAccount>::namespaced(client, namespace)
+            .create_token_request(&account, &PostParams::default(), &req)
+            .await?
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| Error::TokenSecret("TokenRequest returned no status".into()))?;
+        let data = [
+            ("token", token.into_bytes()),
+            ("ca.crt", self.ca_pem().as_bytes().to_vec()),
+            ("namespace", namespace.as_bytes().to_vec()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v)))
+        .collect::<std::collections::BTreeMap<_, _>>();
+        let patch = serde_json::json!({ "data": data });
+        secrets
+            .patch(secret, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
     /// Kills the apiserver (etcd keeps the data): the cluster is "away".
     pub fn stop_apiserver(&self) {
         if let Some(mut p) = self

@@ -8,6 +8,7 @@
 //! Processes die with their handle, and with the process that started them (parent-death
 //! signal); working directories of dead processes are swept on the next start.
 
+mod apply;
 mod binaries;
 mod certs;
 mod cluster;
@@ -17,9 +18,10 @@ mod process;
 mod shared;
 mod workdir;
 
+pub use apply::{FIELD_MANAGER, apply_yaml, parse_documents};
 pub use binaries::{Binaries, ensure_binaries};
 pub use cluster::{ClusterOptions, LocalCluster};
-pub use kubeconfig::Kubeconfig;
+pub use kubeconfig::{Kubeconfig, client_from_yaml};
 pub use shared::{shared_cluster, unique_namespace};
 
 /// Errors from starting or driving a local cluster.
@@ -50,6 +52,12 @@ pub enum Error {
     /// A kubeconfig could not be turned into a client.
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
+    /// A manifest handed to [`apply_yaml`] is not valid, or names an unknown kind.
+    #[error("manifest: {0}")]
+    Manifest(String),
+    /// A Secret handed to [`LocalCluster::fill_token_secret`] cannot be filled.
+    #[error("token secret: {0}")]
+    TokenSecret(String),
 }
 
 /// Result alias of this crate.

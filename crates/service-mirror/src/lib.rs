@@ -5,10 +5,14 @@
 //! - [`watcher`]: one remote cluster: caches, indexes, work queue, reconcile.
 //! - [`writer`]: the only code that writes to the local cluster.
 
+pub mod admin;
 pub mod cli;
 pub mod core;
 pub mod demo;
 pub mod error;
+pub mod links;
+pub mod metrics;
+pub mod telemetry;
 pub mod watcher;
 pub mod writer;
 

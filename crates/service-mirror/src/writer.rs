@@ -3,6 +3,7 @@
 
 use crate::core::{Action, desired_namespace, is_owned};
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
@@ -11,6 +12,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
+use std::sync::Arc;
 
 /// Field manager recorded on every object this controller writes.
 pub const FIELD_MANAGER: &str = "service-mirror";
@@ -21,6 +23,7 @@ pub struct LocalWriter {
     client: Client,
     cluster: String,
     recorder: Recorder,
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for LocalWriter {
@@ -40,7 +43,7 @@ fn api_code(e: &kube::Error) -> Option<u16> {
 
 impl LocalWriter {
     /// A writer for the mirrors of `cluster`.
-    pub fn new(client: Client, cluster: &str) -> Self {
+    pub fn new(client: Client, cluster: &str, metrics: Arc<Metrics>) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -49,6 +52,7 @@ impl LocalWriter {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             cluster: cluster.to_string(),
+            metrics,
         }
     }
 
@@ -99,6 +103,7 @@ impl LocalWriter {
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
         loop {
+            self.metrics.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
                 Ok(_) => return Ok(()),
                 // The namespace is missing: create it (labelled as ours) and try again once.
@@ -125,6 +130,10 @@ impl LocalWriter {
         let existing = api.get_opt(&name).await?;
         match existing {
             Some(o) if !is_owned(o.meta(), &self.cluster) => {
+                self.metrics
+                    .ownership_conflicts
+                    .get_or_create(&Metrics::cluster(&self.cluster))
+                    .inc();
                 let err = Error::OwnershipConflict {
                     kind: K::kind(&()).into_owned(),
                     namespace: ns,
@@ -201,6 +210,7 @@ impl LocalWriter {
             }),
             ..Default::default()
         };
+        self.metrics.write("delete", K::plural(&()).as_ref());
         match api.delete(name, &dp).await {
             Ok(_) => Ok(()),
             Err(e) if api_code(&e) == Some(404) => Ok(()),

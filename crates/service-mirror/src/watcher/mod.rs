@@ -20,6 +20,7 @@ use crate::core::{
     validate_cluster_name,
 };
 use crate::error::{Error, Result};
+use crate::metrics::{ErrorLabels, Metrics};
 use crate::writer::LocalWriter;
 use futures::StreamExt;
 use index::Index;
@@ -47,6 +48,8 @@ pub struct WatcherOptions {
     pub resolver: Arc<dyn Resolver>,
     /// Remote namespaces whose exported Services are mirrored.
     pub namespaces: NamespaceFilter,
+    /// Where the watcher reports its metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Default for WatcherOptions {
@@ -57,6 +60,7 @@ impl Default for WatcherOptions {
             endpoint_refresh_period: Duration::from_secs(60),
             resolver: Arc::new(SystemResolver),
             namespaces: NamespaceFilter::default(),
+            metrics: Metrics::new(),
         }
     }
 }
@@ -155,7 +159,7 @@ impl ClusterWatcher {
             ..Backoff::default()
         };
         let inner = Arc::new(Inner {
-            writer: LocalWriter::new(local.clone(), &link.cluster_name),
+            writer: LocalWriter::new(local.clone(), &link.cluster_name, opts.metrics.clone()),
             resolver: CachingResolver::new(opts.resolver.clone()),
             queue: WorkQueue::new(backoff, cancel.clone()),
             link,
@@ -232,6 +236,7 @@ impl ClusterWatcher {
         }
         let cluster = &self.inner.link.cluster_name;
         if cleanup {
+            self.inner.opts.metrics.forget_cluster(cluster);
             let n = self.inner.writer.delete_all_mirrors().await?;
             tracing::info!(cluster = %cluster, deleted = n, "link removed: mirrors deleted");
         } else {
@@ -257,11 +262,35 @@ async fn watch_remote(
         match ev {
             Some(Ok(mut ev)) => {
                 inner.remote_connected.store(true, Ordering::SeqCst);
+                let labels = Metrics::cluster(&inner.link.cluster_name);
+                inner
+                    .opts
+                    .metrics
+                    .remote_connected
+                    .get_or_create(&labels)
+                    .set(1);
+                if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    inner
+                        .opts
+                        .metrics
+                        .last_sync
+                        .get_or_create(&labels)
+                        .set(now.as_secs_f64());
+                }
                 strip_event(&mut ev);
                 store.apply_watcher_event(&ev);
                 on_remote_event(&inner, &ev);
             }
             Some(Err(e)) => {
+                inner
+                    .opts
+                    .metrics
+                    .remote_connected
+                    .get_or_create(&Metrics::cluster(&inner.link.cluster_name))
+                    .set(0);
                 if inner.remote_connected.swap(false, Ordering::SeqCst) {
                     tracing::warn!(cluster = %inner.link.cluster_name, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
                 }
@@ -433,12 +462,35 @@ async fn worker(inner: Arc<Inner>, cancel: CancellationToken) {
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
     }
+    let metrics = &inner.opts.metrics;
+    let labels = Metrics::cluster(&inner.link.cluster_name);
     while let Some(key) = inner.queue.next().await {
-        let outcome = match reconcile::reconcile(&inner, &key).await {
+        let started = std::time::Instant::now();
+        let result = reconcile::reconcile(&inner, &key).await;
+        metrics
+            .reconcile_duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        metrics
+            .mirrored_services
+            .get_or_create(&labels)
+            .set(inner.local_services.len() as i64);
+        metrics
+            .queue_depth
+            .get_or_create(&labels)
+            .set(inner.queue.depth() as i64);
+        let outcome = match result {
             Ok(o) => o,
             Err(e) => {
                 let failures = inner.queue.done(key.clone(), Outcome::Failed);
                 let cluster = &inner.link.cluster_name;
+                metrics
+                    .reconcile_errors
+                    .get_or_create(&ErrorLabels {
+                        cluster: cluster.clone(),
+                        kind: e.metric_label().into(),
+                    })
+                    .inc();
                 if failures > inner.opts.requeue_limit {
                     tracing::warn!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying slowly");
                 } else {

@@ -2,6 +2,8 @@
 //! apiservers, shared per test binary), a unique namespace and cluster name per test.
 #![allow(dead_code)]
 
+pub mod controller;
+
 use k8s_openapi::api::core::v1::{
     Endpoints, LoadBalancerIngress, LoadBalancerStatus, Namespace, Service, ServicePort,
     ServiceSpec, ServiceStatus,

@@ -1,0 +1,322 @@
+//! `service-mirror allow`: the manifests to apply on a remote cluster so that a mirror
+//! may read its Services, and nothing else.
+//!
+//! ```text
+//! service-mirror allow | kubectl --context east apply -f -
+//! ```
+//!
+//! It prints a Namespace, a ServiceAccount, a ClusterRole allowing only `get`, `list`
+//! and `watch` on `services`, the ClusterRoleBinding granting it to the account, and a
+//! `kubernetes.io/service-account-token` Secret `<account>-token` that the cluster's
+//! token controller fills with a long-lived token (`service-mirror link` reads it).
+
+use super::output::{OutputFormat, print_documents};
+use anyhow::Context;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use kube::api::ObjectMeta;
+use std::collections::BTreeMap;
+
+/// Default name of the remote ServiceAccount (Linkerd's name, so both tools agree).
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "linkerd-service-mirror-remote-access-default";
+/// Default namespace of the remote ServiceAccount.
+pub const DEFAULT_NAMESPACE: &str = "linkerd-multicluster";
+/// Secret `type` of a ServiceAccount token Secret filled by the token controller.
+pub const SERVICE_ACCOUNT_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
+/// Annotation naming the ServiceAccount a token Secret is for.
+pub const SERVICE_ACCOUNT_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
+
+const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+const MANAGED_BY_VALUE: &str = "service-mirror";
+
+/// Arguments of `allow`.
+#[derive(Debug, clap::Args)]
+pub struct AllowArgs {
+    /// Name of the ServiceAccount the mirror authenticates as on this (remote) cluster.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_SERVICE_ACCOUNT_NAME",
+        default_value = DEFAULT_SERVICE_ACCOUNT
+    )]
+    pub service_account_name: String,
+    /// Namespace of the ServiceAccount and of its token Secret (created if missing).
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_REMOTE_NAMESPACE",
+        default_value = DEFAULT_NAMESPACE
+    )]
+    pub namespace: String,
+    /// Output format.
+    #[arg(
+        short,
+        long,
+        env = "SERVICE_MIRROR_OUTPUT",
+        value_enum,
+        default_value = "yaml"
+    )]
+    pub output: OutputFormat,
+}
+
+/// Name of the token Secret of ServiceAccount `service_account`.
+pub fn token_secret_name(service_account: &str) -> String {
+    format!("{service_account}-token")
+}
+
+/// Name of the ClusterRole and ClusterRoleBinding of `namespace/service_account`: one
+/// pair per account, so that two accounts never share (and overwrite) a binding.
+pub fn cluster_role_name(namespace: &str, service_account: &str) -> String {
+    format!("service-mirror:{namespace}:{service_account}")
+}
+
+/// The only permissions a mirror needs on a remote cluster: read its Services.
+pub fn remote_access_rules() -> Vec<PolicyRule> {
+    vec![PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["services".into()]),
+        verbs: vec!["get".into(), "list".into(), "watch".into()],
+        ..Default::default()
+    }]
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY_LABEL.to_string(),
+            MANAGED_BY_VALUE.to_string(),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// The remote-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
+/// ClusterRoleBinding and the ServiceAccount token Secret `<service_account>-token`.
+pub fn allow_manifests(namespace: &str, service_account: &str) -> Vec<serde_json::Value> {
+    let role = cluster_role_name(namespace, service_account);
+    let ns = Namespace {
+        metadata: meta(namespace, None),
+        ..Default::default()
+    };
+    let sa = ServiceAccount {
+        metadata: meta(service_account, Some(namespace)),
+        ..Default::default()
+    };
+    let cluster_role = ClusterRole {
+        metadata: meta(&role, None),
+        rules: Some(remote_access_rules()),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: meta(&role, None),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: role.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: service_account.to_string(),
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        }]),
+    };
+    let mut token_meta = meta(&token_secret_name(service_account), Some(namespace));
+    token_meta.annotations = Some(BTreeMap::from([(
+        SERVICE_ACCOUNT_NAME_ANNOTATION.to_string(),
+        service_account.to_string(),
+    )]));
+    let token = Secret {
+        metadata: token_meta,
+        type_: Some(SERVICE_ACCOUNT_TOKEN_TYPE.into()),
+        data: None::<BTreeMap<String, ByteString>>,
+        ..Default::default()
+    };
+    [
+        serde_json::to_value(ns),
+        serde_json::to_value(sa),
+        serde_json::to_value(cluster_role),
+        serde_json::to_value(binding),
+        serde_json::to_value(token),
+    ]
+    .into_iter()
+    .map(|v| v.expect("Kubernetes objects serialise to JSON"))
+    .collect()
+}
+
+/// Checks a name against the DNS-1123 label rule (Namespace names).
+fn check_label(what: &str, name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    anyhow::ensure!(
+        ok,
+        "{what} {name:?} is not a valid name: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+    );
+    Ok(())
+}
+
+/// Checks a name against the DNS-1123 subdomain rule (ServiceAccount names), leaving
+/// room for the `-token` suffix of its Secret.
+fn check_subdomain(what: &str, name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name.len() + "-token".len() <= 253
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    anyhow::ensure!(
+        ok,
+        "{what} {name:?} is not a valid name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+    );
+    Ok(())
+}
+
+/// Checks the namespace and ServiceAccount names given to `allow` or `link`.
+pub fn check_names(namespace: &str, service_account: &str) -> anyhow::Result<()> {
+    check_label("namespace", namespace)?;
+    check_subdomain("service account name", service_account)
+}
+
+/// Prints the remote-side manifests.
+pub fn run(args: AllowArgs) -> anyhow::Result<()> {
+    check_names(&args.namespace, &args.service_account_name)?;
+    print_documents(
+        &allow_manifests(&args.namespace, &args.service_account_name),
+        args.output,
+    )
+    .context("printing the manifests")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn by_kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+        let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
+        assert_eq!(found.len(), 1, "exactly one {kind}");
+        found[0]
+    }
+
+    #[test]
+    fn manifests_come_in_apply_order() {
+        let docs = allow_manifests("mc", "reader");
+        let kinds: Vec<_> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "Namespace",
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Secret"
+            ]
+        );
+        for d in &docs {
+            assert!(d["apiVersion"].is_string(), "{d}");
+            assert!(d["metadata"]["name"].is_string(), "{d}");
+        }
+    }
+
+    #[test]
+    fn cluster_role_allows_only_reading_services() {
+        let docs = allow_manifests("mc", "reader");
+        let role = by_kind(&docs, "ClusterRole");
+        assert_eq!(role["apiVersion"], "rbac.authorization.k8s.io/v1");
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]}])
+        );
+        assert!(role.get("aggregationRule").is_none());
+    }
+
+    #[test]
+    fn binding_grants_the_role_to_the_account_only() {
+        let docs = allow_manifests("mc", "reader");
+        let role = by_kind(&docs, "ClusterRole");
+        let binding = by_kind(&docs, "ClusterRoleBinding");
+        assert_eq!(
+            binding["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]})
+        );
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "reader", "namespace": "mc"}])
+        );
+    }
+
+    #[test]
+    fn account_and_token_secret_live_in_the_namespace() {
+        let docs = allow_manifests("mc", "reader");
+        assert_eq!(by_kind(&docs, "Namespace")["metadata"]["name"], "mc");
+        let sa = by_kind(&docs, "ServiceAccount");
+        assert_eq!(sa["metadata"]["name"], "reader");
+        assert_eq!(sa["metadata"]["namespace"], "mc");
+        let secret = by_kind(&docs, "Secret");
+        assert_eq!(secret["metadata"]["name"], "reader-token");
+        assert_eq!(secret["metadata"]["namespace"], "mc");
+        assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+        assert_eq!(
+            secret["metadata"]["annotations"],
+            json!({"kubernetes.io/service-account.name": "reader"})
+        );
+        assert!(
+            secret.get("data").is_none(),
+            "the token controller fills it"
+        );
+    }
+
+    #[test]
+    fn two_namespaces_never_share_a_binding() {
+        let a = allow_manifests("a", "reader");
+        let b = allow_manifests("b", "reader");
+        assert_ne!(
+            by_kind(&a, "ClusterRoleBinding")["metadata"]["name"],
+            by_kind(&b, "ClusterRoleBinding")["metadata"]["name"]
+        );
+    }
+
+    #[test]
+    fn default_names_are_linkerds() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: AllowArgs,
+        }
+        let args = Cli::try_parse_from(["allow"]).unwrap().args;
+        assert_eq!(
+            args.service_account_name,
+            "linkerd-service-mirror-remote-access-default"
+        );
+        assert_eq!(args.namespace, "linkerd-multicluster");
+        assert_eq!(args.output, OutputFormat::Yaml);
+        let args = Cli::try_parse_from(["allow", "-o", "json", "--namespace", "x"])
+            .unwrap()
+            .args;
+        assert_eq!(args.output, OutputFormat::Json);
+        assert_eq!(args.namespace, "x");
+    }
+
+    #[test]
+    fn bad_names_are_refused_with_a_clear_message() {
+        check_names("linkerd-multicluster", "a.b-c").unwrap();
+        let err = check_names("Bad_NS", "reader").unwrap_err().to_string();
+        assert!(
+            err.contains("namespace \"Bad_NS\" is not a valid name"),
+            "{err}"
+        );
+        let err = check_names("ok", "-x").unwrap_err().to_string();
+        assert!(err.contains("service account name"), "{err}");
+    }
+}

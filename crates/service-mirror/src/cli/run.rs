@@ -1,0 +1,122 @@
+//! `service-mirror run`: the controller.
+
+use crate::admin::{self, AdminState};
+use crate::core::NamespaceFilter;
+use crate::links::{LinkManager, LinkManagerOptions};
+use crate::metrics::Metrics;
+use crate::telemetry::{LogFormat, init_logging};
+use crate::watcher::WatcherOptions;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Arguments of `run`. Every flag can also be set through its environment variable.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the local cluster (default: in-cluster config, then $KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "SERVICE_MIRROR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace of the link Secrets (the controller's own namespace).
+    #[arg(long, env = "SERVICE_MIRROR_NAMESPACE")]
+    namespace: String,
+    /// Fast retries of a failing object before it falls back to slow periodic retries.
+    #[arg(long, env = "SERVICE_MIRROR_EVENT_REQUEUE_LIMIT", default_value_t = 3)]
+    event_requeue_limit: u32,
+    /// How often gateway hostnames are resolved again (e.g. 30s, 1m).
+    #[arg(long, env = "SERVICE_MIRROR_ENDPOINT_REFRESH_PERIOD", default_value = "1m", value_parser = humantime::parse_duration)]
+    endpoint_refresh_period: Duration,
+    /// Address of the admin server (/metrics, /ping, /ready, /live).
+    #[arg(long, env = "SERVICE_MIRROR_METRICS_ADDR", default_value = ":9999")]
+    metrics_addr: String,
+    /// Log filter: a level (info, debug) or tracing directives (service_mirror=debug,kube=warn).
+    #[arg(long, env = "SERVICE_MIRROR_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Log line format.
+    #[arg(long, env = "SERVICE_MIRROR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
+    /// Reconcile workers per linked cluster.
+    #[arg(long, env = "SERVICE_MIRROR_WORKERS", default_value_t = 8)]
+    workers: usize,
+    /// Only mirror these remote namespaces (comma-separated; `prefix*` patterns). Empty: all.
+    #[arg(long, env = "SERVICE_MIRROR_NAMESPACE_ALLOW", value_delimiter = ',')]
+    namespace_allow: Vec<String>,
+    /// Never mirror these remote namespaces (comma-separated; `prefix*` patterns).
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_NAMESPACE_DENY",
+        value_delimiter = ',',
+        default_value = "kube-system,kube-public,kube-node-lease"
+    )]
+    namespace_deny: Vec<String>,
+    /// How long rotated credentials may take to sync before the old ones are kept.
+    #[arg(long, env = "SERVICE_MIRROR_ROTATION_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    rotation_timeout: Duration,
+}
+
+/// Runs the controller until SIGTERM or SIGINT.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    init_logging(&args.log_level, args.log_format)?;
+    let local = super::client::client_from(args.kubeconfig.as_ref(), None).await?;
+    let metrics = Metrics::new();
+    let opts = LinkManagerOptions {
+        namespace: args.namespace.clone(),
+        workers: 4,
+        rotation_timeout: args.rotation_timeout,
+        watcher: WatcherOptions {
+            workers: args.workers,
+            requeue_limit: args.event_requeue_limit,
+            endpoint_refresh_period: args.endpoint_refresh_period,
+            namespaces: NamespaceFilter {
+                allow: args
+                    .namespace_allow
+                    .into_iter()
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+                deny: args
+                    .namespace_deny
+                    .into_iter()
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            },
+            metrics: metrics.clone(),
+            ..WatcherOptions::default()
+        },
+    };
+    let manager = Arc::new(LinkManager::start(local, opts));
+    let shutdown = CancellationToken::new();
+    let ready = {
+        let manager = manager.clone();
+        Arc::new(move || manager.ready()) as Arc<dyn Fn() -> bool + Send + Sync>
+    };
+    let (addr, admin_task) = admin::serve(
+        admin::parse_addr(&args.metrics_addr)?,
+        AdminState { metrics, ready },
+        shutdown.clone(),
+    )
+    .await?;
+    tracing::info!(namespace = %args.namespace, admin = %addr, "service mirror running");
+
+    wait_for_signal().await?;
+    tracing::info!("shutting down: stopping watchers, mirrors stay in place");
+    shutdown.cancel();
+    // The admin server holds the readiness closure: let it finish first.
+    let _ = admin_task.await;
+    let manager =
+        Arc::try_unwrap(manager).map_err(|_| anyhow::anyhow!("link manager still in use"))?;
+    tokio::time::timeout(Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| anyhow::anyhow!("shutdown took longer than 10 s"))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r?,
+    }
+    Ok(())
+}

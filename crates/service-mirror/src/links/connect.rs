@@ -1,0 +1,55 @@
+//! Turning a link into a client, checked against the remote before it is used.
+
+use super::secret::{LinkError, LinkSpec, redact};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, ListParams};
+use std::time::Duration;
+
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds a client for the link and checks it may list Services on the remote.
+pub async fn connect(spec: &LinkSpec) -> Result<kube::Client, LinkError> {
+    let kc = kube::config::Kubeconfig::from_yaml(&spec.kubeconfig)
+        .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(295));
+    let client = kube::Client::try_from(config).map_err(|e| classify(&e))?;
+    let api = Api::<Service>::all(client.clone());
+    let lp = ListParams::default().limit(1);
+    match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await {
+        Ok(Ok(_)) => Ok(client),
+        Ok(Err(e)) => Err(classify(&e)),
+        Err(_) => Err(LinkError::Unreachable(format!(
+            "no answer within {} s",
+            PROBE_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Sorts a client error into the reasons an operator can act on.
+fn classify(e: &kube::Error) -> LinkError {
+    if let kube::Error::Api(s) = e {
+        return match s.code {
+            401 => LinkError::Unauthorized,
+            403 => LinkError::Forbidden(s.message.clone()),
+            _ => LinkError::Unreachable(format!("HTTP {}: {}", s.code, redact(&s.message))),
+        };
+    }
+    // Walk the source chain: TLS failures hide a few levels down.
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    let lower = text.to_lowercase();
+    if lower.contains("certificate") || lower.contains("tls") || lower.contains("unknownissuer") {
+        LinkError::Tls(redact(&text))
+    } else {
+        LinkError::Unreachable(redact(&text))
+    }
+}

@@ -1,0 +1,423 @@
+//! The link manager: reconciles link Secrets (by name) into running cluster watchers.
+//!
+//! Each Secret is a key on a work queue, so a slow or unreachable remote only holds up
+//! its own Secret. A refused Secret never stops or cleans up a running link: its mirrors
+//! stay until the Secret is fixed or deleted.
+
+use super::connect::connect;
+use super::secret::{LinkError, LinkSpec, parse_link_secret};
+use crate::core::labels::LINK_SECRET_TYPE;
+use crate::metrics::{LinkErrorLabels, Metrics};
+use crate::watcher::{Backoff, ClusterWatcher, Outcome, WatcherOptions, WatcherStatus, WorkQueue};
+use crate::writer::{FIELD_MANAGER, LocalWriter};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Options of the link manager.
+#[derive(Debug, Clone)]
+pub struct LinkManagerOptions {
+    /// Namespace of the link Secrets (the controller's own).
+    pub namespace: String,
+    /// Options of every cluster watcher (they share its metrics).
+    pub watcher: WatcherOptions,
+    /// Secrets processed in parallel.
+    pub workers: usize,
+    /// How long new credentials may take to sync before a rotation is abandoned.
+    pub rotation_timeout: Duration,
+}
+
+struct Active {
+    spec: LinkSpec,
+    watcher: ClusterWatcher,
+}
+
+struct Inner {
+    local: Client,
+    opts: LinkManagerOptions,
+    secrets: Store<Secret>,
+    synced: AtomicBool,
+    active: Mutex<HashMap<String, Active>>,
+    /// cluster name -> the Secret that links it.
+    claims: Mutex<HashMap<String, String>>,
+    queue: WorkQueue<String>,
+    recorder: Recorder,
+}
+
+/// Runs the links of one controller.
+pub struct LinkManager {
+    inner: Arc<Inner>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl LinkManager {
+    /// Starts watching link Secrets in `opts.namespace`.
+    pub fn start(local: Client, opts: LinkManagerOptions) -> Self {
+        let cancel = CancellationToken::new();
+        let (store, writer) = reflector::store::<Secret>();
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        let inner = Arc::new(Inner {
+            recorder: Recorder::new(local.clone(), reporter),
+            queue: WorkQueue::new(
+                Backoff {
+                    fast_retries: opts.watcher.requeue_limit,
+                    ..Backoff::default()
+                },
+                cancel.clone(),
+            ),
+            local,
+            opts,
+            secrets: store,
+            synced: AtomicBool::new(false),
+            active: Mutex::default(),
+            claims: Mutex::default(),
+        });
+        let mut tasks = vec![tokio::spawn(watch_secrets(
+            inner.clone(),
+            writer,
+            cancel.clone(),
+        ))];
+        for _ in 0..inner.opts.workers.max(1) {
+            tasks.push(tokio::spawn(worker(inner.clone())));
+        }
+        Self {
+            inner,
+            cancel,
+            tasks,
+        }
+    }
+
+    /// Ready once the Secrets are listed and every link's local caches are synced.
+    /// Never waits on a remote cluster.
+    pub fn ready(&self) -> bool {
+        self.inner.synced.load(Ordering::SeqCst)
+            && self
+                .inner
+                .active()
+                .values()
+                .all(|a| a.watcher.status().local_synced)
+    }
+
+    /// The linked clusters and their watchers' state.
+    pub fn status(&self) -> Vec<(String, WatcherStatus)> {
+        let mut all: Vec<_> = self
+            .inner
+            .active()
+            .values()
+            .map(|a| (a.spec.link.cluster_name.clone(), a.watcher.status()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Stops every watcher, leaving the mirrors in place (a restart resumes them).
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let active: Vec<Active> = self.inner.active().drain().map(|(_, a)| a).collect();
+        for a in active {
+            let _ = a.watcher.stop(false).await;
+        }
+    }
+}
+
+impl Inner {
+    fn active(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
+        self.active.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.opts.watcher.metrics
+    }
+
+    async fn event(&self, secret: &Secret, type_: EventType, reason: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Secret".into()),
+            namespace: secret.metadata.namespace.clone(),
+            name: secret.metadata.name.clone(),
+            uid: secret.metadata.uid.clone(),
+            ..Default::default()
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Link".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "could not record an event on the link Secret");
+        }
+    }
+
+    /// Log + metric + Event for a refused or failing link Secret.
+    async fn report(&self, secret: &Secret, err: &LinkError) {
+        let name = secret.name_any();
+        tracing::warn!(secret = %name, reason = err.reason(), error = %err, "link Secret not usable");
+        self.metrics()
+            .link_errors
+            .get_or_create(&LinkErrorLabels {
+                secret: name,
+                reason: err.reason().into(),
+            })
+            .inc();
+        self.event(secret, EventType::Warning, err.reason(), err.to_string())
+            .await;
+    }
+
+    fn update_links_gauge(&self) {
+        let n = self.active().len() as i64;
+        self.metrics().links.set(n);
+    }
+
+    /// Takes a Secret's running link out of the tables.
+    fn take(&self, secret: &str) -> Option<Active> {
+        let a = self.active().remove(secret)?;
+        let mut claims = self.claims();
+        if claims.get(&a.spec.link.cluster_name).map(String::as_str) == Some(secret) {
+            claims.remove(&a.spec.link.cluster_name);
+        }
+        Some(a)
+    }
+
+    async fn unlink(&self, secret: &str, a: Active) {
+        let cluster = a.spec.link.cluster_name.clone();
+        if let Err(e) = a.watcher.stop(true).await {
+            // Keep trying in the background: the mirrors must not outlive the link.
+            tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
+            let writer = LocalWriter::new(
+                self.local.clone(),
+                &cluster,
+                self.opts.watcher.metrics.clone(),
+            );
+            tokio::spawn(async move {
+                let mut delay = Duration::from_secs(1);
+                while writer.delete_all_mirrors().await.is_err() {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(60));
+                }
+            });
+        }
+        tracing::info!(%cluster, %secret, "unlinked");
+    }
+
+    async fn reconcile(&self, name: &str) -> Outcome {
+        let secret = self
+            .secrets
+            .get(&ObjectRef::new(name).within(&self.opts.namespace));
+        let Some(secret) = secret else {
+            if let Some(a) = self.take(name) {
+                self.unlink(name, a).await;
+                // A Secret refused as a duplicate of this one may link now.
+                for s in self.secrets.state() {
+                    self.queue.add(s.name_any());
+                }
+            }
+            return Outcome::Done;
+        };
+        let spec = match parse_link_secret(&secret) {
+            Ok(spec) => spec,
+            Err(e) => {
+                self.report(&secret, &e).await;
+                return Outcome::Done;
+            }
+        };
+        let current = self.active().get(name).map(|a| a.spec.clone());
+        match current {
+            Some(cur) if cur == spec => Outcome::Done,
+            Some(cur) if cur.link == spec.link => self.rotate(name, &secret, spec).await,
+            Some(_) => {
+                // Another cluster name or domain: a different link.
+                if let Some(a) = self.take(name) {
+                    self.unlink(name, a).await;
+                }
+                self.link(name, &secret, spec).await
+            }
+            None => self.link(name, &secret, spec).await,
+        }
+    }
+
+    async fn link(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
+        let cluster = spec.link.cluster_name.clone();
+        let taken_by = {
+            let mut claims = self.claims();
+            match claims.get(&cluster) {
+                Some(other) if other != name => Some(other.clone()),
+                _ => {
+                    claims.insert(cluster.clone(), name.to_string());
+                    None
+                }
+            }
+        };
+        if let Some(other) = taken_by {
+            self.report(secret, &LinkError::DuplicateClusterName(cluster, other))
+                .await;
+            return Outcome::Done;
+        }
+        let client = match connect(&spec).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.claims().remove(&cluster);
+                self.report(secret, &e).await;
+                return if e.retryable() {
+                    Outcome::Failed
+                } else {
+                    Outcome::Done
+                };
+            }
+        };
+        match ClusterWatcher::start(
+            self.local.clone(),
+            client,
+            spec.link.clone(),
+            self.opts.watcher.clone(),
+        ) {
+            Ok(watcher) => {
+                self.active()
+                    .insert(name.to_string(), Active { spec, watcher });
+                self.update_links_gauge();
+                tracing::info!(%cluster, secret = %name, "linked");
+                self.event(
+                    secret,
+                    EventType::Normal,
+                    "Linked",
+                    format!("watching remote cluster {cluster}"),
+                )
+                .await;
+                Outcome::Done
+            }
+            Err(e) => {
+                self.claims().remove(&cluster);
+                let err = LinkError::InvalidClusterName(cluster, e.to_string());
+                self.report(secret, &err).await;
+                Outcome::Done
+            }
+        }
+    }
+
+    /// New credentials for a running link: the new watcher syncs before the old stops,
+    /// so no mirror is deleted or flaps.
+    async fn rotate(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
+        let cluster = spec.link.cluster_name.clone();
+        let client = match connect(&spec).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.report(secret, &e).await;
+                return if e.retryable() {
+                    Outcome::Failed
+                } else {
+                    Outcome::Done
+                };
+            }
+        };
+        let new = match ClusterWatcher::start(
+            self.local.clone(),
+            client,
+            spec.link.clone(),
+            self.opts.watcher.clone(),
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(%cluster, error = %e, "could not start the rotated watcher");
+                return Outcome::Failed;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + self.opts.rotation_timeout;
+        while !(new.status().remote_synced && new.status().local_synced) {
+            if tokio::time::Instant::now() > deadline {
+                let _ = new.stop(false).await;
+                self.report(
+                    secret,
+                    &LinkError::RotationTimeout(self.opts.rotation_timeout.as_secs()),
+                )
+                .await;
+                return Outcome::Failed;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let old = self
+            .active()
+            .insert(name.to_string(), Active { spec, watcher: new });
+        if let Some(old) = old {
+            let _ = old.watcher.stop(false).await;
+        }
+        tracing::info!(%cluster, secret = %name, "credentials rotated");
+        self.event(
+            secret,
+            EventType::Normal,
+            "CredentialsRotated",
+            format!("now using the new credentials for {cluster}"),
+        )
+        .await;
+        Outcome::Done
+    }
+}
+
+async fn watch_secrets(
+    inner: Arc<Inner>,
+    mut store: reflector::store::Writer<Secret>,
+    cancel: CancellationToken,
+) {
+    let api: Api<Secret> = Api::namespaced(inner.local.clone(), &inner.opts.namespace);
+    let config = watcher::Config::default().fields(&format!("type={LINK_SECRET_TYPE}"));
+    let stream = watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    loop {
+        let ev = tokio::select! {
+            _ = cancel.cancelled() => return,
+            ev = stream.next() => ev,
+        };
+        match ev {
+            Some(Ok(ev)) => {
+                store.apply_watcher_event(&ev);
+                match &ev {
+                    watcher::Event::Apply(s) | watcher::Event::Delete(s) => {
+                        inner.queue.add(s.name_any())
+                    }
+                    watcher::Event::InitDone => {
+                        let mut names: Vec<String> =
+                            inner.secrets.state().iter().map(|s| s.name_any()).collect();
+                        names.extend(inner.active().keys().cloned());
+                        for n in names {
+                            inner.queue.add(n);
+                        }
+                        inner.synced.store(true, Ordering::SeqCst);
+                    }
+                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching link Secrets failed; retrying")
+            }
+            None => return,
+        }
+    }
+}
+
+async fn worker(inner: Arc<Inner>) {
+    while let Some(name) = inner.queue.next().await {
+        let outcome = inner.reconcile(&name).await;
+        inner.queue.done(name, outcome);
+    }
+}

@@ -1,0 +1,10 @@
+//! Links: one watcher per remote cluster, started, swapped and stopped from the link
+//! Secrets in the controller's namespace.
+
+mod connect;
+mod manager;
+mod secret;
+
+pub use connect::connect;
+pub use manager::{LinkManager, LinkManagerOptions};
+pub use secret::{LinkError, LinkSpec, check_kubeconfig, parse_link_secret};

@@ -1,0 +1,427 @@
+//! The `allow`, `link`, `export` and `unexport` commands: the real binary against a real
+//! apiserver (a shared local cluster playing the remote cluster).
+
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServicePort, ServiceSpec};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use local_cluster::{LocalCluster, apply_yaml, client_from_yaml, shared_cluster, unique_namespace};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+mod support;
+
+use support::controller::service_mirror;
+
+const GATEWAY_NAME: &str = "mirror.linkerd.io/gateway-name";
+const GATEWAY_NS: &str = "mirror.linkerd.io/gateway-ns";
+
+async fn remote() -> Arc<LocalCluster> {
+    shared_cluster("remote")
+        .await
+        .expect("start the remote cluster")
+}
+
+fn admin_path(cluster: &LocalCluster) -> String {
+    cluster.admin_kubeconfig().path.display().to_string()
+}
+
+/// Runs `allow` for `ns`/`sa` and applies its output; returns the applied objects.
+async fn allow(cluster: &LocalCluster, ns: &str, sa: &str) -> Vec<String> {
+    let run = service_mirror(&["allow", "--namespace", ns, "--service-account-name", sa]);
+    assert!(run.ok, "allow failed: {}", run.stderr);
+    let client = cluster.client().await.unwrap();
+    apply_yaml(&client, &run.stdout)
+        .await
+        .expect("apply allow's output")
+}
+
+fn link_args<'a>(kubeconfig: &'a str, ns: &'a str, sa: &'a str) -> Vec<&'a str> {
+    vec![
+        "link",
+        "--cluster-name",
+        "east",
+        "--kubeconfig",
+        kubeconfig,
+        "--namespace",
+        ns,
+        "--service-account-name",
+        sa,
+    ]
+}
+
+/// The kubeconfig YAML inside a link Secret.
+fn kubeconfig_in(secret: &Secret) -> String {
+    let data = secret.data.as_ref().expect("link Secret has data");
+    String::from_utf8(data["kubeconfig"].0.clone()).expect("utf-8 kubeconfig")
+}
+
+fn parse_yaml_secret(text: &str) -> Secret {
+    let value: serde_json::Value = serde_saphyr::from_str(text).expect("link prints YAML");
+    serde_json::from_value(value).expect("link prints a Secret")
+}
+
+fn forbidden<T: std::fmt::Debug>(r: kube::Result<T>) -> bool {
+    matches!(r, Err(kube::Error::Api(s)) if s.code == 403)
+}
+
+#[tokio::test]
+async fn allow_then_link_gives_a_read_only_kubeconfig() {
+    let cluster = remote().await;
+    let admin = cluster.client().await.unwrap();
+    let kubeconfig = admin_path(&cluster);
+    let ns = unique_namespace("cli-link");
+    let sa = "mirror-reader";
+
+    let applied = allow(&cluster, &ns, sa).await;
+    assert_eq!(applied.len(), 5, "{applied:?}");
+    assert_eq!(applied[0], format!("Namespace/{ns}"));
+    assert!(
+        applied.contains(&format!("Secret/{ns}/{sa}-token")),
+        "{applied:?}"
+    );
+    // Applying the same output again changes nothing and does not fail.
+    allow(&cluster, &ns, sa).await;
+
+    // The token controller has not run yet: link explains what is missing.
+    let early = service_mirror(&link_args(&kubeconfig, &ns, sa));
+    assert!(!early.ok, "link without a token must fail");
+    assert_eq!(early.code, Some(1));
+    assert!(
+        early.stdout.is_empty(),
+        "nothing printed on stdout: {}",
+        early.stdout
+    );
+    assert!(
+        early
+            .stderr
+            .contains(&format!("Secret {ns}/{sa}-token has no token yet")),
+        "{}",
+        early.stderr
+    );
+    assert!(
+        early.stderr.contains("token controller"),
+        "{}",
+        early.stderr
+    );
+
+    cluster
+        .fill_token_secret(&ns, &format!("{sa}-token"))
+        .await
+        .unwrap();
+    let token = Api::<Secret>::namespaced(admin.clone(), &ns)
+        .get(&format!("{sa}-token"))
+        .await
+        .unwrap()
+        .data
+        .unwrap()["token"]
+        .0
+        .clone();
+    let token = String::from_utf8(token).unwrap();
+
+    let run = service_mirror(&link_args(&kubeconfig, &ns, sa));
+    assert!(run.ok, "link failed: {}", run.stderr);
+    assert!(
+        !run.stderr.contains(&token),
+        "the token never reaches the logs"
+    );
+    let secret = parse_yaml_secret(&run.stdout);
+    assert_eq!(
+        secret.metadata.name.as_deref(),
+        Some("cluster-credentials-east")
+    );
+    assert_eq!(
+        secret.metadata.namespace.as_deref(),
+        Some("linkerd-multicluster")
+    );
+    assert_eq!(
+        secret.type_.as_deref(),
+        Some("mirror.linkerd.io/remote-kubeconfig")
+    );
+    let annotations = secret.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["mirror.linkerd.io/cluster-name"], "east");
+    assert_eq!(
+        annotations["mirror.linkerd.io/remote-cluster-domain"],
+        "cluster.local"
+    );
+
+    let yaml = kubeconfig_in(&secret);
+    let kc = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+    assert_eq!(kc.current_context.as_deref(), Some("east"));
+    let server = kc.clusters[0].cluster.as_ref().unwrap().server.clone();
+    assert_eq!(server, Some(cluster.server_url()));
+    let user = serde_json::to_value(kc.auth_infos[0].auth_info.as_ref().unwrap()).unwrap();
+    assert_eq!(user["token"], token.as_str());
+
+    // The link's credentials may read Services everywhere, and nothing else.
+    let linked = client_from_yaml(&yaml).await.expect("client from the link");
+    Api::<Service>::all(linked.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("the link may list services in all namespaces");
+    let svc = Service {
+        metadata: ObjectMeta {
+            name: Some("intruder".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                port: 80,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert!(
+        forbidden(
+            Api::<Service>::namespaced(linked.clone(), &ns)
+                .create(&PostParams::default(), &svc)
+                .await
+        ),
+        "the link must not create services"
+    );
+    assert!(
+        forbidden(
+            Api::<Secret>::namespaced(linked.clone(), &ns)
+                .list(&ListParams::default())
+                .await
+        ),
+        "the link must not list secrets"
+    );
+    assert!(
+        forbidden(
+            Api::<Secret>::all(linked.clone())
+                .list(&ListParams::default())
+                .await
+        ),
+        "the link must not list secrets anywhere"
+    );
+}
+
+#[tokio::test]
+async fn link_options_shape_the_secret() {
+    let cluster = remote().await;
+    let kubeconfig = admin_path(&cluster);
+    let ns = unique_namespace("cli-opts");
+    let sa = "linkerd-service-mirror-remote-access-default";
+    allow(&cluster, &ns, sa).await;
+    cluster
+        .fill_token_secret(&ns, &format!("{sa}-token"))
+        .await
+        .unwrap();
+
+    let mut args = vec![
+        "link",
+        "--cluster-name",
+        "west-2",
+        "--kubeconfig",
+        &kubeconfig,
+    ];
+    args.extend([
+        "--namespace",
+        &ns,
+        "--api-server-address",
+        "https://remote.example:6443",
+        "--cluster-domain",
+        "remote.example",
+        "--link-namespace",
+        "mirrors",
+        "-o",
+        "json",
+    ]);
+    let run = service_mirror(&args);
+    assert!(run.ok, "link failed: {}", run.stderr);
+    let secret: Secret = serde_json::from_str(&run.stdout).expect("link -o json prints a Secret");
+    assert_eq!(
+        secret.metadata.name.as_deref(),
+        Some("cluster-credentials-west-2")
+    );
+    assert_eq!(secret.metadata.namespace.as_deref(), Some("mirrors"));
+    let annotations = secret.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["mirror.linkerd.io/cluster-name"], "west-2");
+    assert_eq!(
+        annotations["mirror.linkerd.io/remote-cluster-domain"],
+        "remote.example"
+    );
+    let kc = kube::config::Kubeconfig::from_yaml(&kubeconfig_in(&secret)).unwrap();
+    assert_eq!(kc.current_context.as_deref(), Some("west-2"));
+    let c = kc.clusters[0].cluster.as_ref().unwrap();
+    assert_eq!(c.server.as_deref(), Some("https://remote.example:6443"));
+    let ca = serde_json::from_value::<k8s_openapi::ByteString>(serde_json::Value::String(
+        c.certificate_authority_data.clone().unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(ca.0, cluster.ca_pem().as_bytes());
+}
+
+#[tokio::test]
+async fn link_errors_are_clear() {
+    let cluster = remote().await;
+    let kubeconfig = admin_path(&cluster);
+    let ns = unique_namespace("cli-missing");
+
+    // Nothing applied: the token Secret does not exist.
+    let run = service_mirror(&link_args(&kubeconfig, &ns, "nobody"));
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains(&format!(
+            "ServiceAccount token Secret {ns}/nobody-token not found"
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("service-mirror allow"),
+        "{}",
+        run.stderr
+    );
+
+    // An invalid cluster name is refused before anything is read.
+    let run = service_mirror(&[
+        "link",
+        "--cluster-name",
+        "East_1",
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(!run.ok);
+    assert_eq!(run.code, Some(2), "a usage error");
+    assert!(run.stderr.contains("invalid character"), "{}", run.stderr);
+}
+
+async fn create_service(client: &kube::Client, ns: &str, name: &str) -> Api<Service> {
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let services = Api::<Service>::namespaced(client.clone(), ns);
+    services
+        .create(
+            &PostParams::default(),
+            &Service {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    annotations: Some(BTreeMap::from([(
+                        "keep.example/me".to_string(),
+                        "yes".to_string(),
+                    )])),
+                    ..Default::default()
+                },
+                spec: Some(ServiceSpec {
+                    ports: Some(vec![ServicePort {
+                        port: 80,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    services
+}
+
+async fn annotations(services: &Api<Service>, name: &str) -> BTreeMap<String, String> {
+    services
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn export_and_unexport_toggle_the_gateway_annotations() {
+    let cluster = remote().await;
+    let admin = cluster.client().await.unwrap();
+    let kubeconfig = admin_path(&cluster);
+    let ns = unique_namespace("cli-export");
+    let services = create_service(&admin, &ns, "web").await;
+
+    let run = service_mirror(&["export", "web", "-n", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(run.ok, "export failed: {}", run.stderr);
+    assert_eq!(
+        run.stdout.trim(),
+        format!("service {ns}/web exported through gateway linkerd-multicluster/linkerd-gateway")
+    );
+    let a = annotations(&services, "web").await;
+    assert_eq!(a[GATEWAY_NAME], "linkerd-gateway");
+    assert_eq!(a[GATEWAY_NS], "linkerd-multicluster");
+    assert_eq!(a["keep.example/me"], "yes");
+
+    let run = service_mirror(&[
+        "export",
+        "web",
+        "--namespace",
+        &ns,
+        "--gateway-name",
+        "gw",
+        "--gateway-namespace",
+        "gw-ns",
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(run.ok, "export failed: {}", run.stderr);
+    let a = annotations(&services, "web").await;
+    assert_eq!(a[GATEWAY_NAME], "gw");
+    assert_eq!(a[GATEWAY_NS], "gw-ns");
+
+    let run = service_mirror(&["unexport", "web", "-n", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(run.ok, "unexport failed: {}", run.stderr);
+    assert_eq!(run.stdout.trim(), format!("service {ns}/web unexported"));
+    let a = annotations(&services, "web").await;
+    assert!(!a.contains_key(GATEWAY_NAME), "{a:?}");
+    assert!(!a.contains_key(GATEWAY_NS), "{a:?}");
+    assert_eq!(a["keep.example/me"], "yes", "other annotations untouched");
+
+    // Unexporting twice is harmless.
+    let run = service_mirror(&["unexport", "web", "-n", &ns, "--kubeconfig", &kubeconfig]);
+    assert!(run.ok, "second unexport failed: {}", run.stderr);
+}
+
+#[tokio::test]
+async fn export_of_a_missing_service_fails_clearly() {
+    let cluster = remote().await;
+    let kubeconfig = admin_path(&cluster);
+    let ns = unique_namespace("cli-nosvc");
+    for command in ["export", "unexport"] {
+        let run = service_mirror(&[command, "ghost", "-n", &ns, "--kubeconfig", &kubeconfig]);
+        assert!(!run.ok, "{command} of a missing service must fail");
+        assert_eq!(run.code, Some(1));
+        assert!(
+            run.stderr
+                .contains(&format!("service {ns}/ghost not found")),
+            "{command}: {}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn allow_prints_yaml_and_json() {
+    let yaml = service_mirror(&["allow"]);
+    assert!(yaml.ok, "{}", yaml.stderr);
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml.stdout).unwrap();
+    assert_eq!(docs.len(), 5);
+    assert_eq!(docs[0]["metadata"]["name"], "linkerd-multicluster");
+    assert_eq!(
+        docs[1]["metadata"]["name"],
+        "linkerd-service-mirror-remote-access-default"
+    );
+
+    let json = service_mirror(&["allow", "-o", "json"]);
+    assert!(json.ok, "{}", json.stderr);
+    let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"], serde_json::Value::Array(docs));
+}

@@ -1,0 +1,588 @@
+//! The `service-mirror run` binary: links from Secrets, bad links, many clusters, admin.
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
+use std::sync::Arc;
+use std::time::Duration;
+use support::controller::{Controller, link_secret, reader_kubeconfig};
+use support::*;
+
+const GW: i32 = 4143;
+
+/// A controller namespace on the local cluster, and a controller limited to `mirror_ns`.
+async fn controller(local: &LocalCluster, mirror_ns: &[&str]) -> (String, Controller) {
+    let ns = unique_namespace("sm");
+    create_namespace(&local.client().await.unwrap(), &ns).await;
+    let allow = mirror_ns.join(",");
+    let c = Controller::spawn(
+        local,
+        &ns,
+        &[
+            "--namespace-allow",
+            &allow,
+            "--endpoint-refresh-period",
+            "2s",
+        ],
+    );
+    (ns, c)
+}
+
+async fn events_for(client: &kube::Client, ns: &str, secret: &str) -> Vec<(String, String)> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(secret))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+async fn wait_event(client: &kube::Client, ns: &str, secret: &str, reason: &str) -> String {
+    eventually(&format!("event {reason} on {secret}"), || async {
+        events_for(client, ns, secret)
+            .await
+            .into_iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, n)| n)
+    })
+    .await
+}
+
+fn uids(svcs: &[Service]) -> Vec<(String, String)> {
+    let mut v: Vec<_> = svcs
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.name.clone().unwrap(),
+                s.metadata.uid.clone().unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn link_secrets_start_rotate_rename_and_stop_watchers() {
+    let env = Env::new("links").await;
+    env.gateway("gw", GW, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    env.export("api", "gw", &[("http", 80)]).await;
+    let (ctl_ns, mut ctl) = controller(&env.local, &[&env.ns]).await;
+    let ready = ctl.wait_ready().await;
+    eprintln!("controller ready in {ready:?}");
+    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
+
+    // Ignored: a link-shaped Secret of another type, and a link Secret in another namespace.
+    let mut opaque = link_secret("opaque", Some("ignored"), Some("x"));
+    opaque.type_ = Some("Opaque".into());
+    secrets
+        .create(&PostParams::default(), &opaque)
+        .await
+        .unwrap();
+    let other_ns = unique_namespace("elsewhere");
+    create_namespace(&env.lc, &other_ns).await;
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    Api::<Secret>::namespaced(env.lc.clone(), &other_ns)
+        .create(
+            &PostParams::default(),
+            &link_secret(
+                "cluster-credentials-else",
+                Some("elsewhere"),
+                Some(&kc.yaml),
+            ),
+        )
+        .await
+        .unwrap();
+
+    // Added: the watcher starts.
+    let name = "cluster-credentials-east";
+    let cluster = env.cluster.clone();
+    secrets
+        .create(
+            &PostParams::default(),
+            &link_secret(name, Some(&cluster), Some(&kc.yaml)),
+        )
+        .await
+        .unwrap();
+    let by_cluster =
+        |c: &str| ListParams::default().labels(&format!("mirror.linkerd.io/cluster-name={c}"));
+    let local_svcs = env.local_services();
+    eventually("both mirrored", || async {
+        (local_svcs
+            .list(&by_cluster(&cluster))
+            .await
+            .unwrap()
+            .items
+            .len()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    wait_event(&env.lc, &ctl_ns, name, "Linked").await;
+    assert!(
+        env.local_services()
+            .list(&by_cluster("ignored"))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        env.local_services()
+            .list(&by_cluster("elsewhere"))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let before = local_svcs.list(&by_cluster(&cluster)).await.unwrap().items;
+
+    // Rotated credentials: a new token; nothing deleted or rewritten.
+    let writes = env.local_writes().len();
+    let rotated = env
+        .remote
+        .service_account_kubeconfig(&env.ns, "reader")
+        .await
+        .unwrap();
+    assert_ne!(rotated.yaml, kc.yaml);
+    secrets
+        .replace(name, &PostParams::default(), &{
+            let mut s = secrets.get(name).await.unwrap();
+            s.data = link_secret(name, None, Some(&rotated.yaml)).data;
+            s
+        })
+        .await
+        .unwrap();
+    wait_event(&env.lc, &ctl_ns, name, "CredentialsRotated").await;
+    let after = local_svcs.list(&by_cluster(&cluster)).await.unwrap().items;
+    assert_eq!(
+        uids(&before),
+        uids(&after),
+        "no mirror deleted during the swap"
+    );
+    assert_eq!(
+        env.local_writes().len(),
+        writes,
+        "no mirror rewritten during the swap"
+    );
+    // The new watcher is live.
+    env.export("new", "gw", &[("http", 80)]).await;
+    env.mirror_until("new", "mirrored after rotation", |_, e| has_subsets(e))
+        .await;
+
+    // Renamed cluster: unlink + link.
+    let renamed = format!("{cluster}-b");
+    secrets
+        .patch(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/cluster-name": renamed}}})))
+        .await
+        .unwrap();
+    eventually("mirrors move to the new name", || async {
+        let old = local_svcs
+            .list(&by_cluster(&cluster))
+            .await
+            .unwrap()
+            .items
+            .len();
+        let new = local_svcs
+            .list(&by_cluster(&renamed))
+            .await
+            .unwrap()
+            .items
+            .len();
+        (old == 0 && new == 3).then_some(())
+    })
+    .await;
+
+    // Deleted: watcher stopped with cleanup.
+    secrets
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("mirrors deleted with the link", || async {
+        local_svcs
+            .list(&by_cluster(&renamed))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert!(ctl.running());
+    let log = ctl.log_text();
+    for token in [&kc.yaml, &rotated.yaml] {
+        let t = token
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("token: "))
+            .unwrap();
+        assert!(!log.contains(t), "a token leaked into the logs");
+    }
+    let (ok, took) = ctl.terminate();
+    assert!(ok, "clean exit on SIGTERM; log:\n{}", ctl.log_text());
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+}
+
+#[tokio::test]
+async fn bad_link_secrets_are_reported_and_fixable_without_disturbing_other_links() {
+    let env = Env::new("bad").await;
+    env.gateway("gw", GW, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let (ctl_ns, mut ctl) = controller(&env.local, &[&env.ns]).await;
+    ctl.wait_ready().await;
+    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let good = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &link_secret("good", Some(&env.cluster), Some(&good.yaml)),
+        )
+        .await
+        .unwrap();
+    let (svc, _) = env
+        .mirror_until("web", "good link mirrors", |_, e| has_subsets(e))
+        .await;
+    let good_uid = svc.metadata.uid.clone();
+
+    // A cluster with another CA, and a ServiceAccount with no permissions.
+    let other = shared_cluster("other").await.unwrap();
+    let wrong_ca = good.yaml.replace(
+        good.yaml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
+            .unwrap(),
+        other
+            .admin_kubeconfig()
+            .yaml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
+            .unwrap(),
+    );
+    let no_rbac = env
+        .remote
+        .service_account_kubeconfig(&env.ns, "nobody")
+        .await
+        .unwrap();
+    let token = good
+        .yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap();
+    let bad_token = good.yaml.replace(token, "not-a-valid-token");
+    let unreachable = good
+        .yaml
+        .replace(&env.remote.server_url(), "https://127.0.0.1:1");
+    let no_context = good.yaml.replace(
+        &good
+            .yaml
+            .lines()
+            .find(|l| l.starts_with("current-context"))
+            .unwrap()
+            .to_string(),
+        "",
+    );
+    let cases: Vec<(&str, Option<&str>, Option<String>, &str)> = vec![
+        ("no-key", Some("c-nokey"), None, "MissingKubeconfig"),
+        (
+            "not-yaml",
+            Some("c-notyaml"),
+            Some("clusters: [".into()),
+            "InvalidKubeconfig",
+        ),
+        (
+            "no-context",
+            Some("c-noctx"),
+            Some(no_context),
+            "NoCurrentContext",
+        ),
+        (
+            "unreachable",
+            Some("c-unreach"),
+            Some(unreachable),
+            "RemoteUnreachable",
+        ),
+        (
+            "wrong-ca",
+            Some("c-wrongca"),
+            Some(wrong_ca),
+            "RemoteTLSError",
+        ),
+        (
+            "bad-token",
+            Some("c-badtoken"),
+            Some(bad_token),
+            "RemoteUnauthorized",
+        ),
+        (
+            "no-rbac",
+            Some("c-norbac"),
+            Some(no_rbac.yaml.clone()),
+            "RemoteForbidden",
+        ),
+        (
+            "no-name",
+            None,
+            Some(good.yaml.clone()),
+            "MissingClusterName",
+        ),
+        (
+            "bad-name",
+            Some("Not_A_Label"),
+            Some(good.yaml.clone()),
+            "InvalidClusterName",
+        ),
+        (
+            "duplicate",
+            Some(&env.cluster),
+            Some(good.yaml.clone()),
+            "DuplicateClusterName",
+        ),
+    ];
+    for (name, cluster, kc, _) in &cases {
+        secrets
+            .create(
+                &PostParams::default(),
+                &link_secret(name, *cluster, kc.as_deref()),
+            )
+            .await
+            .unwrap();
+    }
+    for (name, _, _, reason) in &cases {
+        let note = wait_event(&env.lc, &ctl_ns, name, reason).await;
+        assert!(!note.contains(token), "no credential in the event");
+        eprintln!("{name}: {reason}: {note}");
+    }
+    let metrics = ctl.metrics().await;
+    for (name, _, _, reason) in &cases {
+        let series =
+            format!("service_mirror_link_errors_total{{secret=\"{name}\",reason=\"{reason}\"}}");
+        assert!(metrics.contains(&series), "{series} missing");
+    }
+    assert!(ctl.running(), "bad input never crashes the controller");
+    let (svc, _) = env.mirror("web").await;
+    assert_eq!(
+        svc.unwrap().metadata.uid,
+        good_uid,
+        "the good link's mirror is untouched"
+    );
+
+    // Fixing a Secret recovers without a restart.
+    let fixed = reader_kubeconfig(&env.remote, &env.ns, "reader2").await;
+    secrets
+        .patch(
+            "bad-token",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"kubeconfig": k8s_openapi::ByteString(fixed.yaml.into_bytes())}})),
+        )
+        .await
+        .unwrap();
+    wait_event(&env.lc, &ctl_ns, "bad-token", "Linked").await;
+    let c_mirror = service_mirror::core::mirror_name("web", "c-badtoken");
+    eventually("fixed link mirrors", || async {
+        env.local_services().get_opt(&c_mirror).await.unwrap()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn many_clusters_one_outage_does_not_stop_the_others() {
+    let local = shared_cluster("local").await.unwrap();
+    let remotes: Vec<Arc<LocalCluster>> = futures::future::try_join_all(
+        ["r1", "r2", "r3"].map(|n| async move { LocalCluster::start(n).await.map(Arc::new) }),
+    )
+    .await
+    .unwrap();
+    let ns = unique_namespace("many");
+    let (ctl_ns, ctl) = controller(&local, &[&ns]).await;
+    ctl.wait_ready().await;
+    let lc = local.client().await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(lc.clone(), &ctl_ns);
+    for (i, r) in remotes.iter().enumerate() {
+        let rc = r.client().await.unwrap();
+        create_namespace(&rc, &ns).await;
+        gateway_in(&rc, &ns, "gw", GW, &[&format!("192.0.2.{}", i + 1)]).await;
+        Api::<Service>::namespaced(rc, &ns)
+            .create(
+                &PostParams::default(),
+                &exported("svc", &ns, "gw", &[("http", 80)]),
+            )
+            .await
+            .unwrap();
+        let kc = reader_kubeconfig(r, &ns, "reader").await;
+        secrets
+            .create(
+                &PostParams::default(),
+                &link_secret(
+                    &format!("link-{}", r.name()),
+                    Some(r.name()),
+                    Some(&kc.yaml),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    let local_svcs: Api<Service> = Api::namespaced(lc.clone(), &ns);
+    for r in &remotes {
+        let m = format!("svc-{}", r.name());
+        eventually(&format!("{m} mirrored"), || async {
+            local_svcs.get_opt(&m).await.unwrap()
+        })
+        .await;
+    }
+
+    remotes[0].stop_apiserver();
+    for r in &remotes[1..] {
+        let rc = r.client().await.unwrap();
+        Api::<Service>::namespaced(rc, &ns)
+            .create(
+                &PostParams::default(),
+                &exported("during", &ns, "gw", &[("http", 80)]),
+            )
+            .await
+            .unwrap();
+        let m = format!("during-{}", r.name());
+        eventually(&format!("{m} mirrored while r1 is down"), || async {
+            local_svcs.get_opt(&m).await.unwrap()
+        })
+        .await;
+    }
+    assert!(
+        local_svcs.get_opt("svc-r1").await.unwrap().is_some(),
+        "the down cluster's mirror stays"
+    );
+    let metrics = ctl.metrics().await;
+    assert!(
+        metrics.contains("service_mirror_remote_connected{cluster=\"r1\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("service_mirror_remote_connected{cluster=\"r2\"} 1"));
+
+    remotes[0].start_apiserver().await.unwrap();
+    let rc = remotes[0].client().await.unwrap();
+    Api::<Service>::namespaced(rc, &ns)
+        .create(
+            &PostParams::default(),
+            &exported("after", &ns, "gw", &[("http", 80)]),
+        )
+        .await
+        .unwrap();
+    eventually("r1 recovers", || async {
+        local_svcs.get_opt("after-r1").await.unwrap()
+    })
+    .await;
+    println!("--- metrics with three links ---\n{}", ctl.metrics().await);
+}
+
+#[tokio::test]
+async fn admin_endpoints_answer() {
+    let local = shared_cluster("local").await.unwrap();
+    let (_, ctl) = controller(&local, &["none"]).await;
+    let ready = ctl.wait_ready().await;
+    eprintln!("ready after {ready:?}");
+    assert_eq!(ctl.get("/ping").await, Some((200, "pong".into())));
+    assert_eq!(ctl.get("/live").await.map(|r| r.0), Some(200));
+    let metrics = ctl.metrics().await;
+    assert!(
+        metrics.contains("# TYPE service_mirror_links gauge"),
+        "{metrics}"
+    );
+    assert!(metrics.ends_with("# EOF\n"));
+}
+
+#[tokio::test]
+async fn end_to_end_with_the_cli_allow_link_run_export() {
+    let env = Env::new("e2e").await;
+    let remote_ns = unique_namespace("mc");
+    // Remote side: `allow`, applied; the harness plays the token controller.
+    let allow = support::controller::service_mirror(&[
+        "allow",
+        "--namespace",
+        &remote_ns,
+        "--service-account-name",
+        "mirror",
+    ]);
+    assert!(allow.ok, "{}", allow.stderr);
+    local_cluster::apply_yaml(&env.rc, &allow.stdout)
+        .await
+        .unwrap();
+    env.remote
+        .fill_token_secret(&remote_ns, "mirror-token")
+        .await
+        .unwrap();
+
+    // Local side: the Secret printed by `link`, applied to the controller's namespace.
+    let (ctl_ns, ctl) = controller(&env.local, &[&env.ns]).await;
+    let remote_kubeconfig = env.remote.admin_kubeconfig().path.display().to_string();
+    let link = support::controller::service_mirror(&[
+        "link",
+        "--cluster-name",
+        &env.cluster,
+        "--kubeconfig",
+        &remote_kubeconfig,
+        "--namespace",
+        &remote_ns,
+        "--service-account-name",
+        "mirror",
+        "--link-namespace",
+        &ctl_ns,
+    ]);
+    assert!(link.ok, "{}", link.stderr);
+    local_cluster::apply_yaml(&env.lc, &link.stdout)
+        .await
+        .unwrap();
+    ctl.wait_ready().await;
+
+    // Export with the CLI: the mirror appears, and goes with `unexport`.
+    env.gateway("gw", GW, &["192.0.2.1"]).await;
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web"}, "spec": {"ports": [{"name": "http", "port": 80}]}}))
+    .unwrap();
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let export = support::controller::service_mirror(&[
+        "export",
+        "web",
+        "-n",
+        &env.ns,
+        "--gateway-name",
+        "gw",
+        "--gateway-namespace",
+        &env.ns,
+        "--kubeconfig",
+        &remote_kubeconfig,
+    ]);
+    assert!(export.ok, "{}", export.stderr);
+    env.mirror_until("web", "mirror after export", |_, e| has_subsets(e))
+        .await;
+    let unexport = support::controller::service_mirror(&[
+        "unexport",
+        "web",
+        "-n",
+        &env.ns,
+        "--kubeconfig",
+        &remote_kubeconfig,
+    ]);
+    assert!(unexport.ok, "{}", unexport.stderr);
+    env.mirror_gone("web").await;
+    let bad = support::controller::service_mirror(&[
+        "export",
+        "nope",
+        "-n",
+        &env.ns,
+        "--kubeconfig",
+        &remote_kubeconfig,
+    ]);
+    assert!(
+        !bad.ok && bad.stderr.contains("not found"),
+        "{}",
+        bad.stderr
+    );
+}

@@ -1,0 +1,234 @@
+//! Running the real `service-mirror run` binary as a child process, and link Secrets.
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use kube::api::{Api, ObjectMeta, PostParams};
+use local_cluster::{Kubeconfig, LocalCluster};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `service-mirror run` process; killed on drop.
+pub struct Controller {
+    pub child: Child,
+    pub admin: String,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Controller {
+    /// Starts the binary against `local` with link Secrets in `namespace`.
+    pub fn spawn(local: &LocalCluster, namespace: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("controller.log");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let admin = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_service-mirror"))
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&local.admin_kubeconfig().path)
+            .args([
+                "--namespace",
+                namespace,
+                "--metrics-addr",
+                &admin,
+                "--log-level",
+                "debug",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(
+                std::fs::File::options()
+                    .append(true)
+                    .create(true)
+                    .open(&log)
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("spawn service-mirror run");
+        Self {
+            child,
+            admin,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// GET on the admin server: (status, body).
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.admin).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.ok()?;
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Some((status, body))
+    }
+
+    /// Waits until `/ready` answers 200; returns how long that took.
+    pub async fn wait_ready(&self) -> Duration {
+        let start = Instant::now();
+        loop {
+            if let Some((200, _)) = self.get("/ready").await {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "controller not ready; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The metrics page.
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    }
+
+    /// Everything the process logged.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns (exit success, time taken).
+    pub fn terminate(&mut self) -> (bool, Duration) {
+        let start = Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status.success(), start.elapsed());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A kubeconfig on `remote` for a ServiceAccount that may only get/list/watch Services
+/// (the contract's remote credential), created in namespace `ns`.
+pub async fn reader_kubeconfig(remote: &LocalCluster, ns: &str, sa: &str) -> Kubeconfig {
+    let admin = remote.client().await.unwrap();
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some("service-mirror-remote-reader".into()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["services".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let _ = Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await;
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(format!("{ns}-{sa}")),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "service-mirror-remote-reader".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: sa.into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        }]),
+    };
+    let _ = Api::<ClusterRoleBinding>::all(admin)
+        .create(&PostParams::default(), &binding)
+        .await;
+    remote.service_account_kubeconfig(ns, sa).await.unwrap()
+}
+
+/// A link Secret (contract format) named `name` for cluster `cluster`.
+pub fn link_secret(name: &str, cluster: Option<&str>, kubeconfig: Option<&str>) -> Secret {
+    let mut annotations = BTreeMap::new();
+    if let Some(c) = cluster {
+        annotations.insert("mirror.linkerd.io/cluster-name".to_string(), c.to_string());
+    }
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        type_: Some("mirror.linkerd.io/remote-kubeconfig".into()),
+        data: kubeconfig
+            .map(|k| [("kubeconfig".to_string(), ByteString(k.as_bytes().to_vec()))].into()),
+        ..Default::default()
+    }
+}
+
+/// Result of one run of the binary.
+pub struct Run {
+    pub ok: bool,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `service-mirror <args>` with no `SERVICE_MIRROR_*` nor `KUBECONFIG` from the
+/// environment, so that only the flags count.
+pub fn service_mirror(args: &[&str]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_service-mirror"));
+    cmd.args(args);
+    for (key, _) in std::env::vars_os() {
+        let key_str = key.to_string_lossy();
+        if key_str.starts_with("SERVICE_MIRROR_") || key_str == "KUBECONFIG" {
+            cmd.env_remove(&key);
+        }
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().expect("run service-mirror");
+    Run {
+        ok: status.success(),
+        code: status.code(),
+        stdout: String::from_utf8(stdout).expect("utf-8 stdout"),
+        stderr: String::from_utf8(stderr).expect("utf-8 stderr"),
+    }
+}
