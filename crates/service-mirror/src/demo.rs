@@ -142,7 +142,7 @@ async fn setup_remote(remote: &Client) -> anyhow::Result<()> {
     }
     let gw: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "gateway"},
-        "spec": {"type": "LoadBalancer", "ports": [{"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": 4191}]}
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "mc-gateway", "port": 4143}]}
     }))?;
     let gws: Api<Service> = Api::namespaced(remote.clone(), "mc-gateway");
     gws.create(&pp, &gw).await?;

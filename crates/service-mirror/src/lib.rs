@@ -12,6 +12,7 @@ pub mod demo;
 pub mod error;
 pub mod links;
 pub mod metrics;
+pub mod permissions;
 pub mod telemetry;
 pub mod watcher;
 pub mod writer;

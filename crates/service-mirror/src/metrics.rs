@@ -34,6 +34,30 @@ pub struct WriteLabels {
     pub resource: String,
 }
 
+/// Labels of gateway probe series (Linkerd's names).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayLabels {
+    /// The gateway Service's name.
+    pub gateway_name: String,
+    /// The gateway Service's namespace.
+    pub gateway_namespace: String,
+    /// The link's cluster name.
+    pub target_cluster_name: String,
+}
+
+/// Labels of the probe counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    /// The gateway Service's name.
+    pub gateway_name: String,
+    /// The gateway Service's namespace.
+    pub gateway_namespace: String,
+    /// The link's cluster name.
+    pub target_cluster_name: String,
+    /// "true" or "false".
+    pub probe_successful: String,
+}
+
 /// Labels of link errors.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LinkErrorLabels {
@@ -45,6 +69,10 @@ pub struct LinkErrorLabels {
 
 fn reconcile_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+fn probe_latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 16))
 }
 
 /// Every metric, shared by the link manager, the watchers and the writer.
@@ -70,6 +98,12 @@ pub struct Metrics {
     pub link_errors: Family<LinkErrorLabels, Counter>,
     /// Remote clusters being watched.
     pub links: Gauge,
+    /// 1 while the gateway answers its probes (Linkerd's `gateway_alive`).
+    pub gateway_alive: Family<GatewayLabels, Gauge>,
+    /// Probe round-trip time in milliseconds (Linkerd's `gateway_probe_latency_ms`).
+    pub gateway_probe_latency_ms: Family<GatewayLabels, Histogram, fn() -> Histogram>,
+    /// Probes sent (Linkerd's `gateway_probes`).
+    pub gateway_probes: Family<ProbeLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -82,7 +116,7 @@ impl Metrics {
     /// A fresh set of metrics in its own registry.
     pub fn new() -> Arc<Self> {
         let m = Self {
-            registry: Mutex::new(Registry::with_prefix("service_mirror")),
+            registry: Mutex::new(Registry::default()),
             mirrored_services: Family::default(),
             remote_connected: Family::default(),
             last_sync: Family::default(),
@@ -93,9 +127,29 @@ impl Metrics {
             ownership_conflicts: Family::default(),
             link_errors: Family::default(),
             links: Gauge::default(),
+            gateway_alive: Family::default(),
+            gateway_probe_latency_ms: Family::new_with_constructor(probe_latency_histogram),
+            gateway_probes: Family::default(),
         };
         {
-            let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let mut root = m.registry.lock().unwrap_or_else(|e| e.into_inner());
+            // Probe metrics keep Linkerd's unprefixed names so its dashboards work.
+            root.register(
+                "gateway_alive",
+                "1 while the remote gateway answers its probes",
+                m.gateway_alive.clone(),
+            );
+            root.register(
+                "gateway_probe_latency_ms",
+                "Gateway probe latency in milliseconds",
+                m.gateway_probe_latency_ms.clone(),
+            );
+            root.register(
+                "gateway_probes",
+                "Gateway probes sent",
+                m.gateway_probes.clone(),
+            );
+            let r = root.sub_registry_with_prefix("service_mirror");
             r.register(
                 "mirrored_services",
                 "Local mirror Services per linked cluster",
@@ -179,6 +233,11 @@ impl Metrics {
         self.remote_connected.remove(&l);
         self.last_sync.remove(&l);
         self.queue_depth.remove(&l);
+    }
+
+    /// Drops the gauge of a gateway no longer probed.
+    pub fn forget_gateway(&self, labels: &GatewayLabels) {
+        self.gateway_alive.remove(labels);
     }
 }
 

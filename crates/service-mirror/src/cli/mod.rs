@@ -3,6 +3,7 @@
 mod allow;
 pub mod client;
 mod export;
+mod install;
 mod link;
 mod output;
 mod run;
@@ -23,6 +24,8 @@ enum Command {
     Run(run::RunArgs),
     /// Print the link Secret for a remote cluster (apply it to the local cluster).
     Link(link::LinkArgs),
+    /// Print the local-side manifests: namespace, RBAC and Deployment of the controller.
+    Install(install::InstallArgs),
     /// Print the remote-side manifests: a ServiceAccount that may only read Services.
     Allow(allow::AllowArgs),
     /// Export a Service: annotate it with the gateway that carries its traffic.
@@ -39,6 +42,7 @@ impl Cli {
         match self.command {
             Command::Run(args) => run::run(args).await,
             Command::Link(args) => link::run(args).await,
+            Command::Install(args) => install::run(args),
             Command::Allow(args) => allow::run(args),
             Command::Export(args) => export::export(args).await,
             Command::Unexport(args) => export::unexport(args).await,

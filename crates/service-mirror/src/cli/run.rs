@@ -49,6 +49,12 @@ pub struct RunArgs {
         default_value = "kube-system,kube-public,kube-node-lease"
     )]
     namespace_deny: Vec<String>,
+    /// How long a gateway probe may take before it counts as failed.
+    #[arg(long, env = "SERVICE_MIRROR_PROBE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    probe_timeout: Duration,
+    /// Consecutive failed probes before a gateway's mirrors turn not ready.
+    #[arg(long, env = "SERVICE_MIRROR_PROBE_FAILURE_THRESHOLD", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    probe_failure_threshold: u32,
     /// How long rotated credentials may take to sync before the old ones are kept.
     #[arg(long, env = "SERVICE_MIRROR_ROTATION_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     rotation_timeout: Duration,
@@ -58,6 +64,7 @@ pub struct RunArgs {
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_format)?;
     let local = super::client::client_from(args.kubeconfig.as_ref(), None).await?;
+    crate::permissions::spawn_startup_check(&local, &args.namespace);
     let metrics = Metrics::new();
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
@@ -80,6 +87,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     .collect(),
             },
             metrics: metrics.clone(),
+            probe_timeout: args.probe_timeout,
+            probe_failure_threshold: args.probe_failure_threshold,
             ..WatcherOptions::default()
         },
     };

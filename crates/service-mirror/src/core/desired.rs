@@ -150,16 +150,24 @@ pub fn desired_mirror(
         .collect();
 
     let subsets = resolved.filter(|r| !r.addresses.is_empty()).map(|r| {
+        let addresses: Vec<EndpointAddress> = r
+            .addresses
+            .iter()
+            .map(|ip| EndpointAddress {
+                ip: ip.to_string(),
+                ..Default::default()
+            })
+            .collect();
+        // A gateway that fails its probes keeps its addresses, as not ready, so local
+        // clients fail over instead of sending traffic into a dead link.
+        let (ready, not_ready) = if r.alive {
+            (Some(addresses), None)
+        } else {
+            (None, Some(addresses))
+        };
         vec![EndpointSubset {
-            addresses: Some(
-                r.addresses
-                    .iter()
-                    .map(|ip| EndpointAddress {
-                        ip: ip.to_string(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
+            addresses: ready,
+            not_ready_addresses: not_ready,
             ports: Some(
                 ports
                     .iter()
@@ -171,7 +179,6 @@ pub fn desired_mirror(
                     })
                     .collect(),
             ),
-            ..Default::default()
         }]
     });
 
@@ -474,6 +481,9 @@ mod tests {
             ]),
             not_ready_addresses: None,
         }];
+        let dead = two.clone().with_alive(false);
+        let mut not_ready = want.clone();
+        not_ready[0].not_ready_addresses = not_ready[0].addresses.take();
         type Row<'a> = (
             &'a str,
             Option<&'a ResolvedGateway>,
@@ -481,6 +491,11 @@ mod tests {
         );
         let table: Vec<Row> = vec![
             ("resolved", Some(&two), Some(want)),
+            (
+                "gateway down: same ports, addresses not ready",
+                Some(&dead),
+                Some(not_ready),
+            ),
             ("resolved without addresses", Some(&none), None),
             ("unresolved", None, None),
         ];

@@ -127,10 +127,13 @@ pub fn gateway_spec(gateway: &Service) -> Result<GatewaySpec, GatewayError> {
         let ip = entry.ip.as_deref().filter(|s| !s.is_empty());
         let hostname = entry.hostname.as_deref().filter(|s| !s.is_empty());
         match ip.map(|s| (s, s.parse::<IpAddr>())) {
-            Some((_, Ok(addr))) => {
+            Some((_, Ok(addr))) if endpoint_ip_allowed(&addr) => {
                 ips.push(addr);
                 continue;
             }
+            Some((raw, Ok(_))) => invalid_ingress.push(format!(
+                "ip {raw} cannot be an Endpoints address (loopback, link-local, multicast or unspecified)"
+            )),
             Some((raw, Err(_))) => invalid_ingress.push(format!("unparsable ip {raw:?}")),
             None => {}
         }
@@ -160,6 +163,17 @@ pub fn gateway_spec(gateway: &Service) -> Result<GatewaySpec, GatewayError> {
     })
 }
 
+/// Whether the apiserver accepts `ip` as an Endpoints address: it refuses unspecified,
+/// loopback, link-local and multicast addresses (and a remote must not point local
+/// clients at the local node itself).
+pub fn endpoint_ip_allowed(ip: &IpAddr) -> bool {
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    };
+    !(ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || link_local)
+}
+
 /// A gateway whose addresses are all IPs: what a mirror's Endpoints point at.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedGateway {
@@ -169,9 +183,17 @@ pub struct ResolvedGateway {
     pub port: i32,
     /// The gateway Service's resourceVersion when resolved.
     pub resource_version: String,
+    /// False while the gateway's probes fail: mirror addresses are then not ready.
+    pub alive: bool,
 }
 
 impl ResolvedGateway {
+    /// The same gateway with its probe verdict.
+    pub fn with_alive(mut self, alive: bool) -> Self {
+        self.alive = alive;
+        self
+    }
+
     /// Builds a resolved gateway; addresses are sorted and deduplicated so that equal
     /// sets give equal values (and so equal mirrors).
     pub fn new(
@@ -186,6 +208,7 @@ impl ResolvedGateway {
             addresses,
             port,
             resource_version: resource_version.into(),
+            alive: true,
         }
     }
 }
@@ -342,6 +365,23 @@ mod tests {
         ];
         for (what, svc, want) in table {
             assert_eq!(gateway_spec(&svc), Err(want), "{what}");
+        }
+    }
+
+    #[test]
+    fn endpoint_addresses_the_apiserver_refuses_are_rejected() {
+        for (ip, ok) in [
+            ("192.0.2.1", true),
+            ("2001:db8::1", true),
+            ("127.0.0.1", false),
+            ("::1", false),
+            ("0.0.0.0", false),
+            ("169.254.1.1", false),
+            ("fe80::1", false),
+            ("224.0.0.1", false),
+            ("ff02::1", false),
+        ] {
+            assert_eq!(endpoint_ip_allowed(&ip.parse().unwrap()), ok, "{ip}");
         }
     }
 

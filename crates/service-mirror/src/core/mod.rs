@@ -23,11 +23,13 @@ pub mod namespaces;
 pub mod naming;
 pub mod ownership;
 pub mod plan;
+pub mod probe;
 
 pub use desired::{DesiredMirror, Link, desired_mirror, desired_namespace, mirror_labels};
 pub use diff::{endpoints_update, service_update};
 pub use gateway::{
-    GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, exported_gateway, gateway_spec,
+    GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, endpoint_ip_allowed, exported_gateway,
+    gateway_spec,
 };
 pub use labels::owner_selector;
 pub use namespaces::NamespaceFilter;
@@ -37,3 +39,4 @@ pub use naming::{
 };
 pub use ownership::{is_owned, remote_key};
 pub use plan::{Action, plan};
+pub use probe::{ProbeSpec, probe_spec};

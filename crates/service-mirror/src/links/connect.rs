@@ -1,6 +1,7 @@
 //! Turning a link into a client, checked against the remote before it is used.
 
 use super::secret::{LinkError, LinkSpec, redact};
+use crate::permissions::{Permission, is_allowed};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams};
 use std::time::Duration;
@@ -20,7 +21,28 @@ pub async fn connect(spec: &LinkSpec) -> Result<kube::Client, LinkError> {
     let api = Api::<Service>::all(client.clone());
     let lp = ListParams::default().limit(1);
     match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await {
-        Ok(Ok(_)) => Ok(client),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(classify(&e)),
+        Err(_) => {
+            return Err(LinkError::Unreachable(format!(
+                "no answer within {} s",
+                PROBE_TIMEOUT.as_secs()
+            )));
+        }
+    }
+    // A list can succeed where a watch is refused; without watch the mirrors would
+    // freeze at the first list, so ask before linking.
+    let watch = Permission {
+        verb: "watch".into(),
+        group: String::new(),
+        resource: "services".into(),
+        namespace: None,
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, is_allowed(&client, &watch)).await {
+        Ok(Ok(true)) => Ok(client),
+        Ok(Ok(false)) => Err(LinkError::Forbidden(
+            "the credentials may list but not watch services (cluster-wide): grant get, list and watch".into(),
+        )),
         Ok(Err(e)) => Err(classify(&e)),
         Err(_) => Err(LinkError::Unreachable(format!(
             "no answer within {} s",

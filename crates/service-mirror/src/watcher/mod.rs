@@ -8,10 +8,12 @@
 //! difference. Nothing is written when nothing differs. See docs/architecture.md.
 
 mod index;
+mod probe;
 mod queue;
 mod reconcile;
 pub mod resolve;
 
+pub use probe::ProbeRedirect;
 pub use queue::{Backoff, Outcome, WorkQueue};
 pub use resolve::{CachingResolver, Lookup, Resolver, SystemResolver};
 
@@ -50,6 +52,12 @@ pub struct WatcherOptions {
     pub namespaces: NamespaceFilter,
     /// Where the watcher reports its metrics.
     pub metrics: Arc<Metrics>,
+    /// How long a gateway probe may take before it counts as failed.
+    pub probe_timeout: Duration,
+    /// Consecutive failed probes before a gateway is considered down.
+    pub probe_failure_threshold: u32,
+    /// Where probes connect instead of the gateway's address, if set.
+    pub probe_redirect: Option<ProbeRedirect>,
 }
 
 impl Default for WatcherOptions {
@@ -61,6 +69,9 @@ impl Default for WatcherOptions {
             resolver: Arc::new(SystemResolver),
             namespaces: NamespaceFilter::default(),
             metrics: Metrics::new(),
+            probe_timeout: Duration::from_secs(5),
+            probe_failure_threshold: 3,
+            probe_redirect: None,
         }
     }
 }
@@ -80,6 +91,8 @@ struct Inner {
     local_services_synced: AtomicBool,
     local_endpoints_synced: AtomicBool,
     remote_connected: AtomicBool,
+    probers: probe::Probers,
+    cancel: CancellationToken,
 }
 
 impl Inner {
@@ -172,6 +185,8 @@ impl ClusterWatcher {
             local_services_synced: AtomicBool::new(false),
             local_endpoints_synced: AtomicBool::new(false),
             remote_connected: AtomicBool::new(false),
+            probers: probe::Probers::default(),
+            cancel: cancel.clone(),
         });
         let selector = owner_selector(&inner.link.cluster_name);
         let local_config = watcher::Config::default().labels(&selector);

@@ -1,13 +1,16 @@
 //! Reconciling one key: desired mirror (pure core) vs. actual local objects (caches).
 
+use super::probe::ProbeTarget;
 use super::{Inner, Outcome};
 use crate::core::{
-    GatewayRef, ResolvedGateway, ServiceKey, desired_mirror, exported_gateway, gateway_spec, plan,
+    GatewayRef, ProbeSpec, ResolvedGateway, ServiceKey, desired_mirror, endpoint_ip_allowed,
+    exported_gateway, gateway_spec, plan, probe_spec,
 };
 use crate::error::Result;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::ObjectRef;
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The gateway Service from the remote cache.
@@ -17,12 +20,34 @@ pub(super) fn gateway_service(inner: &Inner, gw: &GatewayRef) -> Option<Arc<Serv
         .get(&ObjectRef::new(&gw.name).within(&gw.namespace))
 }
 
-/// The gateway's addresses and port, or None (with a warning) when it is unusable.
+/// The gateway's addresses, port and probe verdict, or None (with a warning) when it is
+/// unusable.
 async fn resolve_gateway(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     key: &ServiceKey,
     gw: &GatewayRef,
 ) -> Option<ResolvedGateway> {
+    let Some((resolved, probe)) = resolve_addresses(inner, key, gw).await else {
+        inner.probers.alive(inner, gw, None, &[]);
+        return None;
+    };
+    let target = probe
+        .port
+        .zip(resolved.addresses.first())
+        .map(|(port, ip)| ProbeTarget {
+            addr: SocketAddr::new(*ip, port),
+            path: probe.path.clone(),
+            period: probe.period,
+        });
+    let alive = inner.probers.alive(inner, gw, target, &probe.warnings);
+    Some(resolved.with_alive(alive))
+}
+
+async fn resolve_addresses(
+    inner: &Inner,
+    key: &ServiceKey,
+    gw: &GatewayRef,
+) -> Option<(ResolvedGateway, ProbeSpec)> {
     let cluster = &inner.link.cluster_name;
     let Some(svc) = gateway_service(inner, gw) else {
         tracing::warn!(%cluster, %key, gateway = %gw, "gateway not found; mirror kept without endpoints");
@@ -41,18 +66,26 @@ async fn resolve_gateway(
     let mut resolved = Vec::new();
     for host in &spec.hostnames {
         match inner.resolver.resolve(host).await {
-            Ok(ips) => resolved.extend(ips),
+            Ok(ips) => {
+                let (ok, refused): (Vec<_>, Vec<_>) =
+                    ips.into_iter().partition(endpoint_ip_allowed);
+                if !refused.is_empty() {
+                    tracing::warn!(%cluster, gateway = %gw, host, ?refused, "ignoring resolved addresses that cannot be Endpoints addresses");
+                }
+                resolved.extend(ok)
+            }
             Err(e) => {
                 tracing::warn!(%cluster, gateway = %gw, error = %e, "gateway hostname unresolved; retried every endpoint refresh period")
             }
         }
     }
+    let probe = probe_spec(&svc);
     let resolved = spec.into_resolved(resolved);
-    (!resolved.addresses.is_empty()).then_some(resolved)
+    (!resolved.addresses.is_empty()).then_some((resolved, probe))
 }
 
 /// Brings the local mirror of `key` to its desired state.
-pub(super) async fn reconcile(inner: &Inner, key: &ServiceKey) -> Result<Outcome> {
+pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Outcome> {
     let remote = inner
         .remote
         .get(&ObjectRef::new(&key.name).within(&key.namespace));

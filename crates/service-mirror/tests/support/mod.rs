@@ -263,7 +263,9 @@ pub async fn gateway_in(client: &Client, ns: &str, name: &str, port: i32, ingres
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     let spec = ServiceSpec {
         type_: Some("LoadBalancer".into()),
-        ports: Some(ports(&[("mc-gateway", port), ("mc-probe", 4191)])),
+        // No mc-probe port: these gateways' addresses are documentation ranges that must
+        // never be contacted (probing is tested against local servers in tests/probe.rs).
+        ports: Some(ports(&[("mc-gateway", port)])),
         ..Default::default()
     };
     if api.get_opt(name).await.unwrap().is_none() {
@@ -278,8 +280,7 @@ pub async fn gateway_in(client: &Client, ns: &str, name: &str, port: i32, ingres
         api.create(&PostParams::default(), &svc).await.unwrap();
     } else {
         let patch = serde_json::json!({"spec": {"ports": [
-            {"name": "mc-gateway", "port": port, "protocol": "TCP"},
-            {"name": "mc-probe", "port": 4191, "protocol": "TCP"}]}});
+            {"name": "mc-gateway", "port": port, "protocol": "TCP"}]}});
         // A merge patch replaces the port list (a strategic one merges by port number).
         api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

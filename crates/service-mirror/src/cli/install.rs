@@ -1,0 +1,670 @@
+//! `service-mirror install`: the local-side manifests of the controller.
+//!
+//! ```text
+//! service-mirror install | kubectl apply -f -
+//! ```
+//!
+//! It prints, in apply order: the Namespace, the ServiceAccount `service-mirror`, a
+//! ClusterRole and its ClusterRoleBinding with the cluster-wide permissions, a Role and
+//! its RoleBinding with the permissions limited to the controller's namespace (both from
+//! [`crate::permissions`], which `run` checks at startup), and the Deployment. With
+//! `--ha`: three replicas spread over nodes and a PodDisruptionBudget.
+
+use super::allow::check_names;
+use super::output::{OutputFormat, print_documents};
+use crate::permissions::{CLUSTER_RULES, NAMESPACE_RULES, Rule};
+use anyhow::Context;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    Namespace, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::ObjectMeta;
+use std::collections::BTreeMap;
+
+/// Name of the ServiceAccount, Deployment, Role and RoleBinding.
+pub const NAME: &str = "service-mirror";
+/// Default namespace of the controller (Linkerd's).
+pub const DEFAULT_NAMESPACE: &str = "linkerd-multicluster";
+/// Port of the admin server (`/metrics`, `/live`, `/ready`): `run`'s default
+/// `--metrics-addr`.
+pub const ADMIN_PORT: i32 = 9999;
+/// Name of the admin port on the container.
+pub const ADMIN_PORT_NAME: &str = "admin-http";
+/// The non-root user and group of the distroless image.
+pub const RUN_AS: i64 = 65532;
+
+const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+const NAME_LABEL: &str = "app.kubernetes.io/name";
+const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+
+/// The default image: this build's version.
+pub fn default_image() -> String {
+    format!(
+        "ghcr.io/service-mirror/service-mirror:{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Arguments of `install`.
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Namespace of the controller and of its link Secrets (created if missing).
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_NAMESPACE",
+        default_value = DEFAULT_NAMESPACE
+    )]
+    pub namespace: String,
+    /// High availability: 3 replicas spread over nodes and a PodDisruptionBudget.
+    #[arg(long)]
+    pub ha: bool,
+    /// Container image of the controller.
+    #[arg(long, env = "SERVICE_MIRROR_IMAGE", default_value_t = default_image())]
+    pub image: String,
+    /// Output format.
+    #[arg(
+        short,
+        long,
+        env = "SERVICE_MIRROR_OUTPUT",
+        value_enum,
+        default_value = "yaml"
+    )]
+    pub output: OutputFormat,
+}
+
+/// Name of the ClusterRole and ClusterRoleBinding of the controller in `namespace`: one
+/// pair per installation, so two installations never overwrite each other's binding
+/// (and never collide with the `service-mirror:<ns>:<account>` names of `allow`).
+pub fn cluster_role_name(namespace: &str) -> String {
+    format!("service-mirror-controller:{namespace}")
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (NAME_LABEL.to_string(), NAME.to_string()),
+        (COMPONENT_LABEL.to_string(), "controller".to_string()),
+        (MANAGED_BY_LABEL.to_string(), NAME.to_string()),
+    ])
+}
+
+/// Labels that select the controller's pods.
+fn selector_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (NAME_LABEL.to_string(), NAME.to_string()),
+        (COMPONENT_LABEL.to_string(), "controller".to_string()),
+    ])
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(labels()),
+        ..Default::default()
+    }
+}
+
+fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
+    rules
+        .iter()
+        .map(|r| PolicyRule {
+            api_groups: Some(vec![r.group.to_string()]),
+            resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
+            verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn subjects(namespace: &str) -> Option<Vec<Subject>> {
+    Some(vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: NAME.into(),
+        namespace: Some(namespace.to_string()),
+        ..Default::default()
+    }])
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String(ADMIN_PORT_NAME.into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(1),
+        ..Default::default()
+    }
+}
+
+fn deployment(namespace: &str, ha: bool, image: &str) -> Deployment {
+    let seccomp = || {
+        Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        })
+    };
+    let container = Container {
+        name: NAME.into(),
+        image: Some(image.to_string()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(
+            ["run", "--namespace", namespace, "--log-format", "json"]
+                .map(str::to_string)
+                .to_vec(),
+        ),
+        env: Some(vec![EnvVar {
+            name: "POD_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ports: Some(vec![ContainerPort {
+            name: Some(ADMIN_PORT_NAME.into()),
+            container_port: ADMIN_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(http_probe("/live", 10, 3)),
+        readiness_probe: Some(http_probe("/ready", 5, 3)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("100m".into())),
+                ("memory".to_string(), Quantity("64Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("1".into())),
+                ("memory".to_string(), Quantity("256Mi".into())),
+            ])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: seccomp(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let affinity = ha.then(|| Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(LabelSelector {
+                            match_labels: Some(selector_labels()),
+                            ..Default::default()
+                        }),
+                        topology_key: "kubernetes.io/hostname".into(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let mut template_labels = labels();
+    template_labels.extend(selector_labels());
+    Deployment {
+        metadata: meta(NAME, Some(namespace)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(if ha { 3 } else { 1 }),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(template_labels),
+                    annotations: Some(BTreeMap::from([
+                        ("prometheus.io/scrape".to_string(), "true".to_string()),
+                        ("prometheus.io/port".to_string(), ADMIN_PORT.to_string()),
+                        ("prometheus.io/path".to_string(), "/metrics".to_string()),
+                    ])),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NAME.into()),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(RUN_AS),
+                        run_as_group: Some(RUN_AS),
+                        seccomp_profile: seccomp(),
+                        ..Default::default()
+                    }),
+                    node_selector: Some(BTreeMap::from([(
+                        "kubernetes.io/os".to_string(),
+                        "linux".to_string(),
+                    )])),
+                    affinity,
+                    containers: vec![container],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The local-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
+/// ClusterRoleBinding, Role, RoleBinding, Deployment and, with `ha`, a
+/// PodDisruptionBudget.
+pub fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_json::Value> {
+    let cluster_role = cluster_role_name(namespace);
+    let ns = Namespace {
+        metadata: meta(namespace, None),
+        ..Default::default()
+    };
+    let sa = ServiceAccount {
+        metadata: meta(NAME, Some(namespace)),
+        ..Default::default()
+    };
+    let cr = ClusterRole {
+        metadata: meta(&cluster_role, None),
+        rules: Some(policy_rules(CLUSTER_RULES)),
+        ..Default::default()
+    };
+    let crb = ClusterRoleBinding {
+        metadata: meta(&cluster_role, None),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: cluster_role.clone(),
+        },
+        subjects: subjects(namespace),
+    };
+    let role = Role {
+        metadata: meta(NAME, Some(namespace)),
+        rules: Some(policy_rules(NAMESPACE_RULES)),
+    };
+    let rb = RoleBinding {
+        metadata: meta(NAME, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: NAME.into(),
+        },
+        subjects: subjects(namespace),
+    };
+    let to_value =
+        |r: serde_json::Result<serde_json::Value>| r.expect("Kubernetes objects serialise to JSON");
+    let mut docs = vec![
+        to_value(serde_json::to_value(ns)),
+        to_value(serde_json::to_value(sa)),
+        to_value(serde_json::to_value(cr)),
+        to_value(serde_json::to_value(crb)),
+        to_value(serde_json::to_value(role)),
+        to_value(serde_json::to_value(rb)),
+        to_value(serde_json::to_value(deployment(namespace, ha, image))),
+    ];
+    if ha {
+        let pdb = PodDisruptionBudget {
+            metadata: meta(NAME, Some(namespace)),
+            spec: Some(PodDisruptionBudgetSpec {
+                min_available: Some(IntOrString::Int(1)),
+                selector: Some(LabelSelector {
+                    match_labels: Some(selector_labels()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        docs.push(to_value(serde_json::to_value(pdb)));
+    }
+    docs
+}
+
+/// Prints the local-side manifests.
+pub fn run(args: InstallArgs) -> anyhow::Result<()> {
+    check_names(&args.namespace, NAME)?;
+    anyhow::ensure!(
+        !args.image.is_empty() && !args.image.contains(char::is_whitespace),
+        "invalid image {:?}",
+        args.image
+    );
+    if args.ha {
+        eprintln!(
+            "note: --ha runs 3 replicas; until leader election is implemented every replica mirrors (writes are safe: they carry preconditions, conflicts are retried)"
+        );
+    }
+    print_documents(
+        &install_manifests(&args.namespace, args.ha, &args.image),
+        args.output,
+    )
+    .context("printing the manifests")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const IMAGE: &str = "example.org/sm:1";
+
+    fn by_kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+        let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
+        assert_eq!(found.len(), 1, "exactly one {kind}");
+        found[0]
+    }
+
+    fn container(docs: &[serde_json::Value]) -> &serde_json::Value {
+        let containers = &by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"];
+        assert_eq!(containers.as_array().unwrap().len(), 1);
+        &containers[0]
+    }
+
+    #[test]
+    fn manifests_come_in_apply_order() {
+        let kinds = |ha| {
+            install_manifests("mc", ha, IMAGE)
+                .iter()
+                .map(|d| d["kind"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        let base = [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+        ];
+        assert_eq!(kinds(false), base);
+        let mut with_pdb = base.to_vec();
+        with_pdb.push("PodDisruptionBudget");
+        assert_eq!(kinds(true), with_pdb);
+        for d in install_manifests("mc", true, IMAGE) {
+            assert!(d["apiVersion"].is_string(), "{d}");
+            assert!(d["metadata"]["name"].is_string(), "{d}");
+            let cluster_scoped = matches!(
+                d["kind"].as_str().unwrap(),
+                "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+            );
+            assert_eq!(d["metadata"]["namespace"].is_null(), cluster_scoped, "{d}");
+            if !cluster_scoped {
+                assert_eq!(d["metadata"]["namespace"], "mc", "{d}");
+            }
+        }
+    }
+
+    #[test]
+    fn cluster_role_has_exactly_the_cluster_wide_rules() {
+        let docs = install_manifests("mc", false, IMAGE);
+        let role = by_kind(&docs, "ClusterRole");
+        assert_eq!(role["apiVersion"], "rbac.authorization.k8s.io/v1");
+        assert_eq!(
+            role["rules"],
+            json!([
+                {"apiGroups": [""], "resources": ["services", "endpoints"],
+                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["namespaces"],
+                 "verbs": ["get", "list", "watch", "create"]},
+                {"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                 "verbs": ["create", "patch"]},
+            ])
+        );
+        assert!(role.get("aggregationRule").is_none());
+    }
+
+    #[test]
+    fn role_has_exactly_the_namespace_rules() {
+        let docs = install_manifests("mc", false, IMAGE);
+        let role = by_kind(&docs, "Role");
+        assert_eq!(role["metadata"]["namespace"], "mc");
+        assert_eq!(
+            role["rules"],
+            json!([
+                {"apiGroups": [""], "resources": ["secrets"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+            ])
+        );
+    }
+
+    #[test]
+    fn bindings_grant_the_roles_to_the_service_account_only() {
+        let docs = install_manifests("mc", false, IMAGE);
+        let subject =
+            json!([{"kind": "ServiceAccount", "name": "service-mirror", "namespace": "mc"}]);
+        let crb = by_kind(&docs, "ClusterRoleBinding");
+        assert_eq!(
+            crb["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                   "name": by_kind(&docs, "ClusterRole")["metadata"]["name"]})
+        );
+        assert_eq!(crb["subjects"], subject);
+        let rb = by_kind(&docs, "RoleBinding");
+        assert_eq!(
+            rb["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "service-mirror"})
+        );
+        assert_eq!(rb["subjects"], subject);
+        assert_eq!(
+            by_kind(&docs, "ServiceAccount")["metadata"]["name"],
+            "service-mirror"
+        );
+        assert_eq!(
+            by_kind(&docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"],
+            "service-mirror"
+        );
+    }
+
+    #[test]
+    fn two_namespaces_never_share_a_cluster_binding() {
+        let a = install_manifests("a", false, IMAGE);
+        let b = install_manifests("b", false, IMAGE);
+        for kind in ["ClusterRole", "ClusterRoleBinding"] {
+            assert_ne!(
+                by_kind(&a, kind)["metadata"]["name"],
+                by_kind(&b, kind)["metadata"]["name"]
+            );
+        }
+        // Nor with the remote-side names of `allow` (service-mirror:<ns>:<account>).
+        let remote = super::super::allow::cluster_role_name("a", "service-mirror");
+        assert_ne!(
+            by_kind(&a, "ClusterRole")["metadata"]["name"],
+            remote.as_str()
+        );
+    }
+
+    #[test]
+    fn container_is_locked_down() {
+        let docs = install_manifests("mc", false, IMAGE);
+        let c = container(&docs);
+        assert_eq!(
+            c["securityContext"],
+            json!({
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": true,
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            })
+        );
+        let pod = &by_kind(&docs, "Deployment")["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["securityContext"],
+            json!({
+                "runAsNonRoot": true,
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            })
+        );
+        assert!(pod.get("hostNetwork").is_none());
+        let resources = &c["resources"];
+        for key in ["requests", "limits"] {
+            assert!(resources[key]["cpu"].is_string(), "{resources}");
+            assert!(resources[key]["memory"].is_string(), "{resources}");
+        }
+    }
+
+    #[test]
+    fn container_runs_the_controller_with_probes_on_the_admin_port() {
+        let docs = install_manifests("mc", false, IMAGE);
+        let c = container(&docs);
+        assert_eq!(c["image"], IMAGE);
+        let args: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(args, ["run", "--namespace", "mc", "--log-format", "json"]);
+        assert_eq!(
+            c["env"],
+            json!([{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])
+        );
+        assert_eq!(
+            c["ports"],
+            json!([{"name": "admin-http", "containerPort": 9999, "protocol": "TCP"}])
+        );
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
+        assert_eq!(c["livenessProbe"]["httpGet"]["port"], "admin-http");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
+        assert_eq!(c["readinessProbe"]["httpGet"]["port"], "admin-http");
+        let annotations =
+            &by_kind(&docs, "Deployment")["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(annotations["prometheus.io/scrape"], "true");
+        assert_eq!(annotations["prometheus.io/port"], "9999");
+        assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    }
+
+    #[test]
+    fn the_args_parse_as_a_run_command() {
+        use clap::Parser;
+        let docs = install_manifests("mc", false, IMAGE);
+        let mut argv = vec!["service-mirror".to_string()];
+        argv.extend(
+            container(&docs)["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string()),
+        );
+        let cli = crate::cli::Cli::try_parse_from(argv).expect("the Deployment's args are valid");
+        // The probes and the scrape annotation use run's default admin address.
+        let debug = format!("{cli:?}");
+        assert!(
+            debug.contains(&format!("metrics_addr: \":{ADMIN_PORT}\"")),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn selector_matches_the_pod_template() {
+        for ha in [false, true] {
+            let docs = install_manifests("mc", ha, IMAGE);
+            let d = by_kind(&docs, "Deployment");
+            let selector = d["spec"]["selector"]["matchLabels"].as_object().unwrap();
+            let labels = &d["spec"]["template"]["metadata"]["labels"];
+            assert!(!selector.is_empty());
+            for (k, v) in selector {
+                assert_eq!(&labels[k], v, "{k}");
+            }
+        }
+    }
+
+    #[test]
+    fn ha_adds_replicas_anti_affinity_and_a_disruption_budget() {
+        let single = install_manifests("mc", false, IMAGE);
+        let d = by_kind(&single, "Deployment");
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert!(d["spec"]["template"]["spec"].get("affinity").is_none());
+        assert!(!single.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
+
+        let ha = install_manifests("mc", true, IMAGE);
+        let d = by_kind(&ha, "Deployment");
+        let selector = d["spec"]["selector"].clone();
+        assert_eq!(d["spec"]["replicas"], 3);
+        assert_eq!(
+            d["spec"]["template"]["spec"]["affinity"],
+            json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "podAffinityTerm": {
+                    "labelSelector": selector,
+                    "topologyKey": "kubernetes.io/hostname",
+                },
+            }]}})
+        );
+        let pdb = by_kind(&ha, "PodDisruptionBudget");
+        assert_eq!(pdb["apiVersion"], "policy/v1");
+        assert_eq!(pdb["metadata"]["namespace"], "mc");
+        assert_eq!(pdb["spec"]["minAvailable"], 1);
+        assert_eq!(pdb["spec"]["selector"], selector);
+        // Nothing else differs: same RBAC, same container.
+        for kind in ["ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"] {
+            assert_eq!(by_kind(&single, kind), by_kind(&ha, kind), "{kind}");
+        }
+        assert_eq!(container(&single), container(&ha));
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: InstallArgs,
+        }
+        let args = Cli::try_parse_from(["install"]).unwrap().args;
+        assert_eq!(args.namespace, "linkerd-multicluster");
+        assert!(!args.ha);
+        assert_eq!(
+            args.image,
+            format!(
+                "ghcr.io/service-mirror/service-mirror:{}",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
+        assert_eq!(args.output, OutputFormat::Yaml);
+        let args = Cli::try_parse_from([
+            "install",
+            "--namespace",
+            "x",
+            "--ha",
+            "--image",
+            "i:2",
+            "-o",
+            "json",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!(args.namespace, "x");
+        assert!(args.ha);
+        assert_eq!(args.image, "i:2");
+        assert_eq!(args.output, OutputFormat::Json);
+    }
+}

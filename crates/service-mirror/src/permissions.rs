@@ -1,0 +1,283 @@
+//! The local permissions the controller needs, in one place: `service-mirror install`
+//! grants exactly these, and `service-mirror run` checks them at startup with
+//! SelfSubjectAccessReviews so that a missing one is named in the log instead of
+//! showing up later as failing reconciles.
+//!
+//! What uses them:
+//!
+//! | resource | verbs | used by |
+//! |---|---|---|
+//! | `services`, `endpoints` (all namespaces) | get, list, watch, create, update, patch, delete | the cluster watchers' caches and the writer (`patch` is in the contract, for Linkerd parity) |
+//! | `namespaces` | get, list, watch, create | the writer creates a missing namespace for a mirror |
+//! | `events.k8s.io` `events` (all namespaces) | create, patch | Events on link Secrets and on objects that hold a mirror's name (`patch` updates a repeated Event's series) |
+//! | `secrets` (controller namespace only) | get, list, watch | the link Secrets |
+//! | `coordination.k8s.io` `leases` (controller namespace only) | get, list, watch, create, update, patch | leader election (HA) |
+
+use futures::StreamExt;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use std::fmt;
+use std::time::Duration;
+
+/// One RBAC rule: `verbs` on `resources` of API group `group` (`""` is the core group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// API group (`""` for the core group).
+    pub group: &'static str,
+    /// Resources (plural names).
+    pub resources: &'static [&'static str],
+    /// Verbs allowed on each of them.
+    pub verbs: &'static [&'static str],
+}
+
+/// Rules granted cluster-wide (ClusterRole): mirrors live in any namespace.
+pub const CLUSTER_RULES: &[Rule] = &[
+    Rule {
+        group: "",
+        resources: &["services", "endpoints"],
+        verbs: &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+    },
+    Rule {
+        group: "",
+        resources: &["namespaces"],
+        verbs: &["get", "list", "watch", "create"],
+    },
+    Rule {
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+    },
+];
+
+/// Rules granted only in the controller's own namespace (Role).
+pub const NAMESPACE_RULES: &[Rule] = &[
+    Rule {
+        group: "",
+        resources: &["secrets"],
+        verbs: &["get", "list", "watch"],
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get", "list", "watch", "create", "update", "patch"],
+    },
+];
+
+/// One permission: a verb on a resource, cluster-wide or in one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permission {
+    /// The verb (`get`, `create`, ...).
+    pub verb: String,
+    /// API group (`""` for the core group).
+    pub group: String,
+    /// Resource (plural name).
+    pub resource: String,
+    /// `None`: in every namespace; `Some(ns)`: in namespace `ns` only.
+    pub namespace: Option<String>,
+}
+
+impl fmt::Display for Permission {
+    /// `create services (cluster-wide)`, `watch secrets in namespace linkerd-multicluster`,
+    /// `create events.events.k8s.io (cluster-wide)` (kubectl's `resource.group` form).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource)?;
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
+        match &self.namespace {
+            None => write!(f, " (cluster-wide)"),
+            Some(ns) => write!(f, " in namespace {ns}"),
+        }
+    }
+}
+
+fn expand(rules: &[Rule], namespace: Option<&str>) -> impl Iterator<Item = Permission> {
+    rules.iter().flat_map(move |rule| {
+        rule.resources.iter().flat_map(move |resource| {
+            rule.verbs.iter().map(move |verb| Permission {
+                verb: verb.to_string(),
+                group: rule.group.to_string(),
+                resource: resource.to_string(),
+                namespace: namespace.map(str::to_string),
+            })
+        })
+    })
+}
+
+/// Every permission the controller running in `namespace` needs, one per verb and
+/// resource: the cluster-wide ones, then those in `namespace`.
+pub fn required_permissions(namespace: &str) -> Vec<Permission> {
+    expand(CLUSTER_RULES, None)
+        .chain(expand(NAMESPACE_RULES, Some(namespace)))
+        .collect()
+}
+
+/// Asks the API server whether the client's identity holds `permission`.
+pub async fn is_allowed(client: &kube::Client, permission: &Permission) -> kube::Result<bool> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(permission.group.clone()),
+                resource: Some(permission.resource.clone()),
+                verb: Some(permission.verb.clone()),
+                namespace: permission.namespace.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// The permissions of [`required_permissions`] that the client's identity does not hold,
+/// as human-readable lines (`create services (cluster-wide)`, `watch secrets in namespace
+/// linkerd-multicluster`), in a stable order. Fails if a review itself fails.
+pub async fn missing_permissions(
+    client: &kube::Client,
+    namespace: &str,
+) -> kube::Result<Vec<String>> {
+    let answers: Vec<(Permission, kube::Result<bool>)> =
+        futures::stream::iter(required_permissions(namespace))
+            .map(|p| async move {
+                let allowed = is_allowed(client, &p).await;
+                (p, allowed)
+            })
+            .buffered(8)
+            .collect()
+            .await;
+    let mut missing = Vec::new();
+    for (permission, allowed) in answers {
+        if !allowed? {
+            missing.push(permission.to_string());
+        }
+    }
+    Ok(missing)
+}
+
+/// How long the startup check may take before it gives up (with a warning).
+const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Checks the permissions of the controller running in `namespace` and logs each missing
+/// one as an error. Never fails: a review that cannot be made is a warning, and the
+/// controller runs on either way (its reconciles then report the API's refusals).
+pub async fn log_missing_permissions(client: kube::Client, namespace: String) {
+    match tokio::time::timeout(CHECK_TIMEOUT, missing_permissions(&client, &namespace)).await {
+        Ok(Ok(missing)) if missing.is_empty() => {
+            tracing::info!(
+                checked = required_permissions(&namespace).len(),
+                "local permissions checked: all granted"
+            );
+        }
+        Ok(Ok(missing)) => {
+            for permission in &missing {
+                tracing::error!(
+                    %permission,
+                    "missing permission: {permission}: the controller cannot work without it (grant the roles printed by `service-mirror install`)"
+                );
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not check the local permissions (SelfSubjectAccessReview failed); running anyway");
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_s = CHECK_TIMEOUT.as_secs(),
+                "could not check the local permissions in time; running anyway"
+            );
+        }
+    }
+}
+
+/// Runs [`log_missing_permissions`] in the background, so that a slow or unreachable
+/// API server never delays the admin server or the controller.
+pub fn spawn_startup_check(client: &kube::Client, namespace: &str) {
+    tokio::spawn(log_missing_permissions(
+        client.clone(),
+        namespace.to_string(),
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(namespace: &str) -> Vec<String> {
+        required_permissions(namespace)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn permissions_read_as_verb_resource_and_scope() {
+        let all = lines("mc");
+        assert!(all.contains(&"create services (cluster-wide)".to_string()));
+        assert!(all.contains(&"delete endpoints (cluster-wide)".to_string()));
+        assert!(all.contains(&"create namespaces (cluster-wide)".to_string()));
+        assert!(all.contains(&"patch events.events.k8s.io (cluster-wide)".to_string()));
+        assert!(all.contains(&"watch secrets in namespace mc".to_string()));
+        assert!(all.contains(&"update leases.coordination.k8s.io in namespace mc".to_string()));
+    }
+
+    #[test]
+    fn one_permission_per_verb_and_resource_without_duplicates() {
+        let all = required_permissions("mc");
+        // services + endpoints: 7 verbs each; namespaces 4; events 2; secrets 3; leases 6.
+        assert_eq!(all.len(), 14 + 4 + 2 + 3 + 6);
+        let mut unique = all.clone();
+        unique.sort_by_key(ToString::to_string);
+        unique.dedup();
+        assert_eq!(unique.len(), all.len());
+    }
+
+    #[test]
+    fn secrets_and_leases_are_only_asked_in_the_namespace() {
+        for p in required_permissions("mc") {
+            let namespaced = matches!(p.resource.as_str(), "secrets" | "leases");
+            assert_eq!(p.namespace.is_some(), namespaced, "{p}");
+            if namespaced {
+                assert_eq!(p.namespace.as_deref(), Some("mc"));
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_beyond_the_contract() {
+        // The contract's local permissions, and nothing more (least privilege).
+        let mut got: Vec<(String, String, String)> = required_permissions("mc")
+            .into_iter()
+            .map(|p| (p.group, p.resource, p.verb))
+            .collect();
+        got.sort();
+        let mut want = Vec::new();
+        for r in ["services", "endpoints"] {
+            for v in [
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ] {
+                want.push((String::new(), r.to_string(), v.to_string()));
+            }
+        }
+        for v in ["get", "list", "watch", "create"] {
+            want.push((String::new(), "namespaces".into(), v.into()));
+        }
+        for v in ["create", "patch"] {
+            want.push(("events.k8s.io".into(), "events".into(), v.into()));
+        }
+        for v in ["get", "list", "watch"] {
+            want.push((String::new(), "secrets".into(), v.into()));
+        }
+        for v in ["get", "list", "watch", "create", "update", "patch"] {
+            want.push(("coordination.k8s.io".into(), "leases".into(), v.into()));
+        }
+        want.sort();
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,342 @@
+//! Gateway probing on real apiservers, against small HTTP servers run by the test on
+//! 127.0.0.x addresses standing in for remote gateways.
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::api::PostParams;
+use service_mirror::metrics::Metrics;
+use service_mirror::watcher::{ProbeRedirect, WatcherOptions};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Healthy,
+    Failing,
+    Slow,
+}
+
+/// An HTTP server answering probes as told; dropping it (or `stop`) closes the port.
+struct FakeGateway {
+    addr: SocketAddr,
+    mode: Arc<Mutex<Mode>>,
+    hits: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeGateway {
+    async fn start(ip: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(Mutex::new(Mode::Healthy));
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (m, h) = (mode.clone(), hits.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                h.fetch_add(1, Ordering::SeqCst);
+                let mode = *m.lock().unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let _ = conn.read(&mut buf).await;
+                    let answer = match mode {
+                        Mode::Healthy => "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                        Mode::Failing => {
+                            "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+                        }
+                        Mode::Slow => {
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                        }
+                    };
+                    let _ = conn.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Self {
+            addr,
+            mode,
+            hits,
+            task,
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for FakeGateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Creates or updates gateway `name` pointing at `fake` (ingress IP + mc-probe port).
+async fn gateway_for(env: &Env, name: &str, fake: &FakeGateway, period: Option<&str>) {
+    let api = env.remote_services();
+    let ip = public_ip(fake);
+    let mut annotations = serde_json::json!({"mirror.linkerd.io/probe-path": "/health"});
+    if let Some(p) = period {
+        annotations["mirror.linkerd.io/probe-period"] = p.into();
+    }
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "ports": [
+            {"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": fake.addr.port()}]}
+    }))
+    .unwrap();
+    if api.get_opt(name).await.unwrap().is_none() {
+        api.create(&PostParams::default(), &svc).await.unwrap();
+    } else {
+        env.patch_remote(name, serde_json::json!({"spec": svc.spec}))
+            .await;
+    }
+    set_ingress(&env.rc, &env.ns, name, &[&ip]).await;
+}
+
+/// Endpoints may not hold loopback addresses, so a gateway at 127.0.0.N is published as
+/// 192.0.2.N (a documentation range, never contacted) and probes are redirected back.
+fn public_ip(fake: &FakeGateway) -> String {
+    match fake.addr.ip() {
+        std::net::IpAddr::V4(v4) => format!("192.0.2.{}", v4.octets()[3]),
+        other => panic!("fake gateways listen on 127.0.0.N, not {other}"),
+    }
+}
+
+fn redirect() -> ProbeRedirect {
+    ProbeRedirect(Arc::new(|addr: SocketAddr| match addr.ip() {
+        std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2] => {
+            SocketAddr::from(([127, 0, 0, v4.octets()[3]], addr.port()))
+        }
+        _ => addr,
+    }))
+}
+
+fn fast_options(env: &Env, metrics: Arc<Metrics>) -> WatcherOptions {
+    WatcherOptions {
+        probe_timeout: Duration::from_millis(300),
+        probe_failure_threshold: 2,
+        probe_redirect: Some(redirect()),
+        metrics,
+        ..env.options()
+    }
+}
+
+fn ready_ips(ep: &Endpoints) -> Vec<String> {
+    subset_ips(ep)
+}
+
+fn not_ready_ips(ep: &Endpoints) -> Vec<String> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.not_ready_addresses.iter().flatten().map(|a| a.ip.clone()))
+        .collect()
+}
+
+fn alive_series(env: &Env, gw: &str, value: u8) -> String {
+    format!(
+        "gateway_alive{{gateway_name=\"{gw}\",gateway_namespace=\"{}\",target_cluster_name=\"{}\"}} {value}",
+        env.ns, env.cluster
+    )
+}
+
+#[tokio::test]
+async fn a_dead_gateway_turns_its_mirrors_not_ready_and_back() {
+    let env = Env::new("probe").await;
+    let fake = FakeGateway::start("127.0.0.11").await;
+    gateway_for(&env, "gw", &fake, Some("1")).await;
+    env.export("a", "gw", &[("http", 80), ("admin", 9000)])
+        .await;
+    env.export("b", "gw", &[("http", 80)]).await;
+    let metrics = Metrics::new();
+    let w = env.watch_with(fast_options(&env, metrics.clone()));
+    for s in ["a", "b"] {
+        env.mirror_until(s, "ready", |_, e| ready_ips(e) == ["192.0.2.11"])
+            .await;
+    }
+    eventually("probes recorded", || async {
+        metrics
+            .encode()
+            .contains(&alive_series(&env, "gw", 1))
+            .then_some(())
+    })
+    .await;
+    let (_, healthy) = env.mirror("a").await;
+    let ports_before = subset_ports(&healthy.unwrap());
+
+    // Healthy: no write while nothing changes.
+    let writes = env.local_writes().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        env.local_writes().len(),
+        writes,
+        "steady probes write nothing"
+    );
+
+    fake.set(Mode::Failing);
+    for s in ["a", "b"] {
+        env.mirror_until(s, "not ready", |_, e| {
+            ready_ips(e).is_empty() && not_ready_ips(e) == ["192.0.2.11"]
+        })
+        .await;
+    }
+    let (_, down) = env.mirror("a").await;
+    assert_eq!(
+        subset_ports(&down.unwrap()),
+        ports_before,
+        "ports unchanged while down"
+    );
+    let text = metrics.encode();
+    assert!(text.contains(&alive_series(&env, "gw", 0)), "{text}");
+    assert!(text.contains("probe_successful=\"false\""), "{text}");
+    assert!(text.contains("gateway_probe_latency_ms_bucket"), "{text}");
+
+    fake.set(Mode::Healthy);
+    for s in ["a", "b"] {
+        env.mirror_until(s, "ready again", |_, e| {
+            ready_ips(e) == ["192.0.2.11"] && not_ready_ips(e).is_empty()
+        })
+        .await;
+    }
+    assert!(metrics.encode().contains(&alive_series(&env, "gw", 1)));
+
+    // No mirror uses the gateway: its prober stops.
+    env.delete_remote("a").await;
+    env.delete_remote("b").await;
+    env.mirror_gone("a").await;
+    env.mirror_gone("b").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let hits = fake.hits();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        fake.hits() <= hits + 1,
+        "prober stopped: {hits} -> {}",
+        fake.hits()
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_slow_gateway_counts_as_failing() {
+    let env = Env::new("slow").await;
+    let fake = FakeGateway::start("127.0.0.12").await;
+    gateway_for(&env, "gw", &fake, Some("1")).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = env.watch_with(fast_options(&env, Metrics::new()));
+    env.mirror_until("a", "ready", |_, e| ready_ips(e) == ["192.0.2.12"])
+        .await;
+    fake.set(Mode::Slow);
+    env.mirror_until("a", "not ready after timeouts", |_, e| {
+        not_ready_ips(e) == ["192.0.2.12"]
+    })
+    .await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_gateway_whose_ip_changes_is_probed_at_the_new_address() {
+    let env = Env::new("moved").await;
+    let old = FakeGateway::start("127.0.0.13").await;
+    let new = FakeGateway::start("127.0.0.14").await;
+    gateway_for(&env, "gw", &old, Some("1")).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = env.watch_with(fast_options(&env, Metrics::new()));
+    env.mirror_until("a", "ready at the old address", |_, e| {
+        ready_ips(e) == ["192.0.2.13"]
+    })
+    .await;
+    // The gateway moves (new IP and new probe port); the old address dies.
+    gateway_for(&env, "gw", &new, Some("1")).await;
+    old.stop();
+    env.mirror_until("a", "ready at the new address", |_, e| {
+        ready_ips(e) == ["192.0.2.14"]
+    })
+    .await;
+    let hits = new.hits();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(new.hits() >= hits + 2, "the new address is probed");
+    let (_, ep) = env.mirror("a").await;
+    assert_eq!(
+        ready_ips(&ep.unwrap()),
+        ["192.0.2.14"],
+        "the dead old address does not matter"
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn two_gateways_of_one_cluster_are_independent() {
+    let env = Env::new("twogw").await;
+    let dying = FakeGateway::start("127.0.0.15").await;
+    let fine = FakeGateway::start("127.0.0.16").await;
+    gateway_for(&env, "gw-dying", &dying, Some("1")).await;
+    gateway_for(&env, "gw-fine", &fine, Some("1")).await;
+    env.export("x", "gw-dying", &[("http", 80)]).await;
+    env.export("y", "gw-fine", &[("http", 80)]).await;
+    let w = env.watch_with(fast_options(&env, Metrics::new()));
+    env.mirror_until("x", "x ready", |_, e| ready_ips(e) == ["192.0.2.15"])
+        .await;
+    env.mirror_until("y", "y ready", |_, e| ready_ips(e) == ["192.0.2.16"])
+        .await;
+    let (_, y_before) = env.mirror("y").await;
+    dying.stop();
+    env.mirror_until("x", "x not ready", |_, e| {
+        not_ready_ips(e) == ["192.0.2.15"]
+    })
+    .await;
+    let (_, y_after) = env.mirror("y").await;
+    assert_eq!(
+        y_before.unwrap().metadata.resource_version,
+        y_after.unwrap().metadata.resource_version,
+        "the other gateway's mirrors are untouched"
+    );
+    w.stop(false).await.unwrap();
+}
+
+/// With default settings (period 3 s, 3 failures, 5 s timeout): how long from a gateway's
+/// death to not-ready endpoints, and from its recovery to ready ones.
+#[tokio::test]
+async fn default_settings_detection_times() {
+    let env = Env::new("timing").await;
+    let fake = FakeGateway::start("127.0.0.17").await;
+    gateway_for(&env, "gw", &fake, None).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = env.watch_with(WatcherOptions {
+        probe_redirect: Some(redirect()),
+        ..env.options()
+    });
+    env.mirror_until("a", "ready", |_, e| ready_ips(e) == ["192.0.2.17"])
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    fake.set(Mode::Failing);
+    let died = Instant::now();
+    env.mirror_until("a", "not ready", |_, e| not_ready_ips(e) == ["192.0.2.17"])
+        .await;
+    let to_not_ready = died.elapsed();
+    fake.set(Mode::Healthy);
+    let recovered = Instant::now();
+    env.mirror_until("a", "ready again", |_, e| ready_ips(e) == ["192.0.2.17"])
+        .await;
+    let to_ready = recovered.elapsed();
+    println!(
+        "default settings: gateway death -> not ready in {to_not_ready:.1?}; recovery -> ready in {to_ready:.1?}"
+    );
+    w.stop(false).await.unwrap();
+}
