@@ -3,12 +3,28 @@
 # wrapper modules in control-plane/, and caches the binaries per version outside the
 # work tree. Idempotent: a cached binary is reused. Prints the directory holding both.
 #
-#   scripts/build-control-plane.sh          build what is missing, print the bin dir
-#   scripts/build-control-plane.sh --print  only print the bin dir (no build)
+#   scripts/build-control-plane.sh             build what is missing, print the bin dir
+#   scripts/build-control-plane.sh --print     only print the bin dir (no build)
+#   scripts/build-control-plane.sh --check     exit 1 with the reason if a build is needed
+#                                              and cannot run (no Go, or too old a Go)
+#   scripts/build-control-plane.sh --regen [vX.Y.Z]
+#                                              rewrite control-plane/kube-apiserver/go.mod
+#                                              and go.sum for k8s.io/kubernetes vX.Y.Z
+#                                              (default: the current version); needs the
+#                                              module proxy
+#
+# Go: building needs Go >= the highest `go` directive of control-plane/*/go.mod (checked
+# up front; no toolchain is downloaded: GOTOOLCHAIN=local).
+#
+# SERVICE_MIRROR_CONTROL_PLANE_DIR=<dir>: use the etcd and kube-apiserver in <dir>; nothing
+# is built and Go is not needed. The (absolute) dir is printed; it is an error if it lacks
+# either binary. SERVICE_MIRROR_CACHE moves the cache (default ~/.cache/service-mirror).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${SERVICE_MIRROR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/service-mirror}
+
+log() { echo "[control-plane] $*" >&2; }
 
 # The version of each program is the one its wrapper go.mod requires.
 version_of() { # wrapper-dir module-path
@@ -19,27 +35,161 @@ etcd_version=$(version_of etcd go.etcd.io/etcd/server/v3)
 kube_version=$(version_of kube-apiserver k8s.io/kubernetes)
 bin="$cache/bin/etcd-$etcd_version-kube-$kube_version"
 
-if [[ "${1:-}" == "--print" ]]; then
+mode=${1:-build}
+case "$mode" in
+  build | --print | --check | --regen) ;;
+  -h | --help)
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+    ;;
+  *)
+    log "error: unknown argument '$mode' (see --help)"
+    exit 2
+    ;;
+esac
+
+# A directory given by the user wins over the cache, and needs no Go.
+if [[ "$mode" != --regen && -n "${SERVICE_MIRROR_CONTROL_PLANE_DIR:-}" ]]; then
+  given=$SERVICE_MIRROR_CONTROL_PLANE_DIR
+  if [[ ! -x "$given/etcd" || ! -x "$given/kube-apiserver" ]]; then
+    log "error: SERVICE_MIRROR_CONTROL_PLANE_DIR=$given lacks an executable etcd or kube-apiserver"
+    exit 1
+  fi
+  [[ "$mode" == --check ]] || (cd "$given" && pwd)
+  exit 0
+fi
+
+if [[ "$mode" == --print ]]; then
   echo "$bin"
   exit 0
 fi
 
-log() { echo "[control-plane] $*" >&2; }
+# Go >= the highest `go` directive of the wrapper modules: etcd v3.6.16, for one, declares
+# `go 1.26.0`, and with GOTOOLCHAIN=local an older Go refuses the module.
+go_needed() { # prints "<version> <go.mod path>"
+  local mod v
+  for mod in "$root"/control-plane/*/go.mod; do
+    v=$(awk '$1 == "go" { print $2; exit }' "$mod")
+    [[ -n "$v" ]] && echo "$v ${mod#"$root"/}"
+  done | sort -V -k1,1 | tail -n 1
+}
+
+check_go() {
+  local need need_file have have_num
+  read -r need need_file < <(go_needed) || true
+  if [[ -z "${need:-}" ]]; then
+    log "error: no go directive in $root/control-plane/*/go.mod"
+    return 1
+  fi
+  if ! command -v go >/dev/null 2>&1; then
+    log "error: Go >= $need needed to build etcd and kube-apiserver, found none ('go' is not on PATH)."
+    log "       Install Go >= $need (https://go.dev/dl/), or set SERVICE_MIRROR_CONTROL_PLANE_DIR to a directory holding both binaries."
+    return 1
+  fi
+  have=$(GOTOOLCHAIN=local go env GOVERSION 2>/dev/null || true)
+  have_num=$(sed -E -n 's/^go([0-9]+(\.[0-9]+)*).*/\1/p' <<<"$have")
+  if [[ -z "$have_num" ]]; then
+    log "warning: cannot tell the version of $(command -v go) ('$have'); Go >= $need is needed, trying anyway"
+    return 0
+  fi
+  if [[ "$(printf '%s\n%s\n' "$need" "$have_num" | sort -V | head -n 1)" != "$need" ]]; then
+    log "error: Go >= $need needed (the go directive of $need_file), found $have_num at $(command -v go)."
+    log "       Install Go >= $need (https://go.dev/dl/), or set SERVICE_MIRROR_CONTROL_PLANE_DIR to a directory holding both binaries."
+    return 1
+  fi
+}
 
 # Temporary build directories, removed however the script ends.
 scratch=()
 cleanup() { for d in "${scratch[@]}"; do rm -rf "$d"; done; }
 trap cleanup EXIT
 
+if [[ "$mode" == --regen ]]; then
+  # Regenerates the kube-apiserver wrapper module for k8s.io/kubernetes <version>: its
+  # go and godebug lines, and its replace block, which maps the staging modules the
+  # kubernetes module replaces with local paths (./staging/src/k8s.io/<name>) to their
+  # published versions (k8s.io/<name> v0.<minor>.<patch>); then `go mod tidy` fills in
+  # require and go.sum.
+  version=${2:-$kube_version}
+  if [[ ! "$version" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]]; then
+    log "error: --regen wants a kubernetes release like v1.34.4, not '$version'"
+    exit 2
+  fi
+  staging="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+  check_go || exit 1
+  work=$(mktemp -d "${TMPDIR:-/tmp}/sm-regen.XXXXXX")
+  scratch+=("$work")
+  export GOFLAGS=-mod=mod GOWORK=off GOTOOLCHAIN=local
+  log "reading the go.mod of k8s.io/kubernetes@$version"
+  # Outside any module, so that nothing else is resolved.
+  if ! json=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" 2>"$work/download.log"); then
+    log "error: could not download k8s.io/kubernetes@$version:"
+    cat "$work/download.log" >&2
+    sed -n 's/.*"Error": *"\(.*\)".*/\1/p' <<<"$json" >&2
+    exit 1
+  fi
+  kube_mod=$(sed -n 's/.*"GoMod": *"\(.*\)".*/\1/p' <<<"$json")
+  if [[ ! -f "$kube_mod" ]]; then
+    log "error: go mod download printed no GoMod file: $json"
+    exit 1
+  fi
+  wrapper="$root/control-plane/kube-apiserver"
+  {
+    # Keep the wrapper's leading comment block.
+    awk '/^\/\// { print; next } { exit }' "$wrapper/go.mod"
+    echo "module service-mirror.local/kube-apiserver"
+    echo
+    awk '$1 == "go" { print; exit }' "$kube_mod"
+    echo
+    awk '$1 == "godebug" { print }' "$kube_mod"
+    echo
+    echo "require k8s.io/kubernetes $version"
+    echo
+    echo "tool k8s.io/kubernetes/cmd/kube-apiserver"
+    echo
+    echo "replace ("
+    awk -v v="$staging" '
+      $1 == "replace" && $2 == "(" { inside = 1; next }
+      inside && $1 == ")" { inside = 0; next }
+      inside && $2 == "=>" && $3 ~ /^\.\/staging\/src\// { printf "\t%s => %s %s\n", $1, $1, v }
+    ' "$kube_mod"
+    echo ")"
+  } >"$work/go.mod"
+  if ! grep -q "=> k8s.io/" "$work/go.mod"; then
+    log "error: no staging replace directives found in $kube_mod"
+    exit 1
+  fi
+  log "go mod tidy (k8s.io/kubernetes $version, staging modules $staging)"
+  if ! (cd "$work" && go mod tidy 2>"$work/tidy.log"); then
+    log "error: go mod tidy failed:"
+    tail -n 30 "$work/tidy.log" >&2
+    exit 1
+  fi
+  cp "$work/go.mod" "$wrapper/go.mod"
+  cp "$work/go.sum" "$wrapper/go.sum"
+  log "wrote $wrapper/go.mod and go.sum; the next build compiles kube-apiserver $version"
+  exit 0
+fi
+
+missing=()
+[[ -x "$bin/etcd" ]] || missing+=(etcd)
+[[ -x "$bin/kube-apiserver" ]] || missing+=(kube-apiserver)
+
+if [[ "$mode" == --check ]]; then
+  ((${#missing[@]} == 0)) || check_go
+  exit
+fi
+
+# Up front, before anything is downloaded, and only if something is to be built.
+if ((${#missing[@]} > 0)); then
+  check_go || exit 1
+fi
+
 build() { # name wrapper-dir package
   local name=$1 wrapper=$2 pkg=$3
   if [[ -x "$bin/$name" ]]; then
     log "$name: cached at $bin/$name"
     return
-  fi
-  if ! command -v go >/dev/null 2>&1; then
-    log "error: 'go' is not on PATH; install Go >= 1.24 to build $name from Go modules"
-    exit 1
   fi
   local work
   work=$(mktemp -d "${TMPDIR:-/tmp}/sm-build-$name.XXXXXX")
@@ -56,9 +206,10 @@ build() { # name wrapper-dir package
   log "$name: compiling $pkg (the first build takes several minutes on 2 cores)"
   (cd "$work" && go build -trimpath -buildvcs=false -o "$work/$name" "$pkg") >"$work/build.log" 2>&1 &
   local pid=$!
+  local waited=0
   while kill -0 "$pid" 2>/dev/null; do
-    sleep 30
-    kill -0 "$pid" 2>/dev/null && log "$name: still compiling ($((SECONDS - start)) s)"
+    sleep 1
+    ((++waited % 30 == 0)) && kill -0 "$pid" 2>/dev/null && log "$name: still compiling ($((SECONDS - start)) s)"
   done
   if ! wait "$pid"; then
     log "error: building $name failed:"

@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # The whole test suite: builds the local control planes if they are not cached yet
-# (several minutes the first time, with progress), then runs every test of the workspace
-# against real etcd + kube-apiserver processes.
+# (needs Go; several minutes the first time, with progress), then runs every test of the
+# workspace against real etcd + kube-apiserver processes. Arguments go to `cargo test`
+# (`scripts/test.sh -p local-cluster` runs one package).
+#
+# SERVICE_MIRROR_CONTROL_PLANE_DIR=<dir holding etcd and kube-apiserver> skips the build
+# and the need for Go.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/build-control-plane.sh >/dev/null
+# The tests then use this directory as is (an absolute path) instead of each test binary
+# asking the script again.
+SERVICE_MIRROR_CONTROL_PLANE_DIR=$(bash scripts/build-control-plane.sh)
+export SERVICE_MIRROR_CONTROL_PLANE_DIR
+# `-p <package>` narrows the run (with --workspace cargo would run every package).
+for arg in "$@"; do
+  case "$arg" in
+    -p | --package | --package=* | -p?*) exec cargo test "$@" ;;
+    --) break ;;
+  esac
+done
 exec cargo test --workspace "$@"

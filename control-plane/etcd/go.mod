@@ -1,4 +1,7 @@
 // Wrapper module: builds the etcd server from go.etcd.io/etcd/server/v3 through the module proxy.
+// `go 1.26.0` because go.etcd.io/etcd/server/v3 v3.6.16 declares it: building needs Go >=
+// 1.26.0 (scripts/build-control-plane.sh checks the installed Go against the highest go
+// directive of the wrapper modules; it never downloads a toolchain).
 module service-mirror.local/etcd
 
 go 1.26.0

@@ -1,5 +1,8 @@
 // Wrapper module: builds kube-apiserver from k8s.io/kubernetes through the module proxy.
-// Regenerate with scripts/build-control-plane.sh --regen after changing the version.
+// To change the version, regenerate this file and go.sum (needs the module proxy):
+//   scripts/build-control-plane.sh --regen v1.X.Y
+// It takes the go, godebug and replace lines from k8s.io/kubernetes' own go.mod (whose
+// staging modules are replaced by local paths there, by published v0.X.Y versions here).
 module service-mirror.local/kube-apiserver
 
 go 1.24.0

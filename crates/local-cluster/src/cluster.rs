@@ -35,6 +35,10 @@ rules:
 pub struct ClusterOptions {
     /// Service CIDR; by default a distinct `10.<n>.0.0/16` per cluster of this process.
     pub service_cidr: Option<String>,
+    /// More kube-apiserver flags, after the harness's own (a repeated flag takes the
+    /// last value). `--watch-cache=false`, say, serves every watch from etcd, so that
+    /// [`LocalCluster::compact_etcd`] expires any older resume point at once.
+    pub extra_apiserver_args: Vec<String>,
 }
 
 /// A running local cluster. Dropping it kills both processes and removes its directory.
@@ -43,6 +47,7 @@ pub struct LocalCluster {
     name: String,
     binaries: Binaries,
     service_cidr: String,
+    extra_apiserver_args: Vec<String>,
     etcd_port: u16,
     apiserver_port: Mutex<u16>,
     admin: Mutex<Kubeconfig>,
@@ -90,6 +95,7 @@ impl LocalCluster {
             name: name.to_string(),
             binaries,
             service_cidr: opts.service_cidr.unwrap_or_else(next_service_cidr),
+            extra_apiserver_args: opts.extra_apiserver_args,
             etcd_port,
             apiserver_port: Mutex::new(0),
             admin: Mutex::new(Kubeconfig {
@@ -150,6 +156,18 @@ impl LocalCluster {
         self.admin.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The admin kubeconfig with its server set to `https://<proxy>`, typically a
+    /// [`crate::TcpProxy`] started on [`LocalCluster::apiserver_addr`]; written to the
+    /// cluster's directory. TLS passes through the proxy and verifies as usual.
+    pub fn admin_kubeconfig_via(&self, proxy: std::net::SocketAddr) -> Result<Kubeconfig> {
+        self.admin_kubeconfig().via(proxy)
+    }
+
+    /// `127.0.0.1:<port>` of the apiserver (what a [`crate::TcpProxy`] forwards to).
+    pub fn apiserver_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, self.apiserver_port()))
+    }
+
     /// A new admin client. Create one per tokio runtime (per test).
     pub async fn client(&self) -> Result<kube::Client> {
         client_from_yaml(&self.admin_kubeconfig().yaml).await
@@ -163,6 +181,24 @@ impl LocalCluster {
     /// The cluster's working directory.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Process id of etcd, if it runs.
+    pub fn etcd_pid(&self) -> Option<u32> {
+        self.etcd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(Process::pid)
+    }
+
+    /// Process id of kube-apiserver, if it runs.
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(Process::pid)
     }
 
     /// Process ids of etcd and kube-apiserver (those running).
@@ -296,7 +332,11 @@ impl LocalCluster {
     }
 
     /// Writes a throw-away key to etcd and compacts its history up to that revision, so
-    /// that any watch resuming from an earlier resourceVersion gets HTTP 410 Gone.
+    /// that a watch that etcd serves and that resumes from an earlier resourceVersion
+    /// gets HTTP 410 Gone. The apiserver's watch cache keeps its own history, though: a
+    /// watch it serves resumes fine from a resourceVersion still in that window. Start
+    /// the cluster with `--watch-cache=false` ([`ClusterOptions::extra_apiserver_args`])
+    /// or restart the apiserver after compacting to expire every older resume point.
     pub async fn compact_etcd(&self) -> Result<i64> {
         let put = etcd_post(
             self.etcd_port,
@@ -349,6 +389,9 @@ impl LocalCluster {
             format!("--audit-log-path={}", p("audit.log")),
             "--v=1".into(),
         ]
+        .into_iter()
+        .chain(self.extra_apiserver_args.iter().cloned())
+        .collect()
     }
 
     async fn spawn_apiserver(&self) -> Result<()> {

@@ -56,10 +56,50 @@ impl Kubeconfig {
         Ok(Self { yaml, path })
     }
 
+    /// The same kubeconfig with every cluster's `server` set to `https://<addr>` (a
+    /// [`crate::TcpProxy`] in front of the apiserver, say), written next to this one as
+    /// `<name>-via-<port>.kubeconfig`. TLS is unchanged: the apiserver's certificate is
+    /// valid for 127.0.0.1, so a client verifies it through a loopback proxy.
+    pub fn via(&self, addr: std::net::SocketAddr) -> Result<Self> {
+        let yaml = with_server(&self.yaml, &format!("https://{addr}"))?;
+        let stem = self
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "kubeconfig".into());
+        let path = self
+            .path
+            .with_file_name(format!("{stem}-via-{}.kubeconfig", addr.port()));
+        Self::write(yaml, path)
+    }
+
     /// A kube client for this kubeconfig's current context.
     pub async fn client(&self) -> Result<kube::Client> {
         client_from_yaml(&self.yaml).await
     }
+}
+
+/// Kubeconfig YAML `yaml` with the value of every `server:` key replaced by `server`.
+pub fn with_server(yaml: &str, server: &str) -> Result<String> {
+    let mut replaced = 0;
+    let mut out = String::with_capacity(yaml.len() + server.len());
+    for line in yaml.split_inclusive('\n') {
+        let body = line.trim_start();
+        if body.starts_with("server:") {
+            let indent = &line[..line.len() - body.len()];
+            out.push_str(indent);
+            out.push_str("server: ");
+            out.push_str(server);
+            out.push('\n');
+            replaced += 1;
+        } else {
+            out.push_str(line);
+        }
+    }
+    if replaced == 0 {
+        return Err(Error::Kubeconfig("no `server:` in the kubeconfig".into()));
+    }
+    Ok(out)
 }
 
 /// A kube client from kubeconfig YAML text.
@@ -72,4 +112,22 @@ pub async fn client_from_yaml(yaml: &str) -> Result<kube::Client> {
             .await
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
     Ok(kube::Client::try_from(config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_server_replaces_every_server_and_keeps_the_rest() {
+        let yaml = Kubeconfig::render("c", "https://127.0.0.1:1", "ca", Credential::Token("t"));
+        let moved = with_server(&yaml, "https://127.0.0.1:2").unwrap();
+        assert!(
+            moved.contains("    server: https://127.0.0.1:2\n"),
+            "{moved}"
+        );
+        assert!(!moved.contains(":1\n"), "{moved}");
+        assert_eq!(moved.replace(":2\n", ":1\n"), yaml);
+        assert!(with_server("apiVersion: v1\n", "x").is_err());
+    }
 }

@@ -15,13 +15,15 @@ mod cluster;
 mod kubeconfig;
 mod ports;
 mod process;
+mod proxy;
 mod shared;
 mod workdir;
 
 pub use apply::{FIELD_MANAGER, apply_yaml, parse_documents};
 pub use binaries::{Binaries, ensure_binaries};
 pub use cluster::{ClusterOptions, LocalCluster};
-pub use kubeconfig::{Kubeconfig, client_from_yaml};
+pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
+pub use proxy::TcpProxy;
 pub use shared::{shared_cluster, unique_namespace};
 
 /// Errors from starting or driving a local cluster.

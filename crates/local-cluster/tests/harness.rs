@@ -239,3 +239,71 @@ async fn dropping_the_handle_kills_both_processes_and_removes_the_directory() {
     }
     assert!(!dir.exists(), "working directory removed");
 }
+
+#[tokio::test]
+async fn without_watch_cache_compaction_expires_older_watch_resume_points() {
+    use futures::StreamExt;
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    let opts = local_cluster::ClusterOptions {
+        extra_apiserver_args: vec!["--watch-cache=false".into()],
+        ..Default::default()
+    };
+    let cluster = LocalCluster::start_with("compact", opts).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let ns = unique_namespace("compact");
+    create_namespace(&client, &ns).await;
+    let services = Api::<Service>::namespaced(client, &ns);
+    services
+        .create(&PostParams::default(), &service("first"))
+        .await
+        .unwrap();
+    let rv = services
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    // Resuming from `rv` works while the history is there.
+    let mut watch = Box::pin(
+        services
+            .watch(&WatchParams::default().timeout(10), &rv)
+            .await
+            .unwrap(),
+    );
+    services
+        .create(&PostParams::default(), &service("second"))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("an event");
+    assert!(
+        matches!(&first, Some(Ok(WatchEvent::Added(s))) if s.metadata.name.as_deref() == Some("second")),
+        "{first:?}"
+    );
+    drop(watch);
+
+    let compacted = cluster.compact_etcd().await.unwrap();
+    assert!(compacted > rv.parse::<i64>().unwrap());
+    let expired = match services
+        .watch(&WatchParams::default().timeout(10), &rv)
+        .await
+    {
+        Err(e) => format!("{e}"),
+        Ok(stream) => {
+            let mut stream = Box::pin(stream);
+            match tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .expect("an answer")
+            {
+                Some(Ok(WatchEvent::Error(e))) => {
+                    assert_eq!(e.code, 410, "{e:?}");
+                    "410".to_string()
+                }
+                other => panic!("resuming from a compacted revision: {other:?}"),
+            }
+        }
+    };
+    assert!(expired.contains("410"), "{expired}");
+}

@@ -20,9 +20,6 @@ pub enum Error {
         /// The cluster whose mirror wanted that name.
         cluster: String,
     },
-    /// The local cache had not yet seen an object the API has; retried shortly.
-    #[error("local cache is behind the API for {0}")]
-    StaleCache(String),
     /// The link's parameters are invalid.
     #[error("invalid link: {0}")]
     InvalidLink(String),
@@ -43,7 +40,6 @@ impl Error {
             },
             Error::Kube(_) => "connection",
             Error::OwnershipConflict { .. } => "ownership_conflict",
-            Error::StaleCache(_) => "stale_cache",
             Error::InvalidLink(_) => "invalid_link",
         }
     }

@@ -98,6 +98,10 @@ pub struct Metrics {
     pub link_errors: Family<LinkErrorLabels, Counter>,
     /// Remote clusters being watched.
     pub links: Gauge,
+    /// Full lists of a remote after the first one (expired watches, HTTP 410).
+    pub remote_relists: Family<ClusterLabels, Counter>,
+    /// 1 while this replica holds the leader Lease (or runs without election).
+    pub leader: Gauge,
     /// 1 while the gateway answers its probes (Linkerd's `gateway_alive`).
     pub gateway_alive: Family<GatewayLabels, Gauge>,
     /// Probe round-trip time in milliseconds (Linkerd's `gateway_probe_latency_ms`).
@@ -127,6 +131,8 @@ impl Metrics {
             ownership_conflicts: Family::default(),
             link_errors: Family::default(),
             links: Gauge::default(),
+            remote_relists: Family::default(),
+            leader: Gauge::default(),
             gateway_alive: Family::default(),
             gateway_probe_latency_ms: Family::new_with_constructor(probe_latency_histogram),
             gateway_probes: Family::default(),
@@ -196,6 +202,12 @@ impl Metrics {
                 m.link_errors.clone(),
             );
             r.register("links", "Remote clusters being watched", m.links.clone());
+            r.register("leader", "Whether this replica may write: it holds the leader Lease, or runs without election", m.leader.clone());
+            r.register(
+                "remote_relists",
+                "Full lists of a remote cluster after the first (expired watches)",
+                m.remote_relists.clone(),
+            );
         }
         Arc::new(m)
     }

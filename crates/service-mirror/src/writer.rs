@@ -14,6 +14,18 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+/// The result of one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Written (or already as wanted).
+    Done,
+    /// The cache was behind the API; nothing written.
+    Stale,
+}
+
+/// Picks, among the mirrors of a cluster, those a cleanup may delete.
+pub type MirrorSelector = std::sync::Arc<dyn Fn(&kube::api::ObjectMeta) -> bool + Send + Sync>;
+
 /// Field manager recorded on every object this controller writes.
 pub const FIELD_MANAGER: &str = "service-mirror";
 
@@ -63,8 +75,10 @@ impl LocalWriter {
         }
     }
 
-    /// Carries out one planned action.
-    pub async fn execute(&self, action: &Action) -> Result<()> {
+    /// Carries out one planned action. `Stale` means the API holds a newer version than
+    /// the cache the plan was made from: the rest of the plan is skipped, and the watch
+    /// event bringing that version queues the key again.
+    pub async fn execute(&self, action: &Action) -> Result<Applied> {
         match action {
             Action::CreateService(s) => self.create(s).await,
             Action::UpdateService(s) => self.update(s).await,
@@ -91,7 +105,7 @@ impl LocalWriter {
         }
     }
 
-    async fn create<K>(&self, obj: &K) -> Result<()>
+    async fn create<K>(&self, obj: &K) -> Result<Applied>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -105,7 +119,7 @@ impl LocalWriter {
         loop {
             self.metrics.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(Applied::Done),
                 // The namespace is missing: create it (labelled as ours) and try again once.
                 Err(e) if api_code(&e) == Some(404) && !created_namespace => {
                     self.ensure_namespace(&ns).await?;
@@ -118,7 +132,7 @@ impl LocalWriter {
     }
 
     /// Create found the name taken: ours but not yet in the cache, or someone else's.
-    async fn on_exists<K>(&self, api: &Api<K>, obj: &K) -> Result<()>
+    async fn on_exists<K>(&self, api: &Api<K>, obj: &K) -> Result<Applied>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -143,7 +157,12 @@ impl LocalWriter {
                 self.report_conflict(&o, &err).await;
                 Err(err)
             }
-            _ => Err(Error::StaleCache(format!("{} {ns}/{name}", K::kind(&())))),
+            // Ours (the cache has not seen it yet) or gone again: the watch event that
+            // brings it to the cache queues this key again, so nothing is lost.
+            _ => {
+                tracing::debug!(cluster = %self.cluster, kind = %K::kind(&()), %ns, %name, "create found our own object: cache behind");
+                Ok(Applied::Stale)
+            }
         }
     }
 
@@ -172,7 +191,7 @@ impl LocalWriter {
         }
     }
 
-    async fn update<K>(&self, obj: &K) -> Result<()>
+    async fn update<K>(&self, obj: &K) -> Result<Applied>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -181,12 +200,22 @@ impl LocalWriter {
             + Debug,
     {
         // `obj` carries the resourceVersion read from the cache: the update fails with
-        // 409 if anyone changed (or relabelled) the object since, and is retried.
+        // 409 if anyone changed (or relabelled) the object since. That newer version is
+        // on its way to the cache, and its watch event queues this key again.
         let api: Api<K> =
             Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default());
-        api.replace(&obj.name_any(), &Self::post_params(), obj)
-            .await?;
-        Ok(())
+        self.metrics.write("update", K::plural(&()).as_ref());
+        match api
+            .replace(&obj.name_any(), &Self::post_params(), obj)
+            .await
+        {
+            Ok(_) => Ok(Applied::Done),
+            Err(e) if api_code(&e) == Some(409) => {
+                tracing::debug!(cluster = %self.cluster, kind = %K::kind(&()), name = %obj.name_any(), "update raced a newer version: cache behind");
+                Ok(Applied::Stale)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn delete<K>(
@@ -195,7 +224,7 @@ impl LocalWriter {
         name: &str,
         uid: &Option<String>,
         resource_version: &Option<String>,
-    ) -> Result<()>
+    ) -> Result<Applied>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -212,14 +241,18 @@ impl LocalWriter {
         };
         self.metrics.write("delete", K::plural(&()).as_ref());
         match api.delete(name, &dp).await {
-            Ok(_) => Ok(()),
-            Err(e) if api_code(&e) == Some(404) => Ok(()),
+            Ok(_) => Ok(Applied::Done),
+            Err(e) if api_code(&e) == Some(404) => Ok(Applied::Done),
+            // The object changed since we read it (maybe it is no longer ours): its watch
+            // event queues the key again and the plan is made afresh.
+            Err(e) if api_code(&e) == Some(409) => Ok(Applied::Stale),
             Err(e) => Err(e.into()),
         }
     }
 
     async fn ensure_namespace(&self, ns: &str) -> Result<()> {
         let api: Api<Namespace> = Api::all(self.client.clone());
+        self.metrics.write("create", "namespaces");
         match api
             .create(&Self::post_params(), &desired_namespace(ns, &self.cluster))
             .await
@@ -234,36 +267,52 @@ impl LocalWriter {
     }
 
     /// Deletes every Service and Endpoints labelled as a mirror of this cluster, listing
-    /// them from the API (not a cache) so nothing is missed. Used when a link is removed.
+    /// them from the API (not a cache) so nothing is missed, until none is left (an
+    /// object changed between list and delete is listed again). Used when a link goes.
     pub async fn delete_all_mirrors(&self) -> Result<usize> {
-        let selector = crate::core::owner_selector(&self.cluster);
-        let lp = kube::api::ListParams::default().labels(&selector);
+        self.delete_mirrors_in(None).await
+    }
+
+    /// Like [`LocalWriter::delete_all_mirrors`], limited to the objects `only` selects.
+    pub async fn delete_mirrors_in(&self, only: Option<&MirrorSelector>) -> Result<usize> {
         let mut deleted = 0;
-        let services = Api::<Service>::all(self.client.clone())
-            .list_metadata(&lp)
-            .await?;
-        let endpoints = Api::<Endpoints>::all(self.client.clone())
-            .list_metadata(&lp)
-            .await?;
-        for m in services.items.iter().map(|o| &o.metadata) {
-            self.delete::<Service>(
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default(),
-                &m.uid,
-                &m.resource_version,
-            )
-            .await?;
-            deleted += 1;
-        }
-        for m in endpoints.items.iter().map(|o| &o.metadata) {
-            self.delete::<Endpoints>(
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default(),
-                &m.uid,
-                &m.resource_version,
-            )
-            .await?;
+        for _ in 0..5 {
+            let n = self.delete_all::<Service>(only).await?
+                + self.delete_all::<Endpoints>(only).await?;
+            if n == 0 {
+                break;
+            }
+            deleted += n;
         }
         Ok(deleted)
+    }
+
+    async fn delete_all<K>(&self, only: Option<&MirrorSelector>) -> Result<usize>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        let lp =
+            kube::api::ListParams::default().labels(&crate::core::owner_selector(&self.cluster));
+        let listed = Api::<K>::all(self.client.clone())
+            .list_metadata(&lp)
+            .await?;
+        let mine: Vec<_> = listed
+            .items
+            .iter()
+            .map(|o| &o.metadata)
+            .filter(|m| only.is_none_or(|f| f(m)))
+            .collect();
+        for m in &mine {
+            let (ns, name) = (
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
+            );
+            self.delete::<K>(ns, name, &m.uid, &m.resource_version)
+                .await?;
+        }
+        Ok(mine.len())
     }
 }

@@ -175,7 +175,7 @@ async fn installed_permissions_carry_the_whole_lifecycle() {
     env.export("web", "gw", &[("http", 80)]).await;
     let secret = link(&env, &ctl_ns, None).await;
 
-    let ctl = RunningController::spawn(
+    let ctl = RunningController::spawn_as(
         &kc.path,
         &ctl_ns,
         &[
@@ -184,6 +184,7 @@ async fn installed_permissions_carry_the_whole_lifecycle() {
             "--endpoint-refresh-period",
             "2s",
         ],
+        &[],
     );
     ctl.wait_log(
         &["local permissions checked: all granted"],
@@ -320,7 +321,7 @@ async fn missing_one(local: &LocalCluster, permission: Permission) -> Duration {
     let expected = permission.to_string();
     wait_missing(&kc, &ns, std::slice::from_ref(&expected)).await;
 
-    let mut ctl = RunningController::spawn(&kc.path, &ns, &[]);
+    let mut ctl = RunningController::spawn_as(&kc.path, &ns, &[], &[]);
     let (line, took) = ctl
         .wait_log(
             &[&format!("missing permission: {expected}:"), "ERROR"],
@@ -379,7 +380,7 @@ async fn remote_credentials_that_may_not_list_services_are_reported() {
     env.gateway("gw", GW, &["192.0.2.10"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
     let secret = link(&env, &ctl_ns, Some("list")).await;
-    let ctl = RunningController::spawn(&kc.path, &ctl_ns, &["--namespace-allow", &env.ns]);
+    let ctl = RunningController::spawn_as(&kc.path, &ctl_ns, &["--namespace-allow", &env.ns], &[]);
     let note = wait_event(&env.lc, &ctl_ns, &secret, "RemoteForbidden").await;
     assert!(
         note.contains("list") && note.contains("services"),
@@ -401,7 +402,7 @@ async fn remote_credentials_that_may_not_watch_services_are_reported() {
     env.gateway("gw", GW, &["192.0.2.10"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
     let secret = link(&env, &ctl_ns, Some("watch")).await;
-    let ctl = RunningController::spawn(&kc.path, &ctl_ns, &["--namespace-allow", &env.ns]);
+    let ctl = RunningController::spawn_as(&kc.path, &ctl_ns, &["--namespace-allow", &env.ns], &[]);
 
     // Linking asks the remote whether it may watch: a refusal is reported on the Secret
     // instead of mirrors silently frozen at the first list.
@@ -437,7 +438,7 @@ async fn a_refused_write_is_logged_as_a_warning_naming_verb_and_resource() {
     env.gateway("gw", GW, &["192.0.2.10"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
     let secret = link(&env, &ns, None).await;
-    let ctl = RunningController::spawn(&kc.path, &ns, &["--namespace-allow", &env.ns]);
+    let ctl = RunningController::spawn_as(&kc.path, &ns, &["--namespace-allow", &env.ns], &[]);
     wait_event(&env.lc, &ns, &secret, "Linked").await;
     // After the fast retries, each failure is a warning carrying the apiserver's reason.
     let (line, _) = ctl

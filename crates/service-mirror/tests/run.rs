@@ -586,3 +586,159 @@ async fn end_to_end_with_the_cli_allow_link_run_export() {
         bad.stderr
     );
 }
+
+#[tokio::test]
+async fn a_renamed_link_secret_or_domain_keeps_every_mirror() {
+    let env = Env::new("rename").await;
+    env.gateway("gw", GW, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let (ctl_ns, ctl) = controller(&env.local, &[&env.ns]).await;
+    ctl.wait_ready().await;
+    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &link_secret("old-name", Some(&env.cluster), Some(&kc.yaml)),
+        )
+        .await
+        .unwrap();
+    let (svc, _) = env
+        .mirror_until("web", "mirrored", |_, e| has_subsets(e))
+        .await;
+    let uid = svc.metadata.uid.clone();
+
+    // The new Secret comes first (refused as a duplicate while the old one exists)...
+    secrets
+        .create(
+            &PostParams::default(),
+            &link_secret("new-name", Some(&env.cluster), Some(&kc.yaml)),
+        )
+        .await
+        .unwrap();
+    wait_event(&env.lc, &ctl_ns, "new-name", "DuplicateClusterName").await;
+    let writes = env.local_writes().len();
+    // ...then the old one goes: the link moves over, nothing is deleted or rewritten.
+    secrets
+        .delete("old-name", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.export("later", "gw", &[("http", 80)]).await;
+    env.mirror_until("later", "mirrored through the new Secret", |_, e| {
+        has_subsets(e)
+    })
+    .await;
+    let (svc, _) = env.mirror("web").await;
+    assert_eq!(
+        svc.unwrap().metadata.uid,
+        uid,
+        "the mirror survived the rename"
+    );
+    let rewritten: Vec<String> = env.local_writes()[writes..]
+        .iter()
+        .filter(|w| w.contains(&env.mirror_name("web")))
+        .cloned()
+        .collect();
+    assert!(
+        rewritten.is_empty(),
+        "no write to the existing mirror: {rewritten:?}"
+    );
+
+    // A new cluster domain updates the mirrors in place.
+    secrets
+        .patch(
+            "new-name",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/remote-cluster-domain": "east.example"}}})),
+        )
+        .await
+        .unwrap();
+    let (svc, _) = env
+        .mirror_until("web", "fq-name with the new domain", |s, _| {
+            annotation(&s.metadata, "mirror.linkerd.io/remote-svc-fq-name")
+                .is_some_and(|f| f.ends_with(".svc.east.example"))
+        })
+        .await;
+    assert_eq!(svc.metadata.uid, uid, "same mirror, updated");
+
+    // A broken edit keeps the running link and its mirrors.
+    secrets
+        .patch(
+            "new-name",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"kubeconfig": k8s_openapi::ByteString(b"clusters: [".to_vec())}})),
+        )
+        .await
+        .unwrap();
+    wait_event(&env.lc, &ctl_ns, "new-name", "InvalidKubeconfig").await;
+    env.export("still", "gw", &[("http", 80)]).await;
+    env.mirror_until("still", "still mirrored by the running link", |_, e| {
+        has_subsets(e)
+    })
+    .await;
+    assert!(ctl.metrics().await.contains("service_mirror_links 1"));
+
+    secrets
+        .delete("new-name", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.mirror_gone("web").await;
+    eventually("links gauge down", || async {
+        ctl.metrics()
+            .await
+            .contains("service_mirror_links 0")
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mirrors_of_a_link_removed_while_down_are_collected_at_start() {
+    let env = Env::new("downunlink").await;
+    env.gateway("gw", GW, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let (ctl_ns, mut ctl) = controller(&env.local, &[&env.ns]).await;
+    ctl.wait_ready().await;
+    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &link_secret("gone", Some(&env.cluster), Some(&kc.yaml)),
+        )
+        .await
+        .unwrap();
+    env.mirror_until("web", "mirrored", |_, e| has_subsets(e))
+        .await;
+    let (ok, _) = ctl.terminate();
+    assert!(ok);
+    assert!(
+        env.mirror("web").await.0.is_some(),
+        "a stopped controller leaves its mirrors"
+    );
+
+    // The link goes while no controller runs; a mirror of another, still linked
+    // cluster in the same namespace must stay.
+    secrets
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    let kept_cluster = format!("{}-kept", env.cluster);
+    secrets
+        .create(
+            &PostParams::default(),
+            &link_secret("kept", Some(&kept_cluster), Some(&kc.yaml)),
+        )
+        .await
+        .unwrap();
+    let restarted = Controller::spawn(&env.local, &ctl_ns, &["--namespace-allow", &env.ns]);
+    restarted.wait_ready().await;
+    env.mirror_gone("web").await;
+    let kept = service_mirror::core::mirror_name("web", &kept_cluster);
+    eventually("the linked cluster's mirror exists", || async {
+        env.local_services().get_opt(&kept).await.unwrap()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(env.local_services().get_opt(&kept).await.unwrap().is_some());
+}

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use local_cluster::LocalCluster;
+use local_cluster::{ClusterOptions, LocalCluster, TcpProxy};
 use service_mirror::watcher::{Lookup, Resolver, WatcherOptions};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -628,160 +628,218 @@ async fn drift_is_restored() {
     w.stop(false).await.unwrap();
 }
 
+/// The local identity of the watcher in the retry test: all it needs, but Endpoints
+/// read-only (every Endpoints create or update is forbidden).
+const ENDPOINTS_READ_ONLY: Rules<'static> = &[
+    (
+        &["services"],
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+    ),
+    (&["endpoints"], &["get", "list", "watch"]),
+    (&["namespaces"], &["create", "get"]),
+];
+
+/// The same identity with full rights on Endpoints too.
+const FULL_RIGHTS: Rules<'static> = &[
+    (
+        &["services", "endpoints"],
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+    ),
+    (&["namespaces"], &["create", "get"]),
+];
+
+/// How many audit entries (`verb resource/name`) start with `prefix`.
+fn count(entries: &[String], prefix: &str) -> usize {
+    entries.iter().filter(|e| e.starts_with(prefix)).count()
+}
+
 #[tokio::test]
 async fn failing_writes_are_retried_with_backoff_without_deleting_the_mirror() {
     let env = Env::new("retry").await;
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
-    // The local client can read but not write mirrors: every write is forbidden.
-    let admin = env.lc.clone();
-    create_namespace(&admin, &env.ns).await;
-    let reader = grant(&env.local, &env.ns, &["get", "list", "watch"]).await;
-    let w = service_mirror::watcher::ClusterWatcher::start(
-        reader,
-        env.rc.clone(),
-        env.link(),
-        env.options(),
-    )
-    .unwrap();
-    eventually("failures recorded", || async {
-        (w.status().failing > 0).then_some(())
+    let name = env.mirror_name("web");
+    // A denied create is audited without a name (its body is never read); this
+    // namespace holds one mirror only, so the kind tells which object it was.
+    let (create_svc, create_ep) = ("create services/", "create endpoints/");
+    let (update_svc, update_ep) = (
+        format!("update services/{name}"),
+        format!("update endpoints/{name}"),
+    );
+    let delete_svc = format!("delete services/{name}");
+    // The account lives in another namespace: the watcher creates the mirror's one.
+    let sa_ns = format!("{}-sa", env.ns);
+    let local = sa_client(&env.local, &sa_ns, "mirror", ENDPOINTS_READ_ONLY).await;
+    let w = env.watch_clients(local, env.rc.clone());
+
+    // The Service is created, its Endpoints are forbidden.
+    let svc = eventually("mirror Service created, Endpoints failing", || async {
+        let svc = env.local_services().get_opt(&name).await.unwrap()?;
+        (w.status().failing > 0 && count(&env.local_write_attempts(), create_ep) > 0).then_some(svc)
     })
     .await;
-    let before = env.local_writes().len();
+    let uid = svc.metadata.uid.clone();
+    let started = count(&env.local_write_attempts(), create_ep);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let attempts = env.local_write_attempts().len();
+    let (writes, attempts) = (env.local_writes(), env.local_write_attempts());
+    let ep_attempts = count(&attempts, create_ep);
+    assert_eq!(
+        count(&writes, create_ep),
+        0,
+        "every Endpoints create is forbidden"
+    );
     assert!(
-        attempts < 40,
-        "backoff, not a hot loop: {attempts} forbidden attempts"
+        ep_attempts >= 3 && ep_attempts > started,
+        "the Endpoints create is retried: {attempts:#?}"
+    );
+    assert!(
+        attempts.len() < 40 && ep_attempts - started <= 10,
+        "backoff, not a hot loop: {} write requests, {} Endpoints creates in 2 s",
+        attempts.len(),
+        ep_attempts - started
     );
     assert!(w.status().failing > 0, "still retrying");
-    assert_eq!(env.local_writes().len(), before);
-    w.stop(false).await.unwrap();
+    assert_eq!(count(&writes, create_svc), 1, "{writes:#?}");
+    assert_eq!(
+        count(&attempts, &delete_svc),
+        0,
+        "the Service is never deleted because its Endpoints cannot be written: {attempts:#?}"
+    );
+    let (svc, ep) = env.mirror("web").await;
+    assert_eq!(svc.expect("the Service stays").metadata.uid, uid);
+    assert!(ep.is_none());
 
-    // With write access the same key converges.
-    let w = env.watch();
-    env.mirror_until("web", "mirror after permissions are fixed", |_, e| {
-        has_subsets(e)
+    // Full rights for the same identity: the retries complete the mirror, and the
+    // Service is the one created first.
+    sa_kubeconfig(&env.local, &sa_ns, "mirror", FULL_RIGHTS).await;
+    let (svc, _) = env
+        .mirror_until("web", "Endpoints written once allowed", |_, e| {
+            ips(e) == ["192.0.2.1"]
+        })
+        .await;
+    assert_eq!(svc.metadata.uid, uid, "the Service was never re-created");
+    eventually("no failing key", || async {
+        (w.status().failing == 0).then_some(())
     })
     .await;
-    // A write failing later never deletes the working mirror.
-    let reader = grant(&env.local, &env.ns, &["get", "list", "watch"]).await;
-    w.stop(false).await.unwrap();
-    let w = service_mirror::watcher::ClusterWatcher::start(
-        reader,
-        env.rc.clone(),
-        env.link(),
-        env.options(),
-    )
-    .unwrap();
+
+    // Endpoints read-only again: updates that fail later keep the working mirror. The
+    // port change updates the Service; the Endpoints update is forbidden and retried.
+    sa_kubeconfig(&env.local, &sa_ns, "mirror", ENDPOINTS_READ_ONLY).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = env.local_write_attempts().len();
     env.patch_remote(
         "web",
         serde_json::json!({"spec": {"ports": [{"name": "http", "port": 81, "protocol": "TCP"}]}}),
     )
     .await;
+    set_ingress(&env.rc, &env.ns, "gw", &["192.0.2.2"]).await;
+    env.mirror_until("web", "Service updated", |s, _| {
+        service_ports(s) == [(Some("http".into()), 81)]
+    })
+    .await;
+    eventually("Endpoints update failing", || async {
+        (w.status().failing > 0 && count(&env.local_write_attempts()[before..], &update_ep) > 0)
+            .then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (svc, ep) = env.mirror("web").await;
-    assert!(
-        svc.is_some() && ep.is_some_and(|e| has_subsets(&e)),
-        "mirror kept while writes fail"
+    let attempts = env.local_write_attempts()[before..].to_vec();
+    assert_eq!(
+        count(&env.local_writes(), &update_ep),
+        0,
+        "no Endpoints update is allowed"
     );
-    w.stop(false).await.unwrap();
-}
+    assert!(count(&attempts, &update_svc) >= 1, "{attempts:#?}");
+    assert!(
+        attempts.iter().all(|a| !a.starts_with("delete ")),
+        "nothing is deleted while writes fail: {attempts:#?}"
+    );
+    let (svc, ep) = env.mirror("web").await;
+    assert_eq!(svc.expect("the Service stays").metadata.uid, uid);
+    let ep = ep.expect("the Endpoints stay");
+    assert_eq!(ips(&ep), ["192.0.2.1"], "old Endpoints kept as they were");
 
-/// A client for a ServiceAccount allowed `verbs` on services and endpoints (cluster-wide).
-async fn grant(cluster: &LocalCluster, ns: &str, verbs: &[&str]) -> kube::Client {
-    use k8s_openapi::api::rbac::v1::{
-        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
-    };
-    let admin = cluster.client().await.unwrap();
-    let name = format!("{ns}-limited");
-    let role = ClusterRole {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec![
-                "services".into(),
-                "endpoints".into(),
-                "namespaces".into(),
-            ]),
-            verbs: verbs.iter().map(|v| v.to_string()).collect(),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
-    let binding = ClusterRoleBinding {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: name.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "limited".into(),
-            namespace: Some(ns.into()),
-            ..Default::default()
-        }]),
-    };
-    let _ = Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
+    sa_kubeconfig(&env.local, &sa_ns, "mirror", FULL_RIGHTS).await;
+    let (svc, _) = env
+        .mirror_until("web", "Endpoints updated once allowed", |_, e| {
+            ips(e) == ["192.0.2.2"] && subset_ports(e) == [(Some("http".into()), GW_PORT)]
+        })
         .await;
-    let _ = Api::<ClusterRoleBinding>::all(admin)
-        .create(&PostParams::default(), &binding)
-        .await;
-    cluster
-        .service_account_kubeconfig(ns, "limited")
-        .await
-        .unwrap()
-        .client()
-        .await
-        .unwrap()
+    assert_eq!(svc.metadata.uid, uid);
+    w.stop(false).await.unwrap();
 }
 
 #[tokio::test]
 async fn remote_outage_keeps_mirrors_and_expired_watches_resync() {
-    // A private remote cluster: this test stops its apiserver.
-    let remote = Arc::new(LocalCluster::start("outage").await.unwrap());
+    // A private remote cluster: this test compacts its etcd. Without a watch cache its
+    // apiserver serves watches from etcd, so a compacted resume point answers 410 as it
+    // does after a long outage (the cache window passed) or an apiserver restart. The
+    // watcher reaches it through a proxy the test cuts; the test's admin goes direct.
+    let opts = ClusterOptions {
+        extra_apiserver_args: vec!["--watch-cache=false".into()],
+        ..Default::default()
+    };
+    let remote = Arc::new(LocalCluster::start_with("outage", opts).await.unwrap());
     let local = local_cluster::shared_cluster("local").await.unwrap();
     let env = Env::on(remote.clone(), local, "outage").await;
+    let proxy = TcpProxy::start(remote.apiserver_addr()).await.unwrap();
+    let through_proxy = remote
+        .admin_kubeconfig_via(proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("a", "gw", &[("http", 80)]).await;
     env.export("b", "gw", &[("http", 80)]).await;
-    let w = env.watch();
+    let w = env.watch_clients(env.lc.clone(), through_proxy);
     env.mirror_until("a", "a", |_, e| has_subsets(e)).await;
     env.mirror_until("b", "b", |_, e| has_subsets(e)).await;
+    assert!(
+        proxy.accepted() > 0,
+        "the watcher's remote client uses the proxy"
+    );
+    assert_eq!(w.status().relists, 0);
 
-    remote.stop_apiserver();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The outage: the watcher is blind, the remote lives on.
     let before = env.local_writes().len();
-    assert!(!w.status().remote_connected || w.status().remote_synced);
-    // Writes and compaction while the watcher cannot see: its resume point expires (410).
+    proxy.cut().await.unwrap();
+    eventually("the watcher notices the outage", || async {
+        (!w.status().remote_connected).then_some(())
+    })
+    .await;
+    env.delete_remote("b").await;
+    set_ingress(&env.rc, &env.ns, "gw", &["192.0.2.99"]).await;
+    // History up to now is compacted: the watcher's resume point is gone (HTTP 410).
     remote.compact_etcd().await.unwrap();
-    remote.start_apiserver().await.unwrap();
-    remote.compact_etcd().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!w.status().remote_connected, "still blind");
     assert_eq!(
-        env.local_writes().len(),
-        before,
+        env.local_writes()[before..],
+        [] as [String; 0],
         "outage: mirrors untouched"
     );
-    let rc = remote.client().await.unwrap();
-    Api::<Service>::namespaced(rc.clone(), &env.ns)
-        .delete("b", &DeleteParams::default())
-        .await
-        .unwrap();
-    gateway_in(&rc, &env.ns, "gw", GW_PORT, &["192.0.2.99"]).await;
+    let (a, b) = (env.mirror("a").await, env.mirror("b").await);
+    assert!(a.1.is_some_and(|e| ips(&e) == ["192.0.2.1"]), "a as it was");
+    assert!(b.0.is_some() && b.1.is_some(), "b kept while blind");
+
+    proxy.restore().unwrap();
+    // The delete of `b` was never seen as an event: only a full list finds it.
+    eventually("the watcher lists the remote again", || async {
+        (w.status().relists >= 1).then_some(())
+    })
+    .await;
     env.mirror_gone("b").await;
     env.mirror_until("a", "new gateway address after resync", |_, e| {
         ips(e) == ["192.0.2.99"]
     })
     .await;
+    assert!(w.status().remote_connected && w.status().remote_synced);
     w.stop(false).await.unwrap();
 }
 

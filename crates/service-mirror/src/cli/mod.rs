@@ -1,10 +1,10 @@
 //! Command-line interface: one file per command.
 
-mod allow;
+pub mod allow;
 pub mod client;
 mod export;
 mod install;
-mod link;
+pub mod link;
 mod output;
 mod run;
 

@@ -2,6 +2,7 @@
 
 use crate::admin::{self, AdminState};
 use crate::core::NamespaceFilter;
+use crate::leader::{LeaderOptions, default_identity, elect};
 use crate::links::{LinkManager, LinkManagerOptions};
 use crate::metrics::Metrics;
 use crate::telemetry::{LogFormat, init_logging};
@@ -58,6 +59,23 @@ pub struct RunArgs {
     /// How long rotated credentials may take to sync before the old ones are kept.
     #[arg(long, env = "SERVICE_MIRROR_ROTATION_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     rotation_timeout: Duration,
+    /// Delete, at start, mirrors of clusters that no link Secret names (links removed
+    /// while no controller ran). Turn off when several controllers share a cluster.
+    #[arg(long, env = "SERVICE_MIRROR_COLLECT_UNLINKED_MIRRORS", default_value_t = true, action = clap::ArgAction::Set)]
+    collect_unlinked_mirrors: bool,
+    /// Elect a leader through a Lease in --namespace; only the leader writes.
+    #[arg(long, env = "SERVICE_MIRROR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_LEASE_NAME",
+        default_value = "service-mirror"
+    )]
+    lease_name: String,
+    /// How long the Lease lasts without renewal (renewed a third of it before expiry).
+    #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
 }
 
 /// Runs the controller until SIGTERM or SIGINT.
@@ -66,10 +84,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let local = super::client::client_from(args.kubeconfig.as_ref(), None).await?;
     crate::permissions::spawn_startup_check(&local, &args.namespace);
     let metrics = Metrics::new();
+    let shutdown = CancellationToken::new();
+    let (leader, election) = if args.leader_election {
+        let opts = LeaderOptions {
+            namespace: args.namespace.clone(),
+            lease_name: args.lease_name.clone(),
+            identity: default_identity(),
+            duration: args.lease_duration,
+        };
+        let (rx, task) = elect(local.clone(), opts, metrics.clone(), shutdown.clone());
+        (Some(rx), Some(task))
+    } else {
+        metrics.leader.set(1);
+        (None, None)
+    };
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
         workers: 4,
         rotation_timeout: args.rotation_timeout,
+        collect_unlinked: args.collect_unlinked_mirrors,
         watcher: WatcherOptions {
             workers: args.workers,
             requeue_limit: args.event_requeue_limit,
@@ -89,11 +122,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             probe_timeout: args.probe_timeout,
             probe_failure_threshold: args.probe_failure_threshold,
+            leader,
             ..WatcherOptions::default()
         },
     };
     let manager = Arc::new(LinkManager::start(local, opts));
-    let shutdown = CancellationToken::new();
     let ready = {
         let manager = manager.clone();
         Arc::new(move || manager.ready()) as Arc<dyn Fn() -> bool + Send + Sync>
@@ -116,6 +149,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::time::timeout(Duration::from_secs(10), manager.shutdown())
         .await
         .map_err(|_| anyhow::anyhow!("shutdown took longer than 10 s"))?;
+    if let Some(election) = election {
+        // Released, so another replica takes over without waiting for expiry.
+        let _ = election.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -12,8 +12,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::gateway::{GatewayRef, ResolvedGateway};
 use super::labels::{
-    CLUSTER_NAME_LABEL, DEFAULT_CLUSTER_DOMAIN, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
-    REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, DEFAULT_CLUSTER_DOMAIN,
+    MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_GATEWAY_NAME_LABEL,
+    REMOTE_GATEWAY_NS_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
     REMOTE_RESOURCE_VERSION_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION,
 };
 use super::naming::{fq_name, mirror_name};
@@ -30,6 +31,9 @@ pub struct Link {
     pub cluster_name: String,
     /// The remote cluster's DNS domain, used in `remote-svc-fq-name`.
     pub cluster_domain: String,
+    /// Namespace of the controller (and link Secret) that owns this link's mirrors,
+    /// recorded on them so that a controller only ever collects its own.
+    pub controller_namespace: Option<String>,
 }
 
 impl Link {
@@ -41,7 +45,14 @@ impl Link {
                 .filter(|d| !d.is_empty())
                 .unwrap_or(DEFAULT_CLUSTER_DOMAIN)
                 .to_owned(),
+            controller_namespace: None,
         }
+    }
+
+    /// The same link, owned by the controller in `namespace`.
+    pub fn with_controller_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.controller_namespace = Some(namespace.into());
+        self
     }
 }
 
@@ -139,6 +150,13 @@ pub fn desired_mirror(
             r.resource_version.clone(),
         );
     }
+    let mut endpoints_annotations =
+        BTreeMap::from([(REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq.clone())]);
+    if let Some(ns) = &link.controller_namespace {
+        for a in [&mut annotations, &mut endpoints_annotations] {
+            a.insert(CONTROLLER_NAMESPACE_ANNOTATION.to_owned(), ns.clone());
+        }
+    }
 
     let ports: Vec<ServicePort> = remote
         .spec
@@ -202,10 +220,7 @@ pub fn desired_mirror(
             name: Some(name),
             namespace: Some(namespace.to_owned()),
             labels: Some(labels),
-            annotations: Some(BTreeMap::from([(
-                REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(),
-                fq,
-            )])),
+            annotations: Some(endpoints_annotations),
             ..Default::default()
         },
         subsets,

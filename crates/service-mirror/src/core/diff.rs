@@ -16,9 +16,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::desired::{CLUSTER_IP, port_name, protocol_or_default, target_port_or_default};
 use super::labels::{
-    CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL,
-    REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION, REMOTE_RESOURCE_VERSION_ANNOTATION,
-    REMOTE_SVC_FQ_NAME_ANNOTATION,
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, MIRRORED_SERVICE_LABEL,
+    REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+    REMOTE_RESOURCE_VERSION_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION,
 };
 
 /// Label keys the mirror owns on its objects.
@@ -31,10 +31,11 @@ pub const OWNED_LABELS: [&str; 4] = [
 
 /// Annotation keys the mirror owns on its objects; one absent from the desired
 /// object is removed from the actual one.
-pub const OWNED_ANNOTATIONS: [&str; 3] = [
+pub const OWNED_ANNOTATIONS: [&str; 4] = [
     REMOTE_RESOURCE_VERSION_ANNOTATION,
     REMOTE_SVC_FQ_NAME_ANNOTATION,
     REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+    CONTROLLER_NAMESPACE_ANNOTATION,
 ];
 
 type Map = BTreeMap<String, String>;

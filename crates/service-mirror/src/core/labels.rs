@@ -26,6 +26,10 @@ pub const REMOTE_SVC_FQ_NAME_ANNOTATION: &str = "mirror.linkerd.io/remote-svc-fq
 pub const REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION: &str =
     "mirror.linkerd.io/remote-gateway-resource-version";
 
+/// Namespace of the controller whose link made a mirror (ours, not Linkerd's): scopes
+/// the collection of mirrors of unlinked clusters to the controller that made them.
+pub const CONTROLLER_NAMESPACE_ANNOTATION: &str = "service-mirror.io/controller-namespace";
+
 /// Name of the gateway Service port that receives cross-cluster traffic.
 pub const GATEWAY_PORT_NAME: &str = "mc-gateway";
 /// Name of the gateway Service port used for health probes.

@@ -6,13 +6,19 @@
 
 use super::connect::connect;
 use super::secret::{LinkError, LinkSpec, parse_link_secret};
-use crate::core::labels::LINK_SECRET_TYPE;
+use crate::core::labels::{
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
+    LINK_SECRET_TYPE, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+};
+use crate::core::validate_cluster_name;
 use crate::metrics::{LinkErrorLabels, Metrics};
 use crate::watcher::{Backoff, ClusterWatcher, Outcome, WatcherOptions, WatcherStatus, WorkQueue};
-use crate::writer::{FIELD_MANAGER, LocalWriter};
+use crate::writer::{FIELD_MANAGER, LocalWriter, MirrorSelector};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::Api;
+use kube::api::ListParams;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -35,6 +41,9 @@ pub struct LinkManagerOptions {
     pub workers: usize,
     /// How long new credentials may take to sync before a rotation is abandoned.
     pub rotation_timeout: Duration,
+    /// After the first list of link Secrets, delete mirrors of clusters no Secret names
+    /// (links removed while the controller was down).
+    pub collect_unlinked: bool,
 }
 
 struct Active {
@@ -52,6 +61,9 @@ struct Inner {
     claims: Mutex<HashMap<String, String>>,
     queue: WorkQueue<String>,
     recorder: Recorder,
+    /// Background cleanups of unlinked clusters still running, by cluster name.
+    cleanups: Mutex<HashMap<String, CancellationToken>>,
+    cancel: CancellationToken,
 }
 
 /// Runs the links of one controller.
@@ -85,6 +97,8 @@ impl LinkManager {
             synced: AtomicBool::new(false),
             active: Mutex::default(),
             claims: Mutex::default(),
+            cleanups: Mutex::default(),
+            cancel: cancel.clone(),
         });
         let mut tasks = vec![tokio::spawn(watch_secrets(
             inner.clone(),
@@ -203,23 +217,69 @@ impl Inner {
 
     async fn unlink(&self, secret: &str, a: Active) {
         let cluster = a.spec.link.cluster_name.clone();
+        self.update_links_gauge();
         if let Err(e) = a.watcher.stop(true).await {
-            // Keep trying in the background: the mirrors must not outlive the link.
+            // Keep trying in the background: the mirrors must not outlive the link. A
+            // new link of the same cluster cancels this (see `link`).
             tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
-            let writer = LocalWriter::new(
-                self.local.clone(),
-                &cluster,
-                self.opts.watcher.metrics.clone(),
-            );
-            tokio::spawn(async move {
-                let mut delay = Duration::from_secs(1);
-                while writer.delete_all_mirrors().await.is_err() {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(60));
-                }
-            });
+            self.spawn_cleanup(&cluster, None);
         }
         tracing::info!(%cluster, %secret, "unlinked");
+    }
+
+    /// Deletes every mirror of `cluster` in the background until it succeeds, unless the
+    /// cluster is linked again first.
+    fn spawn_cleanup(&self, cluster: &str, only: Option<MirrorSelector>) {
+        let writer = LocalWriter::new(
+            self.local.clone(),
+            cluster,
+            self.opts.watcher.metrics.clone(),
+        );
+        let cancel = self.cancel.child_token();
+        if let Some(old) = self.cleanups().insert(cluster.to_string(), cancel.clone()) {
+            old.cancel();
+        }
+        tokio::spawn(async move {
+            let mut delay = Duration::from_secs(1);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = writer.delete_mirrors_in(only.as_ref()) => if r.is_ok() { return },
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+        });
+    }
+
+    fn cleanups(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.cleanups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Another Secret that links the same cluster as `a` (a Secret renamed by creating
+    /// the new one before deleting the old).
+    fn successor(&self, gone: &str, a: &Active) -> Option<String> {
+        let mut candidates: Vec<Arc<Secret>> = self
+            .secrets
+            .state()
+            .into_iter()
+            .filter(|s| s.name_any() != gone)
+            .filter(|s| {
+                parse_link_secret(s)
+                    .is_ok_and(|spec| spec.link.cluster_name == a.spec.link.cluster_name)
+            })
+            .collect();
+        // The oldest Secret wins, so the choice is the same after a restart.
+        candidates.sort_by_key(|s| {
+            (
+                s.metadata.creation_timestamp.clone().map(|t| t.0),
+                s.name_any(),
+            )
+        });
+        candidates.first().map(|s| s.name_any())
     }
 
     async fn reconcile(&self, name: &str) -> Outcome {
@@ -228,10 +288,23 @@ impl Inner {
             .get(&ObjectRef::new(name).within(&self.opts.namespace));
         let Some(secret) = secret else {
             if let Some(a) = self.take(name) {
-                self.unlink(name, a).await;
-                // A Secret refused as a duplicate of this one may link now.
-                for s in self.secrets.state() {
-                    self.queue.add(s.name_any());
+                match self.successor(name, &a) {
+                    // Hand the running watcher over: its reconcile rotates credentials if
+                    // they differ, and no mirror is deleted.
+                    Some(next) => {
+                        tracing::info!(cluster = %a.spec.link.cluster_name, from = %name, to = %next, "link moved to another Secret");
+                        self.claims()
+                            .insert(a.spec.link.cluster_name.clone(), next.clone());
+                        self.active().insert(next.clone(), a);
+                        self.queue.add(next);
+                    }
+                    None => {
+                        self.unlink(name, a).await;
+                        // A Secret refused as a duplicate of this one may link now.
+                        for s in self.secrets.state() {
+                            self.queue.add(s.name_any());
+                        }
+                    }
                 }
             }
             return Outcome::Done;
@@ -246,9 +319,12 @@ impl Inner {
         let current = self.active().get(name).map(|a| a.spec.clone());
         match current {
             Some(cur) if cur == spec => Outcome::Done,
-            Some(cur) if cur.link == spec.link => self.rotate(name, &secret, spec).await,
+            // Same cluster name: new credentials or domain; the mirror names stay.
+            Some(cur) if cur.link.cluster_name == spec.link.cluster_name => {
+                self.rotate(name, &secret, spec).await
+            }
             Some(_) => {
-                // Another cluster name or domain: a different link.
+                // Another cluster name: a different link.
                 if let Some(a) = self.take(name) {
                     self.unlink(name, a).await;
                 }
@@ -274,6 +350,11 @@ impl Inner {
             self.report(secret, &LinkError::DuplicateClusterName(cluster, other))
                 .await;
             return Outcome::Done;
+        }
+        // A background cleanup of an earlier link of this cluster must not delete the
+        // mirrors of this one.
+        if let Some(cleanup) = self.cleanups().remove(&cluster) {
+            cleanup.cancel();
         }
         let client = match connect(&spec).await {
             Ok(c) => c,
@@ -331,7 +412,9 @@ impl Inner {
                 };
             }
         };
-        let new = match ClusterWatcher::start(
+        // The new watcher syncs without writing; it writes only once the old one stopped,
+        // so the two never work on the same mirror at once.
+        let new = match ClusterWatcher::start_paused(
             self.local.clone(),
             client,
             spec.link.clone(),
@@ -345,6 +428,10 @@ impl Inner {
         };
         let deadline = tokio::time::Instant::now() + self.opts.rotation_timeout;
         while !(new.status().remote_synced && new.status().local_synced) {
+            if self.cancel.is_cancelled() {
+                let _ = new.stop(false).await;
+                return Outcome::Done;
+            }
             if tokio::time::Instant::now() > deadline {
                 let _ = new.stop(false).await;
                 self.report(
@@ -356,12 +443,13 @@ impl Inner {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let old = self
-            .active()
-            .insert(name.to_string(), Active { spec, watcher: new });
+        let old = self.active().remove(name);
         if let Some(old) = old {
             let _ = old.watcher.stop(false).await;
         }
+        new.resume();
+        self.active()
+            .insert(name.to_string(), Active { spec, watcher: new });
         tracing::info!(%cluster, secret = %name, "credentials rotated");
         self.event(
             secret,
@@ -396,6 +484,9 @@ async fn watch_secrets(
                         inner.queue.add(s.name_any())
                     }
                     watcher::Event::InitDone => {
+                        if inner.opts.collect_unlinked && !inner.synced.load(Ordering::SeqCst) {
+                            tokio::spawn(collect_unlinked(inner.clone()));
+                        }
                         let mut names: Vec<String> =
                             inner.secrets.state().iter().map(|s| s.name_any()).collect();
                         names.extend(inner.active().keys().cloned());
@@ -412,6 +503,89 @@ async fn watch_secrets(
             }
             None => return,
         }
+    }
+}
+
+/// Deletes the mirrors of clusters that no link Secret names: their Secret was deleted
+/// while no controller ran, so no unlink happened. Does nothing while any Secret's cluster
+/// name cannot be read (its mirrors cannot be told apart), and only on the leader.
+async fn collect_unlinked(inner: Arc<Inner>) {
+    if let Some(mut leader) = inner.opts.watcher.leader.clone() {
+        tokio::select! {
+            _ = inner.cancel.cancelled() => return,
+            r = leader.wait_for(|l| *l) => if r.is_err() { return },
+        }
+    }
+    let mut linked = std::collections::HashSet::new();
+    for s in inner.secrets.state() {
+        let name = s
+            .annotations()
+            .get(LINK_CLUSTER_NAME_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        if validate_cluster_name(&name).is_err() {
+            tracing::warn!(secret = %s.name_any(), "not collecting mirrors of unlinked clusters: a link Secret has no valid cluster name");
+            return;
+        }
+        linked.insert(name);
+    }
+    let lp = ListParams::default().labels(&format!(
+        "{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE}"
+    ));
+    let mut clusters = std::collections::BTreeSet::new();
+    // Only in namespaces this controller mirrors into: that is its remit.
+    // Only mirrors this controller made (annotated with its namespace), in namespaces it
+    // mirrors into: another controller's mirrors are never collected.
+    let (ns, filter) = (
+        inner.opts.namespace.clone(),
+        inner.opts.watcher.namespaces.clone(),
+    );
+    let select: MirrorSelector = Arc::new(move |m: &kube::api::ObjectMeta| {
+        let made_here = m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CONTROLLER_NAMESPACE_ANNOTATION))
+            == Some(&ns);
+        made_here && filter.allows(m.namespace.as_deref().unwrap_or_default())
+    });
+    let mine = |m: &kube::api::ObjectMeta| select(m);
+    for labels in [
+        Api::<Service>::all(inner.local.clone())
+            .list_metadata(&lp)
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|o| mine(&o.metadata))
+                    .map(|o| o.metadata.labels.clone())
+                    .collect::<Vec<_>>()
+            }),
+        Api::<Endpoints>::all(inner.local.clone())
+            .list_metadata(&lp)
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|o| mine(&o.metadata))
+                    .map(|o| o.metadata.labels.clone())
+                    .collect()
+            }),
+    ] {
+        match labels {
+            Ok(all) => clusters.extend(
+                all.into_iter()
+                    .flatten()
+                    .filter_map(|mut l| l.remove(CLUSTER_NAME_LABEL)),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list mirrors to collect those of unlinked clusters");
+                return;
+            }
+        }
+    }
+    for cluster in clusters.into_iter().filter(|c| !linked.contains(c)) {
+        tracing::info!(%cluster, "deleting the mirrors of a cluster no link Secret names");
+        inner.spawn_cleanup(&cluster, Some(select.clone()));
     }
 }
 

@@ -147,8 +147,12 @@ pub fn parse_link_secret(secret: &Secret) -> Result<LinkSpec, LinkError> {
     let kc = Kubeconfig::from_yaml(&text)
         .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
     check_kubeconfig(&kc)?;
+    let mut link = Link::new(name.clone(), domain);
+    if let Some(ns) = &secret.metadata.namespace {
+        link = link.with_controller_namespace(ns);
+    }
     Ok(LinkSpec {
-        link: Link::new(name.clone(), domain),
+        link,
         kubeconfig: text,
     })
 }

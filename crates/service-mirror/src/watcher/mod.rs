@@ -28,10 +28,10 @@ use futures::StreamExt;
 use index::Index;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -58,6 +58,9 @@ pub struct WatcherOptions {
     pub probe_failure_threshold: u32,
     /// Where probes connect instead of the gateway's address, if set.
     pub probe_redirect: Option<ProbeRedirect>,
+    /// When set, the watcher writes only while this says true (leader election); caches
+    /// stay warm meanwhile, and every key is looked at again when it turns true.
+    pub leader: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Default for WatcherOptions {
@@ -72,6 +75,7 @@ impl Default for WatcherOptions {
             probe_timeout: Duration::from_secs(5),
             probe_failure_threshold: 3,
             probe_redirect: None,
+            leader: None,
         }
     }
 }
@@ -93,6 +97,9 @@ struct Inner {
     remote_connected: AtomicBool,
     probers: probe::Probers,
     cancel: CancellationToken,
+    relists: AtomicU64,
+    /// False while the watcher is paused (a rotated link syncing before it takes over).
+    writable: tokio::sync::watch::Sender<bool>,
 }
 
 impl Inner {
@@ -136,6 +143,8 @@ pub struct WatcherStatus {
     pub queue_depth: usize,
     /// Keys whose last reconcile failed.
     pub failing: usize,
+    /// Full lists of the remote after the first (watch resume point expired).
+    pub relists: u64,
 }
 
 fn strip<K: Resource>(obj: &mut K) {
@@ -152,16 +161,55 @@ fn strip_event<K: Resource>(ev: &mut watcher::Event<K>) {
     }
 }
 
-/// The key a local mirror object stands for: from its fq-name annotation, or, for an
-/// object of ours without one, its own name (so it is deleted as an orphan).
-fn local_key<K: Resource>(obj: &K) -> ServiceKey {
-    remote_key(obj.meta())
-        .unwrap_or_else(|| ServiceKey::new(obj.namespace().unwrap_or_default(), obj.name_any()))
+/// The key a local mirror Service stands for: from its fq-name annotation, or, for one
+/// of ours without it, its own name (so it is collected as an orphan).
+fn service_key(svc: &Service) -> ServiceKey {
+    remote_key(&svc.metadata)
+        .unwrap_or_else(|| ServiceKey::new(svc.namespace().unwrap_or_default(), svc.name_any()))
+}
+
+/// The key a local mirror Endpoints stands for: its annotation, else that of the Service
+/// of the same name (the Go mirror wrote no annotation on Endpoints), else its name.
+fn endpoints_key(inner: &Inner, ep: &Endpoints) -> ServiceKey {
+    let ns = ep.namespace().unwrap_or_default();
+    remote_key(&ep.metadata)
+        .or_else(|| {
+            let svc = inner
+                .local_services
+                .get(&ObjectRef::new(&ep.name_any()).within(&ns))?;
+            Some(service_key(&svc))
+        })
+        .unwrap_or_else(|| ServiceKey::new(ns, ep.name_any()))
 }
 
 impl ClusterWatcher {
     /// Starts watching the remote cluster behind `remote` and mirroring into `local`.
     pub fn start(local: Client, remote: Client, link: Link, opts: WatcherOptions) -> Result<Self> {
+        Self::start_inner(local, remote, link, opts, false)
+    }
+
+    /// Starts with caches and queue running but no writes until [`ClusterWatcher::resume`].
+    pub fn start_paused(
+        local: Client,
+        remote: Client,
+        link: Link,
+        opts: WatcherOptions,
+    ) -> Result<Self> {
+        Self::start_inner(local, remote, link, opts, true)
+    }
+
+    /// Lets a paused watcher write.
+    pub fn resume(&self) {
+        self.inner.writable.send_replace(true);
+    }
+
+    fn start_inner(
+        local: Client,
+        remote: Client,
+        link: Link,
+        opts: WatcherOptions,
+        paused: bool,
+    ) -> Result<Self> {
         validate_cluster_name(&link.cluster_name).map_err(|e| Error::InvalidLink(e.to_string()))?;
         let cancel = CancellationToken::new();
         let (remote_store, remote_writer) = reflector::store::<Service>();
@@ -186,6 +234,8 @@ impl ClusterWatcher {
             local_endpoints_synced: AtomicBool::new(false),
             remote_connected: AtomicBool::new(false),
             probers: probe::Probers::default(),
+            relists: AtomicU64::new(0),
+            writable: tokio::sync::watch::Sender::new(!paused),
             cancel: cancel.clone(),
         });
         let selector = owner_selector(&inner.link.cluster_name);
@@ -216,6 +266,13 @@ impl ClusterWatcher {
         for _ in 0..inner.opts.workers.max(1) {
             tasks.push(tokio::spawn(worker(inner.clone(), cancel.clone())));
         }
+        if let Some(leader) = inner.opts.leader.clone() {
+            tasks.push(tokio::spawn(follow_leader(
+                inner.clone(),
+                leader,
+                cancel.clone(),
+            )));
+        }
         tracing::info!(cluster = %inner.link.cluster_name, "watching remote cluster");
         Ok(Self {
             inner,
@@ -239,6 +296,7 @@ impl ClusterWatcher {
             mirrors: i.local_services.len(),
             queue_depth: i.queue.depth(),
             failing: i.queue.failing(),
+            relists: i.relists.load(Ordering::SeqCst),
         }
     }
 
@@ -351,6 +409,16 @@ fn on_remote_event(inner: &Inner, ev: &watcher::Event<Service>) {
             drop(index);
             if !inner.remote_synced.swap(true, Ordering::SeqCst) {
                 tracing::info!(cluster = %inner.link.cluster_name, services = inner.remote.len(), "remote services synced");
+            } else {
+                // kube's watcher lists again only when its resume point expired (HTTP 410).
+                inner.relists.fetch_add(1, Ordering::SeqCst);
+                inner
+                    .opts
+                    .metrics
+                    .remote_relists
+                    .get_or_create(&Metrics::cluster(&inner.link.cluster_name))
+                    .inc();
+                tracing::info!(cluster = %inner.link.cluster_name, services = inner.remote.len(), "remote services listed again");
             }
         }
     }
@@ -372,6 +440,7 @@ trait LocalKind:
     fn index(index: &mut Index) -> &mut index::LocalIndex;
     fn synced(inner: &Inner) -> &AtomicBool;
     fn store(inner: &Inner) -> &Store<Self>;
+    fn key(inner: &Inner, obj: &Self) -> ServiceKey;
 }
 
 impl LocalKind for Service {
@@ -384,6 +453,9 @@ impl LocalKind for Service {
     fn store(inner: &Inner) -> &Store<Self> {
         &inner.local_services
     }
+    fn key(_: &Inner, obj: &Self) -> ServiceKey {
+        service_key(obj)
+    }
 }
 
 impl LocalKind for Endpoints {
@@ -395,6 +467,9 @@ impl LocalKind for Endpoints {
     }
     fn store(inner: &Inner) -> &Store<Self> {
         &inner.local_endpoints
+    }
+    fn key(inner: &Inner, obj: &Self) -> ServiceKey {
+        endpoints_key(inner, obj)
     }
 }
 
@@ -430,10 +505,13 @@ fn on_local_event<K: LocalKind>(inner: &Inner, ev: &watcher::Event<K>) {
     let mut keys = Vec::new();
     {
         let mut index = inner.index();
+        if matches!(ev, watcher::Event::InitDone) {
+            keys.extend(index.exported().cloned());
+        }
         let local = K::index(&mut index);
         match ev {
             watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                let key = local_key(o);
+                let key = K::key(inner, o);
                 if let Some(old) = local.set(
                     &o.namespace().unwrap_or_default(),
                     &o.name_any(),
@@ -451,12 +529,15 @@ fn on_local_event<K: LocalKind>(inner: &Inner, ev: &watcher::Event<K>) {
             }
             watcher::Event::Init => {}
             watcher::Event::InitDone => {
+                // Keys of objects gone while we were not watching are looked at too (so a
+                // mirror deleted meanwhile is recreated), as is every exported key (above).
+                keys.extend(local.keys().cloned());
                 local.clear();
                 for o in K::store(inner).state() {
                     local.set(
                         &o.namespace().unwrap_or_default(),
                         &o.name_any(),
-                        local_key(o.as_ref()),
+                        K::key(inner, o.as_ref()),
                     );
                 }
                 keys.extend(local.keys().cloned());
@@ -469,17 +550,73 @@ fn on_local_event<K: LocalKind>(inner: &Inner, ev: &watcher::Event<K>) {
     }
 }
 
-async fn worker(inner: Arc<Inner>, cancel: CancellationToken) {
-    // Reconciling against caches that have not listed yet would create what exists.
-    while !inner.local_synced() {
+/// Waits until this watcher may write: local caches listed (reconciling against caches
+/// that have not listed would create what exists), not paused, and leader if elected.
+/// False when cancelled.
+async fn wait_writable(inner: &Inner, cancel: &CancellationToken) -> bool {
+    let mut own = inner.writable.subscribe();
+    loop {
+        own.borrow_and_update();
+        if writable_now(inner) && inner.local_synced() {
+            return true;
+        }
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return false,
+            _ = own.changed() => {}
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
     }
+}
+
+fn writable_now(inner: &Inner) -> bool {
+    *inner.writable.borrow() && inner.opts.leader.as_ref().is_none_or(|l| *l.borrow())
+}
+
+/// On gaining leadership, every key is reconciled: the world may have drifted while
+/// another replica (or none) was writing.
+async fn follow_leader(
+    inner: Arc<Inner>,
+    mut leader: tokio::sync::watch::Receiver<bool>,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = leader.changed() => if changed.is_err() { return },
+        }
+        if *leader.borrow_and_update() {
+            let keys: Vec<ServiceKey> = {
+                let index = inner.index();
+                index
+                    .exported()
+                    .cloned()
+                    .chain(index.local_keys())
+                    .collect()
+            };
+            tracing::info!(cluster = %inner.link.cluster_name, keys = keys.len(), "leader: reconciling everything");
+            for k in keys {
+                inner.queue.add(k);
+            }
+        }
+    }
+}
+
+async fn worker(inner: Arc<Inner>, cancel: CancellationToken) {
     let metrics = &inner.opts.metrics;
     let labels = Metrics::cluster(&inner.link.cluster_name);
-    while let Some(key) = inner.queue.next().await {
+    loop {
+        if !wait_writable(&inner, &cancel).await {
+            return;
+        }
+        let Some(key) = inner.queue.next().await else {
+            return;
+        };
+        if !writable_now(&inner) {
+            // Leadership was lost (or the watcher paused) while waiting: keep the key.
+            inner.queue.done(key.clone(), Outcome::Done);
+            inner.queue.add(key);
+            continue;
+        }
         let started = std::time::Instant::now();
         let result = reconcile::reconcile(&inner, &key).await;
         metrics

@@ -1,13 +1,15 @@
 //! Reconciling one key: desired mirror (pure core) vs. actual local objects (caches).
 
 use super::probe::ProbeTarget;
-use super::{Inner, Outcome};
+use super::{Inner, Outcome, endpoints_key, service_key};
 use crate::core::{
     GatewayRef, ProbeSpec, ResolvedGateway, ServiceKey, desired_mirror, endpoint_ip_allowed,
     exported_gateway, gateway_spec, plan, probe_spec,
 };
 use crate::error::Result;
+use crate::writer::Applied;
 use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -97,6 +99,7 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
     {
         return Ok(Outcome::Done);
     }
+    let mut requeue = None;
     let exported = remote
         .as_deref()
         .filter(|_| inner.opts.namespaces.allows(&key.namespace))
@@ -104,6 +107,13 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
     let desired = match exported {
         Some((svc, gw)) => {
             let resolved = resolve_gateway(inner, key, &gw).await;
+            let hostnames = gateway_service(inner, &gw)
+                .and_then(|g| gateway_spec(&g).ok())
+                .map(|spec| spec.hostnames)
+                .unwrap_or_default();
+            if hostnames.iter().any(|h| inner.resolver.failing(h)) {
+                requeue = Some(super::resolve::RETRY_FAILED_AFTER);
+            }
             Some(desired_mirror(svc, &inner.link, &gw, resolved.as_ref()))
         }
         None => None,
@@ -118,6 +128,15 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         svc_names.insert(name.clone());
         ep_names.insert(name);
     }
+    // Only objects that stand for this key: the index is a hint built from events, the
+    // caches are the truth. A Go-made Endpoints without annotation belongs to the key of
+    // its Service, so it is updated in place rather than deleted by another key.
+    let desired_name = desired
+        .as_ref()
+        .and_then(|d| d.service.metadata.name.clone());
+    let belongs = |name: &String, k: ServiceKey| {
+        &k == key || (Some(name) == desired_name.as_ref() && k.name == *name)
+    };
     let services: Vec<_> = svc_names
         .iter()
         .filter_map(|n| {
@@ -125,6 +144,7 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
                 .local_services
                 .get(&ObjectRef::new(n).within(&key.namespace))
         })
+        .filter(|s| belongs(&s.name_any(), service_key(s)))
         .collect();
     let endpoints: Vec<_> = ep_names
         .iter()
@@ -133,6 +153,7 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
                 .local_endpoints
                 .get(&ObjectRef::new(n).within(&key.namespace))
         })
+        .filter(|e| belongs(&e.name_any(), endpoints_key(inner, e)))
         .collect();
     let services: Vec<&_> = services.iter().map(|s| s.as_ref()).collect();
     let endpoints: Vec<&_> = endpoints.iter().map(|e| e.as_ref()).collect();
@@ -146,7 +167,11 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
     );
     for action in &actions {
         tracing::debug!(cluster = %inner.link.cluster_name, %key, ?action, "writing");
-        inner.writer.execute(action).await?;
+        if inner.writer.execute(action).await? == Applied::Stale {
+            // Keep the plan's order (Service before Endpoints): the watch event that
+            // brings the newer version queues this key again.
+            break;
+        }
     }
-    Ok(Outcome::Done)
+    Ok(requeue.map_or(Outcome::Done, Outcome::RequeueAfter))
 }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long one lookup may take before it counts as a failure.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,8 +38,21 @@ impl Resolver for SystemResolver {
 #[derive(Debug)]
 pub struct CachingResolver {
     inner: Arc<dyn Resolver>,
-    cache: Mutex<HashMap<String, Result<Vec<IpAddr>, String>>>,
+    cache: Mutex<HashMap<String, Entry>>,
 }
+
+#[derive(Debug, Clone)]
+struct Entry {
+    answer: Result<Vec<IpAddr>, String>,
+    at: Instant,
+    /// The last successful answer, kept through failed lookups.
+    last_good: Option<(Vec<IpAddr>, Instant)>,
+}
+
+/// A failed lookup is retried after this long (answers last until `invalidate`).
+pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(10);
+/// How long a last good answer stands in for failing lookups.
+pub const KEEP_LAST_GOOD: Duration = Duration::from_secs(600);
 
 impl CachingResolver {
     /// Wraps a resolver.
@@ -50,20 +63,31 @@ impl CachingResolver {
         }
     }
 
-    /// Forgets every answer.
-    pub fn invalidate(&self) {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The sorted, deduplicated addresses of `host`, or why there are none.
+    /// Makes every answer due for a new lookup (last good answers are kept).
+    pub fn invalidate(&self) {
+        for e in self.cache().values_mut() {
+            e.at = Instant::now() - KEEP_LAST_GOOD - RETRY_FAILED_AFTER;
+            e.answer = Err("expired".into());
+        }
+    }
+
+    /// The sorted, deduplicated addresses of `host`, or why there are none. A lookup
+    /// that fails right after successes keeps answering the last good addresses (for up
+    /// to [`KEEP_LAST_GOOD`]): one DNS hiccup must not empty working mirrors.
     pub async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, String> {
-        if let Some(hit) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(host)
-        {
-            return hit.clone();
+        let previous = self.cache().get(host).cloned();
+        if let Some(e) = &previous {
+            let fresh = match &e.answer {
+                Ok(_) => true,
+                Err(_) => e.at.elapsed() < RETRY_FAILED_AFTER,
+            };
+            if fresh {
+                return e.answer.clone().or_else(|err| Self::fallback(e, err));
+            }
         }
         let answer = match tokio::time::timeout(LOOKUP_TIMEOUT, self.inner.lookup(host)).await {
             Ok(Ok(mut ips)) if !ips.is_empty() => {
@@ -77,11 +101,33 @@ impl CachingResolver {
                 "resolving {host} timed out after {LOOKUP_TIMEOUT:?}"
             )),
         };
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(host.to_string(), answer.clone());
-        answer
+        let now = Instant::now();
+        let last_good = match &answer {
+            Ok(ips) => Some((ips.clone(), now)),
+            Err(_) => previous.and_then(|p| p.last_good),
+        };
+        let entry = Entry {
+            answer: answer.clone(),
+            at: now,
+            last_good,
+        };
+        self.cache().insert(host.to_string(), entry.clone());
+        answer.or_else(|err| Self::fallback(&entry, err))
+    }
+
+    /// Whether the last lookup of `host` failed (the caller retries sooner).
+    pub fn failing(&self, host: &str) -> bool {
+        self.cache().get(host).is_some_and(|e| e.answer.is_err())
+    }
+
+    fn fallback(entry: &Entry, err: String) -> Result<Vec<IpAddr>, String> {
+        match &entry.last_good {
+            Some((ips, at)) if at.elapsed() < KEEP_LAST_GOOD => {
+                tracing::warn!(error = %err, "gateway hostname lookup failed; keeping its last good addresses");
+                Ok(ips.clone())
+            }
+            _ => Err(err),
+        }
     }
 }
 
@@ -117,6 +163,34 @@ mod tests {
         r.invalidate();
         r.resolve("gw").await.unwrap();
         assert_eq!(inner.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[derive(Debug, Default)]
+    struct Flaky(Mutex<Option<Vec<IpAddr>>>);
+
+    impl Resolver for Flaky {
+        fn lookup<'a>(&'a self, _host: &'a str) -> Lookup<'a> {
+            let answer = self.0.lock().unwrap().clone();
+            Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("SERVFAIL")) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_lookup_keeps_the_last_good_answer_and_a_new_one_replaces_it() {
+        let flaky = Arc::new(Flaky::default());
+        let r = CachingResolver::new(flaky.clone());
+        assert!(r.resolve("gw").await.is_err(), "never resolved: an error");
+        let one: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap()];
+        *flaky.0.lock().unwrap() = Some(one.clone());
+        r.invalidate();
+        assert_eq!(r.resolve("gw").await.unwrap(), one);
+        *flaky.0.lock().unwrap() = None;
+        r.invalidate();
+        assert_eq!(r.resolve("gw").await.unwrap(), one, "last good answer kept");
+        let two: Vec<IpAddr> = vec!["10.0.0.2".parse().unwrap()];
+        *flaky.0.lock().unwrap() = Some(two.clone());
+        r.invalidate();
+        assert_eq!(r.resolve("gw").await.unwrap(), two);
     }
 
     #[tokio::test]

@@ -15,12 +15,26 @@ pub struct Controller {
     pub child: Child,
     pub admin: String,
     pub log: PathBuf,
+    pub started: Instant,
     _dir: tempfile::TempDir,
 }
 
 impl Controller {
-    /// Starts the binary against `local` with link Secrets in `namespace`.
+    /// Starts the binary against `local` (admin credentials) with link Secrets in
+    /// `namespace`.
     pub fn spawn(local: &LocalCluster, namespace: &str, extra: &[&str]) -> Self {
+        Self::spawn_as(&local.admin_kubeconfig().path, namespace, extra, &[])
+    }
+
+    /// Starts the binary with `kubeconfig` as its only credential, link Secrets in
+    /// `namespace`, debug logs, `extra` flags and `env` variables. No `SERVICE_MIRROR_*`
+    /// nor `KUBECONFIG` comes from the test's environment: only the flags count.
+    pub fn spawn_as(
+        kubeconfig: &std::path::Path,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("controller.log");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -29,10 +43,19 @@ impl Controller {
             .unwrap()
             .port();
         let admin = format!("127.0.0.1:{port}");
-        let child = Command::new(env!("CARGO_BIN_EXE_service-mirror"))
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_service-mirror"));
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("SERVICE_MIRROR_") || k == "KUBECONFIG" {
+                cmd.env_remove(&key);
+            }
+        }
+        let child = cmd
             .arg("run")
             .arg("--kubeconfig")
-            .arg(&local.admin_kubeconfig().path)
+            .arg(kubeconfig)
             .args([
                 "--namespace",
                 namespace,
@@ -42,22 +65,47 @@ impl Controller {
                 "debug",
             ])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(
-                std::fs::File::options()
-                    .append(true)
-                    .create(true)
-                    .open(&log)
-                    .unwrap(),
-            )
+            .stdout(out)
+            .stderr(err)
             .spawn()
             .expect("spawn service-mirror run");
         Self {
             child,
             admin,
             log,
+            started: Instant::now(),
             _dir: dir,
+        }
+    }
+
+    /// The log lines containing `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits (at most `within`) for a log line containing every one of `needles`; returns
+    /// it and the time since the start of the process.
+    pub async fn wait_log(&self, needles: &[&str], within: Duration) -> (String, Duration) {
+        loop {
+            if let Some(line) = self
+                .log_text()
+                .lines()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+            {
+                return (line.to_string(), self.started.elapsed());
+            }
+            assert!(
+                self.started.elapsed() < within,
+                "no log line with {needles:?} within {within:?}; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
+use local_cluster::{Kubeconfig, LocalCluster, shared_cluster, unique_namespace};
 use service_mirror::core::{Link, NamespaceFilter};
 use service_mirror::watcher::{ClusterWatcher, WatcherOptions};
 use std::collections::BTreeMap;
@@ -90,6 +90,12 @@ impl Env {
     pub fn watch_with(&self, opts: WatcherOptions) -> ClusterWatcher {
         ClusterWatcher::start(self.lc.clone(), self.rc.clone(), self.link(), opts)
             .expect("start watcher")
+    }
+
+    /// A watcher of this world's link that uses the given clients (a limited local
+    /// identity, a remote reached through a proxy, ...).
+    pub fn watch_clients(&self, local: Client, remote: Client) -> ClusterWatcher {
+        ClusterWatcher::start(local, remote, self.link(), self.options()).expect("start watcher")
     }
 
     pub fn remote_services(&self) -> Api<Service> {
@@ -317,6 +323,88 @@ pub async fn set_ingress(client: &Client, ns: &str, name: &str, ingress: &[&str]
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
+}
+
+/// RBAC rules for [`sa_kubeconfig`]: (resources, verbs) pairs. A resource is `plural` in
+/// the core group or `plural.group` (`events.events.k8s.io`).
+pub type Rules<'a> = &'a [(&'a [&'a str], &'a [&'a str])];
+
+/// Field manager of the RBAC objects written by [`sa_kubeconfig`].
+const RBAC_MANAGER: &str = "service-mirror-tests";
+
+/// A token kubeconfig on `cluster` for ServiceAccount `ns/sa` (both created if absent)
+/// that may do exactly `rules`, cluster-wide: a ClusterRole and ClusterRoleBinding named
+/// `sm-test-<ns>-<sa>`, server-side applied, so calling it again with other rules
+/// changes what the same identity may do (existing clients included, within moments).
+pub async fn sa_kubeconfig(
+    cluster: &LocalCluster,
+    ns: &str,
+    sa: &str,
+    rules: Rules<'_>,
+) -> Kubeconfig {
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
+    };
+    let admin = cluster.client().await.unwrap();
+    let name = format!("sm-test-{ns}-{sa}");
+    let rules = rules
+        .iter()
+        .flat_map(|(resources, verbs)| {
+            resources.iter().map(move |r| {
+                let (resource, group) = r.split_once('.').unwrap_or((r, ""));
+                PolicyRule {
+                    api_groups: Some(vec![group.to_string()]),
+                    resources: Some(vec![resource.to_string()]),
+                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                    ..Default::default()
+                }
+            })
+        })
+        .collect();
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(rules),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: sa.into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        }]),
+    };
+    let pp = PatchParams::apply(RBAC_MANAGER).force();
+    Api::<ClusterRole>::all(admin.clone())
+        .patch(&name, &pp, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(admin)
+        .patch(&name, &pp, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+    cluster.service_account_kubeconfig(ns, sa).await.unwrap()
+}
+
+/// A client of [`sa_kubeconfig`].
+pub async fn sa_client(cluster: &LocalCluster, ns: &str, sa: &str, rules: Rules<'_>) -> Client {
+    sa_kubeconfig(cluster, ns, sa, rules)
+        .await
+        .client()
+        .await
+        .unwrap()
 }
 
 /// Polls `f` every 100 ms until it returns Some, or panics after [`CONVERGE`].

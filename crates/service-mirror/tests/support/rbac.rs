@@ -5,9 +5,6 @@
 
 use super::controller::service_mirror;
 use local_cluster::{Kubeconfig, LocalCluster, apply_yaml, parse_documents};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// Name of the controller's ServiceAccount in the install manifests.
 pub const SERVICE_ACCOUNT: &str = "service-mirror";
@@ -45,143 +42,8 @@ pub async fn install(
         .expect("token of the controller's ServiceAccount")
 }
 
-/// A `service-mirror run` process using `kubeconfig`; killed on drop.
-pub struct RunningController {
-    pub child: Child,
-    pub admin: String,
-    pub log: PathBuf,
-    pub started: Instant,
-    _dir: tempfile::TempDir,
-}
-
-impl RunningController {
-    /// Starts the binary with `kubeconfig` as its only credential, link Secrets in
-    /// `namespace`, debug logs, plus `extra` flags.
-    pub fn spawn(kubeconfig: &Path, namespace: &str, extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("controller.log");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let admin = format!("127.0.0.1:{port}");
-        let out = std::fs::File::create(&log).unwrap();
-        let err = out.try_clone().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_service-mirror"));
-        // Only the flags count: no SERVICE_MIRROR_* nor KUBECONFIG from the environment.
-        for (key, _) in std::env::vars_os() {
-            let k = key.to_string_lossy();
-            if k.starts_with("SERVICE_MIRROR_") || k == "KUBECONFIG" {
-                cmd.env_remove(&key);
-            }
-        }
-        let child = cmd
-            .arg("run")
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args([
-                "--namespace",
-                namespace,
-                "--metrics-addr",
-                &admin,
-                "--log-level",
-                "debug",
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn service-mirror run");
-        Self {
-            child,
-            admin,
-            log,
-            started: Instant::now(),
-            _dir: dir,
-        }
-    }
-
-    /// Everything the process logged.
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The log lines containing `needle`.
-    pub fn log_lines(&self, needle: &str) -> Vec<String> {
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// Waits (at most `within`) for a log line containing every one of `needles`; returns
-    /// it and the time since the start of the process.
-    pub async fn wait_log(&self, needles: &[&str], within: Duration) -> (String, Duration) {
-        loop {
-            if let Some(line) = self
-                .log_text()
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-            {
-                return (line.to_string(), self.started.elapsed());
-            }
-            assert!(
-                self.started.elapsed() < within,
-                "no log line with {needles:?} within {within:?}; log:\n{}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// GET on the admin server: (status, body).
-    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.admin).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await.ok()?;
-        let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Some((status, body))
-    }
-
-    /// Waits until `/ready` answers 200.
-    pub async fn wait_ready(&self) {
-        let start = Instant::now();
-        loop {
-            if let Some((200, _)) = self.get("/ready").await {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "controller not ready; log:\n{}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Whether the process still runs.
-    pub fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for RunningController {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The controller process wrapper, shared with the other tests.
+pub use super::controller::Controller as RunningController;
 
 /// Removes `verb` on `group`/`resource` from the rules of the `kind` (`ClusterRole` or
 /// `Role`) in `docs`, keeping every other verb and resource of the rule that held it.

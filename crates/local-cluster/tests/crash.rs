@@ -1,0 +1,161 @@
+//! A process that started clusters and dies with SIGKILL leaves no etcd or kube-apiserver
+//! behind, and its working directory is swept by the next start.
+
+use local_cluster::LocalCluster;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Kills the child on drop, so a failing test leaves nothing running.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// State letter and start time (clock ticks after boot) of `pid`, from /proc/<pid>/stat;
+/// `None` once the process is reaped.
+fn stat(pid: u32) -> Option<(char, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ...`: comm may hold spaces and parentheses, so split at the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    // Field 22 of stat is starttime; `fields` starts at field 3.
+    let start = fields.get(22 - 3)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// Whether the process that had start time `start` under `pid` is gone: reaped, a zombie
+/// (dead, waiting for init to reap it) or the pid reused by another process.
+fn gone(pid: u32, start: u64) -> bool {
+    match stat(pid) {
+        None => true,
+        Some((state, s)) => s != start || matches!(state, 'Z' | 'X' | 'x'),
+    }
+}
+
+/// The cluster's lines printed by the `local-cluster` binary.
+#[derive(Debug, Default)]
+struct Printed {
+    dir: Option<PathBuf>,
+    etcd: Option<u32>,
+    apiserver: Option<u32>,
+}
+
+fn parse_pids(line: &str, printed: &mut Printed) {
+    for word in line.trim().trim_start_matches("pids:").split_whitespace() {
+        match word.split_once('=') {
+            Some(("etcd", p)) => printed.etcd = p.parse().ok(),
+            Some(("kube-apiserver", p)) => printed.apiserver = p.parse().ok(),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn sigkilled_owner_leaves_no_control_plane_and_its_directory_is_swept() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local-cluster"))
+        .arg("k9")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the local-cluster binary");
+    let stdout = child.stdout.take().unwrap();
+    let mut guard = Guard(child);
+
+    // Read its output on a thread until it printed the pids line.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut printed = Printed::default();
+    let mut output = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while printed.apiserver.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|e| {
+            panic!("no pids line ({e}); output so far:\n{}", output.join("\n"))
+        });
+        if let Some(dir) = line.trim().strip_prefix("dir: ") {
+            printed.dir = Some(PathBuf::from(dir));
+        }
+        if line.trim().starts_with("pids:") {
+            parse_pids(&line, &mut printed);
+        }
+        output.push(line);
+    }
+    assert!(
+        output[0].starts_with("k9: ready in "),
+        "the first line is unchanged: {output:?}"
+    );
+    let dir = printed.dir.expect("a dir line before the pids line");
+    let pids = [
+        printed.etcd.expect("etcd pid"),
+        printed.apiserver.expect("kube-apiserver pid"),
+    ];
+    let starts: Vec<u64> = pids
+        .iter()
+        .map(|&p| {
+            let (state, start) = stat(p).unwrap_or_else(|| panic!("pid {p} runs"));
+            assert!(!matches!(state, 'Z' | 'X'), "pid {p} is alive: {state}");
+            start
+        })
+        .collect();
+    assert!(
+        dir.is_dir(),
+        "{} exists while the owner runs",
+        dir.display()
+    );
+
+    // SIGKILL: no handler, no destructor, no atexit runs in the owner.
+    let owner = guard.0.id();
+    // SAFETY: signalling our own child.
+    assert_eq!(
+        unsafe { libc::kill(owner as libc::pid_t, libc::SIGKILL) },
+        0
+    );
+    let killed = Instant::now();
+    let status = guard.0.wait().unwrap();
+    assert!(!status.success());
+    for (&pid, &start) in pids.iter().zip(&starts) {
+        while !gone(pid, start) && killed.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            gone(pid, start),
+            "pid {pid} still runs {:?} after its owner was killed: {:?}",
+            killed.elapsed(),
+            stat(pid)
+        );
+    }
+    eprintln!(
+        "etcd and kube-apiserver gone {:?} after SIGKILL",
+        killed.elapsed()
+    );
+    assert!(
+        dir.is_dir(),
+        "nobody cleaned up after SIGKILL: {} is left",
+        dir.display()
+    );
+    assert!(
+        !Path::new(&format!("/proc/{owner}")).exists(),
+        "owner reaped"
+    );
+
+    // The next start (of any process) removes the directories of dead owners.
+    let next = LocalCluster::start("sweeper").await.unwrap();
+    assert!(!dir.exists(), "{} swept by the next start", dir.display());
+    drop(next);
+}

@@ -1,0 +1,89 @@
+//! Leader election on a `coordination.k8s.io` Lease: every replica keeps warm caches,
+//! only the holder writes.
+
+use crate::metrics::Metrics;
+use kube_lease_manager::LeaseManagerBuilder;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Where and how to hold the lease.
+#[derive(Debug, Clone)]
+pub struct LeaderOptions {
+    /// Namespace of the Lease (the controller's own).
+    pub namespace: String,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// This replica's identity (the pod name in a cluster).
+    pub identity: String,
+    /// How long a lease lasts without renewal: the longest a dead leader blocks writes.
+    pub duration: Duration,
+}
+
+/// This replica's identity: `$POD_NAME`, else host name and process id.
+pub fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        })
+}
+
+/// Starts campaigning. The receiver says whether this replica leads now; the task ends
+/// (releasing the lease so another replica takes over at once) when `shutdown` fires.
+pub fn elect(
+    client: kube::Client,
+    opts: LeaderOptions,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> (watch::Receiver<bool>, JoinHandle<()>) {
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let secs = opts.duration.as_secs().max(2);
+        let mut delay = Duration::from_secs(1);
+        let manager = loop {
+            let built = LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
+                .with_namespace(&opts.namespace)
+                .with_identity(&opts.identity)
+                .with_duration(secs)
+                .with_grace((secs / 3).max(1))
+                .with_field_manager(format!("service-mirror-{}", opts.identity))
+                .build()
+                .await;
+            match built {
+                Ok(m) => break m,
+                Err(e) => {
+                    tracing::error!(lease = %opts.lease_name, namespace = %opts.namespace, error = %e, "cannot use the leader-election Lease; not writing until it works");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        };
+        let (mut lease, handle) = manager.watch().await;
+        loop {
+            let leading = *lease.borrow_and_update();
+            if *tx.borrow() != leading {
+                tracing::info!(identity = %opts.identity, leading, "leadership changed");
+                metrics.leader.set(leading as i64);
+                tx.send_replace(leading);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                changed = lease.changed() => if changed.is_err() { break },
+            }
+        }
+        tx.send_replace(false);
+        metrics.leader.set(0);
+        // Dropping the last receiver makes the lease manager release the lease.
+        drop(lease);
+        let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+    });
+    (rx, task)
+}
