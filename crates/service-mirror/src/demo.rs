@@ -419,7 +419,8 @@ async fn table(local: &Client) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Narrates a step, waits (up to 30 s) until the local table satisfies `done`, prints it.
+/// Narrates a step and prints the local table live, each time it changes, until it
+/// satisfies `done` (at most 30 s).
 async fn step(
     local: &Client,
     narration: &str,
@@ -427,13 +428,32 @@ async fn step(
 ) -> anyhow::Result<()> {
     println!("\n> {narration}");
     let start = Instant::now();
-    let rows = loop {
+    let mut shown = String::new();
+    loop {
         let rows = table(local).await?;
-        if done(&rows) || start.elapsed() > Duration::from_secs(30) {
-            break rows;
+        let rendered = render(&rows);
+        let finished = done(&rows);
+        if rendered != shown {
+            // Intermediate states are shown as they happen, marked with their time.
+            if !finished {
+                println!("  [{:>6.1?}]", start.elapsed());
+            }
+            print!("{rendered}");
+            shown = rendered;
         }
+        if finished {
+            println!("  (converged in {:.1?})", start.elapsed());
+            return Ok(());
+        }
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "the mirror did not converge within 30 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    }
+}
+
+fn render(rows: &[Row]) -> String {
     let h = [
         "CLUSTER",
         "NAMESPACE",
@@ -442,17 +462,15 @@ async fn step(
         "ENDPOINTS",
         "STATE",
     ];
-    println!(
-        "  {:<7} {:<9} {:<9} {:<16} {:<42} {}",
+    let mut out = format!(
+        "  {:<7} {:<9} {:<9} {:<16} {:<42} {}\n",
         h[0], h[1], h[2], h[3], h[4], h[5]
     );
-    for r in &rows {
-        println!(
-            "  {:<7} {:<9} {:<9} {:<16} {:<42} {}",
+    for r in rows {
+        out += &format!(
+            "  {:<7} {:<9} {:<9} {:<16} {:<42} {}\n",
             r.cluster, NS, r.remote, r.mirror, r.endpoints, r.state
         );
     }
-    println!("  (converged in {:.1?})", start.elapsed());
-    anyhow::ensure!(done(&rows), "the mirror did not converge within 30 s");
-    Ok(())
+    out
 }

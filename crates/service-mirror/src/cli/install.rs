@@ -350,11 +350,6 @@ pub fn run(args: InstallArgs) -> anyhow::Result<()> {
         "invalid image {:?}",
         args.image
     );
-    if args.ha {
-        eprintln!(
-            "note: --ha runs 3 replicas; until leader election is implemented every replica mirrors (writes are safe: they carry preconditions, conflicts are retried)"
-        );
-    }
     print_documents(
         &install_manifests(&args.namespace, args.ha, &args.image),
         args.output,
