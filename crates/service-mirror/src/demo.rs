@@ -466,6 +466,9 @@ fn render(rows: &[Row]) -> String {
         "  {:<7} {:<9} {:<9} {:<16} {:<42} {}\n",
         h[0], h[1], h[2], h[3], h[4], h[5]
     );
+    if rows.is_empty() {
+        out += "  (no mirror yet)\n";
+    }
     for r in rows {
         out += &format!(
             "  {:<7} {:<9} {:<9} {:<16} {:<42} {}\n",

@@ -104,6 +104,27 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         .as_deref()
         .filter(|_| inner.opts.namespaces.allows(&key.namespace))
         .and_then(|svc| exported_gateway(svc).map(|gw| (svc, gw)));
+    if let Some((svc, _)) = &exported
+        && svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .is_none_or(|p| p.is_empty())
+    {
+        // A Service without ports cannot be mirrored (a ClusterIP Service needs one).
+        // Refuse it visibly and touch nothing: an existing mirror stays as it was.
+        tracing::warn!(cluster = %inner.link.cluster_name, %key, "exported service has no ports; not mirrored");
+        inner
+            .opts
+            .metrics
+            .reconcile_errors
+            .get_or_create(&crate::metrics::ErrorLabels {
+                cluster: inner.link.cluster_name.clone(),
+                kind: "unmirrorable".into(),
+            })
+            .inc();
+        return Ok(Outcome::Done);
+    }
     let desired = match exported {
         Some((svc, gw)) => {
             let resolved = resolve_gateway(inner, key, &gw).await;
