@@ -9,7 +9,6 @@ mod support;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use local_cluster::{LocalCluster, apply_yaml, client_from_yaml, shared_cluster, unique_namespace};
 use rbac_support::{
@@ -100,29 +99,6 @@ async fn link(env: &Env, ctl_ns: &str, drop_verb: Option<&str>) -> String {
         .await
         .expect("apply the link Secret");
     secret.metadata.name.unwrap()
-}
-
-async fn events_on(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String)> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect()
-}
-
-async fn wait_event(client: &kube::Client, ns: &str, name: &str, reason: &str) -> String {
-    eventually(&format!("event {reason} on {ns}/{name}"), || async {
-        events_on(client, ns, name)
-            .await
-            .into_iter()
-            .find(|(r, _)| r == reason)
-            .map(|(_, n)| n)
-    })
-    .await
 }
 
 /// Users who made successful write requests to Services and Endpoints of `ns` (other

@@ -3,7 +3,6 @@
 mod support;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
 use std::sync::Arc;
@@ -29,29 +28,6 @@ async fn controller(local: &LocalCluster, mirror_ns: &[&str]) -> (String, Contro
         ],
     );
     (ns, c)
-}
-
-async fn events_for(client: &kube::Client, ns: &str, secret: &str) -> Vec<(String, String)> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(secret))
-        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect()
-}
-
-async fn wait_event(client: &kube::Client, ns: &str, secret: &str, reason: &str) -> String {
-    eventually(&format!("event {reason} on {secret}"), || async {
-        events_for(client, ns, secret)
-            .await
-            .into_iter()
-            .find(|(r, _)| r == reason)
-            .map(|(_, n)| n)
-    })
-    .await
 }
 
 fn uids(svcs: &[Service]) -> Vec<(String, String)> {

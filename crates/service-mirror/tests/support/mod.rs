@@ -459,3 +459,28 @@ pub fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
 pub fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
+
+/// (reason, note) of every Event in `ns` about the object named `name`.
+pub async fn events_on(client: &Client, ns: &str, name: &str) -> Vec<(String, String)> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+/// Waits for an Event with `reason` about `ns/name`; returns its note.
+pub async fn wait_event(client: &Client, ns: &str, name: &str, reason: &str) -> String {
+    eventually(&format!("event {reason} on {ns}/{name}"), || async {
+        events_on(client, ns, name)
+            .await
+            .into_iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, n)| n)
+    })
+    .await
+}
