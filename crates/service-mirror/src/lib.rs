@@ -10,6 +10,7 @@ pub mod cli;
 pub mod core;
 pub mod demo;
 pub mod error;
+pub mod invariants;
 pub mod leader;
 pub mod links;
 pub mod metrics;

@@ -1,0 +1,601 @@
+//! The invariant checker: what the local cluster must look like, given the remote
+//! clusters, once the world has converged. Used by the chaos suite, benchmarks and the
+//! demo.
+//!
+//! Invariants:
+//! 1. the local mirrors are exactly the mirrors of the exported Services (allowed
+//!    namespaces) of every linked cluster, each equal on every owned field (labels,
+//!    annotations, ports, gateway endpoints) to what the pure core computes;
+//! 2. no mirror of an unlinked cluster exists;
+//! 3. no object labelled as a mirror exists outside the allowed namespaces;
+//! 4. no non-owned Service, Endpoints or Namespace changed or disappeared since a
+//!    [`Baseline`] was taken (except `default/kubernetes`, which the apiserver itself
+//!    rewrites).
+//!
+//! Gateway liveness (probes) is not modelled: every resolved gateway counts as alive.
+//! Hostname ingress entries are not resolved: only IP entries count.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::api::{Api, ListParams};
+
+use crate::core::labels::{CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE};
+use crate::core::{
+    DesiredMirror, Link, NamespaceFilter, ResolvedGateway, desired_mirror, endpoints_update,
+    exported_gateway, gateway_spec, is_owned, service_update,
+};
+
+/// One linked remote cluster, as the checker sees it.
+#[derive(Clone)]
+pub struct Remote {
+    /// The link's cluster name.
+    pub cluster: String,
+    /// The remote cluster domain (`None`: `cluster.local`).
+    pub domain: Option<String>,
+    /// A client that may list Services in every namespace of the remote.
+    pub client: Client,
+}
+
+/// The clusters to check.
+#[derive(Clone)]
+pub struct World {
+    /// The local cluster (must list Services, Endpoints and Namespaces).
+    pub local: Client,
+    /// Every linked remote cluster; a mirror of any other cluster is a violation.
+    pub remotes: Vec<Remote>,
+    /// The controller's namespace filter (`--namespace-allow`/`--namespace-deny`).
+    pub namespaces: NamespaceFilter,
+    /// The controller's namespace (recorded on mirrors), if links come from Secrets.
+    pub controller_namespace: Option<String>,
+}
+
+/// Object kinds the checker looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A Service.
+    Service,
+    /// An Endpoints object.
+    Endpoints,
+    /// A Namespace.
+    Namespace,
+}
+
+/// `namespace/name` (namespace empty for a Namespace).
+pub type Key = (String, String);
+
+/// One broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Violation {
+    /// An exported remote Service has no (owned) mirror object.
+    Missing(Kind, Key),
+    /// A mirror object exists that no exported Service of a linked cluster explains.
+    Extra(Kind, Key, String),
+    /// A mirror object differs from the desired one on an owned field.
+    Differs(Kind, Key),
+    /// A mirror object in a namespace outside the filter.
+    OutsideRemit(Kind, Key),
+    /// A non-owned object changed (resourceVersion before, after) or was deleted.
+    ForeignChanged(Kind, Key, String, Option<String>),
+    /// The checker could not read a cluster.
+    Unreadable(String),
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = |(ns, n): &Key| {
+            if ns.is_empty() {
+                n.clone()
+            } else {
+                format!("{ns}/{n}")
+            }
+        };
+        match self {
+            Self::Missing(k, o) => write!(f, "missing mirror {k:?} {}", key(o)),
+            Self::Extra(k, o, why) => write!(f, "extra mirror {k:?} {} ({why})", key(o)),
+            Self::Differs(k, o) => write!(f, "mirror {k:?} {} differs from desired", key(o)),
+            Self::OutsideRemit(k, o) => {
+                write!(f, "mirror {k:?} {} outside the allowed namespaces", key(o))
+            }
+            Self::ForeignChanged(k, o, before, after) => write!(
+                f,
+                "non-owned {k:?} {} changed: resourceVersion {before} -> {}",
+                key(o),
+                after.as_deref().unwrap_or("deleted")
+            ),
+            Self::Unreadable(e) => write!(f, "cannot read a cluster: {e}"),
+        }
+    }
+}
+
+fn key_of(meta: &ObjectMeta) -> Key {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn labelled_mirror(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(MIRRORED_SERVICE_LABEL))
+        .map(String::as_str)
+        == Some(MIRRORED_SERVICE_VALUE)
+}
+
+fn cluster_label(meta: &ObjectMeta) -> Option<&str> {
+    meta.labels
+        .as_ref()?
+        .get(CLUSTER_NAME_LABEL)
+        .map(String::as_str)
+}
+
+/// Objects the apiserver itself rewrites (not ours to guard).
+fn apiserver_managed(kind: Kind, key: &Key) -> bool {
+    kind != Kind::Namespace && key.0 == "default" && key.1 == "kubernetes"
+}
+
+/// resourceVersions of the non-owned local objects, taken before the faults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Baseline {
+    /// (kind, key) → resourceVersion.
+    pub objects: BTreeMap<(Kind, Key), String>,
+}
+
+/// Every Service, Endpoints and Namespace of a cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Services.
+    pub services: Vec<Service>,
+    /// Endpoints.
+    pub endpoints: Vec<Endpoints>,
+    /// Namespaces.
+    pub namespaces: Vec<Namespace>,
+}
+
+impl Snapshot {
+    /// Lists everything from `client`.
+    pub async fn take(client: &Client) -> Result<Self, kube::Error> {
+        let lp = ListParams::default();
+        Ok(Self {
+            services: Api::<Service>::all(client.clone()).list(&lp).await?.items,
+            endpoints: Api::<Endpoints>::all(client.clone()).list(&lp).await?.items,
+            namespaces: Api::<Namespace>::all(client.clone()).list(&lp).await?.items,
+        })
+    }
+
+    fn metas(&self) -> impl Iterator<Item = (Kind, &ObjectMeta)> {
+        self.services
+            .iter()
+            .map(|s| (Kind::Service, &s.metadata))
+            .chain(
+                self.endpoints
+                    .iter()
+                    .map(|e| (Kind::Endpoints, &e.metadata)),
+            )
+            .chain(
+                self.namespaces
+                    .iter()
+                    .map(|n| (Kind::Namespace, &n.metadata)),
+            )
+    }
+}
+
+impl Baseline {
+    /// The resourceVersions of every non-owned object of `snapshot`.
+    pub fn of(snapshot: &Snapshot) -> Self {
+        let objects = snapshot
+            .metas()
+            .filter(|(_, m)| !labelled_mirror(m))
+            .map(|(k, m)| {
+                (
+                    (k, key_of(m)),
+                    m.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .filter(|((k, key), _)| !apiserver_managed(*k, key))
+            .collect();
+        Self { objects }
+    }
+
+    /// Lists the local cluster and records its non-owned objects.
+    pub async fn capture(local: &Client) -> Result<Self, kube::Error> {
+        Ok(Self::of(&Snapshot::take(local).await?))
+    }
+
+    /// Non-owned objects changed or deleted since the baseline.
+    pub fn changes(&self, now: &Snapshot) -> Vec<Violation> {
+        let current: BTreeMap<(Kind, Key), String> = now
+            .metas()
+            .map(|(k, m)| {
+                (
+                    (k, key_of(m)),
+                    m.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        self.objects
+            .iter()
+            .filter_map(
+                |((kind, key), rv)| match current.get(&(*kind, key.clone())) {
+                    Some(now) if now == rv => None,
+                    after => Some(Violation::ForeignChanged(
+                        *kind,
+                        key.clone(),
+                        rv.clone(),
+                        after.cloned(),
+                    )),
+                },
+            )
+            .collect()
+    }
+}
+
+/// An exported Service without ports: refused (a ClusterIP Service needs a port); the
+/// controller creates no mirror and leaves an existing one as it was.
+fn unmirrorable(svc: &Service) -> bool {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .is_none_or(|p| p.is_empty())
+}
+
+/// Local mirror names of exported but portless remote Services: no invariant holds
+/// for them either way.
+pub fn tolerated_of(
+    remote_services: &[Service],
+    link: &Link,
+    namespaces: &NamespaceFilter,
+) -> BTreeSet<Key> {
+    remote_services
+        .iter()
+        .filter(|s| namespaces.allows(s.metadata.namespace.as_deref().unwrap_or_default()))
+        .filter(|s| exported_gateway(s).is_some() && unmirrorable(s))
+        .map(|s| {
+            (
+                s.metadata.namespace.clone().unwrap_or_default(),
+                crate::core::mirror_name(
+                    s.metadata.name.as_deref().unwrap_or_default(),
+                    &link.cluster_name,
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The desired mirrors of one remote cluster, from a list of all its Services.
+pub fn desired_of(
+    remote_services: &[Service],
+    link: &Link,
+    namespaces: &NamespaceFilter,
+) -> BTreeMap<Key, DesiredMirror> {
+    let by_key: BTreeMap<Key, &Service> = remote_services
+        .iter()
+        .map(|s| (key_of(&s.metadata), s))
+        .collect();
+    let mut out = BTreeMap::new();
+    for svc in remote_services {
+        let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
+        if !namespaces.allows(ns) {
+            continue;
+        }
+        let Some(gw) = exported_gateway(svc) else {
+            continue;
+        };
+        if unmirrorable(svc) {
+            continue;
+        }
+        let resolved: Option<ResolvedGateway> = by_key
+            .get(&(gw.namespace.clone(), gw.name.clone()))
+            .and_then(|g| gateway_spec(g).ok())
+            .map(|spec| spec.into_resolved(std::iter::empty()));
+        let mirror = desired_mirror(svc, link, &gw, resolved.as_ref());
+        out.insert(key_of(&mirror.service.metadata), mirror);
+    }
+    out
+}
+
+/// Compares the desired mirrors of every linked cluster (`desired`: cluster →
+/// mirrors) with the local objects.
+pub fn compare(
+    desired: &BTreeMap<String, BTreeMap<Key, DesiredMirror>>,
+    local: &Snapshot,
+    namespaces: &NamespaceFilter,
+    tolerated: &BTreeSet<Key>,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut wanted: BTreeMap<Key, (&str, &DesiredMirror)> = BTreeMap::new();
+    for (cluster, mirrors) in desired {
+        for (key, m) in mirrors {
+            wanted.insert(key.clone(), (cluster.as_str(), m));
+        }
+    }
+    let mut seen: BTreeSet<(Kind, Key)> = BTreeSet::new();
+    let metas_and_diff = local
+        .services
+        .iter()
+        .map(|s| {
+            (Kind::Service, &s.metadata, {
+                let s = s.clone();
+                Box::new(move |d: &DesiredMirror| service_update(&s, &d.service).is_some())
+                    as Box<dyn Fn(&DesiredMirror) -> bool>
+            })
+        })
+        .chain(local.endpoints.iter().map(|e| {
+            (Kind::Endpoints, &e.metadata, {
+                let e = e.clone();
+                Box::new(move |d: &DesiredMirror| endpoints_update(&e, &d.endpoints).is_some())
+                    as Box<dyn Fn(&DesiredMirror) -> bool>
+            })
+        }));
+    for (kind, meta, differs) in metas_and_diff {
+        if !labelled_mirror(meta) {
+            continue;
+        }
+        let key = key_of(meta);
+        if !namespaces.allows(&key.0) {
+            out.push(Violation::OutsideRemit(kind, key.clone()));
+        }
+        let cluster = cluster_label(meta).unwrap_or_default();
+        match wanted.get(&key) {
+            Some((c, d)) if *c == cluster && is_owned(meta, c) => {
+                seen.insert((kind, key.clone()));
+                if differs(d) {
+                    out.push(Violation::Differs(kind, key));
+                }
+            }
+            _ if tolerated.contains(&key) && namespaces.allows(&key.0) => {}
+            _ => {
+                let why = if desired.contains_key(cluster) {
+                    "no exported remote Service".to_owned()
+                } else {
+                    format!("cluster {cluster:?} is not linked")
+                };
+                out.push(Violation::Extra(kind, key, why));
+            }
+        }
+    }
+    for key in wanted.keys() {
+        for kind in [Kind::Service, Kind::Endpoints] {
+            if !seen.contains(&(kind, key.clone())) {
+                out.push(Violation::Missing(kind, key.clone()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every violated invariant of `world` now (empty: converged and correct).
+pub async fn check(world: &World, baseline: &Baseline) -> Vec<Violation> {
+    let mut desired = BTreeMap::new();
+    let mut tolerated = BTreeSet::new();
+    for r in &world.remotes {
+        let services = match Api::<Service>::all(r.client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(l) => l.items,
+            Err(e) => return vec![Violation::Unreadable(format!("remote {}: {e}", r.cluster))],
+        };
+        let mut link = Link::new(r.cluster.clone(), r.domain.as_deref());
+        if let Some(ns) = &world.controller_namespace {
+            link = link.with_controller_namespace(ns.clone());
+        }
+        tolerated.extend(tolerated_of(&services, &link, &world.namespaces));
+        desired.insert(
+            r.cluster.clone(),
+            desired_of(&services, &link, &world.namespaces),
+        );
+    }
+    let local = match Snapshot::take(&world.local).await {
+        Ok(s) => s,
+        Err(e) => return vec![Violation::Unreadable(format!("local: {e}"))],
+    };
+    let mut out = compare(&desired, &local, &world.namespaces, &tolerated);
+    out.extend(baseline.changes(&local));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        LoadBalancerIngress, LoadBalancerStatus, ServicePort, ServiceSpec, ServiceStatus,
+    };
+
+    fn svc(ns: &str, name: &str, annotations: &[(&str, &str)], rv: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                resource_version: Some(rv.into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    port: 80,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn gateway(ip: &str) -> Service {
+        let mut g = svc("a", "gw", &[], "7");
+        g.spec.as_mut().unwrap().ports = Some(vec![ServicePort {
+            name: Some("mc-gateway".into()),
+            port: 4143,
+            ..Default::default()
+        }]);
+        g.status = Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(vec![LoadBalancerIngress {
+                    ip: Some(ip.into()),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        });
+        g
+    }
+
+    const GW: [(&str, &str); 2] = [
+        ("mirror.linkerd.io/gateway-name", "gw"),
+        ("mirror.linkerd.io/gateway-ns", "a"),
+    ];
+
+    fn world() -> (Vec<Service>, NamespaceFilter, Link) {
+        let remote = vec![
+            gateway("192.0.2.1"),
+            svc("a", "web", &GW, "10"),
+            svc("a", "plain", &[], "11"),
+            svc("denied", "web", &GW, "12"),
+        ];
+        (
+            remote,
+            NamespaceFilter::allow_only(["a"]),
+            Link::new("east", None),
+        )
+    }
+
+    fn local_of(desired: &BTreeMap<Key, DesiredMirror>) -> Snapshot {
+        Snapshot {
+            services: desired.values().map(|m| m.service.clone()).collect(),
+            endpoints: desired.values().map(|m| m.endpoints.clone()).collect(),
+            namespaces: vec![],
+        }
+    }
+
+    #[test]
+    fn desired_only_exported_in_allowed_namespaces() {
+        let (remote, filter, link) = world();
+        let d = desired_of(&remote, &link, &filter);
+        assert_eq!(
+            d.keys().cloned().collect::<Vec<_>>(),
+            vec![("a".to_string(), "web-east".to_string())]
+        );
+        let ep = &d.values().next().unwrap().endpoints;
+        assert_eq!(
+            ep.subsets.as_ref().unwrap()[0].addresses.as_ref().unwrap()[0].ip,
+            "192.0.2.1"
+        );
+    }
+
+    #[test]
+    fn exact_mirrors_pass_and_every_deviation_is_reported() {
+        let (remote, filter, link) = world();
+        let d = desired_of(&remote, &link, &filter);
+        let all = BTreeMap::from([("east".to_string(), d.clone())]);
+        let good = local_of(&d);
+        assert_eq!(compare(&all, &good, &filter, &BTreeSet::new()), vec![]);
+
+        let k = ("a".to_string(), "web-east".to_string());
+        // Missing endpoints.
+        let mut s = good.clone();
+        s.endpoints.clear();
+        assert_eq!(
+            compare(&all, &s, &filter, &BTreeSet::new()),
+            vec![Violation::Missing(Kind::Endpoints, k.clone())]
+        );
+        // Edited ports.
+        let mut s = good.clone();
+        s.services[0].spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
+        assert_eq!(
+            compare(&all, &s, &filter, &BTreeSet::new()),
+            vec![Violation::Differs(Kind::Service, k.clone())]
+        );
+        // Mirrors of an unlinked cluster and outside the filter.
+        let other = desired_of(
+            &[gateway("192.0.2.2"), svc("b", "x", &GW, "3")],
+            &Link::new("west", None),
+            &NamespaceFilter::default(),
+        );
+        let mut s = good.clone();
+        s.services.extend(local_of(&other).services);
+        let v = compare(&all, &s, &filter, &BTreeSet::new());
+        let kb = ("b".to_string(), "x-west".to_string());
+        assert_eq!(
+            v,
+            vec![
+                Violation::Extra(
+                    Kind::Service,
+                    kb.clone(),
+                    "cluster \"west\" is not linked".into()
+                ),
+                Violation::OutsideRemit(Kind::Service, kb),
+            ]
+        );
+        // No mirror at all when none is desired.
+        let none = BTreeMap::from([("east".to_string(), BTreeMap::new())]);
+        assert!(matches!(
+            compare(&none, &good, &filter, &BTreeSet::new())[0],
+            Violation::Extra(Kind::Service, _, _)
+        ));
+    }
+
+    #[test]
+    fn a_portless_exported_service_is_tolerated_either_way() {
+        let (mut remote, filter, link) = world();
+        let before = desired_of(&remote, &link, &filter);
+        remote[1].spec.as_mut().unwrap().ports = None;
+        assert!(desired_of(&remote, &link, &filter).is_empty());
+        let tolerated = tolerated_of(&remote, &link, &filter);
+        let none = BTreeMap::from([("east".to_string(), BTreeMap::new())]);
+        assert_eq!(
+            compare(&none, &local_of(&before), &filter, &tolerated),
+            vec![]
+        );
+        assert_eq!(
+            compare(&none, &Snapshot::default(), &filter, &tolerated),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn baseline_reports_changed_and_deleted_foreign_objects_only() {
+        let (remote, filter, link) = world();
+        let mut snap = local_of(&desired_of(&remote, &link, &filter));
+        snap.services.push(svc("a", "foreign", &[], "5"));
+        snap.services.push(svc("default", "kubernetes", &[], "6"));
+        let base = Baseline::of(&snap);
+        assert_eq!(base.objects.len(), 1);
+        assert!(base.changes(&snap).is_empty());
+        let mut changed = snap.clone();
+        changed.services[1].metadata.resource_version = Some("9".into());
+        changed.services[2].metadata.resource_version = Some("9".into());
+        changed.services[0].metadata.resource_version = Some("9".into());
+        let k = ("a".to_string(), "foreign".to_string());
+        assert_eq!(
+            base.changes(&changed),
+            vec![Violation::ForeignChanged(
+                Kind::Service,
+                k.clone(),
+                "5".into(),
+                Some("9".into())
+            )]
+        );
+        changed.services.remove(1);
+        assert_eq!(
+            base.changes(&changed),
+            vec![Violation::ForeignChanged(
+                Kind::Service,
+                k,
+                "5".into(),
+                None
+            )]
+        );
+    }
+}
