@@ -231,3 +231,69 @@ fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
         (b, e) => *b = e,
     }
 }
+
+#[tokio::test]
+async fn names_that_collide_after_the_suffix_rule_are_reported_not_fought_over() {
+    // "<name>-<cluster>" is not injective across links: cluster A = "k…" exporting
+    // "web-z" and cluster B = "z-k…" exporting "web" both want "web-z-k…".
+    let env = Env::new("collide").await;
+    env.gateway("gw", 4143, &["192.0.2.1"]).await;
+    let a_cluster = format!("k{}", env.cluster.replace('-', ""));
+    let b_cluster = format!("z-{a_cluster}");
+    env.export("web-z", "gw", &[("http", 80)]).await;
+    env.export("web", "gw", &[("http", 81)]).await;
+    let taken = format!("web-{b_cluster}");
+    assert_eq!(
+        service_mirror::core::mirror_name("web-z", &a_cluster),
+        taken
+    );
+    assert_eq!(service_mirror::core::mirror_name("web", &b_cluster), taken);
+
+    let start = |cluster: &str| {
+        service_mirror::watcher::ClusterWatcher::start(
+            env.lc.clone(),
+            env.rc.clone(),
+            service_mirror::core::Link::new(cluster, None),
+            env.options(),
+        )
+        .unwrap()
+    };
+    let a = start(&a_cluster);
+    let owner = eventually("one of them holds the name", || async {
+        let s = env.local_services().get_opt(&taken).await.unwrap()?;
+        s.metadata
+            .labels
+            .as_ref()?
+            .get("mirror.linkerd.io/cluster-name")
+            .cloned()
+    })
+    .await;
+    assert_eq!(owner, a_cluster);
+    let b = start(&b_cluster);
+    let note = wait_event(&env.lc, &env.ns, &taken, "MirrorConflict").await;
+    assert!(note.contains(&b_cluster), "{note}");
+    let before = env
+        .local_services()
+        .get(&taken)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let after = env.local_services().get(&taken).await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before,
+        "the loser never writes the winner's mirror"
+    );
+    assert_eq!(
+        service_ports(&after),
+        [(Some("http".to_string()), 80)],
+        "still A's mirror"
+    );
+    assert!(
+        b.status().failing > 0,
+        "B retries (slowly) and reports, it does not give up"
+    );
+    b.stop(false).await.unwrap();
+    a.stop(true).await.unwrap();
+}
