@@ -11,6 +11,8 @@ use crate::cli::allow::{
     DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
 };
 use crate::cli::link::link_secret;
+use crate::core::NamespaceFilter;
+use crate::invariants::{Baseline, Remote as InvariantRemote, World, check};
 use crate::links::{LinkManager, LinkManagerOptions};
 use crate::watcher::{ProbeRedirect, WatcherOptions};
 use anyhow::Context;
@@ -73,6 +75,8 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         started.elapsed()
     );
     let local = west.client().await?;
+    // What the mirror must never touch: every object of west before it starts.
+    let baseline = Baseline::capture(&local).await?;
     let mut remotes = Vec::new();
     for (cluster, octet, services) in [
         (east, 10u8, &["web", "cart"][..]),
@@ -183,7 +187,32 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     )
     .await?;
 
-    println!("\nStory told in {:.1?}.", started.elapsed());
+    let world = World {
+        local: local.clone(),
+        remotes: remotes
+            .iter()
+            .map(|r| InvariantRemote {
+                cluster: r.cluster.name().to_string(),
+                domain: None,
+                client: r.client.clone(),
+            })
+            .collect(),
+        namespaces: NamespaceFilter::default(),
+        controller_namespace: Some(DEFAULT_NAMESPACE.into()),
+    };
+    let violations = check(&world, &baseline).await;
+    println!(
+        "\nInvariant check (mirrors = exported services of linked clusters, nothing foreign changed): {} violation(s).",
+        violations.len()
+    );
+    for v in &violations {
+        println!("  {v:?}");
+    }
+    anyhow::ensure!(
+        violations.is_empty(),
+        "the world does not keep its invariants"
+    );
+    println!("Story told in {:.1?}.", started.elapsed());
     if args.keep {
         println!("\nThe clusters keep running (Ctrl-C stops them and removes their files):");
         println!(
