@@ -312,21 +312,19 @@ async fn gateway_changes_update_its_mirrors_and_only_those() {
     );
 
     env.gateway("gw-1", 4999, &["192.0.2.7", "192.0.2.8"]).await;
+    let gw = env.remote_services().get("gw-1").await.unwrap();
     for s in ["one-a", "one-b"] {
-        let (svc, ep) = env
-            .mirror_until(s, "new gateway addresses and port", |_, e| {
+        // The Endpoints are written first, the Service's gateway annotation right after.
+        let (_, ep) = env
+            .mirror_until(s, "new gateway addresses, port and version", |svc, e| {
                 ips(e) == ["192.0.2.7", "192.0.2.8"]
                     && subset_ports(e) == [(Some("http".into()), 4999)]
+                    && annotation(
+                        &svc.metadata,
+                        "mirror.linkerd.io/remote-gateway-resource-version",
+                    ) == gw.metadata.resource_version.as_deref()
             })
             .await;
-        let gw = env.remote_services().get("gw-1").await.unwrap();
-        assert_eq!(
-            annotation(
-                &svc.metadata,
-                "mirror.linkerd.io/remote-gateway-resource-version"
-            ),
-            gw.metadata.resource_version.as_deref()
-        );
         assert!(has_subsets(&ep));
     }
     let (two_svc, two_ep) = env.mirror("two").await;
