@@ -29,6 +29,20 @@ pub type MirrorSelector = std::sync::Arc<dyn Fn(&kube::api::ObjectMeta) -> bool 
 /// Field manager recorded on every object this controller writes.
 pub const FIELD_MANAGER: &str = "service-mirror";
 
+/// Service creates in flight by default, across every link of a process. A Service
+/// create costs kube-apiserver time that grows with the Services it holds (its
+/// ClusterIP allocator), and it takes them fastest at about this many in flight;
+/// updates and Endpoints writes are cheap and use every worker (see BENCHMARKS.md).
+pub const SERVICE_CREATES_IN_FLIGHT: usize = 8;
+
+/// Bounds the Service creates in flight; shared by the writers of every link.
+pub type CreateLimit = Arc<tokio::sync::Semaphore>;
+
+/// A new [`CreateLimit`] of [`SERVICE_CREATES_IN_FLIGHT`] permits.
+pub fn default_create_limit() -> CreateLimit {
+    Arc::new(tokio::sync::Semaphore::new(SERVICE_CREATES_IN_FLIGHT))
+}
+
 /// Writes to the local cluster on behalf of one link.
 #[derive(Clone)]
 pub struct LocalWriter {
@@ -36,6 +50,7 @@ pub struct LocalWriter {
     cluster: String,
     recorder: Recorder,
     metrics: Arc<Metrics>,
+    service_creates: CreateLimit,
 }
 
 impl std::fmt::Debug for LocalWriter {
@@ -65,7 +80,14 @@ impl LocalWriter {
             client,
             cluster: cluster.to_string(),
             metrics,
+            service_creates: default_create_limit(),
         }
+    }
+
+    /// Shares `limit` for Service creates with other writers.
+    pub fn with_create_limit(mut self, limit: CreateLimit) -> Self {
+        self.service_creates = limit;
+        self
     }
 
     fn post_params() -> PostParams {
@@ -79,6 +101,12 @@ impl LocalWriter {
     /// the cache the plan was made from: the rest of the plan is skipped, and the watch
     /// event bringing that version queues the key again.
     pub async fn execute(&self, action: &Action) -> Result<Applied> {
+        Ok(self.execute_versioned(action).await?.0)
+    }
+
+    /// Like [`LocalWriter::execute`]; also returns, for a create or an update that was
+    /// done, the resourceVersion the apiserver gave the object.
+    pub async fn execute_versioned(&self, action: &Action) -> Result<(Applied, Option<String>)> {
         match action {
             Action::CreateService(s) => self.create(s).await,
             Action::UpdateService(s) => self.update(s).await,
@@ -89,23 +117,25 @@ impl LocalWriter {
                 name,
                 uid,
                 resource_version,
-            } => {
+            } => Ok((
                 self.delete::<Service>(namespace, name, uid, resource_version)
-                    .await
-            }
+                    .await?,
+                None,
+            )),
             Action::DeleteEndpoints {
                 namespace,
                 name,
                 uid,
                 resource_version,
-            } => {
+            } => Ok((
                 self.delete::<Endpoints>(namespace, name, uid, resource_version)
-                    .await
-            }
+                    .await?,
+                None,
+            )),
         }
     }
 
-    async fn create<K>(&self, obj: &K) -> Result<Applied>
+    async fn create<K>(&self, obj: &K) -> Result<(Applied, Option<String>)>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -116,16 +146,25 @@ impl LocalWriter {
         let ns = obj.namespace().unwrap_or_default();
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
+        // Held until the create is answered; never closed, so acquire cannot fail.
+        let _permit = match K::kind(&()) == "Service" {
+            true => self.service_creates.acquire().await.ok(),
+            false => None,
+        };
         loop {
             self.metrics.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
-                Ok(_) => return Ok(Applied::Done),
+                Ok(created) => {
+                    return Ok((Applied::Done, created.meta().resource_version.clone()));
+                }
                 // The namespace is missing: create it (labelled as ours) and try again once.
                 Err(e) if api_code(&e) == Some(404) && !created_namespace => {
                     self.ensure_namespace(&ns).await?;
                     created_namespace = true;
                 }
-                Err(e) if api_code(&e) == Some(409) => return self.on_exists(&api, obj).await,
+                Err(e) if api_code(&e) == Some(409) => {
+                    return Ok((self.on_exists(&api, obj).await?, None));
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -191,7 +230,7 @@ impl LocalWriter {
         }
     }
 
-    async fn update<K>(&self, obj: &K) -> Result<Applied>
+    async fn update<K>(&self, obj: &K) -> Result<(Applied, Option<String>)>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -209,10 +248,10 @@ impl LocalWriter {
             .replace(&obj.name_any(), &Self::post_params(), obj)
             .await
         {
-            Ok(_) => Ok(Applied::Done),
+            Ok(updated) => Ok((Applied::Done, updated.meta().resource_version.clone())),
             Err(e) if api_code(&e) == Some(409) => {
                 tracing::debug!(cluster = %self.cluster, kind = %K::kind(&()), name = %obj.name_any(), "update raced a newer version: cache behind");
-                Ok(Applied::Stale)
+                Ok((Applied::Stale, None))
             }
             Err(e) => Err(e.into()),
         }

@@ -7,6 +7,8 @@
 //! with the actual local objects from the stores, and let the writer carry out the
 //! difference. Nothing is written when nothing differs. See docs/architecture.md.
 
+mod cache;
+mod expect;
 mod index;
 mod probe;
 mod queue;
@@ -24,11 +26,12 @@ use crate::core::{
 use crate::error::{Error, Result};
 use crate::metrics::{ErrorLabels, Metrics};
 use crate::writer::LocalWriter;
+use cache::Cache;
 use futures::StreamExt;
 use index::Index;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,6 +64,8 @@ pub struct WatcherOptions {
     /// When set, the watcher writes only while this says true (leader election); caches
     /// stay warm meanwhile, and every key is looked at again when it turns true.
     pub leader: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Bounds the Service creates in flight; clones of these options share it.
+    pub create_limit: crate::writer::CreateLimit,
 }
 
 impl Default for WatcherOptions {
@@ -76,6 +81,7 @@ impl Default for WatcherOptions {
             probe_failure_threshold: 3,
             probe_redirect: None,
             leader: None,
+            create_limit: crate::writer::default_create_limit(),
         }
     }
 }
@@ -84,9 +90,9 @@ impl Default for WatcherOptions {
 struct Inner {
     link: Link,
     opts: WatcherOptions,
-    remote: Store<Service>,
-    local_services: Store<Service>,
-    local_endpoints: Store<Endpoints>,
+    remote: Cache<Service>,
+    local_services: Cache<Service>,
+    local_endpoints: Cache<Endpoints>,
     index: Mutex<Index>,
     queue: WorkQueue<ServiceKey>,
     writer: LocalWriter,
@@ -100,11 +106,24 @@ struct Inner {
     relists: AtomicU64,
     /// False while the watcher is paused (a rotated link syncing before it takes over).
     writable: tokio::sync::watch::Sender<bool>,
+    /// Keys whose Endpoints were written ahead of their Service (see reconcile), with
+    /// the resourceVersion of the Endpoints that write replaced.
+    endpoints_first: Mutex<std::collections::HashMap<ServiceKey, String>>,
+    /// Our writes the local caches have not shown yet.
+    expectations: expect::Expectations,
 }
 
 impl Inner {
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn endpoints_first(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<ServiceKey, String>> {
+        self.endpoints_first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn local_synced(&self) -> bool {
@@ -148,11 +167,48 @@ pub struct WatcherStatus {
 }
 
 fn strip<K: Resource>(obj: &mut K) {
-    // Managed fields are large and never read: keep them out of the caches.
+    // Managed fields are large and never read: keep them out of the caches. Local
+    // objects keep everything else: an update PUTs the cached object with our changes.
     obj.meta_mut().managed_fields = None;
 }
 
-fn strip_event<K: Resource>(ev: &mut watcher::Event<K>) {
+/// Prefix of every annotation the watcher reads on a remote Service (export and probe
+/// settings).
+const REMOTE_ANNOTATION_PREFIX: &str = "mirror.linkerd.io/";
+
+/// A remote Service is never written back: keep only what the core reads (name,
+/// namespace, resourceVersion, `mirror.linkerd.io/` annotations, ports, load-balancer
+/// status), so a large remote costs little memory.
+fn strip_remote(svc: &mut Service) {
+    use k8s_openapi::api::core::v1::{ServiceSpec, ServiceStatus};
+    use kube::api::ObjectMeta;
+    let meta = std::mem::take(&mut svc.metadata);
+    svc.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        resource_version: meta.resource_version,
+        annotations: meta.annotations.map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k.starts_with(REMOTE_ANNOTATION_PREFIX))
+                .collect()
+        }),
+        ..ObjectMeta::default()
+    };
+    svc.spec = svc.spec.take().map(|spec| ServiceSpec {
+        ports: spec.ports,
+        ..ServiceSpec::default()
+    });
+    svc.status = svc
+        .status
+        .take()
+        .and_then(|status| status.load_balancer)
+        .map(|lb| ServiceStatus {
+            load_balancer: Some(lb),
+            ..ServiceStatus::default()
+        });
+}
+
+fn strip_event<K: Resource>(ev: &mut watcher::Event<K>, strip: fn(&mut K)) {
     match ev {
         watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => {
             strip(o)
@@ -212,15 +268,17 @@ impl ClusterWatcher {
     ) -> Result<Self> {
         validate_cluster_name(&link.cluster_name).map_err(|e| Error::InvalidLink(e.to_string()))?;
         let cancel = CancellationToken::new();
-        let (remote_store, remote_writer) = reflector::store::<Service>();
-        let (svc_store, svc_writer) = reflector::store::<Service>();
-        let (ep_store, ep_writer) = reflector::store::<Endpoints>();
+        let (remote_store, svc_store, ep_store) =
+            (Cache::default(), Cache::default(), Cache::default());
+        let (remote_writer, svc_writer, ep_writer) =
+            (remote_store.clone(), svc_store.clone(), ep_store.clone());
         let backoff = Backoff {
             fast_retries: opts.requeue_limit,
             ..Backoff::default()
         };
         let inner = Arc::new(Inner {
-            writer: LocalWriter::new(local.clone(), &link.cluster_name, opts.metrics.clone()),
+            writer: LocalWriter::new(local.clone(), &link.cluster_name, opts.metrics.clone())
+                .with_create_limit(opts.create_limit.clone()),
             resolver: CachingResolver::new(opts.resolver.clone()),
             queue: WorkQueue::new(backoff, cancel.clone()),
             link,
@@ -236,6 +294,8 @@ impl ClusterWatcher {
             probers: probe::Probers::default(),
             relists: AtomicU64::new(0),
             writable: tokio::sync::watch::Sender::new(!paused),
+            endpoints_first: Mutex::default(),
+            expectations: expect::Expectations::default(),
             cancel: cancel.clone(),
         });
         let selector = owner_selector(&inner.link.cluster_name);
@@ -322,7 +382,7 @@ impl ClusterWatcher {
 async fn watch_remote(
     inner: Arc<Inner>,
     api: Api<Service>,
-    mut store: reflector::store::Writer<Service>,
+    store: Cache<Service>,
     cancel: CancellationToken,
 ) {
     let stream = watcher(api, watcher::Config::default()).default_backoff();
@@ -353,7 +413,7 @@ async fn watch_remote(
                         .get_or_create(&labels)
                         .set(now.as_secs_f64());
                 }
-                strip_event(&mut ev);
+                strip_event(&mut ev, strip_remote);
                 store.apply_watcher_event(&ev);
                 on_remote_event(&inner, &ev);
             }
@@ -433,24 +493,27 @@ trait LocalKind:
     + Clone
     + std::fmt::Debug
     + serde::de::DeserializeOwned
+    + serde::Serialize
     + Send
     + Sync
     + 'static
 {
+    const OBJECT: expect::LocalObject;
     fn index(index: &mut Index) -> &mut index::LocalIndex;
     fn synced(inner: &Inner) -> &AtomicBool;
-    fn store(inner: &Inner) -> &Store<Self>;
+    fn store(inner: &Inner) -> &Cache<Self>;
     fn key(inner: &Inner, obj: &Self) -> ServiceKey;
 }
 
 impl LocalKind for Service {
+    const OBJECT: expect::LocalObject = expect::LocalObject::Service;
     fn index(index: &mut Index) -> &mut index::LocalIndex {
         index.services()
     }
     fn synced(inner: &Inner) -> &AtomicBool {
         &inner.local_services_synced
     }
-    fn store(inner: &Inner) -> &Store<Self> {
+    fn store(inner: &Inner) -> &Cache<Self> {
         &inner.local_services
     }
     fn key(_: &Inner, obj: &Self) -> ServiceKey {
@@ -459,13 +522,14 @@ impl LocalKind for Service {
 }
 
 impl LocalKind for Endpoints {
+    const OBJECT: expect::LocalObject = expect::LocalObject::Endpoints;
     fn index(index: &mut Index) -> &mut index::LocalIndex {
         index.endpoints()
     }
     fn synced(inner: &Inner) -> &AtomicBool {
         &inner.local_endpoints_synced
     }
-    fn store(inner: &Inner) -> &Store<Self> {
+    fn store(inner: &Inner) -> &Cache<Self> {
         &inner.local_endpoints
     }
     fn key(inner: &Inner, obj: &Self) -> ServiceKey {
@@ -477,7 +541,7 @@ async fn watch_local<K: LocalKind>(
     inner: Arc<Inner>,
     api: Api<K>,
     config: watcher::Config,
-    mut store: reflector::store::Writer<K>,
+    store: Cache<K>,
     cancel: CancellationToken,
 ) {
     let stream = watcher(api, config).default_backoff();
@@ -489,7 +553,7 @@ async fn watch_local<K: LocalKind>(
         };
         match ev {
             Some(Ok(mut ev)) => {
-                strip_event(&mut ev);
+                strip_event(&mut ev, strip::<K>);
                 store.apply_watcher_event(&ev);
                 on_local_event(&inner, &ev);
             }
@@ -503,6 +567,22 @@ async fn watch_local<K: LocalKind>(
 
 fn on_local_event<K: LocalKind>(inner: &Inner, ev: &watcher::Event<K>) {
     let mut keys = Vec::new();
+    match ev {
+        watcher::Event::Apply(o) => inner.expectations.observed(
+            K::OBJECT,
+            &o.namespace().unwrap_or_default(),
+            &o.name_any(),
+            o.meta().resource_version.as_deref(),
+        ),
+        watcher::Event::Delete(o) => inner.expectations.observed(
+            K::OBJECT,
+            &o.namespace().unwrap_or_default(),
+            &o.name_any(),
+            None,
+        ),
+        watcher::Event::InitDone => inner.expectations.relisted(K::OBJECT),
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    }
     {
         let mut index = inner.index();
         if matches!(ev, watcher::Event::InitDone) {
@@ -676,5 +756,55 @@ async fn refresh_hostnames(inner: Arc<Inner>, cancel: CancellationToken) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{ResolvedGateway, desired_mirror, gateway_spec, probe_spec};
+
+    fn full(json: serde_json::Value) -> Service {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn stripped_remote_services_mirror_the_same() {
+        let svc = full(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "42", "uid": "u",
+                "labels": {"app": "web"},
+                "annotations": {"mirror.linkerd.io/gateway-name": "gw", "mirror.linkerd.io/gateway-ns": "mc",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"a\": 1}"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"selector": {"app": "web"}, "clusterIP": "10.0.0.7", "type": "ClusterIP",
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "appProtocol": "http"}]},
+            "status": {"loadBalancer": {}}
+        }));
+        let gw = full(serde_json::json!({
+            "metadata": {"name": "gw", "namespace": "mc", "resourceVersion": "7",
+                "annotations": {"mirror.linkerd.io/probe-path": "/health", "mirror.linkerd.io/probe-period": "5", "other": "x"}},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.0.0.9", "ports": [
+                {"name": "mc-gateway", "port": 4143, "nodePort": 30001},
+                {"name": "mc-probe", "port": 4191, "nodePort": 30002}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}, {"hostname": "gw.example"}]},
+                "conditions": [{"type": "x", "status": "True", "reason": "r", "message": "m",
+                    "lastTransitionTime": "2024-01-01T00:00:00Z"}]}
+        }));
+        let (mut s, mut g) = (svc.clone(), gw.clone());
+        strip_remote(&mut s);
+        strip_remote(&mut g);
+        assert!(s.metadata.labels.is_none() && s.metadata.managed_fields.is_none());
+        assert_eq!(s.metadata.annotations.as_ref().unwrap().len(), 2);
+        assert!(s.spec.as_ref().unwrap().selector.is_none());
+        assert_eq!(exported_gateway(&s), exported_gateway(&svc));
+        assert_eq!(gateway_spec(&g), gateway_spec(&gw));
+        assert_eq!(probe_spec(&g), probe_spec(&gw));
+        let link = Link::new("east", None);
+        let gref = exported_gateway(&svc).unwrap();
+        let resolved = ResolvedGateway::new(["192.0.2.1".parse().unwrap()], 4143, "7");
+        assert_eq!(
+            desired_mirror(&s, &link, &gref, Some(&resolved)),
+            desired_mirror(&svc, &link, &gref, Some(&resolved))
+        );
     }
 }

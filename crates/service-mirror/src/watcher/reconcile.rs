@@ -1,10 +1,11 @@
 //! Reconciling one key: desired mirror (pure core) vs. actual local objects (caches).
 
+use super::expect::LocalObject;
 use super::probe::ProbeTarget;
 use super::{Inner, Outcome, endpoints_key, service_key};
 use crate::core::{
-    GatewayRef, ProbeSpec, ResolvedGateway, ServiceKey, desired_mirror, endpoint_ip_allowed,
-    exported_gateway, gateway_spec, plan, probe_spec,
+    Action, GatewayRef, ProbeSpec, ResolvedGateway, ServiceKey, desired_mirror,
+    endpoint_ip_allowed, exported_gateway, gateway_spec, plan, probe_spec,
 };
 use crate::error::Result;
 use crate::writer::Applied;
@@ -179,20 +180,139 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
     let services: Vec<&_> = services.iter().map(|s| s.as_ref()).collect();
     let endpoints: Vec<&_> = endpoints.iter().map(|e| e.as_ref()).collect();
 
-    let actions = plan(
+    // A write of ours to one of these objects has not reached the caches yet: planning
+    // now would repeat it. The watch event that brings it queues the key again.
+    let pending = |kind, names: &BTreeSet<String>| {
+        names
+            .iter()
+            .any(|n| inner.expectations.pending(kind, &key.namespace, n))
+    };
+    if pending(LocalObject::Service, &svc_names) || pending(LocalObject::Endpoints, &ep_names) {
+        tracing::trace!(cluster = %inner.link.cluster_name, %key, "cache behind our own write");
+        return Ok(requeue.map_or(Outcome::Done, Outcome::RequeueAfter));
+    }
+    let mut actions = plan(
         key,
         desired.as_ref(),
         &services,
         &endpoints,
         &inner.link.cluster_name,
     );
+    // Endpoints first. A gateway move changes every mirror of the gateway twice: its
+    // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
+    // annotation). When a plan is exactly those two updates and the Service's differs
+    // in annotations only, the Endpoints are written now and the key goes to the back
+    // of the queue; the Service follows on the second pass, after the Endpoints of
+    // every key queued meanwhile. Traffic of N mirrors then moves in the time of N
+    // writes, not 2N. A Service whose labels or spec change (another gateway, new
+    // ports) keeps the plan's order: it is never behind its Endpoints on those.
+    let replaced = inner.endpoints_first().remove(key);
+    if let Some(rv) = replaced {
+        // Second pass: a cached Endpoints still at the version our write replaced means
+        // the cache is behind that write, not that it is to be done again.
+        actions.retain(|a| {
+            !matches!(a, Action::UpdateEndpoints(e) if e.metadata.resource_version.as_deref() == Some(rv.as_str()))
+        });
+    } else if let [
+        svc @ Action::UpdateService(updated),
+        ep @ Action::UpdateEndpoints(e),
+    ] = actions.as_slice()
+        && services.iter().any(|actual| {
+            actual.metadata.name == updated.metadata.name
+                && actual.metadata.labels == updated.metadata.labels
+                && actual.spec == updated.spec
+        })
+    {
+        tracing::debug!(cluster = %inner.link.cluster_name, %key, action = ?ep, "writing Endpoints first");
+        let rv = e.metadata.resource_version.clone().unwrap_or_default();
+        return match execute(inner, ep).await {
+            Ok(Applied::Done) => {
+                inner.endpoints_first().insert(key.clone(), rv);
+                Ok(Outcome::RequeueAfter(std::time::Duration::ZERO))
+            }
+            // The event bringing the newer Endpoints queues the key again.
+            Ok(Applied::Stale) => Ok(requeue.map_or(Outcome::Done, Outcome::RequeueAfter)),
+            // The Endpoints cannot be written now: the Service still is, as when the
+            // plan runs in its own order; the key is retried for the Endpoints.
+            Err(err) => {
+                execute(inner, svc).await?;
+                Err(err)
+            }
+        };
+    }
     for action in &actions {
         tracing::debug!(cluster = %inner.link.cluster_name, %key, ?action, "writing");
-        if inner.writer.execute(action).await? == Applied::Stale {
+        if execute(inner, action).await? == Applied::Stale {
             // Keep the plan's order (Service before Endpoints): the watch event that
             // brings the newer version queues this key again.
             break;
         }
     }
     Ok(requeue.map_or(Outcome::Done, Outcome::RequeueAfter))
+}
+
+/// Executes one action and remembers the write until the caches show it.
+async fn execute(inner: &Inner, action: &Action) -> Result<Applied> {
+    let (applied, version) = inner.writer.execute_versioned(action).await?;
+    if applied != Applied::Done {
+        return Ok(applied);
+    }
+    let (kind, ns, name) = match action {
+        Action::CreateService(s) | Action::UpdateService(s) => {
+            (LocalObject::Service, s.namespace(), s.name_any())
+        }
+        Action::CreateEndpoints(e) | Action::UpdateEndpoints(e) => {
+            (LocalObject::Endpoints, e.namespace(), e.name_any())
+        }
+        Action::DeleteService {
+            namespace, name, ..
+        } => (LocalObject::Service, Some(namespace.clone()), name.clone()),
+        Action::DeleteEndpoints {
+            namespace, name, ..
+        } => (
+            LocalObject::Endpoints,
+            Some(namespace.clone()),
+            name.clone(),
+        ),
+    };
+    let ns = ns.unwrap_or_default();
+    let exp = &inner.expectations;
+    // Recorded first, then checked against the cache: the event may have come already
+    // (and then went by without finding it), or comes after, and finds it.
+    let cached = || -> Option<Option<String>> {
+        Some(match kind {
+            LocalObject::Service => inner
+                .local_services
+                .get(&ObjectRef::new(&name).within(&ns))?
+                .metadata
+                .resource_version
+                .clone(),
+            LocalObject::Endpoints => inner
+                .local_endpoints
+                .get(&ObjectRef::new(&name).within(&ns))?
+                .metadata
+                .resource_version
+                .clone(),
+        })
+    };
+    match version {
+        Some(v) => {
+            exp.written(kind, &ns, &name, v.clone());
+            if cached() == Some(Some(v.clone())) {
+                exp.observed(kind, &ns, &name, Some(&v));
+            }
+        }
+        None if matches!(
+            action,
+            Action::DeleteService { .. } | Action::DeleteEndpoints { .. }
+        ) =>
+        {
+            exp.deleted(kind, &ns, &name);
+            if cached().is_none() {
+                exp.observed(kind, &ns, &name, None);
+            }
+        }
+        None => {}
+    }
+    Ok(applied)
 }

@@ -1,0 +1,302 @@
+//! The baseline writer: the physical limit. It writes the very objects the controller
+//! writes (built by the controller's own `desired_mirror`) straight to the local
+//! apiserver, with nothing to watch, compute or compare, as many requests in flight as
+//! works best. It writes them to a namespace of its own with the `mirrored-service`
+//! label set to `base`, so the controller never sees them.
+
+use crate::observe::{ObjKey, Want};
+use crate::remote::{GATEWAY_NAME, GATEWAY_NAMESPACE, GATEWAY_PORT, GRPC_PORT, NAMESPACE, Remote};
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints, Service, ServicePort, ServiceSpec};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use service_mirror::core::labels::{
+    MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+};
+use service_mirror::core::{GatewayRef, Link, ResolvedGateway, desired_mirror};
+use service_mirror::writer::FIELD_MANAGER;
+use std::time::{Duration, Instant};
+
+/// Namespace the baseline writes to.
+pub const BASELINE_NAMESPACE: &str = "baseline";
+/// Value of the `mirrored-service` label on baseline objects (the controller selects `true`).
+const BASELINE_LABEL_VALUE: &str = "base";
+
+/// One object to write.
+#[derive(Clone)]
+pub enum Obj {
+    /// A Service.
+    Service(Box<Service>),
+    /// An Endpoints.
+    Endpoints(Box<Endpoints>),
+}
+
+/// What one mirror is made of: for the remote's `index`-th cluster, Service `i`.
+#[derive(Clone)]
+pub struct Pair {
+    /// Index of the remote cluster it mirrors.
+    pub remote: usize,
+    /// The Service, as last written (with its resourceVersion).
+    pub service: Service,
+    /// The Endpoints, as last written.
+    pub endpoints: Endpoints,
+}
+
+/// The exported Services of one remote cluster, as the baseline needs them.
+pub struct Shape {
+    /// Link (cluster) name.
+    pub name: String,
+    /// Gateway address.
+    pub gateway_ip: String,
+    /// Port numbers of each exported Service (`http`, `grpc`), by Service number; None
+    /// for a Service that is not exported.
+    pub ports: Vec<Option<[i32; 2]>>,
+}
+
+impl Shape {
+    /// The shape of `remote` now.
+    pub fn of(remote: &Remote) -> Self {
+        Self {
+            name: remote.name.clone(),
+            gateway_ip: remote.gateway_ip.clone(),
+            ports: (0..remote.len())
+                .map(|i| remote.exported[i].then(|| [remote.http_ports[i], GRPC_PORT]))
+                .collect(),
+        }
+    }
+}
+
+/// The controller's objects for every exported Service of `remotes`, in `namespace`.
+/// The remote resourceVersions are made up (as long as real ones), the rest is exact.
+pub fn objects(remotes: &[Shape], namespace: &str, controller_ns: &str) -> Vec<Pair> {
+    let mut pairs = Vec::new();
+    for (r, remote) in remotes.iter().enumerate() {
+        let link = Link::new(remote.name.clone(), None).with_controller_namespace(controller_ns);
+        let gw = GatewayRef::new(GATEWAY_NAMESPACE, GATEWAY_NAME);
+        let ip = remote.gateway_ip.parse().expect("gateway ip");
+        let resolved = ResolvedGateway::new([ip], GATEWAY_PORT, "1000001");
+        for (i, ports) in remote.ports.iter().enumerate() {
+            let Some(ports) = ports else { continue };
+            let remote_svc = Service {
+                metadata: ObjectMeta {
+                    name: Some(crate::remote::service_name(i)),
+                    namespace: Some(NAMESPACE.into()),
+                    resource_version: Some(format!("{}", 1_000_000 + i)),
+                    ..Default::default()
+                },
+                spec: Some(ServiceSpec {
+                    ports: Some(
+                        [("http", ports[0]), ("grpc", ports[1])]
+                            .into_iter()
+                            .map(|(name, port)| ServicePort {
+                                name: Some(name.into()),
+                                port,
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                }),
+                status: None,
+            };
+            let mut d = desired_mirror(&remote_svc, &link, &gw, Some(&resolved));
+            for meta in [&mut d.service.metadata, &mut d.endpoints.metadata] {
+                meta.namespace = Some(namespace.into());
+                if let Some(labels) = meta.labels.as_mut() {
+                    labels.insert(MIRRORED_SERVICE_LABEL.into(), BASELINE_LABEL_VALUE.into());
+                }
+            }
+            pairs.push(Pair {
+                remote: r,
+                service: d.service,
+                endpoints: d.endpoints,
+            });
+        }
+    }
+    pairs
+}
+
+/// What the observer should see once `pairs` are written.
+pub fn wants(pairs: &[Pair]) -> Vec<(ObjKey, Want)> {
+    let mut wants = Vec::with_capacity(2 * pairs.len());
+    for p in pairs {
+        let (ns, name) = (
+            p.service.metadata.namespace.clone().unwrap_or_default(),
+            p.service.metadata.name.clone().unwrap_or_default(),
+        );
+        let mut ports: Vec<i32> = p
+            .service
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .map(|ps| ps.iter().map(|p| p.port).collect())
+            .unwrap_or_default();
+        ports.sort_unstable();
+        wants.push((ObjKey::service(&ns, &name), Want::Service { ports }));
+        wants.push((ObjKey::endpoints(&ns, &name), endpoints_want(&p.endpoints)));
+    }
+    wants
+}
+
+fn endpoints_want(ep: &Endpoints) -> Want {
+    let subset = ep.subsets.as_ref().and_then(|s| s.first());
+    let ip = subset
+        .and_then(|s| s.addresses.as_ref())
+        .and_then(|a| a.first())
+        .map(|a| a.ip.clone())
+        .unwrap_or_default();
+    let ports = subset.and_then(|s| s.ports.as_ref());
+    Want::Endpoints {
+        ip,
+        port: ports
+            .and_then(|p| p.first())
+            .map_or(GATEWAY_PORT, |p| p.port),
+        ports: ports.map_or(0, Vec::len),
+    }
+}
+
+fn params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+async fn write(client: &Client, obj: Obj, create: bool) -> anyhow::Result<Obj> {
+    let ns = match &obj {
+        Obj::Service(s) => s.metadata.namespace.clone(),
+        Obj::Endpoints(e) => e.metadata.namespace.clone(),
+    }
+    .unwrap_or_default();
+    let pp = params();
+    Ok(match obj {
+        Obj::Service(s) => {
+            let api: Api<Service> = Api::namespaced(client.clone(), &ns);
+            let name = s.metadata.name.clone().unwrap_or_default();
+            Obj::Service(Box::new(if create {
+                api.create(&pp, &s).await
+            } else {
+                api.replace(&name, &pp, &s).await
+            }?))
+        }
+        Obj::Endpoints(e) => {
+            let api: Api<Endpoints> = Api::namespaced(client.clone(), &ns);
+            let name = e.metadata.name.clone().unwrap_or_default();
+            Obj::Endpoints(Box::new(if create {
+                api.create(&pp, &e).await
+            } else {
+                api.replace(&name, &pp, &e).await
+            }?))
+        }
+    })
+}
+
+/// Writes `objs` (create or replace), always `concurrency` requests in flight; returns
+/// what the apiserver answered (in completion order) and the time until the last answer.
+pub async fn write_all(
+    client: &Client,
+    objs: Vec<Obj>,
+    create: bool,
+    concurrency: usize,
+) -> anyhow::Result<(Vec<Obj>, Duration)> {
+    let start = Instant::now();
+    let written = futures::stream::iter(objs)
+        .map(|o| write(client, o, create))
+        .buffer_unordered(concurrency.max(1))
+        .try_collect::<Vec<_>>()
+        .await
+        .context("baseline write")?;
+    Ok((written, start.elapsed()))
+}
+
+/// Services and Endpoints of `pairs`, interleaved (a mirror's two objects together).
+pub fn interleaved(pairs: &[Pair]) -> Vec<Obj> {
+    pairs
+        .iter()
+        .flat_map(|p| {
+            [
+                Obj::Service(Box::new(p.service.clone())),
+                Obj::Endpoints(Box::new(p.endpoints.clone())),
+            ]
+        })
+        .collect()
+}
+
+/// Takes the written objects (with their new resourceVersions) back into `pairs`.
+pub fn absorb(pairs: &mut [Pair], written: Vec<Obj>) {
+    let index: std::collections::HashMap<String, usize> = pairs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.service.metadata.name.clone().unwrap_or_default(), i))
+        .collect();
+    for o in written {
+        match o {
+            Obj::Service(s) => {
+                if let Some(&i) = s.metadata.name.as_ref().and_then(|n| index.get(n)) {
+                    pairs[i].service = *s;
+                }
+            }
+            Obj::Endpoints(e) => {
+                if let Some(&i) = e.metadata.name.as_ref().and_then(|n| index.get(n)) {
+                    pairs[i].endpoints = *e;
+                }
+            }
+        }
+    }
+}
+
+/// The Endpoints of `pairs` pointing at `ip`.
+pub fn moved_endpoints(pairs: &[Pair], ip: &str) -> Vec<Obj> {
+    pairs
+        .iter()
+        .map(|p| {
+            let mut e = p.endpoints.clone();
+            for s in e.subsets.iter_mut().flatten() {
+                s.addresses = Some(vec![EndpointAddress {
+                    ip: ip.to_string(),
+                    ..Default::default()
+                }]);
+            }
+            Obj::Endpoints(Box::new(e))
+        })
+        .collect()
+}
+
+/// What a gateway move means for the controller's objects: every Service gets the new
+/// gateway resourceVersion, every Endpoints the new address.
+pub fn moved_mirrors(pairs: &[Pair], ip: &str, gateway_version: &str) -> Vec<Obj> {
+    let endpoints = moved_endpoints(pairs, ip);
+    pairs
+        .iter()
+        .zip(endpoints)
+        .flat_map(|(p, e)| {
+            let mut s = p.service.clone();
+            s.metadata.annotations.get_or_insert_default().insert(
+                REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION.into(),
+                gateway_version.into(),
+            );
+            [Obj::Service(Box::new(s)), e]
+        })
+        .collect()
+}
+
+/// Wants for the Endpoints (and with `gateway_version`, the Services) of `pairs`.
+pub fn moved_wants(pairs: &[Pair], ip: &str, gateway_version: Option<&str>) -> Vec<(ObjKey, Want)> {
+    let mut wants = Vec::new();
+    for p in pairs {
+        let (ns, name) = (
+            p.endpoints.metadata.namespace.clone().unwrap_or_default(),
+            p.endpoints.metadata.name.clone().unwrap_or_default(),
+        );
+        let mut want = endpoints_want(&p.endpoints);
+        if let Want::Endpoints { ip: i, .. } = &mut want {
+            *i = ip.to_string();
+        }
+        wants.push((ObjKey::endpoints(&ns, &name), want));
+        if let Some(v) = gateway_version {
+            wants.push((ObjKey::service(&ns, &name), Want::GatewayVersion(v.into())));
+        }
+    }
+    wants
+}

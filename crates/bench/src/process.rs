@@ -1,0 +1,305 @@
+//! The controller under test as a child process, and what `/proc` says about a process:
+//! CPU seconds (utime + stime) and memory (VmRSS, VmHWM).
+
+use anyhow::{Context, bail};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+/// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`).
+fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// CPU seconds (user + system) used so far by process `pid`.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces: fields are counted after its closing ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Field 3 (state) is fields[0]; utime is field 14, stime field 15.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clk_tck())
+}
+
+/// A `Vm*` line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`) in MiB.
+pub fn memory_mib(pid: u32, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+}
+
+/// Which program runs the controller.
+#[derive(Debug, Clone)]
+pub enum ControllerBin {
+    /// A `service-mirror` executable: `<path> run ...`.
+    Path(PathBuf),
+    /// This executable, which runs the same `service_mirror::cli` as `service-mirror`
+    /// when its first argument is [`SELF_CONTROLLER_ARG`].
+    SelfExec,
+}
+
+/// First argument that turns this binary into `service-mirror` (see `main`).
+pub const SELF_CONTROLLER_ARG: &str = "__service-mirror";
+
+impl std::fmt::Display for ControllerBin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControllerBin::Path(p) => write!(f, "{}", p.display()),
+            ControllerBin::SelfExec => write!(f, "<bench executable> {SELF_CONTROLLER_ARG}"),
+        }
+    }
+}
+
+/// Finds the `service-mirror` binary of the same profile as this one. Under cargo (the
+/// `CARGO` variable is set) it is built first, so it is never stale; otherwise the
+/// executable next to this one is used; failing both, this executable itself.
+pub fn locate_controller(workspace: &Path) -> anyhow::Result<ControllerBin> {
+    let release = !cfg!(debug_assertions);
+    if let Ok(cargo) = std::env::var("CARGO") {
+        eprintln!(
+            "building the controller: cargo build{} -p service-mirror",
+            if release { " --release" } else { "" }
+        );
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace)
+            .args(["build", "-p", "service-mirror", "--bin", "service-mirror"])
+            .args(["--message-format", "json-render-diagnostics"])
+            .stderr(Stdio::inherit());
+        if release {
+            cmd.arg("--release");
+        }
+        let out = cmd.output().context("running cargo build")?;
+        if !out.status.success() {
+            bail!("cargo build -p service-mirror failed");
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if msg["reason"] == "compiler-artifact"
+                && msg["target"]["name"] == "service-mirror"
+                && let Some(exe) = msg["executable"].as_str()
+            {
+                return Ok(ControllerBin::Path(exe.into()));
+            }
+        }
+        bail!("cargo build -p service-mirror named no executable");
+    }
+    let exe = std::env::current_exe()?;
+    if let Some(sibling) = exe.parent().map(|d| d.join("service-mirror"))
+        && sibling.is_file()
+    {
+        return Ok(ControllerBin::Path(sibling));
+    }
+    Ok(ControllerBin::SelfExec)
+}
+
+/// `line` without ANSI escape sequences (colours).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, then one final byte in @..~.
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Children are forked from one thread that lives as long as the process: the
+/// parent-death signal follows the forking thread, not the process.
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("bench-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("spawn the spawner thread");
+        Mutex::new(tx)
+    })
+}
+
+/// A running `service-mirror run`; killed on drop.
+pub struct Controller {
+    child: Child,
+    /// Its process id.
+    pub pid: u32,
+    /// Its log (stdout and stderr).
+    pub log: PathBuf,
+}
+
+impl Controller {
+    /// Starts `service-mirror run` against the local cluster of `kubeconfig`, reading
+    /// link Secrets in `namespace`, without leader election, admin server on `admin`.
+    pub fn spawn(
+        bin: &ControllerBin,
+        kubeconfig: &Path,
+        namespace: &str,
+        admin: &str,
+        extra: &[String],
+        log: &Path,
+    ) -> anyhow::Result<Self> {
+        let mut cmd = match bin {
+            ControllerBin::Path(p) => Command::new(p),
+            ControllerBin::SelfExec => {
+                let mut c = Command::new(std::env::current_exe()?);
+                c.arg(SELF_CONTROLLER_ARG);
+                c
+            }
+        };
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("SERVICE_MIRROR_") || k == "KUBECONFIG" || k == "RUST_LOG" {
+                cmd.env_remove(&key);
+            }
+        }
+        let out = std::fs::File::create(log)?;
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--namespace", namespace])
+            .args(["--leader-election=false", "--metrics-addr", admin])
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe libc calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        spawner()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send((cmd, tx))
+            .map_err(|_| anyhow::anyhow!("spawner thread is gone"))?;
+        let child = rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("spawner thread is gone"))?
+            .with_context(|| format!("starting {bin}"))?;
+        Ok(Self {
+            pid: child.id(),
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// Fails if the process has exited (with the tail of its log).
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "the controller exited ({status}); log tail:\n{}",
+                self.log_tail(30)
+            );
+        }
+        Ok(())
+    }
+
+    /// The last `n` lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Log lines at WARN or ERROR.
+    pub fn warnings(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(strip_ansi)
+            .filter(|l| {
+                let level = l.split_whitespace().nth(1);
+                level == Some("WARN") || level == Some("ERROR")
+            })
+            .collect()
+    }
+
+    /// SIGTERM, then waits (at most 20 s, then SIGKILL) for the exit.
+    pub fn stop(&mut self) -> anyhow::Result<ExitStatus> {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = self.child.kill();
+                return Ok(self.child.wait()?);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_cpu_and_memory() {
+        let pid = std::process::id();
+        assert!(cpu_seconds(pid).is_some_and(|s| s >= 0.0));
+        assert!(memory_mib(pid, "VmRSS").is_some_and(|m| m > 0.0));
+        assert!(memory_mib(pid, "VmHWM").is_some_and(|m| m > 0.0));
+        assert!(memory_mib(pid, "VmNope").is_none());
+    }
+
+    #[test]
+    fn warnings_are_found_with_or_without_colours() {
+        let plain = "2026-01-01T00:00:00.000000Z  WARN service_mirror: x";
+        let coloured = "\u{1b}[2m2026-01-01T00:00:00.000000Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m \u{1b}[2mservice_mirror\u{1b}[0m: x";
+        for l in [plain, coloured] {
+            assert_eq!(strip_ansi(l).split_whitespace().nth(1), Some("WARN"), "{l}");
+        }
+    }
+}

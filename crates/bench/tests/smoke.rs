@@ -1,0 +1,66 @@
+//! The benchmark's smoke run (N=100, K=1, one repetition): it keeps the benchmark
+//! working in CI. Correctness only, never time: every phase reaches every wanted
+//! state (the bench fails otherwise) and the controller writes nothing while idle.
+
+use std::process::Command;
+
+#[test]
+fn smoke_run_mirrors_every_change_and_writes_nothing_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    // `self`: this (debug) bench executable runs the controller, as `service-mirror run`
+    // does, in a process of its own; no cargo build from within the test.
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--services", "100", "--clusters", "1", "--repetitions", "1"])
+        .args(["--smoke", "--controller-bin", "self", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run the bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.contains("| 100 x 1 |"), "a results table: {stdout}");
+
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON results")).unwrap();
+    let config = &results["configs"][0];
+    assert_eq!(config["services_per_cluster"], 100);
+    assert_eq!(config["clusters"], 1);
+    let rep = &config["repetitions"][0];
+    let metric = |name: &str| rep["metrics"][name].as_f64().unwrap_or(f64::NAN);
+    assert_eq!(
+        rep["idle_requests"]["writes"], 0,
+        "no write when idle: {rep}"
+    );
+    assert_eq!(metric("idle_writes_per_min"), 0.0);
+    // Every mirror was checked in every phase (the run fails on any one missing).
+    assert_eq!(metric("gateway_samples"), 100.0, "all 100 mirrors moved");
+    assert_eq!(metric("port_samples"), 5.0);
+    assert_eq!(metric("unexport_samples"), 5.0);
+    for m in [
+        "cold_sync_s",
+        "baseline_create_s",
+        "baseline_endpoints_rewrite_s",
+        "baseline_mirrors_rewrite_s",
+        "rss_peak_mib",
+        "cpu_cold_s",
+    ] {
+        assert!(metric(m).is_finite(), "{m} measured: {rep}");
+    }
+    // A cold sync writes each mirror's Service and Endpoints (and may retry a few).
+    let mirror_writes = rep["cold_requests"]["by_kind"]["create services"]
+        .as_u64()
+        .unwrap_or(0)
+        + rep["cold_requests"]["by_kind"]["create endpoints"]
+            .as_u64()
+            .unwrap_or(0);
+    assert!(mirror_writes >= 200, "{rep}");
+    assert_eq!(
+        rep["controller_warnings"].as_array().map(Vec::len),
+        Some(0),
+        "the controller warned: {rep}"
+    );
+}
