@@ -2,10 +2,8 @@
 //! CPU seconds (utime + stime) and memory (VmRSS, VmHWM).
 
 use anyhow::{Context, bail};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`).
@@ -125,29 +123,6 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
-type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-/// Children are forked from one thread that lives as long as the process: the
-/// parent-death signal follows the forking thread, not the process.
-fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("bench-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-                loop {
-                    std::thread::park();
-                }
-            })
-            .expect("spawn the spawner thread");
-        Mutex::new(tx)
-    })
-}
-
 /// A running `service-mirror run`; killed on drop.
 pub struct Controller {
     child: Child,
@@ -193,27 +168,8 @@ impl Controller {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe libc calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let (tx, rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send((cmd, tx))
-            .map_err(|_| anyhow::anyhow!("spawner thread is gone"))?;
-        let child = rx
-            .recv()
-            .map_err(|_| anyhow::anyhow!("spawner thread is gone"))?
-            .with_context(|| format!("starting {bin}"))?;
+        let child =
+            local_cluster::spawn_tied(cmd, false).with_context(|| format!("starting {bin}"))?;
         Ok(Self {
             pid: child.id(),
             child,

@@ -23,6 +23,7 @@ pub use apply::{FIELD_MANAGER, apply_yaml, parse_documents};
 pub use binaries::{Binaries, ensure_binaries};
 pub use cluster::{ClusterOptions, LocalCluster};
 pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
+pub use process::spawn_tied;
 pub use proxy::TcpProxy;
 pub use shared::{shared_cluster, unique_namespace};
 

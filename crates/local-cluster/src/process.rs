@@ -32,6 +32,34 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
     })
 }
 
+/// Spawns `cmd` so that the child dies with this process (parent-death signal, and
+/// never started at all if this process is already gone); in a process group of its
+/// own if `own_group`, so that killing the group takes its children too.
+pub fn spawn_tied(mut cmd: Command, own_group: bool) -> std::io::Result<Child> {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe libc calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if own_group {
+                libc::setpgid(0, 0);
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, tx))
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?
+}
+
 /// A running child process with its log file; killed (with its process group) on drop.
 #[derive(Debug)]
 pub(crate) struct Process {
@@ -54,27 +82,7 @@ impl Process {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe libc calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::setpgid(0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let (tx, rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send((cmd, tx))
-            .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
-        let child = rx
-            .recv()
-            .map_err(|_| std::io::Error::other("spawner thread is gone"))??;
+        let child = spawn_tied(cmd, true)?;
         Ok(Self {
             name: name.to_string(),
             child,

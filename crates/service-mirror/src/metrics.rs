@@ -90,6 +90,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     /// Keys waiting to be reconciled, now or after a backoff.
     pub queue_depth: Family<ClusterLabels, Gauge>,
+    /// Exported services not mirrored because the link holds its limit of mirrors.
+    pub mirrors_refused: Family<ClusterLabels, Gauge>,
     /// Write requests to the local API.
     pub local_writes: Family<WriteLabels, Counter>,
     /// Local objects holding a mirror's name without being ours.
@@ -127,6 +129,7 @@ impl Metrics {
             reconcile_duration: Family::new_with_constructor(reconcile_histogram),
             reconcile_errors: Family::default(),
             queue_depth: Family::default(),
+            mirrors_refused: Family::default(),
             local_writes: Family::default(),
             ownership_conflicts: Family::default(),
             link_errors: Family::default(),
@@ -187,6 +190,11 @@ impl Metrics {
                 m.queue_depth.clone(),
             );
             r.register(
+                "mirrors_refused",
+                "Exported services not mirrored because the link holds its limit of mirrors",
+                m.mirrors_refused.clone(),
+            );
+            r.register(
                 "local_writes",
                 "Write requests to the local API by verb and resource",
                 m.local_writes.clone(),
@@ -245,6 +253,7 @@ impl Metrics {
         self.remote_connected.remove(&l);
         self.last_sync.remove(&l);
         self.queue_depth.remove(&l);
+        self.mirrors_refused.remove(&l);
     }
 
     /// Drops the gauge of a gateway no longer probed.

@@ -215,18 +215,31 @@ impl LocalWriter {
             uid: obj.meta().uid.clone(),
             ..Default::default()
         };
+        let note = format!(
+            "{err}. The mirror of cluster {} needs this name; rename or delete this object to let it be created.",
+            self.cluster
+        );
+        self.record(&reference, "MirrorConflict", "Mirror", note)
+            .await;
+    }
+
+    /// Records a Warning Event about `regarding`; a failure to record is only logged.
+    pub async fn record(
+        &self,
+        regarding: &ObjectReference,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let event = Event {
             type_: EventType::Warning,
-            reason: "MirrorConflict".into(),
-            note: Some(format!(
-                "{err}. The mirror of cluster {} needs this name; rename or delete this object to let it be created.",
-                self.cluster
-            )),
-            action: "Mirror".into(),
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            tracing::debug!(error = %e, "could not record the conflict event");
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            tracing::debug!(error = %e, reason, "could not record an event");
         }
     }
 

@@ -37,8 +37,16 @@ pub struct RunArgs {
     #[arg(long, env = "SERVICE_MIRROR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     log_format: LogFormat,
     /// Reconcile workers per linked cluster.
-    #[arg(long, env = "SERVICE_MIRROR_WORKERS", default_value_t = 8)]
+    #[arg(long, env = "SERVICE_MIRROR_WORKERS", default_value_t = 32)]
     workers: usize,
+    /// Most mirrors one link may create (0: no limit). A remote exporting more is
+    /// reported (Event on the link Secret, metric); existing mirrors are always kept.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_MAX_MIRRORS_PER_LINK",
+        default_value_t = 10_000
+    )]
+    max_mirrors_per_link: usize,
     /// Only mirror these remote namespaces (comma-separated; `prefix*` patterns). Empty: all.
     #[arg(long, env = "SERVICE_MIRROR_NAMESPACE_ALLOW", value_delimiter = ',')]
     namespace_allow: Vec<String>,
@@ -122,6 +130,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             probe_timeout: args.probe_timeout,
             probe_failure_threshold: args.probe_failure_threshold,
+            max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
             leader,
             ..WatcherOptions::default()
         },

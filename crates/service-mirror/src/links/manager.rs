@@ -164,15 +164,16 @@ impl Inner {
         &self.opts.watcher.metrics
     }
 
+    /// Watcher options of the link of `secret`.
+    fn watcher_options(&self, secret: &Secret) -> WatcherOptions {
+        WatcherOptions {
+            link_secret: Some(secret_reference(secret)),
+            ..self.opts.watcher.clone()
+        }
+    }
+
     async fn event(&self, secret: &Secret, type_: EventType, reason: &str, note: String) {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Secret".into()),
-            namespace: secret.metadata.namespace.clone(),
-            name: secret.metadata.name.clone(),
-            uid: secret.metadata.uid.clone(),
-            ..Default::default()
-        };
+        let reference = secret_reference(secret);
         let event = Event {
             type_,
             reason: reason.into(),
@@ -372,7 +373,7 @@ impl Inner {
             self.local.clone(),
             client,
             spec.link.clone(),
-            self.opts.watcher.clone(),
+            self.watcher_options(secret),
         ) {
             Ok(watcher) => {
                 self.active()
@@ -418,7 +419,7 @@ impl Inner {
             self.local.clone(),
             client,
             spec.link.clone(),
-            self.opts.watcher.clone(),
+            self.watcher_options(secret),
         ) {
             Ok(w) => w,
             Err(e) => {
@@ -593,5 +594,17 @@ async fn worker(inner: Arc<Inner>) {
     while let Some(name) = inner.queue.next().await {
         let outcome = inner.reconcile(&name).await;
         inner.queue.done(name, outcome);
+    }
+}
+
+/// A reference to a link Secret, for Events about the link.
+fn secret_reference(secret: &Secret) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Secret".into()),
+        namespace: secret.metadata.namespace.clone(),
+        name: secret.metadata.name.clone(),
+        uid: secret.metadata.uid.clone(),
+        ..Default::default()
     }
 }

@@ -10,6 +10,7 @@
 mod cache;
 mod expect;
 mod index;
+mod limit;
 mod probe;
 mod queue;
 mod reconcile;
@@ -66,6 +67,11 @@ pub struct WatcherOptions {
     pub leader: Option<tokio::sync::watch::Receiver<bool>>,
     /// Bounds the Service creates in flight; clones of these options share it.
     pub create_limit: crate::writer::CreateLimit,
+    /// Most mirrors one link may create; `None`: no limit. Mirrors that exist are
+    /// kept whatever the limit.
+    pub max_mirrors: Option<usize>,
+    /// The link Secret, where link-wide Events (the mirror limit) are recorded.
+    pub link_secret: Option<k8s_openapi::api::core::v1::ObjectReference>,
 }
 
 impl Default for WatcherOptions {
@@ -82,6 +88,8 @@ impl Default for WatcherOptions {
             probe_redirect: None,
             leader: None,
             create_limit: crate::writer::default_create_limit(),
+            max_mirrors: None,
+            link_secret: None,
         }
     }
 }
@@ -111,6 +119,8 @@ struct Inner {
     endpoints_first: Mutex<std::collections::HashMap<ServiceKey, String>>,
     /// Our writes the local caches have not shown yet.
     expectations: expect::Expectations,
+    /// Slots for mirrors under `opts.max_mirrors`.
+    limit: limit::MirrorLimit,
 }
 
 impl Inner {
@@ -158,6 +168,8 @@ pub struct WatcherStatus {
     pub remote_connected: bool,
     /// Local mirror Services of this cluster in the cache.
     pub mirrors: usize,
+    /// Exported services not mirrored because the link holds its limit of mirrors.
+    pub refused: usize,
     /// Keys waiting to be reconciled (now or after a backoff).
     pub queue_depth: usize,
     /// Keys whose last reconcile failed.
@@ -281,6 +293,7 @@ impl ClusterWatcher {
                 .with_create_limit(opts.create_limit.clone()),
             resolver: CachingResolver::new(opts.resolver.clone()),
             queue: WorkQueue::new(backoff, cancel.clone()),
+            limit: limit::MirrorLimit::new(opts.max_mirrors),
             link,
             opts,
             remote: remote_store,
@@ -354,6 +367,7 @@ impl ClusterWatcher {
             local_synced: i.local_synced(),
             remote_connected: i.remote_connected.load(Ordering::SeqCst),
             mirrors: i.local_services.len(),
+            refused: i.limit.refused(),
             queue_depth: i.queue.depth(),
             failing: i.queue.failing(),
             relists: i.relists.load(Ordering::SeqCst),
@@ -456,14 +470,14 @@ fn on_remote_event(inner: &Inner, ev: &watcher::Event<Service>) {
             // every key, so objects deleted while we were not watching are collected.
             let mut index = inner.index();
             index.clear_gateways();
-            for svc in inner.remote.state() {
+            inner.remote.for_each(|svc| {
                 let key = ServiceKey::new(svc.namespace().unwrap_or_default(), svc.name_any());
                 if let Some(gw) =
-                    exported_gateway(&svc).filter(|_| inner.opts.namespaces.allows(&key.namespace))
+                    exported_gateway(svc).filter(|_| inner.opts.namespaces.allows(&key.namespace))
                 {
                     index.set_gateway(&key, Some(gw));
                 }
-            }
+            });
             keys.extend(index.exported().cloned());
             keys.extend(index.local_keys());
             drop(index);
@@ -592,6 +606,10 @@ fn on_local_event<K: LocalKind>(inner: &Inner, ev: &watcher::Event<K>) {
         match ev {
             watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
                 let key = K::key(inner, o);
+                if K::OBJECT == expect::LocalObject::Service {
+                    // A mirror that exists keeps its slot under the mirror limit.
+                    inner.limit.hold(&key);
+                }
                 if let Some(old) = local.set(
                     &o.namespace().unwrap_or_default(),
                     &o.name_any(),
@@ -613,13 +631,13 @@ fn on_local_event<K: LocalKind>(inner: &Inner, ev: &watcher::Event<K>) {
                 // mirror deleted meanwhile is recreated), as is every exported key (above).
                 keys.extend(local.keys().cloned());
                 local.clear();
-                for o in K::store(inner).state() {
+                K::store(inner).for_each(|o| {
                     local.set(
                         &o.namespace().unwrap_or_default(),
                         &o.name_any(),
-                        K::key(inner, o.as_ref()),
+                        K::key(inner, o),
                     );
-                }
+                });
                 keys.extend(local.keys().cloned());
                 K::synced(inner).store(true, Ordering::SeqCst);
             }
@@ -711,6 +729,10 @@ async fn worker(inner: Arc<Inner>, cancel: CancellationToken) {
             .queue_depth
             .get_or_create(&labels)
             .set(inner.queue.depth() as i64);
+        metrics
+            .mirrors_refused
+            .get_or_create(&labels)
+            .set(inner.limit.refused() as i64);
         let outcome = match result {
             Ok(o) => o,
             Err(e) => {

@@ -1,6 +1,7 @@
 //! Reconciling one key: desired mirror (pure core) vs. actual local objects (caches).
 
 use super::expect::LocalObject;
+use super::limit::Admission;
 use super::probe::ProbeTarget;
 use super::{Inner, Outcome, endpoints_key, service_key};
 use crate::core::{
@@ -198,6 +199,18 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         &endpoints,
         &inner.link.cluster_name,
     );
+    if desired.is_none() && services.is_empty() {
+        for woken in inner.limit.release(key) {
+            inner.queue.add(woken);
+        }
+    } else if actions
+        .iter()
+        .any(|a| matches!(a, Action::CreateService(_)))
+        && let Admission::Refused { first } = inner.limit.admit(key)
+    {
+        refuse_over_limit(inner, key, first).await;
+        return Ok(Outcome::Done);
+    }
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its
     // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
     // annotation). When a plan is exactly those two updates and the Service's differs
@@ -249,6 +262,37 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         }
     }
     Ok(requeue.map_or(Outcome::Done, Outcome::RequeueAfter))
+}
+
+/// Reports a mirror refused because the link holds its limit: every refusal is logged
+/// at debug and counted, the first after none also at warn and as an Event on the link
+/// Secret. The key is looked at again when a slot frees.
+async fn refuse_over_limit(inner: &Inner, key: &ServiceKey, first: bool) {
+    let cluster = &inner.link.cluster_name;
+    let max = inner.limit.max().unwrap_or_default();
+    inner
+        .opts
+        .metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            cluster: cluster.clone(),
+            kind: "mirror_limit".into(),
+        })
+        .inc();
+    tracing::debug!(%cluster, %key, max, "mirror limit reached; not mirrored until a mirror goes");
+    if !first {
+        return;
+    }
+    let note = format!(
+        "cluster {cluster} exports more services than the limit of {max} mirrors per link (--max-mirrors-per-link): {key} and any further ones are not mirrored until mirrors go; existing mirrors are kept"
+    );
+    tracing::warn!(%cluster, %key, max, "{note}");
+    if let Some(secret) = &inner.opts.link_secret {
+        inner
+            .writer
+            .record(secret, "MirrorLimitReached", "Mirror", note)
+            .await;
+    }
 }
 
 /// Executes one action and remembers the write until the caches show it.
