@@ -924,3 +924,64 @@ async fn an_unchanged_world_causes_zero_writes() {
     );
     w.stop(false).await.unwrap();
 }
+
+#[tokio::test]
+async fn the_mirror_limit_refuses_wakes_in_order_and_never_deletes() {
+    let env = Env::new("limit").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    env.export("b", "gw", &[("http", 80)]).await;
+    let limited = |max| WatcherOptions {
+        max_mirrors: Some(max),
+        ..env.options()
+    };
+    let w = env.watch_with(limited(2));
+    env.mirror_until("a", "mirror a", |_, _| true).await;
+    env.mirror_until("b", "mirror b", |_, _| true).await;
+    // Over the limit: c (headless, so its ports may go later) and d are refused.
+    let mut c = exported("c", &env.ns, "gw", &[("http", 80)]);
+    c.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+    env.remote_services()
+        .create(&PostParams::default(), &c)
+        .await
+        .unwrap();
+    env.export("d", "gw", &[("http", 80)]).await;
+    eventually("c and d refused", || async {
+        (w.status().refused == 2).then_some(())
+    })
+    .await;
+    // A refused service that can no longer be mirrored gives up its place in line...
+    env.patch_remote("c", serde_json::json!({"spec": {"ports": null}}))
+        .await;
+    eventually("c no longer refused", || async {
+        (w.status().refused == 1).then_some(())
+    })
+    .await;
+    // ...so the slot a frees goes to d.
+    env.patch_remote(
+        "a",
+        serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/gateway-ns": null}}}),
+    )
+    .await;
+    env.mirror_gone("a").await;
+    env.mirror_until("d", "d takes the freed slot", |_, e| {
+        subset_ips(e) == ["192.0.2.1"]
+    })
+    .await;
+    assert_eq!(w.status().refused, 0);
+    assert_eq!(env.mirror("c").await, (None, None));
+    w.stop(false).await.unwrap();
+
+    // A lower limit after a restart keeps every existing mirror and refuses new ones.
+    let w = env.watch_with(limited(1));
+    env.export("e", "gw", &[("http", 80)]).await;
+    eventually("e refused", || async {
+        (w.status().refused == 1).then_some(())
+    })
+    .await;
+    for kept in ["b", "d"] {
+        assert!(env.mirror(kept).await.0.is_some(), "{kept} kept");
+    }
+    assert_eq!(env.mirror("e").await, (None, None));
+    w.stop(false).await.unwrap();
+}

@@ -58,6 +58,15 @@ impl MirrorLimit {
         }
     }
 
+    /// After writing was paused (a follower, a rotated link syncing): slots are held
+    /// by exactly the keys with a mirror now, not by those seen meanwhile.
+    pub(super) fn reset_held(&self, with_mirror: impl IntoIterator<Item = ServiceKey>) {
+        let mut s = self.slots();
+        s.held = with_mirror.into_iter().collect();
+        let Slots { held, refused } = &mut *s;
+        refused.retain(|k| !held.contains(k));
+    }
+
     /// May `key` create its mirror? Takes a free slot, or records the refusal.
     pub(super) fn admit(&self, key: &ServiceKey) -> Admission {
         let mut s = self.slots();
@@ -141,6 +150,19 @@ mod tests {
         assert_eq!(l.admit(&k("c")), Admission::Refused { first: false });
         assert_eq!(l.release(&k("b")), vec![k("c")]);
         assert_eq!(l.admit(&k("c")), Admission::Admitted);
+    }
+
+    #[test]
+    fn a_reset_forgets_slots_of_mirrors_gone_meanwhile() {
+        let l = MirrorLimit::new(Some(2));
+        l.hold(&k("a"));
+        l.hold(&k("b"));
+        l.hold(&k("c"));
+        assert_eq!(l.admit(&k("d")), Admission::Refused { first: true });
+        l.reset_held([k("b"), k("d")]);
+        assert_eq!(l.refused(), 0);
+        assert_eq!(l.admit(&k("a")), Admission::Refused { first: true });
+        assert_eq!(l.admit(&k("d")), Admission::Admitted);
     }
 
     #[test]

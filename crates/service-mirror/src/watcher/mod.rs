@@ -268,6 +268,7 @@ impl ClusterWatcher {
 
     /// Lets a paused watcher write.
     pub fn resume(&self) {
+        reset_slots(&self.inner);
         self.inner.writable.send_replace(true);
     }
 
@@ -670,6 +671,13 @@ fn writable_now(inner: &Inner) -> bool {
     *inner.writable.borrow() && inner.opts.leader.as_ref().is_none_or(|l| *l.borrow())
 }
 
+/// Before writing again after a pause: mirror-limit slots from the local mirrors as
+/// they are now (mirrors another writer deleted meanwhile hold none).
+fn reset_slots(inner: &Inner) {
+    let keys: Vec<ServiceKey> = inner.index().services().keys().cloned().collect();
+    inner.limit.reset_held(keys);
+}
+
 /// On gaining leadership, every key is reconciled: the world may have drifted while
 /// another replica (or none) was writing.
 async fn follow_leader(
@@ -683,6 +691,7 @@ async fn follow_leader(
             changed = leader.changed() => if changed.is_err() { return },
         }
         if *leader.borrow_and_update() {
+            reset_slots(&inner);
             let keys: Vec<ServiceKey> = {
                 let index = inner.index();
                 index

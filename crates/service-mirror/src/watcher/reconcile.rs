@@ -125,6 +125,9 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
                 kind: "unmirrorable".into(),
             })
             .inc();
+        if inner.index().local_names(key).0.is_empty() {
+            release_slot(inner, key);
+        }
         return Ok(Outcome::Done);
     }
     let desired = match exported {
@@ -199,17 +202,15 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         &endpoints,
         &inner.link.cluster_name,
     );
-    if desired.is_none() && services.is_empty() {
-        for woken in inner.limit.release(key) {
-            inner.queue.add(woken);
-        }
-    } else if actions
+    let creates = actions
         .iter()
-        .any(|a| matches!(a, Action::CreateService(_)))
-        && let Admission::Refused { first } = inner.limit.admit(key)
-    {
+        .any(|a| matches!(a, Action::CreateService(_)));
+    if creates && let Admission::Refused { first } = inner.limit.admit(key) {
         refuse_over_limit(inner, key, first).await;
         return Ok(Outcome::Done);
+    } else if !creates && services.is_empty() {
+        // No mirror and none to create: a slot (or refusal) this key had goes.
+        release_slot(inner, key);
     }
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its
     // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
@@ -262,6 +263,14 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         }
     }
     Ok(requeue.map_or(Outcome::Done, Outcome::RequeueAfter))
+}
+
+/// Frees the mirror-limit slot of `key` (which has no mirror and creates none) and
+/// queues the refused keys that may take it.
+fn release_slot(inner: &Inner, key: &ServiceKey) {
+    for woken in inner.limit.release(key) {
+        inner.queue.add(woken);
+    }
 }
 
 /// Reports a mirror refused because the link holds its limit: every refusal is logged

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 /// A `service-mirror run` process; killed on drop.
 pub struct Controller {
     pub child: Child,
-    pub admin: String,
+    /// The admin server's address, read from the log once it listens.
+    admin: std::sync::OnceLock<String>,
     pub log: PathBuf,
     pub started: Instant,
     _dir: tempfile::TempDir,
@@ -37,12 +38,6 @@ impl Controller {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("controller.log");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let admin = format!("127.0.0.1:{port}");
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_service-mirror"));
@@ -59,12 +54,15 @@ impl Controller {
             .args([
                 "--namespace",
                 namespace,
+                // The process picks a free port and logs it: no race with other tests
+                // for a port probed free beforehand.
                 "--metrics-addr",
-                &admin,
+                "127.0.0.1:0",
                 "--log-level",
                 "debug",
             ])
             .args(extra)
+            .env("NO_COLOR", "1")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
@@ -73,7 +71,7 @@ impl Controller {
             .expect("spawn service-mirror run");
         Self {
             child,
-            admin,
+            admin: std::sync::OnceLock::new(),
             log,
             started: Instant::now(),
             _dir: dir,
@@ -109,10 +107,23 @@ impl Controller {
         }
     }
 
-    /// GET on the admin server: (status, body).
+    /// The admin server's address, once it listens.
+    fn admin(&self) -> Option<&str> {
+        if self.admin.get().is_none() {
+            let bound = self.log_text().lines().find_map(|l| {
+                l.contains("admin server listening")
+                    .then(|| l.split_once("bound=")?.1.split_whitespace().next())?
+                    .map(str::to_string)
+            })?;
+            let _ = self.admin.set(bound);
+        }
+        self.admin.get().map(String::as_str)
+    }
+
+    /// GET on the admin server: (status, body); None while it does not answer.
     pub async fn get(&self, path: &str) -> Option<(u16, String)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.admin).await.ok()?;
+        let mut s = tokio::net::TcpStream::connect(self.admin()?).await.ok()?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
             .await
             .ok()?;
