@@ -41,7 +41,7 @@ const CONTROLLER_NAMESPACE: &str = "service-mirror";
 #[command(name = "bench")]
 struct Args {
     /// Exported Services per remote cluster (N), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     services: Vec<usize>,
     /// Remote clusters (K), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,5")]

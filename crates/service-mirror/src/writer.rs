@@ -101,12 +101,6 @@ impl LocalWriter {
     /// the cache the plan was made from: the rest of the plan is skipped, and the watch
     /// event bringing that version queues the key again.
     pub async fn execute(&self, action: &Action) -> Result<Applied> {
-        Ok(self.execute_versioned(action).await?.0)
-    }
-
-    /// Like [`LocalWriter::execute`]; also returns, for a create or an update that was
-    /// done, the resourceVersion the apiserver gave the object.
-    pub async fn execute_versioned(&self, action: &Action) -> Result<(Applied, Option<String>)> {
         match action {
             Action::CreateService(s) => self.create(s).await,
             Action::UpdateService(s) => self.update(s).await,
@@ -117,25 +111,23 @@ impl LocalWriter {
                 name,
                 uid,
                 resource_version,
-            } => Ok((
+            } => {
                 self.delete::<Service>(namespace, name, uid, resource_version)
-                    .await?,
-                None,
-            )),
+                    .await
+            }
             Action::DeleteEndpoints {
                 namespace,
                 name,
                 uid,
                 resource_version,
-            } => Ok((
+            } => {
                 self.delete::<Endpoints>(namespace, name, uid, resource_version)
-                    .await?,
-                None,
-            )),
+                    .await
+            }
         }
     }
 
-    async fn create<K>(&self, obj: &K) -> Result<(Applied, Option<String>)>
+    async fn create<K>(&self, obj: &K) -> Result<Applied>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -154,17 +146,13 @@ impl LocalWriter {
         loop {
             self.metrics.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
-                Ok(created) => {
-                    return Ok((Applied::Done, created.meta().resource_version.clone()));
-                }
+                Ok(_) => return Ok(Applied::Done),
                 // The namespace is missing: create it (labelled as ours) and try again once.
                 Err(e) if api_code(&e) == Some(404) && !created_namespace => {
                     self.ensure_namespace(&ns).await?;
                     created_namespace = true;
                 }
-                Err(e) if api_code(&e) == Some(409) => {
-                    return Ok((self.on_exists(&api, obj).await?, None));
-                }
+                Err(e) if api_code(&e) == Some(409) => return self.on_exists(&api, obj).await,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -243,7 +231,7 @@ impl LocalWriter {
         }
     }
 
-    async fn update<K>(&self, obj: &K) -> Result<(Applied, Option<String>)>
+    async fn update<K>(&self, obj: &K) -> Result<Applied>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -261,10 +249,10 @@ impl LocalWriter {
             .replace(&obj.name_any(), &Self::post_params(), obj)
             .await
         {
-            Ok(updated) => Ok((Applied::Done, updated.meta().resource_version.clone())),
+            Ok(_) => Ok(Applied::Done),
             Err(e) if api_code(&e) == Some(409) => {
                 tracing::debug!(cluster = %self.cluster, kind = %K::kind(&()), name = %obj.name_any(), "update raced a newer version: cache behind");
-                Ok((Applied::Stale, None))
+                Ok(Applied::Stale)
             }
             Err(e) => Err(e.into()),
         }

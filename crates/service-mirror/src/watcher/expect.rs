@@ -26,54 +26,40 @@ pub enum LocalObject {
 
 type Key = (LocalObject, String, String);
 
-/// What the cache should show next for an object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Next {
-    /// This resourceVersion (we created or updated it).
-    Version(String),
-    /// No object (we deleted it).
-    Gone,
-}
-
-/// Pending writes by object.
+/// Pending writes by object: the state each write replaced (a resourceVersion, or
+/// None for absent), and when it was written.
 #[derive(Debug, Default)]
 pub struct Expectations {
-    pending: Mutex<HashMap<Key, (Next, Instant)>>,
+    pending: Mutex<HashMap<Key, (Option<String>, Instant)>>,
 }
 
 impl Expectations {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Next, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Option<String>, Instant)>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// We wrote `ns/name`; the apiserver gave it `version`.
-    pub fn written(&self, kind: LocalObject, ns: &str, name: &str, version: String) {
+    /// We wrote `ns/name`, replacing the state the cache showed: `replaced` is the
+    /// resourceVersion we updated or deleted, None for a create.
+    pub fn written(&self, kind: LocalObject, ns: &str, name: &str, replaced: Option<String>) {
         self.lock().insert(
             (kind, ns.to_owned(), name.to_owned()),
-            (Next::Version(version), Instant::now()),
+            (replaced, Instant::now()),
         );
     }
 
-    /// We deleted `ns/name`.
-    pub fn deleted(&self, kind: LocalObject, ns: &str, name: &str) {
-        self.lock().insert(
-            (kind, ns.to_owned(), name.to_owned()),
-            (Next::Gone, Instant::now()),
-        );
-    }
-
-    /// The cache now holds `ns/name` at `version` (None: deleted).
+    /// The cache now shows `ns/name` at `version` (None: absent). Any state other than
+    /// the one a pending write replaced is that write or a later change: every write
+    /// carries the version it replaces as a precondition, so the object went from that
+    /// version straight to ours, and the watch shows versions in order. (Waiting for our
+    /// exact version instead would wait forever when another writer's change arrived
+    /// before the write was recorded.)
     pub fn observed(&self, kind: LocalObject, ns: &str, name: &str, version: Option<&str>) {
         let mut pending = self.lock();
         let key = (kind, ns.to_owned(), name.to_owned());
-        let arrived = match (pending.get(&key), version) {
-            (None, _) => false,
-            // Gone is final: whatever we wrote before, the cache has moved past it.
-            (Some(_), None) => true,
-            (Some((Next::Version(v), _)), Some(seen)) => v == seen,
-            (Some((Next::Gone, _)), Some(_)) => false,
-        };
-        if arrived {
+        if pending
+            .get(&key)
+            .is_some_and(|(replaced, _)| replaced.as_deref() != version)
+        {
             pending.remove(&key);
         }
     }
@@ -104,30 +90,37 @@ mod tests {
     use LocalObject::{Endpoints, Service};
 
     #[test]
-    fn a_write_is_pending_until_its_version_or_a_deletion_is_seen() {
+    fn a_write_is_pending_until_the_cache_moves_past_what_it_replaced() {
         let e = Expectations::default();
-        e.written(Service, "ns", "a", "5".into());
+        // Update of version 4.
+        e.written(Service, "ns", "a", Some("4".into()));
         assert!(e.pending(Service, "ns", "a"));
         assert!(!e.pending(Endpoints, "ns", "a"), "per kind");
         e.observed(Service, "ns", "a", Some("4"));
-        assert!(
-            e.pending(Service, "ns", "a"),
-            "an older version is not ours"
-        );
+        assert!(e.pending(Service, "ns", "a"), "still the replaced version");
         e.observed(Service, "ns", "a", Some("5"));
         assert!(!e.pending(Service, "ns", "a"));
 
-        e.written(Service, "ns", "b", "7".into());
-        e.observed(Service, "ns", "b", None);
-        assert!(!e.pending(Service, "ns", "b"), "deleted meanwhile");
+        // Another writer's change came first: it is after ours, so ours arrived too.
+        e.written(Endpoints, "ns", "x", Some("10".into()));
+        e.observed(Endpoints, "ns", "x", Some("12"));
+        assert!(!e.pending(Endpoints, "ns", "x"));
 
-        e.deleted(Endpoints, "ns", "c");
+        // Create: pending while absent.
+        e.written(Service, "ns", "b", None);
+        e.observed(Service, "ns", "b", None);
+        assert!(e.pending(Service, "ns", "b"));
+        e.observed(Service, "ns", "b", Some("7"));
+        assert!(!e.pending(Service, "ns", "b"));
+
+        // Delete of version 3: pending while version 3 is shown.
+        e.written(Endpoints, "ns", "c", Some("3".into()));
         e.observed(Endpoints, "ns", "c", Some("3"));
         assert!(e.pending(Endpoints, "ns", "c"));
         e.observed(Endpoints, "ns", "c", None);
         assert!(!e.pending(Endpoints, "ns", "c"));
 
-        e.written(Endpoints, "ns", "d", "9".into());
+        e.written(Endpoints, "ns", "d", Some("9".into()));
         e.relisted(Endpoints);
         assert!(!e.pending(Endpoints, "ns", "d"));
     }

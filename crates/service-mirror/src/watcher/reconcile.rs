@@ -306,66 +306,67 @@ async fn refuse_over_limit(inner: &Inner, key: &ServiceKey, first: bool) {
 
 /// Executes one action and remembers the write until the caches show it.
 async fn execute(inner: &Inner, action: &Action) -> Result<Applied> {
-    let (applied, version) = inner.writer.execute_versioned(action).await?;
+    let applied = inner.writer.execute(action).await?;
     if applied != Applied::Done {
         return Ok(applied);
     }
-    let (kind, ns, name) = match action {
-        Action::CreateService(s) | Action::UpdateService(s) => {
-            (LocalObject::Service, s.namespace(), s.name_any())
-        }
-        Action::CreateEndpoints(e) | Action::UpdateEndpoints(e) => {
-            (LocalObject::Endpoints, e.namespace(), e.name_any())
-        }
+    // What the write replaced: the version updated or deleted (a precondition of the
+    // write), nothing for a create.
+    let (kind, ns, name, replaced) = match action {
+        Action::CreateService(s) => (LocalObject::Service, s.namespace(), s.name_any(), None),
+        Action::UpdateService(s) => (
+            LocalObject::Service,
+            s.namespace(),
+            s.name_any(),
+            s.metadata.resource_version.clone(),
+        ),
+        Action::CreateEndpoints(e) => (LocalObject::Endpoints, e.namespace(), e.name_any(), None),
+        Action::UpdateEndpoints(e) => (
+            LocalObject::Endpoints,
+            e.namespace(),
+            e.name_any(),
+            e.metadata.resource_version.clone(),
+        ),
         Action::DeleteService {
-            namespace, name, ..
-        } => (LocalObject::Service, Some(namespace.clone()), name.clone()),
+            namespace,
+            name,
+            resource_version,
+            ..
+        } => (
+            LocalObject::Service,
+            Some(namespace.clone()),
+            name.clone(),
+            // No version precondition: whatever the cache shows next counts.
+            Some(resource_version.clone().unwrap_or_default()),
+        ),
         Action::DeleteEndpoints {
-            namespace, name, ..
+            namespace,
+            name,
+            resource_version,
+            ..
         } => (
             LocalObject::Endpoints,
             Some(namespace.clone()),
             name.clone(),
+            Some(resource_version.clone().unwrap_or_default()),
         ),
     };
     let ns = ns.unwrap_or_default();
-    let exp = &inner.expectations;
+    inner.expectations.written(kind, &ns, &name, replaced);
     // Recorded first, then checked against the cache: the event may have come already
     // (and then went by without finding it), or comes after, and finds it.
-    let cached = || -> Option<Option<String>> {
-        Some(match kind {
-            LocalObject::Service => inner
-                .local_services
-                .get(&ObjectRef::new(&name).within(&ns))?
-                .metadata
-                .resource_version
-                .clone(),
-            LocalObject::Endpoints => inner
-                .local_endpoints
-                .get(&ObjectRef::new(&name).within(&ns))?
-                .metadata
-                .resource_version
-                .clone(),
-        })
+    let cached = match kind {
+        LocalObject::Service => inner
+            .local_services
+            .get(&ObjectRef::new(&name).within(&ns))
+            .and_then(|o| o.metadata.resource_version.clone()),
+        LocalObject::Endpoints => inner
+            .local_endpoints
+            .get(&ObjectRef::new(&name).within(&ns))
+            .and_then(|o| o.metadata.resource_version.clone()),
     };
-    match version {
-        Some(v) => {
-            exp.written(kind, &ns, &name, v.clone());
-            if cached() == Some(Some(v.clone())) {
-                exp.observed(kind, &ns, &name, Some(&v));
-            }
-        }
-        None if matches!(
-            action,
-            Action::DeleteService { .. } | Action::DeleteEndpoints { .. }
-        ) =>
-        {
-            exp.deleted(kind, &ns, &name);
-            if cached().is_none() {
-                exp.observed(kind, &ns, &name, None);
-            }
-        }
-        None => {}
-    }
+    inner
+        .expectations
+        .observed(kind, &ns, &name, cached.as_deref());
     Ok(applied)
 }
