@@ -29,18 +29,18 @@ pub type MirrorSelector = std::sync::Arc<dyn Fn(&kube::api::ObjectMeta) -> bool 
 /// Field manager recorded on every object this controller writes.
 pub const FIELD_MANAGER: &str = "service-mirror";
 
-/// Service creates in flight by default, across every link of a process. A Service
+/// Reconciles that create mirrors at once, across every link of a process. A Service
 /// create costs kube-apiserver time that grows with the Services it holds (its
-/// ClusterIP allocator), and it takes them fastest at about this many in flight;
-/// updates and Endpoints writes are cheap and use every worker (see BENCHMARKS.md).
-pub const SERVICE_CREATES_IN_FLIGHT: usize = 8;
+/// ClusterIP allocator), and more of them in flight cost it more per create: it takes
+/// creates fastest at a low concurrency. Updates use every worker (see BENCHMARKS.md).
+pub const CREATES_IN_FLIGHT: usize = 8;
 
-/// Bounds the Service creates in flight; shared by the writers of every link.
+/// Bounds the reconciles that create; shared by the watchers of every link.
 pub type CreateLimit = Arc<tokio::sync::Semaphore>;
 
-/// A new [`CreateLimit`] of [`SERVICE_CREATES_IN_FLIGHT`] permits.
+/// A new [`CreateLimit`] of [`CREATES_IN_FLIGHT`] permits.
 pub fn default_create_limit() -> CreateLimit {
-    Arc::new(tokio::sync::Semaphore::new(SERVICE_CREATES_IN_FLIGHT))
+    Arc::new(tokio::sync::Semaphore::new(CREATES_IN_FLIGHT))
 }
 
 /// Writes to the local cluster on behalf of one link.
@@ -50,7 +50,6 @@ pub struct LocalWriter {
     cluster: String,
     recorder: Recorder,
     metrics: Arc<Metrics>,
-    service_creates: CreateLimit,
 }
 
 impl std::fmt::Debug for LocalWriter {
@@ -80,14 +79,7 @@ impl LocalWriter {
             client,
             cluster: cluster.to_string(),
             metrics,
-            service_creates: default_create_limit(),
         }
-    }
-
-    /// Shares `limit` for Service creates with other writers.
-    pub fn with_create_limit(mut self, limit: CreateLimit) -> Self {
-        self.service_creates = limit;
-        self
     }
 
     fn post_params() -> PostParams {
@@ -138,11 +130,6 @@ impl LocalWriter {
         let ns = obj.namespace().unwrap_or_default();
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
-        // Held until the create is answered; never closed, so acquire cannot fail.
-        let _permit = match K::kind(&()) == "Service" {
-            true => self.service_creates.acquire().await.ok(),
-            false => None,
-        };
         loop {
             self.metrics.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {

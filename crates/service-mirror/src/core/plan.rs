@@ -55,6 +55,13 @@ fn ns_name(meta: &ObjectMeta) -> (&str, &str) {
     )
 }
 
+impl Action {
+    /// Whether this action creates an object.
+    pub fn is_create(&self) -> bool {
+        matches!(self, Action::CreateService(_) | Action::CreateEndpoints(_))
+    }
+}
+
 impl fmt::Display for Action {
     /// `<verb> <Kind> <namespace>/<name>`, for logs and events.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -65,7 +65,7 @@ pub struct WatcherOptions {
     /// When set, the watcher writes only while this says true (leader election); caches
     /// stay warm meanwhile, and every key is looked at again when it turns true.
     pub leader: Option<tokio::sync::watch::Receiver<bool>>,
-    /// Bounds the Service creates in flight; clones of these options share it.
+    /// Bounds the reconciles that create mirrors; clones of these options share it.
     pub create_limit: crate::writer::CreateLimit,
     /// Most mirrors one link may create; `None`: no limit. Mirrors that exist are
     /// kept whatever the limit.
@@ -290,8 +290,7 @@ impl ClusterWatcher {
             ..Backoff::default()
         };
         let inner = Arc::new(Inner {
-            writer: LocalWriter::new(local.clone(), &link.cluster_name, opts.metrics.clone())
-                .with_create_limit(opts.create_limit.clone()),
+            writer: LocalWriter::new(local.clone(), &link.cluster_name, opts.metrics.clone()),
             resolver: CachingResolver::new(opts.resolver.clone()),
             queue: WorkQueue::new(backoff, cancel.clone()),
             limit: limit::MirrorLimit::new(opts.max_mirrors),

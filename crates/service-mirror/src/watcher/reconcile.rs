@@ -212,6 +212,13 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         // No mirror and none to create: a slot (or refusal) this key had goes.
         release_slot(inner, key);
     }
+    // A plan that creates holds a create permit to its end: a Service create and then
+    // its Endpoints, as the apiserver takes them fastest (writer::CREATES_IN_FLIGHT).
+    // The semaphore is never closed, so acquiring cannot fail.
+    let _permit = match actions.iter().any(Action::is_create) {
+        true => inner.opts.create_limit.acquire().await.ok(),
+        false => None,
+    };
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its
     // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
     // annotation). When a plan is exactly those two updates and the Service's differs
