@@ -54,7 +54,7 @@ struct Args {
     #[arg(long, default_value_t = 5_000)]
     max_total_multicluster: usize,
     /// The configuration the goals are judged on: N = 10,000, K = 1 only (in place of
-    /// --services, --clusters and the caps); about 15 minutes with 3 repetitions.
+    /// --services, --clusters and the caps); about 13 minutes with 3 repetitions.
     #[arg(long)]
     goals: bool,
     /// Repetitions of each configuration, each on a fresh local cluster.
