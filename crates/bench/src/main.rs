@@ -377,7 +377,7 @@ async fn calibrate(
     let mut best = [(0, 0.0); 3];
     for &c in levels {
         let ns = format!("calibrate-{c}");
-        remote::create_namespace(&client, &ns).await?;
+        local_cluster::ensure_namespace(&client, &ns).await?;
         let shape = Shape {
             name: "calibrate".into(),
             gateway_ip: doc_ip(250),
@@ -471,7 +471,7 @@ async fn fresh_local(
     let local = LocalCluster::start_with("bench-local", local_options(&ctx.policy)).await?;
     let client = bench_client(&local.admin_kubeconfig().yaml).await?;
     for ns in [NAMESPACE, CONTROLLER_NAMESPACE, BASELINE_NAMESPACE] {
-        remote::create_namespace(&client, ns).await?;
+        local_cluster::ensure_namespace(&client, ns).await?;
     }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
     for r in remotes {

@@ -5,7 +5,7 @@ use crate::observe::{ObjKey, Want};
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use local_cluster::LocalCluster;
@@ -66,7 +66,7 @@ impl Remote {
             .with_context(|| format!("starting remote cluster {name}"))?;
         let client = crate::observe::bench_client(&cluster.admin_kubeconfig().yaml).await?;
         for ns in [NAMESPACE, GATEWAY_NAMESPACE] {
-            create_namespace(&client, ns).await?;
+            local_cluster::ensure_namespace(&client, ns).await?;
         }
         let gateways: Api<Service> = Api::namespaced(client.clone(), GATEWAY_NAMESPACE);
         let gw: Service = serde_json::from_value(serde_json::json!({
@@ -173,14 +173,7 @@ impl Remote {
             {"name": "http", "port": port, "targetPort": HTTP_PORT},
             {"name": "grpc", "port": GRPC_PORT},
         ]}});
-        let api: Api<Service> = Api::namespaced(self.client.clone(), NAMESPACE);
-        let at = Instant::now();
-        api.patch(
-            &service_name(i),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+        let at = self.patch_service(i, &patch).await?;
         self.http_ports[i] = port;
         Ok((at, port))
     }
@@ -206,15 +199,21 @@ impl Remote {
     pub async fn unexport(&mut self, i: usize) -> anyhow::Result<Instant> {
         let patch = serde_json::json!({"metadata": {"annotations": {
             GATEWAY_NAME_ANNOTATION: null, GATEWAY_NS_ANNOTATION: null}}});
+        let at = self.patch_service(i, &patch).await?;
+        self.exported[i] = false;
+        Ok(at)
+    }
+
+    /// Merge-patches Service `i`; returns the time just before the request.
+    async fn patch_service(&self, i: usize, patch: &serde_json::Value) -> anyhow::Result<Instant> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), NAMESPACE);
         let at = Instant::now();
         api.patch(
             &service_name(i),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Merge(patch),
         )
         .await?;
-        self.exported[i] = false;
         Ok(at)
     }
 
@@ -282,23 +281,4 @@ fn exported_service(i: usize) -> anyhow::Result<Service> {
             ],
         },
     }))?)
-}
-
-/// Creates namespace `name` (an existing one is fine).
-pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
-    }
 }

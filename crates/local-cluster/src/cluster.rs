@@ -221,14 +221,7 @@ impl LocalCluster {
     ) -> Result<Kubeconfig> {
         let client = self.client().await?;
         let pp = PostParams::default();
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(namespace.to_string()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        ignore_exists(Api::<Namespace>::all(client.clone()).create(&pp, &ns).await)?;
+        ensure_namespace(&client, namespace).await?;
         let sas: Api<ServiceAccount> = Api::namespaced(client, namespace);
         let sa = ServiceAccount {
             metadata: ObjectMeta {
@@ -492,6 +485,22 @@ impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Creates namespace `name`; one that exists already is fine.
+pub async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    ignore_exists(
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await,
+    )
 }
 
 fn ignore_exists<T>(r: kube::Result<T>) -> Result<()> {

@@ -21,7 +21,7 @@ mod workdir;
 
 pub use apply::{FIELD_MANAGER, apply_yaml, parse_documents};
 pub use binaries::{Binaries, ensure_binaries};
-pub use cluster::{ClusterOptions, LocalCluster};
+pub use cluster::{ClusterOptions, LocalCluster, ensure_namespace};
 pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
 pub use process::spawn_tied;
 pub use proxy::TcpProxy;

@@ -16,9 +16,9 @@ use crate::invariants::{Baseline, Remote as InvariantRemote, World, check};
 use crate::links::{LinkManager, LinkManagerOptions};
 use crate::watcher::{ProbeRedirect, WatcherOptions};
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Endpoints, Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::Client;
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{LocalCluster, apply_yaml};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -98,7 +98,7 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "Local side: `service-mirror link` Secrets in {DEFAULT_NAMESPACE}, and the controller in this process."
     );
-    create_namespace(&local, DEFAULT_NAMESPACE).await?;
+    local_cluster::ensure_namespace(&local, DEFAULT_NAMESPACE).await?;
     for r in &remotes {
         link_remote(&local, r).await?;
         setup_remote(r).await?;
@@ -283,24 +283,6 @@ async fn serve_gateway_health(octet: u8, healthy: Arc<AtomicBool>) -> anyhow::Re
     Ok(())
 }
 
-async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// `allow` on the remote, the token a controller manager would fill, and `link`'s Secret
 /// applied to the local cluster.
 async fn link_remote(local: &Client, r: &Remote) -> anyhow::Result<()> {
@@ -351,7 +333,7 @@ async fn set_gateway_ip(remote: &Client, octet: u8) -> anyhow::Result<()> {
 }
 
 async fn setup_remote(r: &Remote) -> anyhow::Result<()> {
-    create_namespace(&r.client, NS).await?;
+    local_cluster::ensure_namespace(&r.client, NS).await?;
     let gw: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "linkerd-gateway", "annotations": {
             "mirror.linkerd.io/probe-path": "/ready", "mirror.linkerd.io/probe-period": PROBE_PERIOD_SECS}},

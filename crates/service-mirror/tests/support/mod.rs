@@ -5,8 +5,8 @@
 pub mod controller;
 
 use k8s_openapi::api::core::v1::{
-    Endpoints, LoadBalancerIngress, LoadBalancerStatus, Namespace, Service, ServicePort,
-    ServiceSpec, ServiceStatus,
+    Endpoints, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
+    ServiceStatus,
 };
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -216,21 +216,9 @@ pub fn writes_in(cluster: &LocalCluster, ns: &str, successful_only: bool) -> Vec
 }
 
 pub async fn create_namespace(client: &Client, ns: &str) {
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
+    local_cluster::ensure_namespace(client, ns)
         .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("create namespace {ns}: {e}"),
-    }
+        .unwrap_or_else(|e| panic!("create namespace {ns}: {e}"));
 }
 
 pub fn ports(ports: &[(&str, i32)]) -> Vec<ServicePort> {
