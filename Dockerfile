@@ -9,7 +9,7 @@ WORKDIR /src
 # Only what the build needs (see .dockerignore); Cargo.lock pins every dependency.
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
-RUN cargo build --release --locked -p service-mirror --bin service-mirror \
+RUN cargo build --release --locked -p service-mirror --bin service-mirror --no-default-features \
     && install -D -m 0755 target/release/service-mirror /out/service-mirror
 
 # glibc + libgcc + CA certificates, no shell, no package manager; runs as 65532.

@@ -11,11 +11,11 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints, Service, ServicePort, ServiceSpec};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use service_mirror::core::labels::{
+use service_mirror_controller::writer::FIELD_MANAGER;
+use service_mirror_core::labels::{
     MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
 };
-use service_mirror::core::{GatewayRef, Link, ResolvedGateway, desired_mirror};
-use service_mirror::writer::FIELD_MANAGER;
+use service_mirror_core::{GatewayRef, Link, ResolvedGateway, desired_mirror};
 use std::time::{Duration, Instant};
 
 /// Namespace the baseline writes to.

@@ -77,7 +77,7 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     calibration_services: usize,
     /// The controller: a `service-mirror` executable, or `self` (this executable runs
-    /// the same `service_mirror::cli`). Default: built with cargo, else found next to
+    /// the same `service_mirror_controller::cli`). Default: built with cargo, else found next to
     /// this executable.
     #[arg(long)]
     controller_bin: Option<String>,
@@ -113,12 +113,12 @@ fn main() -> std::process::ExitCode {
     };
     let result = if argv.get(1).is_some_and(|a| a == SELF_CONTROLLER_ARG) {
         // The controller, exactly as the `service-mirror` binary runs it.
-        use clap::Parser as _;
-        let cli = service_mirror::cli::Cli::parse_from(
+        let command = service_mirror_controller::cli::Command::try_parse_from(
             std::iter::once(std::ffi::OsString::from("service-mirror"))
                 .chain(argv.into_iter().skip(2)),
-        );
-        runtime().and_then(|rt| rt.block_on(cli.run()))
+        )
+        .unwrap_or_else(|e| e.exit());
+        runtime().and_then(|rt| rt.block_on(command.run()))
     } else {
         let args = Args::parse();
         runtime().and_then(|rt| rt.block_on(bench(args)))

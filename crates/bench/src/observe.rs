@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use service_mirror::core::labels::{
+use service_mirror_core::labels::{
     MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
 };
 use std::collections::{HashMap, HashSet};

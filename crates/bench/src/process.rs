@@ -41,7 +41,7 @@ pub fn memory_mib(pid: u32, field: &str) -> Option<f64> {
 pub enum ControllerBin {
     /// A `service-mirror` executable: `<path> run ...`.
     Path(PathBuf),
-    /// This executable, which runs the same `service_mirror::cli` as `service-mirror`
+    /// This executable, which runs the same `service_mirror_controller::cli` as `service-mirror`
     /// when its first argument is [`SELF_CONTROLLER_ARG`].
     SelfExec,
 }

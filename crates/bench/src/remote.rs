@@ -9,11 +9,11 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use local_cluster::LocalCluster;
-use service_mirror::core::labels::{
+use service_mirror_core::labels::{
     GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
     LINK_KUBECONFIG_KEY, LINK_SECRET_TYPE,
 };
-use service_mirror::core::mirror_name;
+use service_mirror_core::mirror_name;
 use std::collections::BTreeMap;
 use std::time::Instant;
 

@@ -1,10 +1,12 @@
 //! The `service-mirror` binary: see `service-mirror --help`.
 
+mod cli;
+
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = service_mirror::cli::Cli::parse();
+    let cli = cli::Cli::parse();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,6 +1,6 @@
 //! Chaos: remote churn plus injected faults against the real `service-mirror run`
 //! binary; after each round the world must converge and keep every invariant
-//! (`service_mirror::invariants`). `CHAOS_ROUNDS` (default 6) and `CHAOS_SEED`
+//! (`service_mirror_testkit`). `CHAOS_ROUNDS` (default 6) and `CHAOS_SEED`
 //! (default: the clock) select the run; the seed is printed first so that any failure
 //! can be replayed.
 
@@ -11,8 +11,8 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{ClusterOptions, LocalCluster};
-use service_mirror::core::NamespaceFilter;
-use service_mirror::invariants::{Baseline, Remote, World, check};
+use service_mirror_core::NamespaceFilter;
+use service_mirror_testkit::{Baseline, Remote, World, check};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::controller::{Controller, link_secret, reader_kubeconfig};

@@ -5,9 +5,9 @@ mod support;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::{Api, ListParams, PostParams};
-use service_mirror::core::NamespaceFilter;
-use service_mirror::metrics::Metrics;
-use service_mirror::watcher::WatcherOptions;
+use service_mirror_controller::link_controller::WatcherOptions;
+use service_mirror_controller::metrics::Metrics;
+use service_mirror_core::NamespaceFilter;
 use support::*;
 
 fn svc(value: serde_json::Value) -> Service {
@@ -119,7 +119,7 @@ async fn hostile_remote_services_end_in_valid_mirrors_or_reported_refusals() {
 
     // 63-character name and namespace: the short-name rule applies.
     let long_mirrors: Api<Service> = Api::namespaced(env.lc.clone(), &long_ns);
-    let m = service_mirror::core::mirror_name(&name63, &env.cluster);
+    let m = service_mirror_core::mirror_name(&name63, &env.cluster);
     assert_eq!(m.len(), 63);
     eventually("63-character mirror", || async {
         long_mirrors.get_opt(&m).await.unwrap()
@@ -200,7 +200,7 @@ async fn hostile_remote_services_end_in_valid_mirrors_or_reported_refusals() {
     let local_system: Api<Service> = Api::namespaced(env.lc.clone(), "kube-system");
     assert!(
         local_system
-            .get_opt(&service_mirror::core::mirror_name(&sys_name, &env.cluster))
+            .get_opt(&service_mirror_core::mirror_name(&sys_name, &env.cluster))
             .await
             .unwrap()
             .is_none()
@@ -243,17 +243,14 @@ async fn names_that_collide_after_the_suffix_rule_are_reported_not_fought_over()
     env.export("web-z", "gw", &[("http", 80)]).await;
     env.export("web", "gw", &[("http", 81)]).await;
     let taken = format!("web-{b_cluster}");
-    assert_eq!(
-        service_mirror::core::mirror_name("web-z", &a_cluster),
-        taken
-    );
-    assert_eq!(service_mirror::core::mirror_name("web", &b_cluster), taken);
+    assert_eq!(service_mirror_core::mirror_name("web-z", &a_cluster), taken);
+    assert_eq!(service_mirror_core::mirror_name("web", &b_cluster), taken);
 
     let start = |cluster: &str| {
-        service_mirror::watcher::ClusterWatcher::start(
+        service_mirror_controller::link_controller::ClusterWatcher::start(
             env.lc.clone(),
             env.rc.clone(),
-            service_mirror::core::Link::new(cluster, None),
+            service_mirror_core::Link::new(cluster, None),
             env.options(),
         )
         .unwrap()

@@ -5,8 +5,8 @@ mod support;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::PostParams;
-use service_mirror::metrics::Metrics;
-use service_mirror::watcher::{ProbeRedirect, WatcherOptions};
+use service_mirror_controller::link_controller::{ProbeRedirect, WatcherOptions};
+use service_mirror_controller::metrics::Metrics;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

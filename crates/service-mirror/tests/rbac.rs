@@ -14,7 +14,7 @@ use local_cluster::{LocalCluster, apply_yaml, client_from_yaml, shared_cluster, 
 use rbac_support::{
     RunningController, SERVICE_ACCOUNT, apply_documents, install, install_documents, remove_verb,
 };
-use service_mirror::permissions::{Permission, is_allowed, missing_permissions};
+use service_mirror_controller::permissions::{Permission, is_allowed, missing_permissions};
 use std::time::{Duration, Instant};
 use support::controller::service_mirror;
 use support::*;
@@ -327,7 +327,7 @@ async fn each_missing_local_permission_is_named_at_startup() {
     init_tracing();
     let local = shared_cluster("local").await.expect("local cluster");
     let started = Instant::now();
-    let all = service_mirror::permissions::required_permissions("placeholder");
+    let all = service_mirror_controller::permissions::required_permissions("placeholder");
     let n = all.len();
     let took: Vec<(String, Duration)> = futures::stream::iter(all)
         .map(|p| {

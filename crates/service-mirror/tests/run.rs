@@ -359,7 +359,7 @@ async fn bad_link_secrets_are_reported_and_fixable_without_disturbing_other_link
         .await
         .unwrap();
     wait_event(&env.lc, &ctl_ns, "bad-token", "Linked").await;
-    let c_mirror = service_mirror::core::mirror_name("web", "c-badtoken");
+    let c_mirror = service_mirror_core::mirror_name("web", "c-badtoken");
     eventually("fixed link mirrors", || async {
         env.local_services().get_opt(&c_mirror).await.unwrap()
     })
@@ -710,7 +710,7 @@ async fn mirrors_of_a_link_removed_while_down_are_collected_at_start() {
     let restarted = Controller::spawn(&env.local, &ctl_ns, &["--namespace-allow", &env.ns]);
     restarted.wait_ready().await;
     env.mirror_gone("web").await;
-    let kept = service_mirror::core::mirror_name("web", &kept_cluster);
+    let kept = service_mirror_core::mirror_name("web", &kept_cluster);
     eventually("the linked cluster's mirror exists", || async {
         env.local_services().get_opt(&kept).await.unwrap()
     })

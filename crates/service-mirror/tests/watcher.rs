@@ -7,7 +7,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{ClusterOptions, LocalCluster, TcpProxy};
-use service_mirror::watcher::{Lookup, Resolver, WatcherOptions};
+use service_mirror_controller::link_controller::{Lookup, Resolver, WatcherOptions};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -548,11 +548,17 @@ async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
 }
 
 trait StatusExt {
-    fn status_failing(&self, w: &service_mirror::watcher::ClusterWatcher) -> bool;
+    fn status_failing(
+        &self,
+        w: &service_mirror_controller::link_controller::ClusterWatcher,
+    ) -> bool;
 }
 
 impl StatusExt for Env {
-    fn status_failing(&self, w: &service_mirror::watcher::ClusterWatcher) -> bool {
+    fn status_failing(
+        &self,
+        w: &service_mirror_controller::link_controller::ClusterWatcher,
+    ) -> bool {
         w.status().failing > 0
     }
 }

@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::{
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use local_cluster::{Kubeconfig, LocalCluster, shared_cluster, unique_namespace};
-use service_mirror::core::{Link, NamespaceFilter};
-use service_mirror::watcher::{ClusterWatcher, WatcherOptions};
+use service_mirror_controller::link_controller::{ClusterWatcher, WatcherOptions};
+use service_mirror_core::{Link, NamespaceFilter};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "service_mirror=info".into()),
+                .unwrap_or_else(|_| "service_mirror_controller=info".into()),
         )
         .with_test_writer()
         .try_init();
@@ -111,7 +111,7 @@ impl Env {
     }
 
     pub fn mirror_name(&self, remote: &str) -> String {
-        service_mirror::core::mirror_name(remote, &self.cluster)
+        service_mirror_core::mirror_name(remote, &self.cluster)
     }
 
     /// Creates (or replaces the spec of) a gateway with `mc-gateway` port `port` and

@@ -20,10 +20,6 @@ pub use probe::ProbeRedirect;
 pub use queue::{Backoff, Outcome, WorkQueue};
 pub use resolve::{CachingResolver, Lookup, Resolver, SystemResolver};
 
-use crate::core::{
-    GatewayRef, Link, NamespaceFilter, ServiceKey, exported_gateway, owner_selector, remote_key,
-    validate_cluster_name,
-};
 use crate::error::{Error, Result};
 use crate::metrics::{ErrorLabels, Metrics};
 use crate::writer::LocalWriter;
@@ -35,6 +31,10 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use service_mirror_core::{
+    ExportPolicy, GatewayRef, Link, NamespaceFilter, ServiceKey, export_decision, owner_selector,
+    remote_key, validate_cluster_name,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -97,6 +97,8 @@ impl Default for WatcherOptions {
 /// State shared by the tasks of one watcher.
 struct Inner {
     link: Link,
+    /// Which remote Services are mirrored.
+    export: ExportPolicy,
     opts: WatcherOptions,
     remote: Cache<Service>,
     local_services: Cache<Service>,
@@ -294,6 +296,10 @@ impl ClusterWatcher {
             resolver: CachingResolver::new(opts.resolver.clone()),
             queue: WorkQueue::new(backoff, cancel.clone()),
             limit: limit::MirrorLimit::new(opts.max_mirrors),
+            export: ExportPolicy {
+                namespaces: opts.namespaces.clone(),
+                ..ExportPolicy::default()
+            },
             link,
             opts,
             remote: remote_store,
@@ -453,9 +459,7 @@ fn on_remote_event(inner: &Inner, ev: &watcher::Event<Service>) {
         watcher::Event::Apply(svc) | watcher::Event::Delete(svc) => {
             let key = ServiceKey::new(svc.namespace().unwrap_or_default(), svc.name_any());
             let gw = match ev {
-                watcher::Event::Apply(_) if inner.opts.namespaces.allows(&key.namespace) => {
-                    exported_gateway(svc)
-                }
+                watcher::Event::Apply(_) => export_decision(svc, &inner.export).gateway().cloned(),
                 _ => None,
             };
             let mut index = inner.index();
@@ -472,10 +476,8 @@ fn on_remote_event(inner: &Inner, ev: &watcher::Event<Service>) {
             index.clear_gateways();
             inner.remote.for_each(|svc| {
                 let key = ServiceKey::new(svc.namespace().unwrap_or_default(), svc.name_any());
-                if let Some(gw) =
-                    exported_gateway(svc).filter(|_| inner.opts.namespaces.allows(&key.namespace))
-                {
-                    index.set_gateway(&key, Some(gw));
+                if let Some(gw) = export_decision(svc, &inner.export).gateway() {
+                    index.set_gateway(&key, Some(gw.clone()));
                 }
             });
             keys.extend(index.exported().cloned());
@@ -778,7 +780,7 @@ async fn refresh_hostnames(inner: Arc<Inner>, cancel: CancellationToken) {
         let gateways = inner.index().gateways();
         for gw in gateways {
             let by_hostname = reconcile::gateway_service(&inner, &gw)
-                .and_then(|svc| crate::core::gateway_spec(&svc).ok())
+                .and_then(|svc| service_mirror_core::gateway_spec(&svc).ok())
                 .is_some_and(|spec| !spec.hostnames.is_empty());
             if by_hostname {
                 for key in inner.index().users_of(&gw) {
@@ -792,7 +794,9 @@ async fn refresh_hostnames(inner: Arc<Inner>, cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{ResolvedGateway, desired_mirror, gateway_spec, probe_spec};
+    use service_mirror_core::{
+        ResolvedGateway, desired_mirror, exported_gateway, gateway_spec, probe_spec,
+    };
 
     fn full(json: serde_json::Value) -> Service {
         serde_json::from_value(json).unwrap()

@@ -1,12 +1,12 @@
 //! `service-mirror run`: the controller.
 
 use crate::admin::{self, AdminState};
-use crate::core::NamespaceFilter;
 use crate::leader::{LeaderOptions, default_identity, elect};
+use crate::link_controller::WatcherOptions;
 use crate::links::{LinkManager, LinkManagerOptions};
 use crate::metrics::Metrics;
 use crate::telemetry::{LogFormat, init_logging};
-use crate::watcher::WatcherOptions;
+use service_mirror_core::NamespaceFilter;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ pub struct RunArgs {
     /// Address of the admin server (/metrics, /ping, /ready, /live).
     #[arg(long, env = "SERVICE_MIRROR_METRICS_ADDR", default_value = ":9999")]
     metrics_addr: String,
-    /// Log filter: a level (info, debug) or tracing directives (service_mirror=debug,kube=warn).
+    /// Log filter: a level (info, debug) or tracing directives (service_mirror_controller=debug,kube=warn).
     #[arg(long, env = "SERVICE_MIRROR_LOG_LEVEL", default_value = "info")]
     log_level: String,
     /// Log line format.

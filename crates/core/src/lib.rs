@@ -2,11 +2,12 @@
 //!
 //! Nothing here talks to a cluster: every function maps Kubernetes objects (as
 //! `k8s_openapi` values) to other values, so each rule is unit-tested without an
-//! apiserver. The rest of the program uses it in three steps:
+//! apiserver. This crate does not depend on `kube` or `tokio`: purity is a compile
+//! error to break. The rest of the program uses it in three steps:
 //!
-//! 1. the watcher reads its caches (remote Services, remote gateways, local mirrors)
-//!    and, for a remote Service key, builds the desired state with
-//!    [`exported_gateway`], [`gateway_spec`] (plus hostname resolution into a
+//! 1. the per-link controller reads its caches (remote Services, remote gateways, local
+//!    mirrors) and, for a remote Service key, decides with [`export_decision`], then
+//!    builds the desired state with [`gateway_spec`] (plus hostname resolution into a
 //!    [`ResolvedGateway`]) and [`desired_mirror`];
 //! 2. it selects the local objects owned by the link that map to the key
 //!    ([`is_owned`], [`remote_key`]) and calls [`plan()`];
@@ -17,6 +18,7 @@
 
 pub mod desired;
 pub mod diff;
+pub mod export;
 pub mod gateway;
 pub mod labels;
 pub mod namespaces;
@@ -27,6 +29,7 @@ pub mod probe;
 
 pub use desired::{DesiredMirror, Link, desired_mirror, desired_namespace, mirror_labels};
 pub use diff::{endpoints_update, service_update};
+pub use export::{ExportDecision, ExportPolicy, ExportRule, Refusal, export_decision};
 pub use gateway::{
     GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, endpoint_ip_allowed, exported_gateway,
     gateway_spec,

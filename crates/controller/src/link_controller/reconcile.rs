@@ -4,15 +4,15 @@ use super::expect::LocalObject;
 use super::limit::Admission;
 use super::probe::ProbeTarget;
 use super::{Inner, Outcome, endpoints_key, service_key};
-use crate::core::{
-    Action, GatewayRef, ProbeSpec, ResolvedGateway, ServiceKey, desired_mirror,
-    endpoint_ip_allowed, exported_gateway, gateway_spec, plan, probe_spec,
-};
 use crate::error::Result;
 use crate::writer::Applied;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
+use service_mirror_core::{
+    Action, ExportDecision, GatewayRef, ProbeSpec, ResolvedGateway, ServiceKey, desired_mirror,
+    endpoint_ip_allowed, export_decision, gateway_spec, plan, probe_spec,
+};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -102,27 +102,21 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         return Ok(Outcome::Done);
     }
     let mut requeue = None;
-    let exported = remote
+    let decision = remote
         .as_deref()
-        .filter(|_| inner.opts.namespaces.allows(&key.namespace))
-        .and_then(|svc| exported_gateway(svc).map(|gw| (svc, gw)));
-    if let Some((svc, _)) = &exported
-        && svc
-            .spec
-            .as_ref()
-            .and_then(|s| s.ports.as_ref())
-            .is_none_or(|p| p.is_empty())
-    {
-        // A Service without ports cannot be mirrored (a ClusterIP Service needs one).
+        .map_or(ExportDecision::NotExported, |svc| {
+            export_decision(svc, &inner.export)
+        });
+    if let ExportDecision::Refused { reason, .. } = decision {
         // Refuse it visibly and touch nothing: an existing mirror stays as it was.
-        tracing::warn!(cluster = %inner.link.cluster_name, %key, "exported service has no ports; not mirrored");
+        tracing::warn!(cluster = %inner.link.cluster_name, %key, reason = reason.reason(), "exported service cannot be mirrored (it has no ports)");
         inner
             .opts
             .metrics
             .reconcile_errors
             .get_or_create(&crate::metrics::ErrorLabels {
                 cluster: inner.link.cluster_name.clone(),
-                kind: "unmirrorable".into(),
+                kind: reason.reason().into(),
             })
             .inc();
         if inner.index().local_names(key).0.is_empty() {
@@ -130,6 +124,10 @@ pub(super) async fn reconcile(inner: &Arc<Inner>, key: &ServiceKey) -> Result<Ou
         }
         return Ok(Outcome::Done);
     }
+    let exported = match (remote.as_deref(), decision) {
+        (Some(svc), ExportDecision::Mirror(gw)) => Some((svc, gw)),
+        _ => None,
+    };
     let desired = match exported {
         Some((svc, gw)) => {
             let resolved = resolve_gateway(inner, key, &gw).await;

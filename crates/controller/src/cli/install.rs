@@ -559,7 +559,6 @@ mod tests {
 
     #[test]
     fn the_args_parse_as_a_run_command() {
-        use clap::Parser;
         let docs = install_manifests("mc", false, IMAGE);
         let mut argv = vec!["service-mirror".to_string()];
         argv.extend(
@@ -569,7 +568,8 @@ mod tests {
                 .iter()
                 .map(|a| a.as_str().unwrap().to_string()),
         );
-        let cli = crate::cli::Cli::try_parse_from(argv).expect("the Deployment's args are valid");
+        let cli =
+            crate::cli::Command::try_parse_from(argv).expect("the Deployment's args are valid");
         // The probes and the scrape annotation use run's default admin address.
         let debug = format!("{cli:?}");
         assert!(

@@ -10,11 +10,14 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber writing to stderr with `filter` (tracing `EnvFilter`
-/// syntax: `info`, `service_mirror=debug,kube=warn`).
+/// syntax: `info`, `service_mirror_controller=debug,kube=warn`).
 pub fn init_logging(filter: &str, format: LogFormat) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)?;
+    // Colour codes only on a terminal: a log file or a pod log gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Plain => builder.try_init(),

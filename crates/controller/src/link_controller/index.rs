@@ -1,6 +1,6 @@
 //! In-memory indexes fed by watch events, so no event needs a scan of a store.
 
-use crate::core::{GatewayRef, ServiceKey};
+use service_mirror_core::{GatewayRef, ServiceKey};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Which remote Services use which gateway, and which local objects mirror which key.

@@ -1,11 +1,11 @@
 //! Reading a link Secret: what it says, or a clear reason why it cannot be used.
 
-use crate::core::labels::{
-    LINK_CLUSTER_DOMAIN_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION, LINK_KUBECONFIG_KEY,
-};
-use crate::core::{Link, validate_cluster_name};
 use k8s_openapi::api::core::v1::Secret;
 use kube::config::Kubeconfig;
+use service_mirror_core::labels::{
+    LINK_CLUSTER_DOMAIN_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION, LINK_KUBECONFIG_KEY,
+};
+use service_mirror_core::{Link, validate_cluster_name};
 
 /// A usable link: the remote cluster's name and domain and its kubeconfig.
 #[derive(Clone, PartialEq, Eq)]

@@ -7,19 +7,19 @@
 //! published at documentation addresses (192.0.2.N, never contacted); their probes are
 //! redirected to small HTTP servers on 127.0.0.N that the story can stop.
 
-use crate::cli::allow::{
-    DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
-};
-use crate::cli::link::link_secret;
-use crate::core::NamespaceFilter;
-use crate::invariants::{Baseline, Remote as InvariantRemote, World, check};
-use crate::links::{LinkManager, LinkManagerOptions};
-use crate::watcher::{ProbeRedirect, WatcherOptions};
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{LocalCluster, apply_yaml};
+use service_mirror_controller::cli::allow::{
+    DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
+};
+use service_mirror_controller::cli::link::link_secret;
+use service_mirror_controller::link_controller::{ProbeRedirect, WatcherOptions};
+use service_mirror_controller::links::{LinkManager, LinkManagerOptions};
+use service_mirror_core::NamespaceFilter;
+use service_mirror_testkit::{Baseline, Remote as InvariantRemote, World, check};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +48,10 @@ struct Remote {
 
 /// Runs the demo; Ctrl-C stops it at any point and removes every file.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    service_mirror_controller::telemetry::init_logging(
+        "warn,kube_client=off",
+        service_mirror_controller::telemetry::LogFormat::Plain,
+    )?;
     tokio::select! {
         r = story(args) => r,
         _ = tokio::signal::ctrl_c() => {

@@ -23,10 +23,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
-use crate::core::labels::{CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE};
-use crate::core::{
-    DesiredMirror, Link, NamespaceFilter, ResolvedGateway, desired_mirror, endpoints_update,
-    exported_gateway, gateway_spec, is_owned, service_update,
+use service_mirror_core::labels::{
+    CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+};
+use service_mirror_core::{
+    DesiredMirror, ExportDecision, ExportPolicy, Link, NamespaceFilter, ResolvedGateway,
+    desired_mirror, endpoints_update, export_decision, gateway_spec, is_owned, service_update,
 };
 
 /// One linked remote cluster, as the checker sees it.
@@ -234,17 +236,18 @@ impl Baseline {
     }
 }
 
-/// An exported Service without ports: refused (a ClusterIP Service needs a port); the
-/// controller creates no mirror and leaves an existing one as it was.
-fn unmirrorable(svc: &Service) -> bool {
-    svc.spec
-        .as_ref()
-        .and_then(|s| s.ports.as_ref())
-        .is_none_or(|p| p.is_empty())
+/// The export rule of the contract, applied to one remote Service.
+fn decision(svc: &Service, namespaces: &NamespaceFilter) -> ExportDecision {
+    let policy = ExportPolicy {
+        namespaces: namespaces.clone(),
+        ..ExportPolicy::default()
+    };
+    export_decision(svc, &policy)
 }
 
-/// Local mirror names of exported but portless remote Services: no invariant holds
-/// for them either way.
+/// Local mirror names of exported but refused (portless) remote Services: the
+/// controller creates no mirror and leaves an existing one as it was, so no invariant
+/// holds for them either way.
 pub fn tolerated_of(
     remote_services: &[Service],
     link: &Link,
@@ -252,12 +255,11 @@ pub fn tolerated_of(
 ) -> BTreeSet<Key> {
     remote_services
         .iter()
-        .filter(|s| namespaces.allows(s.metadata.namespace.as_deref().unwrap_or_default()))
-        .filter(|s| exported_gateway(s).is_some() && unmirrorable(s))
+        .filter(|s| matches!(decision(s, namespaces), ExportDecision::Refused { .. }))
         .map(|s| {
             (
                 s.metadata.namespace.clone().unwrap_or_default(),
-                crate::core::mirror_name(
+                service_mirror_core::mirror_name(
                     s.metadata.name.as_deref().unwrap_or_default(),
                     &link.cluster_name,
                 ),
@@ -278,16 +280,9 @@ pub fn desired_of(
         .collect();
     let mut out = BTreeMap::new();
     for svc in remote_services {
-        let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
-        if !namespaces.allows(ns) {
-            continue;
-        }
-        let Some(gw) = exported_gateway(svc) else {
+        let ExportDecision::Mirror(gw) = decision(svc, namespaces) else {
             continue;
         };
-        if unmirrorable(svc) {
-            continue;
-        }
         let resolved: Option<ResolvedGateway> = by_key
             .get(&(gw.namespace.clone(), gw.name.clone()))
             .and_then(|g| gateway_spec(g).ok())

@@ -11,15 +11,15 @@
 
 use super::allow::{DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, check_names, token_secret_name};
 use super::output::{OutputFormat, print_documents};
-use crate::core::labels::{
-    DEFAULT_CLUSTER_DOMAIN, LINK_CLUSTER_DOMAIN_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
-    LINK_KUBECONFIG_KEY, LINK_SECRET_TYPE,
-};
-use crate::core::naming::validate_cluster_name;
 use anyhow::{Context, bail};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta};
+use service_mirror_core::labels::{
+    DEFAULT_CLUSTER_DOMAIN, LINK_CLUSTER_DOMAIN_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
+    LINK_KUBECONFIG_KEY, LINK_SECRET_TYPE,
+};
+use service_mirror_core::naming::validate_cluster_name;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

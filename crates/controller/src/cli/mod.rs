@@ -8,18 +8,11 @@ pub mod link;
 mod output;
 mod run;
 
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 
-/// Kubernetes multi-cluster service mirror.
-#[derive(Debug, Parser)]
-#[command(name = "service-mirror", version, about)]
-pub struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
+/// The controller's commands; the `service-mirror` binary adds `demo` beside them.
 #[derive(Debug, Subcommand)]
-enum Command {
+pub enum Command {
     /// Run the controller: watch link Secrets and mirror every linked cluster.
     Run(run::RunArgs),
     /// Print the link Secret for a remote cluster (apply it to the local cluster).
@@ -32,27 +25,34 @@ enum Command {
     Export(export::ExportArgs),
     /// Stop exporting a Service: remove the gateway annotations.
     Unexport(export::UnexportArgs),
-    /// Start local clusters (west local, east remote), link them and play a short story.
-    Demo(crate::demo::DemoArgs),
 }
 
-impl Cli {
+impl Command {
+    /// Parses `argv` (the program name first) as one of these commands, as the
+    /// `service-mirror` binary would (for programs that embed the controller).
+    pub fn try_parse_from<I, T>(argv: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(clap::Parser)]
+        #[command(name = "service-mirror")]
+        struct Args {
+            #[command(subcommand)]
+            command: Command,
+        }
+        <Args as clap::Parser>::try_parse_from(argv).map(|a| a.command)
+    }
+
     /// Runs the chosen command.
     pub async fn run(self) -> anyhow::Result<()> {
-        match self.command {
+        match self {
             Command::Run(args) => run::run(args).await,
             Command::Link(args) => link::run(args).await,
             Command::Install(args) => install::run(args),
             Command::Allow(args) => allow::run(args),
             Command::Export(args) => export::export(args).await,
             Command::Unexport(args) => export::unexport(args).await,
-            Command::Demo(args) => {
-                crate::telemetry::init_logging(
-                    "warn,kube_client=off",
-                    crate::telemetry::LogFormat::Plain,
-                )?;
-                crate::demo::run(args).await
-            }
         }
     }
 }

@@ -6,8 +6,8 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use local_cluster::LocalCluster;
-use service_mirror::core::{Link, NamespaceFilter};
-use service_mirror::watcher::{ClusterWatcher, WatcherOptions};
+use service_mirror_controller::link_controller::{ClusterWatcher, WatcherOptions};
+use service_mirror_core::{Link, NamespaceFilter};
 use std::time::{Duration, Instant};
 
 fn rss_kib(field: &str) -> u64 {

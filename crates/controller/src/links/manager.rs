@@ -6,13 +6,10 @@
 
 use super::connect::connect;
 use super::secret::{LinkError, LinkSpec, parse_link_secret};
-use crate::core::labels::{
-    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
-    LINK_SECRET_TYPE, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+use crate::link_controller::{
+    Backoff, ClusterWatcher, Outcome, WatcherOptions, WatcherStatus, WorkQueue,
 };
-use crate::core::validate_cluster_name;
 use crate::metrics::{LinkErrorLabels, Metrics};
-use crate::watcher::{Backoff, ClusterWatcher, Outcome, WatcherOptions, WatcherStatus, WorkQueue};
 use crate::writer::{FIELD_MANAGER, LocalWriter, MirrorSelector};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
@@ -23,6 +20,11 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use service_mirror_core::labels::{
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
+    LINK_SECRET_TYPE, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+};
+use service_mirror_core::validate_cluster_name;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

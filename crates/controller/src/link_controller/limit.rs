@@ -3,7 +3,7 @@
 //! Keys that have a mirror always keep their slot, so the cap never deletes anything;
 //! a key refused for lack of a slot is looked at again when a slot frees.
 
-use crate::core::ServiceKey;
+use service_mirror_core::ServiceKey;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
 

@@ -6,10 +6,10 @@
 //! service-mirror unexport web -n shop --context east   # mirrors deleted
 //! ```
 
-use crate::core::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION};
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams};
+use service_mirror_core::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION};
 use std::path::PathBuf;
 
 /// Default name of the gateway Service (Linkerd's).

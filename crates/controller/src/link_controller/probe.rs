@@ -6,8 +6,8 @@
 //! then move their addresses between `addresses` and `notReadyAddresses`.
 
 use super::Inner;
-use crate::core::GatewayRef;
 use crate::metrics::{GatewayLabels, ProbeLabels};
+use service_mirror_core::GatewayRef;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,7 +1,6 @@
 //! The only code that writes to the local cluster: creates, compare-then-updates and
 //! deletes mirror objects under a field manager, with ownership checks at the API.
 
-use crate::core::{Action, desired_namespace, is_owned};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use k8s_openapi::NamespaceResourceScope;
@@ -11,6 +10,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use service_mirror_core::{Action, desired_namespace, is_owned};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -321,8 +321,8 @@ impl LocalWriter {
             + DeserializeOwned
             + Debug,
     {
-        let lp =
-            kube::api::ListParams::default().labels(&crate::core::owner_selector(&self.cluster));
+        let lp = kube::api::ListParams::default()
+            .labels(&service_mirror_core::owner_selector(&self.cluster));
         let listed = Api::<K>::all(self.client.clone())
             .list_metadata(&lp)
             .await?;

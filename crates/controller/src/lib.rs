@@ -1,0 +1,21 @@
+//! The service mirror controller: mirrors exported Services of linked remote clusters
+//! into the local cluster, as Linkerd's service mirror does, with the same labels and
+//! annotations.
+//!
+//! The flow, one folder each: [`links`] (which clusters are linked) → [`link_controller`]
+//! (one per link: caches, event mapping, work queue, reconcile) → the pure core
+//! (`service_mirror_core`: desired mirrors, naming, ownership, plans) → [`writer`] (the
+//! only code that writes to the local cluster).
+
+pub mod admin;
+pub mod cli;
+pub mod error;
+pub mod leader;
+pub mod link_controller;
+pub mod links;
+pub mod metrics;
+pub mod permissions;
+pub mod telemetry;
+pub mod writer;
+
+pub use error::{Error, Result};

@@ -1,0 +1,251 @@
+//! The export rule: which remote Services are mirrored, and through which gateway.
+//!
+//! One function decides it for everyone who asks (the event mapping that indexes
+//! gateways, reconcile, and the test oracle's reading of the contract), so the rule
+//! cannot drift between them. Today's rule is the 2020 contract's pair of gateway
+//! annotations; a label-selector rule (Linkerd's `Link` resources) becomes a second
+//! [`ExportRule`] variant beside it.
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::gateway::{GatewayRef, exported_gateway};
+use super::namespaces::NamespaceFilter;
+
+/// How a remote Service says it is exported.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ExportRule {
+    /// Both `mirror.linkerd.io/gateway-name` and `mirror.linkerd.io/gateway-ns`
+    /// annotations, non-empty: the gateway is the remote Service they name.
+    #[default]
+    GatewayAnnotations,
+}
+
+/// Everything the export decision depends on besides the Service itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportPolicy {
+    /// How export is marked.
+    pub rule: ExportRule,
+    /// Remote namespaces that may be mirrored at all.
+    pub namespaces: NamespaceFilter,
+}
+
+/// Why an exported Service is not mirrored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No ports: a ClusterIP mirror Service needs at least one.
+    NoPorts,
+}
+
+impl Refusal {
+    /// Bounded label for metrics and logs.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::NoPorts => "unmirrorable",
+        }
+    }
+}
+
+/// What becomes of one remote Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExportDecision {
+    /// Mirrored, with its endpoints at this gateway.
+    Mirror(GatewayRef),
+    /// Exported through `gateway` but not mirrorable: reported, and a mirror that
+    /// exists is left exactly as it is (never deleted because of bad input).
+    Refused {
+        /// The gateway it names (still indexed, so a gateway change looks at it again).
+        gateway: GatewayRef,
+        /// Why.
+        reason: Refusal,
+    },
+    /// Not exported, or in a namespace that is not mirrored: any mirror goes.
+    NotExported,
+}
+
+impl ExportDecision {
+    /// The gateway the Service names, mirrored or refused.
+    pub fn gateway(&self) -> Option<&GatewayRef> {
+        match self {
+            ExportDecision::Mirror(gw) | ExportDecision::Refused { gateway: gw, .. } => Some(gw),
+            ExportDecision::NotExported => None,
+        }
+    }
+}
+
+/// Decides whether `service` is mirrored under `policy`.
+pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecision {
+    let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
+    if !policy.namespaces.allows(namespace) {
+        return ExportDecision::NotExported;
+    }
+    let gateway = match policy.rule {
+        ExportRule::GatewayAnnotations => exported_gateway(service),
+    };
+    let Some(gateway) = gateway else {
+        return ExportDecision::NotExported;
+    };
+    let has_ports = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .is_some_and(|p| !p.is_empty());
+    if has_ports {
+        ExportDecision::Mirror(gateway)
+    } else {
+        ExportDecision::Refused {
+            gateway,
+            reason: Refusal::NoPorts,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION};
+
+    fn svc(ns: &str, annotations: &[(&str, &str)], ports: Option<usize>) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some(ns.into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: ports.map(|n| {
+                    (0..n)
+                        .map(|i| ServicePort {
+                            port: 80 + i as i32,
+                            ..ServicePort::default()
+                        })
+                        .collect()
+                }),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    const EXPORTED: &[(&str, &str)] = &[
+        (GATEWAY_NAME_ANNOTATION, "gw"),
+        (GATEWAY_NS_ANNOTATION, "mc"),
+    ];
+
+    #[test]
+    fn the_decision_table() {
+        let gw = GatewayRef::new("mc", "gw");
+        let policy = ExportPolicy::default();
+        let cases: &[(&str, Service, ExportDecision)] = &[
+            (
+                "both annotations and a port",
+                svc("shop", EXPORTED, Some(1)),
+                ExportDecision::Mirror(gw.clone()),
+            ),
+            (
+                "many ports",
+                svc("shop", EXPORTED, Some(250)),
+                ExportDecision::Mirror(gw.clone()),
+            ),
+            (
+                "no annotations",
+                svc("shop", &[], Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "gateway name only",
+                svc("shop", &[(GATEWAY_NAME_ANNOTATION, "gw")], Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "gateway namespace only",
+                svc("shop", &[(GATEWAY_NS_ANNOTATION, "mc")], Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "empty gateway name",
+                svc(
+                    "shop",
+                    &[(GATEWAY_NAME_ANNOTATION, ""), (GATEWAY_NS_ANNOTATION, "mc")],
+                    Some(1),
+                ),
+                ExportDecision::NotExported,
+            ),
+            (
+                "a denied namespace wins over export",
+                svc("kube-system", EXPORTED, Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "denied and portless: not exported, nothing to report",
+                svc("kube-system", EXPORTED, None),
+                ExportDecision::NotExported,
+            ),
+            (
+                "no ports field",
+                svc("shop", EXPORTED, None),
+                ExportDecision::Refused {
+                    gateway: gw.clone(),
+                    reason: Refusal::NoPorts,
+                },
+            ),
+            (
+                "an empty port list",
+                svc("shop", EXPORTED, Some(0)),
+                ExportDecision::Refused {
+                    gateway: gw.clone(),
+                    reason: Refusal::NoPorts,
+                },
+            ),
+            (
+                "portless and not exported: not exported",
+                svc("shop", &[], None),
+                ExportDecision::NotExported,
+            ),
+        ];
+        for (name, service, want) in cases {
+            assert_eq!(&export_decision(service, &policy), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn an_allow_list_limits_export_to_its_namespaces() {
+        let policy = ExportPolicy {
+            namespaces: NamespaceFilter::allow_only(["shop"]),
+            ..ExportPolicy::default()
+        };
+        assert!(matches!(
+            export_decision(&svc("shop", EXPORTED, Some(1)), &policy),
+            ExportDecision::Mirror(_)
+        ));
+        assert_eq!(
+            export_decision(&svc("other", EXPORTED, Some(1)), &policy),
+            ExportDecision::NotExported
+        );
+    }
+
+    #[test]
+    fn a_refused_service_still_names_its_gateway() {
+        let d = export_decision(&svc("shop", EXPORTED, None), &ExportPolicy::default());
+        assert_eq!(d.gateway(), Some(&GatewayRef::new("mc", "gw")));
+        assert_eq!(
+            export_decision(&svc("shop", &[], Some(1)), &ExportPolicy::default()).gateway(),
+            None
+        );
+    }
+
+    #[test]
+    fn refusal_reasons_are_bounded_metric_labels() {
+        assert_eq!(Refusal::NoPorts.reason(), "unmirrorable");
+    }
+}
