@@ -110,6 +110,8 @@ pub struct Metrics {
     pub gateway_probe_latency_ms: Family<GatewayLabels, Histogram, fn() -> Histogram>,
     /// Probes sent (Linkerd's `gateway_probes`).
     pub gateway_probes: Family<ProbeLabels, Counter>,
+    /// Requests of every Kubernetes client the controller builds.
+    pub client: crate::kube_client::ClientMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -139,6 +141,7 @@ impl Metrics {
             gateway_alive: Family::default(),
             gateway_probe_latency_ms: Family::new_with_constructor(probe_latency_histogram),
             gateway_probes: Family::default(),
+            client: crate::kube_client::ClientMetrics::default(),
         };
         {
             let mut root = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -159,6 +162,7 @@ impl Metrics {
                 m.gateway_probes.clone(),
             );
             let r = root.sub_registry_with_prefix("service_mirror");
+            m.client.register(r);
             r.register(
                 "mirrored_services",
                 "Local mirror Services per linked cluster",

@@ -340,6 +340,22 @@ async fn bad_link_secrets_are_reported_and_fixable_without_disturbing_other_link
             format!("service_mirror_link_errors_total{{secret=\"{name}\",reason=\"{reason}\"}}");
         assert!(metrics.contains(&series), "{series} missing");
     }
+    // Every client's requests are counted: the local one, the good link's, and the
+    // remote's refusal of the link without RBAC.
+    for series in [
+        "service_mirror_kube_requests_total{client=\"local\",verb=\"watch\",code=\"200\"}"
+            .to_string(),
+        format!(
+            "service_mirror_kube_requests_total{{client=\"{}\",verb=\"list\",code=\"200\"}}",
+            env.cluster
+        ),
+        "service_mirror_kube_requests_total{client=\"c-norbac\",verb=\"list\",code=\"403\"}"
+            .to_string(),
+        "service_mirror_kube_request_duration_seconds_count{client=\"local\",verb=\"create\"}"
+            .to_string(),
+    ] {
+        assert!(metrics.contains(&series), "{series} missing:\n{metrics}");
+    }
     assert!(ctl.running(), "bad input never crashes the controller");
     let (svc, _) = env.mirror("web").await;
     assert_eq!(

@@ -9,6 +9,16 @@ pub async fn client_from(
     kubeconfig: Option<&PathBuf>,
     context: Option<&str>,
 ) -> anyhow::Result<kube::Client> {
+    Ok(kube::Client::try_from(
+        config_from(kubeconfig, context).await?,
+    )?)
+}
+
+/// The configuration [`client_from`] uses.
+pub async fn config_from(
+    kubeconfig: Option<&PathBuf>,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Config> {
     let options = kube::config::KubeConfigOptions {
         context: context.map(str::to_string),
         ..Default::default()
@@ -28,5 +38,5 @@ pub async fn client_from(
             .await
             .context("no --kubeconfig given and neither in-cluster config nor $KUBECONFIG/~/.kube/config works")?,
     };
-    Ok(kube::Client::try_from(config)?)
+    Ok(config)
 }

@@ -89,9 +89,10 @@ pub struct RunArgs {
 /// Runs the controller until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_format)?;
-    let local = super::client::client_from(args.kubeconfig.as_ref(), None).await?;
-    crate::permissions::spawn_startup_check(&local, &args.namespace);
     let metrics = Metrics::new();
+    let config = super::client::config_from(args.kubeconfig.as_ref(), None).await?;
+    let local = crate::kube_client::build(config, "local", &metrics.client)?;
+    crate::permissions::spawn_startup_check(&local, &args.namespace);
     let shutdown = CancellationToken::new();
     let (leader, election) = if args.leader_election {
         let opts = LeaderOptions {

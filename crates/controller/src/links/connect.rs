@@ -1,6 +1,7 @@
 //! Turning a link into a client, checked against the remote before it is used.
 
 use super::secret::{LinkError, LinkSpec, redact};
+use crate::kube_client::ClientMetrics;
 use crate::permissions::{Permission, is_allowed};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams};
@@ -8,8 +9,9 @@ use std::time::Duration;
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Builds a client for the link and checks it may list Services on the remote.
-pub async fn connect(spec: &LinkSpec) -> Result<kube::Client, LinkError> {
+/// Builds a client for the link (its requests counted in `metrics` under the link's
+/// cluster name) and checks it may list Services on the remote.
+pub async fn connect(spec: &LinkSpec, metrics: &ClientMetrics) -> Result<kube::Client, LinkError> {
     let kc = kube::config::Kubeconfig::from_yaml(&spec.kubeconfig)
         .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
     let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
@@ -17,7 +19,8 @@ pub async fn connect(spec: &LinkSpec) -> Result<kube::Client, LinkError> {
         .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(295));
-    let client = kube::Client::try_from(config).map_err(|e| classify(&e))?;
+    let client = crate::kube_client::build(config, &spec.link.cluster_name, metrics)
+        .map_err(|e| classify(&e))?;
     let api = Api::<Service>::all(client.clone());
     let lp = ListParams::default().limit(1);
     match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await {

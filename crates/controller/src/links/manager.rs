@@ -359,7 +359,7 @@ impl Inner {
         if let Some(cleanup) = self.cleanups().remove(&cluster) {
             cleanup.cancel();
         }
-        let client = match connect(&spec).await {
+        let client = match connect(&spec, &self.metrics().client).await {
             Ok(c) => c,
             Err(e) => {
                 self.claims().remove(&cluster);
@@ -404,7 +404,7 @@ impl Inner {
     /// so no mirror is deleted or flaps.
     async fn rotate(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
         let cluster = spec.link.cluster_name.clone();
-        let client = match connect(&spec).await {
+        let client = match connect(&spec, &self.metrics().client).await {
             Ok(c) => c,
             Err(e) => {
                 self.report(secret, &e).await;
