@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 /// User-Agent of every request the bench itself makes.
-pub const BENCH_USER_AGENT: &str = "service-mirror-bench";
+pub(crate) const BENCH_USER_AGENT: &str = "service-mirror-bench";
 
 /// The audit policy of the bench's local cluster.
-pub const POLICY: &str = "apiVersion: audit.k8s.io/v1
+pub(crate) const POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [\"RequestReceived\"]
 rules:
@@ -30,18 +30,18 @@ const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deleteco
 
 /// Requests counted in one window.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Every request of the controller (reads and writes).
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// Its create, update, patch and delete requests.
-    pub writes: u64,
+    pub(crate) writes: u64,
     /// Requests by `verb resource` (e.g. `create services`).
-    pub by_kind: BTreeMap<String, u64>,
+    pub(crate) by_kind: BTreeMap<String, u64>,
 }
 
 impl Counts {
     /// Writes to mirror objects only (Services and Endpoints).
-    pub fn mirror_writes(&self) -> u64 {
+    pub(crate) fn mirror_writes(&self) -> u64 {
         self.by_kind
             .iter()
             .filter(|(k, _)| {
@@ -55,14 +55,14 @@ impl Counts {
 }
 
 /// Reads an audit log incrementally.
-pub struct AuditLog {
+pub(crate) struct AuditLog {
     path: PathBuf,
     offset: u64,
 }
 
 impl AuditLog {
     /// Starts reading `path` at its current end.
-    pub fn at_end(path: &Path) -> Self {
+    pub(crate) fn at_end(path: &Path) -> Self {
         let mut log = Self {
             path: path.to_path_buf(),
             offset: 0,
@@ -72,12 +72,12 @@ impl AuditLog {
     }
 
     /// Forgets everything logged so far.
-    pub fn skip(&mut self) {
+    pub(crate) fn skip(&mut self) {
         let _ = self.read();
     }
 
     /// Counts the controller's requests logged since the last call.
-    pub fn count(&mut self) -> Counts {
+    pub(crate) fn count(&mut self) -> Counts {
         let mut counts = Counts::default();
         for r in self.read() {
             counts.add(&r);
@@ -88,7 +88,7 @@ impl AuditLog {
     /// Counts the controller's requests logged since the last call, split by whether
     /// the apiserver received them before `cut` or not (a request's log line is written
     /// when it completes, possibly after its effect was seen).
-    pub fn count_split(&mut self, cut: SystemTime) -> (Counts, Counts) {
+    pub(crate) fn count_split(&mut self, cut: SystemTime) -> (Counts, Counts) {
         let cut = cut
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()

@@ -19,13 +19,13 @@ use service_mirror_core::{GatewayRef, Link, ResolvedGateway, desired_mirror};
 use std::time::{Duration, Instant};
 
 /// Namespace the baseline writes to.
-pub const BASELINE_NAMESPACE: &str = "baseline";
+pub(crate) const BASELINE_NAMESPACE: &str = "baseline";
 /// Value of the `mirrored-service` label on baseline objects (the controller selects `true`).
 const BASELINE_LABEL_VALUE: &str = "base";
 
 /// One object to write.
 #[derive(Clone)]
-pub enum Obj {
+pub(crate) enum Obj {
     /// A Service.
     Service(Box<Service>),
     /// An Endpoints.
@@ -34,29 +34,29 @@ pub enum Obj {
 
 /// What one mirror is made of: for the remote's `index`-th cluster, Service `i`.
 #[derive(Clone)]
-pub struct Pair {
+pub(crate) struct Pair {
     /// Index of the remote cluster it mirrors.
-    pub remote: usize,
+    pub(crate) remote: usize,
     /// The Service, as last written (with its resourceVersion).
-    pub service: Service,
+    pub(crate) service: Service,
     /// The Endpoints, as last written.
-    pub endpoints: Endpoints,
+    pub(crate) endpoints: Endpoints,
 }
 
 /// The exported Services of one remote cluster, as the baseline needs them.
-pub struct Shape {
+pub(crate) struct Shape {
     /// Link (cluster) name.
-    pub name: String,
+    pub(crate) name: String,
     /// Gateway address.
-    pub gateway_ip: String,
+    pub(crate) gateway_ip: String,
     /// Port numbers of each exported Service (`http`, `grpc`), by Service number; None
     /// for a Service that is not exported.
-    pub ports: Vec<Option<[i32; 2]>>,
+    pub(crate) ports: Vec<Option<[i32; 2]>>,
 }
 
 impl Shape {
     /// The shape of `remote` now.
-    pub fn of(remote: &Remote) -> Self {
+    pub(crate) fn of(remote: &Remote) -> Self {
         Self {
             name: remote.name.clone(),
             gateway_ip: remote.gateway_ip.clone(),
@@ -69,7 +69,7 @@ impl Shape {
 
 /// The controller's objects for every exported Service of `remotes`, in `namespace`.
 /// The remote resourceVersions are made up (as long as real ones), the rest is exact.
-pub fn objects(remotes: &[Shape], namespace: &str, controller_ns: &str) -> Vec<Pair> {
+pub(crate) fn objects(remotes: &[Shape], namespace: &str, controller_ns: &str) -> Vec<Pair> {
     let mut pairs = Vec::new();
     for (r, remote) in remotes.iter().enumerate() {
         let link = Link::new(remote.name.clone(), None).with_controller_namespace(controller_ns);
@@ -118,7 +118,7 @@ pub fn objects(remotes: &[Shape], namespace: &str, controller_ns: &str) -> Vec<P
 }
 
 /// What the observer should see once `pairs` are written.
-pub fn wants(pairs: &[Pair]) -> Vec<(ObjKey, Want)> {
+pub(crate) fn wants(pairs: &[Pair]) -> Vec<(ObjKey, Want)> {
     let mut wants = Vec::with_capacity(2 * pairs.len());
     for p in pairs {
         let (ns, name) = (
@@ -194,7 +194,7 @@ async fn write(client: &Client, obj: Obj, create: bool) -> anyhow::Result<Obj> {
 
 /// Writes `objs` (create or replace), always `concurrency` requests in flight; returns
 /// what the apiserver answered (in completion order) and the time until the last answer.
-pub async fn write_all(
+pub(crate) async fn write_all(
     client: &Client,
     objs: Vec<Obj>,
     create: bool,
@@ -211,7 +211,7 @@ pub async fn write_all(
 }
 
 /// Services and Endpoints of `pairs`, interleaved (a mirror's two objects together).
-pub fn interleaved(pairs: &[Pair]) -> Vec<Obj> {
+pub(crate) fn interleaved(pairs: &[Pair]) -> Vec<Obj> {
     pairs
         .iter()
         .flat_map(|p| {
@@ -224,7 +224,7 @@ pub fn interleaved(pairs: &[Pair]) -> Vec<Obj> {
 }
 
 /// Takes the written objects (with their new resourceVersions) back into `pairs`.
-pub fn absorb(pairs: &mut [Pair], written: Vec<Obj>) {
+pub(crate) fn absorb(pairs: &mut [Pair], written: Vec<Obj>) {
     let index: std::collections::HashMap<String, usize> = pairs
         .iter()
         .enumerate()
@@ -247,7 +247,7 @@ pub fn absorb(pairs: &mut [Pair], written: Vec<Obj>) {
 }
 
 /// The Endpoints of `pairs` pointing at `ip`.
-pub fn moved_endpoints(pairs: &[Pair], ip: &str) -> Vec<Obj> {
+pub(crate) fn moved_endpoints(pairs: &[Pair], ip: &str) -> Vec<Obj> {
     pairs
         .iter()
         .map(|p| {
@@ -265,7 +265,7 @@ pub fn moved_endpoints(pairs: &[Pair], ip: &str) -> Vec<Obj> {
 
 /// What a gateway move means for the controller's objects: every Service gets the new
 /// gateway resourceVersion, every Endpoints the new address.
-pub fn moved_mirrors(pairs: &[Pair], ip: &str, gateway_version: &str) -> Vec<Obj> {
+pub(crate) fn moved_mirrors(pairs: &[Pair], ip: &str, gateway_version: &str) -> Vec<Obj> {
     let endpoints = moved_endpoints(pairs, ip);
     pairs
         .iter()
@@ -282,7 +282,7 @@ pub fn moved_mirrors(pairs: &[Pair], ip: &str, gateway_version: &str) -> Vec<Obj
 }
 
 /// Wants for the Endpoints (and with `gateway_version`, the Services) of `pairs`.
-pub fn moved_wants(pairs: &[Pair], ip: &str, gateway_version: Option<&str>) -> Vec<(ObjKey, Want)> {
+pub(crate) fn moved_wants(pairs: &[Pair], ip: &str, gateway_version: Option<&str>) -> Vec<(ObjKey, Want)> {
     let mut wants = Vec::new();
     for p in pairs {
         let (ns, name) = (

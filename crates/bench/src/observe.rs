@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 
 /// Which kind of object.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A Service.
     Service,
     /// An Endpoints.
@@ -30,18 +30,18 @@ pub enum Kind {
 
 /// One local object.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ObjKey {
+pub(crate) struct ObjKey {
     /// Its kind.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// Its namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Its name.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 impl ObjKey {
     /// A Service.
-    pub fn service(namespace: &str, name: &str) -> Self {
+    pub(crate) fn service(namespace: &str, name: &str) -> Self {
         Self {
             kind: Kind::Service,
             namespace: namespace.into(),
@@ -50,7 +50,7 @@ impl ObjKey {
     }
 
     /// An Endpoints.
-    pub fn endpoints(namespace: &str, name: &str) -> Self {
+    pub(crate) fn endpoints(namespace: &str, name: &str) -> Self {
         Self {
             kind: Kind::Endpoints,
             namespace: namespace.into(),
@@ -105,7 +105,7 @@ fn seen_endpoints(ep: &Endpoints, at: Instant) -> Seen {
 
 /// The state an object should reach.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Want {
+pub(crate) enum Want {
     /// A Service with exactly these port numbers (sorted).
     Service {
         /// Port numbers, sorted.
@@ -179,7 +179,7 @@ impl State {
 
 /// Watches of the local cluster's mirror objects (every object with the
 /// `mirrored-service` label, whatever its value: the baseline's too).
-pub struct Observer {
+pub(crate) struct Observer {
     state: Arc<Mutex<State>>,
     notify: Arc<Notify>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -187,7 +187,7 @@ pub struct Observer {
 }
 
 /// A client with the bench's User-Agent (its requests are not counted as the controller's).
-pub async fn bench_client(kubeconfig_yaml: &str) -> anyhow::Result<kube::Client> {
+pub(crate) async fn bench_client(kubeconfig_yaml: &str) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::from_yaml(kubeconfig_yaml)?;
     let mut config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
@@ -202,7 +202,7 @@ pub async fn bench_client(kubeconfig_yaml: &str) -> anyhow::Result<kube::Client>
 impl Observer {
     /// Starts watching the cluster of `kubeconfig_yaml`; returns once both watches have
     /// listed.
-    pub async fn start(kubeconfig_yaml: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn start(kubeconfig_yaml: &str) -> anyhow::Result<Self> {
         let state = Arc::new(Mutex::new(State::default()));
         let notify = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -291,7 +291,7 @@ impl Observer {
 
     /// Replaces the wanted states. A want already met counts from when the object was
     /// last seen changing.
-    pub fn expect(&self, wants: impl IntoIterator<Item = (ObjKey, Want)>) {
+    pub(crate) fn expect(&self, wants: impl IntoIterator<Item = (ObjKey, Want)>) {
         let mut s = self.lock();
         s.wants.clear();
         s.met.clear();
@@ -300,7 +300,7 @@ impl Observer {
     }
 
     /// Adds wanted states to the current ones.
-    pub fn add(&self, wants: impl IntoIterator<Item = (ObjKey, Want)>) {
+    pub(crate) fn add(&self, wants: impl IntoIterator<Item = (ObjKey, Want)>) {
         let now = Instant::now();
         let mut s = self.lock();
         for (key, want) in wants {
@@ -316,7 +316,7 @@ impl Observer {
     }
 
     /// Waits until every want is met; returns when each was first met.
-    pub async fn wait(&self, timeout: Duration) -> anyhow::Result<HashMap<ObjKey, Instant>> {
+    pub(crate) async fn wait(&self, timeout: Duration) -> anyhow::Result<HashMap<ObjKey, Instant>> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.notify.notified();

@@ -14,7 +14,7 @@ fn clk_tck() -> f64 {
 }
 
 /// CPU seconds (user + system) used so far by process `pid`.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces: fields are counted after its closing ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -26,7 +26,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// A `Vm*` line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`) in MiB.
-pub fn memory_mib(pid: u32, field: &str) -> Option<f64> {
+pub(crate) fn memory_mib(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -38,7 +38,7 @@ pub fn memory_mib(pid: u32, field: &str) -> Option<f64> {
 
 /// Which program runs the controller.
 #[derive(Debug, Clone)]
-pub enum ControllerBin {
+pub(crate) enum ControllerBin {
     /// A `service-mirror` executable: `<path> run ...`.
     Path(PathBuf),
     /// This executable, which runs the same `service_mirror_controller::cli` as `service-mirror`
@@ -47,7 +47,7 @@ pub enum ControllerBin {
 }
 
 /// First argument that turns this binary into `service-mirror` (see `main`).
-pub const SELF_CONTROLLER_ARG: &str = "__service-mirror";
+pub(crate) const SELF_CONTROLLER_ARG: &str = "__service-mirror";
 
 impl std::fmt::Display for ControllerBin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +61,7 @@ impl std::fmt::Display for ControllerBin {
 /// Finds the `service-mirror` binary of the same profile as this one. Under cargo (the
 /// `CARGO` variable is set) it is built first, so it is never stale; otherwise the
 /// executable next to this one is used; failing both, this executable itself.
-pub fn locate_controller(workspace: &Path) -> anyhow::Result<ControllerBin> {
+pub(crate) fn locate_controller(workspace: &Path) -> anyhow::Result<ControllerBin> {
     let release = !cfg!(debug_assertions);
     if let Ok(cargo) = std::env::var("CARGO") {
         eprintln!(
@@ -124,18 +124,18 @@ fn strip_ansi(line: &str) -> String {
 }
 
 /// A running `service-mirror run`; killed on drop.
-pub struct Controller {
+pub(crate) struct Controller {
     child: Child,
     /// Its process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Its log (stdout and stderr).
-    pub log: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 impl Controller {
     /// Starts `service-mirror run` against the local cluster of `kubeconfig`, reading
     /// link Secrets in `namespace`, without leader election, admin server on `admin`.
-    pub fn spawn(
+    pub(crate) fn spawn(
         bin: &ControllerBin,
         kubeconfig: &Path,
         namespace: &str,
@@ -178,7 +178,7 @@ impl Controller {
     }
 
     /// Fails if the process has exited (with the tail of its log).
-    pub fn check_running(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn check_running(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!(
                 "the controller exited ({status}); log tail:\n{}",
@@ -189,14 +189,14 @@ impl Controller {
     }
 
     /// The last `n` lines of its log.
-    pub fn log_tail(&self, n: usize) -> String {
+    pub(crate) fn log_tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// Log lines at WARN or ERROR.
-    pub fn warnings(&self) -> Vec<String> {
+    pub(crate) fn warnings(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
@@ -209,7 +209,7 @@ impl Controller {
     }
 
     /// SIGTERM, then waits (at most 20 s, then SIGKILL) for the exit.
-    pub fn stop(&mut self) -> anyhow::Result<ExitStatus> {
+    pub(crate) fn stop(&mut self) -> anyhow::Result<ExitStatus> {
         // SAFETY: signalling our own child.
         unsafe {
             libc::kill(self.pid as i32, libc::SIGTERM);

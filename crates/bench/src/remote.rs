@@ -18,49 +18,49 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// Namespace of the exported Services on every remote, and so of the mirrors locally.
-pub const NAMESPACE: &str = "bench";
+pub(crate) const NAMESPACE: &str = "bench";
 /// Namespace of the gateway on every remote.
-pub const GATEWAY_NAMESPACE: &str = "linkerd-multicluster";
+pub(crate) const GATEWAY_NAMESPACE: &str = "linkerd-multicluster";
 /// Name of the gateway on every remote.
-pub const GATEWAY_NAME: &str = "linkerd-gateway";
+pub(crate) const GATEWAY_NAME: &str = "linkerd-gateway";
 /// The gateway's `mc-gateway` port.
-pub const GATEWAY_PORT: i32 = 4143;
+pub(crate) const GATEWAY_PORT: i32 = 4143;
 /// Every exported Service has ports `http` (80, or 8080 after a port change) and `grpc`.
-pub const HTTP_PORT: i32 = 80;
+pub(crate) const HTTP_PORT: i32 = 80;
 /// The other port.
-pub const GRPC_PORT: i32 = 9090;
+pub(crate) const GRPC_PORT: i32 = 9090;
 /// Remote Services created in parallel during setup (more is slower: see BENCHMARKS.md).
 const SETUP_CONCURRENCY: usize = 8;
 
 /// A documentation address (192.0.2.0/24, TEST-NET-1): never routed, never probed.
-pub fn doc_ip(host: usize) -> String {
+pub(crate) fn doc_ip(host: usize) -> String {
     format!("192.0.2.{}", host % 254 + 1)
 }
 
 /// Name of remote Service number `i`.
-pub fn service_name(i: usize) -> String {
+pub(crate) fn service_name(i: usize) -> String {
     format!("svc-{i}")
 }
 
 /// One remote cluster and what the bench knows of its state.
-pub struct Remote {
+pub(crate) struct Remote {
     /// Link (cluster) name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its control plane.
-    pub cluster: LocalCluster,
+    pub(crate) cluster: LocalCluster,
     client: Client,
     /// Current gateway ingress IP.
-    pub gateway_ip: String,
+    pub(crate) gateway_ip: String,
     /// Current `http` port of each Service (index = Service number).
-    pub http_ports: Vec<i32>,
+    pub(crate) http_ports: Vec<i32>,
     /// Whether each Service is exported.
-    pub exported: Vec<bool>,
+    pub(crate) exported: Vec<bool>,
 }
 
 impl Remote {
     /// Starts a cluster with namespaces and a gateway at `gateway_ip` (no `mc-probe` port,
     /// so nothing is probed).
-    pub async fn start(name: &str, gateway_ip: String) -> anyhow::Result<Self> {
+    pub(crate) async fn start(name: &str, gateway_ip: String) -> anyhow::Result<Self> {
         let cluster = LocalCluster::start(name)
             .await
             .with_context(|| format!("starting remote cluster {name}"))?;
@@ -88,12 +88,12 @@ impl Remote {
     }
 
     /// Exported Services on the remote.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.http_ports.len()
     }
 
     /// Creates Services until there are `n`, `SETUP_CONCURRENCY` at a time.
-    pub async fn ensure_services(&mut self, n: usize) -> anyhow::Result<()> {
+    pub(crate) async fn ensure_services(&mut self, n: usize) -> anyhow::Result<()> {
         let have = self.http_ports.len();
         if n <= have {
             return Ok(());
@@ -119,19 +119,19 @@ impl Remote {
     }
 
     /// The local mirror name of Service `i`.
-    pub fn mirror(&self, i: usize) -> String {
+    pub(crate) fn mirror(&self, i: usize) -> String {
         mirror_name(&service_name(i), &self.name)
     }
 
     /// Ports of Service `i`, sorted.
-    pub fn ports(&self, i: usize) -> Vec<i32> {
+    pub(crate) fn ports(&self, i: usize) -> Vec<i32> {
         let mut p = vec![self.http_ports[i], GRPC_PORT];
         p.sort_unstable();
         p
     }
 
     /// The Endpoints every mirror of this remote should have.
-    pub fn endpoints_want(&self) -> Want {
+    pub(crate) fn endpoints_want(&self) -> Want {
         Want::Endpoints {
             ip: self.gateway_ip.clone(),
             port: GATEWAY_PORT,
@@ -141,7 +141,7 @@ impl Remote {
 
     /// The local state every exported Service should produce: its mirror Service with
     /// the same ports and its Endpoints at the gateway.
-    pub fn mirror_wants(&self) -> Vec<(ObjKey, Want)> {
+    pub(crate) fn mirror_wants(&self) -> Vec<(ObjKey, Want)> {
         let mut wants = Vec::with_capacity(2 * self.len());
         for i in 0..self.len() {
             let name = self.mirror(i);
@@ -163,7 +163,7 @@ impl Remote {
 
     /// Changes the `http` port of Service `i` (80 <-> 8080); returns the time just before
     /// the request and the new port.
-    pub async fn change_port(&mut self, i: usize) -> anyhow::Result<(Instant, i32)> {
+    pub(crate) async fn change_port(&mut self, i: usize) -> anyhow::Result<(Instant, i32)> {
         let port = if self.http_ports[i] == HTTP_PORT {
             8080
         } else {
@@ -180,7 +180,7 @@ impl Remote {
 
     /// Moves the gateway to `ip`; returns the time just before the request and the
     /// gateway's new resourceVersion.
-    pub async fn set_gateway_ip(&mut self, ip: &str) -> anyhow::Result<(Instant, String)> {
+    pub(crate) async fn set_gateway_ip(&mut self, ip: &str) -> anyhow::Result<(Instant, String)> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), GATEWAY_NAMESPACE);
         let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
         let at = Instant::now();
@@ -196,7 +196,7 @@ impl Remote {
     }
 
     /// Removes the export annotations of Service `i`; returns the time just before.
-    pub async fn unexport(&mut self, i: usize) -> anyhow::Result<Instant> {
+    pub(crate) async fn unexport(&mut self, i: usize) -> anyhow::Result<Instant> {
         let patch = serde_json::json!({"metadata": {"annotations": {
             GATEWAY_NAME_ANNOTATION: null, GATEWAY_NS_ANNOTATION: null}}});
         let at = self.patch_service(i, &patch).await?;
@@ -218,7 +218,7 @@ impl Remote {
     }
 
     /// Exports every Service that is not.
-    pub async fn export_all(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn export_all(&mut self) -> anyhow::Result<()> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), NAMESPACE);
         for i in 0..self.len() {
             if self.exported[i] {
@@ -238,7 +238,7 @@ impl Remote {
     }
 
     /// The link Secret (contract format) of this remote, with its admin kubeconfig.
-    pub fn link_secret(&self) -> Secret {
+    pub(crate) fn link_secret(&self) -> Secret {
         Secret {
             metadata: ObjectMeta {
                 name: Some(format!("link-{}", self.name)),

@@ -7,47 +7,47 @@ use std::collections::BTreeMap;
 
 /// One repetition of one configuration.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Rep {
+pub(crate) struct Rep {
     /// Which side ran first on the fresh local cluster (alternates between repetitions).
-    pub order: String,
+    pub(crate) order: String,
     /// Every measured number, by name (unit in the name).
-    pub metrics: BTreeMap<String, f64>,
+    pub(crate) metrics: BTreeMap<String, f64>,
     /// The controller's requests to the local apiserver during the cold sync.
-    pub cold_requests: Counts,
+    pub(crate) cold_requests: Counts,
     /// Its requests during the idle window.
-    pub idle_requests: Counts,
+    pub(crate) idle_requests: Counts,
     /// Its requests during the gateway change.
-    pub gateway_requests: Counts,
+    pub(crate) gateway_requests: Counts,
     /// WARN or ERROR lines the controller logged.
-    pub controller_warnings: Vec<String>,
+    pub(crate) controller_warnings: Vec<String>,
 }
 
 impl Rep {
     /// Records a metric.
-    pub fn set(&mut self, name: &str, value: f64) {
+    pub(crate) fn set(&mut self, name: &str, value: f64) {
         self.metrics.insert(name.to_string(), value);
     }
 
     /// A metric, NaN if absent.
-    pub fn get(&self, name: &str) -> f64 {
+    pub(crate) fn get(&self, name: &str) -> f64 {
         self.metrics.get(name).copied().unwrap_or(f64::NAN)
     }
 }
 
 /// Minimum, median and maximum over repetitions.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct Spread {
+pub(crate) struct Spread {
     /// Smallest.
-    pub min: f64,
+    pub(crate) min: f64,
     /// Median (mean of the middle two for an even count).
-    pub median: f64,
+    pub(crate) median: f64,
     /// Largest.
-    pub max: f64,
+    pub(crate) max: f64,
 }
 
 impl Spread {
     /// The spread of `values` (NaN ignored); None when empty.
-    pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Self> {
+    pub(crate) fn of(values: impl IntoIterator<Item = f64>) -> Option<Self> {
         let mut v: Vec<f64> = values.into_iter().filter(|x| !x.is_nan()).collect();
         if v.is_empty() {
             return None;
@@ -68,7 +68,7 @@ impl Spread {
 }
 
 /// Nearest-rank percentile `q` (0..=1) of `sorted` (ascending), NaN when empty.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -77,7 +77,7 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// Sorts latencies and records `<prefix>_p50_ms`, `_p99_ms`, `_max_ms`.
-pub fn record_latencies(rep: &mut Rep, prefix: &str, mut ms: Vec<f64>) {
+pub(crate) fn record_latencies(rep: &mut Rep, prefix: &str, mut ms: Vec<f64>) {
     ms.sort_by(|a, b| a.total_cmp(b));
     rep.set(&format!("{prefix}_samples"), ms.len() as f64);
     rep.set(&format!("{prefix}_p50_ms"), percentile(&ms, 0.50));
@@ -90,22 +90,22 @@ pub fn record_latencies(rep: &mut Rep, prefix: &str, mut ms: Vec<f64>) {
 
 /// All repetitions of one (services per cluster, clusters) configuration.
 #[derive(Debug, Clone, Serialize)]
-pub struct ConfigResult {
+pub(crate) struct ConfigResult {
     /// Exported Services in each remote cluster (N).
-    pub services_per_cluster: usize,
+    pub(crate) services_per_cluster: usize,
     /// Remote clusters (K).
-    pub clusters: usize,
+    pub(crate) clusters: usize,
     /// N x K: mirrors the controller maintains.
-    pub total_services: usize,
+    pub(crate) total_services: usize,
     /// Each repetition.
-    pub repetitions: Vec<Rep>,
+    pub(crate) repetitions: Vec<Rep>,
     /// Spread of every metric over the repetitions.
-    pub summary: BTreeMap<String, Spread>,
+    pub(crate) summary: BTreeMap<String, Spread>,
 }
 
 impl ConfigResult {
     /// Summarises `reps`.
-    pub fn new(n: usize, k: usize, reps: Vec<Rep>) -> Self {
+    pub(crate) fn new(n: usize, k: usize, reps: Vec<Rep>) -> Self {
         let names: std::collections::BTreeSet<&String> =
             reps.iter().flat_map(|r| r.metrics.keys()).collect();
         let summary = names
@@ -210,7 +210,7 @@ fn table(out: &mut String, title: &str, configs: &[ConfigResult], columns: &[Col
 }
 
 /// The human-readable tables (markdown), median (min–max) over repetitions.
-pub fn tables(configs: &[ConfigResult]) -> String {
+pub(crate) fn tables(configs: &[ConfigResult]) -> String {
     let mut out = String::new();
     table(
         &mut out,
@@ -241,22 +241,22 @@ pub fn tables(configs: &[ConfigResult]) -> String {
 
 /// One goal of the issue and whether it was met.
 #[derive(Debug, Clone, Serialize)]
-pub struct Goal {
+pub(crate) struct Goal {
     /// What is asked.
-    pub goal: String,
+    pub(crate) goal: String,
     /// The configuration it is judged on.
-    pub judged_on: String,
+    pub(crate) judged_on: String,
     /// The measured value (median; for zero-writes, the maximum).
-    pub measured: f64,
+    pub(crate) measured: f64,
     /// The limit.
-    pub limit: f64,
+    pub(crate) limit: f64,
     /// Met or not.
-    pub met: bool,
+    pub(crate) met: bool,
 }
 
 /// The issue's goals, judged on the largest single-cluster configuration (10,000
 /// services if it ran) and, for idle writes, on every repetition of every configuration.
-pub fn goals(configs: &[ConfigResult]) -> Vec<Goal> {
+pub(crate) fn goals(configs: &[ConfigResult]) -> Vec<Goal> {
     let mut goals = Vec::new();
     let Some(big) = configs
         .iter()
