@@ -8,6 +8,7 @@
 //! only code that writes to the local cluster).
 
 pub mod admin;
+pub mod backoff;
 pub mod cli;
 pub mod error;
 pub mod leader;

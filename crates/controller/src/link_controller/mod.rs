@@ -31,12 +31,13 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use parking_lot::Mutex;
 use service_mirror_core::{
     ExportPolicy, GatewayRef, Link, NamespaceFilter, ServiceKey, export_decision, owner_selector,
     remote_key, validate_cluster_name,
 };
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -126,16 +127,14 @@ struct Inner {
 }
 
 impl Inner {
-    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    fn index(&self) -> parking_lot::MutexGuard<'_, Index> {
+        self.index.lock()
     }
 
     fn endpoints_first(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<ServiceKey, String>> {
-        self.endpoints_first
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    ) -> parking_lot::MutexGuard<'_, std::collections::HashMap<ServiceKey, String>> {
+        self.endpoints_first.lock()
     }
 
     fn local_synced(&self) -> bool {

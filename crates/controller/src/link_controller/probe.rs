@@ -7,11 +7,12 @@
 
 use super::Inner;
 use crate::metrics::{GatewayLabels, ProbeLabels};
+use parking_lot::Mutex;
 use service_mirror_core::GatewayRef;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -55,8 +56,8 @@ pub struct Probers {
 }
 
 impl Probers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GatewayRef, Prober>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<GatewayRef, Prober>> {
+        self.running.lock()
     }
 
     /// Whether gateway `gw` is alive, (re)starting its prober for `target` as needed.
