@@ -3,7 +3,8 @@
 //! annotations.
 //!
 //! The flow, one folder each: [`links`] (which clusters are linked) → [`link_controller`]
-//! (one per link: caches, event mapping, work queue, reconcile) → the pure core
+//! (one per link: caches, event mapping, work queue, reconcile; its gateways in
+//! [`gateway`]) → the pure core
 //! (`service_mirror_core`: desired mirrors, naming, ownership, plans) → [`writer`] (the
 //! only code that writes to the local cluster).
 
@@ -11,12 +12,14 @@ pub mod admin;
 pub mod backoff;
 pub mod cli;
 pub mod error;
+pub mod gateway;
 pub mod leader;
 pub mod link_controller;
 pub mod links;
 pub mod metrics;
 pub mod permissions;
 pub mod telemetry;
+pub(crate) mod watch;
 pub mod writer;
 
 pub use error::{Error, Result};

@@ -141,6 +141,15 @@ where
     }
 }
 
+impl<K> crate::watch::Store<K> for Cache<K>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+{
+    fn apply(&mut self, ev: &watcher::Event<K>) {
+        self.apply_watcher_event(ev);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
