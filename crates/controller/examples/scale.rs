@@ -6,7 +6,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use local_cluster::LocalCluster;
-use service_mirror_controller::link_controller::{ClusterWatcher, WatcherOptions};
+use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
 use service_mirror_core::{Link, NamespaceFilter};
 use std::time::{Duration, Instant};
 
@@ -72,11 +72,17 @@ async fn main() -> anyhow::Result<()> {
 
     let rss_before = rss_kib("VmRSS:");
     let started = Instant::now();
-    let opts = WatcherOptions {
+    let config = LinkConfig {
         namespaces: NamespaceFilter::default(),
-        ..WatcherOptions::default()
+        ..LinkConfig::default()
     };
-    let watcher = ClusterWatcher::start(lc.clone(), rc.clone(), Link::new("east", None), opts)?;
+    let watcher = LinkController::start(
+        lc.clone(),
+        rc.clone(),
+        Link::new("east", None),
+        config,
+        LinkDeps::default(),
+    )?;
     let eps: Api<Endpoints> = Api::namespaced(lc.clone(), ns);
     let lp = ListParams::default().labels("mirror.linkerd.io/cluster-name=east");
     loop {

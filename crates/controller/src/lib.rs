@@ -3,13 +3,16 @@
 //! annotations.
 //!
 //! The flow, one folder each: [`links`] (which clusters are linked) → [`link_controller`]
-//! (one per link: caches, event mapping, work queue, reconcile) → the pure core
+//! (one per link: caches, event mapping, work queue, reconcile; its gateways in
+//! [`gateway`]) → the pure core
 //! (`service_mirror_core`: desired mirrors, naming, ownership, plans) → [`writer`] (the
 //! only code that writes to the local cluster).
 
 pub mod admin;
+pub mod backoff;
 pub mod cli;
 pub mod error;
+pub mod gateway;
 pub mod kube_client;
 pub mod leader;
 pub mod link_controller;
@@ -17,6 +20,7 @@ pub mod links;
 pub mod metrics;
 pub mod permissions;
 pub mod telemetry;
+pub(crate) mod watch;
 pub mod writer;
 
 pub use error::{Error, Result};

@@ -16,7 +16,8 @@ use service_mirror_controller::cli::allow::{
     DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
 };
 use service_mirror_controller::cli::link::link_secret;
-use service_mirror_controller::link_controller::{ProbeRedirect, WatcherOptions};
+use service_mirror_controller::gateway::ProbeRedirect;
+use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use service_mirror_controller::links::{LinkManager, LinkManagerOptions};
 use service_mirror_core::NamespaceFilter;
 use service_mirror_testkit::{Baseline, Remote as InvariantRemote, World, check};
@@ -245,9 +246,12 @@ fn controller_options() -> LinkManagerOptions {
         workers: 2,
         rotation_timeout: Duration::from_secs(30),
         collect_unlinked: true,
-        watcher: WatcherOptions {
+        config: LinkConfig {
             probe_timeout: Duration::from_millis(500),
             probe_failure_threshold: 2,
+            ..LinkConfig::default()
+        },
+        deps: LinkDeps {
             // Probes go to the local health servers, never to the published addresses.
             probe_redirect: Some(ProbeRedirect(Arc::new(|a: SocketAddr| match a.ip() {
                 std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2] => {
@@ -255,7 +259,7 @@ fn controller_options() -> LinkManagerOptions {
                 }
                 _ => a,
             }))),
-            ..WatcherOptions::default()
+            ..LinkDeps::default()
         },
     }
 }

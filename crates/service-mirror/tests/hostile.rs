@@ -5,7 +5,7 @@ mod support;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::{Api, ListParams, PostParams};
-use service_mirror_controller::link_controller::WatcherOptions;
+use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use service_mirror_controller::metrics::Metrics;
 use service_mirror_core::NamespaceFilter;
 use support::*;
@@ -107,15 +107,20 @@ async fn hostile_remote_services_end_in_valid_mirrors_or_reported_refusals() {
         .unwrap();
 
     let metrics = Metrics::new();
-    let w = env.watch_with(WatcherOptions {
-        namespaces: NamespaceFilter::allow_only([
-            env.ns.clone(),
-            long_ns.clone(),
-            "kube-system".into(),
-        ]),
-        metrics: metrics.clone(),
-        ..env.options()
-    });
+    let w = env.watch_with(
+        LinkConfig {
+            namespaces: NamespaceFilter::allow_only([
+                env.ns.clone(),
+                long_ns.clone(),
+                "kube-system".into(),
+            ]),
+            ..env.config()
+        },
+        LinkDeps {
+            metrics: metrics.clone(),
+            ..LinkDeps::default()
+        },
+    );
 
     // 63-character name and namespace: the short-name rule applies.
     let long_mirrors: Api<Service> = Api::namespaced(env.lc.clone(), &long_ns);
@@ -247,11 +252,12 @@ async fn names_that_collide_after_the_suffix_rule_are_reported_not_fought_over()
     assert_eq!(service_mirror_core::mirror_name("web", &b_cluster), taken);
 
     let start = |cluster: &str| {
-        service_mirror_controller::link_controller::ClusterWatcher::start(
+        service_mirror_controller::link_controller::LinkController::start(
             env.lc.clone(),
             env.rc.clone(),
             service_mirror_core::Link::new(cluster, None),
-            env.options(),
+            env.config(),
+            LinkDeps::default(),
         )
         .unwrap()
     };

@@ -5,7 +5,8 @@ mod support;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::PostParams;
-use service_mirror_controller::link_controller::{ProbeRedirect, WatcherOptions};
+use service_mirror_controller::gateway::ProbeRedirect;
+use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use service_mirror_controller::metrics::Metrics;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -128,14 +129,18 @@ fn redirect() -> ProbeRedirect {
     }))
 }
 
-fn fast_options(env: &Env, metrics: Arc<Metrics>) -> WatcherOptions {
-    WatcherOptions {
+fn fast_options(env: &Env, metrics: Arc<Metrics>) -> (LinkConfig, LinkDeps) {
+    let config = LinkConfig {
         probe_timeout: Duration::from_millis(300),
         probe_failure_threshold: 2,
+        ..env.config()
+    };
+    let deps = LinkDeps {
         probe_redirect: Some(redirect()),
         metrics,
-        ..env.options()
-    }
+        ..LinkDeps::default()
+    };
+    (config, deps)
 }
 
 fn ready_ips(ep: &Endpoints) -> Vec<String> {
@@ -166,7 +171,10 @@ async fn a_dead_gateway_turns_its_mirrors_not_ready_and_back() {
         .await;
     env.export("b", "gw", &[("http", 80)]).await;
     let metrics = Metrics::new();
-    let w = env.watch_with(fast_options(&env, metrics.clone()));
+    let w = {
+        let (config, deps) = fast_options(&env, metrics.clone());
+        env.watch_with(config, deps)
+    };
     for s in ["a", "b"] {
         env.mirror_until(s, "ready", |_, e| ready_ips(e) == ["192.0.2.11"])
             .await;
@@ -239,7 +247,10 @@ async fn a_slow_gateway_counts_as_failing() {
     let fake = FakeGateway::start("127.0.0.12").await;
     gateway_for(&env, "gw", &fake, Some("1")).await;
     env.export("a", "gw", &[("http", 80)]).await;
-    let w = env.watch_with(fast_options(&env, Metrics::new()));
+    let w = {
+        let (config, deps) = fast_options(&env, Metrics::new());
+        env.watch_with(config, deps)
+    };
     env.mirror_until("a", "ready", |_, e| ready_ips(e) == ["192.0.2.12"])
         .await;
     fake.set(Mode::Slow);
@@ -257,7 +268,10 @@ async fn a_gateway_whose_ip_changes_is_probed_at_the_new_address() {
     let new = FakeGateway::start("127.0.0.14").await;
     gateway_for(&env, "gw", &old, Some("1")).await;
     env.export("a", "gw", &[("http", 80)]).await;
-    let w = env.watch_with(fast_options(&env, Metrics::new()));
+    let w = {
+        let (config, deps) = fast_options(&env, Metrics::new());
+        env.watch_with(config, deps)
+    };
     env.mirror_until("a", "ready at the old address", |_, e| {
         ready_ips(e) == ["192.0.2.13"]
     })
@@ -290,7 +304,10 @@ async fn two_gateways_of_one_cluster_are_independent() {
     gateway_for(&env, "gw-fine", &fine, Some("1")).await;
     env.export("x", "gw-dying", &[("http", 80)]).await;
     env.export("y", "gw-fine", &[("http", 80)]).await;
-    let w = env.watch_with(fast_options(&env, Metrics::new()));
+    let w = {
+        let (config, deps) = fast_options(&env, Metrics::new());
+        env.watch_with(config, deps)
+    };
     env.mirror_until("x", "x ready", |_, e| ready_ips(e) == ["192.0.2.15"])
         .await;
     env.mirror_until("y", "y ready", |_, e| ready_ips(e) == ["192.0.2.16"])
@@ -318,10 +335,13 @@ async fn default_settings_detection_times() {
     let fake = FakeGateway::start("127.0.0.17").await;
     gateway_for(&env, "gw", &fake, None).await;
     env.export("a", "gw", &[("http", 80)]).await;
-    let w = env.watch_with(WatcherOptions {
-        probe_redirect: Some(redirect()),
-        ..env.options()
-    });
+    let w = env.watch_with(
+        env.config(),
+        LinkDeps {
+            probe_redirect: Some(redirect()),
+            ..LinkDeps::default()
+        },
+    );
     env.mirror_until("a", "ready", |_, e| ready_ips(e) == ["192.0.2.17"])
         .await;
     tokio::time::sleep(Duration::from_secs(4)).await;

@@ -7,7 +7,8 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{ClusterOptions, LocalCluster, TcpProxy};
-use service_mirror_controller::link_controller::{Lookup, Resolver, WatcherOptions};
+use service_mirror_controller::gateway::{Lookup, Resolver};
+use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -169,12 +170,15 @@ async fn hostname_ingress_is_resolved_refreshed_and_written_only_on_change() {
     env.gateway("gw2", GW_PORT, &["nowhere.invalid"]).await;
     env.export("db", "gw", &[("pg", 5432)]).await;
     env.export("lost", "gw2", &[("pg", 5432)]).await;
-    let opts = WatcherOptions {
-        resolver: resolver.clone(),
+    let config = LinkConfig {
         endpoint_refresh_period: Duration::from_millis(500),
-        ..env.options()
+        ..env.config()
     };
-    let w = env.watch_with(opts);
+    let deps = LinkDeps {
+        resolver: resolver.clone(),
+        ..LinkDeps::default()
+    };
+    let w = env.watch_with(config, deps);
     let (_, ep) = env
         .mirror_until("db", "resolved addresses", |_, e| has_subsets(e))
         .await;
@@ -550,14 +554,14 @@ async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
 trait StatusExt {
     fn status_failing(
         &self,
-        w: &service_mirror_controller::link_controller::ClusterWatcher,
+        w: &service_mirror_controller::link_controller::LinkController,
     ) -> bool;
 }
 
 impl StatusExt for Env {
     fn status_failing(
         &self,
-        w: &service_mirror_controller::link_controller::ClusterWatcher,
+        w: &service_mirror_controller::link_controller::LinkController,
     ) -> bool {
         w.status().failing > 0
     }
@@ -887,11 +891,11 @@ async fn an_unchanged_world_causes_zero_writes() {
         env.export(&format!("s{i}"), "gw", &[("http", 80), ("admin", 9000)])
             .await;
     }
-    let opts = WatcherOptions {
+    let config = LinkConfig {
         endpoint_refresh_period: Duration::from_millis(300),
-        ..env.options()
+        ..env.config()
     };
-    let w = env.watch_with(opts);
+    let w = env.watch_with(config, LinkDeps::default());
     for i in 0..10 {
         env.mirror_until(&format!("s{i}"), "mirrored", |_, e| has_subsets(e))
             .await;
@@ -937,11 +941,11 @@ async fn the_mirror_limit_refuses_wakes_in_order_and_never_deletes() {
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("a", "gw", &[("http", 80)]).await;
     env.export("b", "gw", &[("http", 80)]).await;
-    let limited = |max| WatcherOptions {
+    let limited = |max| LinkConfig {
         max_mirrors: Some(max),
-        ..env.options()
+        ..env.config()
     };
-    let w = env.watch_with(limited(2));
+    let w = env.watch_with(limited(2), LinkDeps::default());
     env.mirror_until("a", "mirror a", |_, _| true).await;
     env.mirror_until("b", "mirror b", |_, _| true).await;
     // Over the limit: c (headless, so its ports may go later) and d are refused.
@@ -979,7 +983,7 @@ async fn the_mirror_limit_refuses_wakes_in_order_and_never_deletes() {
     w.stop(false).await.unwrap();
 
     // A lower limit after a restart keeps every existing mirror and refuses new ones.
-    let w = env.watch_with(limited(1));
+    let w = env.watch_with(limited(1), LinkDeps::default());
     env.export("e", "gw", &[("http", 80)]).await;
     eventually("e refused", || async {
         (w.status().refused == 1).then_some(())

@@ -2,7 +2,7 @@
 
 use crate::admin::{self, AdminState};
 use crate::leader::{LeaderOptions, default_identity, elect};
-use crate::link_controller::WatcherOptions;
+use crate::link_controller::{LinkConfig, LinkDeps};
 use crate::links::{LinkManager, LinkManagerOptions};
 use crate::metrics::Metrics;
 use crate::telemetry::{LogFormat, init_logging};
@@ -112,7 +112,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         workers: 4,
         rotation_timeout: args.rotation_timeout,
         collect_unlinked: args.collect_unlinked_mirrors,
-        watcher: WatcherOptions {
+        config: LinkConfig {
             workers: args.workers,
             requeue_limit: args.event_requeue_limit,
             endpoint_refresh_period: args.endpoint_refresh_period,
@@ -128,12 +128,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     .filter(|s| !s.is_empty())
                     .collect(),
             },
-            metrics: metrics.clone(),
             probe_timeout: args.probe_timeout,
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
+        },
+        deps: LinkDeps {
+            metrics: metrics.clone(),
             leader,
-            ..WatcherOptions::default()
+            ..LinkDeps::default()
         },
     };
     let manager = Arc::new(LinkManager::start(local, opts));

@@ -12,11 +12,12 @@
 use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
+use parking_lot::RwLock;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 type Key = (String, String);
 type Objects = HashMap<Key, Box<[u8]>>;
@@ -64,12 +65,12 @@ impl<K> Cache<K>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
 {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+    fn read(&self) -> parking_lot::RwLockReadGuard<'_, State> {
+        self.state.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+    fn write(&self) -> parking_lot::RwLockWriteGuard<'_, State> {
+        self.state.write()
     }
 
     fn decode(bytes: &[u8]) -> Option<Arc<K>> {
@@ -137,6 +138,15 @@ where
                 state.objects = std::mem::take(&mut state.listing);
             }
         }
+    }
+}
+
+impl<K> crate::watch::Store<K> for Cache<K>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+{
+    fn apply(&mut self, ev: &watcher::Event<K>) {
+        self.apply_watcher_event(ev);
     }
 }
 

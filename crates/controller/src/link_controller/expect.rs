@@ -7,8 +7,8 @@
 //! fails with a conflict. So each write is remembered until its event arrives, and a key
 //! with such a write pending is not planned: that event queues the key again.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a write may wait for its event before it is forgotten (a safety net: the
@@ -34,8 +34,8 @@ pub struct Expectations {
 }
 
 impl Expectations {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Option<String>, Instant)>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<Key, (Option<String>, Instant)>> {
+        self.pending.lock()
     }
 
     /// We wrote `ns/name`, replacing the state the cache showed: `replaced` is the

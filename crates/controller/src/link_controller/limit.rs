@@ -3,9 +3,9 @@
 //! Keys that have a mirror always keep their slot, so the cap never deletes anything;
 //! a key refused for lack of a slot is looked at again when a slot frees.
 
+use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use std::collections::{BTreeSet, HashSet};
-use std::sync::Mutex;
 
 /// What [`MirrorLimit::admit`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +40,8 @@ impl MirrorLimit {
         }
     }
 
-    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    fn slots(&self) -> parking_lot::MutexGuard<'_, Slots> {
+        self.slots.lock()
     }
 
     /// The limit, if any.

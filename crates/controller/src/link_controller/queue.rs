@@ -3,52 +3,26 @@
 //! A key is handed to at most one worker at a time; a key added while a worker holds it
 //! is marked dirty and handed out again when that worker is done, so no change is lost
 //! and no key is reconciled twice at once.
+//!
+//! Why not kube's `Controller`: it keys on objects present in its stores, and a remote
+//! Service that vanished (deleted while we were not watching, or its namespace denied)
+//! must still be reconciled under its key so its mirror goes. Our keys are remote
+//! `namespace/name` pairs fed by three watches (see `keys.rs`), not objects of one.
+//!
+//! Delayed adds (backoff, requeue-after) share one timer task holding a
+//! `tokio_util::time::DelayQueue`, not one task per delayed key.
 
+pub use crate::backoff::Backoff;
+use futures::StreamExt;
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Retry delays: fast exponential retries first, then a slower exponential fallback.
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    /// First retry delay.
-    pub base: Duration,
-    /// Fast retries before falling back to the slow schedule (`--event-requeue-limit`).
-    pub fast_retries: u32,
-    /// First delay of the slow schedule.
-    pub slow_base: Duration,
-    /// Longest delay.
-    pub cap: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_millis(5),
-            fast_retries: 3,
-            slow_base: Duration::from_secs(1),
-            cap: Duration::from_secs(300),
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay before retry number `failures` (1-based).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let n = failures.saturating_sub(1);
-        let d = if n < self.fast_retries {
-            self.base.saturating_mul(1 << n.min(20))
-        } else {
-            self.slow_base
-                .saturating_mul(1 << (n - self.fast_retries).min(20))
-        };
-        d.min(self.cap)
-    }
-}
+use tokio_util::time::{DelayQueue, delay_queue};
 
 #[derive(Debug)]
 struct State<K> {
@@ -76,6 +50,8 @@ pub struct WorkQueue<K> {
     state: Arc<Mutex<State<K>>>,
     tx: mpsc::UnboundedSender<K>,
     rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<K>>>,
+    /// To the timer task: a key and when it is due.
+    delays: mpsc::UnboundedSender<(K, Instant)>,
     backoff: Backoff,
     cancel: CancellationToken,
 }
@@ -86,6 +62,7 @@ impl<K> Clone for WorkQueue<K> {
             state: self.state.clone(),
             tx: self.tx.clone(),
             rx: self.rx.clone(),
+            delays: self.delays.clone(),
             backoff: self.backoff,
             cancel: self.cancel.clone(),
         }
@@ -93,36 +70,36 @@ impl<K> Clone for WorkQueue<K> {
 }
 
 impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
-    /// A new queue; delayed adds stop when `cancel` fires.
+    /// A new queue; delayed adds stop when `cancel` fires. Spawns the timer task, so it
+    /// is called within a tokio runtime.
     pub fn new(backoff: Backoff, cancel: CancellationToken) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (delays, due) = mpsc::unbounded_channel();
+        let state = Arc::new(Mutex::new(State {
+            queued: HashSet::new(),
+            active: HashSet::new(),
+            dirty: HashSet::new(),
+            failures: HashMap::new(),
+            delayed: HashMap::new(),
+        }));
+        tokio::spawn(timer(state.clone(), tx.clone(), due, cancel.clone()));
         Self {
-            state: Arc::new(Mutex::new(State {
-                queued: HashSet::new(),
-                active: HashSet::new(),
-                dirty: HashSet::new(),
-                failures: HashMap::new(),
-                delayed: HashMap::new(),
-            })),
+            state,
             tx,
             rx: Arc::new(tokio::sync::Mutex::new(rx)),
+            delays,
             backoff,
             cancel,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State<K>> {
+        self.state.lock()
     }
 
     /// Adds a key now (no-op when already queued; marked dirty when being worked on).
     pub fn add(&self, key: K) {
-        let mut s = self.lock();
-        if s.active.contains(&key) {
-            s.dirty.insert(key);
-        } else if s.queued.insert(key.clone()) {
-            let _ = self.tx.send(key);
-        }
+        add(&mut self.lock(), &self.tx, key);
     }
 
     /// Adds a key after `delay`, unless an earlier delayed add is already pending.
@@ -137,26 +114,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 Some(at) if *at <= deadline => return,
                 _ => s.delayed.insert(key.clone(), deadline),
             };
+            // Sent under the lock, so the timer sees the deadlines of a key in order.
+            let _ = self.delays.send((key, deadline));
         }
-        let queue = self.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = queue.cancel.cancelled() => {}
-                _ = tokio::time::sleep_until(deadline) => {
-                    let due = {
-                        let mut s = queue.lock();
-                        let due = s.delayed.get(&key) == Some(&deadline);
-                        if due {
-                            s.delayed.remove(&key);
-                        }
-                        due
-                    };
-                    if due {
-                        queue.add(key);
-                    }
-                }
-            }
-        });
     }
 
     /// The next key to work on; `None` once cancelled.
@@ -217,21 +177,58 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 }
 
+fn add<K: Clone + Eq + Hash>(s: &mut State<K>, tx: &mpsc::UnboundedSender<K>, key: K) {
+    if s.active.contains(&key) {
+        s.dirty.insert(key);
+    } else if s.queued.insert(key.clone()) {
+        let _ = tx.send(key);
+    }
+}
+
+/// The timer of one queue: adds each delayed key when it is due. A key has at most one
+/// timer; an earlier deadline moves it (a later one never reaches here, see
+/// `add_after`). Ends when the queue is cancelled or dropped.
+async fn timer<K: Clone + Eq + Hash + Send + 'static>(
+    state: Arc<Mutex<State<K>>>,
+    tx: mpsc::UnboundedSender<K>,
+    mut delays: mpsc::UnboundedReceiver<(K, Instant)>,
+    cancel: CancellationToken,
+) {
+    // Each timer carries the exact deadline it stands for (the DelayQueue rounds to
+    // milliseconds): only the latest deadline of a key adds it.
+    let mut timers: DelayQueue<(K, Instant)> = DelayQueue::new();
+    let mut timer_of: HashMap<K, delay_queue::Key> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            delay = delays.recv() => {
+                let Some((key, deadline)) = delay else { return };
+                if let Some(t) = timer_of.remove(&key) {
+                    timers.remove(&t);
+                }
+                let t = timers.insert_at((key.clone(), deadline), deadline);
+                timer_of.insert(key, t);
+            }
+            // An empty DelayQueue yields None: the branch is off until the next delay.
+            Some(expired) = timers.next() => {
+                let (key, deadline) = expired.into_inner();
+                timer_of.remove(&key);
+                let mut s = state.lock();
+                if s.delayed.get(&key) == Some(&deadline) {
+                    s.delayed.remove(&key);
+                    add(&mut s, &tx, key);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn queue() -> WorkQueue<&'static str> {
         WorkQueue::new(Backoff::default(), CancellationToken::new())
-    }
-
-    #[test]
-    fn backoff_is_fast_then_slow_and_capped() {
-        let b = Backoff::default();
-        let ms = |n| b.delay(n).as_millis();
-        assert_eq!([ms(1), ms(2), ms(3)], [5, 10, 20]);
-        assert_eq!([ms(4), ms(5), ms(6)], [1000, 2000, 4000]);
-        assert_eq!(b.delay(40), Duration::from_secs(300));
     }
 
     #[tokio::test]

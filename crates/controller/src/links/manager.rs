@@ -6,19 +6,20 @@
 
 use super::connect::connect;
 use super::secret::{LinkError, LinkSpec, parse_link_secret};
+use crate::backoff::Backoff;
 use crate::link_controller::{
-    Backoff, ClusterWatcher, Outcome, WatcherOptions, WatcherStatus, WorkQueue,
+    LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
 };
 use crate::metrics::{LinkErrorLabels, Metrics};
+use crate::watch::{Watch, drive, keep_all};
 use crate::writer::{FIELD_MANAGER, LocalWriter, MirrorSelector};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::Api;
 use kube::api::ListParams;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use service_mirror_core::labels::{
     CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
@@ -37,8 +38,10 @@ use tokio_util::sync::CancellationToken;
 pub struct LinkManagerOptions {
     /// Namespace of the link Secrets (the controller's own).
     pub namespace: String,
-    /// Options of every cluster watcher (they share its metrics).
-    pub watcher: WatcherOptions,
+    /// Tunables of every link controller.
+    pub config: LinkConfig,
+    /// What every link controller uses (they share its metrics).
+    pub deps: LinkDeps,
     /// Secrets processed in parallel.
     pub workers: usize,
     /// How long new credentials may take to sync before a rotation is abandoned.
@@ -50,7 +53,7 @@ pub struct LinkManagerOptions {
 
 struct Active {
     spec: LinkSpec,
-    watcher: ClusterWatcher,
+    watcher: LinkController,
 }
 
 struct Inner {
@@ -87,10 +90,7 @@ impl LinkManager {
         let inner = Arc::new(Inner {
             recorder: Recorder::new(local.clone(), reporter),
             queue: WorkQueue::new(
-                Backoff {
-                    fast_retries: opts.watcher.requeue_limit,
-                    ..Backoff::default()
-                },
+                Backoff::with_fast_retries(opts.config.requeue_limit),
                 cancel.clone(),
             ),
             local,
@@ -129,7 +129,7 @@ impl LinkManager {
     }
 
     /// The linked clusters and their watchers' state.
-    pub fn status(&self) -> Vec<(String, WatcherStatus)> {
+    pub fn status(&self) -> Vec<(String, LinkStatus)> {
         let mut all: Vec<_> = self
             .inner
             .active()
@@ -163,14 +163,14 @@ impl Inner {
     }
 
     fn metrics(&self) -> &Metrics {
-        &self.opts.watcher.metrics
+        &self.opts.deps.metrics
     }
 
-    /// Watcher options of the link of `secret`.
-    fn watcher_options(&self, secret: &Secret) -> WatcherOptions {
-        WatcherOptions {
+    /// What the link controller of `secret` uses.
+    fn link_deps(&self, secret: &Secret) -> LinkDeps {
+        LinkDeps {
             link_secret: Some(secret_reference(secret)),
-            ..self.opts.watcher.clone()
+            ..self.opts.deps.clone()
         }
     }
 
@@ -233,11 +233,7 @@ impl Inner {
     /// Deletes every mirror of `cluster` in the background until it succeeds, unless the
     /// cluster is linked again first.
     fn spawn_cleanup(&self, cluster: &str, only: Option<MirrorSelector>) {
-        let writer = LocalWriter::new(
-            self.local.clone(),
-            cluster,
-            self.opts.watcher.metrics.clone(),
-        );
+        let writer = LocalWriter::new(self.local.clone(), cluster, self.opts.deps.metrics.clone());
         let cancel = self.cancel.child_token();
         if let Some(old) = self.cleanups().insert(cluster.to_string(), cancel.clone()) {
             old.cancel();
@@ -371,11 +367,12 @@ impl Inner {
                 };
             }
         };
-        match ClusterWatcher::start(
+        match LinkController::start(
             self.local.clone(),
             client,
             spec.link.clone(),
-            self.watcher_options(secret),
+            self.opts.config.clone(),
+            self.link_deps(secret),
         ) {
             Ok(watcher) => {
                 self.active()
@@ -417,11 +414,12 @@ impl Inner {
         };
         // The new watcher syncs without writing; it writes only once the old one stopped,
         // so the two never work on the same mirror at once.
-        let new = match ClusterWatcher::start_paused(
+        let new = match LinkController::start_paused(
             self.local.clone(),
             client,
             spec.link.clone(),
-            self.watcher_options(secret),
+            self.opts.config.clone(),
+            self.link_deps(secret),
         ) {
             Ok(w) => w,
             Err(e) => {
@@ -467,53 +465,40 @@ impl Inner {
 
 async fn watch_secrets(
     inner: Arc<Inner>,
-    mut store: reflector::store::Writer<Secret>,
+    store: reflector::store::Writer<Secret>,
     cancel: CancellationToken,
 ) {
-    let api: Api<Secret> = Api::namespaced(inner.local.clone(), &inner.opts.namespace);
-    let config = watcher::Config::default().fields(&format!("type={LINK_SECRET_TYPE}"));
-    let stream = watcher(api, config).default_backoff();
-    futures::pin_mut!(stream);
-    loop {
-        let ev = tokio::select! {
-            _ = cancel.cancelled() => return,
-            ev = stream.next() => ev,
-        };
-        match ev {
-            Some(Ok(ev)) => {
-                store.apply_watcher_event(&ev);
-                match &ev {
-                    watcher::Event::Apply(s) | watcher::Event::Delete(s) => {
-                        inner.queue.add(s.name_any())
-                    }
-                    watcher::Event::InitDone => {
-                        if inner.opts.collect_unlinked && !inner.synced.load(Ordering::SeqCst) {
-                            tokio::spawn(collect_unlinked(inner.clone()));
-                        }
-                        let mut names: Vec<String> =
-                            inner.secrets.state().iter().map(|s| s.name_any()).collect();
-                        names.extend(inner.active().keys().cloned());
-                        for n in names {
-                            inner.queue.add(n);
-                        }
-                        inner.synced.store(true, Ordering::SeqCst);
-                    }
-                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
-                }
+    let watch = Watch {
+        api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
+        config: watcher::Config::default().fields(&format!("type={LINK_SECRET_TYPE}")),
+        strip: keep_all,
+        store,
+    };
+    let on_event = |ev: &watcher::Event<Secret>| match ev {
+        watcher::Event::Apply(s) | watcher::Event::Delete(s) => inner.queue.add(s.name_any()),
+        watcher::Event::InitDone => {
+            if inner.opts.collect_unlinked && !inner.synced.load(Ordering::SeqCst) {
+                tokio::spawn(collect_unlinked(inner.clone()));
             }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching link Secrets failed; retrying")
+            let mut names: Vec<String> =
+                inner.secrets.state().iter().map(|s| s.name_any()).collect();
+            names.extend(inner.active().keys().cloned());
+            for n in names {
+                inner.queue.add(n);
             }
-            None => return,
+            inner.synced.store(true, Ordering::SeqCst);
         }
-    }
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    };
+    let on_error = |e: &watcher::Error| tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching link Secrets failed; retrying");
+    drive(watch, cancel, on_event, on_error).await
 }
 
 /// Deletes the mirrors of clusters that no link Secret names: their Secret was deleted
 /// while no controller ran, so no unlink happened. Does nothing while any Secret's cluster
 /// name cannot be read (its mirrors cannot be told apart), and only on the leader.
 async fn collect_unlinked(inner: Arc<Inner>) {
-    if let Some(mut leader) = inner.opts.watcher.leader.clone() {
+    if let Some(mut leader) = inner.opts.deps.leader.clone() {
         tokio::select! {
             _ = inner.cancel.cancelled() => return,
             r = leader.wait_for(|l| *l) => if r.is_err() { return },
@@ -541,7 +526,7 @@ async fn collect_unlinked(inner: Arc<Inner>) {
     // mirrors into: another controller's mirrors are never collected.
     let (ns, filter) = (
         inner.opts.namespace.clone(),
-        inner.opts.watcher.namespaces.clone(),
+        inner.opts.config.namespaces.clone(),
     );
     let select: MirrorSelector = Arc::new(move |m: &kube::api::ObjectMeta| {
         let made_here = m

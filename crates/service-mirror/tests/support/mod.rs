@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use local_cluster::{Kubeconfig, LocalCluster, shared_cluster, unique_namespace};
-use service_mirror_controller::link_controller::{ClusterWatcher, WatcherOptions};
+use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
 use service_mirror_core::{Link, NamespaceFilter};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -76,26 +76,33 @@ impl Env {
         Link::new(self.cluster.clone(), None)
     }
 
-    pub fn options(&self) -> WatcherOptions {
-        WatcherOptions {
+    pub fn config(&self) -> LinkConfig {
+        LinkConfig {
             namespaces: NamespaceFilter::allow_only([self.ns.clone()]),
-            ..WatcherOptions::default()
+            ..LinkConfig::default()
         }
     }
 
-    pub fn watch(&self) -> ClusterWatcher {
-        self.watch_with(self.options())
+    pub fn watch(&self) -> LinkController {
+        self.watch_with(self.config(), LinkDeps::default())
     }
 
-    pub fn watch_with(&self, opts: WatcherOptions) -> ClusterWatcher {
-        ClusterWatcher::start(self.lc.clone(), self.rc.clone(), self.link(), opts)
+    pub fn watch_with(&self, config: LinkConfig, deps: LinkDeps) -> LinkController {
+        LinkController::start(self.lc.clone(), self.rc.clone(), self.link(), config, deps)
             .expect("start watcher")
     }
 
     /// A watcher of this world's link that uses the given clients (a limited local
     /// identity, a remote reached through a proxy, ...).
-    pub fn watch_clients(&self, local: Client, remote: Client) -> ClusterWatcher {
-        ClusterWatcher::start(local, remote, self.link(), self.options()).expect("start watcher")
+    pub fn watch_clients(&self, local: Client, remote: Client) -> LinkController {
+        LinkController::start(
+            local,
+            remote,
+            self.link(),
+            self.config(),
+            LinkDeps::default(),
+        )
+        .expect("start watcher")
     }
 
     pub fn remote_services(&self) -> Api<Service> {

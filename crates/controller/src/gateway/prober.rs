@@ -1,19 +1,24 @@
-//! Gateway liveness: one prober task per gateway in use.
+//! Gateway health checks: one prober task per gateway in use.
+//!
+//! (The probe *settings* a gateway Service asks for are read by the pure core,
+//! `service_mirror_core::probe`; this module runs the checks.)
 //!
 //! A gateway starts alive (starting dead would cut traffic until the first probes pass)
 //! and turns dead after `failure_threshold` consecutive failed probes; one success makes
-//! it alive again. Each change queues every mirror behind the gateway, whose Endpoints
-//! then move their addresses between `addresses` and `notReadyAddresses`.
+//! it alive again. Each change is sent on the verdict channel; the link controller
+//! queues every mirror behind the gateway, whose Endpoints then move their addresses
+//! between `addresses` and `notReadyAddresses`.
 
-use super::Inner;
-use crate::metrics::{GatewayLabels, ProbeLabels};
+use crate::metrics::{GatewayLabels, Metrics, ProbeLabels};
+use parking_lot::Mutex;
 use service_mirror_core::GatewayRef;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Rewrites the address a probe connects to (the Host header keeps the gateway's own
@@ -39,6 +44,75 @@ pub struct ProbeTarget {
     pub period: Duration,
 }
 
+/// How probes are run.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    /// How long a probe may take before it counts as failed.
+    pub timeout: Duration,
+    /// Consecutive failed probes before a gateway is considered down.
+    pub failure_threshold: u32,
+    /// Where probes connect instead of the gateway's address, if set.
+    pub redirect: Option<ProbeRedirect>,
+}
+
+/// Whether any mirror still uses a gateway (asked by a prober before each probe).
+pub(crate) type InUse = Arc<dyn Fn(&GatewayRef) -> bool + Send + Sync>;
+
+/// The probe metrics of one gateway, labels bound once (Linkerd's series names). A
+/// series appears with its first observation, as before the first probe nothing is
+/// known.
+pub(crate) struct ProbeMetrics {
+    metrics: Arc<Metrics>,
+    labels: GatewayLabels,
+    probes: [ProbeLabels; 2],
+}
+
+impl ProbeMetrics {
+    /// The series of gateway `gw` of link `cluster`.
+    pub(crate) fn new(metrics: Arc<Metrics>, cluster: &str, gw: &GatewayRef) -> Self {
+        let labels = GatewayLabels {
+            gateway_name: gw.name.clone(),
+            gateway_namespace: gw.namespace.clone(),
+            target_cluster_name: cluster.to_string(),
+        };
+        let probes = [false, true].map(|ok| ProbeLabels {
+            gateway_name: labels.gateway_name.clone(),
+            gateway_namespace: labels.gateway_namespace.clone(),
+            target_cluster_name: labels.target_cluster_name.clone(),
+            probe_successful: ok.to_string(),
+        });
+        Self {
+            metrics,
+            labels,
+            probes,
+        }
+    }
+
+    /// One probe answered (or not) after `latency`.
+    fn probed(&self, latency: Duration, ok: bool) {
+        let m = &self.metrics;
+        m.gateway_probe_latency_ms
+            .get_or_create(&self.labels)
+            .observe(latency.as_secs_f64() * 1000.0);
+        m.gateway_probes
+            .get_or_create(&self.probes[ok as usize])
+            .inc();
+    }
+
+    /// The verdict after a probe.
+    fn alive(&self, alive: bool) {
+        self.metrics
+            .gateway_alive
+            .get_or_create(&self.labels)
+            .set(alive as i64);
+    }
+
+    /// The gateway is no longer probed: its `gateway_alive` series goes.
+    fn forget(&self) {
+        self.metrics.forget_gateway(&self.labels);
+    }
+}
+
 struct Prober {
     id: u64,
     target: ProbeTarget,
@@ -48,36 +122,67 @@ struct Prober {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-/// The probers of one watcher.
-#[derive(Default)]
-pub struct Probers {
+/// What every prober of one link shares.
+struct Shared {
+    cluster: String,
+    config: ProbeConfig,
+    metrics: Arc<Metrics>,
     running: Mutex<HashMap<GatewayRef, Prober>>,
+    in_use: InUse,
+    /// Gateways whose verdict changed.
+    verdicts: mpsc::UnboundedSender<GatewayRef>,
+    cancel: CancellationToken,
+}
+
+/// The probers of one link.
+pub(crate) struct Probers {
+    shared: Arc<Shared>,
 }
 
 impl Probers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GatewayRef, Prober>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    /// Probers of link `cluster`; verdict changes are sent on `verdicts`, and every
+    /// prober stops when `cancel` fires.
+    pub(crate) fn new(
+        cluster: &str,
+        config: ProbeConfig,
+        metrics: Arc<Metrics>,
+        in_use: InUse,
+        verdicts: mpsc::UnboundedSender<GatewayRef>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                cluster: cluster.to_string(),
+                config,
+                metrics,
+                running: Mutex::default(),
+                in_use,
+                verdicts,
+                cancel,
+            }),
+        }
     }
 
     /// Whether gateway `gw` is alive, (re)starting its prober for `target` as needed.
     /// Without a target (no `mc-probe` port or no address) the gateway is not probed
     /// and counts as alive.
-    pub(super) fn alive(
+    pub(crate) fn alive(
         &self,
-        inner: &Arc<Inner>,
         gw: &GatewayRef,
         target: Option<ProbeTarget>,
         warnings: &[String],
     ) -> bool {
-        let mut running = self.lock();
+        let shared = &self.shared;
+        let cluster = &shared.cluster;
+        let mut running = shared.running.lock();
         match (running.get(gw), target) {
             (Some(p), Some(t)) if p.target == t => p.alive.load(Ordering::SeqCst),
             (existing, Some(target)) => {
                 // New gateway, or new address/port/path/period: the verdict carries over.
                 for w in warnings {
-                    tracing::warn!(cluster = %inner.link.cluster_name, gateway = %gw, "{w}");
+                    tracing::warn!(%cluster, gateway = %gw, "{w}");
                 }
-                tracing::debug!(cluster = %inner.link.cluster_name, gateway = %gw, ?target, "probing gateway");
+                tracing::debug!(%cluster, gateway = %gw, ?target, "probing gateway");
                 let alive = match existing {
                     Some(p) => {
                         p.cancel.cancel();
@@ -85,10 +190,10 @@ impl Probers {
                     }
                     None => Arc::new(AtomicBool::new(true)),
                 };
-                let cancel = inner.cancel.child_token();
+                let cancel = shared.cancel.child_token();
                 let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(run(
-                    Arc::downgrade(inner),
+                    shared.clone(),
                     gw.clone(),
                     id,
                     target.clone(),
@@ -111,33 +216,27 @@ impl Probers {
                 if let Some(p) = running.remove(gw) {
                     p.cancel.cancel();
                 }
-                inner.opts.metrics.forget_gateway(&labels(inner, gw));
+                ProbeMetrics::new(shared.metrics.clone(), cluster, gw).forget();
                 true
             }
             (None, None) => true,
         }
     }
+}
 
+impl Shared {
     /// Forgets prober `id` of `gw` when no mirror uses the gateway any more. Holding the
     /// prober lock while checking means a reconcile either sees it gone (and starts a new
     /// one) or sees it running because a user exists.
-    fn retire_if_unused(&self, inner: &Inner, gw: &GatewayRef, id: u64) -> bool {
-        let mut running = self.lock();
-        if !inner.index().users_of(gw).is_empty() {
+    fn retire_if_unused(&self, gw: &GatewayRef, id: u64) -> bool {
+        let mut running = self.running.lock();
+        if (self.in_use)(gw) {
             return false;
         }
         if running.get(gw).is_some_and(|p| p.id == id) {
             running.remove(gw);
         }
         true
-    }
-}
-
-fn labels(inner: &Inner, gw: &GatewayRef) -> GatewayLabels {
-    GatewayLabels {
-        gateway_name: gw.name.clone(),
-        gateway_namespace: gw.namespace.clone(),
-        target_cluster_name: inner.link.cluster_name.clone(),
     }
 }
 
@@ -153,43 +252,30 @@ fn jittered(period: Duration) -> Duration {
 }
 
 async fn run(
-    inner: Weak<Inner>,
+    shared: Arc<Shared>,
     gw: GatewayRef,
     id: u64,
     target: ProbeTarget,
     alive: Arc<AtomicBool>,
     cancel: CancellationToken,
 ) {
+    let cluster = &shared.cluster;
+    let metrics = ProbeMetrics::new(shared.metrics.clone(), cluster, &gw);
     let mut failures = 0u32;
     loop {
-        let Some(i) = inner.upgrade() else { return };
-        if i.probers.retire_if_unused(&i, &gw, id) {
+        if shared.retire_if_unused(&gw, id) {
             // No mirror uses this gateway any more.
-            i.opts.metrics.forget_gateway(&labels(&i, &gw));
+            metrics.forget();
             return;
         }
-        let l = labels(&i, &gw);
         let started = Instant::now();
-        let connect_to = i
-            .opts
-            .probe_redirect
+        let connect_to = shared
+            .config
+            .redirect
             .as_ref()
             .map_or(target.addr, |r| (r.0)(target.addr));
-        let outcome = probe(&target, connect_to, i.opts.probe_timeout).await;
-        let metrics = &i.opts.metrics;
-        metrics
-            .gateway_probe_latency_ms
-            .get_or_create(&l)
-            .observe(started.elapsed().as_secs_f64() * 1000.0);
-        metrics
-            .gateway_probes
-            .get_or_create(&ProbeLabels {
-                gateway_name: l.gateway_name.clone(),
-                gateway_namespace: l.gateway_namespace.clone(),
-                target_cluster_name: l.target_cluster_name.clone(),
-                probe_successful: outcome.is_ok().to_string(),
-            })
-            .inc();
+        let outcome = probe(&target, connect_to, shared.config.timeout).await;
+        metrics.probed(started.elapsed(), outcome.is_ok());
         if cancel.is_cancelled() {
             return;
         }
@@ -201,23 +287,21 @@ async fn run(
             }
             Err(e) => {
                 failures += 1;
-                tracing::debug!(cluster = %i.link.cluster_name, gateway = %gw, failures, error = %e, "gateway probe failed");
-                was && failures < i.opts.probe_failure_threshold
+                tracing::debug!(%cluster, gateway = %gw, failures, error = %e, "gateway probe failed");
+                was && failures < shared.config.failure_threshold
             }
         };
-        metrics.gateway_alive.get_or_create(&l).set(now as i64);
+        metrics.alive(now);
         if now != was {
             alive.store(now, Ordering::SeqCst);
             if now {
-                tracing::info!(cluster = %i.link.cluster_name, gateway = %gw, "gateway alive again: mirror endpoints ready");
+                tracing::info!(%cluster, gateway = %gw, "gateway alive again: mirror endpoints ready");
             } else {
-                tracing::warn!(cluster = %i.link.cluster_name, gateway = %gw, failures, error = ?outcome.err(), "gateway down: mirror endpoints not ready");
+                tracing::warn!(%cluster, gateway = %gw, failures, error = ?outcome.err(), "gateway down: mirror endpoints not ready");
             }
-            for key in i.index().users_of(&gw) {
-                i.queue.add(key);
-            }
+            // The link controller queues every mirror behind the gateway.
+            let _ = shared.verdicts.send(gw.clone());
         }
-        drop(i);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(jittered(target.period)) => {}

@@ -1,10 +1,11 @@
 //! Resolution of gateway hostnames to IP addresses (an Endpoints address must be an IP).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long one lookup may take before it counts as a failure.
@@ -63,8 +64,8 @@ impl CachingResolver {
         }
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    fn cache(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Entry>> {
+        self.cache.lock()
     }
 
     /// Makes every answer due for a new lookup (last good answers are kept).
@@ -170,7 +171,7 @@ mod tests {
 
     impl Resolver for Flaky {
         fn lookup<'a>(&'a self, _host: &'a str) -> Lookup<'a> {
-            let answer = self.0.lock().unwrap().clone();
+            let answer = self.0.lock().clone();
             Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("SERVFAIL")) })
         }
     }
@@ -181,14 +182,14 @@ mod tests {
         let r = CachingResolver::new(flaky.clone());
         assert!(r.resolve("gw").await.is_err(), "never resolved: an error");
         let one: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap()];
-        *flaky.0.lock().unwrap() = Some(one.clone());
+        *flaky.0.lock() = Some(one.clone());
         r.invalidate();
         assert_eq!(r.resolve("gw").await.unwrap(), one);
-        *flaky.0.lock().unwrap() = None;
+        *flaky.0.lock() = None;
         r.invalidate();
         assert_eq!(r.resolve("gw").await.unwrap(), one, "last good answer kept");
         let two: Vec<IpAddr> = vec!["10.0.0.2".parse().unwrap()];
-        *flaky.0.lock().unwrap() = Some(two.clone());
+        *flaky.0.lock() = Some(two.clone());
         r.invalidate();
         assert_eq!(r.resolve("gw").await.unwrap(), two);
     }

@@ -1,0 +1,204 @@
+//! The gateways of one link: where its mirrors' Endpoints point, and whether they are
+//! alive.
+//!
+//! One component owns hostname resolution ([`resolve`]), the health checks
+//! ([`prober`]) and what is known per gateway. Reconcile asks it once per key
+//! ([`Gateways::resolve`]) with the gateway's [`GatewaySource`], parsed once; probers
+//! report verdict changes on a channel that the link controller turns into queued keys,
+//! so nothing here reaches back into the controller.
+
+pub mod prober;
+pub mod resolve;
+
+pub use prober::{ProbeConfig, ProbeRedirect, ProbeTarget};
+pub use resolve::{CachingResolver, Lookup, Resolver, SystemResolver};
+
+use crate::metrics::Metrics;
+use parking_lot::Mutex;
+use prober::{InUse, Probers};
+use service_mirror_core::{
+    GatewayError, GatewayRef, GatewaySpec, ProbeSpec, ResolvedGateway, ServiceKey,
+    endpoint_ip_allowed, gateway_spec, probe_spec,
+};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Where a gateway's addresses, port and probe settings come from.
+///
+/// Today a gateway is always a Service of the remote cluster; static addresses given by
+/// a Link are to become a second variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewaySource {
+    /// A gateway Service of the remote cluster, parsed once by the pure core.
+    RemoteService {
+        /// Its ingress addresses, hostnames and `mc-gateway` port.
+        spec: GatewaySpec,
+        /// Its probe settings.
+        probe: ProbeSpec,
+    },
+}
+
+impl GatewaySource {
+    /// Parses a remote gateway Service (once per reconcile).
+    pub fn from_service(svc: &k8s_openapi::api::core::v1::Service) -> Result<Self, GatewayError> {
+        Ok(Self::RemoteService {
+            spec: gateway_spec(svc)?,
+            probe: probe_spec(svc),
+        })
+    }
+
+    /// Hostnames to resolve to addresses.
+    pub fn hostnames(&self) -> &[String] {
+        match self {
+            Self::RemoteService { spec, .. } => &spec.hostnames,
+        }
+    }
+}
+
+/// What [`Gateways::resolve`] found for one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resolution {
+    /// Addresses, port and verdict; None when the gateway is unusable (the mirror is
+    /// kept without endpoints).
+    pub(crate) gateway: Option<ResolvedGateway>,
+    /// Look at the key again this soon: a hostname of the gateway failed to resolve.
+    pub(crate) retry_after: Option<Duration>,
+}
+
+/// The gateways of one link.
+pub(crate) struct Gateways {
+    cluster: String,
+    resolver: CachingResolver,
+    probers: Probers,
+    /// Gateways last resolved with hostnames: looked at again every refresh period.
+    by_hostname: Mutex<HashSet<GatewayRef>>,
+}
+
+impl Gateways {
+    /// The gateways of link `cluster`. `in_use` tells a prober whether any mirror still
+    /// uses its gateway; verdict changes come out of the returned receiver.
+    pub(crate) fn new(
+        cluster: &str,
+        resolver: Arc<dyn Resolver>,
+        probes: ProbeConfig,
+        metrics: Arc<Metrics>,
+        in_use: InUse,
+        cancel: CancellationToken,
+    ) -> (Self, mpsc::UnboundedReceiver<GatewayRef>) {
+        let (verdicts, changed) = mpsc::unbounded_channel();
+        let gateways = Self {
+            cluster: cluster.to_string(),
+            resolver: CachingResolver::new(resolver),
+            probers: Probers::new(cluster, probes, metrics, in_use, verdicts, cancel),
+            by_hostname: Mutex::default(),
+        };
+        (gateways, changed)
+    }
+
+    /// The gateway `gw` of `key` from `source` (None: the gateway Service is not in the
+    /// remote cache): its addresses (hostnames resolved), port and probe verdict,
+    /// (re)starting or stopping its prober as needed.
+    pub(crate) async fn resolve(
+        &self,
+        key: &ServiceKey,
+        gw: &GatewayRef,
+        source: Option<Result<GatewaySource, GatewayError>>,
+    ) -> Resolution {
+        let cluster = &self.cluster;
+        let source = match source {
+            None => {
+                tracing::warn!(%cluster, %key, gateway = %gw, "gateway not found; mirror kept without endpoints");
+                None
+            }
+            Some(Err(e)) => {
+                tracing::warn!(%cluster, %key, gateway = %gw, error = %e, "gateway unusable; mirror kept without endpoints");
+                None
+            }
+            Some(Ok(source)) => Some(source),
+        };
+        let hostnames = source.as_ref().map(|s| s.hostnames()).unwrap_or_default();
+        {
+            let mut by_hostname = self.by_hostname.lock();
+            match hostnames.is_empty() {
+                true => by_hostname.remove(gw),
+                false => by_hostname.insert(gw.clone()),
+            };
+        }
+        let resolved = match &source {
+            Some(source) => self.addresses(gw, source).await,
+            None => None,
+        };
+        let retry_after = hostnames
+            .iter()
+            .any(|h| self.resolver.failing(h))
+            .then_some(resolve::RETRY_FAILED_AFTER);
+        let gateway = match resolved {
+            None => {
+                self.probers.alive(gw, None, &[]);
+                None
+            }
+            Some((resolved, probe)) => {
+                let target = probe
+                    .port
+                    .zip(resolved.addresses.first())
+                    .map(|(port, ip)| ProbeTarget {
+                        addr: SocketAddr::new(*ip, port),
+                        path: probe.path.clone(),
+                        period: probe.period,
+                    });
+                let alive = self.probers.alive(gw, target, &probe.warnings);
+                Some(resolved.with_alive(alive))
+            }
+        };
+        Resolution {
+            gateway,
+            retry_after,
+        }
+    }
+
+    /// The addresses of a usable gateway and how to probe it; None without an address.
+    async fn addresses(
+        &self,
+        gw: &GatewayRef,
+        source: &GatewaySource,
+    ) -> Option<(ResolvedGateway, ProbeSpec)> {
+        let cluster = &self.cluster;
+        let GatewaySource::RemoteService { spec, probe } = source;
+        if !spec.invalid_ingress.is_empty() {
+            tracing::warn!(%cluster, gateway = %gw, invalid = ?spec.invalid_ingress, "ignoring invalid gateway ingress entries");
+        }
+        let mut resolved = Vec::new();
+        for host in &spec.hostnames {
+            match self.resolver.resolve(host).await {
+                Ok(ips) => {
+                    let (ok, refused): (Vec<_>, Vec<_>) =
+                        ips.into_iter().partition(endpoint_ip_allowed);
+                    if !refused.is_empty() {
+                        tracing::warn!(%cluster, gateway = %gw, host, ?refused, "ignoring resolved addresses that cannot be Endpoints addresses");
+                    }
+                    resolved.extend(ok)
+                }
+                Err(e) => {
+                    tracing::warn!(%cluster, gateway = %gw, error = %e, "gateway hostname unresolved; retried every endpoint refresh period")
+                }
+            }
+        }
+        let resolved = spec.clone().into_resolved(resolved);
+        (!resolved.addresses.is_empty()).then(|| (resolved, probe.clone()))
+    }
+
+    /// Every endpoint refresh period: forgets resolved hostnames and returns the gateways
+    /// among `in_use` that are given by hostname (their mirrors are looked at again;
+    /// writes happen only if addresses changed).
+    pub(crate) fn refresh(&self, in_use: Vec<GatewayRef>) -> Vec<GatewayRef> {
+        self.resolver.invalidate();
+        let mut by_hostname = self.by_hostname.lock();
+        let in_use: HashSet<GatewayRef> = in_use.into_iter().collect();
+        by_hostname.retain(|gw| in_use.contains(gw));
+        by_hostname.iter().cloned().collect()
+    }
+}

@@ -1,0 +1,395 @@
+//! The pure middle of a reconcile: from what was gathered about one key to what to do
+//! (see reconcile.rs for gather and apply).
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use service_mirror_core::{Action, DesiredMirror, ExportDecision, Refusal, ServiceKey, plan};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the caches, the index and the gateways say about one key.
+#[derive(Debug, Default)]
+pub(super) struct Gathered {
+    /// The remote Service is cached, or the remote cache has listed (so its absence
+    /// means it is gone).
+    pub(super) remote_listed: bool,
+    /// What becomes of the remote Service (NotExported when absent).
+    pub(super) export: Option<ExportDecision>,
+    /// Some local Service mirrors the key (by the index).
+    pub(super) has_local_services: bool,
+    /// The mirror there should be.
+    pub(super) desired: Option<DesiredMirror>,
+    /// Local mirror Services and Endpoints that stand for the key.
+    pub(super) services: Vec<Arc<Service>>,
+    /// See `services`.
+    pub(super) endpoints: Vec<Arc<Endpoints>>,
+    /// A write of ours to one of these objects has not reached the caches yet.
+    pub(super) pending: bool,
+    /// The key's Endpoints were written ahead of its Service, replacing this version.
+    pub(super) endpoints_written_first: Option<String>,
+    /// Look at the key again this soon (a gateway hostname failed to resolve).
+    pub(super) requeue: Option<Duration>,
+}
+
+/// What to do for one key.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Decision {
+    /// Absence in a cache that has not listed yet proves nothing: wait for the list.
+    Wait,
+    /// Exported but cannot be mirrored: refuse it visibly and touch nothing (an existing
+    /// mirror stays as it was). Without a mirror, the key's mirror-limit slot goes.
+    Refuse {
+        /// Why.
+        reason: Refusal,
+        /// The key has no mirror: release its slot.
+        release_slot: bool,
+    },
+    /// A write of ours has not reached the caches: planning now would repeat it. The
+    /// watch event that brings it queues the key again.
+    Pending {
+        /// Look again after this long anyway.
+        requeue: Option<Duration>,
+    },
+    /// Carry out these writes (maybe none).
+    Write(Writes),
+}
+
+/// The writes of one reconcile and what surrounds them.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Writes {
+    /// The writes, in the order to make them.
+    pub(super) steps: Steps,
+    /// The plan creates the mirror Service: it needs a slot under the mirror limit.
+    pub(super) admit: bool,
+    /// No mirror and none to create: a slot (or refusal) this key had goes.
+    pub(super) release_slot: bool,
+    /// The plan creates something: it holds a create permit to its end.
+    pub(super) create_permit: bool,
+    /// The second pass after Endpoints first: the key's record of it is consumed.
+    pub(super) second_pass: bool,
+    /// Look at the key again after this long.
+    pub(super) requeue: Option<Duration>,
+}
+
+/// The order of the writes.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Steps {
+    /// The plan's order (Service before Endpoints); stop at the first stale write.
+    InOrder(Vec<Action>),
+    /// A gateway move: the Endpoints now, the Service on the key's next pass.
+    EndpointsFirst {
+        /// The Endpoints update, written now.
+        endpoints: Box<Action>,
+        /// The Service update, written now only if the Endpoints cannot be.
+        service: Box<Action>,
+    },
+}
+
+/// Decides what to do for `key` of link `cluster` from what was gathered.
+pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision {
+    if !g.remote_listed {
+        return Decision::Wait;
+    }
+    if let Some(ExportDecision::Refused { reason, .. }) = &g.export {
+        return Decision::Refuse {
+            reason: *reason,
+            release_slot: !g.has_local_services,
+        };
+    }
+    if g.pending {
+        return Decision::Pending { requeue: g.requeue };
+    }
+    let services: Vec<&Service> = g.services.iter().map(|s| s.as_ref()).collect();
+    let endpoints: Vec<&Endpoints> = g.endpoints.iter().map(|e| e.as_ref()).collect();
+    let mut actions = plan(key, g.desired.as_ref(), &services, &endpoints, cluster);
+    let admit = actions
+        .iter()
+        .any(|a| matches!(a, Action::CreateService(_)));
+    let create_permit = actions.iter().any(Action::is_create);
+    let mut writes = Writes {
+        steps: Steps::InOrder(Vec::new()),
+        admit,
+        release_slot: !admit && services.is_empty(),
+        create_permit,
+        second_pass: g.endpoints_written_first.is_some(),
+        requeue: g.requeue,
+    };
+    // Endpoints first. A gateway move changes every mirror of the gateway twice: its
+    // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
+    // annotation). When a plan is exactly those two updates and the Service's differs
+    // in annotations only, the Endpoints are written now and the key goes to the back
+    // of the queue; the Service follows on the second pass, after the Endpoints of
+    // every key queued meanwhile. Traffic of N mirrors then moves in the time of N
+    // writes, not 2N. A Service whose labels or spec change (another gateway, new
+    // ports) keeps the plan's order: it is never behind its Endpoints on those.
+    if let Some(rv) = &g.endpoints_written_first {
+        // Second pass: a cached Endpoints still at the version our write replaced means
+        // the cache is behind that write, not that it is to be done again.
+        actions.retain(|a| {
+            !matches!(a, Action::UpdateEndpoints(e) if e.metadata.resource_version.as_deref() == Some(rv.as_str()))
+        });
+    } else if let [Action::UpdateService(updated), Action::UpdateEndpoints(_)] = actions.as_slice()
+        && services.iter().any(|actual| {
+            actual.metadata.name == updated.metadata.name
+                && actual.metadata.labels == updated.metadata.labels
+                && actual.spec == updated.spec
+        })
+    {
+        let mut it = actions.into_iter();
+        let (Some(service), Some(endpoints)) = (it.next(), it.next()) else {
+            unreachable!("matched two actions")
+        };
+        writes.steps = Steps::EndpointsFirst {
+            endpoints: Box::new(endpoints),
+            service: Box::new(service),
+        };
+        return Decision::Write(writes);
+    }
+    writes.steps = Steps::InOrder(actions);
+    Decision::Write(writes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use service_mirror_core::{GatewayRef, Link, ResolvedGateway, desired_mirror};
+
+    const CLUSTER: &str = "east";
+
+    fn key() -> ServiceKey {
+        ServiceKey::new("shop", "web")
+    }
+
+    fn remote(ports: bool) -> Service {
+        let ports = match ports {
+            true => serde_json::json!([{"name": "http", "port": 80}]),
+            false => serde_json::json!([]),
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "3",
+                "annotations": {"mirror.linkerd.io/gateway-name": "gw",
+                    "mirror.linkerd.io/gateway-ns": "mc"}},
+            "spec": {"ports": ports}
+        }))
+        .unwrap()
+    }
+
+    fn gw(name: &str) -> GatewayRef {
+        GatewayRef::new("mc", name)
+    }
+
+    /// The desired mirror of `shop/web` through gateway `gw_name` at address `ip`.
+    fn desired(gw_name: &str, ip: &str, gw_version: &str) -> DesiredMirror {
+        let resolved = ResolvedGateway::new([ip.parse().unwrap()], 4143, gw_version);
+        desired_mirror(
+            &remote(true),
+            &Link::new(CLUSTER, None),
+            &gw(gw_name),
+            Some(&resolved),
+        )
+    }
+
+    /// `d` as the apiserver stores it (a resourceVersion and a uid).
+    fn stored(d: &DesiredMirror, version: &str) -> (Arc<Service>, Arc<Endpoints>) {
+        let (mut s, mut e) = (d.service.clone(), d.endpoints.clone());
+        for meta in [&mut s.metadata, &mut e.metadata] {
+            meta.resource_version = Some(version.into());
+            meta.uid = Some("u".into());
+        }
+        (Arc::new(s), Arc::new(e))
+    }
+
+    fn gathered(desired: Option<DesiredMirror>, actual: Option<&DesiredMirror>) -> Gathered {
+        let (services, endpoints) = match actual.map(|a| stored(a, "10")) {
+            Some((s, e)) => (vec![s], vec![e]),
+            None => (vec![], vec![]),
+        };
+        Gathered {
+            remote_listed: true,
+            export: Some(ExportDecision::Mirror(gw("gw"))),
+            has_local_services: !services.is_empty(),
+            desired,
+            services,
+            endpoints,
+            ..Gathered::default()
+        }
+    }
+
+    fn writes(d: &Decision) -> &Writes {
+        match d {
+            Decision::Write(w) => w,
+            other => panic!("not a write: {other:?}"),
+        }
+    }
+
+    fn kinds(steps: &Steps) -> Vec<&'static str> {
+        let name = |a: &Action| match a {
+            Action::CreateService(_) => "create svc",
+            Action::UpdateService(_) => "update svc",
+            Action::CreateEndpoints(_) => "create ep",
+            Action::UpdateEndpoints(_) => "update ep",
+            Action::DeleteService { .. } => "delete svc",
+            Action::DeleteEndpoints { .. } => "delete ep",
+        };
+        match steps {
+            Steps::InOrder(actions) => actions.iter().map(name).collect(),
+            Steps::EndpointsFirst { endpoints, service } => {
+                vec!["first", name(endpoints), name(service)]
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_is_decided_before_the_remote_cache_has_listed() {
+        let g = Gathered::default();
+        assert_eq!(decide(&key(), CLUSTER, &g), Decision::Wait);
+    }
+
+    #[test]
+    fn a_refused_export_touches_nothing_and_frees_a_slot_only_without_a_mirror() {
+        let refused = |has_local_services| Gathered {
+            remote_listed: true,
+            export: Some(ExportDecision::Refused {
+                gateway: gw("gw"),
+                reason: Refusal::NoPorts,
+            }),
+            has_local_services,
+            ..Gathered::default()
+        };
+        for (has_mirror, release_slot) in [(true, false), (false, true)] {
+            assert_eq!(
+                decide(&key(), CLUSTER, &refused(has_mirror)),
+                Decision::Refuse {
+                    reason: Refusal::NoPorts,
+                    release_slot
+                },
+                "has mirror: {has_mirror}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pending_write_defers_planning_but_keeps_the_requeue() {
+        let mut g = gathered(Some(desired("gw", "192.0.2.1", "1")), None);
+        g.pending = true;
+        g.requeue = Some(Duration::from_secs(10));
+        assert_eq!(
+            decide(&key(), CLUSTER, &g),
+            Decision::Pending {
+                requeue: Some(Duration::from_secs(10))
+            }
+        );
+    }
+
+    /// (case, desired, actual, steps, admit, release_slot, create_permit)
+    type Case<'a> = (
+        &'a str,
+        Option<&'a DesiredMirror>,
+        Option<&'a DesiredMirror>,
+        Vec<&'a str>,
+        bool,
+        bool,
+        bool,
+    );
+
+    #[test]
+    fn writes_by_case() {
+        let old = desired("gw", "192.0.2.1", "1");
+        let moved = desired("gw", "192.0.2.2", "2");
+        let other_gateway = desired("gw2", "192.0.2.2", "2");
+        // (case, desired, actual, steps, admit, release_slot, create_permit)
+        let table: Vec<Case> = vec![
+            (
+                "new mirror",
+                Some(&old),
+                None,
+                vec!["create svc", "create ep"],
+                true,
+                false,
+                true,
+            ),
+            (
+                "in sync",
+                Some(&old),
+                Some(&old),
+                vec![],
+                false,
+                false,
+                false,
+            ),
+            (
+                "gone remote",
+                None,
+                Some(&old),
+                vec!["delete ep", "delete svc"],
+                false,
+                false,
+                false,
+            ),
+            (
+                "nothing either side",
+                None,
+                None,
+                vec![],
+                false,
+                true,
+                false,
+            ),
+            (
+                "gateway move",
+                Some(&moved),
+                Some(&old),
+                vec!["first", "update ep", "update svc"],
+                false,
+                false,
+                false,
+            ),
+            (
+                "labels change: plan order",
+                Some(&other_gateway),
+                Some(&old),
+                vec!["update svc", "update ep"],
+                false,
+                false,
+                false,
+            ),
+        ];
+        for (case, want, actual, steps, admit, release_slot, create_permit) in table {
+            let g = gathered(want.cloned(), actual);
+            let d = decide(&key(), CLUSTER, &g);
+            let w = writes(&d);
+            assert_eq!(kinds(&w.steps), steps, "{case}");
+            assert_eq!(
+                (w.admit, w.release_slot, w.create_permit),
+                (admit, release_slot, create_permit),
+                "{case}: admit, release slot, create permit"
+            );
+            assert!(!w.second_pass, "{case}");
+        }
+    }
+
+    #[test]
+    fn the_second_pass_skips_endpoints_the_cache_still_shows_at_the_replaced_version() {
+        let old = desired("gw", "192.0.2.1", "1");
+        let moved = desired("gw", "192.0.2.2", "2");
+        let mut g = gathered(Some(moved), Some(&old));
+        // The first pass replaced the Endpoints at version 10 (what the cache shows).
+        g.endpoints_written_first = Some("10".into());
+        let d = decide(&key(), CLUSTER, &g);
+        let w = writes(&d);
+        assert_eq!(kinds(&w.steps), vec!["update svc"]);
+        assert!(w.second_pass);
+        // Once the cache shows another version, a needed Endpoints update is kept.
+        g.endpoints_written_first = Some("9".into());
+        let d = decide(&key(), CLUSTER, &g);
+        assert_eq!(kinds(&writes(&d).steps), vec!["update svc", "update ep"]);
+    }
+
+    #[test]
+    fn a_gateway_hostname_failing_requeues_a_converged_key() {
+        let old = desired("gw", "192.0.2.1", "1");
+        let mut g = gathered(Some(old.clone()), Some(&old));
+        g.requeue = Some(Duration::from_secs(10));
+        let d = decide(&key(), CLUSTER, &g);
+        assert_eq!(writes(&d).requeue, Some(Duration::from_secs(10)));
+    }
+}

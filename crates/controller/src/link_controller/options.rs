@@ -1,0 +1,84 @@
+//! What a link controller is started with: plain tunables ([`LinkConfig`]) and the
+//! things it uses ([`LinkDeps`]).
+
+use crate::gateway::{ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
+use crate::metrics::Metrics;
+use service_mirror_core::NamespaceFilter;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Tunables of a link controller (from the command line).
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// Reconcile workers running in parallel (keys are still serialised one by one).
+    pub workers: usize,
+    /// Fast retries of a failing key before it falls back to slow retries.
+    pub requeue_limit: u32,
+    /// How often gateway hostnames are resolved again.
+    pub endpoint_refresh_period: Duration,
+    /// Remote namespaces whose exported Services are mirrored.
+    pub namespaces: NamespaceFilter,
+    /// How long a gateway probe may take before it counts as failed.
+    pub probe_timeout: Duration,
+    /// Consecutive failed probes before a gateway is considered down.
+    pub probe_failure_threshold: u32,
+    /// Most mirrors one link may create; `None`: no limit. Mirrors that exist are
+    /// kept whatever the limit.
+    pub max_mirrors: Option<usize>,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            requeue_limit: 3,
+            endpoint_refresh_period: Duration::from_secs(60),
+            namespaces: NamespaceFilter::default(),
+            probe_timeout: Duration::from_secs(5),
+            probe_failure_threshold: 3,
+            max_mirrors: None,
+        }
+    }
+}
+
+/// What a link controller uses and may share with others.
+#[derive(Debug, Clone)]
+pub struct LinkDeps {
+    /// Hostname resolver for gateway ingress hostnames.
+    pub resolver: Arc<dyn Resolver>,
+    /// Where the controller reports its metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where probes connect instead of the gateway's address, if set.
+    pub probe_redirect: Option<ProbeRedirect>,
+    /// When set, the controller writes only while this says true (leader election);
+    /// caches stay warm meanwhile, and every key is looked at again when it turns true.
+    pub leader: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Bounds the reconciles that create mirrors; clones share it.
+    pub create_limit: crate::writer::CreateLimit,
+    /// The link Secret, where link-wide Events (the mirror limit) are recorded.
+    pub link_secret: Option<k8s_openapi::api::core::v1::ObjectReference>,
+}
+
+impl Default for LinkDeps {
+    fn default() -> Self {
+        Self {
+            resolver: Arc::new(SystemResolver),
+            metrics: Metrics::new(),
+            probe_redirect: None,
+            leader: None,
+            create_limit: crate::writer::default_create_limit(),
+            link_secret: None,
+        }
+    }
+}
+
+impl LinkConfig {
+    /// How the gateway probes of this link run.
+    pub(crate) fn probes(&self, deps: &LinkDeps) -> ProbeConfig {
+        ProbeConfig {
+            timeout: self.probe_timeout,
+            failure_threshold: self.probe_failure_threshold,
+            redirect: deps.probe_redirect.clone(),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! What the caches keep of each object.
+
+use k8s_openapi::api::core::v1::Service;
+use kube::Resource;
+
+/// Managed fields are large and never read: keep them out of the caches. Local objects
+/// keep everything else: an update PUTs the cached object with our changes.
+pub(super) fn strip_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// Prefix of every annotation the controller reads on a remote Service (export and
+/// probe settings).
+const REMOTE_ANNOTATION_PREFIX: &str = "mirror.linkerd.io/";
+
+/// A remote Service is never written back: keep only what the core reads (name,
+/// namespace, resourceVersion, `mirror.linkerd.io/` annotations, ports, load-balancer
+/// status), so a large remote costs little memory.
+pub(super) fn strip_remote(svc: &mut Service) {
+    use k8s_openapi::api::core::v1::{ServiceSpec, ServiceStatus};
+    use kube::api::ObjectMeta;
+    let meta = std::mem::take(&mut svc.metadata);
+    svc.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        resource_version: meta.resource_version,
+        annotations: meta.annotations.map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k.starts_with(REMOTE_ANNOTATION_PREFIX))
+                .collect()
+        }),
+        ..ObjectMeta::default()
+    };
+    svc.spec = svc.spec.take().map(|spec| ServiceSpec {
+        ports: spec.ports,
+        ..ServiceSpec::default()
+    });
+    svc.status = svc
+        .status
+        .take()
+        .and_then(|status| status.load_balancer)
+        .map(|lb| ServiceStatus {
+            load_balancer: Some(lb),
+            ..ServiceStatus::default()
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use service_mirror_core::{
+        Link, ResolvedGateway, desired_mirror, exported_gateway, gateway_spec, probe_spec,
+    };
+
+    fn full(json: serde_json::Value) -> Service {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn stripped_remote_services_mirror_the_same() {
+        let svc = full(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "42", "uid": "u",
+                "labels": {"app": "web"},
+                "annotations": {"mirror.linkerd.io/gateway-name": "gw", "mirror.linkerd.io/gateway-ns": "mc",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"a\": 1}"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"selector": {"app": "web"}, "clusterIP": "10.0.0.7", "type": "ClusterIP",
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "appProtocol": "http"}]},
+            "status": {"loadBalancer": {}}
+        }));
+        let gw = full(serde_json::json!({
+            "metadata": {"name": "gw", "namespace": "mc", "resourceVersion": "7",
+                "annotations": {"mirror.linkerd.io/probe-path": "/health", "mirror.linkerd.io/probe-period": "5", "other": "x"}},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.0.0.9", "ports": [
+                {"name": "mc-gateway", "port": 4143, "nodePort": 30001},
+                {"name": "mc-probe", "port": 4191, "nodePort": 30002}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}, {"hostname": "gw.example"}]},
+                "conditions": [{"type": "x", "status": "True", "reason": "r", "message": "m",
+                    "lastTransitionTime": "2024-01-01T00:00:00Z"}]}
+        }));
+        let (mut s, mut g) = (svc.clone(), gw.clone());
+        strip_remote(&mut s);
+        strip_remote(&mut g);
+        assert!(s.metadata.labels.is_none() && s.metadata.managed_fields.is_none());
+        assert_eq!(s.metadata.annotations.as_ref().unwrap().len(), 2);
+        assert!(s.spec.as_ref().unwrap().selector.is_none());
+        assert_eq!(exported_gateway(&s), exported_gateway(&svc));
+        assert_eq!(gateway_spec(&g), gateway_spec(&gw));
+        assert_eq!(probe_spec(&g), probe_spec(&gw));
+        let link = Link::new("east", None);
+        let gref = exported_gateway(&svc).unwrap();
+        let resolved = ResolvedGateway::new(["192.0.2.1".parse().unwrap()], 4143, "7");
+        assert_eq!(
+            desired_mirror(&s, &link, &gref, Some(&resolved)),
+            desired_mirror(&svc, &link, &gref, Some(&resolved))
+        );
+    }
+}

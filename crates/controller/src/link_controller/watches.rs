@@ -1,0 +1,207 @@
+//! The three watches of a link (remote Services, local mirror Services and Endpoints):
+//! each event updates a cache (in the driver), then the index and the expectations,
+//! and queues the keys that `keys.rs` maps it to.
+
+use super::cache::Cache;
+use super::expect::{Expectations, LocalObject};
+use super::index::Index;
+use super::keys::{LocalKind, keys_for_local, keys_for_remote};
+use super::limit::MirrorLimit;
+use super::metrics::LinkMetrics;
+use super::reconcile::Reconciler;
+use super::strip::{strip_managed_fields, strip_remote};
+use super::{Synced, WorkQueue};
+use crate::watch::{Watch, drive};
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::Client;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::watcher;
+use parking_lot::Mutex;
+use service_mirror_core::owner_selector;
+use service_mirror_core::{ExportPolicy, ServiceKey};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// What the remote watch updates.
+pub(super) struct RemoteEvents {
+    pub(super) cluster: String,
+    pub(super) remote: Cache<Service>,
+    pub(super) export: ExportPolicy,
+    pub(super) index: Arc<Mutex<Index>>,
+    pub(super) synced: watch::Sender<Synced>,
+    pub(super) connected: Arc<AtomicBool>,
+    pub(super) relists: Arc<AtomicU64>,
+    pub(super) metrics: LinkMetrics,
+    pub(super) queue: WorkQueue<ServiceKey>,
+}
+
+impl RemoteEvents {
+    /// Watches every remote Service until `cancel` fires.
+    pub(super) async fn run(self, api: Api<Service>, cancel: CancellationToken) {
+        let watch = Watch {
+            api,
+            config: watcher::Config::default(),
+            strip: strip_remote,
+            store: self.remote.clone(),
+        };
+        drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
+    }
+
+    fn on_event(&self, ev: &watcher::Event<Service>) {
+        self.connected.store(true, Ordering::SeqCst);
+        self.metrics.remote_connected(true);
+        if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
+            self.metrics.remote_synced_now();
+        }
+        let keys = keys_for_remote(&mut self.index.lock(), &self.remote, &self.export, ev);
+        if matches!(ev, watcher::Event::InitDone) {
+            let (cluster, services) = (&self.cluster, self.remote.len());
+            let first = self
+                .synced
+                .send_if_modified(|s| !std::mem::replace(&mut s.remote, true));
+            if first {
+                tracing::info!(%cluster, services, "remote services synced");
+            } else {
+                // kube's watcher lists again only when its resume point expired (HTTP 410).
+                self.relists.fetch_add(1, Ordering::SeqCst);
+                self.metrics.remote_relisted();
+                tracing::info!(%cluster, services, "remote services listed again");
+            }
+        }
+        for k in keys {
+            self.queue.add(k);
+        }
+    }
+
+    fn on_error(&self, e: &watcher::Error) {
+        self.metrics.remote_connected(false);
+        if self.connected.swap(false, Ordering::SeqCst) {
+            tracing::warn!(cluster = %self.cluster, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
+        }
+    }
+}
+
+/// What the local watches update.
+#[derive(Clone)]
+pub(super) struct LocalEvents {
+    pub(super) local_services: Cache<Service>,
+    pub(super) index: Arc<Mutex<Index>>,
+    pub(super) expectations: Arc<Expectations>,
+    pub(super) limit: Arc<MirrorLimit>,
+    pub(super) synced: watch::Sender<Synced>,
+    pub(super) queue: WorkQueue<ServiceKey>,
+}
+
+impl LocalEvents {
+    /// Watches the local objects of kind `K` selected by `config` into `store` until
+    /// `cancel` fires.
+    pub(super) async fn run<K: LocalKind>(
+        self,
+        api: Api<K>,
+        config: watcher::Config,
+        store: Cache<K>,
+        cancel: CancellationToken,
+    ) {
+        let watch = Watch {
+            api,
+            config,
+            strip: strip_managed_fields::<K>,
+            store: store.clone(),
+        };
+        let on_error = |e: &watcher::Error| tracing::warn!(kind = %K::kind(&()), error = %e, "local watch failed; retrying with backoff");
+        drive(watch, cancel, |ev| self.on_event(&store, ev), on_error).await
+    }
+
+    fn on_event<K: LocalKind>(&self, store: &Cache<K>, ev: &watcher::Event<K>) {
+        let observed = |o: &K, version| {
+            let ns = o.namespace().unwrap_or_default();
+            self.expectations
+                .observed(K::OBJECT, &ns, &o.name_any(), version)
+        };
+        match ev {
+            watcher::Event::Apply(o) => observed(o, o.meta().resource_version.as_deref()),
+            watcher::Event::Delete(o) => observed(o, None),
+            watcher::Event::InitDone => self.expectations.relisted(K::OBJECT),
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+        let keys = {
+            let mut index = self.index.lock();
+            if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = ev
+                && K::OBJECT == LocalObject::Service
+            {
+                // A mirror that exists keeps its slot under the mirror limit.
+                self.limit.hold(&K::key(&self.local_services, o));
+            }
+            let keys = keys_for_local(&mut index, &self.local_services, store, ev);
+            if matches!(ev, watcher::Event::InitDone) {
+                self.synced.send_modify(|s| match K::OBJECT {
+                    LocalObject::Service => s.local_services = true,
+                    LocalObject::Endpoints => s.local_endpoints = true,
+                });
+            }
+            keys
+        };
+        for k in keys {
+            self.queue.add(k);
+        }
+    }
+}
+
+/// What the watches of a link update besides the reconciler's caches.
+pub(super) struct Shared {
+    pub(super) synced: watch::Sender<Synced>,
+    pub(super) connected: Arc<AtomicBool>,
+    pub(super) relists: Arc<AtomicU64>,
+    pub(super) metrics: LinkMetrics,
+}
+
+/// Starts the three watches of a link: every remote Service, and the local Services and
+/// Endpoints labelled as mirrors of its cluster.
+pub(super) fn spawn(
+    rec: &Reconciler,
+    shared: Shared,
+    local: Client,
+    remote: Client,
+    cancel: CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let cluster = rec.link.cluster_name.clone();
+    let local_config = watcher::Config::default().labels(&owner_selector(&cluster));
+    let remote_events = RemoteEvents {
+        cluster,
+        remote: rec.remote.clone(),
+        export: rec.export.clone(),
+        index: rec.index.clone(),
+        synced: shared.synced.clone(),
+        connected: shared.connected,
+        relists: shared.relists,
+        metrics: shared.metrics,
+        queue: rec.queue.clone(),
+    };
+    let local_events = LocalEvents {
+        local_services: rec.local_services.clone(),
+        index: rec.index.clone(),
+        expectations: rec.expectations.clone(),
+        limit: rec.limit.clone(),
+        synced: shared.synced,
+        queue: rec.queue.clone(),
+    };
+    vec![
+        tokio::spawn(remote_events.run(Api::all(remote), cancel.clone())),
+        tokio::spawn(local_events.clone().run(
+            Api::<Service>::all(local.clone()),
+            local_config.clone(),
+            rec.local_services.clone(),
+            cancel.clone(),
+        )),
+        tokio::spawn(local_events.run(
+            Api::<Endpoints>::all(local),
+            local_config,
+            rec.local_endpoints.clone(),
+            cancel,
+        )),
+    ]
+}

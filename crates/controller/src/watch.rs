@@ -1,0 +1,89 @@
+//! The one way this controller loops over a watch: a kube watcher stream with kube's
+//! backoff, stopped by a cancellation token; each event is stripped, applied to a
+//! store, then handed to a callback; errors go to another callback (logs, metrics).
+//!
+//! The backoff on the stream is kube's `default_backoff` (0.8 s doubling to 30 s with
+//! jitter, reset after two quiet minutes), not [`crate::backoff::Backoff`]: it lives
+//! inside the stream and resets itself when the watch recovers, which is what a watch
+//! of an apiserver wants; our `Backoff` schedules per-key retries of the work queues.
+
+use futures::StreamExt;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use tokio_util::sync::CancellationToken;
+
+/// Where the driver applies each event before the callback sees it.
+pub(crate) trait Store<K> {
+    /// Applies one watch event.
+    fn apply(&mut self, ev: &watcher::Event<K>);
+}
+
+impl<K> Store<K> for Writer<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn apply(&mut self, ev: &watcher::Event<K>) {
+        self.apply_watcher_event(ev);
+    }
+}
+
+/// One watch: what to watch and how to keep it.
+pub(crate) struct Watch<K, S> {
+    /// The API to watch.
+    pub(crate) api: Api<K>,
+    /// Selectors of the watch.
+    pub(crate) config: watcher::Config,
+    /// What to drop from each object before it is stored.
+    pub(crate) strip: fn(&mut K),
+    /// Where objects are kept.
+    pub(crate) store: S,
+}
+
+/// Keeps every field of an object.
+pub(crate) fn keep_all<K>(_: &mut K) {}
+
+/// Runs `watch` until `cancel` fires or the stream ends: each event is stripped, stored,
+/// then given to `on_event`; each error (the stream retries with backoff) to `on_error`.
+pub(crate) async fn drive<K, S>(
+    watch: Watch<K, S>,
+    cancel: CancellationToken,
+    mut on_event: impl FnMut(&watcher::Event<K>),
+    mut on_error: impl FnMut(&watcher::Error),
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    S: Store<K>,
+{
+    let Watch {
+        api,
+        config,
+        strip,
+        mut store,
+    } = watch;
+    let stream = watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    loop {
+        let ev = tokio::select! {
+            _ = cancel.cancelled() => return,
+            ev = stream.next() => ev,
+        };
+        match ev {
+            Some(Ok(mut ev)) => {
+                match &mut ev {
+                    watcher::Event::Apply(o)
+                    | watcher::Event::Delete(o)
+                    | watcher::Event::InitApply(o) => strip(o),
+                    watcher::Event::Init | watcher::Event::InitDone => {}
+                }
+                store.apply(&ev);
+                on_event(&ev);
+            }
+            Some(Err(e)) => on_error(&e),
+            None => return,
+        }
+    }
+}
