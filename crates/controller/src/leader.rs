@@ -22,11 +22,11 @@ pub struct LeaderOptions {
     pub duration: Duration,
 }
 
-/// This replica's identity: `$POD_NAME`, else host name and process id.
-pub fn default_identity() -> String {
-    std::env::var("POD_NAME")
-        .ok()
+/// This replica's identity: its pod name (`$POD_NAME`), else host name and process id.
+pub fn default_identity(pod_name: Option<&str>) -> String {
+    pod_name
         .filter(|n| !n.is_empty())
+        .map(str::to_string)
         .unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
             format!("{}-{}", host.trim(), std::process::id())

@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod cli;
 pub mod error;
+pub mod events;
 pub mod leader;
 pub mod link_controller;
 pub mod links;

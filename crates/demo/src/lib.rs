@@ -16,6 +16,7 @@ use service_mirror_controller::cli::allow::{
     DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
 };
 use service_mirror_controller::cli::link::link_secret;
+use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::link_controller::{ProbeRedirect, WatcherOptions};
 use service_mirror_controller::links::{LinkManager, LinkManagerOptions};
 use service_mirror_core::NamespaceFilter;
@@ -107,7 +108,11 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         link_remote(&local, r).await?;
         setup_remote(r).await?;
     }
-    let manager = LinkManager::start(local.clone(), controller_options());
+    let manager = LinkManager::start(
+        local.clone(),
+        EventRecorder::new(local.clone(), None),
+        controller_options(),
+    );
 
     step(
         &local,

@@ -1,6 +1,7 @@
 //! `service-mirror run`: the controller.
 
 use crate::admin::{self, AdminState};
+use crate::events::EventRecorder;
 use crate::leader::{LeaderOptions, default_identity, elect};
 use crate::link_controller::WatcherOptions;
 use crate::links::{LinkManager, LinkManagerOptions};
@@ -92,12 +93,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let local = super::client::client_from(args.kubeconfig.as_ref(), None).await?;
     crate::permissions::spawn_startup_check(&local, &args.namespace);
     let metrics = Metrics::new();
+    // Read once: the leader identity and the Events' reporting instance.
+    let pod_name = std::env::var("POD_NAME").ok();
+    let recorder = EventRecorder::new(local.clone(), pod_name.clone());
     let shutdown = CancellationToken::new();
     let (leader, election) = if args.leader_election {
         let opts = LeaderOptions {
             namespace: args.namespace.clone(),
             lease_name: args.lease_name.clone(),
-            identity: default_identity(),
+            identity: default_identity(pod_name.as_deref()),
             duration: args.lease_duration,
         };
         let (rx, task) = elect(local.clone(), opts, metrics.clone(), shutdown.clone());
@@ -135,7 +139,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ..WatcherOptions::default()
         },
     };
-    let manager = Arc::new(LinkManager::start(local, opts));
+    let manager = Arc::new(LinkManager::start(local, recorder, opts));
     let ready = {
         let manager = manager.clone();
         Arc::new(move || manager.ready()) as Arc<dyn Fn() -> bool + Send + Sync>
