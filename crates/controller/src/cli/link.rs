@@ -12,6 +12,7 @@
 use super::allow::{DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, check_names, token_secret_name};
 use super::output::{OutputFormat, print_documents};
 use anyhow::{Context, bail};
+use base64::Engine;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta};
@@ -91,17 +92,13 @@ fn parse_cluster_name(name: &str) -> Result<String, String> {
 
 /// Base64 (standard alphabet, padded) of `bytes`, as Kubernetes writes `*-data` fields.
 fn base64_encode(bytes: &[u8]) -> String {
-    match serde_json::to_value(ByteString(bytes.to_vec())) {
-        Ok(serde_json::Value::String(s)) => s,
-        other => unreachable!("ByteString serialises to a string, got {other:?}"),
-    }
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// Decodes a base64 `*-data` field of a kubeconfig (whitespace ignored).
 fn base64_decode(text: &str) -> anyhow::Result<Vec<u8>> {
     let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-    let bytes: ByteString = serde_json::from_value(serde_json::Value::String(compact))?;
-    Ok(bytes.0)
+    Ok(base64::engine::general_purpose::STANDARD.decode(compact)?)
 }
 
 /// The link Secret of remote cluster `cluster_name`, in `link_namespace`: type
