@@ -10,7 +10,8 @@
 //! `kubernetes.io/service-account-token` Secret `<account>-token` that the cluster's
 //! token controller fills with a long-lived token (`service-mirror link` reads it).
 
-use super::output::{OutputFormat, print_documents};
+use super::args::OutputArgs;
+use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
 use anyhow::Context;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
@@ -21,14 +22,11 @@ use std::collections::BTreeMap;
 /// Default name of the remote ServiceAccount (Linkerd's name, so both tools agree).
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "linkerd-service-mirror-remote-access-default";
 /// Default namespace of the remote ServiceAccount.
-pub const DEFAULT_NAMESPACE: &str = "linkerd-multicluster";
+pub use super::manifest::DEFAULT_NAMESPACE;
 /// Secret `type` of a ServiceAccount token Secret filled by the token controller.
 pub const SERVICE_ACCOUNT_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 /// Annotation naming the ServiceAccount a token Secret is for.
 pub const SERVICE_ACCOUNT_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
-
-const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-const MANAGED_BY_VALUE: &str = "service-mirror";
 
 /// Arguments of `allow`.
 #[derive(Debug, clap::Args)]
@@ -47,15 +45,9 @@ pub struct AllowArgs {
         default_value = DEFAULT_NAMESPACE
     )]
     pub namespace: String,
-    /// Output format.
-    #[arg(
-        short,
-        long,
-        env = "SERVICE_MIRROR_OUTPUT",
-        value_enum,
-        default_value = "yaml"
-    )]
-    pub output: OutputFormat,
+    /// How the manifests are printed.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// Name of the token Secret of ServiceAccount `service_account`.
@@ -80,15 +72,8 @@ pub fn remote_access_rules() -> Vec<PolicyRule> {
 }
 
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_string()),
-        namespace: namespace.map(str::to_string),
-        labels: Some(BTreeMap::from([(
-            MANAGED_BY_LABEL.to_string(),
-            MANAGED_BY_VALUE.to_string(),
-        )])),
-        ..Default::default()
-    }
+    let labels = BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
+    super::manifest::meta(name, namespace, labels)
 }
 
 /// The remote-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
@@ -190,16 +175,18 @@ pub fn check_names(namespace: &str, service_account: &str) -> anyhow::Result<()>
 /// Prints the remote-side manifests.
 pub fn run(args: AllowArgs) -> anyhow::Result<()> {
     check_names(&args.namespace, &args.service_account_name)?;
-    print_documents(
-        &allow_manifests(&args.namespace, &args.service_account_name),
-        args.output,
-    )
-    .context("printing the manifests")
+    args.output
+        .print(&allow_manifests(
+            &args.namespace,
+            &args.service_account_name,
+        ))
+        .context("printing the manifests")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::output::OutputFormat;
     use serde_json::json;
 
     fn by_kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
@@ -300,11 +287,11 @@ mod tests {
             "linkerd-service-mirror-remote-access-default"
         );
         assert_eq!(args.namespace, "linkerd-multicluster");
-        assert_eq!(args.output, OutputFormat::Yaml);
+        assert_eq!(args.output.output, OutputFormat::Yaml);
         let args = Cli::try_parse_from(["allow", "-o", "json", "--namespace", "x"])
             .unwrap()
             .args;
-        assert_eq!(args.output, OutputFormat::Json);
+        assert_eq!(args.output.output, OutputFormat::Json);
         assert_eq!(args.namespace, "x");
     }
 

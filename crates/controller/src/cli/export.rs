@@ -6,11 +6,11 @@
 //! service-mirror unexport web -n shop --context east   # mirrors deleted
 //! ```
 
+use super::args::KubeArgs;
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams};
 use service_mirror_core::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION};
-use std::path::PathBuf;
 
 /// Default name of the gateway Service (Linkerd's).
 pub const DEFAULT_GATEWAY_NAME: &str = "linkerd-gateway";
@@ -35,12 +35,9 @@ pub struct ExportArgs {
         default_value = DEFAULT_GATEWAY_NAMESPACE
     )]
     pub gateway_namespace: String,
-    /// Kubeconfig of the cluster that owns the Service (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "SERVICE_MIRROR_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the current context).
-    #[arg(long, env = "SERVICE_MIRROR_CONTEXT")]
-    pub context: Option<String>,
+    /// The cluster that owns the Service.
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// Arguments of `unexport`.
@@ -51,12 +48,9 @@ pub struct UnexportArgs {
     /// Namespace of the Service.
     #[arg(short, long, default_value = "default")]
     pub namespace: String,
-    /// Kubeconfig of the cluster that owns the Service (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "SERVICE_MIRROR_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the current context).
-    #[arg(long, env = "SERVICE_MIRROR_CONTEXT")]
-    pub context: Option<String>,
+    /// The cluster that owns the Service.
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// The merge patch that exports a Service through gateway `gateway_namespace/gateway_name`.
@@ -118,8 +112,7 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
     check_nonempty("--namespace", &args.namespace)?;
     check_nonempty("--gateway-name", &args.gateway_name)?;
     check_nonempty("--gateway-namespace", &args.gateway_namespace)?;
-    let client =
-        super::client::client_from(args.kubeconfig.as_ref(), args.context.as_deref()).await?;
+    let client = args.kube.client().await?;
     patch_service(
         client,
         &args.namespace,
@@ -138,8 +131,7 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
 pub async fn unexport(args: UnexportArgs) -> anyhow::Result<()> {
     check_nonempty("the service name", &args.service)?;
     check_nonempty("--namespace", &args.namespace)?;
-    let client =
-        super::client::client_from(args.kubeconfig.as_ref(), args.context.as_deref()).await?;
+    let client = args.kube.client().await?;
     patch_service(client, &args.namespace, &args.service, unexport_patch()).await?;
     println!("service {}/{} unexported", args.namespace, args.service);
     Ok(())

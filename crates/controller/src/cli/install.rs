@@ -11,7 +11,8 @@
 //! `--ha`: three replicas spread over nodes and a PodDisruptionBudget.
 
 use super::allow::check_names;
-use super::output::{OutputFormat, print_documents};
+use super::args::OutputArgs;
+use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::permissions::{CLUSTER_RULES, NAMESPACE_RULES, Rule};
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -32,9 +33,9 @@ use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 
 /// Name of the ServiceAccount, Deployment, Role and RoleBinding.
-pub const NAME: &str = "service-mirror";
+pub const NAME: &str = MANAGED_BY;
 /// Default namespace of the controller (Linkerd's).
-pub const DEFAULT_NAMESPACE: &str = "linkerd-multicluster";
+pub use super::manifest::DEFAULT_NAMESPACE;
 /// Port of the admin server (`/metrics`, `/live`, `/ready`): `run`'s default
 /// `--metrics-addr`.
 pub const ADMIN_PORT: i32 = 9999;
@@ -43,7 +44,6 @@ pub const ADMIN_PORT_NAME: &str = "admin-http";
 /// The non-root user and group of the distroless image.
 pub const RUN_AS: i64 = 65532;
 
-const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 const NAME_LABEL: &str = "app.kubernetes.io/name";
 const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 
@@ -71,15 +71,9 @@ pub struct InstallArgs {
     /// Container image of the controller.
     #[arg(long, env = "SERVICE_MIRROR_IMAGE", default_value_t = default_image())]
     pub image: String,
-    /// Output format.
-    #[arg(
-        short,
-        long,
-        env = "SERVICE_MIRROR_OUTPUT",
-        value_enum,
-        default_value = "yaml"
-    )]
-    pub output: OutputFormat,
+    /// How the manifests are printed.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// Name of the ClusterRole and ClusterRoleBinding of the controller in `namespace`: one
@@ -106,12 +100,7 @@ fn selector_labels() -> BTreeMap<String, String> {
 }
 
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_string()),
-        namespace: namespace.map(str::to_string),
-        labels: Some(labels()),
-        ..Default::default()
-    }
+    super::manifest::meta(name, namespace, labels())
 }
 
 fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
@@ -350,16 +339,15 @@ pub fn run(args: InstallArgs) -> anyhow::Result<()> {
         "invalid image {:?}",
         args.image
     );
-    print_documents(
-        &install_manifests(&args.namespace, args.ha, &args.image),
-        args.output,
-    )
-    .context("printing the manifests")
+    args.output
+        .print(&install_manifests(&args.namespace, args.ha, &args.image))
+        .context("printing the manifests")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::output::OutputFormat;
     use serde_json::json;
 
     const IMAGE: &str = "example.org/sm:1";
@@ -644,7 +632,7 @@ mod tests {
                 env!("CARGO_PKG_VERSION")
             )
         );
-        assert_eq!(args.output, OutputFormat::Yaml);
+        assert_eq!(args.output.output, OutputFormat::Yaml);
         let args = Cli::try_parse_from([
             "install",
             "--namespace",
@@ -660,6 +648,6 @@ mod tests {
         assert_eq!(args.namespace, "x");
         assert!(args.ha);
         assert_eq!(args.image, "i:2");
-        assert_eq!(args.output, OutputFormat::Json);
+        assert_eq!(args.output.output, OutputFormat::Json);
     }
 }
