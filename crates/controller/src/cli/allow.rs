@@ -17,6 +17,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::api::ObjectMeta;
+use service_mirror_core::naming::{MAX_SUBDOMAIN_LEN, is_dns1123_label, is_dns1123_subdomain};
 use std::collections::BTreeMap;
 
 /// Default name of the remote ServiceAccount (Linkerd's name, so both tools agree).
@@ -132,15 +133,8 @@ pub fn allow_manifests(namespace: &str, service_account: &str) -> Vec<serde_json
 
 /// Checks a name against the DNS-1123 label rule (Namespace names).
 fn check_label(what: &str, name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
     anyhow::ensure!(
-        ok,
+        is_dns1123_label(name),
         "{what} {name:?} is not a valid name: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
     );
     Ok(())
@@ -149,16 +143,7 @@ fn check_label(what: &str, name: &str) -> anyhow::Result<()> {
 /// Checks a name against the DNS-1123 subdomain rule (ServiceAccount names), leaving
 /// room for the `-token` suffix of its Secret.
 fn check_subdomain(what: &str, name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && name.len() + "-token".len() <= 253
-        && name.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        });
+    let ok = is_dns1123_subdomain(name) && name.len() + "-token".len() <= MAX_SUBDOMAIN_LEN;
     anyhow::ensure!(
         ok,
         "{what} {name:?} is not a valid name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
