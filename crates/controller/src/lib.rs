@@ -14,9 +14,9 @@ pub mod events;
 pub mod leader;
 pub mod link_controller;
 pub mod links;
+pub mod logging;
 pub mod metrics;
 pub mod permissions;
-pub mod telemetry;
 pub mod writer;
 
 pub use error::{Error, Result};
