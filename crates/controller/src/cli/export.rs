@@ -13,9 +13,9 @@ use kube::api::{Api, Patch, PatchParams};
 use service_mirror_core::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION};
 
 /// Default name of the gateway Service (Linkerd's).
-pub const DEFAULT_GATEWAY_NAME: &str = "linkerd-gateway";
+pub(crate) const DEFAULT_GATEWAY_NAME: &str = "linkerd-gateway";
 /// Default namespace of the gateway Service (Linkerd's).
-pub const DEFAULT_GATEWAY_NAMESPACE: &str = "linkerd-multicluster";
+pub(crate) const DEFAULT_GATEWAY_NAMESPACE: &str = "linkerd-multicluster";
 
 /// Arguments of `export`.
 #[derive(Debug, clap::Args)]
@@ -54,7 +54,7 @@ pub struct UnexportArgs {
 }
 
 /// The merge patch that exports a Service through gateway `gateway_namespace/gateway_name`.
-pub fn export_patch(gateway_name: &str, gateway_namespace: &str) -> serde_json::Value {
+pub(crate) fn export_patch(gateway_name: &str, gateway_namespace: &str) -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "annotations": {
@@ -66,7 +66,7 @@ pub fn export_patch(gateway_name: &str, gateway_namespace: &str) -> serde_json::
 }
 
 /// The merge patch that removes both gateway annotations (`null` deletes a key).
-pub fn unexport_patch() -> serde_json::Value {
+pub(crate) fn unexport_patch() -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "annotations": {
@@ -107,7 +107,7 @@ fn check_nonempty(what: &str, value: &str) -> anyhow::Result<()> {
 }
 
 /// Adds the gateway annotations.
-pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
+pub(crate) async fn export(args: ExportArgs) -> anyhow::Result<()> {
     check_nonempty("the service name", &args.service)?;
     check_nonempty("--namespace", &args.namespace)?;
     check_nonempty("--gateway-name", &args.gateway_name)?;
@@ -128,7 +128,7 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
 }
 
 /// Removes the gateway annotations.
-pub async fn unexport(args: UnexportArgs) -> anyhow::Result<()> {
+pub(crate) async fn unexport(args: UnexportArgs) -> anyhow::Result<()> {
     check_nonempty("the service name", &args.service)?;
     check_nonempty("--namespace", &args.namespace)?;
     let client = args.kube.client().await?;

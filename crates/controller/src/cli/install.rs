@@ -33,22 +33,22 @@ use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 
 /// Name of the ServiceAccount, Deployment, Role and RoleBinding.
-pub const NAME: &str = MANAGED_BY;
+pub(crate) const NAME: &str = MANAGED_BY;
 /// Default namespace of the controller (Linkerd's).
-pub use super::manifest::DEFAULT_NAMESPACE;
+pub(crate) use super::manifest::DEFAULT_NAMESPACE;
 /// Port of the admin server (`/metrics`, `/live`, `/ready`): `run`'s default
 /// `--metrics-addr`.
-pub const ADMIN_PORT: i32 = 9999;
+pub(crate) const ADMIN_PORT: i32 = 9999;
 /// Name of the admin port on the container.
-pub const ADMIN_PORT_NAME: &str = "admin-http";
+pub(crate) const ADMIN_PORT_NAME: &str = "admin-http";
 /// The non-root user and group of the distroless image.
-pub const RUN_AS: i64 = 65532;
+pub(crate) const RUN_AS: i64 = 65532;
 
 const NAME_LABEL: &str = "app.kubernetes.io/name";
 const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 
 /// The default image: this build's version.
-pub fn default_image() -> String {
+pub(crate) fn default_image() -> String {
     format!(
         "ghcr.io/service-mirror/service-mirror:{}",
         env!("CARGO_PKG_VERSION")
@@ -79,7 +79,7 @@ pub struct InstallArgs {
 /// Name of the ClusterRole and ClusterRoleBinding of the controller in `namespace`: one
 /// pair per installation, so two installations never overwrite each other's binding
 /// (and never collide with the `service-mirror:<ns>:<account>` names of `allow`).
-pub fn cluster_role_name(namespace: &str) -> String {
+pub(crate) fn cluster_role_name(namespace: &str) -> String {
     format!("service-mirror-controller:{namespace}")
 }
 
@@ -265,7 +265,7 @@ fn deployment(namespace: &str, ha: bool, image: &str) -> Deployment {
 /// The local-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
 /// ClusterRoleBinding, Role, RoleBinding, Deployment and, with `ha`, a
 /// PodDisruptionBudget.
-pub fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_json::Value> {
+pub(crate) fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_json::Value> {
     let cluster_role = cluster_role_name(namespace);
     let ns = Namespace {
         metadata: meta(namespace, None),
@@ -332,7 +332,7 @@ pub fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_js
 }
 
 /// Prints the local-side manifests.
-pub fn run(args: InstallArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: InstallArgs) -> anyhow::Result<()> {
     check_names(&args.namespace, NAME)?;
     anyhow::ensure!(
         !args.image.is_empty() && !args.image.contains(char::is_whitespace),

@@ -88,7 +88,7 @@ pub struct RunArgs {
 }
 
 /// Runs the controller until SIGTERM or SIGINT.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_format)?;
     let local = super::client::client_from(args.kubeconfig.as_ref(), None).await?;
     crate::permissions::spawn_startup_check(&local, &args.namespace);
