@@ -282,7 +282,11 @@ pub(crate) fn moved_mirrors(pairs: &[Pair], ip: &str, gateway_version: &str) -> 
 }
 
 /// Wants for the Endpoints (and with `gateway_version`, the Services) of `pairs`.
-pub(crate) fn moved_wants(pairs: &[Pair], ip: &str, gateway_version: Option<&str>) -> Vec<(ObjKey, Want)> {
+pub(crate) fn moved_wants(
+    pairs: &[Pair],
+    ip: &str,
+    gateway_version: Option<&str>,
+) -> Vec<(ObjKey, Want)> {
     let mut wants = Vec::new();
     for p in pairs {
         let (ns, name) = (

@@ -11,11 +11,12 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
+use parking_lot::Mutex;
 use service_mirror_core::labels::{
     MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
 };
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
@@ -250,7 +251,7 @@ impl Observer {
                     let ready = async {
                         loop {
                             let notified = nt.notified();
-                            if st.lock().unwrap_or_else(|e| e.into_inner()).synced.len() == 2 {
+                            if st.lock().synced.len() == 2 {
                                 return;
                             }
                             let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
@@ -285,8 +286,8 @@ impl Observer {
         Ok(observer)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Replaces the wanted states. A want already met counts from when the object was
@@ -392,7 +393,7 @@ async fn watch<K>(
         let now = Instant::now();
         let Ok(ev) = ev else { continue };
         let key = |o: &K| obj_key(kind, o);
-        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = state.lock();
         let changed = match ev {
             watcher::Event::Apply(o) => s.update(key(&o), Some(summarize(&o, now)), now),
             watcher::Event::Delete(o) => s.update(key(&o), None, now),

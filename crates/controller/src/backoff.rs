@@ -1,5 +1,8 @@
 //! The one retry schedule of the controller: per-key retries of the work queues (link
-//! reconciles and link Secrets).
+//! reconciles and link Secrets), the cleanup of an unlinked cluster's mirrors, and
+//! taking up the leader Lease. (A failed gateway hostname lookup is retried at a fixed
+//! 10 s, `gateway::resolve::RETRY_FAILED_AFTER`: DNS answers are not load to back off
+//! from.)
 //!
 //! kube's own watcher backoff (`WatchStreamExt::default_backoff`, 0.8 s doubling to 30 s
 //! with jitter, reset after two quiet minutes) is kept on the watch streams, in
@@ -41,6 +44,16 @@ impl Backoff {
         }
     }
 
+    /// `base` doubling up to `cap`, with no fast phase.
+    pub fn doubling(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            fast_retries: 0,
+            slow_base: base,
+            cap,
+        }
+    }
+
     /// The delay before retry number `failures` (1-based).
     pub fn delay(&self, failures: u32) -> Duration {
         let n = failures.saturating_sub(1);
@@ -72,5 +85,12 @@ mod tests {
         let b = Backoff::with_fast_retries(1);
         assert_eq!(b.delay(1), Duration::from_millis(5));
         assert_eq!(b.delay(2), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn doubling_has_no_fast_phase_and_stops_at_the_cap() {
+        let b = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
+        let delays: Vec<u64> = (1..=8).map(|n| b.delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
     }
 }

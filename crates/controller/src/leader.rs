@@ -22,11 +22,11 @@ pub struct LeaderOptions {
     pub duration: Duration,
 }
 
-/// This replica's identity: `$POD_NAME`, else host name and process id.
-pub fn default_identity() -> String {
-    std::env::var("POD_NAME")
-        .ok()
+/// This replica's identity: its pod name (`$POD_NAME`), else host name and process id.
+pub fn default_identity(pod_name: Option<&str>) -> String {
+    pod_name
         .filter(|n| !n.is_empty())
+        .map(str::to_string)
         .unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
             format!("{}-{}", host.trim(), std::process::id())
@@ -44,7 +44,9 @@ pub fn elect(
     let (tx, rx) = watch::channel(false);
     let task = tokio::spawn(async move {
         let secs = opts.duration.as_secs().max(2);
-        let mut delay = Duration::from_secs(1);
+        let backoff =
+            crate::backoff::Backoff::doubling(Duration::from_secs(1), Duration::from_secs(30));
+        let mut failures = 0;
         let manager = loop {
             let built = LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
                 .with_namespace(&opts.namespace)
@@ -57,12 +59,12 @@ pub fn elect(
             match built {
                 Ok(m) => break m,
                 Err(e) => {
+                    failures += 1;
                     tracing::error!(lease = %opts.lease_name, namespace = %opts.namespace, error = %e, "cannot use the leader-election Lease; not writing until it works");
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
+                        _ = tokio::time::sleep(backoff.delay(failures)) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(30));
                 }
             }
         };

@@ -12,14 +12,15 @@ pub mod admin;
 pub mod backoff;
 pub mod cli;
 pub mod error;
+pub mod events;
 pub mod gateway;
 pub mod kube_client;
 pub mod leader;
 pub mod link_controller;
 pub mod links;
+pub mod logging;
 pub mod metrics;
 pub mod permissions;
-pub mod telemetry;
 pub(crate) mod watch;
 pub mod writer;
 

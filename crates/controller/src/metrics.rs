@@ -1,13 +1,14 @@
 //! Prometheus metrics of the controller, all under the `service_mirror_` prefix.
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 
 /// Labels of per-cluster series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -144,7 +145,7 @@ impl Metrics {
             client: crate::kube_client::ClientMetrics::default(),
         };
         {
-            let mut root = m.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let mut root = m.registry.lock();
             // Probe metrics keep Linkerd's unprefixed names so its dashboards work.
             root.register(
                 "gateway_alive",
@@ -227,7 +228,7 @@ impl Metrics {
     /// The metrics in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.registry.lock();
         prometheus_client::encoding::text::encode(&mut out, &r)
             .expect("writing to a String cannot fail");
         out

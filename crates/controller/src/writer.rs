@@ -2,11 +2,12 @@
 //! deletes mirror objects under a field manager, with ownership checks at the API.
 
 use crate::error::{Error, Result};
+use crate::events::EventRecorder;
 use crate::metrics::Metrics;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -48,7 +49,7 @@ pub fn default_create_limit() -> CreateLimit {
 pub struct LocalWriter {
     client: Client,
     cluster: String,
-    recorder: Recorder,
+    recorder: EventRecorder,
     metrics: Arc<Metrics>,
 }
 
@@ -60,6 +61,26 @@ impl std::fmt::Debug for LocalWriter {
     }
 }
 
+/// The kinds of mirror objects (Service, Endpoints): namespaced, with a static type,
+/// and read and written as JSON. One name for the bounds every write method needs.
+trait MirrorKind:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + Serialize
+    + Debug
+{
+}
+
+impl<K> MirrorKind for K where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + Debug
+{
+}
+
 fn api_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
@@ -68,14 +89,16 @@ fn api_code(e: &kube::Error) -> Option<u16> {
 }
 
 impl LocalWriter {
-    /// A writer for the mirrors of `cluster`.
-    pub fn new(client: Client, cluster: &str, metrics: Arc<Metrics>) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
+    /// A writer for the mirrors of `cluster`, recording its Events through `recorder`
+    /// (the process's one recorder).
+    pub fn with_recorder(
+        client: Client,
+        cluster: &str,
+        metrics: Arc<Metrics>,
+        recorder: EventRecorder,
+    ) -> Self {
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder,
             client,
             cluster: cluster.to_string(),
             metrics,
@@ -119,14 +142,7 @@ impl LocalWriter {
         }
     }
 
-    async fn create<K>(&self, obj: &K) -> Result<Applied>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Serialize
-            + Debug,
-    {
+    async fn create<K: MirrorKind>(&self, obj: &K) -> Result<Applied> {
         let ns = obj.namespace().unwrap_or_default();
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
@@ -146,13 +162,7 @@ impl LocalWriter {
     }
 
     /// Create found the name taken: ours but not yet in the cache, or someone else's.
-    async fn on_exists<K>(&self, api: &Api<K>, obj: &K) -> Result<Applied>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
-    {
+    async fn on_exists<K: MirrorKind>(&self, api: &Api<K>, obj: &K) -> Result<Applied> {
         let name = obj.name_any();
         let ns = obj.namespace().unwrap_or_default();
         let existing = api.get_opt(&name).await?;
@@ -182,14 +192,7 @@ impl LocalWriter {
 
     async fn report_conflict<K: Resource<DynamicType = ()>>(&self, obj: &K, err: &Error) {
         tracing::warn!(cluster = %self.cluster, error = %err, "ownership conflict");
-        let reference = ObjectReference {
-            api_version: Some(K::api_version(&()).into_owned()),
-            kind: Some(K::kind(&()).into_owned()),
-            namespace: obj.meta().namespace.clone(),
-            name: obj.meta().name.clone(),
-            uid: obj.meta().uid.clone(),
-            ..Default::default()
-        };
+        let reference = obj.object_ref(&());
         let note = format!(
             "{err}. The mirror of cluster {} needs this name; rename or delete this object to let it be created.",
             self.cluster
@@ -206,26 +209,12 @@ impl LocalWriter {
         action: &str,
         note: String,
     ) {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            tracing::debug!(error = %e, reason, "could not record an event");
-        }
+        self.recorder
+            .publish(regarding, EventType::Warning, reason, action, note)
+            .await;
     }
 
-    async fn update<K>(&self, obj: &K) -> Result<Applied>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Serialize
-            + Debug,
-    {
+    async fn update<K: MirrorKind>(&self, obj: &K) -> Result<Applied> {
         // `obj` carries the resourceVersion read from the cache: the update fails with
         // 409 if anyone changed (or relabelled) the object since. That newer version is
         // on its way to the cache, and its watch event queues this key again.
@@ -253,10 +242,7 @@ impl LocalWriter {
         resource_version: &Option<String>,
     ) -> Result<Applied>
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
+        K: MirrorKind,
     {
         let api: Api<K> = Api::namespaced(self.client.clone(), ns);
         let dp = DeleteParams {
@@ -314,13 +300,7 @@ impl LocalWriter {
         Ok(deleted)
     }
 
-    async fn delete_all<K>(&self, only: Option<&MirrorSelector>) -> Result<usize>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug,
-    {
+    async fn delete_all<K: MirrorKind>(&self, only: Option<&MirrorSelector>) -> Result<usize> {
         let lp = kube::api::ListParams::default()
             .labels(&service_mirror_core::owner_selector(&self.cluster));
         let listed = Api::<K>::all(self.client.clone())

@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service, ServicePort, ServiceSpec,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::desired::{CLUSTER_IP, port_name, protocol_or_default, target_port_or_default};
@@ -95,32 +96,41 @@ fn spec_matches(actual: Option<&ServiceSpec>, desired: Option<&ServiceSpec>) -> 
         && ports(actual) == ports(desired)
 }
 
+/// Whether `actual` carries the owned labels and annotations of `desired` (a mirror's
+/// Service and Endpoints own the same ones).
+fn owned_metadata_matches(actual: &ObjectMeta, desired: &ObjectMeta) -> bool {
+    owned_match(
+        actual.labels.as_ref(),
+        desired.labels.as_ref(),
+        &OWNED_LABELS,
+    ) && owned_match(
+        actual.annotations.as_ref(),
+        desired.annotations.as_ref(),
+        &OWNED_ANNOTATIONS,
+    )
+}
+
+/// Sets the owned labels and annotations of `meta` to those of `desired`, leaving the
+/// others (someone else's) alone.
+fn set_owned_metadata(meta: &mut ObjectMeta, desired: &ObjectMeta) {
+    set_owned(&mut meta.labels, desired.labels.as_ref(), &OWNED_LABELS);
+    set_owned(
+        &mut meta.annotations,
+        desired.annotations.as_ref(),
+        &OWNED_ANNOTATIONS,
+    );
+}
+
 /// The update that makes `actual` match `desired` on the fields the mirror owns,
 /// or `None` when it already does (apiserver defaults count as equal).
 pub fn service_update(actual: &Service, desired: &Service) -> Option<Service> {
     let (am, dm) = (&actual.metadata, &desired.metadata);
     let (aspec, dspec) = (actual.spec.as_ref(), desired.spec.as_ref());
-    if owned_match(am.labels.as_ref(), dm.labels.as_ref(), &OWNED_LABELS)
-        && owned_match(
-            am.annotations.as_ref(),
-            dm.annotations.as_ref(),
-            &OWNED_ANNOTATIONS,
-        )
-        && spec_matches(aspec, dspec)
-    {
+    if owned_metadata_matches(am, dm) && spec_matches(aspec, dspec) {
         return None;
     }
     let mut updated = actual.clone();
-    set_owned(
-        &mut updated.metadata.labels,
-        dm.labels.as_ref(),
-        &OWNED_LABELS,
-    );
-    set_owned(
-        &mut updated.metadata.annotations,
-        dm.annotations.as_ref(),
-        &OWNED_ANNOTATIONS,
-    );
+    set_owned_metadata(&mut updated.metadata, dm);
     let type_changed = service_type(aspec) != service_type(dspec);
     let spec = updated.spec.get_or_insert_with(Default::default);
     spec.ports = dspec.and_then(|s| s.ports.clone());
@@ -190,27 +200,13 @@ fn normalize_subsets(subsets: Option<&Vec<EndpointSubset>>) -> Vec<EndpointSubse
 /// (labels, annotations, subsets), or `None` when it already does.
 pub fn endpoints_update(actual: &Endpoints, desired: &Endpoints) -> Option<Endpoints> {
     let (am, dm) = (&actual.metadata, &desired.metadata);
-    if owned_match(am.labels.as_ref(), dm.labels.as_ref(), &OWNED_LABELS)
-        && owned_match(
-            am.annotations.as_ref(),
-            dm.annotations.as_ref(),
-            &OWNED_ANNOTATIONS,
-        )
+    if owned_metadata_matches(am, dm)
         && normalize_subsets(actual.subsets.as_ref()) == normalize_subsets(desired.subsets.as_ref())
     {
         return None;
     }
     let mut updated = actual.clone();
-    set_owned(
-        &mut updated.metadata.labels,
-        dm.labels.as_ref(),
-        &OWNED_LABELS,
-    );
-    set_owned(
-        &mut updated.metadata.annotations,
-        dm.annotations.as_ref(),
-        &OWNED_ANNOTATIONS,
-    );
+    set_owned_metadata(&mut updated.metadata, dm);
     updated.subsets = desired.subsets.clone().filter(|s| !s.is_empty());
     Some(updated)
 }

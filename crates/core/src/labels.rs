@@ -1,7 +1,14 @@
-//! Wire names shared with Linkerd's multicluster tooling.
+//! The whole wire vocabulary: every label, annotation, port name, Secret type and
+//! Secret key this project reads or writes on Kubernetes objects, defined here and
+//! nowhere else (code elsewhere names these constants, never the strings).
 //!
-//! These strings are part of the contract: a cluster running this project must look
-//! the same to Linkerd's CLI, proxies and dashboards as one running the original.
+//! Most are shared with Linkerd's multicluster tooling, and part of the contract: a
+//! cluster running this project must look the same to Linkerd's CLI, proxies and
+//! dashboards as one running the original. The one of our own is marked so.
+
+/// Prefix of every Linkerd mirror label and annotation: the per-link controller keeps
+/// only the remote Service annotations under it (export and probe settings).
+pub const MIRROR_PREFIX: &str = "mirror.linkerd.io/";
 
 /// Label marking a local object as a mirror (value `"true"`).
 pub const MIRRORED_SERVICE_LABEL: &str = "mirror.linkerd.io/mirrored-service";

@@ -83,18 +83,42 @@ pub enum NameError {
     BadEdge,
 }
 
+/// Longest DNS-1123 label (Namespace names, Service names).
+pub const MAX_LABEL_LEN: usize = 63;
+
+/// Longest DNS-1123 subdomain (most object names, e.g. ServiceAccounts and Secrets).
+pub const MAX_SUBDOMAIN_LEN: usize = 253;
+
 /// Checks that `name` is a DNS-1123 label of at most [`MAX_CLUSTER_NAME_LEN`]
 /// characters, so that every mirror name built from it is a valid Service name.
 pub fn validate_cluster_name(name: &str) -> Result<(), NameError> {
+    check_label(name, MAX_CLUSTER_NAME_LEN)
+}
+
+/// Whether `name` is a DNS-1123 label: 1 to 63 lowercase letters, digits and `-`,
+/// starting and ending with a letter or digit.
+pub fn is_dns1123_label(name: &str) -> bool {
+    check_label(name, MAX_LABEL_LEN).is_ok()
+}
+
+/// Whether `name` is a DNS-1123 subdomain: at most 253 characters, of DNS-1123 labels
+/// (without their length limit, as Kubernetes checks) joined by `.`.
+pub fn is_dns1123_subdomain(name: &str) -> bool {
+    name.len() <= MAX_SUBDOMAIN_LEN
+        && name
+            .split('.')
+            .all(|part| check_label(part, usize::MAX).is_ok())
+}
+
+/// The one DNS-1123 label rule, with `max` characters at most; the error says what is
+/// wrong, for a cluster name (the only name whose error is shown as is).
+fn check_label(name: &str, max: usize) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty);
     }
     let len = name.chars().count();
-    if len > MAX_CLUSTER_NAME_LEN {
-        return Err(NameError::TooLong {
-            len,
-            max: MAX_CLUSTER_NAME_LEN,
-        });
+    if len > max {
+        return Err(NameError::TooLong { len, max });
     }
     if let Some((position, character)) = name
         .chars()
@@ -190,6 +214,44 @@ mod tests {
             && bytes
                 .iter()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+    }
+
+    #[test]
+    fn dns1123_labels_and_subdomains_follow_kubernetes() {
+        for ok in ["a", "a-b", "0", "x".repeat(63).as_str()] {
+            assert!(is_dns1123_label(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a.b",
+            "a_b",
+            "é",
+            "x".repeat(64).as_str(),
+        ] {
+            assert!(!is_dns1123_label(bad), "{bad}");
+        }
+        for ok in [
+            "a.b-c",
+            "a",
+            "x".repeat(100).as_str(),
+            "a.".repeat(126).trim_end_matches('.'),
+        ] {
+            assert!(is_dns1123_subdomain(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a..b",
+            ".a",
+            "a.",
+            "a.-b",
+            "A.b",
+            "x".repeat(254).as_str(),
+        ] {
+            assert!(!is_dns1123_subdomain(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -16,10 +16,16 @@ use service_mirror_controller::cli::allow::{
     DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
 };
 use service_mirror_controller::cli::link::link_secret;
+use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::gateway::ProbeRedirect;
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use service_mirror_controller::links::{LinkManager, LinkManagerOptions};
 use service_mirror_core::NamespaceFilter;
+use service_mirror_core::labels::{
+    CLUSTER_NAME_LABEL, GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, MIRRORED_SERVICE_LABEL,
+    MIRRORED_SERVICE_VALUE, PROBE_PATH_ANNOTATION, PROBE_PERIOD_ANNOTATION,
+    REMOTE_SVC_FQ_NAME_ANNOTATION,
+};
 use service_mirror_testkit::{Baseline, Remote as InvariantRemote, World, check};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,9 +55,9 @@ struct Remote {
 
 /// Runs the demo; Ctrl-C stops it at any point and removes every file.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    service_mirror_controller::telemetry::init_logging(
+    service_mirror_controller::logging::init_logging(
         "warn,kube_client=off",
-        service_mirror_controller::telemetry::LogFormat::Plain,
+        service_mirror_controller::logging::LogFormat::Plain,
     )?;
     tokio::select! {
         r = story(args) => r,
@@ -108,7 +114,11 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         link_remote(&local, r).await?;
         setup_remote(r).await?;
     }
-    let manager = LinkManager::start(local.clone(), controller_options());
+    let manager = LinkManager::start(
+        local.clone(),
+        EventRecorder::new(local.clone(), None),
+        controller_options(),
+    );
 
     step(
         &local,
@@ -150,7 +160,13 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
 
     let north_svcs: Api<Service> = Api::namespaced(remotes[1].client.clone(), NS);
     north_svcs
-        .patch("search", &PatchParams::default(), &merge(serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/gateway-name": null}}})))
+        .patch(
+            "search",
+            &PatchParams::default(),
+            &merge(
+                serde_json::json!({"metadata": {"annotations": {GATEWAY_NAME_ANNOTATION: null}}}),
+            ),
+        )
         .await?;
     step(
         &local,
@@ -326,7 +342,7 @@ async fn link_remote(local: &Client, r: &Remote) -> anyhow::Result<()> {
 fn exported(name: &str) -> anyhow::Result<Service> {
     Ok(serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "annotations": {
-            "mirror.linkerd.io/gateway-name": "linkerd-gateway", "mirror.linkerd.io/gateway-ns": DEFAULT_NAMESPACE}},
+            GATEWAY_NAME_ANNOTATION: "linkerd-gateway", GATEWAY_NS_ANNOTATION: DEFAULT_NAMESPACE}},
         "spec": {"ports": [{"name": "http", "port": 80}]}
     }))?)
 }
@@ -344,7 +360,7 @@ async fn setup_remote(r: &Remote) -> anyhow::Result<()> {
     local_cluster::ensure_namespace(&r.client, NS).await?;
     let gw: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "linkerd-gateway", "annotations": {
-            "mirror.linkerd.io/probe-path": "/ready", "mirror.linkerd.io/probe-period": PROBE_PERIOD_SECS}},
+            PROBE_PATH_ANNOTATION: "/ready", PROBE_PERIOD_ANNOTATION: PROBE_PERIOD_SECS}},
         "spec": {"type": "LoadBalancer", "ports": [{"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": 4191}]}
     }))?;
     Api::<Service>::namespaced(r.client.clone(), DEFAULT_NAMESPACE)
@@ -369,7 +385,9 @@ struct Row {
 }
 
 async fn table(local: &Client) -> anyhow::Result<Vec<Row>> {
-    let lp = ListParams::default().labels("mirror.linkerd.io/mirrored-service=true");
+    let lp = ListParams::default().labels(&format!(
+        "{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE}"
+    ));
     let services = Api::<Service>::namespaced(local.clone(), NS)
         .list(&lp)
         .await?;
@@ -391,7 +409,7 @@ async fn table(local: &Client) -> anyhow::Result<Vec<Row>> {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get("mirror.linkerd.io/remote-svc-fq-name"))
+            .and_then(|a| a.get(REMOTE_SVC_FQ_NAME_ANNOTATION))
             .cloned()
             .unwrap_or_default();
         let subsets = endpoints
@@ -423,7 +441,7 @@ async fn table(local: &Client) -> anyhow::Result<Vec<Row>> {
         };
         let addrs: Vec<String> = ready.into_iter().chain(not_ready).collect();
         rows.push(Row {
-            cluster: label("mirror.linkerd.io/cluster-name"),
+            cluster: label(CLUSTER_NAME_LABEL),
             remote: fq.split('.').next().unwrap_or_default().to_string(),
             endpoints: if addrs.is_empty() {
                 "-".into()

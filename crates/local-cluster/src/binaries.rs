@@ -1,9 +1,9 @@
 //! Locating (and building when absent) the etcd and kube-apiserver binaries.
 
 use crate::{Error, Result};
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
 /// Paths of the two control-plane programs.
 #[derive(Debug, Clone)]
@@ -35,7 +35,7 @@ static ENSURED: Mutex<Option<Binaries>> = Mutex::new(None);
 /// are not cached yet (progress goes to stderr). `SERVICE_MIRROR_CONTROL_PLANE_DIR`
 /// overrides the location.
 pub fn ensure_binaries() -> Result<Binaries> {
-    let mut ensured = ENSURED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ensured = ENSURED.lock();
     if let Some(b) = ensured.as_ref() {
         return Ok(b.clone());
     }

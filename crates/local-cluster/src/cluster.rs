@@ -9,8 +9,8 @@ use crate::{Error, Result, workdir};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams};
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -110,7 +110,7 @@ impl LocalCluster {
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
             let port = free_port()?;
-            *cluster.apiserver_port.get_mut().unwrap() = port;
+            *cluster.apiserver_port.get_mut() = port;
             match cluster.spawn_apiserver().await {
                 Ok(()) => return Ok(cluster),
                 Err(e) => last = Some(e),
@@ -130,10 +130,7 @@ impl LocalCluster {
     }
 
     fn apiserver_port(&self) -> u16 {
-        *self
-            .apiserver_port
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        *self.apiserver_port.lock()
     }
 
     /// The etcd client URL.
@@ -153,7 +150,7 @@ impl LocalCluster {
 
     /// The admin (`system:masters`) kubeconfig.
     pub fn admin_kubeconfig(&self) -> Kubeconfig {
-        self.admin.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.admin.lock().clone()
     }
 
     /// The admin kubeconfig with its server set to `https://<proxy>`, typically a
@@ -185,27 +182,19 @@ impl LocalCluster {
 
     /// Process id of etcd, if it runs.
     pub fn etcd_pid(&self) -> Option<u32> {
-        self.etcd
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(Process::pid)
+        self.etcd.lock().as_ref().map(Process::pid)
     }
 
     /// Process id of kube-apiserver, if it runs.
     pub fn apiserver_pid(&self) -> Option<u32> {
-        self.apiserver
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(Process::pid)
+        self.apiserver.lock().as_ref().map(Process::pid)
     }
 
     /// Process ids of etcd and kube-apiserver (those running).
     pub fn pids(&self) -> Vec<u32> {
         let mut pids = Vec::new();
         for p in [&self.etcd, &self.apiserver] {
-            if let Some(p) = p.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if let Some(p) = p.lock().as_ref() {
                 pids.push(p.pid());
             }
         }
@@ -309,12 +298,7 @@ impl LocalCluster {
 
     /// Kills the apiserver (etcd keeps the data): the cluster is "away".
     pub fn stop_apiserver(&self) {
-        if let Some(mut p) = self
-            .apiserver
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(mut p) = self.apiserver.lock().take() {
             p.kill();
         }
     }
@@ -353,7 +337,7 @@ impl LocalCluster {
     /// Kills all processes now (also done on drop).
     pub fn stop(&self) {
         self.stop_apiserver();
-        if let Some(mut p) = self.etcd.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(mut p) = self.etcd.lock().take() {
             p.kill();
         }
     }
@@ -400,14 +384,14 @@ impl LocalCluster {
             ),
             self.dir.path().join("admin.kubeconfig"),
         )?;
-        *self.admin.lock().unwrap_or_else(|e| e.into_inner()) = admin.clone();
+        *self.admin.lock() = admin.clone();
         let process = Process::spawn(
             "kube-apiserver",
             &self.binaries.kube_apiserver,
             &self.apiserver_args(),
             &self.dir.path().join("kube-apiserver.log"),
         )?;
-        *self.apiserver.lock().unwrap_or_else(|e| e.into_inner()) = Some(process);
+        *self.apiserver.lock() = Some(process);
         let client = admin.client().await?;
         let deadline = Instant::now() + APISERVER_READY_TIMEOUT;
         loop {
@@ -439,27 +423,17 @@ impl LocalCluster {
     }
 
     fn with_apiserver<T: Default>(&self, f: impl FnOnce(&mut Process) -> Option<T>) -> Option<T> {
-        self.apiserver
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-            .and_then(f)
+        self.apiserver.lock().as_mut().and_then(f)
     }
 
     fn with_apiserver_err(&self, reason: String) -> Error {
         let etcd_tail = self
             .etcd
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(|p| p.log_tail(10))
             .unwrap_or_default();
-        match self
-            .apiserver
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        match self.apiserver.lock().as_ref() {
             Some(p) => match p.start_error(reason) {
                 Error::Start {
                     what,

@@ -3,12 +3,13 @@
 //! Linux delivers the parent-death signal when the *thread* that forked the child exits,
 //! so every child is spawned from one dedicated thread that lives as long as the process.
 
+use parking_lot::Mutex;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock, mpsc};
+use std::sync::{OnceLock, mpsc};
 
 type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
 
@@ -53,7 +54,6 @@ pub fn spawn_tied(mut cmd: Command, own_group: bool) -> std::io::Result<Child> {
     let (tx, rx) = mpsc::channel();
     spawner()
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
         .send((cmd, tx))
         .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
     rx.recv()

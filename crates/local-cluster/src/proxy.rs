@@ -2,10 +2,11 @@
 //! outage between one client and an apiserver, while everyone else still reaches it.
 
 use crate::Result;
+use parking_lot::Mutex;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -103,8 +104,8 @@ impl TcpProxy {
         matches!(*self.lock(), State::Cut(_))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Drops every open connection and refuses new ones until [`TcpProxy::restore`];

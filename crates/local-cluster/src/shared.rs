@@ -1,8 +1,9 @@
 //! Clusters shared by all tests of one test binary, stopped when the process exits.
 
 use crate::{LocalCluster, Result};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 type Registry = tokio::sync::Mutex<HashMap<String, Arc<LocalCluster>>>;
 
@@ -18,7 +19,7 @@ fn started() -> &'static Mutex<Vec<Arc<LocalCluster>>> {
 }
 
 extern "C" fn stop_shared_clusters() {
-    let clusters = std::mem::take(&mut *started().lock().unwrap_or_else(|e| e.into_inner()));
+    let clusters = std::mem::take(&mut *started().lock());
     for c in clusters {
         c.stop();
         let _ = std::fs::remove_dir_all(c.dir());
@@ -34,7 +35,7 @@ pub async fn shared_cluster(name: &str) -> Result<Arc<LocalCluster>> {
         return Ok(c.clone());
     }
     let cluster = Arc::new(LocalCluster::start(name).await?);
-    let mut started = started().lock().unwrap_or_else(|e| e.into_inner());
+    let mut started = started().lock();
     if started.is_empty() {
         // SAFETY: registering a plain extern "C" function with no captured state.
         unsafe {

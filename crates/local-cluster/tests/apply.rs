@@ -1,5 +1,6 @@
 //! `apply_yaml` and `fill_token_secret` on a real apiserver.
 
+use base64::Engine;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -205,12 +206,7 @@ async fn token_secret_is_filled_with_a_working_token() {
     let yaml = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
         cluster.server_url(),
-        serde_json::to_value(k8s_openapi::ByteString(
-            cluster.ca_pem().as_bytes().to_vec()
-        ))
-        .unwrap()
-        .as_str()
-        .unwrap(),
+        base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem()),
     );
     let robot = local_cluster::client_from_yaml(&yaml).await.unwrap();
     let err = Api::<ConfigMap>::namespaced(robot, &ns)

@@ -1,6 +1,7 @@
 //! The `allow`, `link`, `export` and `unexport` commands: the real binary against a real
 //! apiserver (a shared local cluster playing the remote cluster).
 
+use base64::Engine;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServicePort, ServiceSpec};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use local_cluster::{LocalCluster, apply_yaml, client_from_yaml, shared_cluster, unique_namespace};
@@ -246,11 +247,10 @@ async fn link_options_shape_the_secret() {
     assert_eq!(kc.current_context.as_deref(), Some("west-2"));
     let c = kc.clusters[0].cluster.as_ref().unwrap();
     assert_eq!(c.server.as_deref(), Some("https://remote.example:6443"));
-    let ca = serde_json::from_value::<k8s_openapi::ByteString>(serde_json::Value::String(
-        c.certificate_authority_data.clone().unwrap(),
-    ))
-    .unwrap();
-    assert_eq!(ca.0, cluster.ca_pem().as_bytes());
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(c.certificate_authority_data.as_deref().unwrap())
+        .unwrap();
+    assert_eq!(ca, cluster.ca_pem().as_bytes());
 }
 
 #[tokio::test]

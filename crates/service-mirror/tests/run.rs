@@ -3,31 +3,44 @@
 mod support;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
+use kube::api::{Api, ListParams, PostParams};
+use local_cluster::{Kubeconfig, LocalCluster, shared_cluster, unique_namespace};
 use std::sync::Arc;
 use std::time::Duration;
-use support::controller::{Controller, link_secret, reader_kubeconfig};
+use support::controller::{
+    Controller, LinkSecrets, controller_in_new_namespace, link_secret, reader_kubeconfig,
+};
 use support::*;
 
 const GW: i32 = 4143;
 
-/// A controller namespace on the local cluster, and a controller limited to `mirror_ns`.
-async fn controller(local: &LocalCluster, mirror_ns: &[&str]) -> (String, Controller) {
-    let ns = unique_namespace("sm");
-    create_namespace(&local.client().await.unwrap(), &ns).await;
-    let allow = mirror_ns.join(",");
-    let c = Controller::spawn(
-        local,
-        &ns,
-        &[
-            "--namespace-allow",
-            &allow,
-            "--endpoint-refresh-period",
-            "2s",
-        ],
-    );
-    (ns, c)
+/// One test's world with `web` exported through gateway `gw` on the remote, a ready
+/// controller mirroring the test's namespace, and a link Secret `link` of its cluster.
+struct Linked {
+    env: Env,
+    ctl_ns: String,
+    ctl: Controller,
+    secrets: LinkSecrets,
+    /// The reader kubeconfig the link Secret holds.
+    kc: Kubeconfig,
+}
+
+async fn linked(prefix: &str, link: &str) -> Linked {
+    let env = Env::new(prefix).await;
+    env.gateway("gw", GW, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let (ctl_ns, ctl) = controller_in_new_namespace(&env.local, &[&env.ns]).await;
+    ctl.wait_ready().await;
+    let secrets = LinkSecrets::new(&env.lc, &ctl_ns);
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    secrets.link(link, Some(&env.cluster), Some(&kc.yaml)).await;
+    Linked {
+        env,
+        ctl_ns,
+        ctl,
+        secrets,
+        kc,
+    }
 }
 
 fn uids(svcs: &[Service]) -> Vec<(String, String)> {
@@ -50,10 +63,10 @@ async fn link_secrets_start_rotate_rename_and_stop_watchers() {
     env.gateway("gw", GW, &["192.0.2.1"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
     env.export("api", "gw", &[("http", 80)]).await;
-    let (ctl_ns, mut ctl) = controller(&env.local, &[&env.ns]).await;
+    let (ctl_ns, mut ctl) = controller_in_new_namespace(&env.local, &[&env.ns]).await;
     let ready = ctl.wait_ready().await;
     eprintln!("controller ready in {ready:?}");
-    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let secrets = LinkSecrets::new(&env.lc, &ctl_ns);
 
     // Ignored: a link-shaped Secret of another type, and a link Secret in another namespace.
     let mut opaque = link_secret("opaque", Some("ignored"), Some("x"));
@@ -80,13 +93,7 @@ async fn link_secrets_start_rotate_rename_and_stop_watchers() {
     // Added: the watcher starts.
     let name = "cluster-credentials-east";
     let cluster = env.cluster.clone();
-    secrets
-        .create(
-            &PostParams::default(),
-            &link_secret(name, Some(&cluster), Some(&kc.yaml)),
-        )
-        .await
-        .unwrap();
+    secrets.link(name, Some(&cluster), Some(&kc.yaml)).await;
     let by_cluster =
         |c: &str| ListParams::default().labels(&format!("mirror.linkerd.io/cluster-name={c}"));
     let local_svcs = env.local_services();
@@ -155,10 +162,7 @@ async fn link_secrets_start_rotate_rename_and_stop_watchers() {
 
     // Renamed cluster: unlink + link.
     let renamed = format!("{cluster}-b");
-    secrets
-        .patch(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/cluster-name": renamed}}})))
-        .await
-        .unwrap();
+    secrets.merge(name, serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/cluster-name": renamed}}})).await;
     eventually("mirrors move to the new name", || async {
         let old = local_svcs
             .list(&by_cluster(&cluster))
@@ -177,10 +181,7 @@ async fn link_secrets_start_rotate_rename_and_stop_watchers() {
     .await;
 
     // Deleted: watcher stopped with cleanup.
-    secrets
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap();
+    secrets.unlink(name).await;
     eventually("mirrors deleted with the link", || async {
         local_svcs
             .list(&by_cluster(&renamed))
@@ -207,20 +208,13 @@ async fn link_secrets_start_rotate_rename_and_stop_watchers() {
 
 #[tokio::test]
 async fn bad_link_secrets_are_reported_and_fixable_without_disturbing_other_links() {
-    let env = Env::new("bad").await;
-    env.gateway("gw", GW, &["192.0.2.1"]).await;
-    env.export("web", "gw", &[("http", 80)]).await;
-    let (ctl_ns, mut ctl) = controller(&env.local, &[&env.ns]).await;
-    ctl.wait_ready().await;
-    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
-    let good = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &link_secret("good", Some(&env.cluster), Some(&good.yaml)),
-        )
-        .await
-        .unwrap();
+    let Linked {
+        env,
+        ctl_ns,
+        mut ctl,
+        secrets,
+        kc: good,
+    } = linked("bad", "good").await;
     let (svc, _) = env
         .mirror_until("web", "good link mirrors", |_, e| has_subsets(e))
         .await;
@@ -321,13 +315,7 @@ async fn bad_link_secrets_are_reported_and_fixable_without_disturbing_other_link
         ),
     ];
     for (name, cluster, kc, _) in &cases {
-        secrets
-            .create(
-                &PostParams::default(),
-                &link_secret(name, *cluster, kc.as_deref()),
-            )
-            .await
-            .unwrap();
+        secrets.link(name, *cluster, kc.as_deref()).await;
     }
     for (name, _, _, reason) in &cases {
         let note = wait_event(&env.lc, &ctl_ns, name, reason).await;
@@ -366,14 +354,7 @@ async fn bad_link_secrets_are_reported_and_fixable_without_disturbing_other_link
 
     // Fixing a Secret recovers without a restart.
     let fixed = reader_kubeconfig(&env.remote, &env.ns, "reader2").await;
-    secrets
-        .patch(
-            "bad-token",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"data": {"kubeconfig": k8s_openapi::ByteString(fixed.yaml.into_bytes())}})),
-        )
-        .await
-        .unwrap();
+    secrets.merge("bad-token", serde_json::json!({"data": {"kubeconfig": k8s_openapi::ByteString(fixed.yaml.into_bytes())}})).await;
     wait_event(&env.lc, &ctl_ns, "bad-token", "Linked").await;
     let c_mirror = service_mirror_core::mirror_name("web", "c-badtoken");
     eventually("fixed link mirrors", || async {
@@ -391,10 +372,10 @@ async fn many_clusters_one_outage_does_not_stop_the_others() {
     .await
     .unwrap();
     let ns = unique_namespace("many");
-    let (ctl_ns, ctl) = controller(&local, &[&ns]).await;
+    let (ctl_ns, ctl) = controller_in_new_namespace(&local, &[&ns]).await;
     ctl.wait_ready().await;
     let lc = local.client().await.unwrap();
-    let secrets: Api<Secret> = Api::namespaced(lc.clone(), &ctl_ns);
+    let secrets = LinkSecrets::new(&lc, &ctl_ns);
     for (i, r) in remotes.iter().enumerate() {
         let rc = r.client().await.unwrap();
         create_namespace(&rc, &ns).await;
@@ -408,16 +389,12 @@ async fn many_clusters_one_outage_does_not_stop_the_others() {
             .unwrap();
         let kc = reader_kubeconfig(r, &ns, "reader").await;
         secrets
-            .create(
-                &PostParams::default(),
-                &link_secret(
-                    &format!("link-{}", r.name()),
-                    Some(r.name()),
-                    Some(&kc.yaml),
-                ),
+            .link(
+                &format!("link-{}", r.name()),
+                Some(r.name()),
+                Some(&kc.yaml),
             )
-            .await
-            .unwrap();
+            .await;
     }
     let local_svcs: Api<Service> = Api::namespaced(lc.clone(), &ns);
     for r in &remotes {
@@ -474,7 +451,7 @@ async fn many_clusters_one_outage_does_not_stop_the_others() {
 #[tokio::test]
 async fn admin_endpoints_answer() {
     let local = shared_cluster("local").await.unwrap();
-    let (_, ctl) = controller(&local, &["none"]).await;
+    let (_, ctl) = controller_in_new_namespace(&local, &["none"]).await;
     let ready = ctl.wait_ready().await;
     eprintln!("ready after {ready:?}");
     assert_eq!(ctl.get("/ping").await, Some((200, "pong".into())));
@@ -509,7 +486,7 @@ async fn end_to_end_with_the_cli_allow_link_run_export() {
         .unwrap();
 
     // Local side: the Secret printed by `link`, applied to the controller's namespace.
-    let (ctl_ns, ctl) = controller(&env.local, &[&env.ns]).await;
+    let (ctl_ns, ctl) = controller_in_new_namespace(&env.local, &[&env.ns]).await;
     let remote_kubeconfig = env.remote.admin_kubeconfig().path.display().to_string();
     let link = support::controller::service_mirror(&[
         "link",
@@ -581,20 +558,13 @@ async fn end_to_end_with_the_cli_allow_link_run_export() {
 
 #[tokio::test]
 async fn a_renamed_link_secret_or_domain_keeps_every_mirror() {
-    let env = Env::new("rename").await;
-    env.gateway("gw", GW, &["192.0.2.1"]).await;
-    env.export("web", "gw", &[("http", 80)]).await;
-    let (ctl_ns, ctl) = controller(&env.local, &[&env.ns]).await;
-    ctl.wait_ready().await;
-    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
-    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &link_secret("old-name", Some(&env.cluster), Some(&kc.yaml)),
-        )
-        .await
-        .unwrap();
+    let Linked {
+        env,
+        ctl_ns,
+        ctl,
+        secrets,
+        kc,
+    } = linked("rename", "old-name").await;
     let (svc, _) = env
         .mirror_until("web", "mirrored", |_, e| has_subsets(e))
         .await;
@@ -602,19 +572,12 @@ async fn a_renamed_link_secret_or_domain_keeps_every_mirror() {
 
     // The new Secret comes first (refused as a duplicate while the old one exists)...
     secrets
-        .create(
-            &PostParams::default(),
-            &link_secret("new-name", Some(&env.cluster), Some(&kc.yaml)),
-        )
-        .await
-        .unwrap();
+        .link("new-name", Some(&env.cluster), Some(&kc.yaml))
+        .await;
     wait_event(&env.lc, &ctl_ns, "new-name", "DuplicateClusterName").await;
     let writes = env.local_writes().len();
     // ...then the old one goes: the link moves over, nothing is deleted or rewritten.
-    secrets
-        .delete("old-name", &DeleteParams::default())
-        .await
-        .unwrap();
+    secrets.unlink("old-name").await;
     env.export("later", "gw", &[("http", 80)]).await;
     env.mirror_until("later", "mirrored through the new Secret", |_, e| {
         has_subsets(e)
@@ -637,14 +600,7 @@ async fn a_renamed_link_secret_or_domain_keeps_every_mirror() {
     );
 
     // A new cluster domain updates the mirrors in place.
-    secrets
-        .patch(
-            "new-name",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/remote-cluster-domain": "east.example"}}})),
-        )
-        .await
-        .unwrap();
+    secrets.merge("new-name", serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/remote-cluster-domain": "east.example"}}})).await;
     let (svc, _) = env
         .mirror_until("web", "fq-name with the new domain", |s, _| {
             annotation(&s.metadata, "mirror.linkerd.io/remote-svc-fq-name")
@@ -654,14 +610,7 @@ async fn a_renamed_link_secret_or_domain_keeps_every_mirror() {
     assert_eq!(svc.metadata.uid, uid, "same mirror, updated");
 
     // A broken edit keeps the running link and its mirrors.
-    secrets
-        .patch(
-            "new-name",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"data": {"kubeconfig": k8s_openapi::ByteString(b"clusters: [".to_vec())}})),
-        )
-        .await
-        .unwrap();
+    secrets.merge("new-name", serde_json::json!({"data": {"kubeconfig": k8s_openapi::ByteString(b"clusters: [".to_vec())}})).await;
     wait_event(&env.lc, &ctl_ns, "new-name", "InvalidKubeconfig").await;
     env.export("still", "gw", &[("http", 80)]).await;
     env.mirror_until("still", "still mirrored by the running link", |_, e| {
@@ -670,10 +619,7 @@ async fn a_renamed_link_secret_or_domain_keeps_every_mirror() {
     .await;
     assert!(ctl.metrics().await.contains("service_mirror_links 1"));
 
-    secrets
-        .delete("new-name", &DeleteParams::default())
-        .await
-        .unwrap();
+    secrets.unlink("new-name").await;
     env.mirror_gone("web").await;
     eventually("links gauge down", || async {
         ctl.metrics()
@@ -686,20 +632,13 @@ async fn a_renamed_link_secret_or_domain_keeps_every_mirror() {
 
 #[tokio::test]
 async fn mirrors_of_a_link_removed_while_down_are_collected_at_start() {
-    let env = Env::new("downunlink").await;
-    env.gateway("gw", GW, &["192.0.2.1"]).await;
-    env.export("web", "gw", &[("http", 80)]).await;
-    let (ctl_ns, mut ctl) = controller(&env.local, &[&env.ns]).await;
-    ctl.wait_ready().await;
-    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
-    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &link_secret("gone", Some(&env.cluster), Some(&kc.yaml)),
-        )
-        .await
-        .unwrap();
+    let Linked {
+        env,
+        ctl_ns,
+        mut ctl,
+        secrets,
+        kc,
+    } = linked("downunlink", "gone").await;
     env.mirror_until("web", "mirrored", |_, e| has_subsets(e))
         .await;
     let (ok, _) = ctl.terminate();
@@ -711,18 +650,11 @@ async fn mirrors_of_a_link_removed_while_down_are_collected_at_start() {
 
     // The link goes while no controller runs; a mirror of another, still linked
     // cluster in the same namespace must stay.
-    secrets
-        .delete("gone", &DeleteParams::default())
-        .await
-        .unwrap();
+    secrets.unlink("gone").await;
     let kept_cluster = format!("{}-kept", env.cluster);
     secrets
-        .create(
-            &PostParams::default(),
-            &link_secret("kept", Some(&kept_cluster), Some(&kc.yaml)),
-        )
-        .await
-        .unwrap();
+        .link("kept", Some(&kept_cluster), Some(&kc.yaml))
+        .await;
     let restarted = Controller::spawn(&env.local, &ctl_ns, &["--namespace-allow", &env.ns]);
     restarted.wait_ready().await;
     env.mirror_gone("web").await;

@@ -10,25 +10,24 @@
 //! `kubernetes.io/service-account-token` Secret `<account>-token` that the cluster's
 //! token controller fills with a long-lived token (`service-mirror link` reads it).
 
-use super::output::{OutputFormat, print_documents};
+use super::args::OutputArgs;
+use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
 use anyhow::Context;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::api::ObjectMeta;
+use service_mirror_core::naming::{MAX_SUBDOMAIN_LEN, is_dns1123_label, is_dns1123_subdomain};
 use std::collections::BTreeMap;
 
 /// Default name of the remote ServiceAccount (Linkerd's name, so both tools agree).
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "linkerd-service-mirror-remote-access-default";
 /// Default namespace of the remote ServiceAccount.
-pub const DEFAULT_NAMESPACE: &str = "linkerd-multicluster";
+pub use super::manifest::DEFAULT_NAMESPACE;
 /// Secret `type` of a ServiceAccount token Secret filled by the token controller.
 pub const SERVICE_ACCOUNT_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 /// Annotation naming the ServiceAccount a token Secret is for.
 pub const SERVICE_ACCOUNT_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
-
-const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-const MANAGED_BY_VALUE: &str = "service-mirror";
 
 /// Arguments of `allow`.
 #[derive(Debug, clap::Args)]
@@ -47,15 +46,9 @@ pub struct AllowArgs {
         default_value = DEFAULT_NAMESPACE
     )]
     pub namespace: String,
-    /// Output format.
-    #[arg(
-        short,
-        long,
-        env = "SERVICE_MIRROR_OUTPUT",
-        value_enum,
-        default_value = "yaml"
-    )]
-    pub output: OutputFormat,
+    /// How the manifests are printed.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// Name of the token Secret of ServiceAccount `service_account`.
@@ -80,15 +73,8 @@ pub fn remote_access_rules() -> Vec<PolicyRule> {
 }
 
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_string()),
-        namespace: namespace.map(str::to_string),
-        labels: Some(BTreeMap::from([(
-            MANAGED_BY_LABEL.to_string(),
-            MANAGED_BY_VALUE.to_string(),
-        )])),
-        ..Default::default()
-    }
+    let labels = BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
+    super::manifest::meta(name, namespace, labels)
 }
 
 /// The remote-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
@@ -147,15 +133,8 @@ pub fn allow_manifests(namespace: &str, service_account: &str) -> Vec<serde_json
 
 /// Checks a name against the DNS-1123 label rule (Namespace names).
 fn check_label(what: &str, name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
     anyhow::ensure!(
-        ok,
+        is_dns1123_label(name),
         "{what} {name:?} is not a valid name: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
     );
     Ok(())
@@ -164,16 +143,7 @@ fn check_label(what: &str, name: &str) -> anyhow::Result<()> {
 /// Checks a name against the DNS-1123 subdomain rule (ServiceAccount names), leaving
 /// room for the `-token` suffix of its Secret.
 fn check_subdomain(what: &str, name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && name.len() + "-token".len() <= 253
-        && name.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        });
+    let ok = is_dns1123_subdomain(name) && name.len() + "-token".len() <= MAX_SUBDOMAIN_LEN;
     anyhow::ensure!(
         ok,
         "{what} {name:?} is not a valid name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
@@ -190,16 +160,18 @@ pub fn check_names(namespace: &str, service_account: &str) -> anyhow::Result<()>
 /// Prints the remote-side manifests.
 pub fn run(args: AllowArgs) -> anyhow::Result<()> {
     check_names(&args.namespace, &args.service_account_name)?;
-    print_documents(
-        &allow_manifests(&args.namespace, &args.service_account_name),
-        args.output,
-    )
-    .context("printing the manifests")
+    args.output
+        .print(&allow_manifests(
+            &args.namespace,
+            &args.service_account_name,
+        ))
+        .context("printing the manifests")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::output::OutputFormat;
     use serde_json::json;
 
     fn by_kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
@@ -300,11 +272,11 @@ mod tests {
             "linkerd-service-mirror-remote-access-default"
         );
         assert_eq!(args.namespace, "linkerd-multicluster");
-        assert_eq!(args.output, OutputFormat::Yaml);
+        assert_eq!(args.output.output, OutputFormat::Yaml);
         let args = Cli::try_parse_from(["allow", "-o", "json", "--namespace", "x"])
             .unwrap()
             .args;
-        assert_eq!(args.output, OutputFormat::Json);
+        assert_eq!(args.output.output, OutputFormat::Json);
         assert_eq!(args.namespace, "x");
     }
 

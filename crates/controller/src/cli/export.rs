@@ -6,16 +6,16 @@
 //! service-mirror unexport web -n shop --context east   # mirrors deleted
 //! ```
 
+use super::args::KubeArgs;
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams};
 use service_mirror_core::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION};
-use std::path::PathBuf;
 
 /// Default name of the gateway Service (Linkerd's).
-pub const DEFAULT_GATEWAY_NAME: &str = "linkerd-gateway";
+pub(crate) const DEFAULT_GATEWAY_NAME: &str = "linkerd-gateway";
 /// Default namespace of the gateway Service (Linkerd's).
-pub const DEFAULT_GATEWAY_NAMESPACE: &str = "linkerd-multicluster";
+pub(crate) const DEFAULT_GATEWAY_NAMESPACE: &str = "linkerd-multicluster";
 
 /// Arguments of `export`.
 #[derive(Debug, clap::Args)]
@@ -35,12 +35,9 @@ pub struct ExportArgs {
         default_value = DEFAULT_GATEWAY_NAMESPACE
     )]
     pub gateway_namespace: String,
-    /// Kubeconfig of the cluster that owns the Service (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "SERVICE_MIRROR_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the current context).
-    #[arg(long, env = "SERVICE_MIRROR_CONTEXT")]
-    pub context: Option<String>,
+    /// The cluster that owns the Service.
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// Arguments of `unexport`.
@@ -51,16 +48,13 @@ pub struct UnexportArgs {
     /// Namespace of the Service.
     #[arg(short, long, default_value = "default")]
     pub namespace: String,
-    /// Kubeconfig of the cluster that owns the Service (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "SERVICE_MIRROR_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the current context).
-    #[arg(long, env = "SERVICE_MIRROR_CONTEXT")]
-    pub context: Option<String>,
+    /// The cluster that owns the Service.
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// The merge patch that exports a Service through gateway `gateway_namespace/gateway_name`.
-pub fn export_patch(gateway_name: &str, gateway_namespace: &str) -> serde_json::Value {
+pub(crate) fn export_patch(gateway_name: &str, gateway_namespace: &str) -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "annotations": {
@@ -72,7 +66,7 @@ pub fn export_patch(gateway_name: &str, gateway_namespace: &str) -> serde_json::
 }
 
 /// The merge patch that removes both gateway annotations (`null` deletes a key).
-pub fn unexport_patch() -> serde_json::Value {
+pub(crate) fn unexport_patch() -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "annotations": {
@@ -113,13 +107,12 @@ fn check_nonempty(what: &str, value: &str) -> anyhow::Result<()> {
 }
 
 /// Adds the gateway annotations.
-pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
+pub(crate) async fn export(args: ExportArgs) -> anyhow::Result<()> {
     check_nonempty("the service name", &args.service)?;
     check_nonempty("--namespace", &args.namespace)?;
     check_nonempty("--gateway-name", &args.gateway_name)?;
     check_nonempty("--gateway-namespace", &args.gateway_namespace)?;
-    let client =
-        super::client::client_from(args.kubeconfig.as_ref(), args.context.as_deref()).await?;
+    let client = args.kube.client().await?;
     patch_service(
         client,
         &args.namespace,
@@ -135,11 +128,10 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
 }
 
 /// Removes the gateway annotations.
-pub async fn unexport(args: UnexportArgs) -> anyhow::Result<()> {
+pub(crate) async fn unexport(args: UnexportArgs) -> anyhow::Result<()> {
     check_nonempty("the service name", &args.service)?;
     check_nonempty("--namespace", &args.namespace)?;
-    let client =
-        super::client::client_from(args.kubeconfig.as_ref(), args.context.as_deref()).await?;
+    let client = args.kube.client().await?;
     patch_service(client, &args.namespace, &args.service, unexport_patch()).await?;
     println!("service {}/{} unexported", args.namespace, args.service);
     Ok(())

@@ -11,7 +11,8 @@
 //! `--ha`: three replicas spread over nodes and a PodDisruptionBudget.
 
 use super::allow::check_names;
-use super::output::{OutputFormat, print_documents};
+use super::args::OutputArgs;
+use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::permissions::{CLUSTER_RULES, NAMESPACE_RULES, Rule};
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -32,23 +33,22 @@ use kube::api::ObjectMeta;
 use std::collections::BTreeMap;
 
 /// Name of the ServiceAccount, Deployment, Role and RoleBinding.
-pub const NAME: &str = "service-mirror";
+pub(crate) const NAME: &str = MANAGED_BY;
 /// Default namespace of the controller (Linkerd's).
-pub const DEFAULT_NAMESPACE: &str = "linkerd-multicluster";
+pub(crate) use super::manifest::DEFAULT_NAMESPACE;
 /// Port of the admin server (`/metrics`, `/live`, `/ready`): `run`'s default
 /// `--metrics-addr`.
-pub const ADMIN_PORT: i32 = 9999;
+pub(crate) const ADMIN_PORT: i32 = 9999;
 /// Name of the admin port on the container.
-pub const ADMIN_PORT_NAME: &str = "admin-http";
+pub(crate) const ADMIN_PORT_NAME: &str = "admin-http";
 /// The non-root user and group of the distroless image.
-pub const RUN_AS: i64 = 65532;
+pub(crate) const RUN_AS: i64 = 65532;
 
-const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 const NAME_LABEL: &str = "app.kubernetes.io/name";
 const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 
 /// The default image: this build's version.
-pub fn default_image() -> String {
+pub(crate) fn default_image() -> String {
     format!(
         "ghcr.io/service-mirror/service-mirror:{}",
         env!("CARGO_PKG_VERSION")
@@ -71,21 +71,15 @@ pub struct InstallArgs {
     /// Container image of the controller.
     #[arg(long, env = "SERVICE_MIRROR_IMAGE", default_value_t = default_image())]
     pub image: String,
-    /// Output format.
-    #[arg(
-        short,
-        long,
-        env = "SERVICE_MIRROR_OUTPUT",
-        value_enum,
-        default_value = "yaml"
-    )]
-    pub output: OutputFormat,
+    /// How the manifests are printed.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// Name of the ClusterRole and ClusterRoleBinding of the controller in `namespace`: one
 /// pair per installation, so two installations never overwrite each other's binding
 /// (and never collide with the `service-mirror:<ns>:<account>` names of `allow`).
-pub fn cluster_role_name(namespace: &str) -> String {
+pub(crate) fn cluster_role_name(namespace: &str) -> String {
     format!("service-mirror-controller:{namespace}")
 }
 
@@ -106,12 +100,7 @@ fn selector_labels() -> BTreeMap<String, String> {
 }
 
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_string()),
-        namespace: namespace.map(str::to_string),
-        labels: Some(labels()),
-        ..Default::default()
-    }
+    super::manifest::meta(name, namespace, labels())
 }
 
 fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
@@ -276,7 +265,7 @@ fn deployment(namespace: &str, ha: bool, image: &str) -> Deployment {
 /// The local-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
 /// ClusterRoleBinding, Role, RoleBinding, Deployment and, with `ha`, a
 /// PodDisruptionBudget.
-pub fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_json::Value> {
+pub(crate) fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_json::Value> {
     let cluster_role = cluster_role_name(namespace);
     let ns = Namespace {
         metadata: meta(namespace, None),
@@ -343,23 +332,22 @@ pub fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_js
 }
 
 /// Prints the local-side manifests.
-pub fn run(args: InstallArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: InstallArgs) -> anyhow::Result<()> {
     check_names(&args.namespace, NAME)?;
     anyhow::ensure!(
         !args.image.is_empty() && !args.image.contains(char::is_whitespace),
         "invalid image {:?}",
         args.image
     );
-    print_documents(
-        &install_manifests(&args.namespace, args.ha, &args.image),
-        args.output,
-    )
-    .context("printing the manifests")
+    args.output
+        .print(&install_manifests(&args.namespace, args.ha, &args.image))
+        .context("printing the manifests")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::output::OutputFormat;
     use serde_json::json;
 
     const IMAGE: &str = "example.org/sm:1";
@@ -644,7 +632,7 @@ mod tests {
                 env!("CARGO_PKG_VERSION")
             )
         );
-        assert_eq!(args.output, OutputFormat::Yaml);
+        assert_eq!(args.output.output, OutputFormat::Yaml);
         let args = Cli::try_parse_from([
             "install",
             "--namespace",
@@ -660,6 +648,6 @@ mod tests {
         assert_eq!(args.namespace, "x");
         assert!(args.ha);
         assert_eq!(args.image, "i:2");
-        assert_eq!(args.output, OutputFormat::Json);
+        assert_eq!(args.output.output, OutputFormat::Json);
     }
 }

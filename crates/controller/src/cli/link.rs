@@ -10,8 +10,9 @@
 //! token. The token is a credential: it is never logged nor put in an error message.
 
 use super::allow::{DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, check_names, token_secret_name};
-use super::output::{OutputFormat, print_documents};
+use super::args::{KubeArgs, OutputArgs};
 use anyhow::{Context, bail};
+use base64::Engine;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta};
@@ -35,12 +36,9 @@ pub struct LinkArgs {
     /// at most 48 characters).
     #[arg(long, env = "SERVICE_MIRROR_CLUSTER_NAME", value_parser = parse_cluster_name)]
     pub cluster_name: String,
-    /// Context of the kubeconfig that reaches the REMOTE cluster (default: its current context).
-    #[arg(long, env = "SERVICE_MIRROR_CONTEXT")]
-    pub context: Option<String>,
-    /// Kubeconfig that reaches the REMOTE cluster (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "SERVICE_MIRROR_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    /// The REMOTE cluster: where the token Secret is read.
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// Namespace of the ServiceAccount on the remote cluster (as given to `allow`).
     #[arg(
         long,
@@ -73,15 +71,9 @@ pub struct LinkArgs {
         default_value = DEFAULT_NAMESPACE
     )]
     pub link_namespace: String,
-    /// Output format.
-    #[arg(
-        short,
-        long,
-        env = "SERVICE_MIRROR_OUTPUT",
-        value_enum,
-        default_value = "yaml"
-    )]
-    pub output: OutputFormat,
+    /// How the manifests are printed.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 fn parse_cluster_name(name: &str) -> Result<String, String> {
@@ -91,17 +83,13 @@ fn parse_cluster_name(name: &str) -> Result<String, String> {
 
 /// Base64 (standard alphabet, padded) of `bytes`, as Kubernetes writes `*-data` fields.
 fn base64_encode(bytes: &[u8]) -> String {
-    match serde_json::to_value(ByteString(bytes.to_vec())) {
-        Ok(serde_json::Value::String(s)) => s,
-        other => unreachable!("ByteString serialises to a string, got {other:?}"),
-    }
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// Decodes a base64 `*-data` field of a kubeconfig (whitespace ignored).
 fn base64_decode(text: &str) -> anyhow::Result<Vec<u8>> {
     let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-    let bytes: ByteString = serde_json::from_value(serde_json::Value::String(compact))?;
-    Ok(bytes.0)
+    Ok(base64::engine::general_purpose::STANDARD.decode(compact)?)
 }
 
 /// The link Secret of remote cluster `cluster_name`, in `link_namespace`: type
@@ -308,8 +296,10 @@ async fn read_token_secret(
 /// Reads the remote token Secret and builds the link Secret.
 async fn build(args: &LinkArgs) -> anyhow::Result<Secret> {
     check_names(&args.namespace, &args.service_account_name)?;
-    let context = args.context.clone();
-    let client = super::client::client_from(args.kubeconfig.as_ref(), context.as_deref())
+    let context = args.kube.context.clone();
+    let client = args
+        .kube
+        .client()
         .await
         .context("connecting to the remote cluster")?;
     let secret_name = token_secret_name(&args.service_account_name);
@@ -323,7 +313,7 @@ async fn build(args: &LinkArgs) -> anyhow::Result<Secret> {
 
     let needs_kubeconfig = args.api_server_address.is_none() || token.ca_pem.is_none();
     let from_kubeconfig = if needs_kubeconfig {
-        kubeconfig_cluster(args.kubeconfig.as_ref(), context.as_deref())?
+        kubeconfig_cluster(args.kube.kubeconfig.as_ref(), context.as_deref())?
     } else {
         KubeconfigCluster::default()
     };
@@ -355,7 +345,7 @@ async fn build(args: &LinkArgs) -> anyhow::Result<Secret> {
 pub async fn run(args: LinkArgs) -> anyhow::Result<()> {
     let secret = build(&args).await?;
     let doc = serde_json::to_value(&secret).context("serialising the link Secret")?;
-    print_documents(&[doc], args.output)
+    args.output.print(&[doc])
 }
 
 #[cfg(test)]

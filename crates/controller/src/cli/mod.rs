@@ -1,10 +1,12 @@
 //! Command-line interface: one file per command.
 
 pub mod allow;
+mod args;
 pub mod client;
 mod export;
 mod install;
 pub mod link;
+mod manifest;
 mod output;
 mod run;
 
@@ -15,7 +17,8 @@ use clap::Subcommand;
 pub enum Command {
     /// Run the controller: watch link Secrets and mirror every linked cluster.
     Run(run::RunArgs),
-    /// Print the link Secret for a remote cluster (apply it to the local cluster).
+    /// Print the link Secret for a remote cluster (apply it to the local cluster);
+    /// --kubeconfig and --context reach the REMOTE cluster.
     Link(link::LinkArgs),
     /// Print the local-side manifests: namespace, RBAC and Deployment of the controller.
     Install(install::InstallArgs),

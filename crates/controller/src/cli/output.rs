@@ -14,7 +14,7 @@ pub enum OutputFormat {
 
 /// Renders `docs` in `format`: YAML documents separated by `---` lines, or JSON (the
 /// object itself when there is one, a `v1` `List` of them otherwise). Ends with a newline.
-pub fn render_documents(
+pub(crate) fn render_documents(
     docs: &[serde_json::Value],
     format: OutputFormat,
 ) -> anyhow::Result<String> {
@@ -50,7 +50,10 @@ pub fn render_documents(
 }
 
 /// Prints `docs` to stdout as [`render_documents`] renders them.
-pub fn print_documents(docs: &[serde_json::Value], format: OutputFormat) -> anyhow::Result<()> {
+pub(crate) fn print_documents(
+    docs: &[serde_json::Value],
+    format: OutputFormat,
+) -> anyhow::Result<()> {
     let text = render_documents(docs, format)?;
     let mut stdout = std::io::stdout().lock();
     stdout

@@ -1,11 +1,12 @@
 //! `service-mirror run`: the controller.
 
 use crate::admin::{self, AdminState};
+use crate::events::EventRecorder;
 use crate::leader::{LeaderOptions, default_identity, elect};
 use crate::link_controller::{LinkConfig, LinkDeps};
 use crate::links::{LinkManager, LinkManagerOptions};
+use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
-use crate::telemetry::{LogFormat, init_logging};
 use service_mirror_core::NamespaceFilter;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -87,18 +88,21 @@ pub struct RunArgs {
 }
 
 /// Runs the controller until SIGTERM or SIGINT.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_format)?;
     let metrics = Metrics::new();
     let config = super::client::config_from(args.kubeconfig.as_ref(), None).await?;
     let local = crate::kube_client::build(config, "local", &metrics.client)?;
     crate::permissions::spawn_startup_check(&local, &args.namespace);
+    // Read once: the leader identity and the Events' reporting instance.
+    let pod_name = std::env::var("POD_NAME").ok();
+    let recorder = EventRecorder::new(local.clone(), pod_name.clone());
     let shutdown = CancellationToken::new();
     let (leader, election) = if args.leader_election {
         let opts = LeaderOptions {
             namespace: args.namespace.clone(),
             lease_name: args.lease_name.clone(),
-            identity: default_identity(),
+            identity: default_identity(pod_name.as_deref()),
             duration: args.lease_duration,
         };
         let (rx, task) = elect(local.clone(), opts, metrics.clone(), shutdown.clone());
@@ -138,7 +142,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ..LinkDeps::default()
         },
     };
-    let manager = Arc::new(LinkManager::start(local, opts));
+    let manager = Arc::new(LinkManager::start(local, recorder, opts));
     let ready = {
         let manager = manager.clone();
         Arc::new(move || manager.ready()) as Arc<dyn Fn() -> bool + Send + Sync>

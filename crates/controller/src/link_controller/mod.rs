@@ -30,6 +30,7 @@ pub use status::LinkStatus;
 use status::Synced;
 
 use crate::error::{Error, Result};
+use crate::events::EventRecorder;
 use crate::gateway::Gateways;
 use crate::writer::LocalWriter;
 use kube::Client;
@@ -117,7 +118,14 @@ impl LinkController {
         let (synced_tx, synced) = watch::channel(Synced::default());
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();
         let rec = Arc::new(Reconciler {
-            writer: LocalWriter::new(local.clone(), &cluster, deps.metrics.clone()),
+            writer: LocalWriter::with_recorder(
+                local.clone(),
+                &cluster,
+                deps.metrics.clone(),
+                deps.recorder
+                    .clone()
+                    .unwrap_or_else(|| EventRecorder::new(local.clone(), None)),
+            ),
             export: ExportPolicy {
                 namespaces: config.namespaces.clone(),
                 ..ExportPolicy::default()

@@ -57,6 +57,9 @@ pub struct LinkDeps {
     pub create_limit: crate::writer::CreateLimit,
     /// The link Secret, where link-wide Events (the mirror limit) are recorded.
     pub link_secret: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    /// The process's Event recorder (built once in `run`); `None`: one of the link's
+    /// own, without an instance name (tests and embedders).
+    pub recorder: Option<crate::events::EventRecorder>,
 }
 
 impl Default for LinkDeps {
@@ -68,6 +71,7 @@ impl Default for LinkDeps {
             leader: None,
             create_limit: crate::writer::default_create_limit(),
             link_secret: None,
+            recorder: None,
         }
     }
 }

@@ -2,16 +2,15 @@
 
 use k8s_openapi::api::core::v1::Service;
 use kube::Resource;
+// Every annotation the controller reads on a remote Service (export and probe
+// settings) is under this prefix.
+use service_mirror_core::labels::MIRROR_PREFIX;
 
 /// Managed fields are large and never read: keep them out of the caches. Local objects
 /// keep everything else: an update PUTs the cached object with our changes.
 pub(super) fn strip_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
-
-/// Prefix of every annotation the controller reads on a remote Service (export and
-/// probe settings).
-const REMOTE_ANNOTATION_PREFIX: &str = "mirror.linkerd.io/";
 
 /// A remote Service is never written back: keep only what the core reads (name,
 /// namespace, resourceVersion, `mirror.linkerd.io/` annotations, ports, load-balancer
@@ -26,7 +25,7 @@ pub(super) fn strip_remote(svc: &mut Service) {
         resource_version: meta.resource_version,
         annotations: meta.annotations.map(|a| {
             a.into_iter()
-                .filter(|(k, _)| k.starts_with(REMOTE_ANNOTATION_PREFIX))
+                .filter(|(k, _)| k.starts_with(MIRROR_PREFIX))
                 .collect()
         }),
         ..ObjectMeta::default()

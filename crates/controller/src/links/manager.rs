@@ -4,31 +4,28 @@
 //! its own Secret. A refused Secret never stops or cleans up a running link: its mirrors
 //! stay until the Secret is fixed or deleted.
 
+use super::collector::Collector;
 use super::connect::connect;
 use super::secret::{LinkError, LinkSpec, parse_link_secret};
 use crate::backoff::Backoff;
+use crate::events::EventRecorder;
 use crate::link_controller::{
     LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
 };
 use crate::metrics::{LinkErrorLabels, Metrics};
 use crate::watch::{Watch, drive, keep_all};
-use crate::writer::{FIELD_MANAGER, LocalWriter, MirrorSelector};
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use crate::writer::{LocalWriter, MirrorSelector};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::Api;
-use kube::api::ListParams;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
-use service_mirror_core::labels::{
-    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
-    LINK_SECRET_TYPE, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
-};
-use service_mirror_core::validate_cluster_name;
+use kube::{Client, Resource, ResourceExt};
+use parking_lot::{Mutex, MutexGuard};
+use service_mirror_core::labels::LINK_SECRET_TYPE;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -65,7 +62,7 @@ struct Inner {
     /// cluster name -> the Secret that links it.
     claims: Mutex<HashMap<String, String>>,
     queue: WorkQueue<String>,
-    recorder: Recorder,
+    recorder: EventRecorder,
     /// Background cleanups of unlinked clusters still running, by cluster name.
     cleanups: Mutex<HashMap<String, CancellationToken>>,
     cancel: CancellationToken,
@@ -79,16 +76,13 @@ pub struct LinkManager {
 }
 
 impl LinkManager {
-    /// Starts watching link Secrets in `opts.namespace`.
-    pub fn start(local: Client, opts: LinkManagerOptions) -> Self {
+    /// Starts watching link Secrets in `opts.namespace`; link Events and those of the
+    /// cleanups go through `recorder`.
+    pub fn start(local: Client, recorder: EventRecorder, opts: LinkManagerOptions) -> Self {
         let cancel = CancellationToken::new();
         let (store, writer) = reflector::store::<Secret>();
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         let inner = Arc::new(Inner {
-            recorder: Recorder::new(local.clone(), reporter),
+            recorder,
             queue: WorkQueue::new(
                 Backoff::with_fast_retries(opts.config.requeue_limit),
                 cancel.clone(),
@@ -154,12 +148,12 @@ impl LinkManager {
 }
 
 impl Inner {
-    fn active(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
-        self.active.lock().unwrap_or_else(|e| e.into_inner())
+    fn active(&self) -> MutexGuard<'_, HashMap<String, Active>> {
+        self.active.lock()
     }
 
-    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    fn claims(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        self.claims.lock()
     }
 
     fn metrics(&self) -> &Metrics {
@@ -170,22 +164,15 @@ impl Inner {
     fn link_deps(&self, secret: &Secret) -> LinkDeps {
         LinkDeps {
             link_secret: Some(secret_reference(secret)),
+            recorder: Some(self.recorder.clone()),
             ..self.opts.deps.clone()
         }
     }
 
     async fn event(&self, secret: &Secret, type_: EventType, reason: &str, note: String) {
-        let reference = secret_reference(secret);
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Link".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            tracing::debug!(error = %e, "could not record an event on the link Secret");
-        }
+        self.recorder
+            .publish(&secret_reference(secret), type_, reason, "Link", note)
+            .await;
     }
 
     /// Log + metric + Event for a refused or failing link Secret.
@@ -233,29 +220,33 @@ impl Inner {
     /// Deletes every mirror of `cluster` in the background until it succeeds, unless the
     /// cluster is linked again first.
     fn spawn_cleanup(&self, cluster: &str, only: Option<MirrorSelector>) {
-        let writer = LocalWriter::new(self.local.clone(), cluster, self.opts.deps.metrics.clone());
+        let writer = LocalWriter::with_recorder(
+            self.local.clone(),
+            cluster,
+            self.opts.deps.metrics.clone(),
+            self.recorder.clone(),
+        );
         let cancel = self.cancel.child_token();
         if let Some(old) = self.cleanups().insert(cluster.to_string(), cancel.clone()) {
             old.cancel();
         }
         tokio::spawn(async move {
-            let mut delay = Duration::from_secs(1);
-            loop {
+            let backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
+            for failures in 1.. {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     r = writer.delete_mirrors_in(only.as_ref()) => if r.is_ok() { return },
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::time::sleep(backoff.delay(failures)) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(60));
             }
         });
     }
 
-    fn cleanups(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
-        self.cleanups.lock().unwrap_or_else(|e| e.into_inner())
+    fn cleanups(&self) -> MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.cleanups.lock()
     }
 
     /// Another Secret that links the same cluster as `a` (a Secret renamed by creating
@@ -427,13 +418,13 @@ impl Inner {
                 return Outcome::Failed;
             }
         };
-        let deadline = tokio::time::Instant::now() + self.opts.rotation_timeout;
-        while !(new.status().remote_synced && new.status().local_synced) {
-            if self.cancel.is_cancelled() {
+        tokio::select! {
+            _ = new.wait_synced() => {}
+            _ = self.cancel.cancelled() => {
                 let _ = new.stop(false).await;
                 return Outcome::Done;
             }
-            if tokio::time::Instant::now() > deadline {
+            _ = tokio::time::sleep(self.opts.rotation_timeout) => {
                 let _ = new.stop(false).await;
                 self.report(
                     secret,
@@ -442,7 +433,6 @@ impl Inner {
                 .await;
                 return Outcome::Failed;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let old = self.active().remove(name);
         if let Some(old) = old {
@@ -494,86 +484,23 @@ async fn watch_secrets(
     drive(watch, cancel, on_event, on_error).await
 }
 
-/// Deletes the mirrors of clusters that no link Secret names: their Secret was deleted
-/// while no controller ran, so no unlink happened. Does nothing while any Secret's cluster
-/// name cannot be read (its mirrors cannot be told apart), and only on the leader.
+/// Deletes the mirrors of clusters that no link Secret names (see [`Collector`]); only
+/// on the leader.
 async fn collect_unlinked(inner: Arc<Inner>) {
-    if let Some(mut leader) = inner.opts.deps.leader.clone() {
-        tokio::select! {
-            _ = inner.cancel.cancelled() => return,
-            r = leader.wait_for(|l| *l) => if r.is_err() { return },
-        }
-    }
-    let mut linked = std::collections::HashSet::new();
-    for s in inner.secrets.state() {
-        let name = s
-            .annotations()
-            .get(LINK_CLUSTER_NAME_ANNOTATION)
-            .cloned()
-            .unwrap_or_default();
-        if validate_cluster_name(&name).is_err() {
-            tracing::warn!(secret = %s.name_any(), "not collecting mirrors of unlinked clusters: a link Secret has no valid cluster name");
-            return;
-        }
-        linked.insert(name);
-    }
-    let lp = ListParams::default().labels(&format!(
-        "{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE}"
-    ));
-    let mut clusters = std::collections::BTreeSet::new();
-    // Only in namespaces this controller mirrors into: that is its remit.
-    // Only mirrors this controller made (annotated with its namespace), in namespaces it
-    // mirrors into: another controller's mirrors are never collected.
-    let (ns, filter) = (
-        inner.opts.namespace.clone(),
-        inner.opts.config.namespaces.clone(),
-    );
-    let select: MirrorSelector = Arc::new(move |m: &kube::api::ObjectMeta| {
-        let made_here = m
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(CONTROLLER_NAMESPACE_ANNOTATION))
-            == Some(&ns);
-        made_here && filter.allows(m.namespace.as_deref().unwrap_or_default())
-    });
-    let mine = |m: &kube::api::ObjectMeta| select(m);
-    for labels in [
-        Api::<Service>::all(inner.local.clone())
-            .list_metadata(&lp)
-            .await
-            .map(|l| {
-                l.items
-                    .iter()
-                    .filter(|o| mine(&o.metadata))
-                    .map(|o| o.metadata.labels.clone())
-                    .collect::<Vec<_>>()
-            }),
-        Api::<Endpoints>::all(inner.local.clone())
-            .list_metadata(&lp)
-            .await
-            .map(|l| {
-                l.items
-                    .iter()
-                    .filter(|o| mine(&o.metadata))
-                    .map(|o| o.metadata.labels.clone())
-                    .collect()
-            }),
-    ] {
-        match labels {
-            Ok(all) => clusters.extend(
-                all.into_iter()
-                    .flatten()
-                    .filter_map(|mut l| l.remove(CLUSTER_NAME_LABEL)),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list mirrors to collect those of unlinked clusters");
-                return;
-            }
-        }
-    }
-    for cluster in clusters.into_iter().filter(|c| !linked.contains(c)) {
+    let collector = Collector {
+        local: inner.local.clone(),
+        secrets: inner.secrets.clone(),
+        namespace: inner.opts.namespace.clone(),
+        namespaces: inner.opts.config.namespaces.clone(),
+        leader: inner.opts.deps.leader.clone(),
+        cancel: inner.cancel.clone(),
+    };
+    let Some(unlinked) = collector.unlinked().await else {
+        return;
+    };
+    for cluster in unlinked.clusters {
         tracing::info!(%cluster, "deleting the mirrors of a cluster no link Secret names");
-        inner.spawn_cleanup(&cluster, Some(select.clone()));
+        inner.spawn_cleanup(&cluster, Some(unlinked.select.clone()));
     }
 }
 
@@ -586,12 +513,5 @@ async fn worker(inner: Arc<Inner>) {
 
 /// A reference to a link Secret, for Events about the link.
 fn secret_reference(secret: &Secret) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Secret".into()),
-        namespace: secret.metadata.namespace.clone(),
-        name: secret.metadata.name.clone(),
-        uid: secret.metadata.uid.clone(),
-        ..Default::default()
-    }
+    secret.object_ref(&())
 }

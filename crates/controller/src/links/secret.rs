@@ -100,7 +100,7 @@ impl LinkError {
 }
 
 /// Replaces quoted fragments of a parser message: they may quote the document.
-pub fn redact(msg: &str) -> String {
+pub(crate) fn redact(msg: &str) -> String {
     let mut out = String::new();
     let mut in_quote = false;
     for c in msg.chars() {

@@ -291,3 +291,73 @@ pub fn service_mirror(args: &[&str]) -> Run {
         stderr: String::from_utf8(stderr).expect("utf-8 stderr"),
     }
 }
+
+/// A fresh controller namespace on `local`, and a controller in it that mirrors only
+/// the remote namespaces `mirror_ns` (gateway hostnames resolved every 2 s).
+pub async fn controller_in_new_namespace(
+    local: &LocalCluster,
+    mirror_ns: &[&str],
+) -> (String, Controller) {
+    let ns = local_cluster::unique_namespace("sm");
+    super::create_namespace(&local.client().await.unwrap(), &ns).await;
+    let allow = mirror_ns.join(",");
+    let c = Controller::spawn(
+        local,
+        &ns,
+        &[
+            "--namespace-allow",
+            &allow,
+            "--endpoint-refresh-period",
+            "2s",
+        ],
+    );
+    (ns, c)
+}
+
+/// The link Secrets of one controller namespace; derefs to their `Api` for the rest.
+pub struct LinkSecrets(pub Api<Secret>);
+
+impl std::ops::Deref for LinkSecrets {
+    type Target = Api<Secret>;
+    fn deref(&self) -> &Api<Secret> {
+        &self.0
+    }
+}
+
+impl LinkSecrets {
+    /// The link Secrets in namespace `ns` of the cluster `client` reaches.
+    pub fn new(client: &kube::Client, ns: &str) -> Self {
+        Self(Api::namespaced(client.clone(), ns))
+    }
+
+    /// Creates the link Secret `name` (see [`link_secret`]).
+    pub async fn link(&self, name: &str, cluster: Option<&str>, kubeconfig: Option<&str>) {
+        self.0
+            .create(
+                &PostParams::default(),
+                &link_secret(name, cluster, kubeconfig),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Deletes the link Secret `name`.
+    pub async fn unlink(&self, name: &str) {
+        self.0
+            .delete(name, &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// Merge-patches the link Secret `name` with `patch`.
+    pub async fn merge(&self, name: &str, patch: serde_json::Value) {
+        self.0
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+            .unwrap();
+    }
+}
