@@ -3,11 +3,31 @@
 
 use crate::metrics::Metrics;
 use kube_lease_manager::LeaseManagerBuilder;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// Leader election's metric family.
+#[derive(Debug, Default)]
+pub(crate) struct LeaderFamilies {
+    /// 1 while this replica holds the leader Lease (or runs without election).
+    pub(crate) leading: Gauge,
+}
+
+impl LeaderFamilies {
+    /// Registers the family (under the registry's prefix).
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "leader",
+            "Whether this replica may write: it holds the leader Lease, or runs without election",
+            self.leading.clone(),
+        );
+    }
+}
 
 /// Where and how to hold the lease.
 #[derive(Debug, Clone)]
@@ -73,7 +93,7 @@ pub fn elect(
             let leading = *lease.borrow_and_update();
             if *tx.borrow() != leading {
                 tracing::info!(identity = %opts.identity, leading, "leadership changed");
-                metrics.leader.set(leading as i64);
+                metrics.leader.leading.set(leading as i64);
                 tx.send_replace(leading);
             }
             tokio::select! {
@@ -82,7 +102,7 @@ pub fn elect(
             }
         }
         tx.send_replace(false);
-        metrics.leader.set(0);
+        metrics.leader.leading.set(0);
         // Dropping the last receiver makes the lease manager release the lease.
         drop(lease);
         let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;

@@ -3,12 +3,16 @@
 
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
-use crate::metrics::Metrics;
+use crate::metrics::{ClusterLabels, Metrics};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use service_mirror_core::{Action, desired_namespace, is_owned};
@@ -22,6 +26,50 @@ pub enum Applied {
     Done,
     /// The cache was behind the API; nothing written.
     Stale,
+}
+
+/// Labels of local API writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WriteLabels {
+    /// create, update or delete.
+    pub(crate) verb: String,
+    /// services, endpoints or namespaces.
+    pub(crate) resource: String,
+}
+
+/// The writer's metric families.
+#[derive(Debug, Default)]
+pub(crate) struct WriterFamilies {
+    /// Write requests to the local API.
+    pub(crate) local_writes: Family<WriteLabels, Counter>,
+    /// Local objects holding a mirror's name without being ours.
+    pub(crate) ownership_conflicts: Family<ClusterLabels, Counter>,
+}
+
+impl WriterFamilies {
+    /// Registers the families (under the registry's prefix).
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "local_writes",
+            "Write requests to the local API by verb and resource",
+            self.local_writes.clone(),
+        );
+        r.register(
+            "ownership_conflicts",
+            "Local objects holding a mirror's name without our labels",
+            self.ownership_conflicts.clone(),
+        );
+    }
+
+    /// Counts one local write request.
+    pub(crate) fn write(&self, verb: &str, resource: &str) {
+        self.local_writes
+            .get_or_create(&WriteLabels {
+                verb: verb.into(),
+                resource: resource.into(),
+            })
+            .inc();
+    }
 }
 
 /// Picks, among the mirrors of a cluster, those a cleanup may delete.
@@ -147,7 +195,7 @@ impl LocalWriter {
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
         loop {
-            self.metrics.write("create", K::plural(&()).as_ref());
+            self.metrics.writer.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
                 Ok(_) => return Ok(Applied::Done),
                 // The namespace is missing: create it (labelled as ours) and try again once.
@@ -169,8 +217,9 @@ impl LocalWriter {
         match existing {
             Some(o) if !is_owned(o.meta(), &self.cluster) => {
                 self.metrics
+                    .writer
                     .ownership_conflicts
-                    .get_or_create(&Metrics::cluster(&self.cluster))
+                    .get_or_create(&ClusterLabels::of(&self.cluster))
                     .inc();
                 let err = Error::OwnershipConflict {
                     kind: K::kind(&()).into_owned(),
@@ -220,7 +269,7 @@ impl LocalWriter {
         // on its way to the cache, and its watch event queues this key again.
         let api: Api<K> =
             Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default());
-        self.metrics.write("update", K::plural(&()).as_ref());
+        self.metrics.writer.write("update", K::plural(&()).as_ref());
         match api
             .replace(&obj.name_any(), &Self::post_params(), obj)
             .await
@@ -252,7 +301,7 @@ impl LocalWriter {
             }),
             ..Default::default()
         };
-        self.metrics.write("delete", K::plural(&()).as_ref());
+        self.metrics.writer.write("delete", K::plural(&()).as_ref());
         match api.delete(name, &dp).await {
             Ok(_) => Ok(Applied::Done),
             Err(e) if api_code(&e) == Some(404) => Ok(Applied::Done),
@@ -265,7 +314,7 @@ impl LocalWriter {
 
     async fn ensure_namespace(&self, ns: &str) -> Result<()> {
         let api: Api<Namespace> = Api::all(self.client.clone());
-        self.metrics.write("create", "namespaces");
+        self.metrics.writer.write("create", "namespaces");
         match api
             .create(&Self::post_params(), &desired_namespace(ns, &self.cluster))
             .await

@@ -108,7 +108,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         let (rx, task) = elect(local.clone(), opts, metrics.clone(), shutdown.clone());
         (Some(rx), Some(task))
     } else {
-        metrics.leader.set(1);
+        metrics.leader.leading.set(1);
         (None, None)
     };
     let opts = LinkManagerOptions {

@@ -7,6 +7,7 @@
 //! report verdict changes on a channel that the link controller turns into queued keys,
 //! so nothing here reaches back into the controller.
 
+pub(crate) mod metrics;
 pub mod prober;
 pub mod resolve;
 

@@ -9,7 +9,8 @@
 //! queues every mirror behind the gateway, whose Endpoints then move their addresses
 //! between `addresses` and `notReadyAddresses`.
 
-use crate::metrics::{GatewayLabels, Metrics, ProbeLabels};
+use super::metrics::ProbeMetrics;
+use crate::metrics::Metrics;
 use parking_lot::Mutex;
 use service_mirror_core::GatewayRef;
 use std::collections::HashMap;
@@ -57,61 +58,6 @@ pub struct ProbeConfig {
 
 /// Whether any mirror still uses a gateway (asked by a prober before each probe).
 pub(crate) type InUse = Arc<dyn Fn(&GatewayRef) -> bool + Send + Sync>;
-
-/// The probe metrics of one gateway, labels bound once (Linkerd's series names). A
-/// series appears with its first observation, as before the first probe nothing is
-/// known.
-pub(crate) struct ProbeMetrics {
-    metrics: Arc<Metrics>,
-    labels: GatewayLabels,
-    probes: [ProbeLabels; 2],
-}
-
-impl ProbeMetrics {
-    /// The series of gateway `gw` of link `cluster`.
-    pub(crate) fn new(metrics: Arc<Metrics>, cluster: &str, gw: &GatewayRef) -> Self {
-        let labels = GatewayLabels {
-            gateway_name: gw.name.clone(),
-            gateway_namespace: gw.namespace.clone(),
-            target_cluster_name: cluster.to_string(),
-        };
-        let probes = [false, true].map(|ok| ProbeLabels {
-            gateway_name: labels.gateway_name.clone(),
-            gateway_namespace: labels.gateway_namespace.clone(),
-            target_cluster_name: labels.target_cluster_name.clone(),
-            probe_successful: ok.to_string(),
-        });
-        Self {
-            metrics,
-            labels,
-            probes,
-        }
-    }
-
-    /// One probe answered (or not) after `latency`.
-    fn probed(&self, latency: Duration, ok: bool) {
-        let m = &self.metrics;
-        m.gateway_probe_latency_ms
-            .get_or_create(&self.labels)
-            .observe(latency.as_secs_f64() * 1000.0);
-        m.gateway_probes
-            .get_or_create(&self.probes[ok as usize])
-            .inc();
-    }
-
-    /// The verdict after a probe.
-    fn alive(&self, alive: bool) {
-        self.metrics
-            .gateway_alive
-            .get_or_create(&self.labels)
-            .set(alive as i64);
-    }
-
-    /// The gateway is no longer probed: its `gateway_alive` series goes.
-    fn forget(&self) {
-        self.metrics.forget_gateway(&self.labels);
-    }
-}
 
 struct Prober {
     id: u64,

@@ -1,8 +1,132 @@
-//! Every metric update of one link controller, with the cluster label bound once.
+//! The metrics of the link controllers: the families (registered once per process)
+//! and, per link, every update with the cluster label bound once.
 
-use crate::metrics::{ClusterLabels, ErrorLabels, Metrics};
+use crate::metrics::{ClusterLabels, Metrics};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
+
+/// Labels of reconcile errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ErrorLabels {
+    /// The link's cluster name.
+    pub(crate) cluster: String,
+    /// The error kind ([`crate::Error::metric_label`], or a refusal's reason).
+    pub(crate) kind: String,
+}
+
+fn reconcile_histogram() -> Histogram {
+    // 0.5 ms to ~16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// The families of every link controller, labelled by cluster.
+#[derive(Debug)]
+pub(crate) struct LinkFamilies {
+    /// Local mirror Services per cluster.
+    pub(crate) mirrored_services: Family<ClusterLabels, Gauge>,
+    /// 1 while the last remote watch call succeeded.
+    pub(crate) remote_connected: Family<ClusterLabels, Gauge>,
+    /// Unix time of the last event or list received from the remote cluster.
+    pub(crate) last_sync: Family<ClusterLabels, Gauge<f64, AtomicU64>>,
+    /// Time to reconcile one key.
+    pub(crate) reconcile_duration: Family<ClusterLabels, Histogram, fn() -> Histogram>,
+    /// Failed reconciles by kind.
+    pub(crate) reconcile_errors: Family<ErrorLabels, Counter>,
+    /// Keys waiting to be reconciled, now or after a backoff.
+    pub(crate) queue_depth: Family<ClusterLabels, Gauge>,
+    /// Exported services not mirrored because the link holds its limit of mirrors.
+    pub(crate) mirrors_refused: Family<ClusterLabels, Gauge>,
+    /// Full lists of a remote after the first one (expired watches, HTTP 410).
+    pub(crate) remote_relists: Family<ClusterLabels, Counter>,
+}
+
+impl Default for LinkFamilies {
+    fn default() -> Self {
+        Self {
+            mirrored_services: Family::default(),
+            remote_connected: Family::default(),
+            last_sync: Family::default(),
+            reconcile_duration: Family::new_with_constructor(reconcile_histogram),
+            reconcile_errors: Family::default(),
+            queue_depth: Family::default(),
+            mirrors_refused: Family::default(),
+            remote_relists: Family::default(),
+        }
+    }
+}
+
+impl LinkFamilies {
+    /// Registers the families (under the registry's prefix).
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "mirrored_services",
+            "Local mirror Services per linked cluster",
+            self.mirrored_services.clone(),
+        );
+        r.register(
+            "remote_connected",
+            "1 while the remote cluster's watch is connected",
+            self.remote_connected.clone(),
+        );
+        r.register(
+            "last_sync_timestamp_seconds",
+            "Unix time of the last data received from the remote cluster",
+            self.last_sync.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "Time to reconcile one mirror",
+            self.reconcile_duration.clone(),
+        );
+        r.register(
+            "reconcile_errors",
+            "Failed reconciles by error kind",
+            self.reconcile_errors.clone(),
+        );
+        r.register(
+            "retry_queue_depth",
+            "Keys waiting to be reconciled, now or after a backoff",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "mirrors_refused",
+            "Exported services not mirrored because the link holds its limit of mirrors",
+            self.mirrors_refused.clone(),
+        );
+        r.register(
+            "remote_relists",
+            "Full lists of a remote cluster after the first (expired watches)",
+            self.remote_relists.clone(),
+        );
+    }
+
+    /// Counts a failed or refused reconcile of link `cluster`.
+    pub(crate) fn error(&self, cluster: &str, kind: &str) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabels {
+                cluster: cluster.into(),
+                kind: kind.into(),
+            })
+            .inc();
+    }
+
+    /// Drops the gauges of an unlinked cluster (counters keep their totals).
+    pub(crate) fn forget(&self, cluster: &str) {
+        let l = ClusterLabels::of(cluster);
+        self.mirrored_services.remove(&l);
+        self.remote_connected.remove(&l);
+        self.last_sync.remove(&l);
+        self.queue_depth.remove(&l);
+        self.mirrors_refused.remove(&l);
+    }
+}
 
 /// The series of one link. A series appears with its first update, as before.
 #[derive(Debug, Clone)]
@@ -16,13 +140,13 @@ impl LinkMetrics {
     pub(super) fn new(metrics: Arc<Metrics>, cluster: &str) -> Self {
         Self {
             metrics,
-            labels: Metrics::cluster(cluster),
+            labels: ClusterLabels::of(cluster),
         }
     }
 
     /// Whether the last remote watch call succeeded.
     pub(super) fn remote_connected(&self, connected: bool) {
-        let m = &self.metrics.remote_connected;
+        let m = &self.metrics.link.remote_connected;
         m.get_or_create(&self.labels).set(connected as i64);
     }
 
@@ -31,13 +155,14 @@ impl LinkMetrics {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        let m = &self.metrics.last_sync;
+        let m = &self.metrics.link.last_sync;
         m.get_or_create(&self.labels).set(now.as_secs_f64());
     }
 
     /// The remote was listed again (its watch resume point expired).
     pub(super) fn remote_relisted(&self) {
         self.metrics
+            .link
             .remote_relists
             .get_or_create(&self.labels)
             .inc();
@@ -53,7 +178,7 @@ impl LinkMetrics {
 
     /// The link's state after a reconcile: mirrors, queue depth, refused keys.
     pub(super) fn state(&self, mirrors: usize, queue_depth: usize, refused: usize) {
-        let m = &self.metrics;
+        let m = &self.metrics.link;
         let l = &self.labels;
         m.mirrored_services.get_or_create(l).set(mirrors as i64);
         m.queue_depth.get_or_create(l).set(queue_depth as i64);
@@ -62,18 +187,12 @@ impl LinkMetrics {
 
     /// A failed or refused reconcile, by bounded kind.
     pub(super) fn error(&self, kind: &str) {
-        self.metrics
-            .reconcile_errors
-            .get_or_create(&ErrorLabels {
-                cluster: self.labels.cluster.clone(),
-                kind: kind.into(),
-            })
-            .inc();
+        self.metrics.link.error(&self.labels.cluster, kind);
     }
 
     /// The link was removed: its gauges go.
     pub(super) fn forget(&self) {
-        self.metrics.forget_cluster(&self.labels.cluster);
+        self.metrics.link.forget(&self.labels.cluster);
     }
 }
 
@@ -85,7 +204,7 @@ pub(super) struct ReconcileTimer<'a> {
 
 impl Drop for ReconcileTimer<'_> {
     fn drop(&mut self) {
-        let m = &self.metrics.metrics.reconcile_duration;
+        let m = &self.metrics.metrics.link.reconcile_duration;
         m.get_or_create(&self.metrics.labels)
             .observe(self.started.elapsed().as_secs_f64());
     }

@@ -15,7 +15,7 @@ mod expect;
 mod index;
 mod keys;
 mod limit;
-mod metrics;
+pub(crate) mod metrics;
 mod options;
 mod queue;
 mod reconcile;

@@ -6,13 +6,14 @@
 
 use super::collector::Collector;
 use super::connect::connect;
+use super::metrics::LinkErrorLabels;
 use super::secret::{LinkError, LinkSpec, parse_link_secret};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::link_controller::{
     LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
 };
-use crate::metrics::{LinkErrorLabels, Metrics};
+use crate::metrics::Metrics;
 use crate::watch::{Watch, drive, keep_all};
 use crate::writer::{LocalWriter, MirrorSelector};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
@@ -180,6 +181,7 @@ impl Inner {
         let name = secret.name_any();
         tracing::warn!(secret = %name, reason = err.reason(), error = %err, "link Secret not usable");
         self.metrics()
+            .links
             .link_errors
             .get_or_create(&LinkErrorLabels {
                 secret: name,
@@ -192,7 +194,7 @@ impl Inner {
 
     fn update_links_gauge(&self) {
         let n = self.active().len() as i64;
-        self.metrics().links.set(n);
+        self.metrics().links.links.set(n);
     }
 
     /// Takes a Secret's running link out of the tables.

@@ -4,6 +4,7 @@
 mod collector;
 mod connect;
 mod manager;
+pub(crate) mod metrics;
 mod secret;
 
 pub use connect::connect;

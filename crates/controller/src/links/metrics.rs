@@ -1,0 +1,37 @@
+//! The link manager's metric families.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of link errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LinkErrorLabels {
+    /// The link Secret's name.
+    pub(crate) secret: String,
+    /// Why it was refused (the Event reason).
+    pub(crate) reason: String,
+}
+
+/// The link manager's families.
+#[derive(Debug, Default)]
+pub(crate) struct LinksFamilies {
+    /// Refused or failing link Secrets.
+    pub(crate) link_errors: Family<LinkErrorLabels, Counter>,
+    /// Remote clusters being watched.
+    pub(crate) links: Gauge,
+}
+
+impl LinksFamilies {
+    /// Registers the families (under the registry's prefix).
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "link_errors",
+            "Refused or failing link Secrets by reason",
+            self.link_errors.clone(),
+        );
+        r.register("links", "Remote clusters being watched", self.links.clone());
+    }
+}
