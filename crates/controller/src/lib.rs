@@ -8,6 +8,8 @@
 //! (`service_mirror_core`: desired mirrors, naming, ownership, plans) → [`writer`] (the
 //! only code that writes to the local cluster).
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod backoff;
 pub mod cli;

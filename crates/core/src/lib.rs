@@ -16,6 +16,8 @@
 //! Because [`plan()`] compares before writing ([`service_update`],
 //! [`endpoints_update`]), an unchanged world produces no action at all.
 
+#![forbid(unsafe_code)]
+
 pub mod desired;
 pub mod diff;
 pub mod export;

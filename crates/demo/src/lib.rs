@@ -7,6 +7,8 @@
 //! published at documentation addresses (192.0.2.N, never contacted); their probes are
 //! redirected to small HTTP servers on 127.0.0.N that the story can stop.
 
+#![forbid(unsafe_code)]
+
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::Client;

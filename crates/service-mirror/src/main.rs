@@ -1,5 +1,7 @@
 //! The `service-mirror` binary: see `service-mirror --help`.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 
 use clap::Parser;

@@ -15,6 +15,8 @@
 //! Gateway liveness (probes) is not modelled: every resolved gateway counts as alive.
 //! Hostname ingress entries are not resolved: only IP entries count.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 

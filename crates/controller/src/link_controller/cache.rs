@@ -30,7 +30,7 @@ struct State {
 }
 
 /// A cache of objects of kind `K` by namespace and name. Cheap to clone (shared).
-pub struct Cache<K> {
+pub(crate) struct Cache<K> {
     state: Arc<RwLock<State>>,
     _kind: PhantomData<fn() -> K>,
 }
@@ -95,20 +95,20 @@ where
     }
 
     /// The object `r` refers to.
-    pub fn get(&self, r: &ObjectRef<K>) -> Option<Arc<K>> {
+    pub(crate) fn get(&self, r: &ObjectRef<K>) -> Option<Arc<K>> {
         let key = (r.namespace.clone().unwrap_or_default(), r.name.clone());
         let state = self.read();
         state.objects.get(&key).and_then(|b| Self::decode(b))
     }
 
     /// Number of cached objects.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.read().objects.len()
     }
 
     /// Calls `f` with every cached object, decoded one at a time (for rebuilds after a
     /// list, not per event): a remote of 50,000 Services never exists decoded at once.
-    pub fn for_each(&self, mut f: impl FnMut(&K)) {
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K)) {
         let state = self.read();
         for obj in state.objects.values().filter_map(|b| Self::decode(b)) {
             f(&obj);
@@ -117,7 +117,7 @@ where
 
     /// Applies a watch event, with the semantics of kube's reflector store: a list
     /// (`Init` .. `InitDone`) replaces the whole content when it completes.
-    pub fn apply_watcher_event(&self, event: &watcher::Event<K>) {
+    pub(crate) fn apply_watcher_event(&self, event: &watcher::Event<K>) {
         match event {
             watcher::Event::Apply(obj) => {
                 if let Some(bytes) = Self::encode(obj) {

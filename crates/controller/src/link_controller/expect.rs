@@ -17,7 +17,7 @@ const EXPIRY: Duration = Duration::from_secs(30);
 
 /// Kind of a local object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LocalObject {
+pub(crate) enum LocalObject {
     /// A mirror Service.
     Service,
     /// A mirror Endpoints.
@@ -29,7 +29,7 @@ type Key = (LocalObject, String, String);
 /// Pending writes by object: the state each write replaced (a resourceVersion, or
 /// None for absent), and when it was written.
 #[derive(Debug, Default)]
-pub struct Expectations {
+pub(crate) struct Expectations {
     pending: Mutex<HashMap<Key, (Option<String>, Instant)>>,
 }
 
@@ -40,7 +40,13 @@ impl Expectations {
 
     /// We wrote `ns/name`, replacing the state the cache showed: `replaced` is the
     /// resourceVersion we updated or deleted, None for a create.
-    pub fn written(&self, kind: LocalObject, ns: &str, name: &str, replaced: Option<String>) {
+    pub(crate) fn written(
+        &self,
+        kind: LocalObject,
+        ns: &str,
+        name: &str,
+        replaced: Option<String>,
+    ) {
         self.lock().insert(
             (kind, ns.to_owned(), name.to_owned()),
             (replaced, Instant::now()),
@@ -53,7 +59,7 @@ impl Expectations {
     /// version straight to ours, and the watch shows versions in order. (Waiting for our
     /// exact version instead would wait forever when another writer's change arrived
     /// before the write was recorded.)
-    pub fn observed(&self, kind: LocalObject, ns: &str, name: &str, version: Option<&str>) {
+    pub(crate) fn observed(&self, kind: LocalObject, ns: &str, name: &str, version: Option<&str>) {
         let mut pending = self.lock();
         let key = (kind, ns.to_owned(), name.to_owned());
         if pending
@@ -65,12 +71,12 @@ impl Expectations {
     }
 
     /// A relist of `kind` replaced its cache: nothing of it is pending any more.
-    pub fn relisted(&self, kind: LocalObject) {
+    pub(crate) fn relisted(&self, kind: LocalObject) {
         self.lock().retain(|k, _| k.0 != kind);
     }
 
     /// Whether a write to `ns/name` has not reached the cache yet.
-    pub fn pending(&self, kind: LocalObject, ns: &str, name: &str) -> bool {
+    pub(crate) fn pending(&self, kind: LocalObject, ns: &str, name: &str) -> bool {
         let mut pending = self.lock();
         let key = (kind, ns.to_owned(), name.to_owned());
         match pending.get(&key) {

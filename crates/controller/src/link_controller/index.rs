@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Which remote Services use which gateway, and which local objects mirror which key.
 #[derive(Debug, Default)]
-pub struct Index {
+pub(crate) struct Index {
     gateway_of: HashMap<ServiceKey, GatewayRef>,
     users_of: HashMap<GatewayRef, HashSet<ServiceKey>>,
     services: LocalIndex,
@@ -14,14 +14,14 @@ pub struct Index {
 
 /// Local objects (by namespace and name) and the remote key each one mirrors.
 #[derive(Debug, Default)]
-pub struct LocalIndex {
+pub(crate) struct LocalIndex {
     key_of: HashMap<(String, String), ServiceKey>,
     names_of: HashMap<ServiceKey, BTreeSet<String>>,
 }
 
 impl LocalIndex {
     /// Records that local object `ns/name` mirrors `key`; returns the key it had before.
-    pub fn set(&mut self, ns: &str, name: &str, key: ServiceKey) -> Option<ServiceKey> {
+    pub(crate) fn set(&mut self, ns: &str, name: &str, key: ServiceKey) -> Option<ServiceKey> {
         let old = self.remove(ns, name);
         self.names_of
             .entry(key.clone())
@@ -32,7 +32,7 @@ impl LocalIndex {
     }
 
     /// Forgets local object `ns/name`; returns the key it mirrored.
-    pub fn remove(&mut self, ns: &str, name: &str) -> Option<ServiceKey> {
+    pub(crate) fn remove(&mut self, ns: &str, name: &str) -> Option<ServiceKey> {
         let key = self.key_of.remove(&(ns.to_string(), name.to_string()))?;
         if let Some(names) = self.names_of.get_mut(&key) {
             names.remove(name);
@@ -44,17 +44,17 @@ impl LocalIndex {
     }
 
     /// Names of the local objects that mirror `key`.
-    pub fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &String> {
+    pub(crate) fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &String> {
         self.names_of.get(key).into_iter().flatten()
     }
 
     /// Every key some local object mirrors.
-    pub fn keys(&self) -> impl Iterator<Item = &ServiceKey> {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &ServiceKey> {
         self.names_of.keys()
     }
 
     /// Empties the index (before a rebuild after a relist).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.key_of.clear();
         self.names_of.clear();
     }
@@ -63,7 +63,7 @@ impl LocalIndex {
 impl Index {
     /// Records the gateway a remote Service is exported through (None: not exported or
     /// deleted). Returns the gateway it used before, if any.
-    pub fn set_gateway(
+    pub(crate) fn set_gateway(
         &mut self,
         key: &ServiceKey,
         gateway: Option<GatewayRef>,
@@ -88,7 +88,7 @@ impl Index {
     }
 
     /// Remote Services exported through `gateway`.
-    pub fn users_of(&self, gateway: &GatewayRef) -> Vec<ServiceKey> {
+    pub(crate) fn users_of(&self, gateway: &GatewayRef) -> Vec<ServiceKey> {
         self.users_of
             .get(gateway)
             .map(|u| u.iter().cloned().collect())
@@ -96,33 +96,33 @@ impl Index {
     }
 
     /// Every gateway in use.
-    pub fn gateways(&self) -> Vec<GatewayRef> {
+    pub(crate) fn gateways(&self) -> Vec<GatewayRef> {
         self.users_of.keys().cloned().collect()
     }
 
     /// Every exported remote Service.
-    pub fn exported(&self) -> impl Iterator<Item = &ServiceKey> {
+    pub(crate) fn exported(&self) -> impl Iterator<Item = &ServiceKey> {
         self.gateway_of.keys()
     }
 
     /// Forgets every gateway association (before a rebuild after a relist).
-    pub fn clear_gateways(&mut self) {
+    pub(crate) fn clear_gateways(&mut self) {
         self.gateway_of.clear();
         self.users_of.clear();
     }
 
     /// The local Services index.
-    pub fn services(&mut self) -> &mut LocalIndex {
+    pub(crate) fn services(&mut self) -> &mut LocalIndex {
         &mut self.services
     }
 
     /// The local Endpoints index.
-    pub fn endpoints(&mut self) -> &mut LocalIndex {
+    pub(crate) fn endpoints(&mut self) -> &mut LocalIndex {
         &mut self.endpoints
     }
 
     /// Names of local Services and Endpoints that mirror `key`.
-    pub fn local_names(&self, key: &ServiceKey) -> (Vec<String>, Vec<String>) {
+    pub(crate) fn local_names(&self, key: &ServiceKey) -> (Vec<String>, Vec<String>) {
         (
             self.services.names(key).cloned().collect(),
             self.endpoints.names(key).cloned().collect(),
@@ -130,7 +130,7 @@ impl Index {
     }
 
     /// Every key a local object mirrors.
-    pub fn local_keys(&self) -> HashSet<ServiceKey> {
+    pub(crate) fn local_keys(&self) -> HashSet<ServiceKey> {
         self.services
             .keys()
             .chain(self.endpoints.keys())

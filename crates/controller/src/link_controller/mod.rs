@@ -25,7 +25,7 @@ mod watches;
 mod workers;
 
 pub use options::{LinkConfig, LinkDeps};
-pub use queue::{Outcome, WorkQueue};
+pub(crate) use queue::{Outcome, WorkQueue};
 pub use status::LinkStatus;
 use status::Synced;
 

@@ -12,7 +12,7 @@
 //! Delayed adds (backoff, requeue-after) share one timer task holding a
 //! `tokio_util::time::DelayQueue`, not one task per delayed key.
 
-pub use crate::backoff::Backoff;
+pub(crate) use crate::backoff::Backoff;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -35,7 +35,7 @@ struct State<K> {
 
 /// What became of one reconcile of a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Converged; forget its failures.
     Done,
     /// Converged for now; look again after this delay (e.g. re-resolve a hostname).
@@ -46,7 +46,7 @@ pub enum Outcome {
 
 /// The queue. Cheap to clone.
 #[derive(Debug)]
-pub struct WorkQueue<K> {
+pub(crate) struct WorkQueue<K> {
     state: Arc<Mutex<State<K>>>,
     tx: mpsc::UnboundedSender<K>,
     rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<K>>>,
@@ -72,7 +72,7 @@ impl<K> Clone for WorkQueue<K> {
 impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// A new queue; delayed adds stop when `cancel` fires. Spawns the timer task, so it
     /// is called within a tokio runtime.
-    pub fn new(backoff: Backoff, cancel: CancellationToken) -> Self {
+    pub(crate) fn new(backoff: Backoff, cancel: CancellationToken) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let (delays, due) = mpsc::unbounded_channel();
         let state = Arc::new(Mutex::new(State {
@@ -98,12 +98,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Adds a key now (no-op when already queued; marked dirty when being worked on).
-    pub fn add(&self, key: K) {
+    pub(crate) fn add(&self, key: K) {
         add(&mut self.lock(), &self.tx, key);
     }
 
     /// Adds a key after `delay`, unless an earlier delayed add is already pending.
-    pub fn add_after(&self, key: K, delay: Duration) {
+    pub(crate) fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
             return self.add(key);
         }
@@ -120,7 +120,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// The next key to work on; `None` once cancelled.
-    pub async fn next(&self) -> Option<K> {
+    pub(crate) async fn next(&self) -> Option<K> {
         let key = {
             let mut rx = self.rx.lock().await;
             tokio::select! {
@@ -136,7 +136,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Reports the outcome of working on `key`; schedules what comes next for it.
     /// Returns the number of consecutive failures of the key.
-    pub fn done(&self, key: K, outcome: Outcome) -> u32 {
+    pub(crate) fn done(&self, key: K, outcome: Outcome) -> u32 {
         let (dirty, failures) = {
             let mut s = self.lock();
             s.active.remove(&key);
@@ -166,13 +166,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Keys waiting now or later (not those being worked on).
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         let s = self.lock();
         s.queued.len() + s.delayed.len()
     }
 
     /// Keys whose last attempt failed.
-    pub fn failing(&self) -> usize {
+    pub(crate) fn failing(&self) -> usize {
         self.lock().failures.len()
     }
 }

@@ -11,26 +11,26 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A `service-mirror run` process; killed on drop.
-pub struct Controller {
-    pub child: Child,
+pub(crate) struct Controller {
+    pub(crate) child: Child,
     /// The admin server's address, read from the log once it listens.
     admin: std::sync::OnceLock<String>,
-    pub log: PathBuf,
-    pub started: Instant,
+    pub(crate) log: PathBuf,
+    pub(crate) started: Instant,
     _dir: tempfile::TempDir,
 }
 
 impl Controller {
     /// Starts the binary against `local` (admin credentials) with link Secrets in
     /// `namespace`.
-    pub fn spawn(local: &LocalCluster, namespace: &str, extra: &[&str]) -> Self {
+    pub(crate) fn spawn(local: &LocalCluster, namespace: &str, extra: &[&str]) -> Self {
         Self::spawn_as(&local.admin_kubeconfig().path, namespace, extra, &[])
     }
 
     /// Starts the binary with `kubeconfig` as its only credential, link Secrets in
     /// `namespace`, debug logs, `extra` flags and `env` variables. No `SERVICE_MIRROR_*`
     /// nor `KUBECONFIG` comes from the test's environment: only the flags count.
-    pub fn spawn_as(
+    pub(crate) fn spawn_as(
         kubeconfig: &std::path::Path,
         namespace: &str,
         extra: &[&str],
@@ -79,7 +79,7 @@ impl Controller {
     }
 
     /// The log lines containing `needle`.
-    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+    pub(crate) fn log_lines(&self, needle: &str) -> Vec<String> {
         self.log_text()
             .lines()
             .filter(|l| l.contains(needle))
@@ -89,7 +89,7 @@ impl Controller {
 
     /// Waits (at most `within`) for a log line containing every one of `needles`; returns
     /// it and the time since the start of the process.
-    pub async fn wait_log(&self, needles: &[&str], within: Duration) -> (String, Duration) {
+    pub(crate) async fn wait_log(&self, needles: &[&str], within: Duration) -> (String, Duration) {
         loop {
             if let Some(line) = self
                 .log_text()
@@ -121,7 +121,7 @@ impl Controller {
     }
 
     /// GET on the admin server: (status, body); None while it does not answer.
-    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+    pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(self.admin()?).await.ok()?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
@@ -138,7 +138,7 @@ impl Controller {
     }
 
     /// Waits until `/ready` answers 200; returns how long that took.
-    pub async fn wait_ready(&self) -> Duration {
+    pub(crate) async fn wait_ready(&self) -> Duration {
         let start = Instant::now();
         loop {
             if let Some((200, _)) = self.get("/ready").await {
@@ -154,7 +154,7 @@ impl Controller {
     }
 
     /// The metrics page.
-    pub async fn metrics(&self) -> String {
+    pub(crate) async fn metrics(&self) -> String {
         self.get("/metrics")
             .await
             .map(|(_, b)| b)
@@ -162,12 +162,12 @@ impl Controller {
     }
 
     /// Everything the process logged.
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Sends SIGTERM and waits for the exit; returns (exit success, time taken).
-    pub fn terminate(&mut self) -> (bool, Duration) {
+    pub(crate) fn terminate(&mut self) -> (bool, Duration) {
         let start = Instant::now();
         // SAFETY: signalling our own child.
         unsafe {
@@ -186,7 +186,7 @@ impl Controller {
     }
 
     /// Whether the process still runs.
-    pub fn running(&mut self) -> bool {
+    pub(crate) fn running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
 }
@@ -200,7 +200,7 @@ impl Drop for Controller {
 
 /// A kubeconfig on `remote` for a ServiceAccount that may only get/list/watch Services
 /// (the contract's remote credential), created in namespace `ns`.
-pub async fn reader_kubeconfig(remote: &LocalCluster, ns: &str, sa: &str) -> Kubeconfig {
+pub(crate) async fn reader_kubeconfig(remote: &LocalCluster, ns: &str, sa: &str) -> Kubeconfig {
     let admin = remote.client().await.unwrap();
     let role = ClusterRole {
         metadata: ObjectMeta {
@@ -242,7 +242,7 @@ pub async fn reader_kubeconfig(remote: &LocalCluster, ns: &str, sa: &str) -> Kub
 }
 
 /// A link Secret (contract format) named `name` for cluster `cluster`.
-pub fn link_secret(name: &str, cluster: Option<&str>, kubeconfig: Option<&str>) -> Secret {
+pub(crate) fn link_secret(name: &str, cluster: Option<&str>, kubeconfig: Option<&str>) -> Secret {
     let mut annotations = BTreeMap::new();
     if let Some(c) = cluster {
         annotations.insert("mirror.linkerd.io/cluster-name".to_string(), c.to_string());
@@ -261,16 +261,16 @@ pub fn link_secret(name: &str, cluster: Option<&str>, kubeconfig: Option<&str>) 
 }
 
 /// Result of one run of the binary.
-pub struct Run {
-    pub ok: bool,
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
+pub(crate) struct Run {
+    pub(crate) ok: bool,
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Runs `service-mirror <args>` with no `SERVICE_MIRROR_*` nor `KUBECONFIG` from the
 /// environment, so that only the flags count.
-pub fn service_mirror(args: &[&str]) -> Run {
+pub(crate) fn service_mirror(args: &[&str]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_service-mirror"));
     cmd.args(args);
     for (key, _) in std::env::vars_os() {
@@ -294,7 +294,7 @@ pub fn service_mirror(args: &[&str]) -> Run {
 
 /// A fresh controller namespace on `local`, and a controller in it that mirrors only
 /// the remote namespaces `mirror_ns` (gateway hostnames resolved every 2 s).
-pub async fn controller_in_new_namespace(
+pub(crate) async fn controller_in_new_namespace(
     local: &LocalCluster,
     mirror_ns: &[&str],
 ) -> (String, Controller) {
@@ -315,7 +315,7 @@ pub async fn controller_in_new_namespace(
 }
 
 /// The link Secrets of one controller namespace; derefs to their `Api` for the rest.
-pub struct LinkSecrets(pub Api<Secret>);
+pub(crate) struct LinkSecrets(pub Api<Secret>);
 
 impl std::ops::Deref for LinkSecrets {
     type Target = Api<Secret>;
@@ -326,12 +326,12 @@ impl std::ops::Deref for LinkSecrets {
 
 impl LinkSecrets {
     /// The link Secrets in namespace `ns` of the cluster `client` reaches.
-    pub fn new(client: &kube::Client, ns: &str) -> Self {
+    pub(crate) fn new(client: &kube::Client, ns: &str) -> Self {
         Self(Api::namespaced(client.clone(), ns))
     }
 
     /// Creates the link Secret `name` (see [`link_secret`]).
-    pub async fn link(&self, name: &str, cluster: Option<&str>, kubeconfig: Option<&str>) {
+    pub(crate) async fn link(&self, name: &str, cluster: Option<&str>, kubeconfig: Option<&str>) {
         self.0
             .create(
                 &PostParams::default(),
@@ -342,7 +342,7 @@ impl LinkSecrets {
     }
 
     /// Deletes the link Secret `name`.
-    pub async fn unlink(&self, name: &str) {
+    pub(crate) async fn unlink(&self, name: &str) {
         self.0
             .delete(name, &kube::api::DeleteParams::default())
             .await
@@ -350,7 +350,7 @@ impl LinkSecrets {
     }
 
     /// Merge-patches the link Secret `name` with `patch`.
-    pub async fn merge(&self, name: &str, patch: serde_json::Value) {
+    pub(crate) async fn merge(&self, name: &str, patch: serde_json::Value) {
         self.0
             .patch(
                 name,

@@ -2,7 +2,7 @@
 //! apiservers, shared per test binary), a unique namespace and cluster name per test.
 #![allow(dead_code)]
 
-pub mod controller;
+pub(crate) mod controller;
 
 use k8s_openapi::api::core::v1::{
     Endpoints, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
@@ -20,19 +20,19 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a test waits for the world to converge before failing.
-pub const CONVERGE: Duration = Duration::from_secs(30);
+pub(crate) const CONVERGE: Duration = Duration::from_secs(30);
 
 /// One test's world.
-pub struct Env {
-    pub remote: Arc<LocalCluster>,
-    pub local: Arc<LocalCluster>,
-    pub rc: Client,
-    pub lc: Client,
-    pub ns: String,
-    pub cluster: String,
+pub(crate) struct Env {
+    pub(crate) remote: Arc<LocalCluster>,
+    pub(crate) local: Arc<LocalCluster>,
+    pub(crate) rc: Client,
+    pub(crate) lc: Client,
+    pub(crate) ns: String,
+    pub(crate) cluster: String,
 }
 
-pub fn init_tracing() {
+pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -44,7 +44,7 @@ pub fn init_tracing() {
 
 impl Env {
     /// Shared clusters, a fresh namespace on the remote, a fresh cluster name.
-    pub async fn new(prefix: &str) -> Self {
+    pub(crate) async fn new(prefix: &str) -> Self {
         Self::on(
             shared_cluster("remote").await.expect("remote cluster"),
             shared_cluster("local").await.expect("local cluster"),
@@ -54,7 +54,11 @@ impl Env {
     }
 
     /// A world on the given clusters.
-    pub async fn on(remote: Arc<LocalCluster>, local: Arc<LocalCluster>, prefix: &str) -> Self {
+    pub(crate) async fn on(
+        remote: Arc<LocalCluster>,
+        local: Arc<LocalCluster>,
+        prefix: &str,
+    ) -> Self {
         init_tracing();
         static N: AtomicU32 = AtomicU32::new(0);
         let ns = unique_namespace(prefix);
@@ -72,29 +76,29 @@ impl Env {
         }
     }
 
-    pub fn link(&self) -> Link {
+    pub(crate) fn link(&self) -> Link {
         Link::new(self.cluster.clone(), None)
     }
 
-    pub fn config(&self) -> LinkConfig {
+    pub(crate) fn config(&self) -> LinkConfig {
         LinkConfig {
             namespaces: NamespaceFilter::allow_only([self.ns.clone()]),
             ..LinkConfig::default()
         }
     }
 
-    pub fn watch(&self) -> LinkController {
+    pub(crate) fn watch(&self) -> LinkController {
         self.watch_with(self.config(), LinkDeps::default())
     }
 
-    pub fn watch_with(&self, config: LinkConfig, deps: LinkDeps) -> LinkController {
+    pub(crate) fn watch_with(&self, config: LinkConfig, deps: LinkDeps) -> LinkController {
         LinkController::start(self.lc.clone(), self.rc.clone(), self.link(), config, deps)
             .expect("start watcher")
     }
 
     /// A watcher of this world's link that uses the given clients (a limited local
     /// identity, a remote reached through a proxy, ...).
-    pub fn watch_clients(&self, local: Client, remote: Client) -> LinkController {
+    pub(crate) fn watch_clients(&self, local: Client, remote: Client) -> LinkController {
         LinkController::start(
             local,
             remote,
@@ -105,30 +109,30 @@ impl Env {
         .expect("start watcher")
     }
 
-    pub fn remote_services(&self) -> Api<Service> {
+    pub(crate) fn remote_services(&self) -> Api<Service> {
         Api::namespaced(self.rc.clone(), &self.ns)
     }
 
-    pub fn local_services(&self) -> Api<Service> {
+    pub(crate) fn local_services(&self) -> Api<Service> {
         Api::namespaced(self.lc.clone(), &self.ns)
     }
 
-    pub fn local_endpoints(&self) -> Api<Endpoints> {
+    pub(crate) fn local_endpoints(&self) -> Api<Endpoints> {
         Api::namespaced(self.lc.clone(), &self.ns)
     }
 
-    pub fn mirror_name(&self, remote: &str) -> String {
+    pub(crate) fn mirror_name(&self, remote: &str) -> String {
         service_mirror_core::mirror_name(remote, &self.cluster)
     }
 
     /// Creates (or replaces the spec of) a gateway with `mc-gateway` port `port` and
     /// the given ingress entries (IPs or hostnames).
-    pub async fn gateway(&self, name: &str, port: i32, ingress: &[&str]) {
+    pub(crate) async fn gateway(&self, name: &str, port: i32, ingress: &[&str]) {
         gateway_in(&self.rc, &self.ns, name, port, ingress).await;
     }
 
     /// Creates an exported Service with the given ports through gateway `gw` (same ns).
-    pub async fn export(&self, name: &str, gw: &str, ports: &[(&str, i32)]) -> Service {
+    pub(crate) async fn export(&self, name: &str, gw: &str, ports: &[(&str, i32)]) -> Service {
         let svc = exported(name, &self.ns, gw, ports);
         self.remote_services()
             .create(&PostParams::default(), &svc)
@@ -136,21 +140,21 @@ impl Env {
             .unwrap()
     }
 
-    pub async fn patch_remote(&self, name: &str, patch: serde_json::Value) -> Service {
+    pub(crate) async fn patch_remote(&self, name: &str, patch: serde_json::Value) -> Service {
         self.remote_services()
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap()
     }
 
-    pub async fn delete_remote(&self, name: &str) {
+    pub(crate) async fn delete_remote(&self, name: &str) {
         self.remote_services()
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
     }
 
-    pub async fn mirror(&self, remote: &str) -> (Option<Service>, Option<Endpoints>) {
+    pub(crate) async fn mirror(&self, remote: &str) -> (Option<Service>, Option<Endpoints>) {
         let name = self.mirror_name(remote);
         (
             self.local_services().get_opt(&name).await.unwrap(),
@@ -159,7 +163,7 @@ impl Env {
     }
 
     /// Waits until the mirror of `remote` satisfies `check`; returns it.
-    pub async fn mirror_until(
+    pub(crate) async fn mirror_until(
         &self,
         remote: &str,
         what: &str,
@@ -175,7 +179,7 @@ impl Env {
     }
 
     /// Waits until neither mirror object of `remote` exists.
-    pub async fn mirror_gone(&self, remote: &str) {
+    pub(crate) async fn mirror_gone(&self, remote: &str) {
         eventually(&format!("mirror of {remote} deleted"), || async {
             matches!(self.mirror(remote).await, (None, None)).then_some(())
         })
@@ -184,19 +188,19 @@ impl Env {
 
     /// Successful writes recorded by the local apiserver's audit log in this test's
     /// namespace (and to the namespace itself).
-    pub fn local_writes(&self) -> Vec<String> {
+    pub(crate) fn local_writes(&self) -> Vec<String> {
         writes_in(&self.local, &self.ns, true)
     }
 
     /// Every write request, successful or not.
-    pub fn local_write_attempts(&self) -> Vec<String> {
+    pub(crate) fn local_write_attempts(&self) -> Vec<String> {
         writes_in(&self.local, &self.ns, false)
     }
 }
 
 /// Write requests (verb resource/name) in namespace `ns` from the audit log, all or only
 /// the successful ones.
-pub fn writes_in(cluster: &LocalCluster, ns: &str, successful_only: bool) -> Vec<String> {
+pub(crate) fn writes_in(cluster: &LocalCluster, ns: &str, successful_only: bool) -> Vec<String> {
     let log = std::fs::read_to_string(cluster.audit_log()).unwrap_or_default();
     log.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -222,13 +226,13 @@ pub fn writes_in(cluster: &LocalCluster, ns: &str, successful_only: bool) -> Vec
         .collect()
 }
 
-pub async fn create_namespace(client: &Client, ns: &str) {
+pub(crate) async fn create_namespace(client: &Client, ns: &str) {
     local_cluster::ensure_namespace(client, ns)
         .await
         .unwrap_or_else(|e| panic!("create namespace {ns}: {e}"));
 }
 
-pub fn ports(ports: &[(&str, i32)]) -> Vec<ServicePort> {
+pub(crate) fn ports(ports: &[(&str, i32)]) -> Vec<ServicePort> {
     ports
         .iter()
         .map(|(name, port)| ServicePort {
@@ -239,7 +243,7 @@ pub fn ports(ports: &[(&str, i32)]) -> Vec<ServicePort> {
         .collect()
 }
 
-pub fn exported(name: &str, ns: &str, gw: &str, p: &[(&str, i32)]) -> Service {
+pub(crate) fn exported(name: &str, ns: &str, gw: &str, p: &[(&str, i32)]) -> Service {
     Service {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -260,7 +264,7 @@ pub fn exported(name: &str, ns: &str, gw: &str, p: &[(&str, i32)]) -> Service {
 
 /// Creates or updates gateway `ns/name` (type LoadBalancer, port `mc-gateway`) and writes
 /// its ingress status (no cloud here fills it).
-pub async fn gateway_in(client: &Client, ns: &str, name: &str, port: i32, ingress: &[&str]) {
+pub(crate) async fn gateway_in(client: &Client, ns: &str, name: &str, port: i32, ingress: &[&str]) {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     let spec = ServiceSpec {
         type_: Some("LoadBalancer".into()),
@@ -290,7 +294,7 @@ pub async fn gateway_in(client: &Client, ns: &str, name: &str, port: i32, ingres
     set_ingress(client, ns, name, ingress).await;
 }
 
-pub async fn set_ingress(client: &Client, ns: &str, name: &str, ingress: &[&str]) {
+pub(crate) async fn set_ingress(client: &Client, ns: &str, name: &str, ingress: &[&str]) {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     let entries: Vec<LoadBalancerIngress> = ingress
         .iter()
@@ -322,7 +326,7 @@ pub async fn set_ingress(client: &Client, ns: &str, name: &str, ingress: &[&str]
 
 /// RBAC rules for [`sa_kubeconfig`]: (resources, verbs) pairs. A resource is `plural` in
 /// the core group or `plural.group` (`events.events.k8s.io`).
-pub type Rules<'a> = &'a [(&'a [&'a str], &'a [&'a str])];
+pub(crate) type Rules<'a> = &'a [(&'a [&'a str], &'a [&'a str])];
 
 /// Field manager of the RBAC objects written by [`sa_kubeconfig`].
 const RBAC_MANAGER: &str = "service-mirror-tests";
@@ -331,7 +335,7 @@ const RBAC_MANAGER: &str = "service-mirror-tests";
 /// that may do exactly `rules`, cluster-wide: a ClusterRole and ClusterRoleBinding named
 /// `sm-test-<ns>-<sa>`, server-side applied, so calling it again with other rules
 /// changes what the same identity may do (existing clients included, within moments).
-pub async fn sa_kubeconfig(
+pub(crate) async fn sa_kubeconfig(
     cluster: &LocalCluster,
     ns: &str,
     sa: &str,
@@ -394,7 +398,12 @@ pub async fn sa_kubeconfig(
 }
 
 /// A client of [`sa_kubeconfig`].
-pub async fn sa_client(cluster: &LocalCluster, ns: &str, sa: &str, rules: Rules<'_>) -> Client {
+pub(crate) async fn sa_client(
+    cluster: &LocalCluster,
+    ns: &str,
+    sa: &str,
+    rules: Rules<'_>,
+) -> Client {
     sa_kubeconfig(cluster, ns, sa, rules)
         .await
         .client()
@@ -403,7 +412,7 @@ pub async fn sa_client(cluster: &LocalCluster, ns: &str, sa: &str, rules: Rules<
 }
 
 /// Polls `f` every 100 ms until it returns Some, or panics after [`CONVERGE`].
-pub async fn eventually<T, F, Fut>(what: &str, f: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, f: F) -> T
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -419,7 +428,7 @@ where
 }
 
 /// The IPs of the first subset of `ep`.
-pub fn subset_ips(ep: &Endpoints) -> Vec<String> {
+pub(crate) fn subset_ips(ep: &Endpoints) -> Vec<String> {
     ep.subsets
         .iter()
         .flatten()
@@ -428,7 +437,7 @@ pub fn subset_ips(ep: &Endpoints) -> Vec<String> {
 }
 
 /// (name, port) of the first subset's ports.
-pub fn subset_ports(ep: &Endpoints) -> Vec<(Option<String>, i32)> {
+pub(crate) fn subset_ports(ep: &Endpoints) -> Vec<(Option<String>, i32)> {
     ep.subsets
         .iter()
         .flatten()
@@ -436,27 +445,27 @@ pub fn subset_ports(ep: &Endpoints) -> Vec<(Option<String>, i32)> {
         .collect()
 }
 
-pub fn has_subsets(ep: &Endpoints) -> bool {
+pub(crate) fn has_subsets(ep: &Endpoints) -> bool {
     ep.subsets.as_ref().is_some_and(|s| !s.is_empty())
 }
 
-pub fn service_ports(svc: &Service) -> Vec<(Option<String>, i32)> {
+pub(crate) fn service_ports(svc: &Service) -> Vec<(Option<String>, i32)> {
     svc.spec
         .iter()
         .flat_map(|s| s.ports.iter().flatten().map(|p| (p.name.clone(), p.port)))
         .collect()
 }
 
-pub fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+pub(crate) fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.labels.as_ref()?.get(key).map(String::as_str)
 }
 
-pub fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+pub(crate) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
 /// (reason, note) of every Event in `ns` about the object named `name`.
-pub async fn events_on(client: &Client, ns: &str, name: &str) -> Vec<(String, String)> {
+pub(crate) async fn events_on(client: &Client, ns: &str, name: &str) -> Vec<(String, String)> {
     Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
         .list(&Default::default())
         .await
@@ -469,7 +478,7 @@ pub async fn events_on(client: &Client, ns: &str, name: &str) -> Vec<(String, St
 }
 
 /// Waits for an Event with `reason` about `ns/name`; returns its note.
-pub async fn wait_event(client: &Client, ns: &str, name: &str, reason: &str) -> String {
+pub(crate) async fn wait_event(client: &Client, ns: &str, name: &str, reason: &str) -> String {
     eventually(&format!("event {reason} on {ns}/{name}"), || async {
         events_on(client, ns, name)
             .await

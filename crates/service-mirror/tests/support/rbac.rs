@@ -7,10 +7,10 @@ use super::controller::service_mirror;
 use local_cluster::{Kubeconfig, LocalCluster, apply_yaml, parse_documents};
 
 /// Name of the controller's ServiceAccount in the install manifests.
-pub const SERVICE_ACCOUNT: &str = "service-mirror";
+pub(crate) const SERVICE_ACCOUNT: &str = "service-mirror";
 
 /// The objects printed by `service-mirror install --namespace <namespace>` (and `extra`).
-pub fn install_documents(namespace: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+pub(crate) fn install_documents(namespace: &str, extra: &[&str]) -> Vec<serde_json::Value> {
     let mut args = vec!["install", "--namespace", namespace, "-o", "json"];
     args.extend_from_slice(extra);
     let run = service_mirror(&args);
@@ -20,7 +20,10 @@ pub fn install_documents(namespace: &str, extra: &[&str]) -> Vec<serde_json::Val
 
 /// Applies `docs` (as one JSON `List`) to `cluster` as its admin; returns the applied
 /// `Kind/namespace/name` lines.
-pub async fn apply_documents(cluster: &LocalCluster, docs: &[serde_json::Value]) -> Vec<String> {
+pub(crate) async fn apply_documents(
+    cluster: &LocalCluster,
+    docs: &[serde_json::Value],
+) -> Vec<String> {
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
     let admin = cluster.client().await.unwrap();
     apply_yaml(&admin, &list.to_string())
@@ -30,7 +33,7 @@ pub async fn apply_documents(cluster: &LocalCluster, docs: &[serde_json::Value])
 
 /// Applies `docs` (install manifests for `namespace`, possibly edited) and returns a
 /// token kubeconfig of the controller's ServiceAccount.
-pub async fn install(
+pub(crate) async fn install(
     cluster: &LocalCluster,
     namespace: &str,
     docs: &[serde_json::Value],
@@ -43,11 +46,11 @@ pub async fn install(
 }
 
 /// The controller process wrapper, shared with the other tests.
-pub use super::controller::Controller as RunningController;
+pub(crate) use super::controller::Controller as RunningController;
 
 /// Removes `verb` on `group`/`resource` from the rules of the `kind` (`ClusterRole` or
 /// `Role`) in `docs`, keeping every other verb and resource of the rule that held it.
-pub fn remove_verb(
+pub(crate) fn remove_verb(
     docs: &mut [serde_json::Value],
     kind: &str,
     group: &str,
