@@ -119,8 +119,6 @@ mod tests {
             "service_mirror_reconcile_duration_seconds_count{cluster=\"east\"} 1",
             "service_mirror_leader 1",
             "# TYPE service_mirror_links gauge",
-            "# TYPE gateway_alive gauge",
-            "# TYPE service_mirror_kube_requests counter",
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }

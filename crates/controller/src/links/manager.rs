@@ -4,6 +4,7 @@
 //! its own Secret. A refused Secret never stops or cleans up a running link: its mirrors
 //! stay until the Secret is fixed or deleted.
 
+use super::cleanup::Cleanups;
 use super::collector::Collector;
 use super::connect::connect;
 use super::metrics::LinkErrorLabels;
@@ -65,7 +66,7 @@ struct Inner {
     queue: WorkQueue<String>,
     recorder: EventRecorder,
     /// Background cleanups of unlinked clusters still running, by cluster name.
-    cleanups: Mutex<HashMap<String, CancellationToken>>,
+    cleanups: Cleanups,
     cancel: CancellationToken,
 }
 
@@ -94,7 +95,7 @@ impl LinkManager {
             synced: AtomicBool::new(false),
             active: Mutex::default(),
             claims: Mutex::default(),
-            cleanups: Mutex::default(),
+            cleanups: Cleanups::default(),
             cancel: cancel.clone(),
         });
         let mut tasks = vec![tokio::spawn(watch_secrets(
@@ -228,27 +229,7 @@ impl Inner {
             self.opts.deps.metrics.clone(),
             self.recorder.clone(),
         );
-        let cancel = self.cancel.child_token();
-        if let Some(old) = self.cleanups().insert(cluster.to_string(), cancel.clone()) {
-            old.cancel();
-        }
-        tokio::spawn(async move {
-            let backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
-            for failures in 1.. {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    r = writer.delete_mirrors_in(only.as_ref()) => if r.is_ok() { return },
-                }
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(backoff.delay(failures)) => {}
-                }
-            }
-        });
-    }
-
-    fn cleanups(&self) -> MutexGuard<'_, HashMap<String, CancellationToken>> {
-        self.cleanups.lock()
+        self.cleanups.spawn(cluster, writer, only, &self.cancel);
     }
 
     /// Another Secret that links the same cluster as `a` (a Secret renamed by creating
@@ -345,9 +326,7 @@ impl Inner {
         }
         // A background cleanup of an earlier link of this cluster must not delete the
         // mirrors of this one.
-        if let Some(cleanup) = self.cleanups().remove(&cluster) {
-            cleanup.cancel();
-        }
+        self.cleanups.cancel(&cluster);
         let client = match connect(&spec, &self.metrics().client).await {
             Ok(c) => c,
             Err(e) => {

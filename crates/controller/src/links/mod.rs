@@ -1,6 +1,7 @@
 //! Links: one watcher per remote cluster, started, swapped and stopped from the link
 //! Secrets in the controller's namespace.
 
+mod cleanup;
 mod collector;
 mod connect;
 mod manager;
