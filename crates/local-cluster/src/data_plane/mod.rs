@@ -738,6 +738,11 @@ impl Drop for Workload {
 /// forwards the connection to `<name>.<ns>.svc.cluster.local:<port>` of its own cluster,
 /// resolved by that cluster's CoreDNS and routed by its kube-proxy; on `<node ip>:4191`
 /// (`mc-probe`) it answers `GET /ready` with 200. Stops when the handle drops.
+///
+/// A gateway Service of type LoadBalancer whose ingress is this address needs Endpoints
+/// at this address too (as a real gateway's pods give it): the cluster's kube-proxy
+/// routes traffic to a LoadBalancer IP to the Service's endpoints, and rejects it while
+/// there are none.
 #[derive(Debug)]
 pub struct Gateway {
     gateway_addr: SocketAddr,
