@@ -10,10 +10,12 @@ use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Secret, Service, ServicePort,
     ServiceSpec,
 };
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use local_cluster::{
-    ClusterOptions, GATEWAY_PORT, LocalCluster, PROBE_PORT, skip_without_data_plane,
+    ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT,
+    Workload, skip_without_data_plane,
 };
 use std::time::{Duration, Instant};
 use support::controller::{Controller, link_secret, reader_kubeconfig};
@@ -141,110 +143,168 @@ async fn east_gateway(east: &kube::Client, ip: &str) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn a_mirror_answers_from_the_remote_workload_on_every_port_through_dns_and_kube_proxy() {
-    if skip_without_data_plane("a_mirror_answers_from_the_remote_workload") {
-        return;
+/// The mirror's name on west.
+const MIRROR: &str = "web-east.shop.svc.cluster.local";
+
+/// West and east with data planes, east's web exported through a running gateway, and
+/// the controller on west linked to east.
+struct World {
+    west: LocalCluster,
+    east: LocalCluster,
+    wc: kube::Client,
+    ec: kube::Client,
+    ctl: Controller,
+    gateway: Option<Gateway>,
+    _workloads: Vec<Workload>,
+    /// When the link Secret was created.
+    linked: Instant,
+}
+
+impl World {
+    /// `west_name`/`east_name` must differ between tests of this binary (cluster names
+    /// name the node namespaces' log files; the link is always called `east`).
+    async fn new(west_name: &str, east_name: &str) -> Self {
+        let (west, east) =
+            tokio::join!(data_plane_cluster(west_name), data_plane_cluster(east_name));
+        let (wc, ec) = (west.client().await.unwrap(), east.client().await.unwrap());
+        for c in [&wc, &ec] {
+            create_namespace(c, "shop").await;
+        }
+        let ep = east.data_plane().unwrap();
+        // East: the workloads, their Service, the gateway.
+        let workloads: Vec<_> = WEB_PORTS
+            .iter()
+            .map(|(name, _, target)| ep.serve_http(*target, &format!("east/web:{name}")).unwrap())
+            .collect();
+        let east_ip = ep.node_ip().to_string();
+        east_web(&ec, &east_ip).await;
+        let gateway = ep.start_gateway("east").unwrap();
+        assert_eq!(gateway.addr().ip().to_string(), east_ip);
+        east_gateway(&ec, &east_ip).await;
+
+        // West: the controller, linked to east with a reader's credentials.
+        let ctl_ns = local_cluster::unique_namespace("sm");
+        create_namespace(&wc, &ctl_ns).await;
+        let ctl = Controller::spawn(
+            &west,
+            &ctl_ns,
+            &[
+                "--namespace-allow",
+                "shop",
+                "--endpoint-refresh-period",
+                "2s",
+            ],
+        );
+        ctl.wait_ready().await;
+        let kc = reader_kubeconfig(&east, "shop", "reader").await;
+        Api::<Secret>::namespaced(wc.clone(), &ctl_ns)
+            .create(
+                &PostParams::default(),
+                &link_secret("cluster-credentials-east", Some("east"), Some(&kc.yaml)),
+            )
+            .await
+            .unwrap();
+        let linked = Instant::now();
+        Self {
+            west,
+            east,
+            wc,
+            ec,
+            ctl,
+            gateway: Some(gateway),
+            _workloads: workloads,
+            linked,
+        }
     }
-    let test_start = Instant::now();
-    let (west, east) = tokio::join!(data_plane_cluster("west"), data_plane_cluster("east"));
-    let (wp, ep) = (west.data_plane().unwrap(), east.data_plane().unwrap());
-    let (wc, ec) = (west.client().await.unwrap(), east.client().await.unwrap());
-    for c in [&wc, &ec] {
-        create_namespace(c, "shop").await;
+
+    fn wp(&self) -> &DataPlane {
+        self.west.data_plane().unwrap()
     }
 
-    // East: the workloads, their Service, the gateway.
-    let _workloads: Vec<_> = WEB_PORTS
-        .iter()
-        .map(|(name, _, target)| ep.serve_http(*target, &format!("east/web:{name}")).unwrap())
-        .collect();
-    let east_ip = ep.node_ip().to_string();
-    east_web(&ec, &east_ip).await;
-    let gateway = ep.start_gateway("east").unwrap();
-    assert_eq!(gateway.addr().ip().to_string(), east_ip);
-    east_gateway(&ec, &east_ip).await;
-
-    // West: the controller, linked to east with a reader's credentials.
-    let ctl_ns = local_cluster::unique_namespace("sm");
-    create_namespace(&wc, &ctl_ns).await;
-    let ctl = Controller::spawn(
-        &west,
-        &ctl_ns,
-        &[
-            "--namespace-allow",
-            "shop",
-            "--endpoint-refresh-period",
-            "2s",
-        ],
-    );
-    ctl.wait_ready().await;
-    let kc = reader_kubeconfig(&east, "shop", "reader").await;
-    Api::<Secret>::namespaced(wc.clone(), &ctl_ns)
-        .create(
-            &PostParams::default(),
-            &link_secret("cluster-credentials-east", Some("east"), Some(&kc.yaml)),
-        )
-        .await
-        .unwrap();
-    let linked = Instant::now();
-
-    // The mirror, then traffic: west's DNS, west's kube-proxy, the gateway, east's DNS,
-    // east's kube-proxy, the workload. Bounded: 240 tries over at most 120 s per port.
-    let mirror = "web-east.shop.svc.cluster.local";
-    for (name, port, _) in WEB_PORTS {
-        let want = format!("east/web:{name}");
-        let mut last = None;
+    /// Requests `http://<MIRROR>:<port>/` from west's node every 250 ms until `done` holds
+    /// for an answer (or error), at most 480 tries over 120 s; returns the time taken.
+    async fn until(
+        &self,
+        port: u16,
+        what: &str,
+        done: impl Fn(&local_cluster::Result<HttpAnswer>) -> bool,
+    ) -> Duration {
         let start = Instant::now();
-        let mut answered = false;
-        for _ in 0..240 {
-            match wp.http_get(mirror, port as u16, "/").await {
-                Ok(a) if a.status == 200 && a.body == want => {
-                    answered = true;
-                    break;
-                }
-                other => last = Some(format!("{other:?}")),
+        let mut last = None;
+        for _ in 0..480 {
+            let r = self.wp().http_get(MIRROR, port, "/").await;
+            if done(&r) {
+                return start.elapsed();
             }
+            last = Some(format!("{r:?}"));
             if start.elapsed() > Duration::from_secs(120) {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        assert!(
-            answered,
-            "http://{mirror}:{port}/ never answered {want:?} in {:?}; last: {last:?}\nmirror Endpoints: {:?}\nwest kube-proxy:\n{}\ncontroller:\n{}",
+        panic!(
+            "http://{MIRROR}:{port}/: {what} not seen in {:?}; last: {last:?}\nmirror Endpoints: {:?}\nwest kube-proxy:\n{}\ncontroller:\n{}",
             start.elapsed(),
-            Api::<Endpoints>::namespaced(wc.clone(), "shop")
+            Api::<Endpoints>::namespaced(self.wc.clone(), "shop")
                 .get_opt("web-east")
                 .await,
-            wp.log_tail("kube-proxy", 20),
-            ctl.log_text()
+            self.wp().log_tail("kube-proxy", 20),
+            self.ctl
+                .log_text()
                 .lines()
                 .filter(|l| l.contains("gateway") || l.contains(" WARN ") || l.contains(" INFO "))
                 .take(40)
                 .collect::<Vec<_>>()
                 .join("\n"),
         );
-        eprintln!(
-            "http://{mirror}:{port}/ answered {want:?} {:?} after the link",
-            linked.elapsed()
-        );
     }
 
+    /// Waits until port `port` answers `east/web:<name>`.
+    async fn until_answered(&self, name: &str, port: u16) -> Duration {
+        let want = format!("east/web:{name}");
+        self.until(
+            port,
+            &format!("answer {want:?}"),
+            |r| matches!(r, Ok(a) if a.status == 200 && a.body == want),
+        )
+        .await
+    }
+}
+
+fn answered(r: &local_cluster::Result<HttpAnswer>) -> bool {
+    matches!(r, Ok(a) if a.status == 200 && a.body == "east/web:http")
+}
+
+#[tokio::test]
+async fn a_mirror_answers_from_the_remote_workload_on_every_port_through_dns_and_kube_proxy() {
+    if skip_without_data_plane("a_mirror_answers_from_the_remote_workload") {
+        return;
+    }
+    let test_start = Instant::now();
+    let w = World::new("west", "east").await;
+    // The mirror, then traffic: west's DNS, west's kube-proxy, the gateway, east's DNS,
+    // east's kube-proxy, the workload.
+    for (name, port, _) in WEB_PORTS {
+        w.until_answered(name, port as u16).await;
+        eprintln!(
+            "http://{MIRROR}:{port}/ answered \"east/web:{name}\" {:?} after the link",
+            w.linked.elapsed()
+        );
+    }
     // The mirror's ClusterIP is what the name resolves to, and it is in west's range.
-    let svc = Api::<Service>::namespaced(wc.clone(), "shop")
+    let svc = Api::<Service>::namespaced(w.wc.clone(), "shop")
         .get("web-east")
         .await
         .unwrap();
     let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap();
     assert_eq!(
-        wp.resolve(mirror).await.unwrap(),
+        w.wp().resolve(MIRROR).await.unwrap(),
         vec![cluster_ip.parse::<std::net::Ipv4Addr>().unwrap()]
     );
     assert!(cluster_ip.starts_with("198.18."), "{cluster_ip}");
     // Twenty more requests in a row, all answered (no flapping path).
     for i in 0..20 {
-        let a = wp.http_get(mirror, 80, "/").await.unwrap();
+        let a = w.wp().http_get(MIRROR, 80, "/").await.unwrap();
         assert_eq!(
             (a.status, a.body.as_str()),
             (200, "east/web:http"),
@@ -252,4 +312,144 @@ async fn a_mirror_answers_from_the_remote_workload_on_every_port_through_dns_and
         );
     }
     eprintln!("wire test done in {:?}", test_start.elapsed());
+}
+
+#[tokio::test]
+async fn a_dead_gateway_makes_requests_fail_fast_and_its_return_brings_them_back() {
+    if skip_without_data_plane("a_dead_gateway_makes_requests_fail_fast") {
+        return;
+    }
+    let test_start = Instant::now();
+    let mut w = World::new("west-gd", "east-gd").await;
+    w.until_answered("http", 80).await;
+
+    // The gateway dies: its listeners close, its probe fails, the mirror's endpoints turn
+    // not ready, and west's kube-proxy rejects the ClusterIP (no ready endpoint).
+    drop(w.gateway.take());
+    let died = Instant::now();
+    let mut slowest_failure = Duration::ZERO;
+    w.ctl
+        .wait_log(
+            &["gateway down: mirror endpoints not ready"],
+            Duration::from_secs(120),
+        )
+        .await;
+    eprintln!(
+        "probe reported the gateway down {:?} after it died",
+        died.elapsed()
+    );
+    let took = w
+        .until(80, "a fast failure with not-ready endpoints", |r| {
+            r.is_err()
+        })
+        .await;
+    eprintln!("requests fail {:?} after the probe said so", took);
+    // What kube-proxy saw: the mirror's slice (kube-controller-manager's, from the
+    // mirror's Endpoints) holds the gateway address, not ready.
+    let slices = Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop")
+        .list(&ListParams::default().labels("kubernetes.io/service-name=web-east"))
+        .await
+        .unwrap();
+    let ready: Vec<_> = slices
+        .items
+        .iter()
+        .flat_map(|s| &s.endpoints)
+        .map(|e| {
+            (
+                e.addresses.clone(),
+                e.conditions.as_ref().and_then(|c| c.ready),
+            )
+        })
+        .collect();
+    let east_ip = w.east.data_plane().unwrap().node_ip().to_string();
+    assert_eq!(ready, vec![(vec![east_ip], Some(false))], "{slices:?}");
+    // Ten requests: each fails, and fast (kube-proxy's reject, not a timeout).
+    for i in 0..10 {
+        let t = Instant::now();
+        let r = w.wp().http_get(MIRROR, 80, "/").await;
+        assert!(r.is_err(), "request {i} while the gateway is dead: {r:?}");
+        slowest_failure = slowest_failure.max(t.elapsed());
+    }
+    assert!(
+        slowest_failure < Duration::from_secs(1),
+        "failures are fast: slowest {slowest_failure:?}"
+    );
+    eprintln!("10 requests failed fast (slowest {slowest_failure:?})");
+
+    // It returns on the same address: requests succeed again.
+    let ep = w.east.data_plane().unwrap();
+    let mut gateway = None;
+    for _ in 0..50 {
+        // The old listeners close on the data plane's runtime a moment after the drop.
+        match ep.start_gateway("east") {
+            Ok(g) => {
+                gateway = Some(g);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    w.gateway = Some(gateway.expect("gateway restarts on its address within 5 s"));
+    let back = Instant::now();
+    let took = w.until(80, "answers again", answered).await;
+    eprintln!("answered again {took:?} after the gateway returned");
+    assert!(back.elapsed() < Duration::from_secs(60));
+    eprintln!("gateway death test done in {:?}", test_start.elapsed());
+}
+
+#[tokio::test]
+async fn an_unexported_service_stops_resolving_and_its_cluster_ip_is_gone() {
+    if skip_without_data_plane("an_unexported_service_stops_resolving") {
+        return;
+    }
+    let w = World::new("west-un", "east-un").await;
+    w.until_answered("http", 80).await;
+    let mirrors: Api<Service> = Api::namespaced(w.wc.clone(), "shop");
+    let cluster_ip: std::net::Ipv4Addr = mirrors
+        .get("web-east")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    Api::<Service>::namespaced(w.ec.clone(), "shop")
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let unexported = Instant::now();
+    // The name stops resolving (CoreDNS's 2 s cache included), bounded to 60 s.
+    loop {
+        if w.wp().resolve(MIRROR).await.unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            unexported.elapsed() < Duration::from_secs(60),
+            "{MIRROR} still resolves"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "{MIRROR} stopped resolving {:?} after the unexport",
+        unexported.elapsed()
+    );
+    assert!(mirrors.get_opt("web-east").await.unwrap().is_none());
+    // The old ClusterIP leads nowhere: kube-proxy dropped its rules.
+    let addr = std::net::SocketAddr::from((cluster_ip, 80));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = w.wp().http_get_addr(addr, MIRROR, "/").await;
+        if r.is_err() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{addr} still answers: {r:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "ClusterIP {addr} gone {:?} after the unexport",
+        unexported.elapsed()
+    );
 }

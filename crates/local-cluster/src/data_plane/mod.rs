@@ -5,7 +5,7 @@
 //!
 //! Topology (per test process): a bridge namespace joins every node namespace and the
 //! host (veth `smh<pid>`, 198.19.K.1/24), each node gets 198.19.K.(10+i)/24, each
-//! data-plane cluster a service CIDR 198.18.N.0/24 routed via `lo` in its node. No
+//! data-plane cluster a service CIDR 198.18.N.0/24 routed to a dead-end veth in its node. No
 //! namespace has a default route: traffic can only go to those addresses.
 
 mod netns;
@@ -235,14 +235,21 @@ impl DataPlane {
         node.ip(&["link", "set", "lo", "up"])?;
         node.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", "eth0"])?;
         node.ip(&["link", "set", "eth0", "up"])?;
-        // A ClusterIP must be routable before netfilter (kube-proxy's DNAT) sees it; a
-        // packet that is not DNATed ends on lo, nowhere.
+        // A ClusterIP must be routable before netfilter (kube-proxy's DNAT) sees it. Via
+        // a veth pair whose far end has no address: a packet that is not DNATed goes
+        // nowhere. Not via `lo`: kube-proxy's reject of a Service without ready endpoints
+        // then never reaches the client, whose connect hangs instead of being refused.
+        node.ip(&[
+            "link", "add", "svc0", "type", "veth", "peer", "name", "svc0p",
+        ])?;
+        node.ip(&["link", "set", "svc0p", "up"])?;
+        node.ip(&["link", "set", "svc0", "up"])?;
         node.ip(&[
             "route",
             "add",
             cluster.service_cidr,
             "dev",
-            "lo",
+            "svc0",
             "src",
             &node_ip.to_string(),
         ])?;
