@@ -53,7 +53,12 @@ fn meta(name: &str) -> ObjectMeta {
 /// Endpoints the workloads on east's node (kube-controller-manager mirrors them into a
 /// slice that east's kube-proxy routes).
 async fn east_web(east: &kube::Client, node_ip: &str) {
-    let mut svc = exported("web", "shop", "gateway", &[]);
+    east_service(east, "web", node_ip).await;
+}
+
+/// Like [`east_web`] under another name (same ports, same workloads).
+async fn east_service(east: &kube::Client, name: &str, node_ip: &str) {
+    let mut svc = exported(name, "shop", "gateway", &[]);
     svc.spec.as_mut().unwrap().ports = Some(
         WEB_PORTS
             .iter()
@@ -70,7 +75,7 @@ async fn east_web(east: &kube::Client, node_ip: &str) {
         .await
         .unwrap();
     let ep = Endpoints {
-        metadata: meta("web"),
+        metadata: meta(name),
         subsets: Some(vec![EndpointSubset {
             addresses: Some(vec![EndpointAddress {
                 ip: node_ip.into(),
@@ -452,4 +457,148 @@ async fn an_unexported_service_stops_resolving_and_its_cluster_ip_is_gone() {
         "ClusterIP {addr} gone {:?} after the unexport",
         unexported.elapsed()
     );
+}
+
+#[tokio::test]
+async fn traffic_keeps_flowing_through_the_last_known_gateway_while_the_remote_apiserver_is_down() {
+    if skip_without_data_plane("traffic_keeps_flowing_during_a_remote_outage") {
+        return;
+    }
+    let w = World::new("west-out", "east-out").await;
+    w.until_answered("http", 80).await;
+
+    // Continuous requests (every 100 ms, at most 600 over 60 s) while east's apiserver is
+    // stopped for 15 s and started again; every one must be answered.
+    let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let requester = async {
+        let (mut sent, mut failed) = (0u32, Vec::new());
+        let start = Instant::now();
+        while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
+            && sent < 600
+            && start.elapsed() < Duration::from_secs(60)
+        {
+            let r = w.wp().http_get(MIRROR, 80, "/").await;
+            sent += 1;
+            if !answered(&r) {
+                failed.push(format!("{:?}: {r:?}", start.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (sent, failed)
+    };
+    let outage = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        w.east.stop_apiserver();
+        let down = Instant::now();
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        w.east.start_apiserver().await.unwrap();
+        eprintln!("east's apiserver was down {:?}", down.elapsed());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
+    };
+    let ((sent, failed), ()) = tokio::join!(requester, outage);
+    eprintln!("{sent} requests across the outage, {} failed", failed.len());
+    assert!(sent >= 100, "only {sent} requests sent");
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
+}
+
+/// The `p`-th percentile (0..=100) of sorted `v`.
+fn percentile(v: &[Duration], p: usize) -> Duration {
+    v[((v.len() - 1) * p).div_ceil(100)]
+}
+
+#[tokio::test]
+async fn requests_follow_a_gateway_move_on_every_mirror() {
+    if skip_without_data_plane("requests_follow_a_gateway_move") {
+        return;
+    }
+    /// Mirrors measured (besides `web`).
+    const N: usize = 100;
+    let mut w = World::new("west-mv", "east-mv").await;
+    let ep = w.east.data_plane().unwrap();
+    let east_ip = ep.node_ip().to_string();
+    let names: Vec<String> = (0..N).map(|i| format!("web-{i}")).collect();
+    for name in &names {
+        east_service(&w.ec, name, &east_ip).await;
+    }
+    let hosts: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}-east.shop.svc.cluster.local"))
+        .collect();
+    // Every mirror answers through the first gateway (bounded: 120 s for all).
+    let start = Instant::now();
+    for host in &hosts {
+        loop {
+            let r = w.wp().http_get(host, 80, "/").await;
+            if answered(&r) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(120), "{host}: {r:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    eprintln!(
+        "{N} mirrors answered through the first gateway after {:?}",
+        start.elapsed()
+    );
+
+    // The move: a second gateway on a new address, the ingress moved to it, the first
+    // gateway gone (so any answer from now on came through the new path).
+    let new_ip = ep.add_address().unwrap();
+    let second = ep.start_gateway_at("east", new_ip).unwrap();
+    let gw_endpoints = Api::<Endpoints>::namespaced(w.ec.clone(), "shop");
+    let patch = serde_json::json!({"subsets": [{"addresses": [{"ip": new_ip.to_string()}],
+        "ports": [{"name": "mc-gateway", "port": GATEWAY_PORT}, {"name": "mc-probe", "port": PROBE_PORT}]}]});
+    gw_endpoints
+        .patch(
+            "gateway",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    drop(w.gateway.take());
+    set_ingress(&w.ec, "shop", "gateway", &[&new_ip.to_string()]).await;
+    let moved = Instant::now();
+
+    // Each mirror polled every 50 ms (at most 1,200 tries, 60 s) until answered.
+    let polls = hosts.iter().map(|host| {
+        let wp = w.wp();
+        async move {
+            for _ in 0..1200 {
+                if answered(&wp.http_get(host, 80, "/").await) {
+                    return Some(moved.elapsed());
+                }
+                if moved.elapsed() > Duration::from_secs(60) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            None
+        }
+    });
+    let results = futures::future::join_all(polls).await;
+    let mut times: Vec<Duration> = results.iter().flatten().copied().collect();
+    let missing: Vec<&String> = hosts
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_none())
+        .map(|(h, _)| h)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "never answered after the move: {missing:?}"
+    );
+    times.sort();
+    eprintln!(
+        "gateway move -> first answer through the new gateway, {N} mirrors: p50 {:?} p99 {:?} max {:?}",
+        percentile(&times, 50),
+        percentile(&times, 99),
+        times[times.len() - 1]
+    );
+    assert!(
+        second.accepted() >= N as u64,
+        "the new gateway carried the traffic"
+    );
+    w.gateway = Some(second);
 }

@@ -85,6 +85,7 @@ struct Fabric {
     subnet: u8,
     bridge: Netns,
     next_node: AtomicU32,
+    next_extra: AtomicU32,
 }
 
 impl Fabric {
@@ -119,6 +120,7 @@ impl Fabric {
             subnet,
             bridge,
             next_node: AtomicU32::new(0),
+            next_extra: AtomicU32::new(0),
         };
         netns::host_ip(&[
             "addr",
@@ -570,9 +572,31 @@ impl DataPlane {
         Ok(Workload { addr, task })
     }
 
-    /// Starts the stand-in gateway of cluster `cluster` on this node; see [`Gateway`].
+    /// Adds another address of the fabric (198.19.K.210-254) to this node and returns it:
+    /// where a second gateway can listen, so that a test can move a gateway.
+    pub fn add_address(&self) -> Result<Ipv4Addr> {
+        let n = self.inner.fabric.next_extra.fetch_add(1, Ordering::Relaxed);
+        if n > 44 {
+            return Err(Error::DataPlane(
+                "no more extra addresses (45 per process)".into(),
+            ));
+        }
+        let ip = Ipv4Addr::new(198, 19, self.inner.fabric.subnet, 210 + n as u8);
+        self.inner
+            .node
+            .ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        Ok(ip)
+    }
+
+    /// Starts the stand-in gateway of cluster `cluster` on this node's address; see
+    /// [`Gateway`].
     pub fn start_gateway(&self, cluster: &str) -> Result<Gateway> {
-        let ip = self.inner.node_ip;
+        self.start_gateway_at(cluster, self.inner.node_ip)
+    }
+
+    /// [`DataPlane::start_gateway`] on another address of this node
+    /// ([`DataPlane::add_address`]).
+    pub fn start_gateway_at(&self, cluster: &str, ip: Ipv4Addr) -> Result<Gateway> {
         let gateway_addr = SocketAddr::from((ip, GATEWAY_PORT));
         let probe_addr = SocketAddr::from((ip, PROBE_PORT));
         let gw = self.inner.node.tcp_listener(gateway_addr)?;
@@ -582,12 +606,15 @@ impl DataPlane {
         let probe = tokio::net::TcpListener::from_std(probe)?;
         let suffix = format!("-{cluster}");
         let inner = self.inner.clone();
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = accepted.clone();
         let forward = self.runtime().spawn(async move {
             loop {
                 let Ok((s, _)) = gw.accept().await else {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
+                count.fetch_add(1, Ordering::Relaxed);
                 let inner = inner.clone();
                 let suffix = suffix.clone();
                 tokio::spawn(async move {
@@ -619,6 +646,7 @@ impl DataPlane {
         Ok(Gateway {
             gateway_addr,
             probe_addr,
+            accepted,
             tasks: vec![forward, probe_task],
         })
     }
@@ -754,6 +782,7 @@ impl Drop for Workload {
 pub struct Gateway {
     gateway_addr: SocketAddr,
     probe_addr: SocketAddr,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -767,6 +796,11 @@ impl Gateway {
     /// The `mc-probe` address.
     pub fn probe_addr(&self) -> SocketAddr {
         self.probe_addr
+    }
+
+    /// Connections accepted on `mc-gateway` so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 }
 
