@@ -159,16 +159,24 @@ struct World {
     wc: kube::Client,
     ec: kube::Client,
     ctl: Controller,
+    /// The controller's namespace (link Secrets, Lease).
+    ctl_ns: String,
     gateway: Option<Gateway>,
     _workloads: Vec<Workload>,
     /// When the link Secret was created.
     linked: Instant,
+    _permit: tokio::sync::SemaphorePermit<'static>,
 }
+
+/// At most two worlds (four data-plane clusters, ~20 processes) at once: more starve the
+/// 2-core machines these tests run on.
+static WORLDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 impl World {
     /// `west_name`/`east_name` must differ between tests of this binary (cluster names
     /// name the node namespaces' log files; the link is always called `east`).
     async fn new(west_name: &str, east_name: &str) -> Self {
+        let permit = WORLDS.acquire().await.expect("never closed");
         let (west, east) =
             tokio::join!(data_plane_cluster(west_name), data_plane_cluster(east_name));
         let (wc, ec) = (west.client().await.unwrap(), east.client().await.unwrap());
@@ -216,9 +224,11 @@ impl World {
             wc,
             ec,
             ctl,
+            ctl_ns,
             gateway: Some(gateway),
             _workloads: workloads,
             linked,
+            _permit: permit,
         }
     }
 
@@ -601,4 +611,81 @@ async fn requests_follow_a_gateway_move_on_every_mirror() {
         "the new gateway carried the traffic"
     );
     w.gateway = Some(second);
+}
+
+#[tokio::test]
+async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change() {
+    if skip_without_data_plane("traffic_keeps_flowing_across_a_controller_restart") {
+        return;
+    }
+    let mut w = World::new("west-ha", "east-ha").await;
+    w.until_answered("http", 80).await;
+    let flags = [
+        "--namespace-allow",
+        "shop",
+        "--endpoint-refresh-period",
+        "2s",
+    ];
+
+    let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let wp = w.west.data_plane().unwrap();
+    // A request every 100 ms (at most 900 over 90 s); every one must be answered.
+    let requester = async {
+        let (mut sent, mut failed) = (0u32, Vec::new());
+        let start = Instant::now();
+        while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
+            && sent < 900
+            && start.elapsed() < Duration::from_secs(90)
+        {
+            let r = wp.http_get(MIRROR, 80, "/").await;
+            sent += 1;
+            if !answered(&r) {
+                failed.push(format!("{:?}: {r:?}", start.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (sent, failed)
+    };
+    let changes = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Restart: SIGTERM, then a new process (it takes the Lease over).
+        let (clean, took) = w.ctl.terminate();
+        assert!(clean, "the controller exits cleanly on SIGTERM");
+        let restarted = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+        restarted.wait_ready().await;
+        restarted
+            .wait_log(
+                &["leadership changed", "leading=true"],
+                Duration::from_secs(60),
+            )
+            .await;
+        eprintln!("controller restarted (stopped in {took:?}), the new one leads");
+        // Leader change: a second replica, then the leader SIGKILLed (no Lease release).
+        let follower = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+        follower.wait_ready().await;
+        let mut leader = restarted;
+        leader.child.kill().unwrap();
+        let killed = Instant::now();
+        follower
+            .wait_log(
+                &["leadership changed", "leading=true"],
+                Duration::from_secs(90),
+            )
+            .await;
+        eprintln!(
+            "the follower took the lead {:?} after the leader was killed",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
+        follower
+    };
+    let ((sent, failed), follower) = tokio::join!(requester, changes);
+    w.ctl = follower;
+    eprintln!(
+        "{sent} requests across the restart and the leader change, {} failed",
+        failed.len()
+    );
+    assert!(sent >= 100, "only {sent} requests sent");
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
 }
