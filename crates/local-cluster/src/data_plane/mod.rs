@@ -129,6 +129,12 @@ impl Fabric {
             "dev",
             &host_if,
         ])?;
+        // No IPv6 on the host's link (no link-local address, no router solicitations):
+        // the host talks to the fabric over 198.19.K.0/24 only.
+        let _ = std::fs::write(
+            format!("/proc/sys/net/ipv6/conf/{host_if}/disable_ipv6"),
+            "1",
+        );
         netns::host_ip(&["link", "set", &host_if, "up"])?;
         fabric
             .bridge
