@@ -689,3 +689,91 @@ async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change()
     assert!(sent >= 100, "only {sent} requests sent");
     assert!(failed.is_empty(), "failed requests: {failed:#?}");
 }
+
+#[tokio::test]
+async fn a_mirror_with_100_ports_answers_on_its_first_middle_and_last_port() {
+    if skip_without_data_plane("a_mirror_with_100_ports") {
+        return;
+    }
+    /// The most ports an EndpointSlice holds (the API's limit), all onto the gateway port.
+    const PORTS: i32 = 100;
+    let w = World::new("west-mp", "east-mp").await;
+    let east_ip = w.east.data_plane().unwrap().node_ip().to_string();
+    // East's `wide`: ports p0..p99 (10000 + i), every one onto the http workload (8080).
+    let mut svc = exported("wide", "shop", "gateway", &[]);
+    svc.spec.as_mut().unwrap().ports = Some(
+        (0..PORTS)
+            .map(|i| ServicePort {
+                name: Some(format!("p{i}")),
+                port: 10000 + i,
+                target_port: Some(IntOrString::Int(8080)),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    Api::<Service>::namespaced(w.ec.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let ep = Endpoints {
+        metadata: meta("wide"),
+        subsets: Some(vec![EndpointSubset {
+            addresses: Some(vec![EndpointAddress {
+                ip: east_ip,
+                ..Default::default()
+            }]),
+            ports: Some(
+                (0..PORTS)
+                    .map(|i| EndpointPort {
+                        name: Some(format!("p{i}")),
+                        port: 8080,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }]),
+    };
+    Api::<Endpoints>::namespaced(w.ec.clone(), "shop")
+        .create(&PostParams::default(), &ep)
+        .await
+        .unwrap();
+
+    let host = "wide-east.shop.svc.cluster.local";
+    let start = Instant::now();
+    for i in [0, PORTS / 2, PORTS - 1] {
+        let port = (10000 + i) as u16;
+        let mut last = None;
+        // Bounded: 240 tries over at most 120 s per port.
+        for _ in 0..240 {
+            let r = w.wp().http_get(host, port, "/").await;
+            if answered(&r) {
+                last = None;
+                break;
+            }
+            last = Some(format!("{r:?}"));
+            if start.elapsed() > Duration::from_secs(120) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(last.is_none(), "{host}:{port} never answered: {last:?}");
+    }
+    eprintln!(
+        "{host}: ports p0, p50, p99 answered {:?} after the export",
+        start.elapsed()
+    );
+    // West's slice of the mirror holds all 100 ports, each onto the gateway port.
+    let slices = Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop")
+        .list(&ListParams::default().labels("kubernetes.io/service-name=wide-east"))
+        .await
+        .unwrap();
+    let ports: Vec<_> = slices
+        .items
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports.len(), PORTS as usize, "{slices:?}");
+    assert!(ports.iter().all(|p| *p == Some(GATEWAY_PORT.into())));
+}
