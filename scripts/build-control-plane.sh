@@ -12,13 +12,27 @@
 #                                              and go.sum for k8s.io/kubernetes vX.Y.Z
 #                                              (default: the current version); needs the
 #                                              module proxy
+#   scripts/build-control-plane.sh --data-plane [--print]
+#                                              the data plane instead (docs/data-plane.md):
+#                                              kube-controller-manager and kube-proxy (same
+#                                              wrapper module and k8s.io/kubernetes version
+#                                              as kube-apiserver) and CoreDNS (wrapper
+#                                              control-plane/coredns), cached in a sibling
+#                                              dir keyed by both versions, which is
+#                                              printed. As root it also installs the host
+#                                              tools they need (nft, ip: Debian packages
+#                                              nftables, iproute2) when missing.
+#
+# --check covers both sets. Go builds run under `nice -n 10` (shared 2-core machines).
 #
 # Go: building needs Go >= the highest `go` directive of control-plane/*/go.mod (checked
 # up front; no toolchain is downloaded: GOTOOLCHAIN=local).
 #
 # SERVICE_MIRROR_CONTROL_PLANE_DIR=<dir>: use the etcd and kube-apiserver in <dir>; nothing
 # is built and Go is not needed. The (absolute) dir is printed; it is an error if it lacks
-# either binary. SERVICE_MIRROR_CACHE moves the cache (default ~/.cache/service-mirror).
+# either binary. SERVICE_MIRROR_DATA_PLANE_DIR=<dir> does the same for the data plane
+# (kube-controller-manager, kube-proxy, coredns). SERVICE_MIRROR_CACHE moves the cache
+# (default ~/.cache/service-mirror).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,11 +47,23 @@ version_of() { # wrapper-dir module-path
 }
 etcd_version=$(version_of etcd go.etcd.io/etcd/server/v3)
 kube_version=$(version_of kube-apiserver k8s.io/kubernetes)
+coredns_version=$(version_of coredns github.com/coredns/coredns)
 bin="$cache/bin/etcd-$etcd_version-kube-$kube_version"
+dp_bin="$cache/bin/data-plane-kube-$kube_version-coredns-$coredns_version"
 
 mode=${1:-build}
+if [[ "$mode" == --data-plane ]]; then
+  case "${2:-}" in
+    "") mode=--data-plane ;;
+    --print) mode=--print-data-plane ;;
+    *)
+      log "error: unknown argument '$2' after --data-plane (see --help)"
+      exit 2
+      ;;
+  esac
+fi
 case "$mode" in
-  build | --print | --check | --regen) ;;
+  build | --print | --check | --regen | --data-plane | --print-data-plane) ;;
   -h | --help)
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
     exit 0
@@ -48,15 +74,58 @@ case "$mode" in
     ;;
 esac
 
+# Host tools of the data plane: kube-proxy's nftables mode runs `nft`, the harness runs
+# `ip`. Installed as root when missing (Debian); otherwise named, and the data-plane tests
+# skip (no root) or fail saying so.
+host_tools() {
+  local missing_pkgs=() tool pkg
+  for tool in nft:nftables ip:iproute2; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || missing_pkgs+=("${tool#*:}")
+  done
+  ((${#missing_pkgs[@]} == 0)) && return 0
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${missing_pkgs[*]} (apt-get; needed by the data plane)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing_pkgs[@]}"; } >&2; then
+      log "error: apt-get install ${missing_pkgs[*]} failed; install the Debian packages ${missing_pkgs[*]}"
+      return 1
+    fi
+    return 0
+  fi
+  log "warning: the data plane needs the packages ${missing_pkgs[*]} (commands nft, ip), missing; install them as root (apt-get install -y ${missing_pkgs[*]})"
+  [[ $(id -u) != 0 ]] # without root the data-plane tests skip anyway
+}
+
+# The data plane: a given directory, the cache, or a build.
+if [[ "$mode" == --data-plane || "$mode" == --print-data-plane ]]; then
+  if [[ -n "${SERVICE_MIRROR_DATA_PLANE_DIR:-}" ]]; then
+    given=$SERVICE_MIRROR_DATA_PLANE_DIR
+    for b in kube-controller-manager kube-proxy coredns; do
+      if [[ ! -x "$given/$b" ]]; then
+        log "error: SERVICE_MIRROR_DATA_PLANE_DIR=$given lacks an executable $b"
+        exit 1
+      fi
+    done
+    [[ "$mode" == --print-data-plane ]] || host_tools || exit 1
+    (cd "$given" && pwd)
+    exit 0
+  fi
+  if [[ "$mode" == --print-data-plane ]]; then
+    echo "$dp_bin"
+    exit 0
+  fi
+fi
+
 # A directory given by the user wins over the cache, and needs no Go.
-if [[ "$mode" != --regen && -n "${SERVICE_MIRROR_CONTROL_PLANE_DIR:-}" ]]; then
+if [[ "$mode" != --regen && "$mode" != --data-plane && -n "${SERVICE_MIRROR_CONTROL_PLANE_DIR:-}" ]]; then
   given=$SERVICE_MIRROR_CONTROL_PLANE_DIR
   if [[ ! -x "$given/etcd" || ! -x "$given/kube-apiserver" ]]; then
     log "error: SERVICE_MIRROR_CONTROL_PLANE_DIR=$given lacks an executable etcd or kube-apiserver"
     exit 1
   fi
-  [[ "$mode" == --check ]] || (cd "$given" && pwd)
-  exit 0
+  if [[ "$mode" != --check ]]; then
+    (cd "$given" && pwd)
+    exit 0
+  fi
 fi
 
 if [[ "$mode" == --print ]]; then
@@ -82,8 +151,8 @@ check_go() {
     return 1
   fi
   if ! command -v go >/dev/null 2>&1; then
-    log "error: Go >= $need needed to build etcd and kube-apiserver, found none ('go' is not on PATH)."
-    log "       Install Go >= $need (https://go.dev/dl/), or set SERVICE_MIRROR_CONTROL_PLANE_DIR to a directory holding both binaries."
+    log "error: Go >= $need needed to build the control plane (etcd, kube-apiserver; --data-plane: kube-controller-manager, kube-proxy, coredns), found none ('go' is not on PATH)."
+    log "       Install Go >= $need (https://go.dev/dl/), or set SERVICE_MIRROR_CONTROL_PLANE_DIR (and SERVICE_MIRROR_DATA_PLANE_DIR) to directories holding the binaries."
     return 1
   fi
   have=$(GOTOOLCHAIN=local go env GOVERSION 2>/dev/null || true)
@@ -94,7 +163,7 @@ check_go() {
   fi
   if [[ "$(printf '%s\n%s\n' "$need" "$have_num" | sort -V | head -n 1)" != "$need" ]]; then
     log "error: Go >= $need needed (the go directive of $need_file), found $have_num at $(command -v go)."
-    log "       Install Go >= $need (https://go.dev/dl/), or set SERVICE_MIRROR_CONTROL_PLANE_DIR to a directory holding both binaries."
+    log "       Install Go >= $need (https://go.dev/dl/), or set SERVICE_MIRROR_CONTROL_PLANE_DIR (and SERVICE_MIRROR_DATA_PLANE_DIR) to directories holding the binaries."
     return 1
   fi
 }
@@ -145,7 +214,11 @@ if [[ "$mode" == --regen ]]; then
     echo
     echo "require k8s.io/kubernetes $version"
     echo
-    echo "tool k8s.io/kubernetes/cmd/kube-apiserver"
+    echo "tool ("
+    echo "	k8s.io/kubernetes/cmd/kube-apiserver"
+    echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+    echo "	k8s.io/kubernetes/cmd/kube-proxy"
+    echo ")"
     echo
     echo "replace ("
     awk -v v="$staging" '
@@ -172,10 +245,25 @@ if [[ "$mode" == --regen ]]; then
 fi
 
 missing=()
-[[ -x "$bin/etcd" ]] || missing+=(etcd)
-[[ -x "$bin/kube-apiserver" ]] || missing+=(kube-apiserver)
+if [[ "$mode" == --data-plane ]]; then
+  out=$dp_bin
+  for b in kube-controller-manager kube-proxy coredns; do
+    [[ -x "$dp_bin/$b" ]] || missing+=("$b")
+  done
+else
+  out=$bin
+  if [[ -z "${SERVICE_MIRROR_CONTROL_PLANE_DIR:-}" ]]; then
+    [[ -x "$bin/etcd" ]] || missing+=(etcd)
+    [[ -x "$bin/kube-apiserver" ]] || missing+=(kube-apiserver)
+  fi
+fi
 
 if [[ "$mode" == --check ]]; then
+  if [[ -z "${SERVICE_MIRROR_DATA_PLANE_DIR:-}" ]]; then
+    for b in kube-controller-manager kube-proxy coredns; do
+      [[ -x "$dp_bin/$b" ]] || missing+=("$b")
+    done
+  fi
   ((${#missing[@]} == 0)) || check_go
   exit
 fi
@@ -187,15 +275,18 @@ fi
 
 build() { # name wrapper-dir package
   local name=$1 wrapper=$2 pkg=$3
-  if [[ -x "$bin/$name" ]]; then
-    log "$name: cached at $bin/$name"
+  if [[ -x "$out/$name" ]]; then
+    log "$name: cached at $out/$name"
     return
   fi
   local work
   work=$(mktemp -d "${TMPDIR:-/tmp}/sm-build-$name.XXXXXX")
   scratch+=("$work")
-  cp "$root/control-plane/$wrapper/go.mod" "$root/control-plane/$wrapper/go.sum" "$work/"
-  export CGO_ENABLED=0 GOFLAGS=-mod=mod GOWORK=off GOTOOLCHAIN=local
+  # go.mod, go.sum and any main package of the wrapper (CoreDNS's).
+  cp "$root/control-plane/$wrapper/"go.* "$work/"
+  cp "$root/control-plane/$wrapper/"*.go "$work/" 2>/dev/null || true
+  # The committed go.sum covers every program built: no -mod=mod, nothing re-resolved.
+  export CGO_ENABLED=0 GOFLAGS=-mod=readonly GOWORK=off GOTOOLCHAIN=local
   local start=$SECONDS
   log "$name: downloading modules for $wrapper ($(go version | awk '{print $3}'))"
   if ! (cd "$work" && go mod download 2>"$work/download.log"); then
@@ -204,7 +295,7 @@ build() { # name wrapper-dir package
     exit 1
   fi
   log "$name: compiling $pkg (the first build takes several minutes on 2 cores)"
-  (cd "$work" && go build -trimpath -buildvcs=false -o "$work/$name" "$pkg") >"$work/build.log" 2>&1 &
+  (cd "$work" && exec nice -n 10 go build -trimpath -buildvcs=false -o "$work/$name" "$pkg") >"$work/build.log" 2>&1 &
   local pid=$!
   local waited=0
   while kill -0 "$pid" 2>/dev/null; do
@@ -216,11 +307,19 @@ build() { # name wrapper-dir package
     tail -n 30 "$work/build.log" >&2
     exit 1
   fi
-  mkdir -p "$bin"
-  mv "$work/$name" "$bin/$name.tmp.$$" && mv "$bin/$name.tmp.$$" "$bin/$name"
-  log "$name: built in $((SECONDS - start)) s -> $bin/$name"
+  mkdir -p "$out"
+  mv "$work/$name" "$out/$name.tmp.$$" && mv "$out/$name.tmp.$$" "$out/$name"
+  log "$name: built in $((SECONDS - start)) s -> $out/$name"
 }
 
+if [[ "$mode" == --data-plane ]]; then
+  build kube-controller-manager kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+  build kube-proxy kube-apiserver k8s.io/kubernetes/cmd/kube-proxy
+  build coredns coredns service-mirror.local/coredns
+  host_tools || exit 1
+  echo "$dp_bin"
+  exit 0
+fi
 build etcd etcd go.etcd.io/etcd/server/v3
 build kube-apiserver kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 echo "$bin"

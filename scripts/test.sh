@@ -5,13 +5,17 @@
 # (`scripts/test.sh -p local-cluster` runs one package).
 #
 # SERVICE_MIRROR_CONTROL_PLANE_DIR=<dir holding etcd and kube-apiserver> skips the build
-# and the need for Go.
+# and the need for Go. The data-plane binaries (kube-controller-manager, kube-proxy,
+# CoreDNS: `build-control-plane.sh --data-plane`, which as root also installs nftables and
+# iproute2 when missing) are built too; SERVICE_MIRROR_DATA_PLANE_DIR=<dir> skips that.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The tests then use this directory as is (an absolute path) instead of each test binary
 # asking the script again.
 SERVICE_MIRROR_CONTROL_PLANE_DIR=$(bash scripts/build-control-plane.sh)
 export SERVICE_MIRROR_CONTROL_PLANE_DIR
+SERVICE_MIRROR_DATA_PLANE_DIR=$(bash scripts/build-control-plane.sh --data-plane)
+export SERVICE_MIRROR_DATA_PLANE_DIR
 # `-p <package>` narrows the run (with --workspace cargo would run every package).
 for arg in "$@"; do
   case "$arg" in

@@ -1,4 +1,5 @@
-//! Locating (and building when absent) the etcd and kube-apiserver binaries.
+//! Locating (and building when absent) the etcd and kube-apiserver binaries, and those of
+//! the data plane.
 
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -73,6 +74,77 @@ pub fn ensure_binaries() -> Result<Binaries> {
     let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let b = Binaries::in_dir(Path::new(&dir)).ok_or_else(|| {
         Error::Binaries(format!("script printed {dir}, which lacks the binaries"))
+    })?;
+    *ensured = Some(b.clone());
+    Ok(b)
+}
+
+/// Paths of the data-plane programs (`scripts/build-control-plane.sh --data-plane`).
+#[derive(Debug, Clone)]
+pub struct DataPlaneBinaries {
+    /// kube-controller-manager (same k8s.io/kubernetes version as the apiserver).
+    pub kube_controller_manager: PathBuf,
+    /// kube-proxy (same version).
+    pub kube_proxy: PathBuf,
+    /// CoreDNS with the plugins of control-plane/coredns/main.go.
+    pub coredns: PathBuf,
+}
+
+impl DataPlaneBinaries {
+    fn in_dir(dir: &Path) -> Option<Self> {
+        let b = Self {
+            kube_controller_manager: dir.join("kube-controller-manager"),
+            kube_proxy: dir.join("kube-proxy"),
+            coredns: dir.join("coredns"),
+        };
+        [&b.kube_controller_manager, &b.kube_proxy, &b.coredns]
+            .iter()
+            .all(|p| p.is_file())
+            .then_some(b)
+    }
+}
+
+static ENSURED_DATA_PLANE: Mutex<Option<DataPlaneBinaries>> = Mutex::new(None);
+
+/// Returns the data-plane binaries, building them with `build-control-plane.sh
+/// --data-plane` when they are not cached yet (progress goes to stderr; a few minutes the
+/// first time). `SERVICE_MIRROR_DATA_PLANE_DIR` overrides the location.
+pub fn ensure_data_plane_binaries() -> Result<DataPlaneBinaries> {
+    let mut ensured = ENSURED_DATA_PLANE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = ensured.as_ref() {
+        return Ok(b.clone());
+    }
+    if let Some(dir) = std::env::var_os("SERVICE_MIRROR_DATA_PLANE_DIR") {
+        let dir = PathBuf::from(dir);
+        let b = DataPlaneBinaries::in_dir(&dir).ok_or_else(|| {
+            Error::Binaries(format!(
+                "SERVICE_MIRROR_DATA_PLANE_DIR={} lacks kube-controller-manager, kube-proxy or coredns",
+                dir.display()
+            ))
+        })?;
+        *ensured = Some(b.clone());
+        return Ok(b);
+    }
+    let script = build_script();
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--data-plane")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| Error::Binaries(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::Binaries(format!(
+            "{} --data-plane failed ({}); run it by hand to see why",
+            script.display(),
+            out.status
+        )));
+    }
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let b = DataPlaneBinaries::in_dir(Path::new(&dir)).ok_or_else(|| {
+        Error::Binaries(format!(
+            "script printed {dir}, which lacks the data-plane binaries"
+        ))
     })?;
     *ensured = Some(b.clone());
     Ok(b)

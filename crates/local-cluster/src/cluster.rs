@@ -2,6 +2,7 @@
 
 use crate::binaries::{Binaries, ensure_binaries};
 use crate::certs::Pki;
+use crate::data_plane::{ClusterView, DataPlane};
 use crate::kubeconfig::{Credential, Kubeconfig, client_from_yaml};
 use crate::ports::free_port;
 use crate::process::Process;
@@ -39,6 +40,10 @@ pub struct ClusterOptions {
     /// last value). `--watch-cache=false`, say, serves every watch from etcd, so that
     /// [`LocalCluster::compact_etcd`] expires any older resume point at once.
     pub extra_apiserver_args: Vec<String>,
+    /// Also start a data plane ([`crate::DataPlane`]): a node namespace with kube-proxy
+    /// (nftables) and CoreDNS, and kube-controller-manager's EndpointSlice controllers.
+    /// Needs root; the service CIDR then defaults to a `198.18.<n>.0/24` of its own.
+    pub data_plane: bool,
 }
 
 /// A running local cluster. Dropping it kills both processes and removes its directory.
@@ -52,6 +57,8 @@ pub struct LocalCluster {
     apiserver_port: Mutex<u16>,
     admin: Mutex<Kubeconfig>,
     pki: Pki,
+    // Before the control plane: stopped first.
+    data_plane: Option<DataPlane>,
     etcd: Mutex<Option<Process>>,
     apiserver: Mutex<Option<Process>>,
     // Last, so the processes die before their directory goes.
@@ -94,7 +101,13 @@ impl LocalCluster {
         let mut cluster = Self {
             name: name.to_string(),
             binaries,
-            service_cidr: opts.service_cidr.unwrap_or_else(next_service_cidr),
+            service_cidr: opts.service_cidr.unwrap_or_else(|| {
+                if opts.data_plane {
+                    crate::data_plane::next_service_cidr()
+                } else {
+                    next_service_cidr()
+                }
+            }),
             extra_apiserver_args: opts.extra_apiserver_args,
             etcd_port,
             apiserver_port: Mutex::new(0),
@@ -103,6 +116,7 @@ impl LocalCluster {
                 path: PathBuf::new(),
             }),
             pki,
+            data_plane: None,
             etcd: Mutex::new(Some(etcd)),
             apiserver: Mutex::new(None),
             dir,
@@ -112,11 +126,31 @@ impl LocalCluster {
             let port = free_port()?;
             *cluster.apiserver_port.get_mut() = port;
             match cluster.spawn_apiserver().await {
-                Ok(()) => return Ok(cluster),
+                Ok(()) => {
+                    if opts.data_plane {
+                        let admin = cluster.admin_kubeconfig();
+                        let plane = DataPlane::start(ClusterView {
+                            name: &cluster.name,
+                            dir: cluster.dir.path(),
+                            apiserver: cluster.apiserver_addr(),
+                            admin_yaml: &admin.yaml,
+                            admin_path: &admin.path,
+                            service_cidr: &cluster.service_cidr,
+                        })
+                        .await?;
+                        cluster.data_plane = Some(plane);
+                    }
+                    return Ok(cluster);
+                }
                 Err(e) => last = Some(e),
             }
         }
         Err(last.expect("at least one attempt"))
+    }
+
+    /// The data plane, if the cluster was started with [`ClusterOptions::data_plane`].
+    pub fn data_plane(&self) -> Option<&DataPlane> {
+        self.data_plane.as_ref()
     }
 
     /// The cluster's name (also its kubeconfig context name).
@@ -457,6 +491,7 @@ impl LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
+        drop(self.data_plane.take());
         self.stop();
     }
 }

@@ -5,6 +5,10 @@
 //! certificates, RBAC authorization and a service CIDR of its own. There is no controller
 //! manager: no namespace finalisation, no endpoints controller, no garbage collection.
 //!
+//! With [`ClusterOptions::data_plane`] a cluster also gets a node (a network namespace)
+//! with kube-proxy and CoreDNS, and kube-controller-manager's EndpointSlice controllers:
+//! see [`DataPlane`] and docs/data-plane.md.
+//!
 //! Processes die with their handle, and with the process that started them (parent-death
 //! signal); working directories of dead processes are swept on the next start.
 
@@ -12,6 +16,7 @@ mod apply;
 mod binaries;
 mod certs;
 mod cluster;
+mod data_plane;
 mod kubeconfig;
 mod ports;
 mod process;
@@ -20,8 +25,12 @@ mod shared;
 mod workdir;
 
 pub use apply::{FIELD_MANAGER, apply_yaml, parse_documents};
-pub use binaries::{Binaries, ensure_binaries};
+pub use binaries::{Binaries, DataPlaneBinaries, ensure_binaries, ensure_data_plane_binaries};
 pub use cluster::{ClusterOptions, LocalCluster, ensure_namespace};
+pub use data_plane::{
+    DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, PROBE_PORT, Workload, data_plane_support,
+    skip_without_data_plane,
+};
 pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
 pub use process::spawn_tied;
 pub use proxy::TcpProxy;
@@ -58,6 +67,9 @@ pub enum Error {
     /// A manifest handed to [`apply_yaml`] is not valid, or names an unknown kind.
     #[error("manifest: {0}")]
     Manifest(String),
+    /// The data plane (network namespaces, kube-proxy, CoreDNS) could not be set up.
+    #[error("data plane: {0}")]
+    DataPlane(String),
     /// A Secret handed to [`LocalCluster::fill_token_secret`] cannot be filled.
     #[error("token secret: {0}")]
     TokenSecret(String),

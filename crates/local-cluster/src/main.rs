@@ -13,9 +13,17 @@
 //! ```
 //!
 //! and finally `Ctrl-C stops the clusters and removes their files.` once all are ready.
+//!
+//! `--data-plane` (needs root) gives every cluster a data plane (docs/data-plane.md) and
+//! adds, after the pids line:
+//!
+//! ```text
+//!   node: west-node 198.19.7.10 dns 198.19.7.10:53 netns /proc/1262/ns/net
+//!   data-plane pids: 1270 1275 1281 1262 1258
+//! ```
 //! The processes die with this program, also when it is killed with SIGKILL.
 
-use local_cluster::LocalCluster;
+use local_cluster::{ClusterOptions, LocalCluster};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]
@@ -23,10 +31,12 @@ async fn main() -> anyhow::Result<()> {
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.iter().any(|n| n == "-h" || n == "--help") {
         println!(
-            "usage: local-cluster [NAME...]\n\nStarts one etcd + kube-apiserver per NAME (default: west east) on 127.0.0.1\nand prints their URLs, kubeconfig paths, directories and process ids.\nCtrl-C or SIGTERM stops them and removes their files."
+            "usage: local-cluster [--data-plane] [NAME...]\n\nStarts one etcd + kube-apiserver per NAME (default: west east) on 127.0.0.1\nand prints their URLs, kubeconfig paths, directories and process ids.\n--data-plane (root) adds a node namespace with kube-proxy and CoreDNS and\nkube-controller-manager to each.\nCtrl-C or SIGTERM stops them and removes their files."
         );
         return Ok(());
     }
+    let data_plane = names.iter().any(|n| n == "--data-plane");
+    names.retain(|n| n != "--data-plane");
     if names.is_empty() {
         names = vec!["west".into(), "east".into()];
     }
@@ -35,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
     for name in &names {
         let started = std::time::Instant::now();
         let c = tokio::select! {
-            c = LocalCluster::start(name) => c?,
+            c = LocalCluster::start_with(name, ClusterOptions { data_plane, ..Default::default() }) => c?,
             _ = tokio::signal::ctrl_c() => return Ok(()),
             _ = terminate.recv() => return Ok(()),
         };
@@ -55,6 +65,17 @@ async fn main() -> anyhow::Result<()> {
             pid(c.etcd_pid()),
             pid(c.apiserver_pid())
         );
+        if let Some(p) = c.data_plane() {
+            println!(
+                "  node: {} {} dns {} netns {}",
+                p.node_name(),
+                p.node_ip(),
+                p.dns_addr(),
+                p.netns_path().display()
+            );
+            let pids: Vec<String> = p.pids().iter().map(u32::to_string).collect();
+            println!("  data-plane pids: {}", pids.join(" "));
+        }
         clusters.push(c);
     }
     println!("Ctrl-C stops the clusters and removes their files.");

@@ -76,10 +76,16 @@ impl Process {
         args: &[String],
         log: &Path,
     ) -> std::io::Result<Self> {
-        let out = File::options().create(true).append(true).open(log)?;
         let mut cmd = Command::new(program);
-        cmd.args(args)
-            .stdin(Stdio::null())
+        cmd.args(args);
+        Self::spawn_command(name, cmd, log)
+    }
+
+    /// Starts `cmd` (its own pre-exec steps run before the harness's) with stdout and
+    /// stderr appended to `log`.
+    pub(crate) fn spawn_command(name: &str, mut cmd: Command, log: &Path) -> std::io::Result<Self> {
+        let out = File::options().create(true).append(true).open(log)?;
+        cmd.stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
         let child = spawn_tied(cmd, true)?;
@@ -88,6 +94,11 @@ impl Process {
             child,
             log: log.to_path_buf(),
         })
+    }
+
+    /// The name it was started under.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// The OS process id.

@@ -64,7 +64,14 @@ impl TcpProxy {
     /// Starts forwarding from a free port on 127.0.0.1 to `target`. Call it inside a
     /// tokio runtime.
     pub async fn start(target: SocketAddr) -> Result<Self> {
-        let socket = bound_socket(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), target).await
+    }
+
+    /// Starts forwarding from `listen` (port 0: a free one) to `target`: the data plane
+    /// listens on the host side of its veth so that a node namespace reaches an apiserver
+    /// bound to 127.0.0.1.
+    pub async fn start_on(listen: SocketAddr, target: SocketAddr) -> Result<Self> {
+        let socket = bound_socket(listen)?;
         let addr = socket.local_addr()?;
         let listener = socket.listen(BACKLOG)?;
         let fd = listener.as_raw_fd();

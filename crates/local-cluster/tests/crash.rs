@@ -159,3 +159,135 @@ async fn sigkilled_owner_leaves_no_control_plane_and_its_directory_is_swept() {
     assert!(!dir.exists(), "{} swept by the next start", dir.display());
     drop(next);
 }
+
+/// The inode of a network namespace (`/proc/<pid>/ns/net` links read `net:[<inode>]`).
+fn netns_inode(link: &Path) -> Option<String> {
+    std::fs::read_link(link)
+        .ok()
+        .map(|l| l.display().to_string())
+}
+
+/// Whether any process still lives in the network namespace `inode`.
+fn netns_in_use(inode: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            netns_inode(Path::new(&format!("/proc/{pid}/ns/net"))).as_deref() == Some(inode)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sigkilled_owner_leaves_no_data_plane_process_namespace_or_link() {
+    if local_cluster::skip_without_data_plane("sigkilled_owner_leaves_no_data_plane") {
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local-cluster"))
+        .args(["--data-plane", "k9dp"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the local-cluster binary");
+    let stdout = child.stdout.take().unwrap();
+    let mut guard = Guard(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut printed = Printed::default();
+    let mut plane_pids: Vec<u32> = Vec::new();
+    let mut netns: Option<PathBuf> = None;
+    let mut output = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while plane_pids.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|e| {
+            panic!(
+                "no data-plane pids line ({e}); output so far:\n{}",
+                output.join("\n")
+            )
+        });
+        let t = line.trim();
+        if t.starts_with("pids:") {
+            parse_pids(t, &mut printed);
+        }
+        if let Some(rest) = t.strip_prefix("node: ") {
+            netns = rest.split(" netns ").nth(1).map(PathBuf::from);
+        }
+        if let Some(rest) = t.strip_prefix("data-plane pids: ") {
+            plane_pids = rest
+                .split_whitespace()
+                .map(|p| p.parse().unwrap())
+                .collect();
+        }
+        output.push(line);
+    }
+    let netns = netns.expect("a node line before the data-plane pids line");
+    let inode = netns_inode(&netns).expect("the node namespace exists");
+    let mut pids = plane_pids.clone();
+    pids.extend([printed.etcd.unwrap(), printed.apiserver.unwrap()]);
+    // kube-controller-manager, kube-proxy, coredns, node and bridge holders, etcd, apiserver.
+    assert_eq!(pids.len(), 7, "{output:?}");
+    let starts: Vec<u64> = pids
+        .iter()
+        .map(|&p| stat(p).unwrap_or_else(|| panic!("pid {p} runs")).1)
+        .collect();
+    let owner = guard.0.id();
+    let host_link = format!("smh{owner}");
+    let link_exists = || {
+        Command::new("ip")
+            .args(["link", "show", &host_link])
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    assert!(
+        link_exists(),
+        "host veth {host_link} exists while the owner runs"
+    );
+    assert!(!netns_in_use(&inode).is_empty());
+
+    // SAFETY: signalling our own child.
+    assert_eq!(
+        unsafe { libc::kill(owner as libc::pid_t, libc::SIGKILL) },
+        0
+    );
+    let killed = Instant::now();
+    assert!(!guard.0.wait().unwrap().success());
+    for (&pid, &start) in pids.iter().zip(&starts) {
+        while !gone(pid, start) && killed.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            gone(pid, start),
+            "pid {pid} still runs after SIGKILL: {:?}",
+            stat(pid)
+        );
+    }
+    // The namespaces go with their last process, the veths with their namespaces.
+    while (link_exists() || !netns_in_use(&inode).is_empty())
+        && killed.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        netns_in_use(&inode).is_empty(),
+        "node namespace {inode} still used"
+    );
+    assert!(!link_exists(), "{host_link} left behind");
+    eprintln!(
+        "data plane (7 processes, 2 namespaces, veths) gone {:?} after SIGKILL",
+        killed.elapsed()
+    );
+}

@@ -1,0 +1,846 @@
+//! An opt-in data plane for a local cluster ([`crate::ClusterOptions::data_plane`]): a
+//! network namespace acting as the cluster's node, with kube-proxy (nftables mode) and
+//! CoreDNS inside it and kube-controller-manager (EndpointSlice controllers only) on the
+//! host, plus test workloads and a stand-in multicluster gateway. See docs/data-plane.md.
+//!
+//! Topology (per test process): a bridge namespace joins every node namespace and the
+//! host (veth `smh<pid>`, 198.19.K.1/24), each node gets 198.19.K.(10+i)/24, each
+//! data-plane cluster a service CIDR 198.18.N.0/24 routed to a dead-end veth in its node. No
+//! namespace has a default route: traffic can only go to those addresses.
+
+mod netns;
+mod wire;
+
+pub use wire::HttpAnswer;
+
+use crate::binaries::{DataPlaneBinaries, ensure_data_plane_binaries};
+use crate::kubeconfig::with_server;
+use crate::process::Process;
+use crate::proxy::TcpProxy;
+use crate::{Error, Result};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
+use kube::api::{Api, ObjectMeta, PostParams};
+use netns::Netns;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// kube-proxy and CoreDNS get this long to become ready (2 shared cores).
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// One connection attempt or request of the helpers gives up after this long.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Port of the `mc-gateway` listener of [`Gateway`] (Linkerd's default).
+pub const GATEWAY_PORT: u16 = 4143;
+/// Port of the `mc-probe` listener of [`Gateway`] (Linkerd's default).
+pub const PROBE_PORT: u16 = 4191;
+
+/// Whether this process can run data planes: `Ok` as root with `ip` and `nft` present and
+/// network namespaces available; otherwise why not.
+pub fn data_plane_support() -> std::result::Result<(), String> {
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root (network namespaces need CAP_NET_ADMIN)".into());
+    }
+    for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+        if !found {
+            return Err(format!(
+                "`{tool}` is not installed (Debian package {package}; \
+                 scripts/build-control-plane.sh --data-plane installs it as root)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// For data-plane tests: `true` (skip) when this process cannot run data planes and
+/// `CI` is not `true`, after printing one uncaptured `skipped: needs root for network
+/// namespaces` line; panics under `CI=true` or when root lacks a tool.
+pub fn skip_without_data_plane(test: &str) -> bool {
+    let Err(why) = data_plane_support() else {
+        return false;
+    };
+    // SAFETY: plain getter.
+    let root = unsafe { libc::geteuid() } == 0;
+    if std::env::var("CI").as_deref() == Ok("true") || root {
+        panic!("{test}: the data plane cannot run: {why}");
+    }
+    use std::io::Write;
+    // Straight to fd 2: the test harness captures print!/eprint!, not this.
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: skipped: needs root for network namespaces ({why})"
+    );
+    true
+}
+
+/// The bridge namespace of this process and the host's veth into it; shared by every
+/// data plane of the process, removed with the last.
+#[derive(Debug)]
+struct Fabric {
+    /// Third octet K of 198.19.K.0/24.
+    subnet: u8,
+    bridge: Netns,
+    next_node: AtomicU32,
+    next_extra: AtomicU32,
+}
+
+impl Fabric {
+    fn host_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, self.subnet, 1)
+    }
+
+    fn get(dir: &Path) -> Result<Arc<Fabric>> {
+        static FABRIC: Mutex<Weak<Fabric>> = Mutex::new(Weak::new());
+        let mut slot = FABRIC.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = slot.upgrade() {
+            return Ok(f);
+        }
+        sweep();
+        let used = netns::host_ip_output(&["-o", "-4", "addr", "show"])?;
+        let pid = std::process::id();
+        // 250 subnets; start at one derived from the pid so concurrent processes differ.
+        let subnet = (0..250u32)
+            .map(|i| ((pid + i) % 250 + 1) as u8)
+            .find(|k| !used.contains(&format!("inet 198.19.{k}.")))
+            .ok_or_else(|| Error::DataPlane("every 198.19.K.0/24 is in use".into()))?;
+        let bridge = Netns::create("bridge", dir)?;
+        bridge.ip(&["link", "set", "lo", "up"])?;
+        bridge.ip(&["link", "add", "br0", "type", "bridge"])?;
+        bridge.ip(&["link", "set", "br0", "up"])?;
+        let host_if = format!("smh{pid}");
+        let bpid = bridge.pid().to_string();
+        netns::host_ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", "host", "netns", &bpid,
+        ])?;
+        let fabric = Fabric {
+            subnet,
+            bridge,
+            next_node: AtomicU32::new(0),
+            next_extra: AtomicU32::new(0),
+        };
+        netns::host_ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", fabric.host_ip()),
+            "dev",
+            &host_if,
+        ])?;
+        // No IPv6 on the host's link (no link-local address, no router solicitations):
+        // the host talks to the fabric over 198.19.K.0/24 only.
+        let _ = std::fs::write(
+            format!("/proc/sys/net/ipv6/conf/{host_if}/disable_ipv6"),
+            "1",
+        );
+        netns::host_ip(&["link", "set", &host_if, "up"])?;
+        fabric
+            .bridge
+            .ip(&["link", "set", "host", "master", "br0", "up"])?;
+        let fabric = Arc::new(fabric);
+        *slot = Arc::downgrade(&fabric);
+        Ok(fabric)
+    }
+}
+
+/// Removes host veths `smh<pid>` of processes that no longer run. (Their namespaces die
+/// with their holder processes, which die with their owner; this is the safety net.)
+fn sweep() {
+    let Ok(links) = netns::host_ip_output(&["-o", "link", "show"]) else {
+        return;
+    };
+    for line in links.lines() {
+        let Some(name) = line
+            .split(": ")
+            .nth(1)
+            .map(|n| n.split('@').next().unwrap_or(n))
+        else {
+            continue;
+        };
+        let Some(pid) = name.strip_prefix("smh").and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = netns::host_ip(&["link", "del", name]);
+        }
+    }
+}
+
+/// The service CIDR of the next data-plane cluster of this process: 198.18.N.0/24.
+pub(crate) fn next_service_cidr() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("198.18.{}.0/24", 1 + n % 254)
+}
+
+/// What a data plane needs to know of its cluster.
+pub(crate) struct ClusterView<'a> {
+    pub name: &'a str,
+    pub dir: &'a Path,
+    pub apiserver: SocketAddr,
+    pub admin_yaml: &'a str,
+    pub admin_path: &'a Path,
+    pub service_cidr: &'a str,
+}
+
+/// The data plane of one local cluster: its node namespace with kube-proxy and CoreDNS,
+/// kube-controller-manager, and the tasks of workloads and gateways started on it.
+/// Dropping it (done by [`crate::LocalCluster`]) kills them all and removes the namespace.
+#[derive(Debug)]
+pub struct DataPlane {
+    inner: Arc<Inner>,
+    processes: Mutex<Vec<Process>>,
+    forwarder: Option<TcpProxy>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    node_name: String,
+    node_ip: Ipv4Addr,
+    node: Netns,
+    // After `node`: the bridge goes last.
+    fabric: Arc<Fabric>,
+}
+
+impl DataPlane {
+    pub(crate) async fn start(cluster: ClusterView<'_>) -> Result<Self> {
+        data_plane_support().map_err(Error::DataPlane)?;
+        let bin = tokio::task::spawn_blocking(ensure_data_plane_binaries)
+            .await
+            .map_err(|e| Error::Binaries(e.to_string()))??;
+        let dir = cluster.dir.join("data-plane");
+        std::fs::create_dir_all(&dir)?;
+        let fabric = Fabric::get(&dir)?;
+        let index = fabric.next_node.fetch_add(1, Ordering::Relaxed);
+        if index >= 200 {
+            return Err(Error::DataPlane(
+                "more than 200 nodes in one process".into(),
+            ));
+        }
+        let node_ip = Ipv4Addr::new(198, 19, fabric.subnet, 10 + index as u8);
+        let node = Netns::create(&format!("{}-node", cluster.name), &dir)?;
+        let bridge_end = format!("n{index}");
+        netns::host_ip(&[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            &node.pid().to_string(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &bridge_end,
+            "netns",
+            &fabric.bridge.pid().to_string(),
+        ])?;
+        fabric
+            .bridge
+            .ip(&["link", "set", &bridge_end, "master", "br0", "up"])?;
+        node.ip(&["link", "set", "lo", "up"])?;
+        node.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", "eth0"])?;
+        node.ip(&["link", "set", "eth0", "up"])?;
+        // A ClusterIP must be routable before netfilter (kube-proxy's DNAT) sees it. Via
+        // a veth pair whose far end has no address: a packet that is not DNATed goes
+        // nowhere. Not via `lo`: kube-proxy's reject of a Service without ready endpoints
+        // then never reaches the client, whose connect hangs instead of being refused.
+        node.ip(&[
+            "link", "add", "svc0", "type", "veth", "peer", "name", "svc0p",
+        ])?;
+        node.ip(&["link", "set", "svc0p", "up"])?;
+        node.ip(&["link", "set", "svc0", "up"])?;
+        node.ip(&[
+            "route",
+            "add",
+            cluster.service_cidr,
+            "dev",
+            "svc0",
+            "src",
+            &node_ip.to_string(),
+        ])?;
+        let node_name = format!("{}-node", cluster.name);
+        let inner = Arc::new(Inner {
+            node_name,
+            node_ip,
+            node,
+            fabric,
+        });
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("data-plane-{}", cluster.name))
+            .enable_all()
+            .build()?;
+        let listen = SocketAddr::from((inner.fabric.host_ip(), 0));
+        let target = cluster.apiserver;
+        let forwarder = runtime
+            .spawn(async move { TcpProxy::start_on(listen, target).await })
+            .await
+            .map_err(|e| Error::DataPlane(e.to_string()))??;
+        let mut plane = Self {
+            inner,
+            processes: Mutex::new(Vec::new()),
+            forwarder: None,
+            runtime: Some(runtime),
+        };
+        let node_kubeconfig = dir.join("node.kubeconfig");
+        let yaml = with_server(cluster.admin_yaml, &format!("https://{}", forwarder.addr()))?;
+        // The serving certificate names 127.0.0.1 and localhost, not the forwarder's address.
+        let yaml = yaml.replace(
+            "    certificate-authority-data:",
+            "    tls-server-name: localhost\n    certificate-authority-data:",
+        );
+        std::fs::write(&node_kubeconfig, yaml)?;
+        plane.forwarder = Some(forwarder);
+
+        plane.create_node(cluster.admin_yaml).await?;
+        plane.spawn_processes(&bin, &dir, &cluster, &node_kubeconfig)?;
+        plane.wait_ready(cluster.service_cidr).await?;
+        Ok(plane)
+    }
+
+    async fn create_node(&self, admin_yaml: &str) -> Result<()> {
+        let client = crate::client_from_yaml(admin_yaml).await?;
+        let nodes: Api<Node> = Api::all(client);
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(self.inner.node_name.clone()),
+                ..Default::default()
+            },
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: self.inner.node_ip.to_string(),
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Status given on create may be dropped: set it through the subresource too.
+        let patch = serde_json::json!({ "status": node.status });
+        nodes
+            .patch_status(
+                &self.inner.node_name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn spawn_processes(
+        &self,
+        bin: &DataPlaneBinaries,
+        dir: &Path,
+        cluster: &ClusterView<'_>,
+        node_kubeconfig: &Path,
+    ) -> Result<()> {
+        let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let kc = node_kubeconfig.display().to_string();
+
+        // On the host, against 127.0.0.1: only the controllers that turn Endpoints and
+        // Services into EndpointSlices; no serving port, no leader election.
+        let mut kcm = std::process::Command::new(&bin.kube_controller_manager);
+        kcm.args([
+            format!("--kubeconfig={}", cluster.admin_path.display()),
+            "--controllers=endpointslice-controller,endpointslice-mirroring-controller".into(),
+            "--leader-elect=false".into(),
+            "--use-service-account-credentials=false".into(),
+            "--secure-port=0".into(),
+            "--v=1".into(),
+        ]);
+        procs.push(Process::spawn_command(
+            "kube-controller-manager",
+            kcm,
+            &dir.join("kube-controller-manager.log"),
+        )?);
+
+        let ip = self.inner.node_ip.to_string();
+        let mut proxy = self.inner.node.command(&bin.kube_proxy);
+        proxy.args([
+            format!("--kubeconfig={kc}"),
+            "--proxy-mode=nftables".into(),
+            format!("--hostname-override={}", self.inner.node_name),
+            format!("--bind-address={ip}"),
+            // The global nf_conntrack_max is read-only inside a namespace.
+            "--conntrack-max-per-core=0".into(),
+            "--healthz-bind-address=127.0.0.1:10256".into(),
+            "--metrics-bind-address=127.0.0.1:10249".into(),
+            "--v=1".into(),
+        ]);
+        procs.push(Process::spawn_command(
+            "kube-proxy",
+            proxy,
+            &dir.join("kube-proxy.log"),
+        )?);
+
+        // cache 2 s: a test that unexports sees the name go within seconds.
+        let corefile = format!(
+            "cluster.local:53 {{\n  errors\n  health 127.0.0.1:8080\n  ready 127.0.0.1:8181\n  kubernetes cluster.local {{\n    kubeconfig {kc}\n  }}\n  cache 2\n}}\n"
+        );
+        let corefile_path = dir.join("Corefile");
+        std::fs::write(&corefile_path, corefile)?;
+        let mut dns = self.inner.node.command(&bin.coredns);
+        dns.args(["-conf".to_string(), corefile_path.display().to_string()]);
+        procs.push(Process::spawn_command(
+            "coredns",
+            dns,
+            &dir.join("coredns.log"),
+        )?);
+        Ok(())
+    }
+
+    async fn wait_ready(&self, service_cidr: &str) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        // The apiserver's own Service gets the first address of the range.
+        let kubernetes_ip = first_service_ip(service_cidr)?;
+        let mut dns_ok = false;
+        let mut proxy_ok = false;
+        let mut kcm_ok = false;
+        loop {
+            self.check_processes()?;
+            if !kcm_ok {
+                kcm_ok = self
+                    .log_tail("kube-controller-manager", 400)
+                    .lines()
+                    .any(|l| {
+                        l.contains("\"Started controller\"")
+                            && l.contains("endpointslice-mirroring-controller")
+                    });
+            }
+            if !dns_ok {
+                dns_ok = self
+                    .resolve("kubernetes.default.svc.cluster.local")
+                    .await
+                    .is_ok_and(|ips| ips.contains(&kubernetes_ip));
+            }
+            if !proxy_ok {
+                let healthz = SocketAddr::from((Ipv4Addr::LOCALHOST, 10256));
+                proxy_ok = self
+                    .http_get_addr(healthz, "127.0.0.1", "/healthz")
+                    .await
+                    .is_ok_and(|a| a.status == 200);
+            }
+            if dns_ok && proxy_ok && kcm_ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let which = match (dns_ok, proxy_ok) {
+                    (false, _) => "coredns",
+                    (true, false) => "kube-proxy",
+                    (true, true) => "kube-controller-manager",
+                };
+                return Err(self.process_error(
+                    which,
+                    format!("not ready within {}s", READY_TIMEOUT.as_secs()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// An error if a process of the data plane has exited.
+    fn check_processes(&self) -> Result<()> {
+        let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        for p in procs.iter_mut() {
+            if let Some(status) = p.exited() {
+                return Err(p.start_error(format!("exited: {status}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn process_error(&self, name: &str, reason: String) -> Error {
+        let procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        match procs.iter().find(|p| p.name() == name) {
+            Some(p) => p.start_error(reason),
+            None => Error::DataPlane(format!("{name}: {reason}")),
+        }
+    }
+
+    /// The last `lines` lines of the log of `process` (`kube-controller-manager`,
+    /// `kube-proxy` or `coredns`), for test failure messages.
+    pub fn log_tail(&self, process: &str, lines: usize) -> String {
+        let procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        procs
+            .iter()
+            .find(|p| p.name() == process)
+            .map(|p| p.log_tail(lines))
+            .unwrap_or_else(|| format!("(no process {process})"))
+    }
+
+    /// The Node object's name (kube-proxy's `--hostname-override`).
+    pub fn node_name(&self) -> &str {
+        &self.inner.node_name
+    }
+
+    /// The node's address (198.19.K.x): kube-proxy, CoreDNS, workloads and the gateway
+    /// listen on it.
+    pub fn node_ip(&self) -> Ipv4Addr {
+        self.inner.node_ip
+    }
+
+    /// CoreDNS of this cluster: `<node ip>:53`, serving `cluster.local`.
+    pub fn dns_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.inner.node_ip, 53))
+    }
+
+    /// Process ids of kube-controller-manager, kube-proxy, CoreDNS and the namespace
+    /// holders (node, and the process-wide bridge).
+    pub fn pids(&self) -> Vec<u32> {
+        let procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pids: Vec<u32> = procs.iter().map(Process::pid).collect();
+        pids.push(self.inner.node.pid());
+        pids.push(self.inner.fabric.bridge.pid());
+        pids
+    }
+
+    /// `/proc/<pid>/ns/net` of the node namespace: `nsenter --net=<path> <cmd>` runs a
+    /// command on the node.
+    pub fn netns_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/net", self.inner.node.pid()))
+    }
+
+    /// The A records of `name` from this cluster's CoreDNS, asked from the node.
+    pub async fn resolve(&self, name: &str) -> Result<Vec<Ipv4Addr>> {
+        self.inner.resolve(name).await
+    }
+
+    /// `GET path` with `Host: host` to `addr`, from the node (so through kube-proxy when
+    /// `addr` is a ClusterIP); bounded by 5 s.
+    pub async fn http_get_addr(
+        &self,
+        addr: SocketAddr,
+        host: &str,
+        path: &str,
+    ) -> Result<HttpAnswer> {
+        self.inner.http_get_addr(addr, host, path).await
+    }
+
+    /// `GET http://<host>:<port><path>` from the node, `host` resolved by this cluster's
+    /// CoreDNS (or an IPv4 literal): what a pod's client does.
+    pub async fn http_get(&self, host: &str, port: u16, path: &str) -> Result<HttpAnswer> {
+        let ip = match host.parse::<Ipv4Addr>() {
+            Ok(ip) => ip,
+            Err(_) => *self
+                .resolve(host)
+                .await?
+                .first()
+                .ok_or_else(|| Error::DataPlane(format!("{host} does not resolve")))?,
+        };
+        self.http_get_addr(
+            SocketAddr::from((ip, port)),
+            &format!("{host}:{port}"),
+            path,
+        )
+        .await
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime
+            .as_ref()
+            .expect("runtime lives as long as the data plane")
+    }
+
+    /// Starts an HTTP server on `<node ip>:<port>` of this node that answers every
+    /// request with 200 and `body`: a workload whose address a test publishes as a
+    /// Service's Endpoints. Stops when the handle drops.
+    pub fn serve_http(&self, port: u16, body: &str) -> Result<Workload> {
+        let addr = SocketAddr::from((self.inner.node_ip, port));
+        let listener = self.inner.node.tcp_listener(addr)?;
+        let body = body.to_string();
+        let _guard = self.runtime().enter();
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let task = self.runtime().spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let answer = async {
+                        wire::read_head(&mut s).await?;
+                        wire::respond(&mut s, 200, &body).await
+                    };
+                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer).await;
+                });
+            }
+        });
+        Ok(Workload { addr, task })
+    }
+
+    /// Adds another address of the fabric (198.19.K.210-254) to this node and returns it:
+    /// where a second gateway can listen, so that a test can move a gateway.
+    pub fn add_address(&self) -> Result<Ipv4Addr> {
+        let n = self.inner.fabric.next_extra.fetch_add(1, Ordering::Relaxed);
+        if n > 44 {
+            return Err(Error::DataPlane(
+                "no more extra addresses (45 per process)".into(),
+            ));
+        }
+        let ip = Ipv4Addr::new(198, 19, self.inner.fabric.subnet, 210 + n as u8);
+        self.inner
+            .node
+            .ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        Ok(ip)
+    }
+
+    /// Starts the stand-in gateway of cluster `cluster` on this node's address; see
+    /// [`Gateway`].
+    pub fn start_gateway(&self, cluster: &str) -> Result<Gateway> {
+        self.start_gateway_at(cluster, self.inner.node_ip)
+    }
+
+    /// [`DataPlane::start_gateway`] on another address of this node
+    /// ([`DataPlane::add_address`]).
+    pub fn start_gateway_at(&self, cluster: &str, ip: Ipv4Addr) -> Result<Gateway> {
+        let gateway_addr = SocketAddr::from((ip, GATEWAY_PORT));
+        let probe_addr = SocketAddr::from((ip, PROBE_PORT));
+        let gw = self.inner.node.tcp_listener(gateway_addr)?;
+        let probe = self.inner.node.tcp_listener(probe_addr)?;
+        let _guard = self.runtime().enter();
+        let gw = tokio::net::TcpListener::from_std(gw)?;
+        let probe = tokio::net::TcpListener::from_std(probe)?;
+        let suffix = format!("-{cluster}");
+        let inner = self.inner.clone();
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = accepted.clone();
+        let forward = self.runtime().spawn(async move {
+            loop {
+                let Ok((s, _)) = gw.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                let inner = inner.clone();
+                let suffix = suffix.clone();
+                tokio::spawn(async move {
+                    // Bounded: a stuck connection is dropped after 30 s.
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(30),
+                        inner.gateway_forward(s, &suffix),
+                    )
+                    .await;
+                });
+            }
+        });
+        let probe_task = self.runtime().spawn(async move {
+            loop {
+                let Ok((mut s, _)) = probe.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let answer = async {
+                        let (_, path, _) = wire::read_head(&mut s).await?;
+                        let status = if path == "/ready" { 200 } else { 404 };
+                        wire::respond(&mut s, status, "ok").await
+                    };
+                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer).await;
+                });
+            }
+        });
+        Ok(Gateway {
+            gateway_addr,
+            probe_addr,
+            accepted,
+            tasks: vec![forward, probe_task],
+        })
+    }
+}
+
+impl Inner {
+    async fn resolve(&self, name: &str) -> Result<Vec<Ipv4Addr>> {
+        let socket = tokio::net::UdpSocket::from_std(self.node.udp_socket()?)?;
+        let server = SocketAddr::from((self.node_ip, 53));
+        Ok(wire::query_a(&socket, server, name).await?)
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<tokio::net::TcpStream> {
+        let socket = self.node.tcp_socket()?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, socket.connect(addr)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(Error::DataPlane(format!(
+                "connect to {addr} timed out after {REQUEST_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    async fn http_get_addr(&self, addr: SocketAddr, host: &str, path: &str) -> Result<HttpAnswer> {
+        let stream = self.connect(addr).await?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, wire::http_get(stream, host, path)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(Error::DataPlane(format!(
+                "GET {path} from {addr} timed out after {REQUEST_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    /// One gateway connection: `Host: <name>-<cluster>.<ns>.svc...[:port]` goes to
+    /// `<name>.<ns>.svc.cluster.local:<port>` of this cluster (its DNS, its kube-proxy).
+    async fn gateway_forward(&self, mut inbound: tokio::net::TcpStream, suffix: &str) {
+        let Ok((head, _, host)) = wire::read_head(&mut inbound).await else {
+            return;
+        };
+        let target = host.as_deref().and_then(|h| local_target(h, suffix));
+        let Some((name, port)) = target else {
+            let _ = wire::respond(&mut inbound, 404, "no such exported service").await;
+            return;
+        };
+        let ip = match self.resolve(&name).await {
+            Ok(ips) if !ips.is_empty() => ips[0],
+            _ => {
+                let _ = wire::respond(&mut inbound, 502, &format!("{name} does not resolve")).await;
+                return;
+            }
+        };
+        let Ok(mut outbound) = self.connect(SocketAddr::from((ip, port))).await else {
+            let _ = wire::respond(&mut inbound, 502, &format!("{name}:{port} refused")).await;
+            return;
+        };
+        use tokio::io::AsyncWriteExt;
+        if outbound.write_all(&head).await.is_ok() {
+            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        }
+    }
+}
+
+/// `web-east.shop.svc.cluster.local:8080` with suffix `-east` →
+/// (`web.shop.svc.cluster.local`, 8080); port 80 when absent.
+fn local_target(host: &str, suffix: &str) -> Option<(String, u16)> {
+    let (name, port) = match host.rsplit_once(':') {
+        Some((n, p)) => (n, p.parse().ok()?),
+        None => (host, 80),
+    };
+    let mut labels = name.split('.');
+    let service = labels.next()?.strip_suffix(suffix)?;
+    let namespace = labels.next()?;
+    if service.is_empty() || namespace.is_empty() {
+        return None;
+    }
+    Some((format!("{service}.{namespace}.svc.cluster.local"), port))
+}
+
+fn first_service_ip(cidr: &str) -> Result<Ipv4Addr> {
+    let base: Ipv4Addr = cidr
+        .split('/')
+        .next()
+        .and_then(|b| b.parse().ok())
+        .ok_or_else(|| Error::DataPlane(format!("bad service CIDR {cidr}")))?;
+    Ok(Ipv4Addr::from(u32::from(base) + 1))
+}
+
+impl Drop for DataPlane {
+    fn drop(&mut self) {
+        // Processes first, then the tasks; the namespaces go with the last Arc.
+        for mut p in std::mem::take(&mut *self.processes.lock().unwrap_or_else(|e| e.into_inner()))
+        {
+            p.kill();
+        }
+        drop(self.forwarder.take());
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A test workload: an HTTP server in a node namespace (see [`DataPlane::serve_http`]).
+#[derive(Debug)]
+pub struct Workload {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Workload {
+    /// Where it listens (a node address): publish it as the Service's endpoint.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Test infrastructure standing in for Linkerd's multicluster gateway (it is not
+/// Linkerd's gateway, has no mTLS and no identity): on `<node ip>:4143` (`mc-gateway`) it
+/// reads a request's Host header, `<name>-<cluster>.<ns>.svc.cluster.local[:port]`, and
+/// forwards the connection to `<name>.<ns>.svc.cluster.local:<port>` of its own cluster,
+/// resolved by that cluster's CoreDNS and routed by its kube-proxy; on `<node ip>:4191`
+/// (`mc-probe`) it answers `GET /ready` with 200. Stops when the handle drops.
+///
+/// A gateway Service of type LoadBalancer whose ingress is this address needs Endpoints
+/// at this address too (as a real gateway's pods give it): the cluster's kube-proxy
+/// routes traffic to a LoadBalancer IP to the Service's endpoints, and rejects it while
+/// there are none.
+#[derive(Debug)]
+pub struct Gateway {
+    gateway_addr: SocketAddr,
+    probe_addr: SocketAddr,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// The `mc-gateway` address: the gateway Service's `status.loadBalancer.ingress` IP
+    /// and its `mc-gateway` port.
+    pub fn addr(&self) -> SocketAddr {
+        self.gateway_addr
+    }
+
+    /// The `mc-probe` address.
+    pub fn probe_addr(&self) -> SocketAddr {
+        self.probe_addr
+    }
+
+    /// Connections accepted on `mc-gateway` so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gateway_maps_the_host_to_the_local_service() {
+        assert_eq!(
+            local_target("web-east.shop.svc.cluster.local:8080", "-east"),
+            Some(("web.shop.svc.cluster.local".into(), 8080))
+        );
+        assert_eq!(
+            local_target("web-east.shop", "-east"),
+            Some(("web.shop.svc.cluster.local".into(), 80))
+        );
+        assert_eq!(local_target("web.shop.svc.cluster.local", "-east"), None);
+        assert_eq!(local_target("-east.shop", "-east"), None);
+    }
+
+    #[test]
+    fn first_service_ip_is_the_kubernetes_service() {
+        assert_eq!(
+            first_service_ip("198.18.3.0/24").unwrap(),
+            Ipv4Addr::new(198, 18, 3, 1)
+        );
+    }
+}

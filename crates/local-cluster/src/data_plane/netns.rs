@@ -1,0 +1,171 @@
+//! Network namespaces held by a tied `sleep` process: the namespace has no name (no bind
+//! mount under /run/netns), so it disappears with its last process, and the holder dies
+//! with the harness (parent-death signal). A SIGKILLed owner therefore leaves no
+//! namespace, and with it no veth or nft table, behind.
+
+use crate::process::Process;
+use crate::{Error, Result};
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// One network namespace and the process that keeps it alive.
+#[derive(Debug)]
+pub(crate) struct Netns {
+    /// `/proc/<holder>/ns/net`, open: what `setns` joins.
+    fd: File,
+    holder: Process,
+}
+
+impl Netns {
+    /// A new, empty network namespace (only a `lo`, down).
+    pub(crate) fn create(name: &str, log_dir: &Path) -> Result<Self> {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("infinity");
+        // SAFETY: unshare is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let holder =
+            Process::spawn_command(&format!("netns {name}"), cmd, &log_dir.join("netns.log"))?;
+        // The namespace exists once the holder runs `sleep` (after exec, so after unshare).
+        let path = format!("/proc/{}/ns/net", holder.pid());
+        let own = std::fs::read_link("/proc/self/ns/net")?;
+        for _ in 0..500 {
+            if let (Ok(link), Ok(exe)) = (
+                std::fs::read_link(&path),
+                std::fs::read_link(format!("/proc/{}/exe", holder.pid())),
+            ) && link != own
+                && exe.file_name().is_some_and(|n| n == "sleep")
+            {
+                let fd = File::open(&path)?;
+                return Ok(Self { fd, holder });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(Error::Start {
+            what: format!("network namespace {name}"),
+            reason: "the holder process did not enter a new network namespace within 5 s".into(),
+            log_tail: holder.log_tail(10),
+        })
+    }
+
+    /// The holder's pid (what `ip link ... netns <pid>` takes).
+    pub(crate) fn pid(&self) -> u32 {
+        self.holder.pid()
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// `cmd` set up to run inside this namespace (joined between fork and exec).
+    pub(crate) fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        let fd = self.raw_fd();
+        // SAFETY: setns is async-signal-safe; `fd` stays open in the child until exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Runs `ip <args>` inside this namespace.
+    pub(crate) fn ip(&self, args: &[&str]) -> Result<()> {
+        let mut cmd = self.command("ip");
+        cmd.args(args);
+        run(cmd, &format!("ip {}", args.join(" ")))
+    }
+
+    /// Runs `f` on a thread inside this namespace: sockets it creates belong to the
+    /// namespace (for good, whichever thread uses them later).
+    pub(crate) fn enter<T: Send>(
+        &self,
+        f: impl FnOnce() -> std::io::Result<T> + Send,
+    ) -> std::io::Result<T> {
+        let fd = self.raw_fd();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                // SAFETY: moves only this new thread into the namespace.
+                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                f()
+            })
+            .join()
+            .map_err(|_| std::io::Error::other("namespace thread panicked"))?
+        })
+    }
+
+    /// A TCP socket of this namespace.
+    pub(crate) fn tcp_socket(&self) -> std::io::Result<tokio::net::TcpSocket> {
+        self.enter(tokio::net::TcpSocket::new_v4)
+    }
+
+    /// A TCP listener on `addr` in this namespace.
+    pub(crate) fn tcp_listener(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> std::io::Result<std::net::TcpListener> {
+        self.enter(|| {
+            let l = std::net::TcpListener::bind(addr)?;
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })
+    }
+
+    /// A UDP socket on an ephemeral port of this namespace.
+    pub(crate) fn udp_socket(&self) -> std::io::Result<std::net::UdpSocket> {
+        self.enter(|| {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            s.set_nonblocking(true)?;
+            Ok(s)
+        })
+    }
+}
+
+/// Runs `cmd` to completion; an error carries its output.
+pub(crate) fn run(mut cmd: Command, what: &str) -> Result<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::DataPlane(format!("{what}: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::DataPlane(format!(
+            "{what}: {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `ip <args>` on the host.
+pub(crate) fn host_ip(args: &[&str]) -> Result<()> {
+    let mut cmd = Command::new("ip");
+    cmd.args(args);
+    run(cmd, &format!("ip {}", args.join(" ")))
+}
+
+/// The output of `ip <args>` on the host.
+pub(crate) fn host_ip_output(args: &[&str]) -> Result<String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::DataPlane(format!("ip {}: {e}", args.join(" "))))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

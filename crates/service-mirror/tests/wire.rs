@@ -1,0 +1,779 @@
+//! Traffic on the wire through mirrors made by the real `service-mirror run` binary:
+//! local `west` and remote `east` clusters with data planes (kube-controller-manager,
+//! kube-proxy, CoreDNS; docs/data-plane.md), east's workload behind the stand-in gateway.
+//! Needs root: without it each test prints `skipped: needs root for network namespaces`
+//! (under CI=true it fails).
+
+mod support;
+
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Secret, Service, ServicePort,
+    ServiceSpec,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use local_cluster::{
+    ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT,
+    Workload, skip_without_data_plane,
+};
+use std::time::{Duration, Instant};
+use support::controller::{Controller, link_secret, reader_kubeconfig};
+use support::*;
+
+/// Ports of east's `shop/web`: (name, service port, workload port).
+const WEB_PORTS: [(&str, i32, u16); 2] = [("http", 80, 8080), ("admin", 8081, 9090)];
+
+async fn data_plane_cluster(name: &str) -> LocalCluster {
+    let started = Instant::now();
+    let c = LocalCluster::start_with(
+        name,
+        ClusterOptions {
+            data_plane: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("start {name} with a data plane: {e}"));
+    eprintln!(
+        "{name}: ready with its data plane in {:?}",
+        started.elapsed()
+    );
+    c
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+/// East's own `shop/web`: exported through gateway `shop/gateway`, selectorless, its
+/// Endpoints the workloads on east's node (kube-controller-manager mirrors them into a
+/// slice that east's kube-proxy routes).
+async fn east_web(east: &kube::Client, node_ip: &str) {
+    east_service(east, "web", node_ip).await;
+}
+
+/// Like [`east_web`] under another name (same ports, same workloads).
+async fn east_service(east: &kube::Client, name: &str, node_ip: &str) {
+    let mut svc = exported(name, "shop", "gateway", &[]);
+    svc.spec.as_mut().unwrap().ports = Some(
+        WEB_PORTS
+            .iter()
+            .map(|(name, port, target)| ServicePort {
+                name: Some(name.to_string()),
+                port: *port,
+                target_port: Some(IntOrString::Int((*target).into())),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    Api::<Service>::namespaced(east.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let ep = Endpoints {
+        metadata: meta(name),
+        subsets: Some(vec![EndpointSubset {
+            addresses: Some(vec![EndpointAddress {
+                ip: node_ip.into(),
+                ..Default::default()
+            }]),
+            ports: Some(
+                WEB_PORTS
+                    .iter()
+                    .map(|(name, _, target)| EndpointPort {
+                        name: Some(name.to_string()),
+                        port: (*target).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }]),
+    };
+    Api::<Endpoints>::namespaced(east.clone(), "shop")
+        .create(&PostParams::default(), &ep)
+        .await
+        .unwrap();
+}
+
+/// East's gateway Service `shop/gateway`: ports `mc-gateway` and `mc-probe` of the
+/// stand-in gateway, its ingress the gateway's address, and Endpoints at that address as
+/// a real gateway's pods would have: east's kube-proxy routes a LoadBalancer IP to the
+/// Service's endpoints and rejects it while there are none.
+async fn east_gateway(east: &kube::Client, ip: &str) {
+    let svc = Service {
+        metadata: meta("gateway"),
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(ports(&[
+                ("mc-gateway", GATEWAY_PORT.into()),
+                ("mc-probe", PROBE_PORT.into()),
+            ])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<Service>::namespaced(east.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    set_ingress(east, "shop", "gateway", &[ip]).await;
+    let ep = Endpoints {
+        metadata: meta("gateway"),
+        subsets: Some(vec![EndpointSubset {
+            addresses: Some(vec![EndpointAddress {
+                ip: ip.into(),
+                ..Default::default()
+            }]),
+            ports: Some(
+                [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)]
+                    .iter()
+                    .map(|(name, port)| EndpointPort {
+                        name: Some(name.to_string()),
+                        port: (*port).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }]),
+    };
+    Api::<Endpoints>::namespaced(east.clone(), "shop")
+        .create(&PostParams::default(), &ep)
+        .await
+        .unwrap();
+}
+
+/// The mirror's name on west.
+const MIRROR: &str = "web-east.shop.svc.cluster.local";
+
+/// West and east with data planes, east's web exported through a running gateway, and
+/// the controller on west linked to east.
+struct World {
+    west: LocalCluster,
+    east: LocalCluster,
+    wc: kube::Client,
+    ec: kube::Client,
+    ctl: Controller,
+    /// The controller's namespace (link Secrets, Lease).
+    ctl_ns: String,
+    gateway: Option<Gateway>,
+    _workloads: Vec<Workload>,
+    /// When the link Secret was created.
+    linked: Instant,
+    _permit: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// At most two worlds (four data-plane clusters, ~20 processes) at once: more starve the
+/// 2-core machines these tests run on.
+static WORLDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+impl World {
+    /// `west_name`/`east_name` must differ between tests of this binary (cluster names
+    /// name the node namespaces' log files; the link is always called `east`).
+    async fn new(west_name: &str, east_name: &str) -> Self {
+        let permit = WORLDS.acquire().await.expect("never closed");
+        let (west, east) =
+            tokio::join!(data_plane_cluster(west_name), data_plane_cluster(east_name));
+        let (wc, ec) = (west.client().await.unwrap(), east.client().await.unwrap());
+        for c in [&wc, &ec] {
+            create_namespace(c, "shop").await;
+        }
+        let ep = east.data_plane().unwrap();
+        // East: the workloads, their Service, the gateway.
+        let workloads: Vec<_> = WEB_PORTS
+            .iter()
+            .map(|(name, _, target)| ep.serve_http(*target, &format!("east/web:{name}")).unwrap())
+            .collect();
+        let east_ip = ep.node_ip().to_string();
+        east_web(&ec, &east_ip).await;
+        let gateway = ep.start_gateway("east").unwrap();
+        assert_eq!(gateway.addr().ip().to_string(), east_ip);
+        east_gateway(&ec, &east_ip).await;
+
+        // West: the controller, linked to east with a reader's credentials.
+        let ctl_ns = local_cluster::unique_namespace("sm");
+        create_namespace(&wc, &ctl_ns).await;
+        let ctl = Controller::spawn(
+            &west,
+            &ctl_ns,
+            &[
+                "--namespace-allow",
+                "shop",
+                "--endpoint-refresh-period",
+                "2s",
+            ],
+        );
+        ctl.wait_ready().await;
+        let kc = reader_kubeconfig(&east, "shop", "reader").await;
+        Api::<Secret>::namespaced(wc.clone(), &ctl_ns)
+            .create(
+                &PostParams::default(),
+                &link_secret("cluster-credentials-east", Some("east"), Some(&kc.yaml)),
+            )
+            .await
+            .unwrap();
+        let linked = Instant::now();
+        Self {
+            west,
+            east,
+            wc,
+            ec,
+            ctl,
+            ctl_ns,
+            gateway: Some(gateway),
+            _workloads: workloads,
+            linked,
+            _permit: permit,
+        }
+    }
+
+    fn wp(&self) -> &DataPlane {
+        self.west.data_plane().unwrap()
+    }
+
+    /// Requests `http://<MIRROR>:<port>/` from west's node every 250 ms until `done` holds
+    /// for an answer (or error), at most 480 tries over 120 s; returns the time taken.
+    async fn until(
+        &self,
+        port: u16,
+        what: &str,
+        done: impl Fn(&local_cluster::Result<HttpAnswer>) -> bool,
+    ) -> Duration {
+        let start = Instant::now();
+        let mut last = None;
+        for _ in 0..480 {
+            let r = self.wp().http_get(MIRROR, port, "/").await;
+            if done(&r) {
+                return start.elapsed();
+            }
+            last = Some(format!("{r:?}"));
+            if start.elapsed() > Duration::from_secs(120) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!(
+            "http://{MIRROR}:{port}/: {what} not seen in {:?}; last: {last:?}\nmirror Endpoints: {:?}\nwest kube-proxy:\n{}\ncontroller:\n{}",
+            start.elapsed(),
+            Api::<Endpoints>::namespaced(self.wc.clone(), "shop")
+                .get_opt("web-east")
+                .await,
+            self.wp().log_tail("kube-proxy", 20),
+            self.ctl
+                .log_text()
+                .lines()
+                .filter(|l| l.contains("gateway") || l.contains(" WARN ") || l.contains(" INFO "))
+                .take(40)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+    }
+
+    /// Waits until port `port` answers `east/web:<name>`.
+    async fn until_answered(&self, name: &str, port: u16) -> Duration {
+        let want = format!("east/web:{name}");
+        self.until(
+            port,
+            &format!("answer {want:?}"),
+            |r| matches!(r, Ok(a) if a.status == 200 && a.body == want),
+        )
+        .await
+    }
+}
+
+fn answered(r: &local_cluster::Result<HttpAnswer>) -> bool {
+    matches!(r, Ok(a) if a.status == 200 && a.body == "east/web:http")
+}
+
+#[tokio::test]
+async fn a_mirror_answers_from_the_remote_workload_on_every_port_through_dns_and_kube_proxy() {
+    if skip_without_data_plane("a_mirror_answers_from_the_remote_workload") {
+        return;
+    }
+    let test_start = Instant::now();
+    let w = World::new("west", "east").await;
+    // The mirror, then traffic: west's DNS, west's kube-proxy, the gateway, east's DNS,
+    // east's kube-proxy, the workload.
+    for (name, port, _) in WEB_PORTS {
+        w.until_answered(name, port as u16).await;
+        eprintln!(
+            "http://{MIRROR}:{port}/ answered \"east/web:{name}\" {:?} after the link",
+            w.linked.elapsed()
+        );
+    }
+    // The mirror's ClusterIP is what the name resolves to, and it is in west's range.
+    let svc = Api::<Service>::namespaced(w.wc.clone(), "shop")
+        .get("web-east")
+        .await
+        .unwrap();
+    let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap();
+    assert_eq!(
+        w.wp().resolve(MIRROR).await.unwrap(),
+        vec![cluster_ip.parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    assert!(cluster_ip.starts_with("198.18."), "{cluster_ip}");
+    // Twenty more requests in a row, all answered (no flapping path).
+    for i in 0..20 {
+        let a = w.wp().http_get(MIRROR, 80, "/").await.unwrap();
+        assert_eq!(
+            (a.status, a.body.as_str()),
+            (200, "east/web:http"),
+            "request {i}"
+        );
+    }
+    eprintln!("wire test done in {:?}", test_start.elapsed());
+}
+
+#[tokio::test]
+async fn a_dead_gateway_makes_requests_fail_fast_and_its_return_brings_them_back() {
+    if skip_without_data_plane("a_dead_gateway_makes_requests_fail_fast") {
+        return;
+    }
+    let test_start = Instant::now();
+    let mut w = World::new("west-gd", "east-gd").await;
+    w.until_answered("http", 80).await;
+
+    // The gateway dies: its listeners close, its probe fails, the mirror's endpoints turn
+    // not ready, and west's kube-proxy rejects the ClusterIP (no ready endpoint).
+    drop(w.gateway.take());
+    let died = Instant::now();
+    let mut slowest_failure = Duration::ZERO;
+    w.ctl
+        .wait_log(
+            &["gateway down: mirror endpoints not ready"],
+            Duration::from_secs(120),
+        )
+        .await;
+    eprintln!(
+        "probe reported the gateway down {:?} after it died",
+        died.elapsed()
+    );
+    let took = w
+        .until(80, "a fast failure with not-ready endpoints", |r| {
+            r.is_err()
+        })
+        .await;
+    eprintln!("requests fail {:?} after the probe said so", took);
+    // What kube-proxy saw: the mirror's slice (kube-controller-manager's, from the
+    // mirror's Endpoints) holds the gateway address, not ready.
+    let slices = Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop")
+        .list(&ListParams::default().labels("kubernetes.io/service-name=web-east"))
+        .await
+        .unwrap();
+    let ready: Vec<_> = slices
+        .items
+        .iter()
+        .flat_map(|s| &s.endpoints)
+        .map(|e| {
+            (
+                e.addresses.clone(),
+                e.conditions.as_ref().and_then(|c| c.ready),
+            )
+        })
+        .collect();
+    let east_ip = w.east.data_plane().unwrap().node_ip().to_string();
+    assert_eq!(ready, vec![(vec![east_ip], Some(false))], "{slices:?}");
+    // Ten requests: each fails, and fast (kube-proxy's reject, not a timeout).
+    for i in 0..10 {
+        let t = Instant::now();
+        let r = w.wp().http_get(MIRROR, 80, "/").await;
+        assert!(r.is_err(), "request {i} while the gateway is dead: {r:?}");
+        slowest_failure = slowest_failure.max(t.elapsed());
+    }
+    assert!(
+        slowest_failure < Duration::from_secs(1),
+        "failures are fast: slowest {slowest_failure:?}"
+    );
+    eprintln!("10 requests failed fast (slowest {slowest_failure:?})");
+
+    // It returns on the same address: requests succeed again.
+    let ep = w.east.data_plane().unwrap();
+    let mut gateway = None;
+    for _ in 0..50 {
+        // The old listeners close on the data plane's runtime a moment after the drop.
+        match ep.start_gateway("east") {
+            Ok(g) => {
+                gateway = Some(g);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    w.gateway = Some(gateway.expect("gateway restarts on its address within 5 s"));
+    let back = Instant::now();
+    let took = w.until(80, "answers again", answered).await;
+    eprintln!("answered again {took:?} after the gateway returned");
+    assert!(back.elapsed() < Duration::from_secs(60));
+    eprintln!("gateway death test done in {:?}", test_start.elapsed());
+}
+
+#[tokio::test]
+async fn an_unexported_service_stops_resolving_and_its_cluster_ip_is_gone() {
+    if skip_without_data_plane("an_unexported_service_stops_resolving") {
+        return;
+    }
+    let w = World::new("west-un", "east-un").await;
+    w.until_answered("http", 80).await;
+    let mirrors: Api<Service> = Api::namespaced(w.wc.clone(), "shop");
+    let cluster_ip: std::net::Ipv4Addr = mirrors
+        .get("web-east")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    Api::<Service>::namespaced(w.ec.clone(), "shop")
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let unexported = Instant::now();
+    // The name stops resolving (CoreDNS's 2 s cache included), bounded to 60 s.
+    loop {
+        if w.wp().resolve(MIRROR).await.unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            unexported.elapsed() < Duration::from_secs(60),
+            "{MIRROR} still resolves"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "{MIRROR} stopped resolving {:?} after the unexport",
+        unexported.elapsed()
+    );
+    assert!(mirrors.get_opt("web-east").await.unwrap().is_none());
+    // The old ClusterIP leads nowhere: kube-proxy dropped its rules.
+    let addr = std::net::SocketAddr::from((cluster_ip, 80));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = w.wp().http_get_addr(addr, MIRROR, "/").await;
+        if r.is_err() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{addr} still answers: {r:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "ClusterIP {addr} gone {:?} after the unexport",
+        unexported.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn traffic_keeps_flowing_through_the_last_known_gateway_while_the_remote_apiserver_is_down() {
+    if skip_without_data_plane("traffic_keeps_flowing_during_a_remote_outage") {
+        return;
+    }
+    let w = World::new("west-out", "east-out").await;
+    w.until_answered("http", 80).await;
+
+    // Continuous requests (every 100 ms, at most 600 over 60 s) while east's apiserver is
+    // stopped for 15 s and started again; every one must be answered.
+    let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let requester = async {
+        let (mut sent, mut failed) = (0u32, Vec::new());
+        let start = Instant::now();
+        while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
+            && sent < 600
+            && start.elapsed() < Duration::from_secs(60)
+        {
+            let r = w.wp().http_get(MIRROR, 80, "/").await;
+            sent += 1;
+            if !answered(&r) {
+                failed.push(format!("{:?}: {r:?}", start.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (sent, failed)
+    };
+    let outage = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        w.east.stop_apiserver();
+        let down = Instant::now();
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        w.east.start_apiserver().await.unwrap();
+        eprintln!("east's apiserver was down {:?}", down.elapsed());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
+    };
+    let ((sent, failed), ()) = tokio::join!(requester, outage);
+    eprintln!("{sent} requests across the outage, {} failed", failed.len());
+    assert!(sent >= 100, "only {sent} requests sent");
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
+}
+
+/// The `p`-th percentile (0..=100) of sorted `v`.
+fn percentile(v: &[Duration], p: usize) -> Duration {
+    v[((v.len() - 1) * p).div_ceil(100)]
+}
+
+#[tokio::test]
+async fn requests_follow_a_gateway_move_on_every_mirror() {
+    if skip_without_data_plane("requests_follow_a_gateway_move") {
+        return;
+    }
+    /// Mirrors measured (besides `web`).
+    const N: usize = 100;
+    let mut w = World::new("west-mv", "east-mv").await;
+    let ep = w.east.data_plane().unwrap();
+    let east_ip = ep.node_ip().to_string();
+    let names: Vec<String> = (0..N).map(|i| format!("web-{i}")).collect();
+    for name in &names {
+        east_service(&w.ec, name, &east_ip).await;
+    }
+    let hosts: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}-east.shop.svc.cluster.local"))
+        .collect();
+    // Every mirror answers through the first gateway (bounded: 120 s for all).
+    let start = Instant::now();
+    for host in &hosts {
+        loop {
+            let r = w.wp().http_get(host, 80, "/").await;
+            if answered(&r) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(120), "{host}: {r:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    eprintln!(
+        "{N} mirrors answered through the first gateway after {:?}",
+        start.elapsed()
+    );
+
+    // The move: a second gateway on a new address, the ingress moved to it, the first
+    // gateway gone (so any answer from now on came through the new path).
+    let new_ip = ep.add_address().unwrap();
+    let second = ep.start_gateway_at("east", new_ip).unwrap();
+    let gw_endpoints = Api::<Endpoints>::namespaced(w.ec.clone(), "shop");
+    let patch = serde_json::json!({"subsets": [{"addresses": [{"ip": new_ip.to_string()}],
+        "ports": [{"name": "mc-gateway", "port": GATEWAY_PORT}, {"name": "mc-probe", "port": PROBE_PORT}]}]});
+    gw_endpoints
+        .patch(
+            "gateway",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    drop(w.gateway.take());
+    set_ingress(&w.ec, "shop", "gateway", &[&new_ip.to_string()]).await;
+    let moved = Instant::now();
+
+    // Each mirror polled every 50 ms (at most 1,200 tries, 60 s) until answered.
+    let polls = hosts.iter().map(|host| {
+        let wp = w.wp();
+        async move {
+            for _ in 0..1200 {
+                if answered(&wp.http_get(host, 80, "/").await) {
+                    return Some(moved.elapsed());
+                }
+                if moved.elapsed() > Duration::from_secs(60) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            None
+        }
+    });
+    let results = futures::future::join_all(polls).await;
+    let mut times: Vec<Duration> = results.iter().flatten().copied().collect();
+    let missing: Vec<&String> = hosts
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_none())
+        .map(|(h, _)| h)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "never answered after the move: {missing:?}"
+    );
+    times.sort();
+    eprintln!(
+        "gateway move -> first answer through the new gateway, {N} mirrors: p50 {:?} p99 {:?} max {:?}",
+        percentile(&times, 50),
+        percentile(&times, 99),
+        times[times.len() - 1]
+    );
+    assert!(
+        second.accepted() >= N as u64,
+        "the new gateway carried the traffic"
+    );
+    w.gateway = Some(second);
+}
+
+#[tokio::test]
+async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change() {
+    if skip_without_data_plane("traffic_keeps_flowing_across_a_controller_restart") {
+        return;
+    }
+    let mut w = World::new("west-ha", "east-ha").await;
+    w.until_answered("http", 80).await;
+    let flags = [
+        "--namespace-allow",
+        "shop",
+        "--endpoint-refresh-period",
+        "2s",
+    ];
+
+    let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let wp = w.west.data_plane().unwrap();
+    // A request every 100 ms (at most 900 over 90 s); every one must be answered.
+    let requester = async {
+        let (mut sent, mut failed) = (0u32, Vec::new());
+        let start = Instant::now();
+        while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
+            && sent < 900
+            && start.elapsed() < Duration::from_secs(90)
+        {
+            let r = wp.http_get(MIRROR, 80, "/").await;
+            sent += 1;
+            if !answered(&r) {
+                failed.push(format!("{:?}: {r:?}", start.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (sent, failed)
+    };
+    let changes = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Restart: SIGTERM, then a new process (it takes the Lease over).
+        let (clean, took) = w.ctl.terminate();
+        assert!(clean, "the controller exits cleanly on SIGTERM");
+        let restarted = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+        restarted.wait_ready().await;
+        restarted
+            .wait_log(
+                &["leadership changed", "leading=true"],
+                Duration::from_secs(60),
+            )
+            .await;
+        eprintln!("controller restarted (stopped in {took:?}), the new one leads");
+        // Leader change: a second replica, then the leader SIGKILLed (no Lease release).
+        let follower = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+        follower.wait_ready().await;
+        let mut leader = restarted;
+        leader.child.kill().unwrap();
+        let killed = Instant::now();
+        follower
+            .wait_log(
+                &["leadership changed", "leading=true"],
+                Duration::from_secs(90),
+            )
+            .await;
+        eprintln!(
+            "the follower took the lead {:?} after the leader was killed",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
+        follower
+    };
+    let ((sent, failed), follower) = tokio::join!(requester, changes);
+    w.ctl = follower;
+    eprintln!(
+        "{sent} requests across the restart and the leader change, {} failed",
+        failed.len()
+    );
+    assert!(sent >= 100, "only {sent} requests sent");
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
+}
+
+#[tokio::test]
+async fn a_mirror_with_100_ports_answers_on_its_first_middle_and_last_port() {
+    if skip_without_data_plane("a_mirror_with_100_ports") {
+        return;
+    }
+    /// The most ports an EndpointSlice holds (the API's limit), all onto the gateway port.
+    const PORTS: i32 = 100;
+    let w = World::new("west-mp", "east-mp").await;
+    let east_ip = w.east.data_plane().unwrap().node_ip().to_string();
+    // East's `wide`: ports p0..p99 (10000 + i), every one onto the http workload (8080).
+    let mut svc = exported("wide", "shop", "gateway", &[]);
+    svc.spec.as_mut().unwrap().ports = Some(
+        (0..PORTS)
+            .map(|i| ServicePort {
+                name: Some(format!("p{i}")),
+                port: 10000 + i,
+                target_port: Some(IntOrString::Int(8080)),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    Api::<Service>::namespaced(w.ec.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let ep = Endpoints {
+        metadata: meta("wide"),
+        subsets: Some(vec![EndpointSubset {
+            addresses: Some(vec![EndpointAddress {
+                ip: east_ip,
+                ..Default::default()
+            }]),
+            ports: Some(
+                (0..PORTS)
+                    .map(|i| EndpointPort {
+                        name: Some(format!("p{i}")),
+                        port: 8080,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }]),
+    };
+    Api::<Endpoints>::namespaced(w.ec.clone(), "shop")
+        .create(&PostParams::default(), &ep)
+        .await
+        .unwrap();
+
+    let host = "wide-east.shop.svc.cluster.local";
+    let start = Instant::now();
+    for i in [0, PORTS / 2, PORTS - 1] {
+        let port = (10000 + i) as u16;
+        let mut last = None;
+        // Bounded: 240 tries over at most 120 s per port.
+        for _ in 0..240 {
+            let r = w.wp().http_get(host, port, "/").await;
+            if answered(&r) {
+                last = None;
+                break;
+            }
+            last = Some(format!("{r:?}"));
+            if start.elapsed() > Duration::from_secs(120) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(last.is_none(), "{host}:{port} never answered: {last:?}");
+    }
+    eprintln!(
+        "{host}: ports p0, p50, p99 answered {:?} after the export",
+        start.elapsed()
+    );
+    // West's slice of the mirror holds all 100 ports, each onto the gateway port.
+    let slices = Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop")
+        .list(&ListParams::default().labels("kubernetes.io/service-name=wide-east"))
+        .await
+        .unwrap();
+    let ports: Vec<_> = slices
+        .items
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports.len(), PORTS as usize, "{slices:?}");
+    assert!(ports.iter().all(|p| *p == Some(GATEWAY_PORT.into())));
+}
