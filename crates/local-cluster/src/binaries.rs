@@ -110,7 +110,7 @@ static ENSURED_DATA_PLANE: Mutex<Option<DataPlaneBinaries>> = Mutex::new(None);
 /// --data-plane` when they are not cached yet (progress goes to stderr; a few minutes the
 /// first time). `SERVICE_MIRROR_DATA_PLANE_DIR` overrides the location.
 pub fn ensure_data_plane_binaries() -> Result<DataPlaneBinaries> {
-    let mut ensured = ENSURED_DATA_PLANE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ensured = ENSURED_DATA_PLANE.lock();
     if let Some(b) = ensured.as_ref() {
         return Ok(b.clone());
     }

@@ -21,10 +21,11 @@ use crate::{Error, Result};
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::{Api, ObjectMeta, PostParams};
 use netns::Netns;
+use parking_lot::Mutex;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// kube-proxy and CoreDNS get this long to become ready (2 shared cores).
@@ -95,7 +96,7 @@ impl Fabric {
 
     fn get(dir: &Path) -> Result<Arc<Fabric>> {
         static FABRIC: Mutex<Weak<Fabric>> = Mutex::new(Weak::new());
-        let mut slot = FABRIC.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = FABRIC.lock();
         if let Some(f) = slot.upgrade() {
             return Ok(f);
         }
@@ -343,7 +344,7 @@ impl DataPlane {
         cluster: &ClusterView<'_>,
         node_kubeconfig: &Path,
     ) -> Result<()> {
-        let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut procs = self.processes.lock();
         let kc = node_kubeconfig.display().to_string();
 
         // On the host, against 127.0.0.1: only the controllers that turn Endpoints and
@@ -449,7 +450,7 @@ impl DataPlane {
 
     /// An error if a process of the data plane has exited.
     fn check_processes(&self) -> Result<()> {
-        let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut procs = self.processes.lock();
         for p in procs.iter_mut() {
             if let Some(status) = p.exited() {
                 return Err(p.start_error(format!("exited: {status}")));
@@ -459,7 +460,7 @@ impl DataPlane {
     }
 
     fn process_error(&self, name: &str, reason: String) -> Error {
-        let procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.processes.lock();
         match procs.iter().find(|p| p.name() == name) {
             Some(p) => p.start_error(reason),
             None => Error::DataPlane(format!("{name}: {reason}")),
@@ -469,7 +470,7 @@ impl DataPlane {
     /// The last `lines` lines of the log of `process` (`kube-controller-manager`,
     /// `kube-proxy` or `coredns`), for test failure messages.
     pub fn log_tail(&self, process: &str, lines: usize) -> String {
-        let procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.processes.lock();
         procs
             .iter()
             .find(|p| p.name() == process)
@@ -496,7 +497,7 @@ impl DataPlane {
     /// Process ids of kube-controller-manager, kube-proxy, CoreDNS and the namespace
     /// holders (node, and the process-wide bridge).
     pub fn pids(&self) -> Vec<u32> {
-        let procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.processes.lock();
         let mut pids: Vec<u32> = procs.iter().map(Process::pid).collect();
         pids.push(self.inner.node.pid());
         pids.push(self.inner.fabric.bridge.pid());
@@ -742,8 +743,7 @@ fn first_service_ip(cidr: &str) -> Result<Ipv4Addr> {
 impl Drop for DataPlane {
     fn drop(&mut self) {
         // Processes first, then the tasks; the namespaces go with the last Arc.
-        for mut p in std::mem::take(&mut *self.processes.lock().unwrap_or_else(|e| e.into_inner()))
-        {
+        for mut p in std::mem::take(&mut *self.processes.lock()) {
             p.kill();
         }
         drop(self.forwarder.take());
