@@ -36,17 +36,33 @@ static ENSURED: Mutex<Option<Binaries>> = Mutex::new(None);
 /// are not cached yet (progress goes to stderr). `SERVICE_MIRROR_CONTROL_PLANE_DIR`
 /// overrides the location.
 pub fn ensure_binaries() -> Result<Binaries> {
-    let mut ensured = ENSURED.lock();
+    ensure(
+        &ENSURED,
+        "SERVICE_MIRROR_CONTROL_PLANE_DIR",
+        None,
+        "etcd or kube-apiserver",
+        Binaries::in_dir,
+    )
+}
+
+/// The binaries in `slot`, else in the directory `$env` names, else in the directory
+/// the build script (with `mode`) prints after building what is missing. `what` names
+/// the binaries in errors.
+fn ensure<B: Clone>(
+    slot: &Mutex<Option<B>>,
+    env: &str,
+    mode: Option<&str>,
+    what: &str,
+    in_dir: fn(&Path) -> Option<B>,
+) -> Result<B> {
+    let mut ensured = slot.lock();
     if let Some(b) = ensured.as_ref() {
         return Ok(b.clone());
     }
-    if let Some(dir) = std::env::var_os("SERVICE_MIRROR_CONTROL_PLANE_DIR") {
+    if let Some(dir) = std::env::var_os(env) {
         let dir = PathBuf::from(dir);
-        let b = Binaries::in_dir(&dir).ok_or_else(|| {
-            Error::Binaries(format!(
-                "SERVICE_MIRROR_CONTROL_PLANE_DIR={} lacks etcd or kube-apiserver",
-                dir.display()
-            ))
+        let b = in_dir(&dir).ok_or_else(|| {
+            Error::Binaries(format!("{env}={} lacks {what}", dir.display()))
         })?;
         *ensured = Some(b.clone());
         return Ok(b);
@@ -54,27 +70,27 @@ pub fn ensure_binaries() -> Result<Binaries> {
     let script = build_script();
     if !script.is_file() {
         return Err(Error::Binaries(format!(
-            "build script {} not found; set SERVICE_MIRROR_CONTROL_PLANE_DIR",
+            "build script {} not found; set {env}",
             script.display()
         )));
     }
+    let run = format!("{} {}", script.display(), mode.unwrap_or_default());
     let out = Command::new("bash")
         .arg(&script)
+        .args(mode)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| Error::Binaries(format!("running {}: {e}", script.display())))?;
+        .map_err(|e| Error::Binaries(format!("running {run}: {e}")))?;
     if !out.status.success() {
         return Err(Error::Binaries(format!(
-            "{} failed ({}); run it by hand to see why",
-            script.display(),
+            "{run} failed ({}); run it by hand to see why",
             out.status
         )));
     }
     let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let b = Binaries::in_dir(Path::new(&dir)).ok_or_else(|| {
-        Error::Binaries(format!("script printed {dir}, which lacks the binaries"))
-    })?;
+    let b = in_dir(Path::new(&dir))
+        .ok_or_else(|| Error::Binaries(format!("script printed {dir}, which lacks {what}")))?;
     *ensured = Some(b.clone());
     Ok(b)
 }
@@ -110,42 +126,11 @@ static ENSURED_DATA_PLANE: Mutex<Option<DataPlaneBinaries>> = Mutex::new(None);
 /// --data-plane` when they are not cached yet (progress goes to stderr; a few minutes the
 /// first time). `SERVICE_MIRROR_DATA_PLANE_DIR` overrides the location.
 pub fn ensure_data_plane_binaries() -> Result<DataPlaneBinaries> {
-    let mut ensured = ENSURED_DATA_PLANE.lock();
-    if let Some(b) = ensured.as_ref() {
-        return Ok(b.clone());
-    }
-    if let Some(dir) = std::env::var_os("SERVICE_MIRROR_DATA_PLANE_DIR") {
-        let dir = PathBuf::from(dir);
-        let b = DataPlaneBinaries::in_dir(&dir).ok_or_else(|| {
-            Error::Binaries(format!(
-                "SERVICE_MIRROR_DATA_PLANE_DIR={} lacks kube-controller-manager, kube-proxy or coredns",
-                dir.display()
-            ))
-        })?;
-        *ensured = Some(b.clone());
-        return Ok(b);
-    }
-    let script = build_script();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg("--data-plane")
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| Error::Binaries(format!("running {}: {e}", script.display())))?;
-    if !out.status.success() {
-        return Err(Error::Binaries(format!(
-            "{} --data-plane failed ({}); run it by hand to see why",
-            script.display(),
-            out.status
-        )));
-    }
-    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let b = DataPlaneBinaries::in_dir(Path::new(&dir)).ok_or_else(|| {
-        Error::Binaries(format!(
-            "script printed {dir}, which lacks the data-plane binaries"
-        ))
-    })?;
-    *ensured = Some(b.clone());
-    Ok(b)
+    ensure(
+        &ENSURED_DATA_PLANE,
+        "SERVICE_MIRROR_DATA_PLANE_DIR",
+        Some("--data-plane"),
+        "kube-controller-manager, kube-proxy or coredns",
+        DataPlaneBinaries::in_dir,
+    )
 }
