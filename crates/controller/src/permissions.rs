@@ -7,7 +7,7 @@
 //!
 //! | resource | verbs | used by |
 //! |---|---|---|
-//! | `services`, `endpoints` (all namespaces) | get, list, watch, create, update, patch, delete | the cluster watchers' caches and the writer (`patch` is in the contract, for Linkerd parity) |
+//! | `services`, `endpoints` (all namespaces) | get, list, watch, create, update, patch, delete | the link controllers' caches and the writer (`patch` is in the contract, for Linkerd parity) |
 //! | `namespaces` | get, list, watch, create | the writer creates a missing namespace for a mirror |
 //! | `events.k8s.io` `events` (all namespaces) | create, patch | Events on link Secrets and on objects that hold a mirror's name (`patch` updates a repeated Event's series) |
 //! | `secrets` (controller namespace only) | get, list, watch | the link Secrets |

@@ -84,7 +84,7 @@ pub const FIELD_MANAGER: &str = "service-mirror";
 /// creates fastest at a low concurrency. Updates use every worker (see BENCHMARKS.md).
 pub const CREATES_IN_FLIGHT: usize = 8;
 
-/// Bounds the reconciles that create; shared by the watchers of every link.
+/// Bounds the reconciles that create; shared by the link controllers of every link.
 pub type CreateLimit = Arc<tokio::sync::Semaphore>;
 
 /// A new [`CreateLimit`] of [`CREATES_IN_FLIGHT`] permits.

@@ -61,9 +61,8 @@ fn ensure<B: Clone>(
     }
     if let Some(dir) = std::env::var_os(env) {
         let dir = PathBuf::from(dir);
-        let b = in_dir(&dir).ok_or_else(|| {
-            Error::Binaries(format!("{env}={} lacks {what}", dir.display()))
-        })?;
+        let b = in_dir(&dir)
+            .ok_or_else(|| Error::Binaries(format!("{env}={} lacks {what}", dir.display())))?;
         *ensured = Some(b.clone());
         return Ok(b);
     }

@@ -156,7 +156,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(namespace = %args.namespace, admin = %addr, "service mirror running");
 
     wait_for_signal().await?;
-    tracing::info!("shutting down: stopping watchers, mirrors stay in place");
+    tracing::info!("shutting down: stopping link controllers, mirrors stay in place");
     shutdown.cancel();
     // The admin server holds the readiness closure: let it finish first.
     let _ = admin_task.await;

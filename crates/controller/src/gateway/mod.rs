@@ -4,8 +4,10 @@
 //! One component owns hostname resolution ([`resolve`]), the health checks
 //! ([`prober`]) and what is known per gateway. Reconcile asks it once per key
 //! ([`Gateways::resolve`]) with the gateway's [`GatewaySource`], parsed once; probers
-//! report verdict changes on a channel that the link controller turns into queued keys,
-//! so nothing here reaches back into the controller.
+//! report verdict changes on a channel that the link controller turns into queued keys.
+//! The one thing a prober asks of the controller is a narrow `in_use` closure (does any
+//! mirror still use this gateway?), given at construction; it reads the link's index,
+//! so the lock order is prober table, then index, and nothing takes them the other way.
 
 pub(crate) mod metrics;
 pub mod prober;

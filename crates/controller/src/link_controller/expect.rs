@@ -1,6 +1,6 @@
 //! Writes the local caches have not shown yet.
 //!
-//! After the watcher writes a mirror object, the watch event bringing that write reaches
+//! After the link controller writes a mirror object, the watch event bringing that write reaches
 //! its cache a moment later. A reconcile of the same key in between (queued by the
 //! event of the key's other object, say) would plan from a cache that misses the write
 //! and repeat it: a create that fails with AlreadyExists and a read, an update that

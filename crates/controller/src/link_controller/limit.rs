@@ -24,7 +24,7 @@ struct Slots {
 }
 
 /// Slots for mirrors of one link: at most `max` keys hold one, unless more already had
-/// mirrors when the watcher started.
+/// mirrors when the link controller started.
 #[derive(Debug)]
 pub(super) struct MirrorLimit {
     max: Option<usize>,

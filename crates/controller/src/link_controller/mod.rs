@@ -209,7 +209,10 @@ impl LinkController {
     /// waits for the new credentials to sync without polling.
     pub async fn wait_synced(&self) {
         let mut synced = self.synced.clone();
-        let _ = synced.wait_for(|s| s.remote && s.local()).await;
+        if synced.wait_for(|s| s.remote && s.local()).await.is_err() {
+            // Stopped before it synced: it never will (the caller's timeout decides).
+            std::future::pending::<()>().await
+        }
     }
 
     /// Stops every task. With `cleanup` (the link was removed) every local Service and

@@ -92,8 +92,8 @@ impl Gate {
             }
             tokio::select! {
                 _ = cancel.cancelled() => return false,
-                _ = own.changed() => {}
-                _ = synced.changed() => {}
+                _ = next_change(&mut own) => {}
+                _ = next_change(&mut synced) => {}
                 _ = changed(&mut leader) => {}
             }
         }
@@ -102,11 +102,16 @@ impl Gate {
 
 /// The next change of an optional watch; never, without one or once its sender is gone.
 async fn changed(rx: &mut Option<watch::Receiver<bool>>) {
-    let ok = match rx {
-        Some(rx) => rx.changed().await.is_ok(),
-        None => false,
-    };
-    if !ok {
+    match rx {
+        Some(rx) => next_change(rx).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next change of a watch; never once its sender is gone (a gone sender would
+/// otherwise answer at once, every time, and spin the loop waiting on it).
+async fn next_change<T>(rx: &mut watch::Receiver<T>) {
+    if rx.changed().await.is_err() {
         std::future::pending::<()>().await
     }
 }

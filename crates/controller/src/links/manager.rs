@@ -1,4 +1,4 @@
-//! The link manager: reconciles link Secrets (by name) into running cluster watchers.
+//! The link manager: reconciles link Secrets (by name) into running link controllers.
 //!
 //! Each Secret is a key on a work queue, so a slow or unreachable remote only holds up
 //! its own Secret. A refused Secret never stops or cleans up a running link: its mirrors
@@ -52,7 +52,7 @@ pub struct LinkManagerOptions {
 
 struct Active {
     spec: LinkSpec,
-    watcher: LinkController,
+    controller: LinkController,
 }
 
 struct Inner {
@@ -121,22 +121,22 @@ impl LinkManager {
                 .inner
                 .active()
                 .values()
-                .all(|a| a.watcher.status().local_synced)
+                .all(|a| a.controller.status().local_synced)
     }
 
-    /// The linked clusters and their watchers' state.
+    /// The linked clusters and their link controllers' state.
     pub fn status(&self) -> Vec<(String, LinkStatus)> {
         let mut all: Vec<_> = self
             .inner
             .active()
             .values()
-            .map(|a| (a.spec.link.cluster_name.clone(), a.watcher.status()))
+            .map(|a| (a.spec.link.cluster_name.clone(), a.controller.status()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
 
-    /// Stops every watcher, leaving the mirrors in place (a restart resumes them).
+    /// Stops every link controller, leaving the mirrors in place (a restart resumes them).
     pub async fn shutdown(self) {
         self.cancel.cancel();
         for t in self.tasks {
@@ -144,7 +144,7 @@ impl LinkManager {
         }
         let active: Vec<Active> = self.inner.active().drain().map(|(_, a)| a).collect();
         for a in active {
-            let _ = a.watcher.stop(false).await;
+            let _ = a.controller.stop(false).await;
         }
     }
 }
@@ -211,7 +211,7 @@ impl Inner {
     async fn unlink(&self, secret: &str, a: Active) {
         let cluster = a.spec.link.cluster_name.clone();
         self.update_links_gauge();
-        if let Err(e) = a.watcher.stop(true).await {
+        if let Err(e) = a.controller.stop(true).await {
             // Keep trying in the background: the mirrors must not outlive the link. A
             // new link of the same cluster cancels this (see `link`).
             tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
@@ -262,7 +262,7 @@ impl Inner {
         let Some(secret) = secret else {
             if let Some(a) = self.take(name) {
                 match self.successor(name, &a) {
-                    // Hand the running watcher over: its reconcile rotates credentials if
+                    // Hand the running link controller over: its reconcile rotates credentials if
                     // they differ, and no mirror is deleted.
                     Some(next) => {
                         tracing::info!(cluster = %a.spec.link.cluster_name, from = %name, to = %next, "link moved to another Secret");
@@ -346,9 +346,9 @@ impl Inner {
             self.opts.config.clone(),
             self.link_deps(secret),
         ) {
-            Ok(watcher) => {
+            Ok(controller) => {
                 self.active()
-                    .insert(name.to_string(), Active { spec, watcher });
+                    .insert(name.to_string(), Active { spec, controller });
                 self.update_links_gauge();
                 tracing::info!(%cluster, secret = %name, "linked");
                 self.event(
@@ -369,7 +369,7 @@ impl Inner {
         }
     }
 
-    /// New credentials for a running link: the new watcher syncs before the old stops,
+    /// New credentials for a running link: the new link controller syncs before the old stops,
     /// so no mirror is deleted or flaps.
     async fn rotate(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
         let cluster = spec.link.cluster_name.clone();
@@ -384,7 +384,7 @@ impl Inner {
                 };
             }
         };
-        // The new watcher syncs without writing; it writes only once the old one stopped,
+        // The new link controller syncs without writing; it writes only once the old one stopped,
         // so the two never work on the same mirror at once.
         let new = match LinkController::start_paused(
             self.local.clone(),
@@ -395,7 +395,7 @@ impl Inner {
         ) {
             Ok(w) => w,
             Err(e) => {
-                tracing::error!(%cluster, error = %e, "could not start the rotated watcher");
+                tracing::error!(%cluster, error = %e, "could not start the rotated link controller");
                 return Outcome::Failed;
             }
         };
@@ -417,11 +417,16 @@ impl Inner {
         }
         let old = self.active().remove(name);
         if let Some(old) = old {
-            let _ = old.watcher.stop(false).await;
+            let _ = old.controller.stop(false).await;
         }
         new.resume();
-        self.active()
-            .insert(name.to_string(), Active { spec, watcher: new });
+        self.active().insert(
+            name.to_string(),
+            Active {
+                spec,
+                controller: new,
+            },
+        );
         tracing::info!(%cluster, secret = %name, "credentials rotated");
         self.event(
             secret,

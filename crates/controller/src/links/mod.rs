@@ -1,4 +1,4 @@
-//! Links: one watcher per remote cluster, started, swapped and stopped from the link
+//! Links: one link controller per remote cluster, started, swapped and stopped from the link
 //! Secrets in the controller's namespace.
 
 mod cleanup;
