@@ -58,19 +58,17 @@ fn parse_pids(line: &str, printed: &mut Printed) {
     }
 }
 
-#[tokio::test]
-async fn sigkilled_owner_leaves_no_control_plane_and_its_directory_is_swept() {
+/// Starts the `local-cluster` binary with `args`; its stdout lines arrive on the
+/// receiver, read on a thread (the test waits for the pids lines with a deadline).
+fn spawn_local_cluster(args: &[&str]) -> (Guard, mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_local-cluster"))
-        .arg("k9")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn the local-cluster binary");
     let stdout = child.stdout.take().unwrap();
-    let mut guard = Guard(child);
-
-    // Read its output on a thread until it printed the pids line.
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -80,6 +78,12 @@ async fn sigkilled_owner_leaves_no_control_plane_and_its_directory_is_swept() {
             }
         }
     });
+    (Guard(child), rx)
+}
+
+#[tokio::test]
+async fn sigkilled_owner_leaves_no_control_plane_and_its_directory_is_swept() {
+    let (mut guard, rx) = spawn_local_cluster(&["k9"]);
     let mut printed = Printed::default();
     let mut output = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -186,24 +190,7 @@ async fn sigkilled_owner_leaves_no_data_plane_process_namespace_or_link() {
     if local_cluster::skip_without_data_plane("sigkilled_owner_leaves_no_data_plane") {
         return;
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_local-cluster"))
-        .args(["--data-plane", "k9dp"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn the local-cluster binary");
-    let stdout = child.stdout.take().unwrap();
-    let mut guard = Guard(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut guard, rx) = spawn_local_cluster(&["--data-plane", "k9dp"]);
     let mut printed = Printed::default();
     let mut plane_pids: Vec<u32> = Vec::new();
     let mut netns: Option<PathBuf> = None;

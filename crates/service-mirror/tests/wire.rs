@@ -74,19 +74,26 @@ async fn east_service(east: &kube::Client, name: &str, node_ip: &str) {
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
+    let ports: Vec<(&str, u16)> = WEB_PORTS.iter().map(|(n, _, t)| (*n, *t)).collect();
+    create_endpoints(east, name, node_ip, &ports).await;
+}
+
+/// Endpoints `shop/<name>` at one address with these named ports, as the Endpoints
+/// controller of a real cluster would publish them.
+async fn create_endpoints(east: &kube::Client, name: &str, ip: &str, ports: &[(&str, u16)]) {
     let ep = Endpoints {
         metadata: meta(name),
         subsets: Some(vec![EndpointSubset {
             addresses: Some(vec![EndpointAddress {
-                ip: node_ip.into(),
+                ip: ip.into(),
                 ..Default::default()
             }]),
             ports: Some(
-                WEB_PORTS
+                ports
                     .iter()
-                    .map(|(name, _, target)| EndpointPort {
+                    .map(|(name, port)| EndpointPort {
                         name: Some(name.to_string()),
-                        port: (*target).into(),
+                        port: (*port).into(),
                         ..Default::default()
                     })
                     .collect(),
@@ -122,30 +129,8 @@ async fn east_gateway(east: &kube::Client, ip: &str) {
         .await
         .unwrap();
     set_ingress(east, "shop", "gateway", &[ip]).await;
-    let ep = Endpoints {
-        metadata: meta("gateway"),
-        subsets: Some(vec![EndpointSubset {
-            addresses: Some(vec![EndpointAddress {
-                ip: ip.into(),
-                ..Default::default()
-            }]),
-            ports: Some(
-                [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)]
-                    .iter()
-                    .map(|(name, port)| EndpointPort {
-                        name: Some(name.to_string()),
-                        port: (*port).into(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        }]),
-    };
-    Api::<Endpoints>::namespaced(east.clone(), "shop")
-        .create(&PostParams::default(), &ep)
-        .await
-        .unwrap();
+    let ports = [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)];
+    create_endpoints(east, "gateway", ip, &ports).await;
 }
 
 /// The mirror's name on west.
