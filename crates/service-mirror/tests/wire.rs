@@ -344,25 +344,35 @@ async fn a_dead_gateway_makes_requests_fail_fast_and_its_return_brings_them_back
         })
         .await;
     eprintln!("requests fail {:?} after the probe said so", took);
-    // What kube-proxy saw: the mirror's slice (kube-controller-manager's, from the
-    // mirror's Endpoints) holds the gateway address, not ready.
-    let slices = Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop")
-        .list(&ListParams::default().labels("kubernetes.io/service-name=web-east"))
-        .await
-        .unwrap();
-    let ready: Vec<_> = slices
-        .items
-        .iter()
-        .flat_map(|s| &s.endpoints)
-        .map(|e| {
-            (
-                e.addresses.clone(),
-                e.conditions.as_ref().and_then(|c| c.ready),
-            )
-        })
-        .collect();
+    // What kube-proxy sees: the mirror's slice (kube-controller-manager's, from the
+    // mirror's Endpoints) holds the gateway address, not ready. Requests can fail before
+    // that (the dead gateway itself refuses them), so wait for the slice, bounded: 30 s
+    // of 200 ms reads.
     let east_ip = w.east.data_plane().unwrap().node_ip().to_string();
-    assert_eq!(ready, vec![(vec![east_ip], Some(false))], "{slices:?}");
+    let want = vec![(vec![east_ip], Some(false))];
+    let slices_api = Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop");
+    let by_name = ListParams::default().labels("kubernetes.io/service-name=web-east");
+    let (mut ready, mut slices) = (Vec::new(), None);
+    for _ in 0..150 {
+        let list = slices_api.list(&by_name).await.unwrap();
+        ready = list
+            .items
+            .iter()
+            .flat_map(|s| &s.endpoints)
+            .map(|e| {
+                (
+                    e.addresses.clone(),
+                    e.conditions.as_ref().and_then(|c| c.ready),
+                )
+            })
+            .collect();
+        slices = Some(list);
+        if ready == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(ready, want, "{slices:?}");
     // Ten requests: each fails, and fast (kube-proxy's reject, not a timeout).
     for i in 0..10 {
         let t = Instant::now();
