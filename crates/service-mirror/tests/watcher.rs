@@ -258,7 +258,12 @@ async fn remote_updates_rewrite_the_mirror() {
     env.patch_remote("web", serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/gateway-name": "gw-b"}}}))
         .await;
     let (svc, ep) = env
-        .mirror_until("web", "moved to gw-b", |_, e| ips(e) == ["192.0.2.2"])
+        .mirror_until("web", "moved to gw-b", |s, e| {
+            // Service and Endpoints are two writes; wait for both rather than
+            // read the Service in the gap between them (CI run of stop 18).
+            ips(e) == ["192.0.2.2"]
+                && label(&s.metadata, "mirror.linkerd.io/remote-gateway-name") == Some("gw-b")
+        })
         .await;
     assert_eq!(
         label(&svc.metadata, "mirror.linkerd.io/remote-gateway-name"),
