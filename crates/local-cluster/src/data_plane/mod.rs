@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::{Api, ObjectMeta, PostParams};
 use netns::Netns;
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -36,6 +37,17 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const GATEWAY_PORT: u16 = 4143;
 /// Port of the `mc-probe` listener of [`Gateway`] (Linkerd's default).
 pub const PROBE_PORT: u16 = 4191;
+
+/// The block [`DataPlane::add_many_addresses`] hands out: 198.19.251.0 to 198.19.255.255
+/// (1,280 addresses), inside 198.18.0.0/15 but outside every fabric subnet 198.19.K.0/24
+/// (K 1..=250) and every service CIDR 198.18.N.0/24; and numerically above every node
+/// address, so a gateway whose ingress lists its node address and these addresses has the
+/// node address first (the one the controller, on the host, probes).
+const MANY_FIRST: Ipv4Addr = Ipv4Addr::new(198, 19, 251, 0);
+/// Size of that block.
+const MANY_MAX: usize = 1280;
+/// Routes covering that block.
+const MANY_PREFIXES: [&str; 2] = ["198.19.251.0/24", "198.19.252.0/22"];
 
 /// Whether this process can run data planes: `Ok` as root with `ip` and `nft` present and
 /// network namespaces available; otherwise why not.
@@ -595,6 +607,40 @@ impl DataPlane {
         Ok(ip)
     }
 
+    /// Adds the first `count` (at most 1,280) addresses of 198.19.251.0-198.19.255.255 to
+    /// this node (on `lo`, one `/32` each, in one `ip -batch`) and returns them: with
+    /// [`DataPlane::route_many_addresses_via`] on another node, that many distinct
+    /// addresses which all lead to this node, e.g. to a gateway listening on it (its
+    /// kube-proxy DNATs a LoadBalancer IP to the gateway Service's endpoints anyway; the
+    /// addresses make them local even without that). Idempotent.
+    pub fn add_many_addresses(&self, count: usize) -> Result<Vec<Ipv4Addr>> {
+        if count > MANY_MAX {
+            return Err(Error::DataPlane(format!(
+                "at most {MANY_MAX} addresses in 198.19.251.0-198.19.255.255, not {count}"
+            )));
+        }
+        let ips: Vec<Ipv4Addr> = (0..count as u32)
+            .map(|i| Ipv4Addr::from(u32::from(MANY_FIRST) + i))
+            .collect();
+        let batch: String = ips
+            .iter()
+            .map(|ip| format!("addr replace {ip}/32 dev lo\n"))
+            .collect();
+        self.inner.node.ip_batch(&batch)?;
+        Ok(ips)
+    }
+
+    /// Routes 198.19.251.0-198.19.255.255 (the block of
+    /// [`DataPlane::add_many_addresses`]) from this node to `node`'s node address.
+    pub fn route_many_addresses_via(&self, node: &DataPlane) -> Result<()> {
+        let via = node.node_ip().to_string();
+        let batch: String = MANY_PREFIXES
+            .iter()
+            .map(|p| format!("route replace {p} via {via} dev eth0\n"))
+            .collect();
+        self.inner.node.ip_batch(&batch)
+    }
+
     /// Starts the stand-in gateway of cluster `cluster` on this node's address; see
     /// [`Gateway`].
     pub fn start_gateway(&self, cluster: &str) -> Result<Gateway> {
@@ -615,6 +661,8 @@ impl DataPlane {
         let inner = self.inner.clone();
         let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let count = accepted.clone();
+        let reached_on = Arc::new(Mutex::new(BTreeMap::new()));
+        let reached = reached_on.clone();
         let forward = self.runtime().spawn(async move {
             loop {
                 let Ok((s, _)) = gw.accept().await else {
@@ -622,6 +670,9 @@ impl DataPlane {
                     continue;
                 };
                 count.fetch_add(1, Ordering::Relaxed);
+                if let Some(dst) = original_destination(&s) {
+                    *reached.lock().entry(dst).or_insert(0) += 1;
+                }
                 let inner = inner.clone();
                 let suffix = suffix.clone();
                 tokio::spawn(async move {
@@ -654,6 +705,7 @@ impl DataPlane {
             gateway_addr,
             probe_addr,
             accepted,
+            reached_on,
             tasks: vec![forward, probe_task],
         })
     }
@@ -712,6 +764,31 @@ impl Inner {
         if outbound.write_all(&head).await.is_ok() {
             let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
         }
+    }
+}
+
+/// The IPv4 destination the client of `s` connected to: conntrack's original destination
+/// (`SO_ORIGINAL_DST`) when the connection was DNATed, else the socket's local address.
+fn original_destination(s: &tokio::net::TcpStream) -> Option<Ipv4Addr> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed sockaddr_in is valid; getsockopt writes at most `len` bytes to it.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_IP,
+            libc::SO_ORIGINAL_DST,
+            (&mut addr as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && addr.sin_family == libc::AF_INET as libc::sa_family_t {
+        return Some(Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)));
+    }
+    match s.local_addr().ok()?.ip() {
+        std::net::IpAddr::V4(ip) => Some(ip),
+        std::net::IpAddr::V6(_) => None,
     }
 }
 
@@ -789,6 +866,8 @@ pub struct Gateway {
     gateway_addr: SocketAddr,
     probe_addr: SocketAddr,
     accepted: Arc<std::sync::atomic::AtomicU64>,
+    /// `mc-gateway` connections per address the client connected to.
+    reached_on: Arc<Mutex<BTreeMap<Ipv4Addr, u64>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -807,6 +886,13 @@ impl Gateway {
     /// Connections accepted on `mc-gateway` so far.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted on `mc-gateway` so far, per address the client connected to
+    /// (the destination before any DNAT of this node's kube-proxy, which sends traffic for
+    /// a LoadBalancer IP of the gateway Service to the gateway's own address).
+    pub fn reached_on(&self) -> BTreeMap<Ipv4Addr, u64> {
+        self.reached_on.lock().clone()
     }
 }
 
