@@ -6,6 +6,7 @@
 
 mod support;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Secret, Service, ServicePort,
     ServiceSpec,
@@ -17,6 +18,7 @@ use local_cluster::{
     ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT,
     Workload, skip_without_data_plane,
 };
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::controller::{Controller, link_secret, reader_kubeconfig};
 use support::*;
@@ -111,7 +113,9 @@ async fn create_endpoints(east: &kube::Client, name: &str, ip: &str, ports: &[(&
 /// stand-in gateway, its ingress the gateway's address, and Endpoints at that address as
 /// a real gateway's pods would have: east's kube-proxy routes a LoadBalancer IP to the
 /// Service's endpoints and rejects it while there are none.
-async fn east_gateway(east: &kube::Client, ip: &str) {
+/// `ingress` are the Service's ingress addresses (`ip` among them; the Endpoints hold `ip`
+/// only: east's kube-proxy sends every ingress address to the gateway's own address).
+async fn east_gateway(east: &kube::Client, ip: &str, ingress: &[&str]) {
     let svc = Service {
         metadata: meta("gateway"),
         spec: Some(ServiceSpec {
@@ -128,13 +132,46 @@ async fn east_gateway(east: &kube::Client, ip: &str) {
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
-    set_ingress(east, "shop", "gateway", &[ip]).await;
+    set_ingress(east, "shop", "gateway", ingress).await;
     let ports = [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)];
     create_endpoints(east, "gateway", ip, &ports).await;
 }
 
 /// The mirror's name on west.
 const MIRROR: &str = "web-east.shop.svc.cluster.local";
+
+/// How a [`World`] is built.
+#[derive(Debug, Clone, Copy, Default)]
+struct Scenario {
+    /// Cluster names; they must differ between tests of this binary (they name the node
+    /// namespaces' log files; the link is always called `east`).
+    west: &'static str,
+    east: &'static str,
+    /// The controller's `--endpoints-mode` (`endpoints`, `endpointslices`, `both`); None
+    /// passes no flag (today's controller writes Endpoints only and west's
+    /// kube-controller-manager mirrors them into EndpointSlices).
+    endpoints_mode: Option<&'static str>,
+    /// Ingress addresses of east's gateway besides its node address: the first ones of
+    /// 198.19.251.0-198.19.255.255 (`DataPlane::add_many_addresses`, at most 1,280), on
+    /// east's node and routed there from west's node.
+    extra_gateway_addresses: usize,
+}
+
+impl Scenario {
+    fn new(west: &'static str, east: &'static str) -> Self {
+        Self {
+            west,
+            east,
+            ..Default::default()
+        }
+    }
+
+    /// Whether the controller writes EndpointSlices itself in this scenario (else west's
+    /// kube-controller-manager mirrors the Endpoints it writes).
+    fn controller_writes_slices(&self) -> bool {
+        matches!(self.endpoints_mode, Some("endpointslices" | "both"))
+    }
+}
 
 /// West and east with data planes, east's web exported through a running gateway, and
 /// the controller on west linked to east.
@@ -150,6 +187,10 @@ struct World {
     _workloads: Vec<Workload>,
     /// When the link Secret was created.
     linked: Instant,
+    /// The ingress addresses of east's gateway, east's node address first.
+    gateway_ingress: Vec<String>,
+    /// From the start of [`World::build`] to the link.
+    setup: Duration,
     _permit: tokio::sync::SemaphorePermit<'static>,
 }
 
@@ -160,10 +201,17 @@ static WORLDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 impl World {
     /// `west_name`/`east_name` must differ between tests of this binary (cluster names
     /// name the node namespaces' log files; the link is always called `east`).
-    async fn new(west_name: &str, east_name: &str) -> Self {
+    async fn new(west_name: &'static str, east_name: &'static str) -> Self {
+        Self::build(Scenario::new(west_name, east_name)).await
+    }
+
+    async fn build(scenario: Scenario) -> Self {
         let permit = WORLDS.acquire().await.expect("never closed");
-        let (west, east) =
-            tokio::join!(data_plane_cluster(west_name), data_plane_cluster(east_name));
+        let started = Instant::now();
+        let (west, east) = tokio::join!(
+            data_plane_cluster(scenario.west),
+            data_plane_cluster(scenario.east)
+        );
         let (wc, ec) = (west.client().await.unwrap(), east.client().await.unwrap());
         for c in [&wc, &ec] {
             create_namespace(c, "shop").await;
@@ -178,21 +226,42 @@ impl World {
         east_web(&ec, &east_ip).await;
         let gateway = ep.start_gateway("east").unwrap();
         assert_eq!(gateway.addr().ip().to_string(), east_ip);
-        east_gateway(&ec, &east_ip).await;
+        let mut gateway_ingress = vec![east_ip.clone()];
+        if scenario.extra_gateway_addresses > 0 {
+            let t = Instant::now();
+            let extra = ep
+                .add_many_addresses(scenario.extra_gateway_addresses)
+                .unwrap();
+            west.data_plane()
+                .unwrap()
+                .route_many_addresses_via(ep)
+                .unwrap();
+            gateway_ingress.extend(extra.iter().map(|ip| ip.to_string()));
+            eprintln!(
+                "{} extra gateway addresses {}..{} on east's node, routed from west's, in {:?}",
+                extra.len(),
+                extra[0],
+                extra[extra.len() - 1],
+                t.elapsed()
+            );
+        }
+        let ingress: Vec<&str> = gateway_ingress.iter().map(String::as_str).collect();
+        east_gateway(&ec, &east_ip, &ingress).await;
 
         // West: the controller, linked to east with a reader's credentials.
         let ctl_ns = local_cluster::unique_namespace("sm");
         create_namespace(&wc, &ctl_ns).await;
-        let ctl = Controller::spawn(
-            &west,
-            &ctl_ns,
-            &[
-                "--namespace-allow",
-                "shop",
-                "--endpoint-refresh-period",
-                "2s",
-            ],
-        );
+        let mode_flag = scenario
+            .endpoints_mode
+            .map(|m| format!("--endpoints-mode={m}"));
+        let mut flags = vec![
+            "--namespace-allow",
+            "shop",
+            "--endpoint-refresh-period",
+            "2s",
+        ];
+        flags.extend(mode_flag.as_deref());
+        let ctl = Controller::spawn(&west, &ctl_ns, &flags);
         ctl.wait_ready().await;
         let kc = reader_kubeconfig(&east, "shop", "reader").await;
         Api::<Secret>::namespaced(wc.clone(), &ctl_ns)
@@ -213,6 +282,8 @@ impl World {
             gateway: Some(gateway),
             _workloads: workloads,
             linked,
+            gateway_ingress,
+            setup: started.elapsed(),
             _permit: permit,
         }
     }
@@ -690,7 +761,8 @@ async fn a_mirror_with_100_ports_answers_on_its_first_middle_and_last_port() {
     if skip_without_data_plane("a_mirror_with_100_ports") {
         return;
     }
-    /// The most ports an EndpointSlice holds (the API's limit), all onto the gateway port.
+    /// 100 ports, all onto the gateway port (100 is what the EndpointSlice API's field
+    /// comment still calls the limit; validation allows 20,000: see the limits below).
     const PORTS: i32 = 100;
     let w = World::new("west-mp", "east-mp").await;
     let east_ip = w.east.data_plane().unwrap().node_ip().to_string();
@@ -771,4 +843,428 @@ async fn a_mirror_with_100_ports_answers_on_its_first_middle_and_last_port() {
         .collect();
     assert_eq!(ports.len(), PORTS as usize, "{slices:?}");
     assert!(ports.iter().all(|p| *p == Some(GATEWAY_PORT.into())));
+}
+
+// Limits of EndpointSlices and of kube-controller-manager's EndpointSliceMirroring, on the
+// wire (issue 14, part 2, point 7). Facts, from k8s.io/kubernetes v1.34.4 (what the data
+// plane runs) and seen on it:
+//
+// - Addresses: the mirroring controller repacks an Endpoints' subsets by port set
+//   (pkg/api/v1/endpoints/util.go RepackSubsets, so splitting a mirror's addresses over
+//   several subsets with the same ports changes nothing), sorts each subset's addresses
+//   by the bytes of their IP strings (LessEndpointAddress, util.go:176), and mirrors at
+//   most `--mirroring-max-endpoints-per-subset` (default 1000,
+//   pkg/controller/endpointslicemirroring/config/v1alpha1/defaults.go:38) of them per
+//   subset into one slice (reconciler.go:83,98,225). The rest are dropped, with a Warning
+//   Event `TooManyAddressesToMirror` on the Endpoints, "A max of 1000 addresses can be
+//   mirrored to EndpointSlices per Endpoints subset. N addresses were skipped"
+//   (reconciler.go:124-128), and a log line; no annotation on the Endpoints or the slice
+//   (the `endpoints.kubernetes.io/over-capacity` annotation is the Endpoints controller's,
+//   pkg/controller/endpoint/endpoints_controller.go:493, which skips Services without a
+//   selector, :382). Seen: a mirror of a gateway with 1,200 addresses gets one slice of
+//   exactly the 1000 byte-order-first addresses; traffic works, spread over those 1000
+//   only; the other 200 never carry a request.
+// - Ports: EndpointSlice validation allows 20,000 ports per slice
+//   (pkg/apis/discovery/validation/validation.go:49,172), not the 100 the API's field
+//   comment still says (k8s.io/api discovery/v1/types.go:60): raised in v1.21 by
+//   kubernetes/kubernetes#99795 (backported to 1.18-1.20) after #99382, where the
+//   controllers failed on Services with more than 100 ports. Seen: a mirror with 120
+//   ports gets one slice with all 120, and every port answers, the 101st to the 120th
+//   included.
+
+/// `endpointslice.kubernetes.io/managed-by` of the slices kube-controller-manager's
+/// EndpointSliceMirroring controller makes.
+const KCM_MIRRORING: &str = "endpointslicemirroring-controller.k8s.io";
+/// What kube-controller-manager mirrors of one Endpoints subset at most (its
+/// `--mirroring-max-endpoints-per-subset` default); also an EndpointSlice's limit.
+const MIRRORED_PER_SUBSET: usize = 1000;
+
+/// The EndpointSlices of west's `shop/<service>`: (kube-controller-manager's, others).
+async fn west_slices(w: &World, service: &str) -> (Vec<EndpointSlice>, Vec<EndpointSlice>) {
+    Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop")
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .partition(|s| {
+            label(&s.metadata, "endpointslice.kubernetes.io/managed-by") == Some(KCM_MIRRORING)
+        })
+}
+
+/// Every address of `slices`, with repeats.
+fn slice_addresses(slices: &[EndpointSlice]) -> Vec<String> {
+    slices
+        .iter()
+        .flat_map(|s| &s.endpoints)
+        .flat_map(|e| e.addresses.clone())
+        .collect()
+}
+
+/// Polls `check` every 250 ms, at most 480 times over 120 s, until it gives Ok; panics
+/// with its last Err. Returns the time taken.
+async fn bounded<F, Fut>(what: &str, check: F) -> Duration
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let start = Instant::now();
+    let mut last = String::new();
+    for _ in 0..480 {
+        match check().await {
+            Ok(()) => return start.elapsed(),
+            Err(e) => last = e,
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("{what}: not seen in {:?}; last: {last}", start.elapsed());
+}
+
+#[tokio::test]
+async fn a_mirror_of_a_gateway_with_1200_addresses_answers_every_request_on_addresses_its_slices_hold()
+ {
+    if skip_without_data_plane("a_mirror_of_a_gateway_with_1200_addresses") {
+        return;
+    }
+    many_gateway_addresses(Scenario {
+        extra_gateway_addresses: 1199,
+        ..Scenario::new("west-ma", "east-ma")
+    })
+    .await;
+}
+
+/// The many-addresses scenario: east's gateway has its node address and
+/// `scenario.extra_gateway_addresses` more as ingress, all leading to it. Requests through
+/// the mirror (west's DNS and kube-proxy) are all answered, and only on addresses the
+/// mirror's slices hold; the slices hold what the mode allows: with kcm mirroring, the
+/// 1000 byte-order-first addresses (and kcm says so in an Event); with the controller's
+/// own slices, all of them.
+async fn many_gateway_addresses(scenario: Scenario) {
+    /// Requests through the mirror, all to be answered.
+    const REQUESTS: usize = 50;
+    let test_start = Instant::now();
+    let w = World::build(scenario).await;
+    let all: std::collections::BTreeSet<String> = w.gateway_ingress.iter().cloned().collect();
+    let total = all.len();
+    assert_eq!(total, 1 + scenario.extra_gateway_addresses);
+    eprintln!(
+        "setup: clusters, {total} gateway addresses, controller, link in {:?}",
+        w.setup
+    );
+    let gw = w.gateway.as_ref().unwrap();
+
+    // Convergence: the controller's Endpoints hold every address (unless it writes only
+    // slices), then the mirror's slices hold what the mode allows.
+    if scenario.endpoints_mode != Some("endpointslices") {
+        let eps: Api<Endpoints> = Api::namespaced(w.wc.clone(), "shop");
+        let took = bounded(
+            "the mirror's Endpoints hold every gateway address",
+            || async {
+                let ep = eps.get_opt("web-east").await.map_err(|e| e.to_string())?;
+                let ips: std::collections::BTreeSet<String> = ep
+                    .as_ref()
+                    .map(subset_ips)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+                match ips == all {
+                    true => Ok(()),
+                    false => Err(format!("{} addresses", ips.len())),
+                }
+            },
+        )
+        .await;
+        eprintln!(
+            "the mirror's Endpoints hold all {total} addresses {:?} after the link (waited {took:?})",
+            w.linked.elapsed()
+        );
+    }
+    let kcm_expected: std::collections::BTreeSet<String> = {
+        // kube-controller-manager's pick: the first 1000 by the bytes of the IP strings.
+        let mut by_bytes: Vec<&String> = all.iter().collect();
+        by_bytes.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        by_bytes
+            .into_iter()
+            .take(MIRRORED_PER_SUBSET)
+            .cloned()
+            .collect()
+    };
+    let want = match scenario.controller_writes_slices() {
+        true => all.clone(),
+        false => kcm_expected.clone(),
+    };
+    let took = bounded("the mirror's slices hold what the mode allows", || async {
+        let (kcm, ours) = west_slices(&w, "web-east").await;
+        let (mine, theirs) = match scenario.controller_writes_slices() {
+            true => (ours, kcm),
+            false => (kcm, ours),
+        };
+        let addresses = slice_addresses(&mine);
+        let set: std::collections::BTreeSet<String> = addresses.iter().cloned().collect();
+        if !theirs.is_empty() {
+            return Err(format!("{} slices of the other writer", theirs.len()));
+        }
+        if mine.iter().any(|s| s.endpoints.len() > MIRRORED_PER_SUBSET) {
+            return Err("a slice over 1000 endpoints".into());
+        }
+        match addresses.len() == want.len() && set == want {
+            true => Ok(()),
+            false => Err(format!(
+                "{} addresses in {} slices",
+                addresses.len(),
+                mine.len()
+            )),
+        }
+    })
+    .await;
+    let (kcm, ours) = west_slices(&w, "web-east").await;
+    let slices = if scenario.controller_writes_slices() {
+        &ours
+    } else {
+        &kcm
+    };
+    eprintln!(
+        "the mirror's slices hold {} of {total} addresses in {} slice(s), {:?} after the link (waited {took:?}); annotations of the first: {:?}",
+        want.len(),
+        slices.len(),
+        w.linked.elapsed(),
+        slices[0].metadata.annotations
+    );
+    // No writer marks the slices or the Endpoints as over capacity.
+    let over = "endpoints.kubernetes.io/over-capacity";
+    assert!(
+        slices
+            .iter()
+            .all(|s| annotation(&s.metadata, over).is_none())
+    );
+    if !scenario.controller_writes_slices() {
+        // kcm mirrored exactly one slice and said why it dropped the rest.
+        assert_eq!(kcm.len(), 1, "{kcm:?}");
+        let skipped: Vec<&String> = all.difference(&kcm_expected).collect();
+        assert_eq!(skipped.len(), total - MIRRORED_PER_SUBSET);
+        let note = wait_event(&w.wc, "shop", "web-east", "TooManyAddressesToMirror").await;
+        assert_eq!(
+            note,
+            format!(
+                "A max of {MIRRORED_PER_SUBSET} addresses can be mirrored to EndpointSlices per Endpoints subset. {} addresses were skipped",
+                total - MIRRORED_PER_SUBSET
+            )
+        );
+        let ep = Api::<Endpoints>::namespaced(w.wc.clone(), "shop")
+            .get("web-east")
+            .await
+            .unwrap();
+        assert!(annotation(&ep.metadata, over).is_none());
+        eprintln!(
+            "kcm: Event TooManyAddressesToMirror {note:?}; skipped {} addresses, {} .. {} (the node address {} {})",
+            skipped.len(),
+            skipped[0],
+            skipped[skipped.len() - 1],
+            w.gateway_ingress[0],
+            if skipped.contains(&&w.gateway_ingress[0]) {
+                "skipped"
+            } else {
+                "kept"
+            },
+        );
+    }
+
+    let first = w.until_answered("http", 80).await;
+    eprintln!(
+        "traffic: first answer through the mirror {:?} after the link (waited {first:?})",
+        w.linked.elapsed()
+    );
+
+    // The harness holds: every ingress address leads from west's node to the gateway,
+    // which forwards to east's web (direct requests, 32 at a time, 5 s each at most).
+    // First the node address, until east's kube-proxy routes the gateway Service (it
+    // refuses a LoadBalancer IP until the Service's slice is there); then all at once:
+    // kube-proxy programs every ingress address of the Service together.
+    let t = Instant::now();
+    let wp = w.wp();
+    let node_addr = std::net::SocketAddr::new(w.gateway_ingress[0].parse().unwrap(), GATEWAY_PORT);
+    bounded("east's gateway answers on its node address", || async {
+        let r = wp
+            .http_get_addr(node_addr, &format!("{MIRROR}:80"), "/")
+            .await;
+        match answered(&r) {
+            true => Ok(()),
+            false => Err(format!("{r:?}")),
+        }
+    })
+    .await;
+    let direct: Vec<(String, local_cluster::Result<HttpAnswer>)> =
+        futures::stream::iter(w.gateway_ingress.iter())
+            .map(|ip| async move {
+                let addr = std::net::SocketAddr::new(ip.parse().unwrap(), GATEWAY_PORT);
+                let r = wp.http_get_addr(addr, &format!("{MIRROR}:80"), "/").await;
+                (ip.clone(), r)
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+    let failed: Vec<_> = direct.iter().filter(|(_, r)| !answered(r)).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {total} gateway addresses do not lead to the gateway, e.g. {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let reached: Vec<String> = gw.reached_on().keys().map(|ip| ip.to_string()).collect();
+    assert_eq!(
+        reached.len(),
+        total,
+        "the gateway saw every address as a destination"
+    );
+    eprintln!(
+        "harness: all {total} gateway addresses answered directly from west's node in {:?}",
+        t.elapsed()
+    );
+
+    // Traffic: the first answer, then REQUESTS in a row, each answered, each on an
+    // address the slices hold.
+    let before = gw.reached_on();
+    let t = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for i in 0..REQUESTS {
+        let t1 = Instant::now();
+        let r = w.wp().http_get(MIRROR, 80, "/").await;
+        assert!(answered(&r), "request {i} through the mirror: {r:?}");
+        slowest = slowest.max(t1.elapsed());
+    }
+    let requests = t.elapsed();
+    let via_mirror: BTreeMap<String, u64> = gw
+        .reached_on()
+        .into_iter()
+        .map(|(ip, n)| (ip.to_string(), n - before.get(&ip).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(
+        via_mirror.values().sum::<u64>(),
+        REQUESTS as u64,
+        "{via_mirror:?}"
+    );
+    let outside: Vec<&String> = via_mirror.keys().filter(|ip| !want.contains(*ip)).collect();
+    assert!(
+        outside.is_empty(),
+        "requests reached the gateway on addresses no slice holds: {outside:?}"
+    );
+    eprintln!(
+        "traffic: {REQUESTS} requests answered in {requests:?} (slowest {slowest:?}), on {} distinct gateway addresses, all in the slices",
+        via_mirror.len()
+    );
+    eprintln!("many-addresses test done in {:?}", test_start.elapsed());
+}
+
+#[tokio::test]
+async fn a_mirror_with_120_ports_answers_on_every_port_the_101st_to_the_120th_included() {
+    if skip_without_data_plane("a_mirror_with_120_ports") {
+        return;
+    }
+    many_ports(Scenario::new("west-wp", "east-wp")).await;
+}
+
+/// The many-ports scenario: east's `wide` has 120 ports `p<i>` (10000 + i), each onto
+/// its own workload (9100 + i) answering `east/wide:p<i>`. Every port of the mirror
+/// answers with its own workload, and the mirror's slices hold all 120 ports, each onto
+/// the gateway port.
+async fn many_ports(scenario: Scenario) {
+    const PORTS: u16 = 120;
+    let test_start = Instant::now();
+    let w = World::build(scenario).await;
+    let ep = w.east.data_plane().unwrap();
+    let east_ip = ep.node_ip().to_string();
+    let t = Instant::now();
+    let _workloads: Vec<Workload> = (0..PORTS)
+        .map(|i| ep.serve_http(9100 + i, &format!("east/wide:p{i}")).unwrap())
+        .collect();
+    let mut svc = exported("wide", "shop", "gateway", &[]);
+    svc.spec.as_mut().unwrap().ports = Some(
+        (0..PORTS)
+            .map(|i| ServicePort {
+                name: Some(format!("p{i}")),
+                port: 10000 + i32::from(i),
+                target_port: Some(IntOrString::Int(9100 + i32::from(i))),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    Api::<Service>::namespaced(w.ec.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..PORTS).map(|i| format!("p{i}")).collect();
+    let ports: Vec<(&str, u16)> = names
+        .iter()
+        .zip(0..PORTS)
+        .map(|(n, i)| (n.as_str(), 9100 + i))
+        .collect();
+    create_endpoints(&w.ec, "wide", &east_ip, &ports).await;
+    let exported_at = Instant::now();
+    eprintln!(
+        "setup: clusters, controller, link in {:?}; {PORTS} workloads and east's wide in {:?}",
+        w.setup,
+        t.elapsed()
+    );
+
+    // Convergence: the last port answers through the mirror.
+    let host = "wide-east.shop.svc.cluster.local";
+    let last = PORTS - 1;
+    let want_last = format!("east/wide:p{last}");
+    let took = bounded(&format!("{host}:{} answers", 10000 + last), || async {
+        match w.wp().http_get(host, 10000 + last, "/").await {
+            Ok(a) if a.status == 200 && a.body == want_last => Ok(()),
+            r => Err(format!("{r:?}")),
+        }
+    })
+    .await;
+    eprintln!("{host}: port p{last} answered {took:?} after the export");
+
+    // Every port once, each answered by its own workload.
+    let t = Instant::now();
+    for i in 0..PORTS {
+        let r = w.wp().http_get(host, 10000 + i, "/").await;
+        assert!(
+            matches!(&r, Ok(a) if a.status == 200 && a.body == format!("east/wide:p{i}")),
+            "{host}:{} (p{i}): {r:?}",
+            10000 + i
+        );
+    }
+    eprintln!(
+        "{PORTS} ports answered, one request each, in {:?}",
+        t.elapsed()
+    );
+
+    // West's slices of the mirror hold every port, each onto the gateway port.
+    let (kcm, ours) = west_slices(&w, "wide-east").await;
+    let slices = match scenario.controller_writes_slices() {
+        true => ours,
+        false => {
+            assert!(ours.is_empty(), "{ours:?}");
+            assert_eq!(kcm.len(), 1, "{kcm:?}");
+            kcm
+        }
+    };
+    let mut names_in: Vec<String> = slices
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| {
+            assert_eq!(p.port, Some(GATEWAY_PORT.into()));
+            p.name.clone().unwrap_or_default()
+        })
+        .collect();
+    names_in.sort();
+    names_in.dedup();
+    let mut want = names.clone();
+    want.sort();
+    assert_eq!(names_in, want);
+    eprintln!(
+        "the mirror's {} slice(s) hold all {PORTS} ports; {:?} from the export, test done in {:?}",
+        slices.len(),
+        exported_at.elapsed(),
+        test_start.elapsed()
+    );
 }
