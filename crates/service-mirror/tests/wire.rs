@@ -205,6 +205,7 @@ impl World {
         Self::build(Scenario::new(west_name, east_name)).await
     }
 
+    /// The world `scenario` describes; `setup` says how long it took.
     async fn build(scenario: Scenario) -> Self {
         let permit = WORLDS.acquire().await.expect("never closed");
         let started = Instant::now();
