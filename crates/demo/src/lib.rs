@@ -478,8 +478,14 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
             );
         }
         if let Some(wp) = wp {
+            let ip = Api::<Service>::namespaced(local.clone(), NS)
+                .get("web-east")
+                .await?
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .unwrap_or_default();
             println!(
-                "  nsenter --net={} <command>   (a shell's view from west's node; its DNS server is {})",
+                "  nsenter --net={} curl -s -H 'Host: web-east.{NS}.svc.cluster.local' http://{ip}/   (from west's node; its CoreDNS is {})",
                 wp.netns_path().display(),
                 wp.dns_addr()
             );
