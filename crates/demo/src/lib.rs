@@ -63,7 +63,7 @@ const PROBE_PERIOD_SECS: &str = "1";
 /// Port of the `metrics` port the story adds to east's web (and, with traffic, of its
 /// workload).
 const METRICS_PORT: u16 = 9090;
-/// First port of the remote workloads (one per service, on the remote's node).
+/// Port of the workload of a remote's i-th service: this + i (on the remote's node).
 const WORKLOAD_PORT: u16 = 8080;
 
 /// A remote cluster of the demo and its gateway.
@@ -71,7 +71,7 @@ struct Remote {
     cluster: LocalCluster,
     client: Client,
     /// Where the gateway is published: 192.0.2.N without traffic (never contacted; its
-    /// probes go to 127.0.0.N), the address of its stand-in gateway on the node with.
+    /// probes go to 127.0.0.N); with traffic, its stand-in gateway's address on the node.
     gateway_ip: Ipv4Addr,
     services: &'static [&'static str],
     /// With traffic: the stand-in gateway and the workloads on the remote's node.
@@ -84,22 +84,17 @@ impl Remote {
         self.cluster.data_plane()
     }
 
-    /// With traffic: a workload answering `<cluster>/<body>` on the next port of the node,
-    /// published as the Endpoints of `service` under `port_name` (with `others`).
+    /// With traffic: a workload answering `body` on `port` of the node, published as the
+    /// Endpoints of `service` under `port_name` (with the ports `others`, already served).
     async fn serve(
         &mut self,
         service: &str,
-        port_name: &str,
         body: &str,
+        (port_name, port): (&str, u16),
         others: &[(&str, u16)],
-    ) -> anyhow::Result<u16> {
+    ) -> anyhow::Result<()> {
         let Some(plane) = self.cluster.data_plane() else {
-            return Ok(0);
-        };
-        let port = if port_name == "metrics" {
-            METRICS_PORT
-        } else {
-            WORKLOAD_PORT + self.workloads.len() as u16
+            return Ok(());
         };
         self.workloads.push(plane.serve_http(port, body)?);
         let mut ports = others.to_vec();
@@ -112,7 +107,7 @@ impl Remote {
             &ports,
         )
         .await?;
-        Ok(port)
+        Ok(())
     }
 
     /// With traffic: starts the stand-in gateway on `ip` (a restart retries while the old
@@ -277,8 +272,8 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     remotes[0]
         .serve(
             "web",
-            "metrics",
             "east/web:metrics",
+            ("metrics", METRICS_PORT),
             &[("http", WORKLOAD_PORT)],
         )
         .await?;
@@ -422,8 +417,9 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     }
     let north_client = remotes[1].cluster.client().await?;
     remotes[1].client = north_client.clone();
+    let next = WORKLOAD_PORT + remotes[1].services.len() as u16;
     remotes[1]
-        .serve("reviews", "http", "north/reviews", &[])
+        .serve("reviews", "north/reviews", ("http", next), &[])
         .await?;
     Api::<Service>::namespaced(north_client, NS)
         .create(&PostParams::default(), &exported("reviews")?)
@@ -613,9 +609,10 @@ async fn setup_remote(r: &mut Remote) -> anyhow::Result<()> {
         .await?;
     r.start_gateway(r.gateway_ip).await?;
     set_gateway_ip(&r.client, r.gateway_ip).await?;
-    for name in r.services {
+    for (i, name) in r.services.iter().enumerate() {
         let body = format!("{}/{name}", r.cluster.name());
-        r.serve(name, "http", &body, &[]).await?;
+        r.serve(name, &body, ("http", WORKLOAD_PORT + i as u16), &[])
+            .await?;
         Api::<Service>::namespaced(r.client.clone(), NS)
             .create(&PostParams::default(), &exported(name)?)
             .await?;
