@@ -3,17 +3,27 @@
 //!
 //! `west` is the local cluster, `east` and `north` are remote. Each remote gets the
 //! remote-side RBAC of `allow` and a gateway; `west` gets the link Secrets of `link`, and
-//! the controller (the same link manager as `run`) runs in this process. Gateways are
-//! published at documentation addresses (192.0.2.N, never contacted); their probes are
-//! redirected to small HTTP servers on 127.0.0.N that the story can stop.
+//! the controller (the same link manager as `run`) runs in this process.
+//!
+//! Without traffic, gateways are published at documentation addresses (192.0.2.N, never
+//! contacted); their probes are redirected to small HTTP servers on 127.0.0.N that the
+//! story can stop. With traffic ([`traffic::decide`]: root, the data-plane binaries built)
+//! every cluster gets a data plane (docs/data-plane.md): each remote's services are
+//! answered by workloads on its node behind local-cluster's stand-in gateway, and the
+//! story sends real requests from west's node through the mirrors, on 198.18.0.0/15 only.
 
 #![forbid(unsafe_code)]
+
+pub mod traffic;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use local_cluster::{LocalCluster, apply_yaml};
+use local_cluster::{
+    ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, LocalCluster, PROBE_PORT, Workload,
+    apply_yaml, publish_endpoints,
+};
 use service_mirror_controller::cli::allow::{
     DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
 };
@@ -29,10 +39,11 @@ use service_mirror_core::labels::{
     REMOTE_SVC_FQ_NAME_ANNOTATION,
 };
 use service_mirror_testkit::{Baseline, Remote as InvariantRemote, World, check};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use traffic::Traffic;
 
 /// Options of the demo.
 #[derive(Debug, clap::Args)]
@@ -40,19 +51,98 @@ pub struct DemoArgs {
     /// Leave the clusters running at the end, with kubectl commands (Ctrl-C stops them).
     #[arg(long)]
     keep: bool,
+    /// Tell the story without real traffic, even where it can run (as root, with the
+    /// data-plane binaries built).
+    #[arg(long)]
+    no_traffic: bool,
 }
 
 const NS: &str = "shop";
 /// Probe settings of the demo's gateways: quick, so a dead gateway shows within seconds.
 const PROBE_PERIOD_SECS: &str = "1";
+/// Port of the `metrics` port the story adds to east's web (and, with traffic, of its
+/// workload).
+const METRICS_PORT: u16 = 9090;
+/// Port of the workload of a remote's i-th service: this + i (on the remote's node).
+const WORKLOAD_PORT: u16 = 8080;
 
 /// A remote cluster of the demo and its gateway.
 struct Remote {
     cluster: LocalCluster,
     client: Client,
-    /// Last octet of the gateway's address (192.0.2.N outside, 127.0.0.N for probes).
-    gateway_octet: u8,
+    /// Where the gateway is published: 192.0.2.N without traffic (never contacted; its
+    /// probes go to 127.0.0.N); with traffic, its stand-in gateway's address on the node.
+    gateway_ip: Ipv4Addr,
     services: &'static [&'static str],
+    /// With traffic: the stand-in gateway and the workloads on the remote's node.
+    gateway: Option<Gateway>,
+    workloads: Vec<Workload>,
+}
+
+impl Remote {
+    fn plane(&self) -> Option<&DataPlane> {
+        self.cluster.data_plane()
+    }
+
+    /// With traffic: a workload answering `body` on `port` of the node, published as the
+    /// Endpoints of `service` under `port_name` (with the ports `others`, already served).
+    async fn serve(
+        &mut self,
+        service: &str,
+        body: &str,
+        (port_name, port): (&str, u16),
+        others: &[(&str, u16)],
+    ) -> anyhow::Result<()> {
+        let Some(plane) = self.cluster.data_plane() else {
+            return Ok(());
+        };
+        self.workloads.push(plane.serve_http(port, body)?);
+        let mut ports = others.to_vec();
+        ports.push((port_name, port));
+        publish_endpoints(
+            &self.client,
+            NS,
+            service,
+            &plane.node_ip().to_string(),
+            &ports,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// With traffic: starts the stand-in gateway on `ip` (a restart retries while the old
+    /// listeners close, at most 5 s) and points the gateway Service's Endpoints at it.
+    async fn start_gateway(&mut self, ip: Ipv4Addr) -> anyhow::Result<()> {
+        let Some(plane) = self.cluster.data_plane() else {
+            return Ok(());
+        };
+        let mut last = None;
+        for _ in 0..50 {
+            match plane.start_gateway_at(self.cluster.name(), ip) {
+                Ok(g) => {
+                    self.gateway = Some(g);
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if let Some(e) = last {
+            return Err(e).context("starting the stand-in gateway");
+        }
+        // kube-proxy rejects a LoadBalancer IP without endpoints, as a real gateway's
+        // pods would give it.
+        publish_endpoints(
+            &self.client,
+            DEFAULT_NAMESPACE,
+            "linkerd-gateway",
+            &ip.to_string(),
+            &[("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)],
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 /// Runs the demo; Ctrl-C stops it at any point and removes every file.
@@ -70,16 +160,39 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
 }
 
+async fn start_clusters(
+    traffic: bool,
+) -> anyhow::Result<(LocalCluster, LocalCluster, LocalCluster)> {
+    let opts = || ClusterOptions {
+        data_plane: traffic,
+        ..Default::default()
+    };
+    Ok(tokio::try_join!(
+        LocalCluster::start_with("west", opts()),
+        LocalCluster::start_with("east", opts()),
+        LocalCluster::start_with("north", opts())
+    )?)
+}
+
 async fn story(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    println!(
-        "Starting three local clusters (etcd + kube-apiserver each; the first run builds them, ~5 min)..."
-    );
-    let (west, east, north) = tokio::try_join!(
-        LocalCluster::start("west"),
-        LocalCluster::start("east"),
-        LocalCluster::start("north")
-    )?;
+    let traffic = match traffic::decide_here(args.no_traffic)? {
+        Traffic::Run => true,
+        Traffic::Skip(why) => {
+            println!("skipped: real traffic through the mirrors: {why}");
+            false
+        }
+    };
+    if traffic {
+        println!(
+            "Starting three local clusters (etcd + kube-apiserver each, and a data plane: a node namespace with kube-proxy and CoreDNS, kube-controller-manager; the first run builds them, minutes)..."
+        );
+    } else {
+        println!(
+            "Starting three local clusters (etcd + kube-apiserver each; the first run builds them, ~5 min)..."
+        );
+    }
+    let (west, east, north) = start_clusters(traffic).await?;
     println!(
         "  west (local) {}   east {}   north {}   ready in {:.1?}",
         west.server_url(),
@@ -96,23 +209,37 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         (north, 20, &["payments", "search"][..]),
     ] {
         let client = cluster.client().await?;
-        serve_gateway_health(octet, Arc::new(AtomicBool::new(true))).await?;
+        let gateway_ip = match cluster.data_plane() {
+            Some(plane) => plane.node_ip(),
+            None => {
+                serve_gateway_health(octet, Arc::new(AtomicBool::new(true))).await?;
+                Ipv4Addr::new(192, 0, 2, octet)
+            }
+        };
         remotes.push(Remote {
             cluster,
             client,
-            gateway_octet: octet,
+            gateway_ip,
             services,
+            gateway: None,
+            workloads: Vec::new(),
         });
     }
 
-    println!(
-        "\nRemote side: `service-mirror allow` (a ServiceAccount that may only read Services), a gateway, exported services."
-    );
+    if traffic {
+        println!(
+            "\nRemote side: `service-mirror allow` (a ServiceAccount that may only read Services), a gateway (a stand-in on the remote's node: no mTLS), exported services, each answered by a workload on the remote's node."
+        );
+    } else {
+        println!(
+            "\nRemote side: `service-mirror allow` (a ServiceAccount that may only read Services), a gateway, exported services."
+        );
+    }
     println!(
         "Local side: `service-mirror link` Secrets in {DEFAULT_NAMESPACE}, and the controller in this process."
     );
     local_cluster::ensure_namespace(&local, DEFAULT_NAMESPACE).await?;
-    for r in &remotes {
+    for r in &mut remotes {
         link_remote(&local, r).await?;
         setup_remote(r).await?;
     }
@@ -128,11 +255,32 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         |t| t.len() == 4 && t.iter().all(|r| r.state == "ready"),
     )
     .await?;
+    let wp = west.data_plane();
+    if let Some(wp) = wp {
+        println!(
+            "  Requests from west's node (a network namespace, as a pod's): west's CoreDNS and kube-proxy, the remote's gateway, its DNS and kube-proxy, the workload:"
+        );
+        for r in &remotes {
+            for svc in r.services {
+                let mirror = format!("{svc}-{}", r.cluster.name());
+                let body = format!("{}/{svc}", r.cluster.name());
+                traffic::answered(wp, &traffic::host(&mirror, NS), 80, &body, "after ").await?;
+            }
+        }
+    }
 
+    remotes[0]
+        .serve(
+            "web",
+            "east/web:metrics",
+            ("metrics", METRICS_PORT),
+            &[("http", WORKLOAD_PORT)],
+        )
+        .await?;
     let east_svcs: Api<Service> = Api::namespaced(remotes[0].client.clone(), NS);
     east_svcs
         .patch("web", &PatchParams::default(), &merge(serde_json::json!({"spec": {"ports": [
-            {"name": "http", "port": 80, "protocol": "TCP"}, {"name": "metrics", "port": 9090, "protocol": "TCP"}]}})))
+            {"name": "http", "port": 80, "protocol": "TCP"}, {"name": "metrics", "port": METRICS_PORT, "protocol": "TCP"}]}})))
         .await?;
     step(
         &local,
@@ -143,22 +291,46 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         },
     )
     .await?;
+    if let Some(wp) = wp {
+        let host = traffic::host("web-east", NS);
+        traffic::answered(wp, &host, METRICS_PORT, "east/web:metrics", "after ").await?;
+    }
 
-    // The gateway moves to a new address; a health server answers there too.
-    let moved = 11u8;
+    // The gateway moves to a new address; a health server (or, with traffic, the
+    // gateway itself) answers there, and the old one is gone.
     let moved_health = Arc::new(AtomicBool::new(true));
-    serve_gateway_health(moved, moved_health.clone()).await?;
+    let new_address = remotes[0].plane().map(DataPlane::add_address).transpose()?;
+    let moved = match new_address {
+        Some(ip) => {
+            let old = remotes[0].gateway.take();
+            remotes[0].start_gateway(ip).await?;
+            drop(old);
+            ip
+        }
+        None => {
+            serve_gateway_health(11, moved_health.clone()).await?;
+            Ipv4Addr::new(192, 0, 2, 11)
+        }
+    };
     set_gateway_ip(&remotes[0].client, moved).await?;
+    let moved_prefix = format!("{moved} ");
     step(
         &local,
-        "East's gateway moves to 192.0.2.11: every east mirror points at the new address.",
+        &format!("East's gateway moves to {moved}: every east mirror points at the new address."),
         |t| {
             t.iter()
                 .filter(|r| r.cluster == "east")
-                .all(|r| r.endpoints.starts_with("192.0.2.11"))
+                .all(|r| r.endpoints.starts_with(&moved_prefix))
         },
     )
     .await?;
+    if let Some(wp) = wp {
+        for svc in remotes[0].services {
+            let host = traffic::host(&format!("{svc}-east"), NS);
+            let body = format!("east/{svc}");
+            traffic::answered(wp, &host, 80, &body, "through the new gateway only, after ").await?;
+        }
+    }
 
     let north_svcs: Api<Service> = Api::namespaced(remotes[1].client.clone(), NS);
     north_svcs
@@ -176,31 +348,80 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         |t| t.len() == 3,
     )
     .await?;
+    if let Some(wp) = wp {
+        traffic::unresolved(wp, &traffic::host("search-north", NS)).await?;
+    }
 
-    moved_health.store(false, Ordering::SeqCst);
-    step(&local, "East's gateway stops answering its probes: east mirrors turn not ready, so clients fail over.", |t| {
-        t.iter().filter(|r| r.cluster == "east").all(|r| r.state == "not ready")
+    let web_east = traffic::host("web-east", NS);
+    let dies = if traffic {
+        drop(remotes[0].gateway.take());
+        "East's gateway dies: its probes fail, east mirrors turn not ready, so clients fail over."
+    } else {
+        moved_health.store(false, Ordering::SeqCst);
+        "East's gateway stops answering its probes: east mirrors turn not ready, so clients fail over."
+    };
+    step(&local, dies, |t| {
+        t.iter()
+            .filter(|r| r.cluster == "east")
+            .all(|r| r.state == "not ready")
     })
     .await?;
-    moved_health.store(true, Ordering::SeqCst);
-    step(
-        &local,
-        "East's gateway answers again: its mirrors are ready.",
-        |t| t.iter().all(|r| r.state == "ready"),
-    )
-    .await?;
+    if let Some(wp) = wp {
+        traffic::failing_fast(wp, &web_east, 80).await?;
+    }
+    let back = if traffic {
+        remotes[0].start_gateway(moved).await?;
+        "East's gateway is back: its mirrors are ready."
+    } else {
+        moved_health.store(true, Ordering::SeqCst);
+        "East's gateway answers again: its mirrors are ready."
+    };
+    step(&local, back, |t| t.iter().all(|r| r.state == "ready")).await?;
+    if let Some(wp) = wp {
+        traffic::answered(wp, &web_east, 80, "east/web", "again, after ").await?;
+    }
 
-    remotes[1].cluster.stop_apiserver();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    step(
-        &local,
-        "North's apiserver stops: its mirrors stay as they were.",
-        |t| t.len() == 3,
-    )
-    .await?;
-    remotes[1].cluster.start_apiserver().await?;
-    let north_svcs: Api<Service> = Api::namespaced(remotes[1].cluster.client().await?, NS);
-    north_svcs
+    let outage = async {
+        remotes[1].cluster.stop_apiserver();
+        let down = Instant::now();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        step(
+            &local,
+            "North's apiserver stops: its mirrors stay as they were.",
+            |t| t.len() == 3,
+        )
+        .await?;
+        remotes[1].cluster.start_apiserver().await?;
+        anyhow::Ok(down.elapsed())
+    };
+    match wp {
+        Some(wp) => {
+            let host = traffic::host("payments-north", NS);
+            let (down, tally) =
+                traffic::while_requesting(wp, &host, "north/payments", outage).await;
+            let down = down?;
+            println!(
+                "  GET http://{host}/ every 100 ms while north's apiserver was down ({down:.1?}): {} requests, {} failed",
+                tally.sent,
+                tally.failures.len()
+            );
+            anyhow::ensure!(
+                tally.failures.is_empty(),
+                "requests failed during north's outage: {:#?}",
+                tally.failures
+            );
+        }
+        None => {
+            outage.await?;
+        }
+    }
+    let north_client = remotes[1].cluster.client().await?;
+    remotes[1].client = north_client.clone();
+    let next = WORKLOAD_PORT + remotes[1].services.len() as u16;
+    remotes[1]
+        .serve("reviews", "north/reviews", ("http", next), &[])
+        .await?;
+    Api::<Service>::namespaced(north_client, NS)
         .create(&PostParams::default(), &exported("reviews")?)
         .await?;
     step(
@@ -209,6 +430,10 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         |t| t.len() == 4 && t.iter().all(|r| r.state == "ready"),
     )
     .await?;
+    if let Some(wp) = wp {
+        let host = traffic::host("reviews-north", NS);
+        traffic::answered(wp, &host, 80, "north/reviews", "after ").await?;
+    }
 
     let world = World {
         local: local.clone(),
@@ -246,6 +471,19 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
             println!(
                 "  kubectl --kubeconfig {} get svc -A",
                 r.cluster.admin_kubeconfig().path.display()
+            );
+        }
+        if let Some(wp) = wp {
+            let ip = Api::<Service>::namespaced(local.clone(), NS)
+                .get("web-east")
+                .await?
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .unwrap_or_default();
+            println!(
+                "  nsenter --net={} curl -s -H 'Host: web-east.{NS}.svc.cluster.local' http://{ip}/   (from west's node; its CoreDNS is {})",
+                wp.netns_path().display(),
+                wp.dns_addr()
             );
         }
         tokio::signal::ctrl_c().await?;
@@ -349,27 +587,32 @@ fn exported(name: &str) -> anyhow::Result<Service> {
     }))?)
 }
 
-async fn set_gateway_ip(remote: &Client, octet: u8) -> anyhow::Result<()> {
+async fn set_gateway_ip(remote: &Client, ip: Ipv4Addr) -> anyhow::Result<()> {
     // No cloud here: the load balancer status is written by hand.
-    let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": format!("192.0.2.{octet}")}]}}});
+    let status =
+        serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}});
     Api::<Service>::namespaced(remote.clone(), DEFAULT_NAMESPACE)
         .patch_status("linkerd-gateway", &PatchParams::default(), &merge(status))
         .await?;
     Ok(())
 }
 
-async fn setup_remote(r: &Remote) -> anyhow::Result<()> {
+async fn setup_remote(r: &mut Remote) -> anyhow::Result<()> {
     local_cluster::ensure_namespace(&r.client, NS).await?;
     let gw: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "linkerd-gateway", "annotations": {
             PROBE_PATH_ANNOTATION: "/ready", PROBE_PERIOD_ANNOTATION: PROBE_PERIOD_SECS}},
-        "spec": {"type": "LoadBalancer", "ports": [{"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": 4191}]}
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "mc-gateway", "port": GATEWAY_PORT}, {"name": "mc-probe", "port": PROBE_PORT}]}
     }))?;
     Api::<Service>::namespaced(r.client.clone(), DEFAULT_NAMESPACE)
         .create(&PostParams::default(), &gw)
         .await?;
-    set_gateway_ip(&r.client, r.gateway_octet).await?;
-    for name in r.services {
+    r.start_gateway(r.gateway_ip).await?;
+    set_gateway_ip(&r.client, r.gateway_ip).await?;
+    for (i, name) in r.services.iter().enumerate() {
+        let body = format!("{}/{name}", r.cluster.name());
+        r.serve(name, &body, ("http", WORKLOAD_PORT + i as u16), &[])
+            .await?;
         Api::<Service>::namespaced(r.client.clone(), NS)
             .create(&PostParams::default(), &exported(name)?)
             .await?;

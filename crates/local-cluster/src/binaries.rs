@@ -133,3 +133,24 @@ pub fn ensure_data_plane_binaries() -> Result<DataPlaneBinaries> {
         DataPlaneBinaries::in_dir,
     )
 }
+
+/// The data-plane binaries if they are already there (in `SERVICE_MIRROR_DATA_PLANE_DIR`,
+/// or cached by `build-control-plane.sh --data-plane`); never builds. For callers that
+/// do without a data plane rather than wait minutes for a build (the demo).
+pub fn built_data_plane_binaries() -> Option<DataPlaneBinaries> {
+    if let Some(b) = ENSURED_DATA_PLANE.lock().as_ref() {
+        return Some(b.clone());
+    }
+    if let Some(dir) = std::env::var_os("SERVICE_MIRROR_DATA_PLANE_DIR") {
+        return DataPlaneBinaries::in_dir(Path::new(&dir));
+    }
+    let out = Command::new("bash")
+        .arg(build_script())
+        .args(["--data-plane", "--print"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    DataPlaneBinaries::in_dir(Path::new(String::from_utf8_lossy(&out.stdout).trim()))
+}

@@ -17,6 +17,7 @@ mod binaries;
 mod certs;
 mod cluster;
 mod data_plane;
+mod endpoints;
 mod kubeconfig;
 mod ports;
 mod process;
@@ -25,12 +26,16 @@ mod shared;
 mod workdir;
 
 pub use apply::{FIELD_MANAGER, apply_yaml, parse_documents};
-pub use binaries::{Binaries, DataPlaneBinaries, ensure_binaries, ensure_data_plane_binaries};
+pub use binaries::{
+    Binaries, DataPlaneBinaries, built_data_plane_binaries, ensure_binaries,
+    ensure_data_plane_binaries,
+};
 pub use cluster::{ClusterOptions, LocalCluster, ensure_namespace};
 pub use data_plane::{
     DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, PROBE_PORT, Workload, data_plane_support,
     skip_without_data_plane,
 };
+pub use endpoints::publish_endpoints;
 pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
 pub use process::spawn_tied;
 pub use proxy::TcpProxy;

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use local_cluster::{
     ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT,
-    Workload, skip_without_data_plane,
+    Workload, publish_endpoints, skip_without_data_plane,
 };
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -77,34 +77,7 @@ async fn east_service(east: &kube::Client, name: &str, node_ip: &str) {
         .await
         .unwrap();
     let ports: Vec<(&str, u16)> = WEB_PORTS.iter().map(|(n, _, t)| (*n, *t)).collect();
-    create_endpoints(east, name, node_ip, &ports).await;
-}
-
-/// Endpoints `shop/<name>` at one address with these named ports, as the Endpoints
-/// controller of a real cluster would publish them.
-async fn create_endpoints(east: &kube::Client, name: &str, ip: &str, ports: &[(&str, u16)]) {
-    let ep = Endpoints {
-        metadata: meta(name),
-        subsets: Some(vec![EndpointSubset {
-            addresses: Some(vec![EndpointAddress {
-                ip: ip.into(),
-                ..Default::default()
-            }]),
-            ports: Some(
-                ports
-                    .iter()
-                    .map(|(name, port)| EndpointPort {
-                        name: Some(name.to_string()),
-                        port: (*port).into(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        }]),
-    };
-    Api::<Endpoints>::namespaced(east.clone(), "shop")
-        .create(&PostParams::default(), &ep)
+    publish_endpoints(east, "shop", name, node_ip, &ports)
         .await
         .unwrap();
 }
@@ -134,7 +107,9 @@ async fn east_gateway(east: &kube::Client, ip: &str, ingress: &[&str]) {
         .unwrap();
     set_ingress(east, "shop", "gateway", ingress).await;
     let ports = [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)];
-    create_endpoints(east, "gateway", ip, &ports).await;
+    publish_endpoints(east, "shop", "gateway", ip, &ports)
+        .await
+        .unwrap();
 }
 
 /// The mirror's name on west.
@@ -1250,7 +1225,9 @@ async fn many_ports(scenario: Scenario) {
         .zip(0..PORTS)
         .map(|(n, i)| (n.as_str(), 9100 + i))
         .collect();
-    create_endpoints(&w.ec, "wide", &east_ip, &ports).await;
+    publish_endpoints(&w.ec, "shop", "wide", &east_ip, &ports)
+        .await
+        .unwrap();
     let exported_at = Instant::now();
     eprintln!(
         "setup: clusters, controller, link in {:?}; {PORTS} workloads and east's wide in {:?}",
