@@ -2,7 +2,10 @@
 //! (see reconcile.rs for gather and apply).
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
-use service_mirror_core::{Action, DesiredMirror, ExportDecision, Refusal, ServiceKey, plan};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use service_mirror_core::{
+    Action, DesiredMirror, EndpointsMode, ExportDecision, Refusal, ServiceKey, plan,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +25,10 @@ pub(super) struct Gathered {
     pub(super) services: Vec<Arc<Service>>,
     /// See `services`.
     pub(super) endpoints: Vec<Arc<Endpoints>>,
+    /// Our EndpointSlices that stand for the key.
+    pub(super) slices: Vec<Arc<EndpointSlice>>,
+    /// Which endpoint objects the mirror carries (the link's `--endpoints-mode`).
+    pub(super) mode: EndpointsMode,
     /// A write of ours to one of these objects has not reached the caches yet.
     pub(super) pending: bool,
     /// The key's Endpoints were written ahead of its Service, replacing this version.
@@ -100,7 +107,16 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
     }
     let services: Vec<&Service> = g.services.iter().map(|s| s.as_ref()).collect();
     let endpoints: Vec<&Endpoints> = g.endpoints.iter().map(|e| e.as_ref()).collect();
-    let mut actions = plan(key, g.desired.as_ref(), &services, &endpoints, cluster);
+    let slices: Vec<&EndpointSlice> = g.slices.iter().map(|e| e.as_ref()).collect();
+    let mut actions = plan(
+        key,
+        g.desired.as_ref(),
+        &services,
+        &endpoints,
+        &slices,
+        cluster,
+        g.mode,
+    );
     let admit = actions
         .iter()
         .any(|a| matches!(a, Action::CreateService(_)));
@@ -210,6 +226,9 @@ mod tests {
             desired,
             services,
             endpoints,
+            // The Endpoints-first rule is `endpoints` mode's (its plans are exactly the
+            // two updates); the mode tables are core's (plan.rs).
+            mode: EndpointsMode::Endpoints,
             ..Gathered::default()
         }
     }
@@ -229,6 +248,9 @@ mod tests {
             Action::UpdateEndpoints(_) => "update ep",
             Action::DeleteService { .. } => "delete svc",
             Action::DeleteEndpoints { .. } => "delete ep",
+            Action::CreateEndpointSlice(_) => "create slice",
+            Action::UpdateEndpointSlice(_) => "update slice",
+            Action::DeleteEndpointSlice { .. } => "delete slice",
         };
         match steps {
             Steps::InOrder(actions) => actions.iter().map(name).collect(),
