@@ -227,7 +227,8 @@ impl Reconciler {
             self.endpoints_first.lock().remove(key);
         }
         let done = requeue.map_or(Outcome::Done, Outcome::RequeueAfter);
-        self.report_over_capacity(key, &steps).await;
+        // Reported once the writes are made (the mirror's namespace may be new).
+        let over_capacity = self.over_capacity(key, &steps);
         let actions = match steps {
             Steps::EndpointsFirst { endpoints, service } => {
                 tracing::debug!(%cluster, %key, action = ?endpoints, "writing Endpoints first");
@@ -235,6 +236,7 @@ impl Reconciler {
                     unreachable!("decide puts an Endpoints update first")
                 };
                 let rv = e.metadata.resource_version.clone().unwrap_or_default();
+                self.record_all(over_capacity).await;
                 return match self.execute(&endpoints).await {
                     Ok(Applied::Done) => {
                         self.endpoints_first.lock().insert(key.clone(), rv);
@@ -260,6 +262,7 @@ impl Reconciler {
                 break;
             }
         }
+        self.record_all(over_capacity).await;
         Ok(done)
     }
 
@@ -296,10 +299,12 @@ impl Reconciler {
     /// In `endpoints` mode, an Endpoints written with a subset larger than
     /// kube-controller-manager mirrors into slices (it keeps the first 1000 addresses of
     /// a subset, see `core::slices::MIRRORING_MAX_ENDPOINTS_PER_SUBSET`) is reported, once
-    /// per write: a warning, an Event on the mirror Service, a metric.
-    async fn report_over_capacity(&self, key: &ServiceKey, steps: &Steps) {
+    /// per write: a warning and a metric now, and the returned Events on the mirror
+    /// Service.
+    fn over_capacity(&self, key: &ServiceKey, steps: &Steps) -> Vec<(ObjectReference, String)> {
+        let mut events = Vec::new();
         if self.mode != EndpointsMode::Endpoints {
-            return;
+            return events;
         }
         let actions: Vec<&Action> = match steps {
             Steps::InOrder(actions) => actions.iter().collect(),
@@ -327,8 +332,16 @@ impl Reconciler {
                 name: e.metadata.name.clone(),
                 ..ObjectReference::default()
             };
+            events.push((service, note));
+        }
+        events
+    }
+
+    /// Records `events` (from [`Self::over_capacity`]) as `EndpointsOverCapacity`.
+    async fn record_all(&self, events: Vec<(ObjectReference, String)>) {
+        for (regarding, note) in events {
             self.writer
-                .record(&service, "EndpointsOverCapacity", "Mirror", note)
+                .record(&regarding, "EndpointsOverCapacity", "Mirror", note)
                 .await;
         }
     }
