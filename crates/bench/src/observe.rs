@@ -1,7 +1,8 @@
 //! The observer: watches of mirror Services and Endpoints on the local cluster, recording
-//! for each wanted object the first time it was seen in the wanted state. In
-//! `endpointslices` mode the mirror's EndpointSlice stands in for its Endpoints (one
-//! slice per mirror at the bench's sizes: one gateway address, two ports).
+//! for each wanted object the first time it was seen in the wanted state. In the modes
+//! with slices the mirror's EndpointSlice stands in for its Endpoints (what kube-proxy
+//! reads, and written last; one slice per mirror at the bench's sizes: one gateway
+//! address, two ports).
 //!
 //! It runs on a thread and runtime of its own, so that the bench's writers (the baseline)
 //! never delay the moment an event is seen.
@@ -239,7 +240,7 @@ pub(crate) async fn bench_client(kubeconfig_yaml: &str) -> anyhow::Result<kube::
 
 impl Observer {
     /// Starts watching the cluster of `kubeconfig_yaml`; returns once both watches have
-    /// listed. In `endpointslices` mode "Endpoints" are read from the mirrors' slices.
+    /// listed. In the modes with slices "Endpoints" are read from the mirrors' slices.
     pub(crate) async fn start(kubeconfig_yaml: &str, mode: EndpointsMode) -> anyhow::Result<Self> {
         let state = Arc::new(Mutex::new(State::default()));
         let notify = Arc::new(Notify::new());
@@ -278,7 +279,7 @@ impl Observer {
                         nt.clone(),
                     );
                     let endpoints = async {
-                        match mode.writes_endpoints() {
+                        match !mode.writes_slices() {
                             true => {
                                 watch(
                                     Api::<Endpoints>::all(client),
@@ -427,11 +428,14 @@ impl Drop for Observer {
     }
 }
 
+/// How a watched object is read: what is seen of it, and the name it is wanted under.
+type Reading<K> = (fn(&K, Instant) -> Seen, fn(&K) -> String);
+
 async fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
-    (summarize, name): (fn(&K, Instant) -> Seen, fn(&K) -> String),
+    (summarize, name): Reading<K>,
     state: Arc<Mutex<State>>,
     notify: Arc<Notify>,
 ) where

@@ -44,7 +44,7 @@ pub(super) struct Reconciler {
     pub(super) expectations: Arc<Expectations>,
     /// Keys whose Endpoints were written ahead of their Service (see decide.rs), with
     /// the resourceVersion of the Endpoints that write replaced.
-    pub(super) endpoints_first: Mutex<HashMap<ServiceKey, String>>,
+    pub(super) endpoints_first: Mutex<HashMap<ServiceKey, Vec<String>>>,
     /// Slots for mirrors under the link's limit.
     pub(super) limit: Arc<MirrorLimit>,
     /// To wake keys refused under the limit when a slot frees.
@@ -231,26 +231,29 @@ impl Reconciler {
         let over_capacity = self.over_capacity(key, &steps);
         let actions = match steps {
             Steps::EndpointsFirst { endpoints, service } => {
-                tracing::debug!(%cluster, %key, action = ?endpoints, "writing Endpoints first");
-                let Action::UpdateEndpoints(e) = endpoints.as_ref() else {
-                    unreachable!("decide puts an Endpoints update first")
-                };
-                let rv = e.metadata.resource_version.clone().unwrap_or_default();
+                tracing::debug!(%cluster, %key, actions = ?endpoints, "writing Endpoints first");
                 self.record_all(over_capacity).await;
-                return match self.execute(&endpoints).await {
-                    Ok(Applied::Done) => {
-                        self.endpoints_first.lock().insert(key.clone(), rv);
-                        Ok(Outcome::RequeueAfter(std::time::Duration::ZERO))
+                let mut replaced = Vec::new();
+                for action in &endpoints {
+                    let rv = match action {
+                        Action::UpdateEndpoints(e) => e.metadata.resource_version.clone(),
+                        Action::UpdateEndpointSlice(e) => e.metadata.resource_version.clone(),
+                        _ => unreachable!("decide puts only Endpoints and slice updates first"),
+                    };
+                    match self.execute(action).await {
+                        Ok(Applied::Done) => replaced.extend(rv),
+                        // The event bringing the newer object queues the key again.
+                        Ok(Applied::Stale) => return Ok(done),
+                        // They cannot be written now: the Service still is, as when the
+                        // plan runs in its own order; the key is retried for the rest.
+                        Err(err) => {
+                            self.execute(&service).await?;
+                            return Err(err);
+                        }
                     }
-                    // The event bringing the newer Endpoints queues the key again.
-                    Ok(Applied::Stale) => Ok(done),
-                    // The Endpoints cannot be written now: the Service still is, as when the
-                    // plan runs in its own order; the key is retried for the Endpoints.
-                    Err(err) => {
-                        self.execute(&service).await?;
-                        Err(err)
-                    }
-                };
+                }
+                self.endpoints_first.lock().insert(key.clone(), replaced);
+                return Ok(Outcome::RequeueAfter(std::time::Duration::ZERO));
             }
             Steps::InOrder(actions) => actions,
         };
@@ -308,7 +311,7 @@ impl Reconciler {
         }
         let actions: Vec<&Action> = match steps {
             Steps::InOrder(actions) => actions.iter().collect(),
-            Steps::EndpointsFirst { endpoints, .. } => vec![endpoints.as_ref()],
+            Steps::EndpointsFirst { endpoints, .. } => endpoints.iter().collect(),
         };
         for action in actions {
             let (Action::CreateEndpoints(e) | Action::UpdateEndpoints(e)) = action else {
