@@ -40,14 +40,15 @@ pub(crate) struct Counts {
 }
 
 impl Counts {
-    /// Writes to mirror objects only (Services and Endpoints).
+    /// Writes to mirror objects only (Services, Endpoints and EndpointSlices).
     pub(crate) fn mirror_writes(&self) -> u64 {
         self.by_kind
             .iter()
             .filter(|(k, _)| {
                 let mut it = k.split(' ');
                 let (verb, res) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-                WRITE_VERBS.contains(&verb) && (res == "services" || res == "endpoints")
+                WRITE_VERBS.contains(&verb)
+                    && matches!(res, "services" | "endpoints" | "endpointslices")
             })
             .map(|(_, n)| n)
             .sum()

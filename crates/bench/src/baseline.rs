@@ -2,20 +2,27 @@
 //! writes (built by the controller's own `desired_mirror`) straight to the local
 //! apiserver, with nothing to watch, compute or compare, as many requests in flight as
 //! works best. It writes them to a namespace of its own with the `mirrored-service`
-//! label set to `base`, so the controller never sees them.
+//! label set to `base`, so the controller never sees them. In each `--endpoints-mode`
+//! it writes what the controller writes in that mode: Endpoints (labelled skip-mirror in
+//! `both`) and, once the Services exist (their uid owns the slices), EndpointSlices.
 
 use crate::observe::{ObjKey, Want};
 use crate::remote::{GATEWAY_NAME, GATEWAY_NAMESPACE, GATEWAY_PORT, GRPC_PORT, NAMESPACE, Remote};
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use service_mirror_controller::writer::FIELD_MANAGER;
+use service_mirror_core::labels::SERVICE_NAME_LABEL;
 use service_mirror_core::labels::{
     MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
 };
-use service_mirror_core::{GatewayRef, Link, ResolvedGateway, desired_mirror};
+use service_mirror_core::slices::with_skip_mirror;
+use service_mirror_core::{
+    DesiredMirror, EndpointsMode, GatewayRef, Link, ResolvedGateway, desired_mirror, desired_slices,
+};
 use std::time::{Duration, Instant};
 
 /// Namespace the baseline writes to.
@@ -30,6 +37,8 @@ pub(crate) enum Obj {
     Service(Box<Service>),
     /// An Endpoints.
     Endpoints(Box<Endpoints>),
+    /// An EndpointSlice.
+    Slice(Box<EndpointSlice>),
 }
 
 /// What one mirror is made of: for the remote's `index`-th cluster, Service `i`.
@@ -39,8 +48,11 @@ pub(crate) struct Pair {
     pub(crate) remote: usize,
     /// The Service, as last written (with its resourceVersion).
     pub(crate) service: Service,
-    /// The Endpoints, as last written.
+    /// The Endpoints, as last written (in `endpointslices` mode: never written, the
+    /// source of the slices).
     pub(crate) endpoints: Endpoints,
+    /// The EndpointSlices, as last written.
+    pub(crate) slices: Vec<EndpointSlice>,
 }
 
 /// The exported Services of one remote cluster, as the baseline needs them.
@@ -69,7 +81,12 @@ impl Shape {
 
 /// The controller's objects for every exported Service of `remotes`, in `namespace`.
 /// The remote resourceVersions are made up (as long as real ones), the rest is exact.
-pub(crate) fn objects(remotes: &[Shape], namespace: &str, controller_ns: &str) -> Vec<Pair> {
+pub(crate) fn objects(
+    remotes: &[Shape],
+    namespace: &str,
+    controller_ns: &str,
+    mode: EndpointsMode,
+) -> Vec<Pair> {
     let mut pairs = Vec::new();
     for (r, remote) in remotes.iter().enumerate() {
         let link = Link::new(remote.name.clone(), None).with_controller_namespace(controller_ns);
@@ -107,10 +124,15 @@ pub(crate) fn objects(remotes: &[Shape], namespace: &str, controller_ns: &str) -
                     labels.insert(MIRRORED_SERVICE_LABEL.into(), BASELINE_LABEL_VALUE.into());
                 }
             }
+            let endpoints = match mode {
+                EndpointsMode::Both => with_skip_mirror(d.endpoints),
+                _ => d.endpoints,
+            };
             pairs.push(Pair {
                 remote: r,
                 service: d.service,
-                endpoints: d.endpoints,
+                endpoints,
+                slices: Vec::new(),
             });
         }
     }
@@ -167,6 +189,7 @@ async fn write(client: &Client, obj: Obj, create: bool) -> anyhow::Result<Obj> {
     let ns = match &obj {
         Obj::Service(s) => s.metadata.namespace.clone(),
         Obj::Endpoints(e) => e.metadata.namespace.clone(),
+        Obj::Slice(e) => e.metadata.namespace.clone(),
     }
     .unwrap_or_default();
     let pp = params();
@@ -184,6 +207,15 @@ async fn write(client: &Client, obj: Obj, create: bool) -> anyhow::Result<Obj> {
             let api: Api<Endpoints> = Api::namespaced(client.clone(), &ns);
             let name = e.metadata.name.clone().unwrap_or_default();
             Obj::Endpoints(Box::new(if create {
+                api.create(&pp, &e).await
+            } else {
+                api.replace(&name, &pp, &e).await
+            }?))
+        }
+        Obj::Slice(e) => {
+            let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
+            let name = e.metadata.name.clone().unwrap_or_default();
+            Obj::Slice(Box::new(if create {
                 api.create(&pp, &e).await
             } else {
                 api.replace(&name, &pp, &e).await
@@ -210,15 +242,49 @@ pub(crate) async fn write_all(
     Ok((written, start.elapsed()))
 }
 
-/// Services and Endpoints of `pairs`, interleaved (a mirror's two objects together).
-pub(crate) fn interleaved(pairs: &[Pair]) -> Vec<Obj> {
+/// Services and (in modes with Endpoints) Endpoints of `pairs`, interleaved (a
+/// mirror's objects together).
+pub(crate) fn interleaved(pairs: &[Pair], mode: EndpointsMode) -> Vec<Obj> {
     pairs
         .iter()
         .flat_map(|p| {
-            [
-                Obj::Service(Box::new(p.service.clone())),
-                Obj::Endpoints(Box::new(p.endpoints.clone())),
-            ]
+            let mut objs = vec![Obj::Service(Box::new(p.service.clone()))];
+            if mode.writes_endpoints() {
+                objs.push(Obj::Endpoints(Box::new(p.endpoints.clone())));
+            }
+            objs
+        })
+        .collect()
+}
+
+/// The slices of `pairs` in modes with slices (none otherwise), owned by the written
+/// Services (absorbed: they carry their uid), from `endpoints` (each pair's by default),
+/// with the resourceVersion of the slice written before, for a replace.
+pub(crate) fn slices_of(
+    pairs: &[Pair],
+    mode: EndpointsMode,
+    endpoints: Option<&[Endpoints]>,
+) -> Vec<Obj> {
+    if !mode.writes_slices() {
+        return Vec::new();
+    }
+    pairs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| {
+            let d = DesiredMirror {
+                service: p.service.clone(),
+                endpoints: endpoints.map_or_else(|| p.endpoints.clone(), |e| e[i].clone()),
+            };
+            let uid = p.service.metadata.uid.clone().unwrap_or_default();
+            desired_slices(&d, &uid).into_iter().map(|mut s| {
+                s.metadata.resource_version = p
+                    .slices
+                    .iter()
+                    .find(|w| w.metadata.name == s.metadata.name)
+                    .and_then(|w| w.metadata.resource_version.clone());
+                Obj::Slice(Box::new(s))
+            })
         })
         .collect()
 }
@@ -242,13 +308,33 @@ pub(crate) fn absorb(pairs: &mut [Pair], written: Vec<Obj>) {
                     pairs[i].endpoints = *e;
                 }
             }
+            Obj::Slice(s) => {
+                let service = s
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL));
+                if let Some(&i) = service.and_then(|n| index.get(n)) {
+                    let slices = &mut pairs[i].slices;
+                    slices.retain(|w| w.metadata.name != s.metadata.name);
+                    slices.push(*s);
+                }
+            }
         }
     }
 }
 
-/// The Endpoints of `pairs` pointing at `ip`.
-pub(crate) fn moved_endpoints(pairs: &[Pair], ip: &str) -> Vec<Obj> {
-    pairs
+/// The Endpoints (and slices, by mode) of `pairs` pointing at `ip`.
+pub(crate) fn moved_endpoints(pairs: &[Pair], ip: &str, mode: EndpointsMode) -> Vec<Obj> {
+    moved_groups(pairs, ip, mode)
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// [`moved_endpoints`], one group per pair.
+fn moved_groups(pairs: &[Pair], ip: &str, mode: EndpointsMode) -> Vec<Vec<Obj>> {
+    let endpoints: Vec<Endpoints> = pairs
         .iter()
         .map(|p| {
             let mut e = p.endpoints.clone();
@@ -258,25 +344,55 @@ pub(crate) fn moved_endpoints(pairs: &[Pair], ip: &str) -> Vec<Obj> {
                     ..Default::default()
                 }]);
             }
-            Obj::Endpoints(Box::new(e))
+            e
+        })
+        .collect();
+    let mut slices = slices_of(pairs, mode, Some(&endpoints))
+        .into_iter()
+        .peekable();
+    endpoints
+        .into_iter()
+        .map(|e| {
+            let name = e.metadata.name.clone();
+            let mut group = Vec::new();
+            // The slices of this pair (named after it) follow its Endpoints.
+            while let Some(Obj::Slice(s)) = slices.peek() {
+                let service = s
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL));
+                if service != name.as_ref() {
+                    break;
+                }
+                group.extend(slices.next());
+            }
+            if mode.writes_endpoints() {
+                group.insert(0, Obj::Endpoints(Box::new(e)));
+            }
+            group
         })
         .collect()
 }
 
 /// What a gateway move means for the controller's objects: every Service gets the new
 /// gateway resourceVersion, every Endpoints the new address.
-pub(crate) fn moved_mirrors(pairs: &[Pair], ip: &str, gateway_version: &str) -> Vec<Obj> {
-    let endpoints = moved_endpoints(pairs, ip);
+pub(crate) fn moved_mirrors(
+    pairs: &[Pair],
+    ip: &str,
+    gateway_version: &str,
+    mode: EndpointsMode,
+) -> Vec<Obj> {
     pairs
         .iter()
-        .zip(endpoints)
-        .flat_map(|(p, e)| {
+        .zip(moved_groups(pairs, ip, mode))
+        .flat_map(|(p, group)| {
             let mut s = p.service.clone();
             s.metadata.annotations.get_or_insert_default().insert(
                 REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION.into(),
                 gateway_version.into(),
             );
-            [Obj::Service(Box::new(s)), e]
+            std::iter::once(Obj::Service(Box::new(s))).chain(group)
         })
         .collect()
 }

@@ -28,6 +28,7 @@ use observe::{Kind, ObjKey, Observer, Want, bench_client};
 use process::{Controller, ControllerBin, SELF_CONTROLLER_ARG, cpu_seconds, memory_mib};
 use remote::{NAMESPACE, Remote, doc_ip};
 use report::{ConfigResult, Rep, record_latencies};
+use service_mirror_core::EndpointsMode;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -84,6 +85,11 @@ struct Args {
     /// Extra flags for `service-mirror run` (repeatable), e.g. `--controller-arg=--workers=16`.
     #[arg(long, allow_hyphen_values = true)]
     controller_arg: Vec<String>,
+    /// Which endpoint objects mirrors carry, for the controller (`--endpoints-mode` of
+    /// `service-mirror run`) and the baseline writer alike: endpoints, endpointslices or
+    /// both. The report shows writes per service in this mode.
+    #[arg(long, default_value = "both", value_parser = |s: &str| s.parse::<EndpointsMode>())]
+    endpoints_mode: EndpointsMode,
     /// Only the controller (no baseline, no ratios): for quick tuning runs.
     #[arg(long)]
     skip_baseline: bool,
@@ -154,6 +160,9 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
             args.concurrency = vec![32];
         }
     }
+    // The controller runs in the bench's mode (a later --controller-arg still wins).
+    args.controller_arg
+        .insert(0, format!("--endpoints-mode={}", args.endpoints_mode));
     if args.goals {
         args.services = vec![10_000];
         args.clusters = vec![1];
@@ -272,6 +281,8 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
     }
 
     let tables = report::tables(&configs);
+    // writes/svc below are this mode's (Endpoints, EndpointSlices or both per mirror).
+    println!("endpoints mode: {}", args.endpoints_mode);
     println!("{tables}");
     let goals = report::goals(&configs);
     println!("Goals (judged on the largest single-cluster configuration):");
@@ -303,7 +314,7 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
             "max_total_multicluster": args.max_total_multicluster,
             "repetitions": args.repetitions, "samples": args.samples, "idle_secs": args.idle_secs,
             "concurrency_levels": args.concurrency, "controller_args": args.controller_arg,
-            "smoke": args.smoke,
+            "smoke": args.smoke, "endpoints_mode": args.endpoints_mode.as_str(),
         },
         "baseline": {"concurrency": concurrency, "calibration": calibration},
         "configs": configs,
@@ -383,13 +394,23 @@ async fn calibrate(
             gateway_ip: doc_ip(250),
             ports: vec![Some([remote::HTTP_PORT, remote::GRPC_PORT]); m],
         };
-        let mut pairs = baseline::objects(&[shape], &ns, CONTROLLER_NAMESPACE);
-        let (written, t_create) =
-            baseline::write_all(&client, baseline::interleaved(&pairs), true, c).await?;
+        let mut pairs = baseline::objects(
+            &[shape],
+            &ns,
+            CONTROLLER_NAMESPACE,
+            EndpointsMode::Endpoints,
+        );
+        let (written, t_create) = baseline::write_all(
+            &client,
+            baseline::interleaved(&pairs, EndpointsMode::Endpoints),
+            true,
+            c,
+        )
+        .await?;
         baseline::absorb(&mut pairs, written);
         let (written, t_endpoints) = baseline::write_all(
             &client,
-            baseline::moved_endpoints(&pairs, &doc_ip(251)),
+            baseline::moved_endpoints(&pairs, &doc_ip(251), EndpointsMode::Endpoints),
             false,
             c,
         )
@@ -397,7 +418,7 @@ async fn calibrate(
         baseline::absorb(&mut pairs, written);
         let (_, t_mirrors) = baseline::write_all(
             &client,
-            baseline::moved_mirrors(&pairs, &doc_ip(252), "3000003"),
+            baseline::moved_mirrors(&pairs, &doc_ip(252), "3000003", EndpointsMode::Endpoints),
             false,
             c,
         )
@@ -501,7 +522,8 @@ async fn run_rep(ctx: &Ctx, remotes: &mut [Remote], rep: usize) -> anyhow::Resul
             continue;
         }
         let (local, client) = fresh_local(ctx, remotes).await?;
-        let observer = Observer::start(&local.admin_kubeconfig().yaml).await?;
+        let observer =
+            Observer::start(&local.admin_kubeconfig().yaml, ctx.args.endpoints_mode).await?;
         if (side == 0) == baseline_first {
             run_baseline(ctx, &local, &client, &observer, remotes, rep, &mut out).await?;
         } else {
@@ -556,7 +578,8 @@ async fn run_baseline(
 ) -> anyhow::Result<()> {
     let api_pid = local.apiserver_pid();
     let shapes: Vec<Shape> = remotes.iter().map(Shape::of).collect();
-    let mut pairs = baseline::objects(&shapes, BASELINE_NAMESPACE, CONTROLLER_NAMESPACE);
+    let mode = ctx.args.endpoints_mode;
+    let mut pairs = baseline::objects(&shapes, BASELINE_NAMESPACE, CONTROLLER_NAMESPACE, mode);
     let total = pairs.len();
 
     observer.expect(baseline::wants(&pairs));
@@ -564,11 +587,21 @@ async fn run_baseline(
     let t0 = Instant::now();
     let (written, answered) = baseline::write_all(
         client,
-        baseline::interleaved(&pairs),
+        baseline::interleaved(&pairs, mode),
         true,
         ctx.concurrency.create,
     )
     .await?;
+    baseline::absorb(&mut pairs, written);
+    // Slices need their Service's uid: written once the Services answered.
+    let (written, answered_slices) = baseline::write_all(
+        client,
+        baseline::slices_of(&pairs, mode, None),
+        true,
+        ctx.concurrency.create,
+    )
+    .await?;
+    let answered = answered + answered_slices;
     let met = wait_met(observer, None, sync_timeout(total)).await?;
     let observed = latest(&met, t0);
     out.set("baseline_create_s", answered.min(observed).as_secs_f64());
@@ -584,7 +617,7 @@ async fn run_baseline(
     let t0 = Instant::now();
     let (written, answered) = baseline::write_all(
         client,
-        baseline::moved_endpoints(&moved, &ip_a),
+        baseline::moved_endpoints(&moved, &ip_a, mode),
         false,
         ctx.concurrency.endpoints,
     )
@@ -603,7 +636,7 @@ async fn run_baseline(
     let t0 = Instant::now();
     let (_, answered) = baseline::write_all(
         client,
-        baseline::moved_mirrors(&moved, &ip_b, &version),
+        baseline::moved_mirrors(&moved, &ip_b, &version, mode),
         false,
         ctx.concurrency.mirrors,
     )

@@ -1,5 +1,8 @@
 //! The observer: watches of mirror Services and Endpoints on the local cluster, recording
-//! for each wanted object the first time it was seen in the wanted state.
+//! for each wanted object the first time it was seen in the wanted state. In the modes
+//! with slices the mirror's EndpointSlice stands in for its Endpoints (what kube-proxy
+//! reads, and written last; one slice per mirror at the bench's sizes: one gateway
+//! address, two ports).
 //!
 //! It runs on a thread and runtime of its own, so that the bench's writers (the baseline)
 //! never delay the moment an event is seen.
@@ -8,10 +11,13 @@ use crate::audit::BENCH_USER_AGENT;
 use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use parking_lot::Mutex;
+use service_mirror_core::EndpointsMode;
+use service_mirror_core::labels::SERVICE_NAME_LABEL;
 use service_mirror_core::labels::{
     MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
 };
@@ -102,6 +108,38 @@ fn seen_endpoints(ep: &Endpoints, at: Instant) -> Seen {
         seen.ports.extend(s.ports.iter().flatten().map(|p| p.port));
     }
     seen
+}
+
+/// A slice, read as the Endpoints it stands for (ready addresses, not ready, ports).
+fn seen_slice(slice: &EndpointSlice, at: Instant) -> Seen {
+    let mut seen = Seen {
+        at: Some(at),
+        ..Default::default()
+    };
+    for e in &slice.endpoints {
+        let ready = e.conditions.as_ref().and_then(|c| c.ready) != Some(false);
+        let list = match ready {
+            true => &mut seen.ready,
+            false => &mut seen.not_ready,
+        };
+        list.extend(e.addresses.iter().cloned());
+    }
+    seen.ports
+        .extend(slice.ports.iter().flatten().filter_map(|p| p.port));
+    seen
+}
+
+/// The Endpoints name a slice stands for: its Service's.
+fn slice_name(slice: &EndpointSlice) -> String {
+    slice
+        .labels()
+        .get(SERVICE_NAME_LABEL)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn own_name<K: Resource>(o: &K) -> String {
+    o.meta().name.clone().unwrap_or_default()
 }
 
 /// The state an object should reach.
@@ -202,8 +240,8 @@ pub(crate) async fn bench_client(kubeconfig_yaml: &str) -> anyhow::Result<kube::
 
 impl Observer {
     /// Starts watching the cluster of `kubeconfig_yaml`; returns once both watches have
-    /// listed.
-    pub(crate) async fn start(kubeconfig_yaml: &str) -> anyhow::Result<Self> {
+    /// listed. In the modes with slices "Endpoints" are read from the mirrors' slices.
+    pub(crate) async fn start(kubeconfig_yaml: &str, mode: EndpointsMode) -> anyhow::Result<Self> {
         let state = Arc::new(Mutex::new(State::default()));
         let notify = Arc::new(Notify::new());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -236,18 +274,36 @@ impl Observer {
                         Api::<Service>::all(client.clone()),
                         config.clone(),
                         Kind::Service,
-                        seen_service,
+                        (seen_service, own_name),
                         st.clone(),
                         nt.clone(),
                     );
-                    let endpoints = watch(
-                        Api::<Endpoints>::all(client),
-                        config,
-                        Kind::Endpoints,
-                        seen_endpoints,
-                        st.clone(),
-                        nt.clone(),
-                    );
+                    let endpoints = async {
+                        match !mode.writes_slices() {
+                            true => {
+                                watch(
+                                    Api::<Endpoints>::all(client),
+                                    config,
+                                    Kind::Endpoints,
+                                    (seen_endpoints, own_name),
+                                    st.clone(),
+                                    nt.clone(),
+                                )
+                                .await
+                            }
+                            false => {
+                                watch(
+                                    Api::<EndpointSlice>::all(client),
+                                    config,
+                                    Kind::Endpoints,
+                                    (seen_slice, slice_name),
+                                    st.clone(),
+                                    nt.clone(),
+                                )
+                                .await
+                            }
+                        }
+                    };
                     let ready = async {
                         loop {
                             let notified = nt.notified();
@@ -372,11 +428,14 @@ impl Drop for Observer {
     }
 }
 
+/// How a watched object is read: what is seen of it, and the name it is wanted under.
+type Reading<K> = (fn(&K, Instant) -> Seen, fn(&K) -> String);
+
 async fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
-    summarize: fn(&K, Instant) -> Seen,
+    (summarize, name): Reading<K>,
     state: Arc<Mutex<State>>,
     notify: Arc<Notify>,
 ) where
@@ -392,7 +451,7 @@ async fn watch<K>(
     while let Some(ev) = stream.next().await {
         let now = Instant::now();
         let Ok(ev) = ev else { continue };
-        let key = |o: &K| obj_key(kind, o);
+        let key = |o: &K| obj_key(kind, o, name);
         let mut s = state.lock();
         let changed = match ev {
             watcher::Event::Apply(o) => s.update(key(&o), Some(summarize(&o, now)), now),
@@ -429,11 +488,11 @@ async fn watch<K>(
     }
 }
 
-fn obj_key<K: Resource>(kind: Kind, o: &K) -> ObjKey {
+fn obj_key<K: Resource>(kind: Kind, o: &K, name: fn(&K) -> String) -> ObjKey {
     ObjKey {
         kind,
         namespace: o.meta().namespace.clone().unwrap_or_default(),
-        name: o.meta().name.clone().unwrap_or_default(),
+        name: name(o),
     }
 }
 

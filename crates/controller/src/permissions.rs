@@ -8,6 +8,7 @@
 //! | resource | verbs | used by |
 //! |---|---|---|
 //! | `services`, `endpoints` (all namespaces) | get, list, watch, create, update, patch, delete | the link controllers' caches and the writer (`patch` is in the contract, for Linkerd parity) |
+//! | `discovery.k8s.io` `endpointslices` (all namespaces) | get, list, watch, create, update, delete | our EndpointSlices: cached, written, and in every mode deleted after a switch or an unlink (`get`: a create that finds the name taken checks whose it is; no `patch`) |
 //! | `namespaces` | get, list, watch, create | the writer creates a missing namespace for a mirror |
 //! | `events.k8s.io` `events` (all namespaces) | create, patch | Events on link Secrets and on objects that hold a mirror's name (`patch` updates a repeated Event's series) |
 //! | `secrets` (controller namespace only) | get, list, watch | the link Secrets |
@@ -40,6 +41,13 @@ pub const CLUSTER_RULES: &[Rule] = &[
         verbs: &[
             "get", "list", "watch", "create", "update", "patch", "delete",
         ],
+    },
+    // Every mode needs all of them: `endpoints` mode still watches and deletes the slices
+    // `both` left, and creates them again on the way back.
+    Rule {
+        group: "discovery.k8s.io",
+        resources: &["endpointslices"],
+        verbs: &["get", "list", "watch", "create", "update", "delete"],
     },
     Rule {
         group: "",
@@ -222,6 +230,7 @@ mod tests {
         assert!(all.contains(&"create services (cluster-wide)".to_string()));
         assert!(all.contains(&"delete endpoints (cluster-wide)".to_string()));
         assert!(all.contains(&"create namespaces (cluster-wide)".to_string()));
+        assert!(all.contains(&"delete endpointslices.discovery.k8s.io (cluster-wide)".to_string()));
         assert!(all.contains(&"patch events.events.k8s.io (cluster-wide)".to_string()));
         assert!(all.contains(&"watch secrets in namespace mc".to_string()));
         assert!(all.contains(&"update leases.coordination.k8s.io in namespace mc".to_string()));
@@ -230,8 +239,9 @@ mod tests {
     #[test]
     fn one_permission_per_verb_and_resource_without_duplicates() {
         let all = required_permissions("mc");
-        // services + endpoints: 7 verbs each; namespaces 4; events 2; secrets 3; leases 6.
-        assert_eq!(all.len(), 14 + 4 + 2 + 3 + 6);
+        // services + endpoints: 7 verbs each; endpointslices 6; namespaces 4; events 2;
+        // secrets 3; leases 6.
+        assert_eq!(all.len(), 14 + 6 + 4 + 2 + 3 + 6);
         let mut unique = all.clone();
         unique.sort_by_key(ToString::to_string);
         unique.dedup();
@@ -264,6 +274,9 @@ mod tests {
             ] {
                 want.push((String::new(), r.to_string(), v.to_string()));
             }
+        }
+        for v in ["get", "list", "watch", "create", "update", "delete"] {
+            want.push(("discovery.k8s.io".into(), "endpointslices".into(), v.into()));
         }
         for v in ["get", "list", "watch", "create"] {
             want.push((String::new(), "namespaces".into(), v.into()));

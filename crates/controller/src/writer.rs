@@ -6,6 +6,7 @@ use crate::events::EventRecorder;
 use crate::metrics::{ClusterLabels, Metrics};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
@@ -15,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use service_mirror_core::{Action, desired_namespace, is_owned};
+use service_mirror_core::{Action, desired_namespace, is_our_slice, is_owned};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -33,7 +34,7 @@ pub enum Applied {
 pub(crate) struct WriteLabels {
     /// create, update or delete.
     pub(crate) verb: String,
-    /// services, endpoints or namespaces.
+    /// services, endpoints, endpointslices or namespaces.
     pub(crate) resource: String,
 }
 
@@ -109,8 +110,8 @@ impl std::fmt::Debug for LocalWriter {
     }
 }
 
-/// The kinds of mirror objects (Service, Endpoints): namespaced, with a static type,
-/// and read and written as JSON. One name for the bounds every write method needs.
+/// The kinds of mirror objects (Service, Endpoints, EndpointSlice): namespaced, with a
+/// static type, read and written as JSON, and a rule for which objects are ours.
 trait MirrorKind:
     Resource<Scope = NamespaceResourceScope, DynamicType = ()>
     + Clone
@@ -118,15 +119,26 @@ trait MirrorKind:
     + Serialize
     + Debug
 {
+    /// Whether an object of this kind is ours for `cluster` (may be changed or deleted).
+    fn ours(meta: &kube::api::ObjectMeta, cluster: &str) -> bool {
+        is_owned(meta, cluster)
+    }
+    /// The label selector of our objects of this kind for `cluster`.
+    fn selector(cluster: &str) -> String {
+        service_mirror_core::owner_selector(cluster)
+    }
 }
 
-impl<K> MirrorKind for K where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + Debug
-{
+impl MirrorKind for Service {}
+impl MirrorKind for Endpoints {}
+impl MirrorKind for EndpointSlice {
+    // kube-controller-manager's mirrored slices copy our labels: our managed-by tells.
+    fn ours(meta: &kube::api::ObjectMeta, cluster: &str) -> bool {
+        is_our_slice(meta, cluster)
+    }
+    fn selector(cluster: &str) -> String {
+        service_mirror_core::labels::slice_owner_selector(cluster)
+    }
 }
 
 fn api_code(e: &kube::Error) -> Option<u16> {
@@ -187,6 +199,17 @@ impl LocalWriter {
                 self.delete::<Endpoints>(namespace, name, uid, resource_version)
                     .await
             }
+            Action::CreateEndpointSlice(e) => self.create(e).await,
+            Action::UpdateEndpointSlice(e) => self.update(e).await,
+            Action::DeleteEndpointSlice {
+                namespace,
+                name,
+                uid,
+                resource_version,
+            } => {
+                self.delete::<EndpointSlice>(namespace, name, uid, resource_version)
+                    .await
+            }
         }
     }
 
@@ -215,7 +238,7 @@ impl LocalWriter {
         let ns = obj.namespace().unwrap_or_default();
         let existing = api.get_opt(&name).await?;
         match existing {
-            Some(o) if !is_owned(o.meta(), &self.cluster) => {
+            Some(o) if !K::ours(o.meta(), &self.cluster) => {
                 self.metrics
                     .writer
                     .ownership_conflicts
@@ -328,7 +351,7 @@ impl LocalWriter {
         }
     }
 
-    /// Deletes every Service and Endpoints labelled as a mirror of this cluster, listing
+    /// Deletes every Service, Endpoints and EndpointSlice of ours for this cluster, listing
     /// them from the API (not a cache) so nothing is missed, until none is left (an
     /// object changed between list and delete is listed again). Used when a link goes.
     pub async fn delete_all_mirrors(&self) -> Result<usize> {
@@ -339,7 +362,9 @@ impl LocalWriter {
     pub async fn delete_mirrors_in(&self, only: Option<&MirrorSelector>) -> Result<usize> {
         let mut deleted = 0;
         for _ in 0..5 {
-            let n = self.delete_all::<Service>(only).await?
+            // Slices first: they point at their Service (and go with it anyway).
+            let n = self.delete_all::<EndpointSlice>(only).await?
+                + self.delete_all::<Service>(only).await?
                 + self.delete_all::<Endpoints>(only).await?;
             if n == 0 {
                 break;
@@ -350,8 +375,7 @@ impl LocalWriter {
     }
 
     async fn delete_all<K: MirrorKind>(&self, only: Option<&MirrorSelector>) -> Result<usize> {
-        let lp = kube::api::ListParams::default()
-            .labels(&service_mirror_core::owner_selector(&self.cluster));
+        let lp = kube::api::ListParams::default().labels(&K::selector(&self.cluster));
         let listed = Api::<K>::all(self.client.clone())
             .list_metadata(&lp)
             .await?;
@@ -359,7 +383,7 @@ impl LocalWriter {
             .items
             .iter()
             .map(|o| &o.metadata)
-            .filter(|m| only.is_none_or(|f| f(m)))
+            .filter(|m| K::ours(m, &self.cluster) && only.is_none_or(|f| f(m)))
             .collect();
         for m in &mine {
             let (ns, name) = (

@@ -37,6 +37,20 @@ pub const REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION: &str =
 /// the collection of mirrors of unlinked clusters to the controller that made them.
 pub const CONTROLLER_NAMESPACE_ANNOTATION: &str = "service-mirror.io/controller-namespace";
 
+/// Label on an EndpointSlice naming the Service it belongs to (Kubernetes' own).
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Label on an EndpointSlice naming the controller that manages it (Kubernetes' own key).
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// Our value of [`MANAGED_BY_LABEL`] (ours, not Linkerd's): never one of the built-in
+/// controllers' (`endpointslice-controller.k8s.io`,
+/// `endpointslicemirroring-controller.k8s.io`); a label value holds no `/`.
+pub const MANAGED_BY_VALUE: &str = "service-mirror.linkerd.io";
+/// Label on an Endpoints asking kube-controller-manager's EndpointSliceMirroring not to
+/// mirror it (value `"true"`): set when we write the slices ourselves.
+pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
+/// Value of [`SKIP_MIRROR_LABEL`].
+pub const SKIP_MIRROR_VALUE: &str = "true";
+
 /// Name of the gateway Service port that receives cross-cluster traffic.
 pub const GATEWAY_PORT_NAME: &str = "mc-gateway";
 /// Name of the gateway Service port used for health probes.
@@ -59,6 +73,16 @@ pub const LINK_L5D_NS_ANNOTATION: &str = "mirror.linkerd.io/remote-cluster-l5d-n
 /// Remote cluster domain when the link Secret does not say.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
+/// Label selector matching every EndpointSlice of ours for `cluster`: the mirror labels
+/// and our managed-by (kube-controller-manager's mirrored slices copy the Endpoints'
+/// labels, so the mirror labels alone would match them too).
+pub fn slice_owner_selector(cluster: &str) -> String {
+    format!(
+        "{},{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}",
+        owner_selector(cluster)
+    )
+}
+
 /// Label selector matching every mirror object of `cluster`.
 pub fn owner_selector(cluster: &str) -> String {
     format!("{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE},{CLUSTER_NAME_LABEL}={cluster}")
@@ -74,6 +98,21 @@ mod tests {
             owner_selector("east"),
             "mirror.linkerd.io/mirrored-service=true,mirror.linkerd.io/cluster-name=east"
         );
+    }
+
+    #[test]
+    fn slice_selector_adds_our_managed_by() {
+        assert_eq!(
+            slice_owner_selector("east"),
+            "mirror.linkerd.io/mirrored-service=true,mirror.linkerd.io/cluster-name=east,endpointslice.kubernetes.io/managed-by=service-mirror.linkerd.io"
+        );
+        for builtin in [
+            "endpointslice-controller.k8s.io",
+            "endpointslicemirroring-controller.k8s.io",
+        ] {
+            assert_ne!(MANAGED_BY_VALUE, builtin);
+        }
+        assert!(!MANAGED_BY_VALUE.contains('/'));
     }
 
     #[test]
@@ -122,6 +161,10 @@ mod tests {
                 "mirror.linkerd.io/remote-cluster-l5d-ns",
             ),
             (DEFAULT_CLUSTER_DOMAIN, "cluster.local"),
+            (SERVICE_NAME_LABEL, "kubernetes.io/service-name"),
+            (MANAGED_BY_LABEL, "endpointslice.kubernetes.io/managed-by"),
+            (MANAGED_BY_VALUE, "service-mirror.linkerd.io"),
+            (SKIP_MIRROR_LABEL, "endpointslice.kubernetes.io/skip-mirror"),
         ];
         for (got, want) in table {
             assert_eq!(got, want);

@@ -14,7 +14,8 @@
 //! 3. the writer executes the returned [`Action`]s, in order, with retries.
 //!
 //! Because [`plan()`] compares before writing ([`service_update`],
-//! [`endpoints_update`]), an unchanged world produces no action at all.
+//! [`endpoints_update`], [`slice_update`]), an unchanged world produces no action at all.
+//! The [`EndpointsMode`] says whether mirrors carry Endpoints, EndpointSlices or both.
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +29,7 @@ pub mod naming;
 pub mod ownership;
 pub mod plan;
 pub mod probe;
+pub mod slices;
 
 pub use desired::{DesiredMirror, Link, desired_mirror, desired_namespace, mirror_labels};
 pub use diff::{endpoints_update, service_update};
@@ -45,3 +47,8 @@ pub use naming::{
 pub use ownership::{is_owned, remote_key};
 pub use plan::{Action, plan};
 pub use probe::{ProbeSpec, probe_spec};
+pub use slices::{
+    EndpointsMode, MAX_ENDPOINTS_PER_SLICE, MAX_PORTS_PER_SLICE,
+    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, desired_slices, is_our_slice, mirroring_overflow,
+    slice_name, slice_update,
+};

@@ -138,7 +138,7 @@ fn check_label(name: &str, max: usize) -> Result<(), NameError> {
 
 /// FNV-1a, 32 bits: tiny, stable across releases and platforms (mirror names must
 /// never change between versions of this program).
-fn fnv1a32(bytes: &[u8]) -> u32 {
+pub(crate) fn fnv1a32(bytes: &[u8]) -> u32 {
     const OFFSET: u32 = 0x811c_9dc5;
     const PRIME: u32 = 0x0100_0193;
     bytes

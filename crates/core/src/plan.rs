@@ -5,12 +5,17 @@ use std::fmt;
 
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::desired::DesiredMirror;
 use super::diff::{endpoints_update, service_update};
 use super::naming::ServiceKey;
 use super::ownership::is_owned;
+use super::slices::{
+    EndpointsMode, desired_slices, is_our_slice, skips_mirroring, slice_updatable, slice_update,
+    with_skip_mirror,
+};
 
 /// One write to the local cluster.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,6 +51,21 @@ pub enum Action {
         /// Precondition: the resourceVersion the object had when planned.
         resource_version: Option<String>,
     },
+    /// Create this EndpointSlice of a mirror.
+    CreateEndpointSlice(EndpointSlice),
+    /// Replace the stored EndpointSlice with this one (carries its resourceVersion).
+    UpdateEndpointSlice(EndpointSlice),
+    /// Delete an EndpointSlice of ours, with the same preconditions as `DeleteService`.
+    DeleteEndpointSlice {
+        /// Namespace of the object.
+        namespace: String,
+        /// Name of the object.
+        name: String,
+        /// Precondition: the uid the object had when planned.
+        uid: Option<String>,
+        /// Precondition: the resourceVersion the object had when planned.
+        resource_version: Option<String>,
+    },
 }
 
 fn ns_name(meta: &ObjectMeta) -> (&str, &str) {
@@ -58,7 +78,10 @@ fn ns_name(meta: &ObjectMeta) -> (&str, &str) {
 impl Action {
     /// Whether this action creates an object.
     pub fn is_create(&self) -> bool {
-        matches!(self, Action::CreateService(_) | Action::CreateEndpoints(_))
+        matches!(
+            self,
+            Action::CreateService(_) | Action::CreateEndpoints(_) | Action::CreateEndpointSlice(_)
+        )
     }
 }
 
@@ -76,6 +99,15 @@ impl fmt::Display for Action {
             Action::DeleteEndpoints {
                 namespace, name, ..
             } => ("delete", "Endpoints", (namespace.as_str(), name.as_str())),
+            Action::CreateEndpointSlice(e) => ("create", "EndpointSlice", ns_name(&e.metadata)),
+            Action::UpdateEndpointSlice(e) => ("update", "EndpointSlice", ns_name(&e.metadata)),
+            Action::DeleteEndpointSlice {
+                namespace, name, ..
+            } => (
+                "delete",
+                "EndpointSlice",
+                (namespace.as_str(), name.as_str()),
+            ),
         };
         write!(f, "{verb} {kind} {ns}/{name}")
     }
@@ -85,8 +117,8 @@ impl fmt::Display for Action {
 struct KindPlan<T> {
     create: Option<T>,
     update: Option<T>,
-    /// (namespace, name, uid, resourceVersion), sorted by name.
-    delete: Vec<(String, String, Option<String>, Option<String>)>,
+    /// Sorted by name.
+    delete: Vec<Deletion>,
 }
 
 fn plan_kind<T>(
@@ -136,25 +168,85 @@ where
     }
 }
 
+/// A deletion of `plan_kind`: (namespace, name, uid, resourceVersion).
+type Deletion = (String, String, Option<String>, Option<String>);
+
+/// What to do with the slices of one mirror.
+#[derive(Default)]
+struct SlicePlan {
+    create: Vec<EndpointSlice>,
+    update: Vec<EndpointSlice>,
+    delete: Vec<Deletion>,
+    /// Every desired slice exists (by name): Endpoints may go in `endpointslices` mode.
+    all_present: bool,
+}
+
+fn deletion(meta: &ObjectMeta) -> Deletion {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+        meta.uid.clone(),
+        meta.resource_version.clone(),
+    )
+}
+
+/// The slice writes for `desired` (None: no slices wanted) among `actual`, our slices
+/// of the key's namespace. A slice of ours of the wrong address family is deleted (the
+/// field is immutable); the next pass creates it anew.
+fn plan_slices(desired: Option<Vec<EndpointSlice>>, actual: &[&EndpointSlice]) -> SlicePlan {
+    let desired = desired.unwrap_or_default();
+    let mut p = SlicePlan {
+        all_present: true,
+        ..SlicePlan::default()
+    };
+    for d in &desired {
+        match actual.iter().find(|a| a.metadata.name == d.metadata.name) {
+            None => {
+                p.all_present = false;
+                p.create.push(d.clone());
+            }
+            Some(a) if !slice_updatable(a, d) => p.delete.push(deletion(&a.metadata)),
+            Some(a) => p.update.extend(slice_update(a, d)),
+        }
+    }
+    for a in actual {
+        if !desired.iter().any(|d| d.metadata.name == a.metadata.name) {
+            p.delete.push(deletion(&a.metadata));
+        }
+    }
+    p.delete.sort_by(|a, b| a.1.cmp(&b.1));
+    p
+}
+
 /// The actions that bring the mirror of `key` to `desired` (`None`: the remote
-/// Service is gone or no longer exported, so no mirror should exist).
+/// Service is gone or no longer exported, so no mirror should exist), in `mode`.
 ///
-/// `actual_services` and `actual_endpoints` are the local objects of `cluster`
-/// that map to `key`, whatever their name. Objects not owned by `cluster` are
-/// ignored, even if passed: a foreign object holding the desired name makes the
+/// `actual_services`, `actual_endpoints` and `actual_slices` are the local objects of
+/// `cluster` that map to `key`, whatever their name. Objects not owned by `cluster`
+/// (for slices: without our managed-by, like kube-controller-manager's mirrored ones)
+/// are ignored, even if passed: a foreign object holding the desired name makes the
 /// create fail (AlreadyExists), which the writer reports as a conflict.
 ///
 /// Rules: an owned object with another name than the desired one is deleted; the
 /// desired object is created when absent and updated when it differs on owned
 /// fields; nothing is written when it matches. Creates and updates come first,
-/// Service before Endpoints (so the new mirror exists before a stray one goes),
-/// then deletes, Endpoints before Service.
+/// Service, Endpoints, then slices (so the new mirror exists before a stray one goes),
+/// then deletes, slices, Endpoints, Service.
+///
+/// Slices need the uid of the mirror Service (their owner): until the Service is
+/// cached, none is planned, and the Service's watch event brings the key back. Mode
+/// switches never leave a mirror without an endpoints source: in `endpointslices`
+/// mode our Endpoints go only once every desired slice exists; in `endpoints` mode our
+/// slices go only once the Endpoints exist without `skip-mirror` (so
+/// kube-controller-manager mirrors them). In `both`, Endpoints carry `skip-mirror`.
 pub fn plan(
     key: &ServiceKey,
     desired: Option<&DesiredMirror>,
     actual_services: &[&Service],
     actual_endpoints: &[&Endpoints],
+    actual_slices: &[&EndpointSlice],
     cluster: &str,
+    mode: EndpointsMode,
 ) -> Vec<Action> {
     let svc = plan_kind(
         key,
@@ -163,43 +255,99 @@ pub fn plan(
         cluster,
         service_update,
     );
-    let eps = plan_kind(
+    let ours: Vec<&EndpointSlice> = actual_slices
+        .iter()
+        .copied()
+        .filter(|s| {
+            is_our_slice(&s.metadata, cluster)
+                && s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+        })
+        .collect();
+    let endpoints_name = desired.and_then(|d| d.endpoints.metadata.name.as_deref());
+    let stored_endpoints = actual_endpoints
+        .iter()
+        .find(|e| e.metadata.name.as_deref() == endpoints_name && is_owned(&e.metadata, cluster));
+    // The owner of the slices: the desired Service as cached (it has a uid).
+    let service_uid = desired.and_then(|d| {
+        actual_services
+            .iter()
+            .find(|s| s.metadata.name == d.service.metadata.name && is_owned(&s.metadata, cluster))
+            .and_then(|s| s.metadata.uid.clone())
+    });
+    let mut slices = match (desired, mode.writes_slices(), service_uid) {
+        (Some(d), true, Some(uid)) => plan_slices(Some(desired_slices(d, &uid)), &ours),
+        // Wanted, but the Service is not cached yet: nothing now, not even deletes.
+        (Some(_), true, None) => SlicePlan::default(),
+        // `endpoints` mode: our slices go once the Endpoints are mirrorable.
+        (Some(_), false, _) => match stored_endpoints.is_some_and(|e| !skips_mirroring(e)) {
+            true => plan_slices(None, &ours),
+            false => SlicePlan::default(),
+        },
+        (None, _, _) => plan_slices(None, &ours),
+    };
+
+    // `both` mode: an Endpoints kube-controller-manager mirrors keeps being mirrored
+    // (no `skip-mirror`) until every slice of ours exists; a new one skips at once.
+    let skip = mode.writes_slices()
+        && (slices.all_present || stored_endpoints.is_none_or(|e| skips_mirroring(e)));
+    let desired_endpoints = desired
+        .filter(|_| mode.writes_endpoints())
+        .map(|d| match skip {
+            true => with_skip_mirror(d.endpoints.clone()),
+            false => d.endpoints.clone(),
+        });
+    let mut eps = plan_kind(
         key,
-        desired.map(|d| &d.endpoints),
+        desired_endpoints.as_ref(),
         actual_endpoints,
         cluster,
         endpoints_update,
     );
+    if desired.is_some() && !mode.writes_endpoints() && !slices.all_present {
+        // `endpointslices` mode: our Endpoints stay until every slice exists.
+        eps.delete.clear();
+    }
 
+    let deletes =
+        |list: Vec<Deletion>,
+         make: fn(String, String, Option<String>, Option<String>) -> Action| {
+            list.into_iter()
+                .map(move |(namespace, name, uid, rv)| make(namespace, name, uid, rv))
+        };
     let mut actions = Vec::new();
     actions.extend(svc.create.map(Action::CreateService));
     actions.extend(svc.update.map(Action::UpdateService));
     actions.extend(eps.create.map(Action::CreateEndpoints));
     actions.extend(eps.update.map(Action::UpdateEndpoints));
-    actions.extend(
-        eps.delete
-            .into_iter()
-            .map(
-                |(namespace, name, uid, resource_version)| Action::DeleteEndpoints {
-                    namespace,
-                    name,
-                    uid,
-                    resource_version,
-                },
-            ),
-    );
-    actions.extend(
-        svc.delete
-            .into_iter()
-            .map(
-                |(namespace, name, uid, resource_version)| Action::DeleteService {
-                    namespace,
-                    name,
-                    uid,
-                    resource_version,
-                },
-            ),
-    );
+    actions.extend(slices.create.drain(..).map(Action::CreateEndpointSlice));
+    actions.extend(slices.update.drain(..).map(Action::UpdateEndpointSlice));
+    actions.extend(deletes(
+        slices.delete,
+        |namespace, name, uid, resource_version| Action::DeleteEndpointSlice {
+            namespace,
+            name,
+            uid,
+            resource_version,
+        },
+    ));
+    actions.extend(deletes(
+        eps.delete,
+        |namespace, name, uid, resource_version| Action::DeleteEndpoints {
+            namespace,
+            name,
+            uid,
+            resource_version,
+        },
+    ));
+    actions.extend(deletes(
+        svc.delete,
+        |namespace, name, uid, resource_version| Action::DeleteService {
+            namespace,
+            name,
+            uid,
+            resource_version,
+        },
+    ));
     actions
 }
 
@@ -217,6 +365,7 @@ mod tests {
         CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_NAME_LABEL,
         REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
     };
+    use super::super::slices::skips_mirroring;
     use super::*;
 
     const CLUSTER: &str = "east";
@@ -492,7 +641,9 @@ mod tests {
                 case.desired.as_ref(),
                 &services,
                 &endpoints,
+                &[],
                 CLUSTER,
+                EndpointsMode::Endpoints,
             );
             let got: Vec<String> = actions.iter().map(ToString::to_string).collect();
             assert_eq!(got, case.want, "{}", case.name);
@@ -507,7 +658,15 @@ mod tests {
             let mut endpoints = case.endpoints.clone();
             let refs_s: Vec<&Service> = services.iter().collect();
             let refs_e: Vec<&Endpoints> = endpoints.iter().collect();
-            let actions = plan(&key(), case.desired.as_ref(), &refs_s, &refs_e, CLUSTER);
+            let actions = plan(
+                &key(),
+                case.desired.as_ref(),
+                &refs_s,
+                &refs_e,
+                &[],
+                CLUSTER,
+                EndpointsMode::Endpoints,
+            );
             for action in actions {
                 match action {
                     Action::CreateService(s) => services.push(s),
@@ -530,6 +689,7 @@ mod tests {
                     Action::DeleteEndpoints { name, .. } => {
                         endpoints.retain(|x| x.metadata.name.as_deref() != Some(&name))
                     }
+                    other => panic!("no slices in endpoints mode: {other}"),
                 }
             }
             // A foreign object blocking the desired name never converges here: the
@@ -539,7 +699,15 @@ mod tests {
             }
             let refs_s: Vec<&Service> = services.iter().collect();
             let refs_e: Vec<&Endpoints> = endpoints.iter().collect();
-            let again = plan(&key(), case.desired.as_ref(), &refs_s, &refs_e, CLUSTER);
+            let again = plan(
+                &key(),
+                case.desired.as_ref(),
+                &refs_s,
+                &refs_e,
+                &[],
+                CLUSTER,
+                EndpointsMode::Endpoints,
+            );
             assert_eq!(again, vec![], "{}", case.name);
         }
     }
@@ -548,7 +716,15 @@ mod tests {
     fn delete_carries_preconditions() {
         let m = mirror(&[("http", 80)], "gw", None);
         let (svc, ep) = stored(&m);
-        let actions = plan(&key(), None, &[&svc], &[&ep], CLUSTER);
+        let actions = plan(
+            &key(),
+            None,
+            &[&svc],
+            &[&ep],
+            &[],
+            CLUSTER,
+            EndpointsMode::Endpoints,
+        );
         assert_eq!(
             actions,
             vec![
@@ -571,7 +747,15 @@ mod tests {
     #[test]
     fn create_uses_desired_objects() {
         let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
-        let actions = plan(&key(), Some(&m), &[], &[], CLUSTER);
+        let actions = plan(
+            &key(),
+            Some(&m),
+            &[],
+            &[],
+            &[],
+            CLUSTER,
+            EndpointsMode::Endpoints,
+        );
         assert_eq!(
             actions,
             vec![
@@ -586,7 +770,15 @@ mod tests {
         let r = resolved();
         let (svc, ep) = stored(&mirror(&[("http", 80)], "gw", Some(&r)));
         let unusable = mirror(&[("http", 80)], "gw2", None);
-        let actions = plan(&key(), Some(&unusable), &[&svc], &[&ep], CLUSTER);
+        let actions = plan(
+            &key(),
+            Some(&unusable),
+            &[&svc],
+            &[&ep],
+            &[],
+            CLUSTER,
+            EndpointsMode::Endpoints,
+        );
         let [Action::UpdateService(s), Action::UpdateEndpoints(e)] = actions.as_slice() else {
             panic!("unexpected {actions:?}");
         };
@@ -620,7 +812,15 @@ mod tests {
         let r = resolved();
         let (svc, ep) = stored(&mirror(&[("http", 80)], "gw", Some(&r)));
         let d = mirror(&[("web", 8080)], "gw", Some(&r));
-        let actions = plan(&key(), Some(&d), &[&svc], &[&ep], CLUSTER);
+        let actions = plan(
+            &key(),
+            Some(&d),
+            &[&svc],
+            &[&ep],
+            &[],
+            CLUSTER,
+            EndpointsMode::Endpoints,
+        );
         let [Action::UpdateService(s), Action::UpdateEndpoints(e)] = actions.as_slice() else {
             panic!("unexpected {actions:?}");
         };
@@ -662,5 +862,419 @@ mod tests {
         for (action, want) in table {
             assert_eq!(action.to_string(), want);
         }
+    }
+
+    /// A local cluster as plan sees it, with the apiserver's identity on every write.
+    #[derive(Clone, Default)]
+    struct Store {
+        services: Vec<Service>,
+        endpoints: Vec<Endpoints>,
+        slices: Vec<EndpointSlice>,
+        version: u64,
+    }
+
+    impl Store {
+        fn stamp(&mut self, meta: &mut ObjectMeta) {
+            self.version += 1;
+            meta.resource_version = Some(self.version.to_string());
+            meta.uid
+                .get_or_insert_with(|| format!("uid-{}", self.version));
+        }
+
+        fn plan(&self, desired: Option<&DesiredMirror>, mode: EndpointsMode) -> Vec<Action> {
+            let s: Vec<&Service> = self.services.iter().collect();
+            let e: Vec<&Endpoints> = self.endpoints.iter().collect();
+            let l: Vec<&EndpointSlice> = self.slices.iter().collect();
+            plan(&key(), desired, &s, &e, &l, CLUSTER, mode)
+        }
+
+        fn apply(&mut self, action: Action) {
+            fn put<T: Metadata<Ty = ObjectMeta>>(list: &mut Vec<T>, obj: T) {
+                list.retain(|x| x.metadata().name != obj.metadata().name);
+                list.push(obj);
+            }
+            fn del<T: Metadata<Ty = ObjectMeta>>(list: &mut Vec<T>, name: &str) {
+                list.retain(|x| x.metadata().name.as_deref() != Some(name));
+            }
+            match action {
+                Action::CreateService(mut o) | Action::UpdateService(mut o) => {
+                    self.stamp(&mut o.metadata);
+                    put(&mut self.services, o)
+                }
+                Action::CreateEndpoints(mut o) | Action::UpdateEndpoints(mut o) => {
+                    self.stamp(&mut o.metadata);
+                    put(&mut self.endpoints, o)
+                }
+                Action::CreateEndpointSlice(mut o) | Action::UpdateEndpointSlice(mut o) => {
+                    self.stamp(&mut o.metadata);
+                    put(&mut self.slices, o)
+                }
+                Action::DeleteService { name, .. } => del(&mut self.services, &name),
+                Action::DeleteEndpoints { name, .. } => del(&mut self.endpoints, &name),
+                Action::DeleteEndpointSlice { name, .. } => del(&mut self.slices, &name),
+            }
+        }
+
+        /// kube-proxy has something to route from: our slices, or Endpoints that
+        /// kube-controller-manager mirrors (no skip-mirror).
+        fn has_endpoints_source(&self) -> bool {
+            !self.slices.is_empty() || self.endpoints.iter().any(|e| !skips_mirroring(e))
+        }
+
+        /// Applies plans one action at a time until none is left; returns the passes
+        /// and checks the endpoints source after every single write.
+        fn converge(&mut self, desired: Option<&DesiredMirror>, mode: EndpointsMode) -> usize {
+            for pass in 0..10 {
+                let actions = self.plan(desired, mode);
+                if actions.is_empty() {
+                    return pass;
+                }
+                for a in actions {
+                    let what = a.to_string();
+                    self.apply(a);
+                    if desired.is_some() && pass > 0 {
+                        assert!(
+                            self.has_endpoints_source(),
+                            "{mode}: no source after {what}"
+                        );
+                    }
+                }
+            }
+            panic!("{mode}: no convergence in 10 passes");
+        }
+    }
+
+    fn names(actions: &[Action]) -> Vec<String> {
+        actions.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn both_mode_creates_service_then_endpoints_with_skip_mirror_then_slices() {
+        let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
+        let mut store = Store::default();
+        let first = store.plan(Some(&m), EndpointsMode::Both);
+        assert_eq!(
+            names(&first),
+            vec![
+                "create Service shop/web-east",
+                "create Endpoints shop/web-east"
+            ],
+            "slices wait for the Service's uid"
+        );
+        let Action::CreateEndpoints(e) = &first[1] else {
+            panic!()
+        };
+        assert!(
+            skips_mirroring(e),
+            "a new Endpoints skips mirroring at once"
+        );
+        for a in first {
+            store.apply(a);
+        }
+        assert_eq!(
+            names(&store.plan(Some(&m), EndpointsMode::Both)),
+            vec!["create EndpointSlice shop/web-east-ipv4-0"]
+        );
+        assert_eq!(store.converge(Some(&m), EndpointsMode::Both), 1);
+        let owner = &store.slices[0].metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(Some(&owner.uid), store.services[0].metadata.uid.as_ref());
+        assert!(
+            store.plan(Some(&m), EndpointsMode::Both).is_empty(),
+            "idle: no writes"
+        );
+    }
+
+    #[test]
+    fn each_mode_converges_to_its_objects() {
+        let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
+        let table = [
+            (EndpointsMode::Endpoints, 1, Some(false), 0),
+            (EndpointsMode::EndpointSlices, 1, None, 1),
+            (EndpointsMode::Both, 1, Some(true), 1),
+        ];
+        for (mode, services, endpoints_skip, slices) in table {
+            let mut store = Store::default();
+            store.converge(Some(&m), mode);
+            assert_eq!(store.services.len(), services, "{mode}");
+            assert_eq!(
+                store.endpoints.first().map(skips_mirroring),
+                endpoints_skip,
+                "{mode}"
+            );
+            assert_eq!(store.slices.len(), slices, "{mode}");
+            assert!(store.plan(Some(&m), mode).is_empty(), "{mode}: idle");
+        }
+    }
+
+    #[test]
+    fn every_mode_switch_keeps_an_endpoints_source_and_leaves_no_stray() {
+        let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
+        use EndpointsMode::{Both, EndpointSlices, Endpoints as Eps};
+        for (from, to) in [
+            (Eps, Both),
+            (Both, EndpointSlices),
+            (EndpointSlices, Eps),
+            (Eps, EndpointSlices),
+            (EndpointSlices, Both),
+            (Both, Eps),
+        ] {
+            let mut store = Store::default();
+            store.converge(Some(&m), from);
+            // `converge` asserts the source after every write of the switch.
+            for a in store.plan(Some(&m), to) {
+                store.apply(a);
+                assert!(store.has_endpoints_source(), "{from} -> {to}");
+            }
+            store.converge(Some(&m), to);
+            let mut fresh = Store::default();
+            fresh.converge(Some(&m), to);
+            assert_eq!(
+                store.endpoints.len(),
+                fresh.endpoints.len(),
+                "{from} -> {to}"
+            );
+            assert_eq!(
+                store.endpoints.first().map(skips_mirroring),
+                fresh.endpoints.first().map(skips_mirroring),
+                "{from} -> {to}"
+            );
+            let slice_names = |s: &Store| {
+                s.slices
+                    .iter()
+                    .map(|x| x.metadata.name.clone())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(slice_names(&store), slice_names(&fresh), "{from} -> {to}");
+        }
+    }
+
+    #[test]
+    fn mode_switch_steps_are_ordered() {
+        let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
+        let at = |mode| {
+            let mut s = Store::default();
+            s.converge(Some(&m), mode);
+            s
+        };
+        use EndpointsMode::{Both, EndpointSlices, Endpoints as Eps};
+        type Row = (
+            &'static str,
+            EndpointsMode,
+            EndpointsMode,
+            Vec<&'static str>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "endpoints -> both: slices first, skip-mirror once they exist",
+                Eps,
+                Both,
+                vec!["create EndpointSlice shop/web-east-ipv4-0"],
+            ),
+            (
+                "both -> endpointslices: Endpoints deleted (slices exist)",
+                Both,
+                EndpointSlices,
+                vec!["delete Endpoints shop/web-east"],
+            ),
+            (
+                "endpoints -> endpointslices: slices created, Endpoints kept for now",
+                Eps,
+                EndpointSlices,
+                vec!["create EndpointSlice shop/web-east-ipv4-0"],
+            ),
+            (
+                "endpointslices -> endpoints: Endpoints created, slices kept for now",
+                EndpointSlices,
+                Eps,
+                vec!["create Endpoints shop/web-east"],
+            ),
+            (
+                "both -> endpoints: skip-mirror removed, slices kept for now",
+                Both,
+                Eps,
+                vec!["update Endpoints shop/web-east"],
+            ),
+            (
+                "endpointslices -> both: Endpoints created",
+                EndpointSlices,
+                Both,
+                vec!["create Endpoints shop/web-east"],
+            ),
+        ];
+        for (what, from, to, want) in table {
+            assert_eq!(names(&at(from).plan(Some(&m), to)), want, "{what}");
+        }
+        // The second steps.
+        let mut s = at(Eps);
+        for a in s.plan(Some(&m), Both) {
+            s.apply(a);
+        }
+        assert_eq!(
+            names(&s.plan(Some(&m), Both)),
+            vec!["update Endpoints shop/web-east"],
+            "skip-mirror added once our slices exist"
+        );
+        let mut s = at(Both);
+        for a in s.plan(Some(&m), Eps) {
+            s.apply(a);
+        }
+        assert_eq!(
+            names(&s.plan(Some(&m), Eps)),
+            vec!["delete EndpointSlice shop/web-east-ipv4-0"],
+            "slices go once the Endpoints are mirrorable"
+        );
+    }
+
+    #[test]
+    fn unexport_deletes_slices_then_endpoints_then_service() {
+        let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
+        for mode in EndpointsMode::ALL {
+            let mut s = Store::default();
+            s.converge(Some(&m), mode);
+            let want: Vec<&str> = [
+                (
+                    mode.writes_slices(),
+                    "delete EndpointSlice shop/web-east-ipv4-0",
+                ),
+                (mode.writes_endpoints(), "delete Endpoints shop/web-east"),
+                (true, "delete Service shop/web-east"),
+            ]
+            .into_iter()
+            .filter(|(w, _)| *w)
+            .map(|(_, n)| n)
+            .collect();
+            assert_eq!(names(&s.plan(None, mode)), want, "{mode}");
+            s.converge(None, mode);
+            assert!(s.services.is_empty() && s.endpoints.is_empty() && s.slices.is_empty());
+        }
+    }
+
+    fn relabel_slice(mut e: EndpointSlice, k: &str, v: Option<&str>) -> EndpointSlice {
+        let l = e.metadata.labels.get_or_insert_with(BTreeMap::new);
+        match v {
+            Some(v) => l.insert(k.into(), v.into()),
+            None => l.remove(k),
+        };
+        e
+    }
+
+    #[test]
+    fn slice_cases() {
+        use super::super::labels::MANAGED_BY_LABEL;
+        let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
+        let mut base = Store::default();
+        base.converge(Some(&m), EndpointsMode::Both);
+        let ours = base.slices[0].clone();
+        let kcm = relabel_slice(
+            ours.clone(),
+            MANAGED_BY_LABEL,
+            Some("endpointslicemirroring-controller.k8s.io"),
+        );
+        let renamed = |mut s: EndpointSlice, n: &str| {
+            s.metadata.name = Some(n.into());
+            s
+        };
+        type Row = (
+            &'static str,
+            EndpointsMode,
+            Vec<EndpointSlice>,
+            Vec<&'static str>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "equal: nothing",
+                EndpointsMode::Both,
+                vec![ours.clone()],
+                vec![],
+            ),
+            (
+                "drift restored",
+                EndpointsMode::Both,
+                vec![{
+                    let mut s = ours.clone();
+                    s.endpoints.clear();
+                    s
+                }],
+                vec!["update EndpointSlice shop/web-east-ipv4-0"],
+            ),
+            (
+                "stray slice of ours deleted",
+                EndpointsMode::Both,
+                vec![ours.clone(), renamed(ours.clone(), "web-east-ipv4-1")],
+                vec!["delete EndpointSlice shop/web-east-ipv4-1"],
+            ),
+            (
+                "slice of the wrong family deleted (immutable field)",
+                EndpointsMode::Both,
+                vec![{
+                    let mut s = ours.clone();
+                    s.address_type = "IPv6".into();
+                    s
+                }],
+                vec!["delete EndpointSlice shop/web-east-ipv4-0"],
+            ),
+            (
+                "kcm's slice with our labels never touched (both)",
+                EndpointsMode::Both,
+                vec![ours.clone(), renamed(kcm.clone(), "web-east-abcde")],
+                vec![],
+            ),
+            (
+                "foreign slice holding our name: create (the conflict surfaces)",
+                EndpointsMode::Both,
+                vec![relabel_slice(ours.clone(), MANAGED_BY_LABEL, None)],
+                vec!["create EndpointSlice shop/web-east-ipv4-0"],
+            ),
+        ];
+        for (what, mode, slices, want) in table {
+            let mut s = base.clone();
+            s.slices = slices;
+            assert_eq!(names(&s.plan(Some(&m), mode)), want, "{what}");
+        }
+        // Endpoints mode, mirrorable Endpoints: ours deleted, kcm's kept.
+        let mut s = Store::default();
+        s.converge(Some(&m), EndpointsMode::Endpoints);
+        s.slices = vec![ours.clone(), renamed(kcm, "web-east-abcde")];
+        assert_eq!(
+            names(&s.plan(Some(&m), EndpointsMode::Endpoints)),
+            vec!["delete EndpointSlice shop/web-east-ipv4-0"]
+        );
+        // Another cluster's or namespace's slices are never touched.
+        let mut s = Store::default();
+        s.converge(Some(&m), EndpointsMode::Endpoints);
+        s.slices = vec![
+            relabel_slice(ours.clone(), CLUSTER_NAME_LABEL, Some("west")),
+            in_namespace(ours, "other"),
+        ];
+        assert!(
+            s.plan(None, EndpointsMode::Both)
+                .iter()
+                .all(|a| !a.to_string().contains("EndpointSlice"))
+        );
+    }
+
+    #[test]
+    fn gateway_loss_and_liveness_update_slices() {
+        let r = resolved();
+        let m = mirror(&[("http", 80)], "gw", Some(&r));
+        let mut s = Store::default();
+        s.converge(Some(&m), EndpointsMode::EndpointSlices);
+        let dead = mirror(&[("http", 80)], "gw", Some(&r.clone().with_alive(false)));
+        let actions = s.plan(Some(&dead), EndpointsMode::EndpointSlices);
+        let ([Action::UpdateService(_), Action::UpdateEndpointSlice(e)]
+        | [Action::UpdateEndpointSlice(e)]) = actions.as_slice()
+        else {
+            panic!("{actions:?}")
+        };
+        assert!(
+            e.endpoints
+                .iter()
+                .all(|x| x.conditions.as_ref().unwrap().ready == Some(false))
+        );
+        let gone = mirror(&[("http", 80)], "gw", None);
+        s.converge(Some(&gone), EndpointsMode::EndpointSlices);
+        assert_eq!(s.slices.len(), 1);
+        assert!(s.slices[0].endpoints.is_empty());
+        assert_eq!(s.services.len(), 1);
     }
 }

@@ -251,8 +251,21 @@ async fn a_remote_listing_50000_services_is_mirrored_up_to_the_limit_and_reporte
         },
     )
     .await;
-    // 10 Services and 10 Endpoints deleted, as many created: nothing else written.
-    assert_eq!(writes(&ctl.metrics().await) - writes_before, 40);
+    // 10 Services, 10 Endpoints and (the default `both` mode) 10 EndpointSlices deleted,
+    // as many created: nothing else written. A new mirror's slice follows its Service
+    // (it needs the Service's uid), so wait for it before counting.
+    let written = || async { writes(&ctl.metrics().await) - writes_before };
+    wait_for(
+        "the new mirrors' slices",
+        Duration::from_secs(60),
+        || async {
+            let n = written().await;
+            (n >= 60, format!("{n} writes"))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(written().await, 60);
     let rss = peak_rss_mib(ctl.child.id());
     eprintln!(
         "{} remote services, limit {LIMIT}: converged {converged:?} after linking, \

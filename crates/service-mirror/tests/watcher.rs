@@ -652,7 +652,12 @@ const ENDPOINTS_READ_ONLY: Rules<'static> = &[
     ),
     (&["endpoints"], &["get", "list", "watch"]),
     (&["namespaces"], &["create", "get"]),
+    // Every mode watches our slices (to clean up after a switch): part of any identity.
+    (&["endpointslices.discovery.k8s.io"], SLICE_VERBS),
 ];
+
+/// The verbs `install` grants on EndpointSlices.
+const SLICE_VERBS: &[&str] = &["get", "list", "watch", "create", "update", "delete"];
 
 /// The same identity with full rights on Endpoints too.
 const FULL_RIGHTS: Rules<'static> = &[
@@ -663,6 +668,7 @@ const FULL_RIGHTS: Rules<'static> = &[
         ],
     ),
     (&["namespaces"], &["create", "get"]),
+    (&["endpointslices.discovery.k8s.io"], SLICE_VERBS),
 ];
 
 /// How many audit entries (`verb resource/name`) start with `prefix`.

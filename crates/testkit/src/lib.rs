@@ -10,21 +10,28 @@
 //! 3. no object labelled as a mirror exists outside the allowed namespaces;
 //! 4. no non-owned Service, Endpoints or Namespace changed or disappeared since a
 //!    [`Baseline`] was taken (except `default/kubernetes`, which the apiserver itself
-//!    rewrites).
+//!    rewrites);
+//! 5. per [`EndpointsMode`]: Endpoints exist (labelled `skip-mirror` in `both`) unless
+//!    the mode is `endpointslices`; our EndpointSlices exist exactly in the modes with
+//!    slices, checked from the contract by hand (`slices.rs`).
 //!
 //! Gateway liveness (probes) is not modelled: every resolved gateway counts as alive.
 //! Hostname ingress entries are not resolved: only IP entries count.
 
 #![forbid(unsafe_code)]
 
+mod slices;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
+pub use service_mirror_core::EndpointsMode;
 use service_mirror_core::labels::{
     CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
 };
@@ -64,6 +71,8 @@ pub enum Kind {
     Service,
     /// An Endpoints object.
     Endpoints,
+    /// An EndpointSlice of ours.
+    EndpointSlice,
     /// A Namespace.
     Namespace,
 }
@@ -149,13 +158,15 @@ pub struct Baseline {
     pub objects: BTreeMap<(Kind, Key), String>,
 }
 
-/// Every Service, Endpoints and Namespace of a cluster.
+/// Every Service, Endpoints, EndpointSlice and Namespace of a cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Services.
     pub services: Vec<Service>,
     /// Endpoints.
     pub endpoints: Vec<Endpoints>,
+    /// EndpointSlices (ours and others'; only ours are checked, none is baselined).
+    pub slices: Vec<EndpointSlice>,
     /// Namespaces.
     pub namespaces: Vec<Namespace>,
 }
@@ -167,6 +178,10 @@ impl Snapshot {
         Ok(Self {
             services: Api::<Service>::all(client.clone()).list(&lp).await?.items,
             endpoints: Api::<Endpoints>::all(client.clone()).list(&lp).await?.items,
+            slices: Api::<EndpointSlice>::all(client.clone())
+                .list(&lp)
+                .await?
+                .items,
             namespaces: Api::<Namespace>::all(client.clone()).list(&lp).await?.items,
         })
     }
@@ -295,13 +310,27 @@ pub fn desired_of(
     out
 }
 
+/// `endpoints` labelled `skip-mirror: "true"`, as the contract says for `both` mode.
+fn skipping_mirroring(mut endpoints: Endpoints) -> Endpoints {
+    endpoints
+        .metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            "endpointslice.kubernetes.io/skip-mirror".into(),
+            "true".into(),
+        );
+    endpoints
+}
+
 /// Compares the desired mirrors of every linked cluster (`desired`: cluster →
-/// mirrors) with the local objects.
+/// mirrors) with the local objects, for a controller in `mode`.
 pub fn compare(
     desired: &BTreeMap<String, BTreeMap<Key, DesiredMirror>>,
     local: &Snapshot,
     namespaces: &NamespaceFilter,
     tolerated: &BTreeSet<Key>,
+    mode: EndpointsMode,
 ) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut wanted: BTreeMap<Key, (&str, &DesiredMirror)> = BTreeMap::new();
@@ -324,8 +353,13 @@ pub fn compare(
         .chain(local.endpoints.iter().map(|e| {
             (Kind::Endpoints, &e.metadata, {
                 let e = e.clone();
-                Box::new(move |d: &DesiredMirror| endpoints_update(&e, &d.endpoints).is_some())
-                    as Box<dyn Fn(&DesiredMirror) -> bool>
+                Box::new(move |d: &DesiredMirror| {
+                    let want = match mode {
+                        EndpointsMode::Both => skipping_mirroring(d.endpoints.clone()),
+                        _ => d.endpoints.clone(),
+                    };
+                    endpoints_update(&e, &want).is_some()
+                }) as Box<dyn Fn(&DesiredMirror) -> bool>
             })
         }));
     for (kind, meta, differs) in metas_and_diff {
@@ -337,8 +371,9 @@ pub fn compare(
             out.push(Violation::OutsideRemit(kind, key.clone()));
         }
         let cluster = cluster_label(meta).unwrap_or_default();
+        let unwanted_kind = kind == Kind::Endpoints && !mode.writes_endpoints();
         match wanted.get(&key) {
-            Some((c, d)) if *c == cluster && is_owned(meta, c) => {
+            Some((c, d)) if *c == cluster && is_owned(meta, c) && !unwanted_kind => {
                 seen.insert((kind, key.clone()));
                 if differs(d) {
                     out.push(Violation::Differs(kind, key));
@@ -346,7 +381,9 @@ pub fn compare(
             }
             _ if tolerated.contains(&key) && namespaces.allows(&key.0) => {}
             _ => {
-                let why = if desired.contains_key(cluster) {
+                let why = if unwanted_kind {
+                    format!("no Endpoints in {mode} mode")
+                } else if desired.contains_key(cluster) {
                     "no exported remote Service".to_owned()
                 } else {
                     format!("cluster {cluster:?} is not linked")
@@ -357,17 +394,51 @@ pub fn compare(
     }
     for key in wanted.keys() {
         for kind in [Kind::Service, Kind::Endpoints] {
-            if !seen.contains(&(kind, key.clone())) {
+            let wanted_kind = kind == Kind::Service || mode.writes_endpoints();
+            if wanted_kind && !seen.contains(&(kind, key.clone())) {
                 out.push(Violation::Missing(kind, key.clone()));
             }
         }
     }
+    let tolerated_wanted: BTreeMap<Key, (&str, &DesiredMirror)> = wanted
+        .into_iter()
+        .filter(|(k, _)| !tolerated.contains(k))
+        .collect();
+    out.extend(
+        slices::compare_slices(&tolerated_wanted, local, mode)
+            .into_iter()
+            .filter(
+                |v| !matches!(v, Violation::Extra(_, k, _) if tolerated_slice(tolerated, local, k)),
+            ),
+    );
     out.sort();
     out
 }
 
-/// Every violated invariant of `world` now (empty: converged and correct).
+/// Whether slice `key` belongs to a tolerated (refused, portless) mirror.
+fn tolerated_slice(tolerated: &BTreeSet<Key>, local: &Snapshot, key: &Key) -> bool {
+    local.slices.iter().any(|s| {
+        key_of(&s.metadata) == *key
+            && s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+                .is_some_and(|svc| tolerated.contains(&(key.0.clone(), svc.clone())))
+    })
+}
+
+/// Every violated invariant of `world` now (empty: converged and correct), for a
+/// controller in the default endpoints mode (`both`, the flag's default).
 pub async fn check(world: &World, baseline: &Baseline) -> Vec<Violation> {
+    check_in_mode(world, baseline, EndpointsMode::default()).await
+}
+
+/// [`check`] for a controller running with `--endpoints-mode=<mode>`.
+pub async fn check_in_mode(
+    world: &World,
+    baseline: &Baseline,
+    mode: EndpointsMode,
+) -> Vec<Violation> {
     let mut desired = BTreeMap::new();
     let mut tolerated = BTreeSet::new();
     for r in &world.remotes {
@@ -392,7 +463,7 @@ pub async fn check(world: &World, baseline: &Baseline) -> Vec<Violation> {
         Ok(s) => s,
         Err(e) => return vec![Violation::Unreadable(format!("local: {e}"))],
     };
-    let mut out = compare(&desired, &local, &world.namespaces, &tolerated);
+    let mut out = compare(&desired, &local, &world.namespaces, &tolerated, mode);
     out.extend(baseline.changes(&local));
     out
 }
@@ -472,6 +543,7 @@ mod tests {
         Snapshot {
             services: desired.values().map(|m| m.service.clone()).collect(),
             endpoints: desired.values().map(|m| m.endpoints.clone()).collect(),
+            slices: vec![],
             namespaces: vec![],
         }
     }
@@ -497,21 +569,42 @@ mod tests {
         let d = desired_of(&remote, &link, &filter);
         let all = BTreeMap::from([("east".to_string(), d.clone())]);
         let good = local_of(&d);
-        assert_eq!(compare(&all, &good, &filter, &BTreeSet::new()), vec![]);
+        assert_eq!(
+            compare(
+                &all,
+                &good,
+                &filter,
+                &BTreeSet::new(),
+                EndpointsMode::Endpoints
+            ),
+            vec![]
+        );
 
         let k = ("a".to_string(), "web-east".to_string());
         // Missing endpoints.
         let mut s = good.clone();
         s.endpoints.clear();
         assert_eq!(
-            compare(&all, &s, &filter, &BTreeSet::new()),
+            compare(
+                &all,
+                &s,
+                &filter,
+                &BTreeSet::new(),
+                EndpointsMode::Endpoints
+            ),
             vec![Violation::Missing(Kind::Endpoints, k.clone())]
         );
         // Edited ports.
         let mut s = good.clone();
         s.services[0].spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81;
         assert_eq!(
-            compare(&all, &s, &filter, &BTreeSet::new()),
+            compare(
+                &all,
+                &s,
+                &filter,
+                &BTreeSet::new(),
+                EndpointsMode::Endpoints
+            ),
             vec![Violation::Differs(Kind::Service, k.clone())]
         );
         // Mirrors of an unlinked cluster and outside the filter.
@@ -522,7 +615,13 @@ mod tests {
         );
         let mut s = good.clone();
         s.services.extend(local_of(&other).services);
-        let v = compare(&all, &s, &filter, &BTreeSet::new());
+        let v = compare(
+            &all,
+            &s,
+            &filter,
+            &BTreeSet::new(),
+            EndpointsMode::Endpoints,
+        );
         let kb = ("b".to_string(), "x-west".to_string());
         assert_eq!(
             v,
@@ -538,7 +637,13 @@ mod tests {
         // No mirror at all when none is desired.
         let none = BTreeMap::from([("east".to_string(), BTreeMap::new())]);
         assert!(matches!(
-            compare(&none, &good, &filter, &BTreeSet::new())[0],
+            compare(
+                &none,
+                &good,
+                &filter,
+                &BTreeSet::new(),
+                EndpointsMode::Endpoints
+            )[0],
             Violation::Extra(Kind::Service, _, _)
         ));
     }
@@ -552,11 +657,23 @@ mod tests {
         let tolerated = tolerated_of(&remote, &link, &filter);
         let none = BTreeMap::from([("east".to_string(), BTreeMap::new())]);
         assert_eq!(
-            compare(&none, &local_of(&before), &filter, &tolerated),
+            compare(
+                &none,
+                &local_of(&before),
+                &filter,
+                &tolerated,
+                EndpointsMode::Endpoints
+            ),
             vec![]
         );
         assert_eq!(
-            compare(&none, &Snapshot::default(), &filter, &tolerated),
+            compare(
+                &none,
+                &Snapshot::default(),
+                &filter,
+                &tolerated,
+                EndpointsMode::Endpoints
+            ),
             vec![]
         );
     }
@@ -594,5 +711,183 @@ mod tests {
                 None
             )]
         );
+    }
+
+    /// The local objects a controller in `mode` leaves for `desired` (slices from the
+    /// core, with the Service's uid): what the hand-written oracle must accept.
+    fn local_in_mode(desired: &BTreeMap<Key, DesiredMirror>, mode: EndpointsMode) -> Snapshot {
+        let mut snap = local_of(desired);
+        for (i, svc) in snap.services.iter_mut().enumerate() {
+            svc.metadata.uid = Some(format!("uid-{i}"));
+        }
+        match mode {
+            EndpointsMode::Endpoints => {}
+            EndpointsMode::EndpointSlices => snap.endpoints.clear(),
+            EndpointsMode::Both => {
+                snap.endpoints = snap.endpoints.into_iter().map(skipping_mirroring).collect()
+            }
+        }
+        if mode.writes_slices() {
+            for (m, svc) in desired.values().zip(&snap.services) {
+                let uid = svc.metadata.uid.clone().unwrap();
+                snap.slices
+                    .extend(service_mirror_core::desired_slices(m, &uid));
+            }
+        }
+        snap
+    }
+
+    type AllDesired = BTreeMap<String, BTreeMap<Key, DesiredMirror>>;
+
+    fn big_world(
+        addresses: usize,
+        ports: usize,
+    ) -> (AllDesired, BTreeMap<Key, DesiredMirror>, NamespaceFilter) {
+        let (mut remote, filter, link) = world();
+        let ips: Vec<LoadBalancerIngress> = (0..addresses)
+            .map(|i| LoadBalancerIngress {
+                ip: Some(format!("10.9.{}.{}", i / 250, i % 250 + 1)),
+                ..Default::default()
+            })
+            .collect();
+        remote[0]
+            .status
+            .as_mut()
+            .unwrap()
+            .load_balancer
+            .as_mut()
+            .unwrap()
+            .ingress = Some(ips);
+        remote[1].spec.as_mut().unwrap().ports = Some(
+            (0..ports)
+                .map(|i| ServicePort {
+                    name: Some(format!("p{i}")),
+                    port: 1000 + i as i32,
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        let d = desired_of(&remote, &link, &filter);
+        (BTreeMap::from([("east".to_string(), d.clone())]), d, filter)
+    }
+
+    #[test]
+    fn the_controllers_objects_pass_in_every_mode_and_size() {
+        for (addresses, ports) in [(1, 1), (2500, 1), (3, 150), (1500, 150), (0, 2)] {
+            let (all, d, filter) = big_world(addresses, ports);
+            for mode in EndpointsMode::ALL {
+                let local = local_in_mode(&d, mode);
+                assert_eq!(
+                    compare(&all, &local, &filter, &BTreeSet::new(), mode),
+                    vec![],
+                    "{addresses} addresses, {ports} ports, {mode}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn slice_deviations_are_reported_per_mode() {
+        let (all, d, filter) = big_world(2500, 1);
+        let k = ("a".to_string(), "web-east".to_string());
+        let check = |local: &Snapshot, mode| compare(&all, local, &filter, &BTreeSet::new(), mode);
+        let both = local_in_mode(&d, EndpointsMode::Both);
+        type Row = (&'static str, EndpointsMode, Snapshot, Vec<Violation>);
+        let edit = |f: &dyn Fn(&mut Snapshot)| {
+            let mut s = both.clone();
+            f(&mut s);
+            s
+        };
+        let first = both.slices[0].metadata.name.clone().unwrap();
+        let table: Vec<Row> = vec![
+            (
+                "no slices",
+                EndpointsMode::Both,
+                edit(&|s| s.slices.clear()),
+                vec![Violation::Missing(Kind::EndpointSlice, k.clone())],
+            ),
+            (
+                "a slice lost (addresses missing)",
+                EndpointsMode::Both,
+                edit(&|s| {
+                    s.slices.pop();
+                }),
+                vec![Violation::Differs(Kind::EndpointSlice, k.clone())],
+            ),
+            (
+                "an endpoint twice",
+                EndpointsMode::Both,
+                edit(&|s| {
+                    let e = s.slices[0].endpoints[0].clone();
+                    s.slices[1].endpoints.push(e);
+                }),
+                vec![Violation::Differs(Kind::EndpointSlice, k.clone())],
+            ),
+            (
+                "not ready although alive",
+                EndpointsMode::Both,
+                edit(&|s| s.slices[0].endpoints[0].conditions = None),
+                vec![Violation::Differs(Kind::EndpointSlice, k.clone())],
+            ),
+            (
+                "owner reference lost",
+                EndpointsMode::Both,
+                edit(&|s| s.slices[0].metadata.owner_references = None),
+                vec![Violation::Differs(Kind::EndpointSlice, k.clone())],
+            ),
+            (
+                "Endpoints without skip-mirror in both",
+                EndpointsMode::Both,
+                local_in_mode(&d, EndpointsMode::Both)
+                    .slices
+                    .into_iter()
+                    .fold(local_in_mode(&d, EndpointsMode::Endpoints), |mut s, x| {
+                        s.slices.push(x);
+                        s
+                    }),
+                vec![Violation::Differs(Kind::Endpoints, k.clone())],
+            ),
+            (
+                "slices in endpoints mode",
+                EndpointsMode::Endpoints,
+                edit(&|s| {
+                    s.endpoints = local_in_mode(&d, EndpointsMode::Endpoints).endpoints;
+                    s.slices.truncate(1);
+                }),
+                vec![Violation::Extra(
+                    Kind::EndpointSlice,
+                    ("a".to_string(), first.clone()),
+                    "no mirror wants this slice in endpoints mode".into(),
+                )],
+            ),
+            (
+                "Endpoints in endpointslices mode",
+                EndpointsMode::EndpointSlices,
+                both.clone(),
+                vec![Violation::Extra(
+                    Kind::Endpoints,
+                    k.clone(),
+                    "no Endpoints in endpointslices mode".into(),
+                )],
+            ),
+            (
+                "kube-controller-manager's slices are not ours to check",
+                EndpointsMode::Endpoints,
+                {
+                    let mut s = local_in_mode(&d, EndpointsMode::Endpoints);
+                    let mut kcm = both.slices[0].clone();
+                    kcm.metadata.labels.as_mut().unwrap().insert(
+                        "endpointslice.kubernetes.io/managed-by".into(),
+                        "endpointslicemirroring-controller.k8s.io".into(),
+                    );
+                    s.slices.push(kcm);
+                    s
+                },
+                vec![],
+            ),
+        ];
+        for (what, mode, local, want) in table {
+            assert_eq!(check(&local, mode), want, "{what}");
+        }
     }
 }

@@ -409,6 +409,8 @@ mod tests {
             json!([
                 {"apiGroups": [""], "resources": ["services", "endpoints"],
                  "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                 "verbs": ["get", "list", "watch", "create", "update", "delete"]},
                 {"apiGroups": [""], "resources": ["namespaces"],
                  "verbs": ["get", "list", "watch", "create"]},
                 {"apiGroups": ["events.k8s.io"], "resources": ["events"],

@@ -7,7 +7,7 @@ use crate::link_controller::{LinkConfig, LinkDeps};
 use crate::links::{LinkManager, LinkManagerOptions};
 use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
-use service_mirror_core::NamespaceFilter;
+use service_mirror_core::{EndpointsMode, NamespaceFilter};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +48,16 @@ pub struct RunArgs {
         default_value_t = 10_000
     )]
     max_mirrors_per_link: usize,
+    /// Which endpoint objects mirrors carry: `endpoints` (kube-controller-manager mirrors
+    /// them into EndpointSlices), `endpointslices` (ours only), or `both` (our slices, and
+    /// Endpoints labelled skip-mirror for tools that read them).
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_ENDPOINTS_MODE",
+        default_value = "both",
+        value_parser = mode_parser()
+    )]
+    endpoints_mode: EndpointsMode,
     /// Only mirror these remote namespaces (comma-separated; `prefix*` patterns). Empty: all.
     #[arg(long, env = "SERVICE_MIRROR_NAMESPACE_ALLOW", value_delimiter = ',')]
     namespace_allow: Vec<String>,
@@ -85,6 +95,17 @@ pub struct RunArgs {
     /// How long the Lease lasts without renewal (renewed a third of it before expiry).
     #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     lease_duration: Duration,
+}
+
+/// `--endpoints-mode`: the core's names, listed in `--help`.
+fn mode_parser() -> impl clap::builder::TypedValueParser<Value = EndpointsMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(EndpointsMode::ALL.map(EndpointsMode::as_str)).map(
+        |s| {
+            s.parse::<EndpointsMode>()
+                .expect("one of the possible values")
+        },
+    )
 }
 
 /// Runs the controller until SIGTERM or SIGINT.
@@ -135,6 +156,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             probe_timeout: args.probe_timeout,
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
+            endpoints_mode: args.endpoints_mode,
         },
         deps: LinkDeps {
             metrics: metrics.clone(),
@@ -153,7 +175,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .await?;
-    tracing::info!(namespace = %args.namespace, admin = %addr, "service mirror running");
+    tracing::info!(namespace = %args.namespace, admin = %addr, endpoints_mode = %args.endpoints_mode, "service mirror running");
 
     wait_for_signal().await?;
     tracing::info!("shutting down: stopping link controllers, mirrors stay in place");

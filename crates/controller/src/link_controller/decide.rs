@@ -2,7 +2,10 @@
 //! (see reconcile.rs for gather and apply).
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
-use service_mirror_core::{Action, DesiredMirror, ExportDecision, Refusal, ServiceKey, plan};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use service_mirror_core::{
+    Action, DesiredMirror, EndpointsMode, ExportDecision, Refusal, ServiceKey, plan,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,10 +25,16 @@ pub(super) struct Gathered {
     pub(super) services: Vec<Arc<Service>>,
     /// See `services`.
     pub(super) endpoints: Vec<Arc<Endpoints>>,
+    /// Our EndpointSlices that stand for the key.
+    pub(super) slices: Vec<Arc<EndpointSlice>>,
+    /// Which endpoint objects the mirror carries (the link's `--endpoints-mode`).
+    pub(super) mode: EndpointsMode,
     /// A write of ours to one of these objects has not reached the caches yet.
     pub(super) pending: bool,
     /// The key's Endpoints were written ahead of its Service, replacing this version.
-    pub(super) endpoints_written_first: Option<String>,
+    /// (Every Endpoints and EndpointSlice version that first pass replaced: versions are
+    /// unique across objects.)
+    pub(super) endpoints_written_first: Option<Vec<String>>,
     /// Look at the key again this soon (a gateway hostname failed to resolve).
     pub(super) requeue: Option<Duration>,
 }
@@ -75,10 +84,10 @@ pub(super) struct Writes {
 pub(super) enum Steps {
     /// The plan's order (Service before Endpoints); stop at the first stale write.
     InOrder(Vec<Action>),
-    /// A gateway move: the Endpoints now, the Service on the key's next pass.
+    /// A gateway move: the Endpoints and slices now, the Service on the key's next pass.
     EndpointsFirst {
-        /// The Endpoints update, written now.
-        endpoints: Box<Action>,
+        /// The Endpoints and EndpointSlice updates (at least one), written now in order.
+        endpoints: Vec<Action>,
         /// The Service update, written now only if the Endpoints cannot be.
         service: Box<Action>,
     },
@@ -100,7 +109,16 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
     }
     let services: Vec<&Service> = g.services.iter().map(|s| s.as_ref()).collect();
     let endpoints: Vec<&Endpoints> = g.endpoints.iter().map(|e| e.as_ref()).collect();
-    let mut actions = plan(key, g.desired.as_ref(), &services, &endpoints, cluster);
+    let slices: Vec<&EndpointSlice> = g.slices.iter().map(|e| e.as_ref()).collect();
+    let mut actions = plan(
+        key,
+        g.desired.as_ref(),
+        &services,
+        &endpoints,
+        &slices,
+        cluster,
+        g.mode,
+    );
     let admit = actions
         .iter()
         .any(|a| matches!(a, Action::CreateService(_)));
@@ -121,13 +139,26 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
     // every key queued meanwhile. Traffic of N mirrors then moves in the time of N
     // writes, not 2N. A Service whose labels or spec change (another gateway, new
     // ports) keeps the plan's order: it is never behind its Endpoints on those.
-    if let Some(rv) = &g.endpoints_written_first {
-        // Second pass: a cached Endpoints still at the version our write replaced means
-        // the cache is behind that write, not that it is to be done again.
-        actions.retain(|a| {
-            !matches!(a, Action::UpdateEndpoints(e) if e.metadata.resource_version.as_deref() == Some(rv.as_str()))
-        });
-    } else if let [Action::UpdateService(updated), Action::UpdateEndpoints(_)] = actions.as_slice()
+    // In the modes with slices the plan is the Service, then the Endpoints (if any) and
+    // slice updates: all but the Service go first, the slices being what kube-proxy reads.
+    let endpointish = |a: &Action| {
+        matches!(
+            a,
+            Action::UpdateEndpoints(_) | Action::UpdateEndpointSlice(_)
+        )
+    };
+    if let Some(replaced) = &g.endpoints_written_first {
+        // Second pass: a cached Endpoints or slice still at the version our write replaced
+        // means the cache is behind that write, not that it is to be done again.
+        let version = |a: &Action| match a {
+            Action::UpdateEndpoints(e) => e.metadata.resource_version.clone(),
+            Action::UpdateEndpointSlice(e) => e.metadata.resource_version.clone(),
+            _ => None,
+        };
+        actions.retain(|a| !(endpointish(a) && version(a).is_some_and(|v| replaced.contains(&v))));
+    } else if let [Action::UpdateService(updated), rest @ ..] = actions.as_slice()
+        && !rest.is_empty()
+        && rest.iter().all(endpointish)
         && services.iter().any(|actual| {
             actual.metadata.name == updated.metadata.name
                 && actual.metadata.labels == updated.metadata.labels
@@ -135,11 +166,11 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
         })
     {
         let mut it = actions.into_iter();
-        let (Some(service), Some(endpoints)) = (it.next(), it.next()) else {
-            unreachable!("matched two actions")
+        let Some(service) = it.next() else {
+            unreachable!("matched a Service update first")
         };
         writes.steps = Steps::EndpointsFirst {
-            endpoints: Box::new(endpoints),
+            endpoints: it.collect(),
             service: Box::new(service),
         };
         return Decision::Write(writes);
@@ -210,6 +241,9 @@ mod tests {
             desired,
             services,
             endpoints,
+            // The Endpoints-first rule is `endpoints` mode's (its plans are exactly the
+            // two updates); the mode tables are core's (plan.rs).
+            mode: EndpointsMode::Endpoints,
             ..Gathered::default()
         }
     }
@@ -229,12 +263,16 @@ mod tests {
             Action::UpdateEndpoints(_) => "update ep",
             Action::DeleteService { .. } => "delete svc",
             Action::DeleteEndpoints { .. } => "delete ep",
+            Action::CreateEndpointSlice(_) => "create slice",
+            Action::UpdateEndpointSlice(_) => "update slice",
+            Action::DeleteEndpointSlice { .. } => "delete slice",
         };
         match steps {
             Steps::InOrder(actions) => actions.iter().map(name).collect(),
-            Steps::EndpointsFirst { endpoints, service } => {
-                vec!["first", name(endpoints), name(service)]
-            }
+            Steps::EndpointsFirst { endpoints, service } => std::iter::once("first")
+                .chain(endpoints.iter().map(name))
+                .chain([name(service)])
+                .collect(),
         }
     }
 
@@ -373,15 +411,48 @@ mod tests {
         let moved = desired("gw", "192.0.2.2", "2");
         let mut g = gathered(Some(moved), Some(&old));
         // The first pass replaced the Endpoints at version 10 (what the cache shows).
-        g.endpoints_written_first = Some("10".into());
+        g.endpoints_written_first = Some(vec!["10".into()]);
         let d = decide(&key(), CLUSTER, &g);
         let w = writes(&d);
         assert_eq!(kinds(&w.steps), vec!["update svc"]);
         assert!(w.second_pass);
         // Once the cache shows another version, a needed Endpoints update is kept.
-        g.endpoints_written_first = Some("9".into());
+        g.endpoints_written_first = Some(vec!["9".into()]);
         let d = decide(&key(), CLUSTER, &g);
         assert_eq!(kinds(&writes(&d).steps), vec!["update svc", "update ep"]);
+    }
+
+    #[test]
+    fn a_gateway_move_in_both_mode_writes_endpoints_and_slices_first() {
+        let old = desired("gw", "192.0.2.1", "1");
+        let moved = desired("gw", "192.0.2.2", "2");
+        let mut g = gathered(Some(moved), Some(&old));
+        g.mode = EndpointsMode::Both;
+        let uid = g.services[0].metadata.uid.clone().unwrap();
+        let mut eps = (*g.endpoints[0]).clone();
+        eps = service_mirror_core::slices::with_skip_mirror(eps);
+        g.endpoints = vec![Arc::new(eps)];
+        let mut slice = service_mirror_core::desired_slices(&old, &uid).remove(0);
+        slice.metadata.resource_version = Some("11".into());
+        g.slices = vec![Arc::new(slice)];
+        let d = decide(&key(), CLUSTER, &g);
+        assert_eq!(
+            kinds(&writes(&d).steps),
+            vec!["first", "update ep", "update slice", "update svc"]
+        );
+        // Second pass, caches behind both writes: only the Service is left.
+        g.endpoints_written_first = Some(vec!["10".into(), "11".into()]);
+        let d = decide(&key(), CLUSTER, &g);
+        assert_eq!(kinds(&writes(&d).steps), vec!["update svc"]);
+        // endpointslices mode: the slice alone goes first.
+        g.mode = EndpointsMode::EndpointSlices;
+        g.endpoints.clear();
+        g.endpoints_written_first = None;
+        let d = decide(&key(), CLUSTER, &g);
+        assert_eq!(
+            kinds(&writes(&d).steps),
+            vec!["first", "update slice", "update svc"]
+        );
     }
 
     #[test]

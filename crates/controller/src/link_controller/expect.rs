@@ -22,6 +22,8 @@ pub(crate) enum LocalObject {
     Service,
     /// A mirror Endpoints.
     Endpoints,
+    /// An EndpointSlice of a mirror.
+    EndpointSlice,
 }
 
 type Key = (LocalObject, String, String);

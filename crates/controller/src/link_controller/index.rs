@@ -10,6 +10,7 @@ pub(crate) struct Index {
     users_of: HashMap<GatewayRef, HashSet<ServiceKey>>,
     services: LocalIndex,
     endpoints: LocalIndex,
+    slices: LocalIndex,
 }
 
 /// Local objects (by namespace and name) and the remote key each one mirrors.
@@ -121,6 +122,11 @@ impl Index {
         &mut self.endpoints
     }
 
+    /// The local EndpointSlices index.
+    pub(crate) fn slices(&mut self) -> &mut LocalIndex {
+        &mut self.slices
+    }
+
     /// Names of local Services and Endpoints that mirror `key`.
     pub(crate) fn local_names(&self, key: &ServiceKey) -> (Vec<String>, Vec<String>) {
         (
@@ -129,11 +135,17 @@ impl Index {
         )
     }
 
+    /// Names of our local EndpointSlices that stand for `key`.
+    pub(crate) fn slice_names(&self, key: &ServiceKey) -> Vec<String> {
+        self.slices.names(key).cloned().collect()
+    }
+
     /// Every key a local object mirrors.
     pub(crate) fn local_keys(&self) -> HashSet<ServiceKey> {
         self.services
             .keys()
             .chain(self.endpoints.keys())
+            .chain(self.slices.keys())
             .cloned()
             .collect()
     }

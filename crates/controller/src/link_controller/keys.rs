@@ -6,9 +6,11 @@ use super::cache::Cache;
 use super::expect::LocalObject;
 use super::index::{Index, LocalIndex};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
+use service_mirror_core::labels::SERVICE_NAME_LABEL;
 use service_mirror_core::{ExportPolicy, GatewayRef, ServiceKey, export_decision, remote_key};
 
 /// The key of a remote Service.
@@ -32,6 +34,19 @@ pub(super) fn endpoints_key(local_services: &Cache<Service>, ep: &Endpoints) -> 
             Some(service_key(&svc))
         })
         .unwrap_or_else(|| ServiceKey::new(ns, ep.name_any()))
+}
+
+/// The key an EndpointSlice of ours stands for: its annotation, else that of the
+/// Service it names (`kubernetes.io/service-name`), else its name.
+pub(super) fn slice_key(local_services: &Cache<Service>, slice: &EndpointSlice) -> ServiceKey {
+    let ns = slice.namespace().unwrap_or_default();
+    remote_key(&slice.metadata)
+        .or_else(|| {
+            let service = slice.labels().get(SERVICE_NAME_LABEL)?;
+            let svc = local_services.get(&ObjectRef::new(service).within(&ns))?;
+            Some(service_key(&svc))
+        })
+        .unwrap_or_else(|| ServiceKey::new(ns, slice.name_any()))
 }
 
 /// The keys to queue for a remote Service event; keeps the gateway index up to date.
@@ -109,6 +124,16 @@ impl LocalKind for Endpoints {
     }
     fn key(local_services: &Cache<Service>, obj: &Self) -> ServiceKey {
         endpoints_key(local_services, obj)
+    }
+}
+
+impl LocalKind for EndpointSlice {
+    const OBJECT: LocalObject = LocalObject::EndpointSlice;
+    fn index(index: &mut Index) -> &mut LocalIndex {
+        index.slices()
+    }
+    fn key(local_services: &Cache<Service>, obj: &Self) -> ServiceKey {
+        slice_key(local_services, obj)
     }
 }
 
@@ -363,6 +388,80 @@ mod tests {
         let stray: Endpoints = local("shop", "stray", None);
         let keys = keys_for_local(&mut index, &services, &endpoints, &Event::Apply(stray));
         assert_eq!(keys, vec![key("shop", "stray")]);
+    }
+
+    /// An EndpointSlice of ours named `name` of mirror Service `service` (None: no
+    /// fq-name annotation).
+    fn slice(name: &str, service: &str, fq: Option<&str>) -> EndpointSlice {
+        let annotations = match fq {
+            Some(fq) => serde_json::json!({"mirror.linkerd.io/remote-svc-fq-name": fq}),
+            None => serde_json::json!({}),
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "resourceVersion": "1",
+                "labels": {"mirror.linkerd.io/mirrored-service": "true",
+                    "mirror.linkerd.io/cluster-name": "east",
+                    "kubernetes.io/service-name": service,
+                    "endpointslice.kubernetes.io/managed-by": "service-mirror.linkerd.io"},
+                "annotations": annotations},
+            "addressType": "IPv4",
+            "endpoints": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn drift_on_a_slice_queues_its_mirror_key() {
+        let mut index = Index::default();
+        let (services, slices) = (
+            Cache::<Service>::default(),
+            Cache::<EndpointSlice>::default(),
+        );
+        let ev = Event::Apply(slice(
+            "web-east-ipv4-0",
+            "web-east",
+            Some("web.shop.svc.cluster.local"),
+        ));
+        slices.apply_watcher_event(&ev);
+        assert_eq!(
+            keys_for_local(&mut index, &services, &slices, &ev),
+            vec![key("shop", "web")]
+        );
+        assert_eq!(
+            index.slice_names(&key("shop", "web")),
+            vec!["web-east-ipv4-0"]
+        );
+        assert!(index.local_keys().contains(&key("shop", "web")));
+        // Deleted (by someone else): the key is queued, so it is created again.
+        let ev = Event::Delete(slice("web-east-ipv4-0", "web-east", None));
+        slices.apply_watcher_event(&ev);
+        assert_eq!(
+            keys_for_local(&mut index, &services, &slices, &ev),
+            vec![key("shop", "web")]
+        );
+        assert!(index.slice_names(&key("shop", "web")).is_empty());
+    }
+
+    #[test]
+    fn a_slice_without_annotation_maps_to_the_key_of_the_service_it_names() {
+        let mut index = Index::default();
+        let (services, slices) = (
+            Cache::<Service>::default(),
+            Cache::<EndpointSlice>::default(),
+        );
+        let svc: Service = local("shop", "web-east", Some("web.shop.svc.cluster.local"));
+        services.apply_watcher_event(&Event::Apply(svc));
+        let table = [
+            (
+                slice("web-east-ipv4-0", "web-east", None),
+                key("shop", "web"),
+            ),
+            (slice("x-ipv4-0", "gone", None), key("shop", "x-ipv4-0")),
+        ];
+        for (s, want) in table {
+            let keys = keys_for_local(&mut index, &services, &slices, &Event::Apply(s));
+            assert_eq!(keys, vec![want]);
+        }
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub(crate) struct LinkFamilies {
     pub(crate) mirrors_refused: Family<ClusterLabels, Gauge>,
     /// Full lists of a remote after the first one (expired watches, HTTP 410).
     pub(crate) remote_relists: Family<ClusterLabels, Counter>,
+    /// Endpoints writes (`endpoints` mode) of mirrors with more addresses than
+    /// kube-controller-manager's EndpointSliceMirroring mirrors.
+    pub(crate) endpoints_over_capacity: Family<ClusterLabels, Counter>,
 }
 
 impl Default for LinkFamilies {
@@ -58,6 +61,7 @@ impl Default for LinkFamilies {
             queue_depth: Family::default(),
             mirrors_refused: Family::default(),
             remote_relists: Family::default(),
+            endpoints_over_capacity: Family::default(),
         }
     }
 }
@@ -104,6 +108,11 @@ impl LinkFamilies {
             "remote_relists",
             "Full lists of a remote cluster after the first (expired watches)",
             self.remote_relists.clone(),
+        );
+        r.register(
+            "endpoints_over_capacity",
+            "Endpoints written (endpoints mode) with more addresses in a subset than EndpointSliceMirroring mirrors (1000 by default)",
+            self.endpoints_over_capacity.clone(),
         );
     }
 
@@ -183,6 +192,15 @@ impl LinkMetrics {
         m.mirrored_services.get_or_create(l).set(mirrors as i64);
         m.queue_depth.get_or_create(l).set(queue_depth as i64);
         m.mirrors_refused.get_or_create(l).set(refused as i64);
+    }
+
+    /// An Endpoints write of a mirror over EndpointSliceMirroring's capacity.
+    pub(super) fn endpoints_over_capacity(&self) {
+        self.metrics
+            .link
+            .endpoints_over_capacity
+            .get_or_create(&self.labels)
+            .inc();
     }
 
     /// A failed or refused reconcile, by bounded kind.

@@ -133,6 +133,8 @@ impl LinkController {
             remote: cache::Cache::default(),
             local_services: cache::Cache::default(),
             local_endpoints: cache::Cache::default(),
+            local_slices: cache::Cache::default(),
+            mode: config.endpoints_mode,
             index,
             synced: synced.clone(),
             gateways: Arc::new(gateways),

@@ -3,7 +3,7 @@
 
 use crate::gateway::{ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
 use crate::metrics::Metrics;
-use service_mirror_core::NamespaceFilter;
+use service_mirror_core::{EndpointsMode, NamespaceFilter};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +25,9 @@ pub struct LinkConfig {
     /// Most mirrors one link may create; `None`: no limit. Mirrors that exist are
     /// kept whatever the limit.
     pub max_mirrors: Option<usize>,
+    /// Which endpoint objects mirrors carry (`--endpoints-mode`): Endpoints,
+    /// EndpointSlices, or both (default).
+    pub endpoints_mode: EndpointsMode,
 }
 
 impl Default for LinkConfig {
@@ -37,6 +40,7 @@ impl Default for LinkConfig {
             probe_timeout: Duration::from_secs(5),
             probe_failure_threshold: 3,
             max_mirrors: None,
+            endpoints_mode: EndpointsMode::default(),
         }
     }
 }

@@ -5,7 +5,7 @@ use super::cache::Cache;
 use super::decide::{Decision, Gathered, Steps, Writes, decide};
 use super::expect::{Expectations, LocalObject};
 use super::index::Index;
-use super::keys::{endpoints_key, service_key};
+use super::keys::{endpoints_key, service_key, slice_key};
 use super::limit::{Admission, MirrorLimit};
 use super::metrics::LinkMetrics;
 use super::{Outcome, Synced, WorkQueue};
@@ -13,11 +13,13 @@ use crate::error::Result;
 use crate::gateway::{GatewaySource, Gateways};
 use crate::writer::{Applied, CreateLimit, LocalWriter};
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use service_mirror_core::{
-    Action, ExportDecision, ExportPolicy, Link, ServiceKey, desired_mirror, export_decision,
+    Action, EndpointsMode, ExportDecision, ExportPolicy, Link, MIRRORING_MAX_ENDPOINTS_PER_SUBSET,
+    ServiceKey, desired_mirror, desired_slices, export_decision, mirroring_overflow,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -30,6 +32,11 @@ pub(super) struct Reconciler {
     pub(super) remote: Cache<Service>,
     pub(super) local_services: Cache<Service>,
     pub(super) local_endpoints: Cache<Endpoints>,
+    /// Our EndpointSlices (label-selected with our managed-by: kube-controller-manager's
+    /// are not even cached).
+    pub(super) local_slices: Cache<EndpointSlice>,
+    /// Which endpoint objects mirrors carry.
+    pub(super) mode: EndpointsMode,
     pub(super) index: Arc<Mutex<Index>>,
     pub(super) synced: tokio::sync::watch::Receiver<Synced>,
     pub(super) gateways: Arc<Gateways>,
@@ -37,7 +44,7 @@ pub(super) struct Reconciler {
     pub(super) expectations: Arc<Expectations>,
     /// Keys whose Endpoints were written ahead of their Service (see decide.rs), with
     /// the resourceVersion of the Endpoints that write replaced.
-    pub(super) endpoints_first: Mutex<HashMap<ServiceKey, String>>,
+    pub(super) endpoints_first: Mutex<HashMap<ServiceKey, Vec<String>>>,
     /// Slots for mirrors under the link's limit.
     pub(super) limit: Arc<MirrorLimit>,
     /// To wake keys refused under the limit when a slot frees.
@@ -65,6 +72,7 @@ impl Reconciler {
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
         let mut g = Gathered {
             remote_listed: remote.is_some() || self.synced.borrow().remote,
+            mode: self.mode,
             ..Gathered::default()
         };
         if !g.remote_listed {
@@ -96,9 +104,19 @@ impl Reconciler {
         }
         g.export = Some(export);
 
-        let (mut svc_names, mut ep_names): (BTreeSet<String>, BTreeSet<String>) = {
-            let (s, e) = self.index.lock().local_names(key);
-            (s.into_iter().collect(), e.into_iter().collect())
+        let (mut svc_names, mut ep_names, mut slice_names): (
+            BTreeSet<String>,
+            BTreeSet<String>,
+            BTreeSet<String>,
+        ) = {
+            let index = self.index.lock();
+            let (s, e) = index.local_names(key);
+            let l = index.slice_names(key);
+            (
+                s.into_iter().collect(),
+                e.into_iter().collect(),
+                l.into_iter().collect(),
+            )
         };
         let desired_name = g
             .desired
@@ -130,6 +148,23 @@ impl Reconciler {
             })
             .filter(|e| belongs(&e.name_any(), endpoints_key(&self.local_services, e)))
             .collect();
+        // The desired slices' names too: a create of ours the cache has not shown yet is
+        // pending under its name (the owner uid does not matter for names).
+        if let Some(d) = g.desired.as_ref().filter(|_| self.mode.writes_slices()) {
+            slice_names.extend(
+                desired_slices(d, "")
+                    .into_iter()
+                    .filter_map(|s| s.metadata.name),
+            );
+        }
+        g.slices = slice_names
+            .iter()
+            .filter_map(|n| {
+                self.local_slices
+                    .get(&ObjectRef::new(n).within(&key.namespace))
+            })
+            .filter(|s| slice_key(&self.local_services, s) == *key)
+            .collect();
         // A write of ours to one of these objects has not reached the caches yet: planning
         // now would repeat it. The watch event that brings it queues the key again.
         let pending = |kind, names: &BTreeSet<String>| {
@@ -137,8 +172,9 @@ impl Reconciler {
                 .iter()
                 .any(|n| self.expectations.pending(kind, &key.namespace, n))
         };
-        g.pending =
-            pending(LocalObject::Service, &svc_names) || pending(LocalObject::Endpoints, &ep_names);
+        g.pending = pending(LocalObject::Service, &svc_names)
+            || pending(LocalObject::Endpoints, &ep_names)
+            || pending(LocalObject::EndpointSlice, &slice_names);
         g.endpoints_written_first = self.endpoints_first.lock().get(key).cloned();
         g
     }
@@ -191,27 +227,33 @@ impl Reconciler {
             self.endpoints_first.lock().remove(key);
         }
         let done = requeue.map_or(Outcome::Done, Outcome::RequeueAfter);
+        // Reported once the writes are made (the mirror's namespace may be new).
+        let over_capacity = self.over_capacity(key, &steps);
         let actions = match steps {
             Steps::EndpointsFirst { endpoints, service } => {
-                tracing::debug!(%cluster, %key, action = ?endpoints, "writing Endpoints first");
-                let Action::UpdateEndpoints(e) = endpoints.as_ref() else {
-                    unreachable!("decide puts an Endpoints update first")
-                };
-                let rv = e.metadata.resource_version.clone().unwrap_or_default();
-                return match self.execute(&endpoints).await {
-                    Ok(Applied::Done) => {
-                        self.endpoints_first.lock().insert(key.clone(), rv);
-                        Ok(Outcome::RequeueAfter(std::time::Duration::ZERO))
+                tracing::debug!(%cluster, %key, actions = ?endpoints, "writing Endpoints first");
+                self.record_all(over_capacity).await;
+                let mut replaced = Vec::new();
+                for action in &endpoints {
+                    let rv = match action {
+                        Action::UpdateEndpoints(e) => e.metadata.resource_version.clone(),
+                        Action::UpdateEndpointSlice(e) => e.metadata.resource_version.clone(),
+                        _ => unreachable!("decide puts only Endpoints and slice updates first"),
+                    };
+                    match self.execute(action).await {
+                        Ok(Applied::Done) => replaced.extend(rv),
+                        // The event bringing the newer object queues the key again.
+                        Ok(Applied::Stale) => return Ok(done),
+                        // They cannot be written now: the Service still is, as when the
+                        // plan runs in its own order; the key is retried for the rest.
+                        Err(err) => {
+                            self.execute(&service).await?;
+                            return Err(err);
+                        }
                     }
-                    // The event bringing the newer Endpoints queues the key again.
-                    Ok(Applied::Stale) => Ok(done),
-                    // The Endpoints cannot be written now: the Service still is, as when the
-                    // plan runs in its own order; the key is retried for the Endpoints.
-                    Err(err) => {
-                        self.execute(&service).await?;
-                        Err(err)
-                    }
-                };
+                }
+                self.endpoints_first.lock().insert(key.clone(), replaced);
+                return Ok(Outcome::RequeueAfter(std::time::Duration::ZERO));
             }
             Steps::InOrder(actions) => actions,
         };
@@ -223,6 +265,7 @@ impl Reconciler {
                 break;
             }
         }
+        self.record_all(over_capacity).await;
         Ok(done)
     }
 
@@ -252,6 +295,56 @@ impl Reconciler {
         if let Some(secret) = &self.link_secret {
             self.writer
                 .record(secret, "MirrorLimitReached", "Mirror", note)
+                .await;
+        }
+    }
+
+    /// In `endpoints` mode, an Endpoints written with a subset larger than
+    /// kube-controller-manager mirrors into slices (it keeps the first 1000 addresses of
+    /// a subset, see `core::slices::MIRRORING_MAX_ENDPOINTS_PER_SUBSET`) is reported, once
+    /// per write: a warning and a metric now, and the returned Events on the mirror
+    /// Service.
+    fn over_capacity(&self, key: &ServiceKey, steps: &Steps) -> Vec<(ObjectReference, String)> {
+        let mut events = Vec::new();
+        if self.mode != EndpointsMode::Endpoints {
+            return events;
+        }
+        let actions: Vec<&Action> = match steps {
+            Steps::InOrder(actions) => actions.iter().collect(),
+            Steps::EndpointsFirst { endpoints, .. } => endpoints.iter().collect(),
+        };
+        for action in actions {
+            let (Action::CreateEndpoints(e) | Action::UpdateEndpoints(e)) = action else {
+                continue;
+            };
+            let Some(addresses) = mirroring_overflow(e) else {
+                continue;
+            };
+            let cluster = &self.link.cluster_name;
+            let max = MIRRORING_MAX_ENDPOINTS_PER_SUBSET;
+            let note = format!(
+                "the Endpoints of this mirror hold {addresses} gateway addresses; kube-controller-manager mirrors at most {max} per subset into EndpointSlices (--mirroring-max-endpoints-per-subset), so {} never reach kube-proxy; run service-mirror with --endpoints-mode=both to write the EndpointSlices directly",
+                addresses - max
+            );
+            tracing::warn!(%cluster, %key, addresses, max, "mirror Endpoints over EndpointSliceMirroring's capacity");
+            self.metrics.endpoints_over_capacity();
+            let service = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Service".into()),
+                namespace: e.metadata.namespace.clone(),
+                name: e.metadata.name.clone(),
+                ..ObjectReference::default()
+            };
+            events.push((service, note));
+        }
+        events
+    }
+
+    /// Records `events` (from [`Self::over_capacity`]) as `EndpointsOverCapacity`.
+    async fn record_all(&self, events: Vec<(ObjectReference, String)>) {
+        for (regarding, note) in events {
+            self.writer
+                .record(&regarding, "EndpointsOverCapacity", "Mirror", note)
                 .await;
         }
     }
@@ -304,6 +397,29 @@ impl Reconciler {
                 name.clone(),
                 Some(resource_version.clone().unwrap_or_default()),
             ),
+            Action::CreateEndpointSlice(e) => (
+                LocalObject::EndpointSlice,
+                e.namespace(),
+                e.name_any(),
+                None,
+            ),
+            Action::UpdateEndpointSlice(e) => (
+                LocalObject::EndpointSlice,
+                e.namespace(),
+                e.name_any(),
+                e.metadata.resource_version.clone(),
+            ),
+            Action::DeleteEndpointSlice {
+                namespace,
+                name,
+                resource_version,
+                ..
+            } => (
+                LocalObject::EndpointSlice,
+                Some(namespace.clone()),
+                name.clone(),
+                Some(resource_version.clone().unwrap_or_default()),
+            ),
         };
         let ns = ns.unwrap_or_default();
         self.expectations.written(kind, &ns, &name, replaced);
@@ -316,6 +432,10 @@ impl Reconciler {
                 .and_then(|o| o.metadata.resource_version.clone()),
             LocalObject::Endpoints => self
                 .local_endpoints
+                .get(&ObjectRef::new(&name).within(&ns))
+                .and_then(|o| o.metadata.resource_version.clone()),
+            LocalObject::EndpointSlice => self
+                .local_slices
                 .get(&ObjectRef::new(&name).within(&ns))
                 .and_then(|o| o.metadata.resource_version.clone()),
         };

@@ -6,11 +6,12 @@ pub(super) struct Synced {
     pub(super) remote: bool,
     pub(super) local_services: bool,
     pub(super) local_endpoints: bool,
+    pub(super) local_slices: bool,
 }
 
 impl Synced {
     pub(super) fn local(&self) -> bool {
-        self.local_services && self.local_endpoints
+        self.local_services && self.local_endpoints && self.local_slices
     }
 }
 

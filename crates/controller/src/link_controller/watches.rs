@@ -1,4 +1,5 @@
-//! The three watches of a link (remote Services, local mirror Services and Endpoints):
+//! The four watches of a link (remote Services, local mirror Services, Endpoints and
+//! our EndpointSlices):
 //! each event updates a cache (in the driver), then the index and the expectations,
 //! and queues the keys that `keys.rs` maps it to.
 
@@ -13,11 +14,13 @@ use super::strip::{strip_managed_fields, strip_remote};
 use super::{Synced, WorkQueue};
 use crate::watch::{Watch, drive};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::watcher;
 use parking_lot::Mutex;
+use service_mirror_core::labels::slice_owner_selector;
 use service_mirror_core::owner_selector;
 use service_mirror_core::{ExportPolicy, ServiceKey};
 use std::sync::Arc;
@@ -141,6 +144,7 @@ impl LocalEvents {
                 self.synced.send_modify(|s| match K::OBJECT {
                     LocalObject::Service => s.local_services = true,
                     LocalObject::Endpoints => s.local_endpoints = true,
+                    LocalObject::EndpointSlice => s.local_slices = true,
                 });
             }
             keys
@@ -169,6 +173,7 @@ pub(super) fn spawn(
     cancel: CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     let cluster = rec.link.cluster_name.clone();
+    let cluster_name = cluster.clone();
     let local_config = watcher::Config::default().labels(&owner_selector(&cluster));
     let remote_events = RemoteEvents {
         cluster,
@@ -197,10 +202,18 @@ pub(super) fn spawn(
             rec.local_services.clone(),
             cancel.clone(),
         )),
-        tokio::spawn(local_events.run(
-            Api::<Endpoints>::all(local),
+        tokio::spawn(local_events.clone().run(
+            Api::<Endpoints>::all(local.clone()),
             local_config,
             rec.local_endpoints.clone(),
+            cancel.clone(),
+        )),
+        // Our slices only (our managed-by): kube-controller-manager's mirrored slices
+        // carry our labels too, and are never ours to cache or touch.
+        tokio::spawn(local_events.run(
+            Api::<EndpointSlice>::all(local),
+            watcher::Config::default().labels(&slice_owner_selector(&cluster_name)),
+            rec.local_slices.clone(),
             cancel,
         )),
     ]

@@ -7,13 +7,14 @@
 
 use crate::writer::MirrorSelector;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, ObjectMeta};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use service_mirror_core::labels::{
     CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
-    MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
 };
 use service_mirror_core::{NamespaceFilter, validate_cluster_name};
 use std::collections::{BTreeSet, HashSet};
@@ -84,6 +85,7 @@ impl Collector {
         for listed in [
             self.mirror_clusters::<Service>(&select).await,
             self.mirror_clusters::<Endpoints>(&select).await,
+            self.mirror_clusters::<EndpointSlice>(&select).await,
         ] {
             match listed {
                 Ok(names) => clusters.extend(names),
@@ -105,9 +107,14 @@ impl Collector {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
-        let lp = ListParams::default().labels(&format!(
-            "{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE}"
-        ));
+        // For slices, ours only: kube-controller-manager's copy our labels.
+        let selector = match K::kind(&()) == "EndpointSlice" {
+            true => format!(
+                "{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE},{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+            ),
+            false => format!("{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE}"),
+        };
+        let lp = ListParams::default().labels(&selector);
         let listed = Api::<K>::all(self.local.clone()).list_metadata(&lp).await?;
         Ok(listed
             .items

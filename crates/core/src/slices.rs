@@ -1,0 +1,941 @@
+//! The EndpointSlices (`discovery.k8s.io/v1`) of a mirror, written by us instead of
+//! kube-controller-manager's EndpointSliceMirroring: which objects, their names, their
+//! chunking at the API's limits, and the compare-then-update of one slice.
+//!
+//! The slices carry what the mirror's Endpoints carry (the gateway's addresses, one
+//! port per Service port at the gateway's port), derived from the desired Endpoints,
+//! so both representations always say the same thing.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use k8s_openapi::api::core::v1::Endpoints;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::desired::{DesiredMirror, port_name, protocol_or_default};
+use super::diff::{OWNED_ANNOTATIONS, OWNED_LABELS};
+use super::labels::{
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
+};
+use super::naming::{MAX_SERVICE_NAME_LEN, fnv1a32};
+use super::ownership::is_owned;
+
+/// Most endpoints one EndpointSlice may hold (API validation: `maxEndpoints = 1000`).
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
+/// Most ports one EndpointSlice may hold by the API's documentation (v1.34 validates
+/// up to 20,000, but documents 100, and kube-proxy merges the slices of one Service by
+/// port name, so chunking at 100 costs nothing).
+pub const MAX_PORTS_PER_SLICE: usize = 100;
+
+/// kube-controller-manager's `--mirroring-max-endpoints-per-subset` default.
+///
+/// What EndpointSliceMirroring does (kubernetes v1.34.4,
+/// `pkg/controller/endpointslicemirroring/reconciler.go`): per Endpoints subset it adds
+/// ready then not-ready addresses and stops at this many (1000): the rest are skipped,
+/// counted in `endpoint_slice_mirroring_controller_addresses_skipped_per_sync` and
+/// reported by a `TooManyAddressesToMirror` Event on the Endpoints; a 2,500-address
+/// subset reaches kube-proxy as 1,000 endpoints. Ports are not chunked: a subset's
+/// ports all go to the slices of that subset (the API validates up to 20,000), so 150
+/// ports mirror whole.
+pub const MIRRORING_MAX_ENDPOINTS_PER_SUBSET: usize = 1000;
+
+/// Which endpoint objects the mirrors carry (`--endpoints-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EndpointsMode {
+    /// Endpoints only; kube-controller-manager mirrors them into slices (today's).
+    Endpoints,
+    /// EndpointSlices only; no Endpoints.
+    EndpointSlices,
+    /// Both: slices written by us, Endpoints kept for tools that read them, labelled
+    /// `skip-mirror` so kube-controller-manager makes no duplicate slices.
+    #[default]
+    Both,
+}
+
+impl EndpointsMode {
+    /// Every mode, in flag order.
+    pub const ALL: [EndpointsMode; 3] = [
+        EndpointsMode::Endpoints,
+        EndpointsMode::EndpointSlices,
+        EndpointsMode::Both,
+    ];
+
+    /// Whether mirrors carry Endpoints.
+    pub fn writes_endpoints(self) -> bool {
+        self != EndpointsMode::EndpointSlices
+    }
+
+    /// Whether mirrors carry EndpointSlices of ours.
+    pub fn writes_slices(self) -> bool {
+        self != EndpointsMode::Endpoints
+    }
+
+    /// The flag value: `endpoints`, `endpointslices` or `both`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointsMode::Endpoints => "endpoints",
+            EndpointsMode::EndpointSlices => "endpointslices",
+            EndpointsMode::Both => "both",
+        }
+    }
+}
+
+impl fmt::Display for EndpointsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown `--endpoints-mode` value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown endpoints mode {0:?}: expected endpoints, endpointslices or both")]
+pub struct UnknownMode(pub String);
+
+impl FromStr for EndpointsMode {
+    type Err = UnknownMode;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EndpointsMode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| UnknownMode(s.to_owned()))
+    }
+}
+
+/// Label keys we own on a slice: the mirror labels, and Kubernetes' two slice labels.
+const SLICE_LABELS: [&str; 6] = [
+    OWNED_LABELS[0],
+    OWNED_LABELS[1],
+    OWNED_LABELS[2],
+    OWNED_LABELS[3],
+    SERVICE_NAME_LABEL,
+    MANAGED_BY_LABEL,
+];
+
+/// Whether a slice is ours for `cluster`: the mirror labels and our managed-by.
+/// kube-controller-manager's mirrored slices copy the Endpoints' labels (ours
+/// included) but say `endpointslicemirroring-controller.k8s.io`: never ours.
+pub fn is_our_slice(meta: &ObjectMeta, cluster: &str) -> bool {
+    is_owned(meta, cluster)
+        && meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+            .map(String::as_str)
+            == Some(MANAGED_BY_VALUE)
+}
+
+/// `endpoints` labelled `skip-mirror: "true"` (modes that write slices themselves).
+pub fn with_skip_mirror(mut endpoints: Endpoints) -> Endpoints {
+    endpoints
+        .metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(SKIP_MIRROR_LABEL.to_owned(), SKIP_MIRROR_VALUE.to_owned());
+    endpoints
+}
+
+/// Whether `endpoints` carries `skip-mirror: "true"`.
+pub fn skips_mirroring(endpoints: &Endpoints) -> bool {
+    endpoints
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SKIP_MIRROR_LABEL))
+        .map(String::as_str)
+        == Some(SKIP_MIRROR_VALUE)
+}
+
+/// The largest subset of `endpoints` (ready plus not-ready addresses) when it exceeds
+/// what EndpointSliceMirroring mirrors ([`MIRRORING_MAX_ENDPOINTS_PER_SUBSET`]).
+pub fn mirroring_overflow(endpoints: &Endpoints) -> Option<usize> {
+    endpoints
+        .subsets
+        .iter()
+        .flatten()
+        .map(|s| {
+            s.addresses.as_ref().map_or(0, Vec::len)
+                + s.not_ready_addresses.as_ref().map_or(0, Vec::len)
+        })
+        .max()
+        .filter(|n| *n > MIRRORING_MAX_ENDPOINTS_PER_SUBSET)
+}
+
+/// Address family of a slice: its `addressType` and its name part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(ip: &IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+    fn address_type(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+    fn name_part(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        }
+    }
+}
+
+/// Name of slice `index` of address family `family` (`"ipv4"` or `"ipv6"`) of the
+/// mirror named `mirror`.
+///
+/// Rule: `<mirror>-<family>-<index>` when it fits in 63 characters; otherwise the
+/// mirror name is cut and the 8 hex digits of the FNV-1a hash of the full mirror name
+/// inserted, `<prefix>-<hash>-<family>-<index>`, at most 63 characters (the same rule
+/// as `naming::mirror_name`). Deterministic: a restart names every slice the same.
+pub fn slice_name(mirror: &str, family: &str, index: usize) -> String {
+    let suffix = format!("-{family}-{index}");
+    let short = format!("{mirror}{suffix}");
+    if short.len() <= MAX_SERVICE_NAME_LEN {
+        return short;
+    }
+    let hash = format!("{:08x}", fnv1a32(mirror.as_bytes()));
+    let keep = MAX_SERVICE_NAME_LEN.saturating_sub(suffix.len() + hash.len() + 1);
+    let prefix: String = mirror.chars().take(keep).collect();
+    let prefix = prefix.trim_end_matches('-');
+    format!("{prefix}-{hash}{suffix}")
+}
+
+/// The slices of `mirror`, owned by its Service of uid `service_uid`.
+///
+/// One group per address family of the gateway's addresses (IPv4 first), each cut in
+/// chunks of [`MAX_ENDPOINTS_PER_SLICE`] endpoints times chunks of
+/// [`MAX_PORTS_PER_SLICE`] ports: every endpoint chunk is written once per port chunk.
+/// No usable address: one IPv4 group with `endpoints: []`, so the ports are known.
+/// A ready address is ready and serving; a not-ready one (dead gateway) is neither.
+pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<EndpointSlice> {
+    let svc = &mirror.service;
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let namespace = svc.metadata.namespace.clone();
+    let subset = mirror.endpoints.subsets.as_ref().and_then(|s| s.first());
+    let gateway_port = subset
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|p| p.first())
+        .map(|p| p.port);
+    let ports: Vec<EndpointPort> = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|p| EndpointPort {
+            name: Some(port_name(p.name.as_deref()).unwrap_or_default()),
+            protocol: Some(protocol_or_default(p.protocol.as_deref())),
+            port: gateway_port,
+            app_protocol: None,
+        })
+        .collect();
+
+    let mut by_family: BTreeMap<Family, Vec<Endpoint>> = BTreeMap::new();
+    for (addresses, alive) in [
+        (subset.and_then(|s| s.addresses.as_ref()), true),
+        (subset.and_then(|s| s.not_ready_addresses.as_ref()), false),
+    ] {
+        for a in addresses.into_iter().flatten() {
+            let Ok(ip) = a.ip.parse::<IpAddr>() else {
+                continue;
+            };
+            by_family
+                .entry(Family::of(&ip))
+                .or_default()
+                .push(Endpoint {
+                    addresses: vec![ip.to_string()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(alive),
+                        serving: Some(alive),
+                        terminating: Some(false),
+                    }),
+                    ..Default::default()
+                });
+        }
+    }
+    if by_family.is_empty() {
+        by_family.insert(Family::V4, Vec::new());
+    }
+
+    let mut labels = svc.metadata.labels.clone().unwrap_or_default();
+    labels.insert(SERVICE_NAME_LABEL.to_owned(), name.clone());
+    labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
+    // The Endpoints' annotations: the fq-name (how a slice maps back to its key) and
+    // the controller namespace. The gateway identity annotation goes here too when it
+    // comes (its own issue).
+    let annotations = mirror.endpoints.metadata.annotations.clone();
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Service".into(),
+        name: name.clone(),
+        uid: service_uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+
+    let port_chunks: Vec<&[EndpointPort]> = match ports.is_empty() {
+        true => vec![&[]],
+        false => ports.chunks(MAX_PORTS_PER_SLICE).collect(),
+    };
+    let mut out = Vec::new();
+    for (family, mut endpoints) in by_family {
+        endpoints.sort_by(|a, b| a.addresses.cmp(&b.addresses));
+        let endpoint_chunks: Vec<&[Endpoint]> = match endpoints.is_empty() {
+            true => vec![&[]],
+            false => endpoints.chunks(MAX_ENDPOINTS_PER_SLICE).collect(),
+        };
+        let mut index = 0;
+        for chunk in &endpoint_chunks {
+            for port_chunk in &port_chunks {
+                out.push(EndpointSlice {
+                    metadata: ObjectMeta {
+                        name: Some(slice_name(&name, family.name_part(), index)),
+                        namespace: namespace.clone(),
+                        labels: Some(labels.clone()),
+                        annotations: annotations.clone(),
+                        owner_references: Some(vec![owner.clone()]),
+                        ..Default::default()
+                    },
+                    address_type: family.address_type().to_owned(),
+                    endpoints: chunk.to_vec(),
+                    ports: Some(port_chunk.to_vec()),
+                });
+                index += 1;
+            }
+        }
+    }
+    out
+}
+
+type Map = BTreeMap<String, String>;
+
+fn owned(map: Option<&Map>, keys: &[&str]) -> Vec<Option<String>> {
+    keys.iter()
+        .map(|k| map.and_then(|m| m.get(*k)).cloned())
+        .collect()
+}
+
+fn set_owned(target: &mut Option<Map>, desired: Option<&Map>, keys: &[&str]) {
+    for key in keys {
+        match desired.and_then(|m| m.get(*key)) {
+            Some(v) => {
+                target
+                    .get_or_insert_with(Map::new)
+                    .insert((*key).to_owned(), v.clone());
+            }
+            None => {
+                if let Some(m) = target.as_mut() {
+                    m.remove(*key);
+                }
+            }
+        }
+    }
+}
+
+/// Endpoints in a canonical form: IPs canonical, sorted by address.
+fn normalize_endpoints(endpoints: &[Endpoint]) -> Vec<Endpoint> {
+    let mut out: Vec<Endpoint> = endpoints
+        .iter()
+        .map(|e| Endpoint {
+            addresses: e
+                .addresses
+                .iter()
+                .map(|a| {
+                    a.parse::<IpAddr>()
+                        .map_or_else(|_| a.clone(), |ip| ip.to_string())
+                })
+                .collect(),
+            ..e.clone()
+        })
+        .collect();
+    out.sort_by(|a, b| a.addresses.cmp(&b.addresses));
+    out
+}
+
+/// Ports in a canonical form: an empty name is none, TCP is the default protocol.
+fn normalize_ports(ports: Option<&Vec<EndpointPort>>) -> Vec<EndpointPort> {
+    let mut out: Vec<EndpointPort> = ports
+        .into_iter()
+        .flatten()
+        .map(|p| EndpointPort {
+            name: port_name(p.name.as_deref()),
+            protocol: Some(protocol_or_default(p.protocol.as_deref())),
+            ..p.clone()
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.name, &a.protocol, a.port).cmp(&(&b.name, &b.protocol, b.port)));
+    out
+}
+
+/// Whether `actual` can become `desired` by an update: `addressType` is immutable, so
+/// a slice of another family under our name is deleted and created again.
+pub fn slice_updatable(actual: &EndpointSlice, desired: &EndpointSlice) -> bool {
+    actual.address_type == desired.address_type
+}
+
+/// The update that makes `actual` match `desired` on the fields we own (the mirror and
+/// slice labels, the mirror annotations, the owner reference, endpoints, ports), or
+/// `None` when it already does. Others' labels and annotations are kept.
+pub fn slice_update(actual: &EndpointSlice, desired: &EndpointSlice) -> Option<EndpointSlice> {
+    let (am, dm) = (&actual.metadata, &desired.metadata);
+    let owners = |m: &ObjectMeta| m.owner_references.clone().unwrap_or_default();
+    let same = owned(am.labels.as_ref(), &SLICE_LABELS) == owned(dm.labels.as_ref(), &SLICE_LABELS)
+        && owned(am.annotations.as_ref(), &OWNED_ANNOTATIONS)
+            == owned(dm.annotations.as_ref(), &OWNED_ANNOTATIONS)
+        && owners(am) == owners(dm)
+        && actual.address_type == desired.address_type
+        && normalize_endpoints(&actual.endpoints) == normalize_endpoints(&desired.endpoints)
+        && normalize_ports(actual.ports.as_ref()) == normalize_ports(desired.ports.as_ref());
+    if same {
+        return None;
+    }
+    let mut updated = actual.clone();
+    set_owned(
+        &mut updated.metadata.labels,
+        dm.labels.as_ref(),
+        &SLICE_LABELS,
+    );
+    set_owned(
+        &mut updated.metadata.annotations,
+        dm.annotations.as_ref(),
+        &OWNED_ANNOTATIONS,
+    );
+    updated.metadata.owner_references = dm.owner_references.clone();
+    updated.endpoints = desired.endpoints.clone();
+    updated.ports = desired.ports.clone();
+    Some(updated)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+
+    use super::super::desired::{Link, desired_mirror};
+    use super::super::gateway::{GatewayRef, ResolvedGateway};
+    use super::super::labels::{
+        CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, MIRRORED_SERVICE_LABEL,
+        REMOTE_GATEWAY_NAME_LABEL, REMOTE_SVC_FQ_NAME_ANNOTATION,
+    };
+    use super::*;
+
+    fn remote(name: &str, ports: usize) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("shop".into()),
+                resource_version: Some("7".into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ports: Some(
+                    (0..ports)
+                        .map(|i| ServicePort {
+                            name: Some(format!("p{i}")),
+                            protocol: (i % 2 == 1).then(|| "UDP".into()),
+                            port: 1000 + i as i32,
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn ips(n: usize) -> Vec<IpAddr> {
+        (0..n)
+            .map(|i| IpAddr::from([10, 1, (i / 250) as u8, (i % 250) as u8 + 1]))
+            .collect()
+    }
+
+    fn mirror(name: &str, ports: usize, gw: Option<ResolvedGateway>) -> DesiredMirror {
+        desired_mirror(
+            &remote(name, ports),
+            &Link::new("east", None).with_controller_namespace("mc"),
+            &GatewayRef::new("mc", "gw"),
+            gw.as_ref(),
+        )
+    }
+
+    fn resolved(addrs: Vec<IpAddr>) -> ResolvedGateway {
+        ResolvedGateway::new(addrs, 4143, "g1")
+    }
+
+    /// (name, addressType, endpoints, ports) of each slice.
+    fn shape(slices: &[EndpointSlice]) -> Vec<(String, String, usize, usize)> {
+        slices
+            .iter()
+            .map(|s| {
+                (
+                    s.metadata.name.clone().unwrap(),
+                    s.address_type.clone(),
+                    s.endpoints.len(),
+                    s.ports.as_ref().map_or(0, Vec::len),
+                )
+            })
+            .collect()
+    }
+
+    fn row(
+        name: &str,
+        family: &str,
+        endpoints: usize,
+        ports: usize,
+    ) -> (String, String, usize, usize) {
+        (name.into(), family.into(), endpoints, ports)
+    }
+
+    #[test]
+    fn slices_are_chunked_at_the_api_limits() {
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        let mut mixed = ips(2);
+        mixed.push(v6);
+        type Case = (
+            &'static str,
+            DesiredMirror,
+            Vec<(String, String, usize, usize)>,
+        );
+        let table: Vec<Case> = vec![
+            (
+                "two addresses, one port: one slice",
+                mirror("web", 1, Some(resolved(ips(2)))),
+                vec![row("web-east-ipv4-0", "IPv4", 2, 1)],
+            ),
+            (
+                "1000 addresses: still one slice",
+                mirror("web", 1, Some(resolved(ips(1000)))),
+                vec![row("web-east-ipv4-0", "IPv4", 1000, 1)],
+            ),
+            (
+                "2500 addresses: 3 slices of at most 1000",
+                mirror("web", 1, Some(resolved(ips(2500)))),
+                vec![
+                    row("web-east-ipv4-0", "IPv4", 1000, 1),
+                    row("web-east-ipv4-1", "IPv4", 1000, 1),
+                    row("web-east-ipv4-2", "IPv4", 500, 1),
+                ],
+            ),
+            (
+                "100 ports: one slice",
+                mirror("web", 100, Some(resolved(ips(1)))),
+                vec![row("web-east-ipv4-0", "IPv4", 1, 100)],
+            ),
+            (
+                "150 ports: 2 slices, same endpoints, port chunks",
+                mirror("web", 150, Some(resolved(ips(3)))),
+                vec![
+                    row("web-east-ipv4-0", "IPv4", 3, 100),
+                    row("web-east-ipv4-1", "IPv4", 3, 50),
+                ],
+            ),
+            (
+                "1500 addresses x 150 ports: 4 slices",
+                mirror("web", 150, Some(resolved(ips(1500)))),
+                vec![
+                    row("web-east-ipv4-0", "IPv4", 1000, 100),
+                    row("web-east-ipv4-1", "IPv4", 1000, 50),
+                    row("web-east-ipv4-2", "IPv4", 500, 100),
+                    row("web-east-ipv4-3", "IPv4", 500, 50),
+                ],
+            ),
+            (
+                "one slice per address family",
+                mirror("web", 1, Some(resolved(mixed))),
+                vec![
+                    row("web-east-ipv4-0", "IPv4", 2, 1),
+                    row("web-east-ipv6-0", "IPv6", 1, 1),
+                ],
+            ),
+            (
+                "no gateway: one slice, no endpoints, ports known",
+                mirror("web", 2, None),
+                vec![row("web-east-ipv4-0", "IPv4", 0, 2)],
+            ),
+            (
+                "gateway without addresses: same",
+                mirror("web", 2, Some(resolved(vec![]))),
+                vec![row("web-east-ipv4-0", "IPv4", 0, 2)],
+            ),
+            (
+                "no gateway, 150 ports: two empty slices",
+                mirror("web", 150, None),
+                vec![
+                    row("web-east-ipv4-0", "IPv4", 0, 100),
+                    row("web-east-ipv4-1", "IPv4", 0, 50),
+                ],
+            ),
+        ];
+        for (what, m, want) in table {
+            assert_eq!(shape(&desired_slices(&m, "uid-1")), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn port_chunks_hold_every_endpoint_and_every_port_once() {
+        let m = mirror("web", 150, Some(resolved(ips(3))));
+        let slices = desired_slices(&m, "u");
+        let mut names: Vec<String> = slices
+            .iter()
+            .flat_map(|s| s.ports.iter().flatten())
+            .map(|p| p.name.clone().unwrap())
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 150);
+        assert_eq!(slices[0].endpoints, slices[1].endpoints);
+    }
+
+    #[test]
+    fn slice_metadata_labels_annotations_owner() {
+        let m = mirror("web", 1, Some(resolved(ips(1))));
+        let s = &desired_slices(&m, "svc-uid")[0];
+        let labels = s.metadata.labels.as_ref().unwrap();
+        let table = [
+            (SERVICE_NAME_LABEL, "web-east"),
+            (MANAGED_BY_LABEL, "service-mirror.linkerd.io"),
+            (MIRRORED_SERVICE_LABEL, "true"),
+            (CLUSTER_NAME_LABEL, "east"),
+            (REMOTE_GATEWAY_NAME_LABEL, "gw"),
+        ];
+        for (k, v) in table {
+            assert_eq!(labels.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        assert_eq!(labels.len(), 6, "{labels:?}");
+        let annotations = s.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            annotations[REMOTE_SVC_FQ_NAME_ANNOTATION],
+            "web.shop.svc.cluster.local"
+        );
+        assert_eq!(annotations[CONTROLLER_NAMESPACE_ANNOTATION], "mc");
+        let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.name.as_str(),
+                owner.uid.as_str(),
+                owner.controller
+            ),
+            ("v1", "Service", "web-east", "svc-uid", Some(true))
+        );
+        assert_eq!(s.metadata.namespace.as_deref(), Some("shop"));
+        assert!(is_our_slice(&s.metadata, "east"));
+        assert!(!is_our_slice(&s.metadata, "west"));
+    }
+
+    #[test]
+    fn ports_named_and_typed_as_the_service_at_the_gateway_port() {
+        let m = mirror("web", 2, Some(resolved(ips(1))));
+        let s = &desired_slices(&m, "u")[0];
+        assert_eq!(
+            s.ports,
+            Some(vec![
+                EndpointPort {
+                    name: Some("p0".into()),
+                    protocol: Some("TCP".into()),
+                    port: Some(4143),
+                    app_protocol: None,
+                },
+                EndpointPort {
+                    name: Some("p1".into()),
+                    protocol: Some("UDP".into()),
+                    port: Some(4143),
+                    app_protocol: None,
+                },
+            ])
+        );
+        let none = desired_slices(&mirror("web", 1, None), "u");
+        assert_eq!(none[0].ports.as_ref().unwrap()[0].port, None);
+    }
+
+    #[test]
+    fn conditions_follow_gateway_liveness() {
+        let conditions = |alive: bool| {
+            let m = mirror("web", 1, Some(resolved(ips(2)).with_alive(alive)));
+            desired_slices(&m, "u")[0]
+                .endpoints
+                .iter()
+                .map(|e| e.conditions.clone().unwrap())
+                .collect::<Vec<_>>()
+        };
+        let table = [
+            (true, (Some(true), Some(true), Some(false))),
+            (false, (Some(false), Some(false), Some(false))),
+        ];
+        for (alive, (ready, serving, terminating)) in table {
+            let want = EndpointConditions {
+                ready,
+                serving,
+                terminating,
+            };
+            assert_eq!(conditions(alive), vec![want.clone(), want], "alive {alive}");
+        }
+    }
+
+    #[test]
+    fn slice_names_are_deterministic_and_fit() {
+        let long = "a".repeat(63);
+        let table: Vec<(&str, &str, usize, Option<&str>)> = vec![
+            ("web-east", "ipv4", 0, Some("web-east-ipv4-0")),
+            ("web-east", "ipv6", 12, Some("web-east-ipv6-12")),
+            (&long, "ipv4", 0, None),
+            (&long, "ipv6", 123456, None),
+        ];
+        for (mirror, family, index, want) in table {
+            let got = slice_name(mirror, family, index);
+            assert!(got.len() <= 63, "{got}");
+            assert_eq!(got, slice_name(mirror, family, index));
+            assert!(got.ends_with(&format!("-{family}-{index}")), "{got}");
+            if let Some(want) = want {
+                assert_eq!(got, want);
+            }
+        }
+        // Two long mirror names sharing a prefix get different slice names.
+        let (a, b) = (format!("{long}x"), format!("{long}y"));
+        assert_ne!(slice_name(&a, "ipv4", 0), slice_name(&b, "ipv4", 0));
+        let cut = slice_name(&long, "ipv4", 0);
+        assert_eq!(cut.len(), 63, "{cut}");
+        assert!(cut.starts_with("aaaa"));
+    }
+
+    #[test]
+    fn modes_parse_and_print() {
+        for mode in EndpointsMode::ALL {
+            assert_eq!(mode.as_str().parse::<EndpointsMode>(), Ok(mode));
+            assert_eq!(mode.to_string(), mode.as_str());
+        }
+        assert_eq!(EndpointsMode::default(), EndpointsMode::Both);
+        assert!("slices".parse::<EndpointsMode>().is_err());
+        let table = [
+            (EndpointsMode::Endpoints, true, false),
+            (EndpointsMode::EndpointSlices, false, true),
+            (EndpointsMode::Both, true, true),
+        ];
+        for (mode, endpoints, slices) in table {
+            assert_eq!(mode.writes_endpoints(), endpoints, "{mode}");
+            assert_eq!(mode.writes_slices(), slices, "{mode}");
+        }
+    }
+
+    /// `s` as the apiserver returns it: identity, and defaults dropped or added.
+    fn stored(s: &EndpointSlice) -> EndpointSlice {
+        let mut s = s.clone();
+        s.metadata.uid = Some("slice-uid".into());
+        s.metadata.resource_version = Some("9".into());
+        s
+    }
+
+    fn with(mut s: EndpointSlice, f: impl FnOnce(&mut EndpointSlice)) -> EndpointSlice {
+        f(&mut s);
+        s
+    }
+
+    #[test]
+    fn slice_update_only_when_an_owned_field_differs() {
+        let m = mirror("web", 2, Some(resolved(ips(3))));
+        let d = desired_slices(&m, "u").remove(0);
+        let base = stored(&d);
+        let table: Vec<(&str, EndpointSlice, bool)> = vec![
+            ("identical", d.clone(), false),
+            ("stored with identity", base.clone(), false),
+            (
+                "endpoints in another order",
+                with(base.clone(), |s| s.endpoints.reverse()),
+                false,
+            ),
+            (
+                "ports in another order, protocol defaulted, empty name",
+                with(base.clone(), |s| {
+                    let p = s.ports.as_mut().unwrap();
+                    p.reverse();
+                    p[1].protocol = None;
+                }),
+                false,
+            ),
+            (
+                "foreign label and annotation",
+                with(base.clone(), |s| {
+                    s.metadata
+                        .labels
+                        .as_mut()
+                        .unwrap()
+                        .insert("team".into(), "a".into());
+                    s.metadata.annotations = Some(BTreeMap::from([
+                        ("x".into(), "y".into()),
+                        (
+                            REMOTE_SVC_FQ_NAME_ANNOTATION.into(),
+                            "web.shop.svc.cluster.local".into(),
+                        ),
+                        (CONTROLLER_NAMESPACE_ANNOTATION.into(), "mc".into()),
+                    ]));
+                }),
+                false,
+            ),
+            (
+                "endpoint removed",
+                with(base.clone(), |s| {
+                    s.endpoints.pop();
+                }),
+                true,
+            ),
+            (
+                "endpoint not ready",
+                with(base.clone(), |s| {
+                    s.endpoints[0].conditions.as_mut().unwrap().ready = Some(false)
+                }),
+                true,
+            ),
+            (
+                "port number",
+                with(base.clone(), |s| {
+                    s.ports.as_mut().unwrap()[0].port = Some(1)
+                }),
+                true,
+            ),
+            (
+                "port removed",
+                with(base.clone(), |s| {
+                    s.ports.as_mut().unwrap().pop();
+                }),
+                true,
+            ),
+            (
+                "service-name label",
+                with(base.clone(), |s| {
+                    s.metadata
+                        .labels
+                        .as_mut()
+                        .unwrap()
+                        .insert(SERVICE_NAME_LABEL.into(), "other".into());
+                }),
+                true,
+            ),
+            (
+                "fq-name annotation lost",
+                with(base.clone(), |s| s.metadata.annotations = None),
+                true,
+            ),
+            (
+                "owner reference lost",
+                with(base.clone(), |s| s.metadata.owner_references = None),
+                true,
+            ),
+        ];
+        for (what, actual, want) in table {
+            let update = slice_update(&actual, &d);
+            assert_eq!(update.is_some(), want, "{what}");
+            if let Some(u) = update {
+                assert_eq!(slice_update(&u, &d), None, "{what}: converges");
+                assert_eq!(u.metadata.uid, actual.metadata.uid, "{what}: identity kept");
+                assert_eq!(
+                    u.metadata.resource_version,
+                    actual.metadata.resource_version
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn update_keeps_foreign_metadata() {
+        let d = desired_slices(&mirror("web", 1, Some(resolved(ips(1)))), "u").remove(0);
+        let actual = with(stored(&d), |s| {
+            s.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert("team".into(), "a".into());
+            s.endpoints.clear();
+        });
+        let u = slice_update(&actual, &d).unwrap();
+        assert_eq!(u.metadata.labels.as_ref().unwrap()["team"], "a");
+        assert_eq!(u.endpoints, d.endpoints);
+    }
+
+    #[test]
+    fn address_type_is_immutable() {
+        let d = desired_slices(&mirror("web", 1, Some(resolved(ips(1)))), "u").remove(0);
+        let v6 = with(stored(&d), |s| s.address_type = "IPv6".into());
+        assert!(slice_updatable(&stored(&d), &d));
+        assert!(!slice_updatable(&v6, &d));
+    }
+
+    #[test]
+    fn ownership_of_slices() {
+        let d = desired_slices(&mirror("web", 1, None), "u").remove(0);
+        let relabel = |k: &str, v: Option<&str>| {
+            with(d.clone(), |s| {
+                let l = s.metadata.labels.as_mut().unwrap();
+                match v {
+                    Some(v) => l.insert(k.into(), v.into()),
+                    None => l.remove(k),
+                };
+            })
+        };
+        let table = [
+            ("ours", d.clone(), true),
+            (
+                "kcm's mirrored slice (our labels copied)",
+                relabel(
+                    MANAGED_BY_LABEL,
+                    Some("endpointslicemirroring-controller.k8s.io"),
+                ),
+                false,
+            ),
+            (
+                "the endpointslice controller's",
+                relabel(MANAGED_BY_LABEL, Some("endpointslice-controller.k8s.io")),
+                false,
+            ),
+            ("no managed-by", relabel(MANAGED_BY_LABEL, None), false),
+            ("not a mirror", relabel(MIRRORED_SERVICE_LABEL, None), false),
+            (
+                "other cluster",
+                relabel(CLUSTER_NAME_LABEL, Some("west")),
+                false,
+            ),
+        ];
+        for (what, s, want) in table {
+            assert_eq!(is_our_slice(&s.metadata, "east"), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn skip_mirror_label() {
+        let m = mirror("web", 1, None);
+        assert!(!skips_mirroring(&m.endpoints));
+        let e = with_skip_mirror(m.endpoints.clone());
+        assert!(skips_mirroring(&e));
+        assert_eq!(
+            e.metadata.labels.as_ref().unwrap()[SKIP_MIRROR_LABEL],
+            "true"
+        );
+    }
+
+    #[test]
+    fn mirroring_overflow_counts_ready_and_not_ready() {
+        let table = [
+            (1000, true, None),
+            (1001, true, Some(1001)),
+            (2500, false, Some(2500)),
+            (0, true, None),
+        ];
+        for (n, alive, want) in table {
+            let m = mirror("web", 1, Some(resolved(ips(n)).with_alive(alive)));
+            assert_eq!(mirroring_overflow(&m.endpoints), want, "{n} alive {alive}");
+        }
+    }
+}
