@@ -123,8 +123,9 @@ struct Scenario {
     west: &'static str,
     east: &'static str,
     /// The controller's `--endpoints-mode` (`endpoints`, `endpointslices`, `both`); None
-    /// passes no flag (today's controller writes Endpoints only and west's
-    /// kube-controller-manager mirrors them into EndpointSlices).
+    /// passes no flag: the default, `both` (our own slices, Endpoints marked skip-mirror).
+    /// In `endpoints` mode west's kube-controller-manager mirrors the Endpoints into
+    /// EndpointSlices.
     endpoints_mode: Option<&'static str>,
     /// Ingress addresses of east's gateway besides its node address: the first ones of
     /// 198.19.251.0-198.19.255.255 (`DataPlane::add_many_addresses`, at most 1,280), on
@@ -144,7 +145,7 @@ impl Scenario {
     /// Whether the controller writes EndpointSlices itself in this scenario (else west's
     /// kube-controller-manager mirrors the Endpoints it writes).
     fn controller_writes_slices(&self) -> bool {
-        matches!(self.endpoints_mode, Some("endpointslices" | "both"))
+        self.endpoints_mode != Some("endpoints")
     }
 }
 
@@ -899,34 +900,17 @@ where
     panic!("{what}: not seen in {:?}; last: {last}", start.elapsed());
 }
 
-/// Whether `service-mirror run` has `flag` (`--endpoints-mode` comes with the controller's
-/// own EndpointSlices); without it prints one uncaptured `skipped:` line for `test`.
-fn controller_has_flag(test: &str, flag: &str) -> bool {
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_service-mirror"))
-        .args(["run", "--help"])
-        .output()
-        .expect("service-mirror run --help");
-    let has = String::from_utf8_lossy(&help.stdout).contains(flag);
-    if !has {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "{test}: skipped: `service-mirror run` has no {flag} yet"
-        );
-    }
-    has
-}
-
 /// East's gateway: its node address and 1,199 more.
 const MANY_EXTRA: usize = 1199;
 
 #[tokio::test]
-async fn a_gateway_with_1200_addresses_carries_all_traffic_on_the_addresses_in_the_slices() {
+async fn in_endpoints_mode_a_gateway_with_1200_addresses_carries_traffic_on_the_1000_kcm_mirrors() {
     if skip_without_data_plane("a_gateway_with_1200_addresses") {
         return;
     }
     many_gateway_addresses(Scenario {
         extra_gateway_addresses: MANY_EXTRA,
+        endpoints_mode: Some("endpoints"),
         ..Scenario::new("west-ma", "east-ma")
     })
     .await;
@@ -935,7 +919,7 @@ async fn a_gateway_with_1200_addresses_carries_all_traffic_on_the_addresses_in_t
 #[tokio::test]
 async fn in_endpointslices_mode_a_gateway_with_1200_addresses_has_them_all_in_slices() {
     let test = "in_endpointslices_mode_a_gateway_with_1200_addresses";
-    if skip_without_data_plane(test) || !controller_has_flag(test, "--endpoints-mode") {
+    if skip_without_data_plane(test) {
         return;
     }
     many_gateway_addresses(Scenario {
@@ -1068,6 +1052,10 @@ async fn many_gateway_addresses(scenario: Scenario) {
             .await
             .unwrap();
         assert!(annotation(&ep.metadata, over).is_none());
+        // And the controller says why some addresses carry no traffic.
+        let ours = wait_event(&w.wc, "shop", "web-east", "EndpointsOverCapacity").await;
+        assert!(ours.contains("--endpoints-mode"), "{ours}");
+        eprintln!("controller: Event EndpointsOverCapacity {ours:?}");
         eprintln!(
             "kcm: Event TooManyAddressesToMirror {note:?}; skipped {} addresses, {} .. {} (the node address {} {})",
             skipped.len(),
@@ -1170,17 +1158,22 @@ async fn many_gateway_addresses(scenario: Scenario) {
 }
 
 #[tokio::test]
-async fn a_mirror_with_120_ports_answers_on_every_port_the_101st_to_the_120th_included() {
+async fn in_endpoints_mode_a_mirror_with_120_ports_answers_on_every_port_the_101st_to_the_120th_included()
+ {
     if skip_without_data_plane("a_mirror_with_120_ports") {
         return;
     }
-    many_ports(Scenario::new("west-wp", "east-wp")).await;
+    many_ports(Scenario {
+        endpoints_mode: Some("endpoints"),
+        ..Scenario::new("west-wp", "east-wp")
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn in_endpointslices_mode_a_mirror_with_120_ports_answers_on_every_port() {
     let test = "in_endpointslices_mode_a_mirror_with_120_ports";
-    if skip_without_data_plane(test) || !controller_has_flag(test, "--endpoints-mode") {
+    if skip_without_data_plane(test) {
         return;
     }
     many_ports(Scenario {
@@ -1292,4 +1285,190 @@ async fn many_ports(scenario: Scenario) {
         exported_at.elapsed(),
         test_start.elapsed()
     );
+}
+
+/// The slices of the mirror `web-east` on west, as (managed-by, name, addresses).
+async fn mirror_slices(wc: &kube::Client) -> Vec<(String, String, Vec<String>)> {
+    Api::<EndpointSlice>::namespaced(wc.clone(), "shop")
+        .list(&ListParams::default().labels("kubernetes.io/service-name=web-east"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| {
+            let labels = s.metadata.labels.unwrap_or_default();
+            let managed = labels
+                .get("endpointslice.kubernetes.io/managed-by")
+                .cloned()
+                .unwrap_or_default();
+            let addrs = s
+                .endpoints
+                .iter()
+                .flat_map(|e| e.addresses.iter().cloned())
+                .collect();
+            (managed, s.metadata.name.unwrap_or_default(), addrs)
+        })
+        .collect()
+}
+
+/// Ours: `endpointslice.kubernetes.io/managed-by` of the controller's own slices.
+const OUR_SLICES: &str = "service-mirror.linkerd.io";
+/// kube-controller-manager's EndpointSliceMirroring controller's slices.
+const KCM_MIRRORED: &str = "endpointslicemirroring-controller.k8s.io";
+
+#[tokio::test]
+async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leaves_no_duplicate_slice()
+ {
+    if skip_without_data_plane("switching_endpoints_to_both_to_endpointslices") {
+        return;
+    }
+    let mut w = World::build(Scenario {
+        endpoints_mode: Some("endpoints"),
+        ..Scenario::new("west-mig", "east-mig")
+    })
+    .await;
+    w.until_answered("http", 80).await;
+    let node = w.gateway_ingress[0].clone();
+    // `endpoints` mode: our Endpoints, and kcm's mirrored slice of them.
+    bounded("endpoints mode: only kcm's mirrored slice", || async {
+        let s = mirror_slices(&w.wc).await;
+        match s.iter().map(|(m, _, _)| m.as_str()).collect::<Vec<_>>()[..] {
+            [KCM_MIRRORED] => Ok(()),
+            _ => Err(format!("{s:?}")),
+        }
+    })
+    .await;
+
+    let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let wp = w.west.data_plane().unwrap();
+    // A request every 100 ms (at most 1,500 over 150 s); every one must be answered.
+    let requester = async {
+        let (mut sent, mut failed) = (0u32, Vec::new());
+        let start = Instant::now();
+        while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
+            && sent < 1500
+            && start.elapsed() < Duration::from_secs(150)
+        {
+            let r = wp.http_get(MIRROR, 80, "/").await;
+            sent += 1;
+            if !answered(&r) {
+                failed.push(format!("{:?}: {r:?}", start.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (sent, failed)
+    };
+    // Each switch: SIGTERM the controller, start one in the next mode, wait for the
+    // objects that mode means. Meanwhile a watcher of slices checks that the mirror
+    // always has a slice with the gateway address (some slice routes it at every poll).
+    let holes = std::sync::Mutex::new(Vec::<String>::new());
+    let switches = async {
+        let mut timings = Vec::new();
+        for (mode, want) in [("both", OUR_SLICES), ("endpointslices", OUR_SLICES)] {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let switched = Instant::now();
+            let (clean, _) = w.ctl.terminate();
+            assert!(clean, "the controller exits cleanly on SIGTERM");
+            let flags = [
+                "--namespace-allow",
+                "shop",
+                "--endpoint-refresh-period",
+                "2s",
+                &format!("--endpoints-mode={mode}"),
+            ];
+            let flags: Vec<&str> = flags.iter().map(|s| s.as_ref()).collect();
+            w.ctl = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+            w.ctl.wait_ready().await;
+            let eps: Api<Endpoints> = Api::namespaced(w.wc.clone(), "shop");
+            let took = bounded(
+                &format!("{mode} mode: its objects and only those"),
+                || async {
+                    let s = mirror_slices(&w.wc).await;
+                    let managers: Vec<&str> = s.iter().map(|(m, _, _)| m.as_str()).collect();
+                    let ep = eps.get_opt("web-east").await.map_err(|e| e.to_string())?;
+                    let skip = ep.as_ref().and_then(|e| {
+                        e.metadata
+                            .labels
+                            .as_ref()?
+                            .get("endpointslice.kubernetes.io/skip-mirror")
+                            .cloned()
+                    });
+                    let ok = managers == [want]
+                        && s[0].2 == [node.clone()]
+                        && match mode {
+                            "both" => skip.as_deref() == Some("true"),
+                            _ => ep.is_none(),
+                        };
+                    match ok {
+                        true => Ok(()),
+                        false => Err(format!(
+                            "slices {s:?}, Endpoints {:?} skip-mirror {skip:?}",
+                            ep.is_some()
+                        )),
+                    }
+                },
+            )
+            .await;
+            eprintln!(
+                "switch to {mode}: converged {took:?} after its controller was ready ({:?} after the switch began)",
+                switched.elapsed()
+            );
+            timings.push((mode, switched.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
+        timings
+    };
+    let watch_holes = async {
+        let start = Instant::now();
+        while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
+            && start.elapsed() < Duration::from_secs(160)
+        {
+            let s = mirror_slices(&w.wc).await;
+            if !s.iter().any(|(_, _, a)| a.contains(&node)) {
+                holes
+                    .lock()
+                    .unwrap()
+                    .push(format!("{:?}: {s:?}", start.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let ((sent, failed), _, ()) = tokio::join!(requester, switches, watch_holes);
+    eprintln!(
+        "{sent} requests across endpoints -> both -> endpointslices, {} failed",
+        failed.len()
+    );
+    assert!(sent >= 100, "only {sent} requests sent");
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
+    let holes = holes.into_inner().unwrap();
+    assert!(
+        holes.is_empty(),
+        "moments without a slice routing the gateway: {holes:#?}"
+    );
+    // No orphan: every slice of ours in shop belongs to a Service that exists.
+    let ours = Api::<EndpointSlice>::namespaced(w.wc.clone(), "shop")
+        .list(&ListParams::default().labels(&format!(
+            "endpointslice.kubernetes.io/managed-by={OUR_SLICES}"
+        )))
+        .await
+        .unwrap();
+    for s in ours.items {
+        let svc = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/service-name"))
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            Api::<Service>::namespaced(w.wc.clone(), "shop")
+                .get_opt(&svc)
+                .await
+                .unwrap()
+                .is_some(),
+            "orphan slice {:?}",
+            s.metadata.name
+        );
+    }
 }
