@@ -1,5 +1,6 @@
 //! Turning a link into a client, checked against the remote before it is used.
 
+use super::sanitize::sanitize_remote_text;
 use super::secret::{LinkError, LinkSpec, redact};
 use crate::kube_client::ClientMetrics;
 use crate::permissions::{Permission, is_allowed};
@@ -10,16 +11,16 @@ use std::time::Duration;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Builds a client for the link (its requests counted in `metrics` under the link's
-/// cluster name) and checks it may list Services on the remote.
+/// cluster name) and checks it may list Services on the remote. The kubeconfig is
+/// checked again here, where the client is built, whatever the caller checked.
 pub async fn connect(spec: &LinkSpec, metrics: &ClientMetrics) -> Result<kube::Client, LinkError> {
-    let kc = kube::config::Kubeconfig::from_yaml(&spec.kubeconfig)
-        .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
+    let kc = spec.checked_kubeconfig()?;
     let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(295));
-    let client = crate::kube_client::build(config, &spec.link.cluster_name, metrics)
+    let client = crate::kube_client::build(config, &spec.link().cluster_name, metrics)
         .map_err(|e| classify(&e))?;
     let api = Api::<Service>::all(client.clone());
     let lp = ListParams::default().limit(1);
@@ -54,13 +55,18 @@ pub async fn connect(spec: &LinkSpec, metrics: &ClientMetrics) -> Result<kube::C
     }
 }
 
-/// Sorts a client error into the reasons an operator can act on.
+/// Sorts a client error into the reasons an operator can act on. Every text in it
+/// comes from the remote (or the way to it): sanitized and bounded.
 fn classify(e: &kube::Error) -> LinkError {
     if let kube::Error::Api(s) = e {
         return match s.code {
             401 => LinkError::Unauthorized,
-            403 => LinkError::Forbidden(s.message.clone()),
-            _ => LinkError::Unreachable(format!("HTTP {}: {}", s.code, redact(&s.message))),
+            403 => LinkError::Forbidden(sanitize_remote_text(&s.message)),
+            _ => LinkError::Unreachable(format!(
+                "HTTP {}: {}",
+                s.code,
+                sanitize_remote_text(&s.message)
+            )),
         };
     }
     // Walk the source chain: TLS failures hide a few levels down.
@@ -73,8 +79,8 @@ fn classify(e: &kube::Error) -> LinkError {
     }
     let lower = text.to_lowercase();
     if lower.contains("certificate") || lower.contains("tls") || lower.contains("unknownissuer") {
-        LinkError::Tls(redact(&text))
+        LinkError::Tls(sanitize_remote_text(&text))
     } else {
-        LinkError::Unreachable(redact(&text))
+        LinkError::Unreachable(sanitize_remote_text(&text))
     }
 }
