@@ -147,7 +147,7 @@ pub enum LinkError {
     #[error("the kubeconfig has {0} bytes, more than the {MAX_KUBECONFIG_BYTES} a link accepts")]
     KubeconfigTooLarge(usize),
     /// The kubeconfig is not a valid kubeconfig document.
-    #[error("the kubeconfig does not parse: {0}")]
+    #[error("the kubeconfig is invalid: {0}")]
     InvalidKubeconfig(String),
     /// No current context to use.
     #[error("the kubeconfig has no current-context")]
