@@ -519,4 +519,22 @@ async fn a_remote_s_huge_hostile_error_text_reaches_the_event_bounded_and_clean(
             .await
             .contains(&link_errors("hostile", "RemoteForbidden"))
     );
+
+    // A remote annotation value reaches a log field as is: the log sink keeps it on
+    // its own event's line, so it cannot forge one.
+    let forged = "nope\n2026-01-01T00:00:00Z  INFO FORGED: all links healthy";
+    let mut svc = exported("forger", &env.ns, "nope", &[("http", 80)]);
+    svc.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("mirror.linkerd.io/gateway-name".into(), forged.into());
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let (line, _) = ctl.wait_log(&["FORGED"], Duration::from_secs(60)).await;
+    assert!(
+        line.contains("gateway") && !line.trim_start().starts_with("2026-01-01"),
+        "the remote text stays inside its event's line: {line}"
+    );
 }

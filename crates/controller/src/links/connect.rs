@@ -84,3 +84,46 @@ fn classify(e: &kube::Error) -> LinkError {
         LinkError::Unreachable(sanitize_remote_text(&text))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use service_mirror_core::Link;
+
+    const KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: east
+  cluster:
+    server: https://127.0.0.1:1
+    insecure-skip-tls-verify: true
+users:
+- name: east
+  user:
+    exec: {command: /bin/false, apiVersion: client.authentication.k8s.io/v1}
+contexts:
+- name: east
+  context: {cluster: east, user: east}
+current-context: east
+";
+
+    #[tokio::test]
+    async fn connect_checks_again_and_refuses_a_spec_that_skipped_the_parse() {
+        let unsafe_spec = LinkSpec::unchecked_for_tests(Link::new("east", None), KUBECONFIG);
+        let err = connect(&unsafe_spec, &ClientMetrics::default())
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(err.reason(), "UnsafeKubeconfig", "{err}");
+        let insecure = KUBECONFIG.replace(
+            "    exec: {command: /bin/false, apiVersion: client.authentication.k8s.io/v1}",
+            "    token: t",
+        );
+        let insecure_spec = LinkSpec::unchecked_for_tests(Link::new("east", None), &insecure);
+        let err = connect(&insecure_spec, &ClientMetrics::default())
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(err.reason(), "InsecureKubeconfig", "{err}");
+    }
+}

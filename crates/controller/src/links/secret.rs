@@ -97,7 +97,16 @@ impl Allowances {
 }
 
 /// A checked link: the remote cluster's name and domain, its kubeconfig and what it may
-/// weaken. Built only by [`parse_link_secret`].
+/// weaken. Built only by [`parse_link_secret`]: its fields are private.
+///
+/// ```compile_fail
+/// use service_mirror_controller::links::LinkSpec;
+/// let spec = LinkSpec {
+///     link: service_mirror_core::Link::new("east", None),
+///     kubeconfig: String::new(),
+///     allow: Default::default(),
+/// };
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct LinkSpec {
     link: Link,
@@ -123,6 +132,19 @@ impl LinkSpec {
         let kc = parse_kubeconfig(&self.kubeconfig)?;
         check_kubeconfig(&kc, self.allow)?;
         Ok(kc)
+    }
+}
+
+#[cfg(test)]
+impl LinkSpec {
+    /// A spec that skipped the parse and its check: only for proving that the code
+    /// building the client checks again.
+    pub(crate) fn unchecked_for_tests(link: Link, kubeconfig: &str) -> Self {
+        LinkSpec {
+            link,
+            kubeconfig: kubeconfig.into(),
+            allow: Allowances::default(),
+        }
     }
 }
 
