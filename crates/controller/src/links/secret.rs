@@ -670,14 +670,29 @@ current-context: east
     }
 
     #[test]
-    fn a_yaml_alias_bomb_is_refused_quickly() {
+    fn a_yaml_alias_bomb_is_refused_in_bounded_time_and_memory() {
+        // Peak resident memory of this process (Linux), in KiB.
+        let peak = || {
+            std::fs::read_to_string("/proc/self/status")
+                .ok()?
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))?
+                .trim()
+                .trim_end_matches(" kB")
+                .parse::<u64>()
+                .ok()
+        };
         let s = secret(&[NAME], Some(&alias_bomb()));
+        let before = peak();
         let start = std::time::Instant::now();
         let got = parse_link_secret(&s).map(|_| ()).map_err(|e| e.reason());
         let took = start.elapsed();
-        eprintln!("alias bomb: {got:?} in {took:?}");
+        let grew = before.zip(peak()).map(|(b, a)| a - b);
+        eprintln!("alias bomb: {got:?} in {took:?}, peak memory grew {grew:?} KiB");
         assert_eq!(got, Err("InvalidKubeconfig"));
         assert!(took < std::time::Duration::from_secs(1), "took {took:?}");
+        // Other tests run alongside: a loose bound, far below an expansion's gigabytes.
+        assert!(grew.unwrap_or(0) < 64 * 1024, "peak grew {grew:?} KiB");
     }
 
     #[test]
