@@ -44,12 +44,45 @@ impl EventRecorder {
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            note: Some(bounded_note(note)),
             action: action.into(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, regarding).await {
             tracing::debug!(error = %e, reason, kind = ?regarding.kind, name = ?regarding.name, "could not record an event");
+        }
+    }
+}
+
+/// Longest Event note the apiserver accepts (events.k8s.io/v1), in bytes.
+pub const MAX_NOTE_BYTES: usize = 1024;
+
+/// A note the apiserver accepts: a longer one would make the whole Event fail, so it
+/// is cut at a character boundary and ends in `…`.
+fn bounded_note(mut note: String) -> String {
+    if note.len() <= MAX_NOTE_BYTES {
+        return note;
+    }
+    let mut end = MAX_NOTE_BYTES - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push('…');
+    note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_is_never_longer_than_the_apiserver_accepts() {
+        assert_eq!(bounded_note("short".into()), "short");
+        for long in ["x".repeat(5000), "é".repeat(5000)] {
+            let note = bounded_note(long);
+            assert!(note.len() <= MAX_NOTE_BYTES, "{}", note.len());
+            assert!(note.ends_with('…'));
         }
     }
 }

@@ -130,7 +130,7 @@ impl LinkManager {
             .inner
             .active()
             .values()
-            .map(|a| (a.spec.link.cluster_name.clone(), a.controller.status()))
+            .map(|a| (a.spec.link().cluster_name.clone(), a.controller.status()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -202,14 +202,14 @@ impl Inner {
     fn take(&self, secret: &str) -> Option<Active> {
         let a = self.active().remove(secret)?;
         let mut claims = self.claims();
-        if claims.get(&a.spec.link.cluster_name).map(String::as_str) == Some(secret) {
-            claims.remove(&a.spec.link.cluster_name);
+        if claims.get(&a.spec.link().cluster_name).map(String::as_str) == Some(secret) {
+            claims.remove(&a.spec.link().cluster_name);
         }
         Some(a)
     }
 
     async fn unlink(&self, secret: &str, a: Active) {
-        let cluster = a.spec.link.cluster_name.clone();
+        let cluster = a.spec.link().cluster_name.clone();
         self.update_links_gauge();
         if let Err(e) = a.controller.stop(true).await {
             // Keep trying in the background: the mirrors must not outlive the link. A
@@ -242,7 +242,7 @@ impl Inner {
             .filter(|s| s.name_any() != gone)
             .filter(|s| {
                 parse_link_secret(s)
-                    .is_ok_and(|spec| spec.link.cluster_name == a.spec.link.cluster_name)
+                    .is_ok_and(|spec| spec.link().cluster_name == a.spec.link().cluster_name)
             })
             .collect();
         // The oldest Secret wins, so the choice is the same after a restart.
@@ -265,9 +265,9 @@ impl Inner {
                     // Hand the running link controller over: its reconcile rotates credentials if
                     // they differ, and no mirror is deleted.
                     Some(next) => {
-                        tracing::info!(cluster = %a.spec.link.cluster_name, from = %name, to = %next, "link moved to another Secret");
+                        tracing::info!(cluster = %a.spec.link().cluster_name, from = %name, to = %next, "link moved to another Secret");
                         self.claims()
-                            .insert(a.spec.link.cluster_name.clone(), next.clone());
+                            .insert(a.spec.link().cluster_name.clone(), next.clone());
                         self.active().insert(next.clone(), a);
                         self.queue.add(next);
                     }
@@ -293,7 +293,7 @@ impl Inner {
         match current {
             Some(cur) if cur == spec => Outcome::Done,
             // Same cluster name: new credentials or domain; the mirror names stay.
-            Some(cur) if cur.link.cluster_name == spec.link.cluster_name => {
+            Some(cur) if cur.link().cluster_name == spec.link().cluster_name => {
                 self.rotate(name, &secret, spec).await
             }
             Some(_) => {
@@ -308,7 +308,7 @@ impl Inner {
     }
 
     async fn link(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
-        let cluster = spec.link.cluster_name.clone();
+        let cluster = spec.link().cluster_name.clone();
         let taken_by = {
             let mut claims = self.claims();
             match claims.get(&cluster) {
@@ -342,7 +342,7 @@ impl Inner {
         match LinkController::start(
             self.local.clone(),
             client,
-            spec.link.clone(),
+            spec.link().clone(),
             self.opts.config.clone(),
             self.link_deps(secret),
         ) {
@@ -372,7 +372,7 @@ impl Inner {
     /// New credentials for a running link: the new link controller syncs before the old stops,
     /// so no mirror is deleted or flaps.
     async fn rotate(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
-        let cluster = spec.link.cluster_name.clone();
+        let cluster = spec.link().cluster_name.clone();
         let client = match connect(&spec, &self.metrics().client).await {
             Ok(c) => c,
             Err(e) => {
@@ -389,7 +389,7 @@ impl Inner {
         let new = match LinkController::start_paused(
             self.local.clone(),
             client,
-            spec.link.clone(),
+            spec.link().clone(),
             self.opts.config.clone(),
             self.link_deps(secret),
         ) {

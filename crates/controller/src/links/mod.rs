@@ -6,8 +6,13 @@ mod collector;
 mod connect;
 mod manager;
 pub(crate) mod metrics;
+mod sanitize;
 mod secret;
 
 pub use connect::connect;
 pub use manager::{LinkManager, LinkManagerOptions};
-pub use secret::{LinkError, LinkSpec, check_kubeconfig, parse_link_secret};
+pub use sanitize::{REDACTED, REMOTE_TEXT_MAX_CHARS, sanitize_remote_text};
+pub use secret::{
+    ALLOW_INSECURE_ANNOTATION, Allowances, Insecure, LinkError, LinkSpec, MAX_KUBECONFIG_BYTES,
+    check_kubeconfig, parse_link_secret,
+};
