@@ -363,7 +363,7 @@ impl LocalWriter {
         let mut deleted = 0;
         for _ in 0..5 {
             // Slices first: they point at their Service (and go with it anyway).
-            let n = self.delete_all::<EndpointSlice>(only).await?
+            let n = self.delete_all_slices(only).await?
                 + self.delete_all::<Service>(only).await?
                 + self.delete_all::<Endpoints>(only).await?;
             if n == 0 {
@@ -372,6 +372,19 @@ impl LocalWriter {
             deleted += n;
         }
         Ok(deleted)
+    }
+
+    /// Our slices, as [`LocalWriter::delete_all`]; refused (403: a ClusterRole from before
+    /// slices) deletes none and goes on: the Services and Endpoints must still go, and
+    /// our slices, if any, follow their Service through the ownerReference.
+    async fn delete_all_slices(&self, only: Option<&MirrorSelector>) -> Result<usize> {
+        match self.delete_all::<EndpointSlice>(only).await {
+            Err(Error::Kube(e)) if api_code(&e) == Some(403) => {
+                tracing::warn!(cluster = %self.cluster, error = %e, "not allowed to delete EndpointSlices; leaving ours to the garbage collector (re-run `service-mirror install` for the current permissions)");
+                Ok(0)
+            }
+            r => r,
+        }
     }
 
     async fn delete_all<K: MirrorKind>(&self, only: Option<&MirrorSelector>) -> Result<usize> {

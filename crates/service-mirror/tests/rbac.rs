@@ -459,3 +459,51 @@ async fn ha_manifests_are_accepted_by_the_apiserver() {
     .unwrap();
     assert_eq!(deployment.spec.unwrap().replicas, Some(3));
 }
+
+/// Upgrading the binary before the ClusterRole: `endpoints` mode writes no slice, so
+/// without any `endpointslices` verb it still mirrors (the refused slice watch does not
+/// hold the link back), and unlinking still deletes every mirror Service and Endpoints.
+#[tokio::test]
+async fn a_cluster_role_from_before_slices_still_mirrors_and_unlinks_in_endpoints_mode() {
+    let env = Env::new("rbac-old").await;
+    let ns = unique_namespace("sm-rbac-old");
+    let mut docs = install_documents(&ns, &[]);
+    let slice_verbs: Vec<Permission> =
+        service_mirror_controller::permissions::required_permissions(&ns)
+            .into_iter()
+            .filter(|p| p.resource == "endpointslices")
+            .collect();
+    assert!(!slice_verbs.is_empty(), "install grants slice verbs");
+    for p in &slice_verbs {
+        remove_verb(&mut docs, "ClusterRole", &p.group, &p.resource, &p.verb);
+    }
+    let kc = install(&env.local, &ns, &docs).await;
+    let expected: Vec<String> = slice_verbs.iter().map(|p| p.to_string()).collect();
+    wait_missing(&kc, &ns, &expected).await;
+    env.gateway("gw", GW, &["192.0.2.10"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let secret = link(&env, &ns, None).await;
+    let ctl = RunningController::spawn_as(
+        &kc.path,
+        &ns,
+        &["--namespace-allow", &env.ns, "--endpoints-mode=endpoints"],
+        &[],
+    );
+    let (_, ep) = env
+        .mirror_until("web", "mirrored without slice permissions", |_, e| {
+            has_subsets(e)
+        })
+        .await;
+    assert_eq!(subset_ips(&ep), ["192.0.2.10"]);
+    assert!(
+        !ctl.log_lines("missing permission: list endpointslices")
+            .is_empty(),
+        "the startup check still names what is missing"
+    );
+
+    Api::<Secret>::namespaced(env.lc.clone(), &ns)
+        .delete(&secret, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.mirror_gone("web").await;
+}

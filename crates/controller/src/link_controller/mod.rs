@@ -115,7 +115,8 @@ impl LinkController {
             in_use,
             cancel.clone(),
         );
-        let (synced_tx, synced) = watch::channel(Synced::default());
+        let (synced_tx, synced) =
+            watch::channel(Synced::new(!config.endpoints_mode.writes_slices()));
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();
         let rec = Arc::new(Reconciler {
             writer: LocalWriter::with_recorder(

@@ -7,11 +7,51 @@ pub(super) struct Synced {
     pub(super) local_services: bool,
     pub(super) local_endpoints: bool,
     pub(super) local_slices: bool,
+    /// `endpoints` mode writes no slice: it waits for the slice cache only to delete
+    /// slices an earlier mode left, which can wait. So a ClusterRole from before slices
+    /// (no `endpointslices` verbs: the watch is refused forever) does not freeze it.
+    pub(super) slices_optional: bool,
 }
 
 impl Synced {
+    /// Nothing synced yet; `slices_optional` as above.
+    pub(super) fn new(slices_optional: bool) -> Self {
+        Self {
+            slices_optional,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the local caches the plan needs have listed.
     pub(super) fn local(&self) -> bool {
-        self.local_services && self.local_endpoints && self.local_slices
+        self.local_services && self.local_endpoints && (self.local_slices || self.slices_optional)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Synced;
+
+    #[test]
+    fn only_endpoints_mode_is_local_synced_without_the_slice_cache() {
+        for (slices_optional, want) in [(false, false), (true, true)] {
+            let s = Synced {
+                local_services: true,
+                local_endpoints: true,
+                ..Synced::new(slices_optional)
+            };
+            assert_eq!(s.local(), want, "slices_optional={slices_optional}");
+            let all = Synced {
+                local_slices: true,
+                ..s
+            };
+            assert!(all.local());
+        }
+        let s = Synced {
+            local_slices: true,
+            ..Synced::new(true)
+        };
+        assert!(!s.local(), "services and Endpoints are always needed");
     }
 }
 

@@ -82,13 +82,18 @@ impl Collector {
             made_here && filter.allows(m.namespace.as_deref().unwrap_or_default())
         });
         let mut clusters = BTreeSet::new();
-        for listed in [
-            self.mirror_clusters::<Service>(&select).await,
-            self.mirror_clusters::<Endpoints>(&select).await,
-            self.mirror_clusters::<EndpointSlice>(&select).await,
+        for (slices, listed) in [
+            (false, self.mirror_clusters::<Service>(&select).await),
+            (false, self.mirror_clusters::<Endpoints>(&select).await),
+            (true, self.mirror_clusters::<EndpointSlice>(&select).await),
         ] {
             match listed {
                 Ok(names) => clusters.extend(names),
+                // A ClusterRole from before slices: collect by Services and Endpoints
+                // (our slices go with their Service through the ownerReference).
+                Err(kube::Error::Api(e)) if slices && e.code == 403 => {
+                    tracing::warn!(error = %e, "not allowed to list EndpointSlices; collecting by Services and Endpoints only");
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot list mirrors to collect those of unlinked clusters");
                     return None;
