@@ -126,7 +126,9 @@ pub fn gateway_spec(gateway: &Service) -> Result<GatewaySpec, GatewayError> {
     for entry in ingress {
         let ip = entry.ip.as_deref().filter(|s| !s.is_empty());
         let hostname = entry.hostname.as_deref().filter(|s| !s.is_empty());
-        match ip.map(|s| (s, s.parse::<IpAddr>())) {
+        // Canonical: an IPv4-mapped IPv6 address (::ffff:a.b.c.d) is the IPv4 address, so
+        // it lands in an IPv4 slice (an IPv6 slice refuses it) and meets the IPv4 checks.
+        match ip.map(|s| (s, s.parse::<IpAddr>().map(|a| a.to_canonical()))) {
             Some((_, Ok(addr))) if endpoint_ip_allowed(&addr) => {
                 ips.push(addr);
                 continue;
@@ -167,6 +169,8 @@ pub fn gateway_spec(gateway: &Service) -> Result<GatewaySpec, GatewayError> {
 /// loopback, link-local and multicast addresses (and a remote must not point local
 /// clients at the local node itself).
 pub fn endpoint_ip_allowed(ip: &IpAddr) -> bool {
+    // ::ffff:127.0.0.1 is loopback too.
+    let ip = &ip.to_canonical();
     let link_local = match ip {
         IpAddr::V4(v4) => v4.is_link_local(),
         IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
@@ -201,7 +205,7 @@ impl ResolvedGateway {
         port: i32,
         resource_version: impl Into<String>,
     ) -> Self {
-        let mut addresses: Vec<IpAddr> = addresses.into_iter().collect();
+        let mut addresses: Vec<IpAddr> = addresses.into_iter().map(|a| a.to_canonical()).collect();
         addresses.sort();
         addresses.dedup();
         Self {
@@ -380,6 +384,9 @@ mod tests {
             ("fe80::1", false),
             ("224.0.0.1", false),
             ("ff02::1", false),
+            ("::ffff:127.0.0.1", false),
+            ("::ffff:169.254.169.254", false),
+            ("::ffff:192.0.2.1", true),
         ] {
             assert_eq!(endpoint_ip_allowed(&ip.parse().unwrap()), ok, "{ip}");
         }
@@ -438,6 +445,13 @@ mod tests {
         assert_eq!(r.addresses, vec![ip("10.0.0.1"), ip("10.0.0.2"), ip("::1")]);
         assert_eq!(r.port, 4143);
         assert_eq!(r.resource_version, "7");
+    }
+
+    #[test]
+    fn an_ipv4_mapped_address_is_the_ipv4_address() {
+        let r = ResolvedGateway::new([ip("::ffff:192.0.2.1"), ip("192.0.2.1")], 4143, "1");
+        assert_eq!(r.addresses, vec![ip("192.0.2.1")]);
+        assert!(r.addresses[0].is_ipv4(), "so it goes to the IPv4 slice");
     }
 
     #[test]

@@ -336,6 +336,8 @@ fn parse_kubeconfig(text: &str) -> Result<Kubeconfig, LinkError> {
             max_total_replayed_events: 1_000,
             max_replay_stack_depth: 8,
         },
+        // No source snippet in the error: it would quote the kubeconfig (tokens, keys).
+        with_snippet: false,
     };
     let invalid = |e: &dyn std::fmt::Display| LinkError::InvalidKubeconfig(redact(&e.to_string()));
     let docs: Vec<Kubeconfig> =
