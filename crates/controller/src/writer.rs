@@ -213,20 +213,35 @@ impl LocalWriter {
         }
     }
 
+    /// Creates a mirror Service, as [`LocalWriter::execute`] does, and gives the uid the
+    /// apiserver assigned when it was created now: its slices name it as their owner.
+    pub async fn create_service(&self, svc: &Service) -> Result<(Applied, Option<String>)> {
+        self.create_returning_uid(svc).await
+    }
+
     async fn create<K: MirrorKind>(&self, obj: &K) -> Result<Applied> {
+        Ok(self.create_returning_uid(obj).await?.0)
+    }
+
+    async fn create_returning_uid<K: MirrorKind>(
+        &self,
+        obj: &K,
+    ) -> Result<(Applied, Option<String>)> {
         let ns = obj.namespace().unwrap_or_default();
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
         loop {
             self.metrics.writer.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
-                Ok(_) => return Ok(Applied::Done),
+                Ok(created) => return Ok((Applied::Done, created.meta().uid.clone())),
                 // The namespace is missing: create it (labelled as ours) and try again once.
                 Err(e) if api_code(&e) == Some(404) && !created_namespace => {
                     self.ensure_namespace(&ns).await?;
                     created_namespace = true;
                 }
-                Err(e) if api_code(&e) == Some(409) => return self.on_exists(&api, obj).await,
+                Err(e) if api_code(&e) == Some(409) => {
+                    return Ok((self.on_exists(&api, obj).await?, None));
+                }
                 Err(e) => return Err(e.into()),
             }
         }

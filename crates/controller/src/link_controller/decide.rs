@@ -77,6 +77,9 @@ pub(super) struct Writes {
     pub(super) second_pass: bool,
     /// Look at the key again after this long.
     pub(super) requeue: Option<Duration>,
+    /// The plan creates the mirror Service in a mode with slices: its slices (which need
+    /// the Service's uid, known once created) are made from this right after.
+    pub(super) slices_of_new_service: Option<DesiredMirror>,
 }
 
 /// The order of the writes.
@@ -91,6 +94,10 @@ pub(super) enum Steps {
         /// The Service update, written now only if the Endpoints cannot be.
         service: Box<Action>,
     },
+}
+
+fn creates_slice(a: &Action) -> bool {
+    matches!(a, Action::CreateEndpointSlice(_))
 }
 
 /// Decides what to do for `key` of link `cluster` from what was gathered.
@@ -130,6 +137,10 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
         create_permit,
         second_pass: g.endpoints_written_first.is_some(),
         requeue: g.requeue,
+        slices_of_new_service: g
+            .desired
+            .clone()
+            .filter(|_| admit && g.mode.writes_slices() && !actions.iter().any(creates_slice)),
     };
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its
     // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
@@ -420,6 +431,29 @@ mod tests {
         g.endpoints_written_first = Some(vec!["9".into()]);
         let d = decide(&key(), CLUSTER, &g);
         assert_eq!(kinds(&writes(&d).steps), vec!["update svc", "update ep"]);
+    }
+
+    #[test]
+    fn only_a_plan_creating_the_service_in_a_mode_with_slices_carries_its_slices() {
+        let d = desired("gw", "192.0.2.1", "1");
+        for (mode, existing, want) in [
+            (EndpointsMode::Both, false, true),
+            (EndpointsMode::EndpointSlices, false, true),
+            (EndpointsMode::Endpoints, false, false),
+            (EndpointsMode::Both, true, false),
+        ] {
+            let mut g = gathered(Some(d.clone()), existing.then_some(&d));
+            g.mode = mode;
+            let w = match decide(&key(), CLUSTER, &g) {
+                Decision::Write(w) => Some(w),
+                _ => None,
+            };
+            let carried = w.and_then(|w| w.slices_of_new_service);
+            assert_eq!(carried.is_some(), want, "{mode:?}, existing {existing}");
+            if let Some(c) = carried {
+                assert_eq!(c, d, "the desired mirror the slices are made from");
+            }
+        }
     }
 
     #[test]

@@ -209,6 +209,7 @@ impl Reconciler {
             create_permit,
             second_pass,
             requeue,
+            slices_of_new_service,
         } = writes;
         if admit && let Admission::Refused { first } = self.limit.admit(key) {
             self.refuse_over_limit(key, first).await;
@@ -257,12 +258,28 @@ impl Reconciler {
             }
             Steps::InOrder(actions) => actions,
         };
+        let mut created_uid = None;
         for action in &actions {
             tracing::debug!(%cluster, %key, ?action, "writing");
-            if self.execute(action).await? == Applied::Stale {
+            let (applied, uid) = self.execute_returning_uid(action).await?;
+            if applied == Applied::Stale {
                 // Keep the plan's order (Service before Endpoints): the watch event that
                 // brings the newer version queues this key again.
                 break;
+            }
+            created_uid = created_uid.or(uid);
+        }
+        // A new mirror's slices need its Service's uid, which the plan could not know:
+        // it came with the create, so they are written now rather than on a second pass
+        // after the watch event (a second pass over every key made a cold sync of 1,000
+        // mirrors in `both` mode 1.86x the reference writer's time).
+        if let (Some(uid), Some(d)) = (created_uid, &slices_of_new_service) {
+            for slice in desired_slices(d, &uid) {
+                let action = Action::CreateEndpointSlice(slice);
+                tracing::debug!(%cluster, %key, ?action, "writing");
+                if self.execute(&action).await? == Applied::Stale {
+                    break;
+                }
             }
         }
         self.record_all(over_capacity).await;
@@ -351,9 +368,17 @@ impl Reconciler {
 
     /// Executes one action and remembers the write until the caches show it.
     async fn execute(&self, action: &Action) -> Result<Applied> {
-        let applied = self.writer.execute(action).await?;
+        Ok(self.execute_returning_uid(action).await?.0)
+    }
+
+    /// As [`Reconciler::execute`], with the uid of a Service created now.
+    async fn execute_returning_uid(&self, action: &Action) -> Result<(Applied, Option<String>)> {
+        let (applied, uid) = match action {
+            Action::CreateService(s) => self.writer.create_service(s).await?,
+            _ => (self.writer.execute(action).await?, None),
+        };
         if applied != Applied::Done {
-            return Ok(applied);
+            return Ok((applied, None));
         }
         // What the write replaced: the version updated or deleted (a precondition of the
         // write), nothing for a create.
@@ -441,6 +466,6 @@ impl Reconciler {
         };
         self.expectations
             .observed(kind, &ns, &name, cached.as_deref());
-        Ok(applied)
+        Ok((applied, uid))
     }
 }
