@@ -79,7 +79,7 @@ pub(super) struct Writes {
     pub(super) requeue: Option<Duration>,
     /// The plan creates the mirror Service in a mode with slices: its slices (which need
     /// the Service's uid, known once created) are made from this right after.
-    pub(super) slices_of_new_service: Option<DesiredMirror>,
+    pub(super) slices_of_new_service: Option<Box<DesiredMirror>>,
 }
 
 /// The order of the writes.
@@ -140,7 +140,8 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
         slices_of_new_service: g
             .desired
             .clone()
-            .filter(|_| admit && g.mode.writes_slices() && !actions.iter().any(creates_slice)),
+            .filter(|_| admit && g.mode.writes_slices() && !actions.iter().any(creates_slice))
+            .map(Box::new),
     };
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its
     // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
@@ -451,7 +452,7 @@ mod tests {
             let carried = w.and_then(|w| w.slices_of_new_service);
             assert_eq!(carried.is_some(), want, "{mode:?}, existing {existing}");
             if let Some(c) = carried {
-                assert_eq!(c, d, "the desired mirror the slices are made from");
+                assert_eq!(*c, d, "the desired mirror the slices are made from");
             }
         }
     }
