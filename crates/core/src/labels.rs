@@ -45,6 +45,9 @@ pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// controllers' (`endpointslice-controller.k8s.io`,
 /// `endpointslicemirroring-controller.k8s.io`); a label value holds no `/`.
 pub const MANAGED_BY_VALUE: &str = "service-mirror.linkerd.io";
+/// kube-controller-manager's EndpointSliceMirroring value of [`MANAGED_BY_LABEL`]: the
+/// slices it derives from an Endpoints without `skip-mirror` (read, never written).
+pub const MIRRORING_MANAGED_BY_VALUE: &str = "endpointslicemirroring-controller.k8s.io";
 /// Label on an Endpoints asking kube-controller-manager's EndpointSliceMirroring not to
 /// mirror it (value `"true"`): set when we write the slices ourselves.
 pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
@@ -83,6 +86,12 @@ pub fn slice_owner_selector(cluster: &str) -> String {
     )
 }
 
+/// Label selector matching kube-controller-manager's mirrored slices of the mirror
+/// Service `mirror` (in its namespace).
+pub fn mirrored_slice_selector(mirror: &str) -> String {
+    format!("{SERVICE_NAME_LABEL}={mirror},{MANAGED_BY_LABEL}={MIRRORING_MANAGED_BY_VALUE}")
+}
+
 /// Label selector matching every mirror object of `cluster`.
 pub fn owner_selector(cluster: &str) -> String {
     format!("{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE},{CLUSTER_NAME_LABEL}={cluster}")
@@ -113,6 +122,14 @@ mod tests {
             assert_ne!(MANAGED_BY_VALUE, builtin);
         }
         assert!(!MANAGED_BY_VALUE.contains('/'));
+    }
+
+    #[test]
+    fn mirrored_slice_selector_names_the_service_and_kcm() {
+        assert_eq!(
+            mirrored_slice_selector("web-east"),
+            "kubernetes.io/service-name=web-east,endpointslice.kubernetes.io/managed-by=endpointslicemirroring-controller.k8s.io"
+        );
     }
 
     #[test]
@@ -164,6 +181,10 @@ mod tests {
             (SERVICE_NAME_LABEL, "kubernetes.io/service-name"),
             (MANAGED_BY_LABEL, "endpointslice.kubernetes.io/managed-by"),
             (MANAGED_BY_VALUE, "service-mirror.linkerd.io"),
+            (
+                MIRRORING_MANAGED_BY_VALUE,
+                "endpointslicemirroring-controller.k8s.io",
+            ),
             (SKIP_MIRROR_LABEL, "endpointslice.kubernetes.io/skip-mirror"),
         ];
         for (got, want) in table {

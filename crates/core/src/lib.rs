@@ -38,17 +38,17 @@ pub use gateway::{
     GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, endpoint_ip_allowed, exported_gateway,
     gateway_spec,
 };
-pub use labels::owner_selector;
+pub use labels::{mirrored_slice_selector, owner_selector};
 pub use namespaces::NamespaceFilter;
 pub use naming::{
     MAX_CLUSTER_NAME_LEN, NameError, ServiceKey, fq_name, mirror_name, parse_fq_name,
     validate_cluster_name,
 };
 pub use ownership::{is_owned, remote_key};
-pub use plan::{Action, plan};
+pub use plan::{Action, mirroring_took_over, plan};
 pub use probe::{ProbeSpec, probe_spec};
 pub use slices::{
     EndpointsMode, MAX_ENDPOINTS_PER_SLICE, MAX_PORTS_PER_SLICE,
-    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, desired_slices, is_our_slice, mirroring_overflow,
-    slice_name, slice_update,
+    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Route, desired_slices, is_mirrored_slice, is_our_slice,
+    mirroring_overflow, slice_name, slice_routes, slice_update,
 };

@@ -1,6 +1,7 @@
 //! The decision for one remote Service: which writes bring the local mirror
 //! objects to the desired state. Pure: the writer executes the actions.
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::Metadata;
@@ -13,8 +14,8 @@ use super::diff::{endpoints_update, service_update};
 use super::naming::ServiceKey;
 use super::ownership::is_owned;
 use super::slices::{
-    EndpointsMode, desired_slices, is_our_slice, skips_mirroring, slice_updatable, slice_update,
-    with_skip_mirror,
+    EndpointsMode, Route, desired_slices, is_our_slice, skips_mirroring, slice_routes,
+    slice_updatable, slice_update, with_skip_mirror,
 };
 
 /// One write to the local cluster.
@@ -218,6 +219,31 @@ fn plan_slices(desired: Option<Vec<EndpointSlice>>, actual: &[&EndpointSlice]) -
     p
 }
 
+/// In `endpoints` mode, whether kube-controller-manager's EndpointSliceMirroring has
+/// taken over the slices of `desired`: the stored Endpoints (ours, of the desired name)
+/// carry no `skip-mirror`, and `mirrored` (the routes of kcm's mirrored slices of the
+/// mirror, `None` when not looked at) holds every route our desired slices give.
+///
+/// Why our slices wait for this: kube-proxy reads only EndpointSlices, and kcm creates
+/// its mirrored slice asynchronously (late, or never while it is down or slow), so an
+/// Endpoints without `skip-mirror` routes nothing by itself: deleting ours before kcm's
+/// route the same addresses leaves the mirror with no slice and refuses connections.
+pub fn mirroring_took_over(
+    desired: &DesiredMirror,
+    actual_endpoints: &[&Endpoints],
+    cluster: &str,
+    mirrored: Option<&BTreeSet<Route>>,
+) -> bool {
+    let mirrorable = actual_endpoints.iter().any(|e| {
+        e.metadata.name == desired.endpoints.metadata.name
+            && is_owned(&e.metadata, cluster)
+            && !skips_mirroring(e)
+    });
+    // The owner uid does not change what the slices route.
+    let wanted = slice_routes(&desired_slices(desired, ""));
+    mirrorable && mirrored.is_some_and(|m| wanted.is_subset(m))
+}
+
 /// The actions that bring the mirror of `key` to `desired` (`None`: the remote
 /// Service is gone or no longer exported, so no mirror should exist), in `mode`.
 ///
@@ -225,7 +251,9 @@ fn plan_slices(desired: Option<Vec<EndpointSlice>>, actual: &[&EndpointSlice]) -
 /// `cluster` that map to `key`, whatever their name. Objects not owned by `cluster`
 /// (for slices: without our managed-by, like kube-controller-manager's mirrored ones)
 /// are ignored, even if passed: a foreign object holding the desired name makes the
-/// create fail (AlreadyExists), which the writer reports as a conflict.
+/// create fail (AlreadyExists), which the writer reports as a conflict. `mirrored` is
+/// what kube-controller-manager's mirrored slices of the mirror route (see
+/// [`mirroring_took_over`]; `None`: not looked at), read only in `endpoints` mode.
 ///
 /// Rules: an owned object with another name than the desired one is deleted; the
 /// desired object is created when absent and updated when it differs on owned
@@ -235,16 +263,22 @@ fn plan_slices(desired: Option<Vec<EndpointSlice>>, actual: &[&EndpointSlice]) -
 ///
 /// Slices need the uid of the mirror Service (their owner): until the Service is
 /// cached, none is planned, and the Service's watch event brings the key back. Mode
-/// switches never leave a mirror without an endpoints source: in `endpointslices`
+/// switches never leave a mirror without a slice for kube-proxy: in `endpointslices`
 /// mode our Endpoints go only once every desired slice exists; in `endpoints` mode our
-/// slices go only once the Endpoints exist without `skip-mirror` (so
-/// kube-controller-manager mirrors them). In `both`, Endpoints carry `skip-mirror`.
+/// slices go only once kube-controller-manager's mirrored slices route every desired
+/// address and port ([`mirroring_took_over`]), and until then they are kept up to date
+/// (never created anew when none of ours is left). In `both`, Endpoints carry
+/// `skip-mirror`.
+// One argument over clippy's seven: the inputs are the key, its desired and actual
+// state (four kinds), the link and the mode; a struct for them would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     key: &ServiceKey,
     desired: Option<&DesiredMirror>,
     actual_services: &[&Service],
     actual_endpoints: &[&Endpoints],
     actual_slices: &[&EndpointSlice],
+    mirrored: Option<&BTreeSet<Route>>,
     cluster: &str,
     mode: EndpointsMode,
 ) -> Vec<Action> {
@@ -278,11 +312,19 @@ pub fn plan(
         (Some(d), true, Some(uid)) => plan_slices(Some(desired_slices(d, &uid)), &ours),
         // Wanted, but the Service is not cached yet: nothing now, not even deletes.
         (Some(_), true, None) => SlicePlan::default(),
-        // `endpoints` mode: our slices go once the Endpoints are mirrorable.
-        (Some(_), false, _) => match stored_endpoints.is_some_and(|e| !skips_mirroring(e)) {
-            true => plan_slices(None, &ours),
-            false => SlicePlan::default(),
-        },
+        // `endpoints` mode: our slices (if any are left) go once kcm's route the same;
+        // until then they are kept, and kept current (a gateway may move meanwhile).
+        (Some(_), false, _) if ours.is_empty() => SlicePlan::default(),
+        (Some(d), false, uid) => {
+            match (
+                mirroring_took_over(d, actual_endpoints, cluster, mirrored),
+                uid,
+            ) {
+                (true, _) => plan_slices(None, &ours),
+                (false, Some(uid)) => plan_slices(Some(desired_slices(d, &uid)), &ours),
+                (false, None) => SlicePlan::default(),
+            }
+        }
         (None, _, _) => plan_slices(None, &ours),
     };
 
@@ -642,6 +684,7 @@ mod tests {
                 &services,
                 &endpoints,
                 &[],
+                None,
                 CLUSTER,
                 EndpointsMode::Endpoints,
             );
@@ -664,6 +707,7 @@ mod tests {
                 &refs_s,
                 &refs_e,
                 &[],
+                None,
                 CLUSTER,
                 EndpointsMode::Endpoints,
             );
@@ -705,6 +749,7 @@ mod tests {
                 &refs_s,
                 &refs_e,
                 &[],
+                None,
                 CLUSTER,
                 EndpointsMode::Endpoints,
             );
@@ -722,6 +767,7 @@ mod tests {
             &[&svc],
             &[&ep],
             &[],
+            None,
             CLUSTER,
             EndpointsMode::Endpoints,
         );
@@ -753,6 +799,7 @@ mod tests {
             &[],
             &[],
             &[],
+            None,
             CLUSTER,
             EndpointsMode::Endpoints,
         );
@@ -776,6 +823,7 @@ mod tests {
             &[&svc],
             &[&ep],
             &[],
+            None,
             CLUSTER,
             EndpointsMode::Endpoints,
         );
@@ -818,6 +866,7 @@ mod tests {
             &[&svc],
             &[&ep],
             &[],
+            None,
             CLUSTER,
             EndpointsMode::Endpoints,
         );
@@ -864,13 +913,76 @@ mod tests {
         }
     }
 
-    /// A local cluster as plan sees it, with the apiserver's identity on every write.
+    /// A local cluster as plan sees it, with the apiserver's identity on every write,
+    /// and kube-controller-manager's EndpointSliceMirroring as kube-proxy meets it:
+    /// asynchronous (it syncs between the controller's passes, never between two
+    /// writes of one), or down.
     #[derive(Clone, Default)]
     struct Store {
         services: Vec<Service>,
         endpoints: Vec<Endpoints>,
+        /// Ours.
         slices: Vec<EndpointSlice>,
+        /// kube-controller-manager's mirrored slices of the mirror.
+        kcm: Vec<EndpointSlice>,
+        /// kube-controller-manager does not run: it mirrors nothing, deletes nothing.
+        kcm_down: bool,
         version: u64,
+    }
+
+    /// What EndpointSliceMirroring makes of an Endpoints: one slice per subset, its
+    /// labels plus the service name and kcm's managed-by, ready and not-ready
+    /// addresses, the ports as they are.
+    fn kcm_mirror(e: &Endpoints) -> Vec<EndpointSlice> {
+        use super::super::labels::{
+            MANAGED_BY_LABEL, MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL,
+        };
+        use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+        let name = e.metadata.name.clone().unwrap_or_default();
+        let mut labels = e.metadata.labels.clone().unwrap_or_default();
+        labels.insert(SERVICE_NAME_LABEL.into(), name.clone());
+        labels.insert(MANAGED_BY_LABEL.into(), MIRRORING_MANAGED_BY_VALUE.into());
+        let endpoint = |ip: &str, ready| Endpoint {
+            addresses: vec![ip.into()],
+            conditions: Some(EndpointConditions {
+                ready: Some(ready),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        e.subsets
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, subset)| EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some(format!("{name}-kcm{i}")),
+                    namespace: e.metadata.namespace.clone(),
+                    labels: Some(labels.clone()),
+                    ..Default::default()
+                },
+                address_type: "IPv4".into(),
+                endpoints: (subset
+                    .addresses
+                    .iter()
+                    .flatten()
+                    .map(|a| endpoint(&a.ip, true)))
+                .chain(
+                    (subset.not_ready_addresses.iter().flatten()).map(|a| endpoint(&a.ip, false)),
+                )
+                .collect(),
+                ports: Some(
+                    (subset.ports.iter().flatten())
+                        .map(|p| EndpointPort {
+                            name: p.name.clone(),
+                            port: Some(p.port),
+                            protocol: p.protocol.clone(),
+                            app_protocol: None,
+                        })
+                        .collect(),
+                ),
+            })
+            .collect()
     }
 
     impl Store {
@@ -881,11 +993,14 @@ mod tests {
                 .get_or_insert_with(|| format!("uid-{}", self.version));
         }
 
+        /// The plan, given what kcm's slices route (as the controller gathers it) and
+        /// kcm's slices among the actual ones too (plan must leave them alone).
         fn plan(&self, desired: Option<&DesiredMirror>, mode: EndpointsMode) -> Vec<Action> {
             let s: Vec<&Service> = self.services.iter().collect();
             let e: Vec<&Endpoints> = self.endpoints.iter().collect();
-            let l: Vec<&EndpointSlice> = self.slices.iter().collect();
-            plan(&key(), desired, &s, &e, &l, CLUSTER, mode)
+            let l: Vec<&EndpointSlice> = self.slices.iter().chain(&self.kcm).collect();
+            let mirrored = slice_routes(&self.kcm);
+            plan(&key(), desired, &s, &e, &l, Some(&mirrored), CLUSTER, mode)
         }
 
         fn apply(&mut self, action: Action) {
@@ -915,15 +1030,38 @@ mod tests {
             }
         }
 
-        /// kube-proxy has something to route from: our slices, or Endpoints that
-        /// kube-controller-manager mirrors (no skip-mirror).
-        fn has_endpoints_source(&self) -> bool {
-            !self.slices.is_empty() || self.endpoints.iter().any(|e| !skips_mirroring(e))
+        /// One sync of kube-controller-manager (when it runs): a mirror of every
+        /// Endpoints without skip-mirror, none of the others.
+        fn kcm_sync(&mut self) {
+            if !self.kcm_down {
+                let mirrorable = self.endpoints.iter().filter(|e| !skips_mirroring(e));
+                self.kcm = mirrorable.flat_map(kcm_mirror).collect();
+            }
         }
 
-        /// Applies plans one action at a time until none is left; returns the passes
-        /// and checks the endpoints source after every single write.
+        /// kube-proxy routes every address and port of `desired`. It reads only
+        /// slices: ours and kcm's count, an Endpoints by itself does not.
+        fn routes(&self, desired: &DesiredMirror) -> bool {
+            let want = slice_routes(&desired_slices(desired, ""));
+            !want.is_empty() && want.is_subset(&slice_routes(self.slices.iter().chain(&self.kcm)))
+        }
+
+        /// Applies plans one action at a time, kcm syncing after each pass, until none
+        /// is left; returns the passes. Once kube-proxy routes the mirror (before the
+        /// first write, or from some write on) it must route it after every later write
+        /// and kcm sync, the first pass's included (where a mode switch takes its first
+        /// step).
         fn converge(&mut self, desired: Option<&DesiredMirror>, mode: EndpointsMode) -> usize {
+            let mut routed = desired.is_some_and(|d| self.routes(d));
+            let mut check = |s: &Store, what: &str| {
+                let Some(d) = desired else { return };
+                let now = s.routes(d);
+                assert!(
+                    now || !routed,
+                    "{mode}: kube-proxy lost the mirror after {what}"
+                );
+                routed = now;
+            };
             for pass in 0..10 {
                 let actions = self.plan(desired, mode);
                 if actions.is_empty() {
@@ -932,13 +1070,10 @@ mod tests {
                 for a in actions {
                     let what = a.to_string();
                     self.apply(a);
-                    if desired.is_some() && pass > 0 {
-                        assert!(
-                            self.has_endpoints_source(),
-                            "{mode}: no source after {what}"
-                        );
-                    }
+                    check(self, &what);
                 }
+                self.kcm_sync();
+                check(self, "kcm's sync");
             }
             panic!("{mode}: no convergence in 10 passes");
         }
@@ -1007,9 +1142,14 @@ mod tests {
     }
 
     #[test]
-    fn every_mode_switch_keeps_an_endpoints_source_and_leaves_no_stray() {
+    fn every_mode_switch_keeps_kube_proxy_routing_and_leaves_no_stray() {
         let m = mirror(&[("http", 80)], "gw", Some(&resolved()));
         use EndpointsMode::{Both, EndpointSlices, Endpoints as Eps};
+        let slice_names = |l: &[EndpointSlice]| {
+            l.iter()
+                .map(|x| x.metadata.name.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
         for (from, to) in [
             (Eps, Both),
             (Both, EndpointSlices),
@@ -1018,33 +1158,111 @@ mod tests {
             (EndpointSlices, Both),
             (Both, Eps),
         ] {
-            let mut store = Store::default();
-            store.converge(Some(&m), from);
-            // `converge` asserts the source after every write of the switch.
-            for a in store.plan(Some(&m), to) {
-                store.apply(a);
-                assert!(store.has_endpoints_source(), "{from} -> {to}");
+            for kcm_down in [false, true] {
+                let what = format!("{from} -> {to}, kcm down: {kcm_down}");
+                let mut store = Store::default();
+                store.converge(Some(&m), from);
+                assert!(store.routes(&m), "{what}: routed before");
+                store.kcm_down = kcm_down;
+                // `converge` asserts that kube-proxy routes the mirror after every write
+                // and kcm sync of the switch, its first step included.
+                store.converge(Some(&m), to);
+                if kcm_down && to == Eps {
+                    // kcm mirrors nothing: our slices stay (current) for kube-proxy.
+                    assert_eq!(slice_names(&store.slices), ["web-east-ipv4-0"], "{what}");
+                    assert!(store.kcm.is_empty(), "{what}");
+                    // Once kcm runs, they go.
+                    store.kcm_down = false;
+                    store.kcm_sync();
+                    store.converge(Some(&m), to);
+                }
+                let mut fresh = Store::default();
+                fresh.converge(Some(&m), to);
+                assert_eq!(
+                    store.endpoints.first().map(skips_mirroring),
+                    fresh.endpoints.first().map(skips_mirroring),
+                    "{what}"
+                );
+                assert_eq!(
+                    slice_names(&store.slices),
+                    slice_names(&fresh.slices),
+                    "{what}"
+                );
+                if !kcm_down {
+                    // No kcm duplicate left either (a down kcm deletes nothing).
+                    assert_eq!(slice_names(&store.kcm), slice_names(&fresh.kcm), "{what}");
+                }
             }
-            store.converge(Some(&m), to);
-            let mut fresh = Store::default();
-            fresh.converge(Some(&m), to);
-            assert_eq!(
-                store.endpoints.len(),
-                fresh.endpoints.len(),
-                "{from} -> {to}"
-            );
-            assert_eq!(
-                store.endpoints.first().map(skips_mirroring),
-                fresh.endpoints.first().map(skips_mirroring),
-                "{from} -> {to}"
-            );
-            let slice_names = |s: &Store| {
-                s.slices
-                    .iter()
-                    .map(|x| x.metadata.name.clone())
-                    .collect::<Vec<_>>()
+        }
+    }
+
+    #[test]
+    fn in_endpoints_mode_our_slices_are_kept_current_until_kcm_routes_the_same() {
+        let r = resolved();
+        let m = mirror(&[("http", 80)], "gw", Some(&r));
+        let mut s = Store::default();
+        s.converge(Some(&m), EndpointsMode::Both);
+        s.kcm_down = true;
+        s.converge(Some(&m), EndpointsMode::Endpoints);
+        assert_eq!(s.slices.len(), 1, "kept: kcm has mirrored nothing");
+        // The gateway moves meanwhile: the kept slice follows it (never stale).
+        let moved = mirror(
+            &[("http", 80)],
+            "gw",
+            Some(&ResolvedGateway::new(
+                ["10.0.0.9".parse::<IpAddr>().unwrap()],
+                4143,
+                "g2",
+            )),
+        );
+        s.converge(Some(&moved), EndpointsMode::Endpoints);
+        assert_eq!(s.slices.len(), 1);
+        assert!(s.routes(&moved), "the kept slice routes the new address");
+        assert!(!s.routes(&m), "and no longer the old ones");
+        // kcm lags: its slice still holds the old addresses. Ours stay.
+        s.kcm = kcm_mirror(&stored(&m).1);
+        assert!(
+            names(&s.plan(Some(&moved), EndpointsMode::Endpoints)).is_empty(),
+            "kcm's slice does not route the desired addresses yet"
+        );
+        // The controller did not look at kcm's slices: ours stay.
+        s.kcm_down = false;
+        s.kcm_sync();
+        let (sv, e, l) = (&s.services[0], &s.endpoints[0], &s.slices[0]);
+        let p = |mirrored| {
+            names(&plan(
+                &key(),
+                Some(&moved),
+                &[sv],
+                &[e],
+                &[l],
+                mirrored,
+                CLUSTER,
+                EndpointsMode::Endpoints,
+            ))
+        };
+        assert_eq!(p(None), Vec::<String>::new());
+        assert_eq!(
+            p(Some(&slice_routes(&s.kcm))),
+            vec!["delete EndpointSlice shop/web-east-ipv4-0"],
+            "kcm's slice routes every desired address and port: ours go"
+        );
+        // kcm routing the mirror but our Endpoints still skip-mirror: kept.
+        let skipping = with_skip_mirror(e.clone());
+        assert!(!mirroring_took_over(
+            &moved,
+            &[&skipping],
+            CLUSTER,
+            Some(&slice_routes(&s.kcm))
+        ));
+        // A fresh mirror in endpoints mode never gets a slice of ours, kcm down or not.
+        for kcm_down in [false, true] {
+            let mut fresh = Store {
+                kcm_down,
+                ..Store::default()
             };
-            assert_eq!(slice_names(&store), slice_names(&fresh), "{from} -> {to}");
+            fresh.converge(Some(&m), EndpointsMode::Endpoints);
+            assert!(fresh.slices.is_empty(), "kcm down: {kcm_down}");
         }
     }
 
@@ -1114,15 +1332,23 @@ mod tests {
             vec!["update Endpoints shop/web-east"],
             "skip-mirror added once our slices exist"
         );
-        let mut s = at(Both);
-        for a in s.plan(Some(&m), Eps) {
-            s.apply(a);
+        for from in [Both, EndpointSlices] {
+            let mut s = at(from);
+            for a in s.plan(Some(&m), Eps) {
+                s.apply(a);
+            }
+            assert_eq!(
+                names(&s.plan(Some(&m), Eps)),
+                Vec::<String>::new(),
+                "{from} -> endpoints: slices kept while kcm has not mirrored the Endpoints"
+            );
+            s.kcm_sync();
+            assert_eq!(
+                names(&s.plan(Some(&m), Eps)),
+                vec!["delete EndpointSlice shop/web-east-ipv4-0"],
+                "{from} -> endpoints: slices go once kcm's route the same"
+            );
         }
-        assert_eq!(
-            names(&s.plan(Some(&m), Eps)),
-            vec!["delete EndpointSlice shop/web-east-ipv4-0"],
-            "slices go once the Endpoints are mirrorable"
-        );
     }
 
     #[test]

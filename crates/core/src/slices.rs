@@ -6,7 +6,7 @@
 //! port per Service port at the gateway's port), derived from the desired Endpoints,
 //! so both representations always say the same thing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -18,7 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use super::desired::{DesiredMirror, port_name, protocol_or_default};
 use super::diff::{OWNED_ANNOTATIONS, OWNED_LABELS};
 use super::labels::{
-    MANAGED_BY_LABEL, MANAGED_BY_VALUE, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL,
+    SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
 };
 use super::naming::{MAX_SERVICE_NAME_LEN, fnv1a32};
 use super::ownership::is_owned;
@@ -125,6 +126,56 @@ pub fn is_our_slice(meta: &ObjectMeta, cluster: &str) -> bool {
             .and_then(|l| l.get(MANAGED_BY_LABEL))
             .map(String::as_str)
             == Some(MANAGED_BY_VALUE)
+}
+
+/// Whether a slice is kube-controller-manager's mirror (EndpointSliceMirroring) of the
+/// Endpoints of the mirror Service named `mirror`.
+pub fn is_mirrored_slice(meta: &ObjectMeta, mirror: &str) -> bool {
+    let label = |k| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(k))
+            .map(String::as_str)
+    };
+    label(MANAGED_BY_LABEL) == Some(MIRRORING_MANAGED_BY_VALUE)
+        && label(SERVICE_NAME_LABEL) == Some(mirror)
+}
+
+/// One way kube-proxy reaches a mirror: a ready endpoint address at a port, as
+/// (address, port name, port number, protocol).
+pub type Route = (IpAddr, String, i32, String);
+
+/// The routes `slices` give kube-proxy: every address of an endpoint not marked
+/// unready (kube-proxy takes an unset `ready` as ready) at every port of its slice.
+/// Unnamed ports and protocols are normalised (`""`, TCP), so our slices and
+/// kube-controller-manager's mirrored ones compare.
+pub fn slice_routes<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> BTreeSet<Route> {
+    let mut routes = BTreeSet::new();
+    for slice in slices {
+        let ports: Vec<(String, i32, String)> = slice
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| {
+                let port = p.port?;
+                let name = p.name.clone().unwrap_or_default();
+                Some((name, port, protocol_or_default(p.protocol.as_deref())))
+            })
+            .collect();
+        let ready = slice
+            .endpoints
+            .iter()
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false));
+        for ip in ready
+            .flat_map(|e| &e.addresses)
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+        {
+            for (name, port, protocol) in &ports {
+                routes.insert((ip, name.clone(), *port, protocol.clone()));
+            }
+        }
+    }
+    routes
 }
 
 /// `endpoints` labelled `skip-mirror: "true"` (modes that write slices themselves).
@@ -911,6 +962,44 @@ mod tests {
         for (what, s, want) in table {
             assert_eq!(is_our_slice(&s.metadata, "east"), want, "{what}");
         }
+    }
+
+    #[test]
+    fn routes_are_ready_addresses_times_ports_whoever_wrote_the_slice() {
+        let m = mirror("web", 2, Some(resolved(ips(2))));
+        let ours = desired_slices(&m, "u");
+        let routes = slice_routes(&ours);
+        assert_eq!(routes.len(), 4, "2 addresses x 2 ports: {routes:?}");
+        assert!(routes.iter().all(|(_, _, port, _)| *port == 4143));
+        let protocols: BTreeSet<&str> = routes.iter().map(|r| r.3.as_str()).collect();
+        assert_eq!(protocols, BTreeSet::from(["TCP", "UDP"]));
+        // kcm's mirror of the same: an unset protocol reads as TCP, an unset ready as
+        // ready.
+        let kcm = with(ours[0].clone(), |s| {
+            for p in s.ports.iter_mut().flatten() {
+                if p.protocol.as_deref() == Some("TCP") {
+                    p.protocol = None;
+                }
+            }
+            for e in &mut s.endpoints {
+                e.conditions = None;
+            }
+        });
+        assert_eq!(slice_routes([&kcm]), routes);
+        // Unready endpoints route nothing.
+        let dead = mirror("web", 2, Some(resolved(ips(2)).with_alive(false)));
+        assert!(slice_routes(&desired_slices(&dead, "u")).is_empty());
+        // Mirrored slice: kcm's managed-by and the mirror's service name.
+        let mirrored = with(kcm, |s| {
+            s.metadata.labels.as_mut().unwrap().insert(
+                MANAGED_BY_LABEL.into(),
+                "endpointslicemirroring-controller.k8s.io".into(),
+            );
+        });
+        let name = m.service.metadata.name.clone().unwrap();
+        assert!(is_mirrored_slice(&mirrored.metadata, &name));
+        assert!(!is_mirrored_slice(&mirrored.metadata, "other"));
+        assert!(!is_mirrored_slice(&ours[0].metadata, &name));
     }
 
     #[test]

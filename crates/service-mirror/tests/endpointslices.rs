@@ -10,7 +10,7 @@ mod support;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, VersionMatch};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use service_mirror_controller::gateway::ProbeRedirect;
 use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
 use service_mirror_controller::metrics::Metrics;
@@ -514,44 +514,84 @@ async fn unlink_removes_slices() {
     env.mirror_gone("web").await;
 }
 
-/// Whether the mirror has an endpoints source at one etcd revision: a slice of ours,
-/// or an Endpoints that kube-controller-manager mirrors (no skip-mirror). Both lists
-/// are read at the same resourceVersion, so no write can fall between them.
-async fn source_at_one_revision(lc: &kube::Client, ns: &str, mirror: &str) -> (bool, String) {
+const KCM_MIRRORING: &str = "endpointslicemirroring-controller.k8s.io";
+
+/// Whether kube-proxy has a slice for the mirror: one of ours, or kube-controller-
+/// manager's mirrored one, with the gateway's address. kube-proxy reads only slices:
+/// an Endpoints without skip-mirror is no source until kcm has mirrored it.
+async fn source(lc: &kube::Client, ns: &str, mirror: &str, gateway: &str) -> (bool, String) {
     let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={mirror}"));
     let slices = Api::<EndpointSlice>::namespaced(lc.clone(), ns)
         .list(&lp)
         .await
         .unwrap();
     let rv = slices.metadata.resource_version.clone().unwrap();
-    let exact = ListParams {
-        resource_version: Some(rv.clone()),
-        version_match: Some(VersionMatch::Exact),
-        field_selector: Some(format!("metadata.name={mirror}")),
-        ..ListParams::default()
-    };
-    let eps: Vec<Endpoints> = Api::<Endpoints>::namespaced(lc.clone(), ns)
-        .list(&exact)
-        .await
-        .unwrap()
-        .items;
-    let mirrorable = eps
+    let routing: Vec<(String, String)> = slices
+        .items
         .iter()
-        .any(|e| label(&e.metadata.labels, SKIP_MIRROR).is_none());
-    let mine = ours(&slices.items).len();
+        .filter(|s| {
+            s.endpoints
+                .iter()
+                .any(|e| e.addresses.iter().any(|a| a == gateway))
+        })
+        .map(|s| {
+            (
+                label(&s.metadata.labels, MANAGED_BY)
+                    .unwrap_or_default()
+                    .to_owned(),
+                s.metadata.name.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
     (
-        mine > 0 || mirrorable,
-        format!(
-            "rv {rv}: {mine} slices of ours, endpoints {:?}",
-            eps.iter()
-                .map(|e| e.metadata.labels.clone())
-                .collect::<Vec<_>>()
-        ),
+        !routing.is_empty(),
+        format!("rv {rv}: slices routing the gateway {routing:?}"),
     )
 }
 
+/// Plays kube-controller-manager's EndpointSliceMirroring, which a bare apiserver does
+/// not run: mirrors the Endpoints `mirror` (when it has no skip-mirror) into one slice of
+/// kcm's managed-by, or deletes that slice (skip-mirror, or no Endpoints).
+async fn play_kcm(env: &Env, mirror: &str) {
+    let name = format!("{mirror}-kcm00");
+    let ep = Api::<Endpoints>::namespaced(env.lc.clone(), &env.ns)
+        .get_opt(mirror)
+        .await
+        .unwrap()
+        .filter(|e| label(&e.metadata.labels, SKIP_MIRROR).is_none());
+    let Some(ep) = ep else {
+        let _ = slices_api(env).delete(&name, &Default::default()).await;
+        return;
+    };
+    let subset = ep
+        .subsets
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let mut labels = ep.metadata.labels.unwrap_or_default();
+    labels.insert("kubernetes.io/service-name".into(), mirror.into());
+    labels.insert(MANAGED_BY.into(), KCM_MIRRORING.into());
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "addressType": "IPv4",
+        "endpoints": subset.addresses.unwrap_or_default().iter()
+            .map(|a| serde_json::json!({"addresses": [a.ip], "conditions": {"ready": true}}))
+            .collect::<Vec<_>>(),
+        "ports": subset.ports.unwrap_or_default().iter()
+            .map(|p| serde_json::json!({"name": p.name, "port": p.port, "protocol": p.protocol}))
+            .collect::<Vec<_>>(),
+    }))
+    .unwrap();
+    let pp = PatchParams::apply("fake-kcm").force();
+    slices_api(env)
+        .patch(&name, &pp, &Patch::Apply(&slice))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
-async fn mode_switches_never_leave_the_mirror_without_an_endpoints_source() {
+async fn mode_switches_never_leave_the_mirror_without_a_slice_for_kube_proxy() {
     let env = Env::new("slices-switch").await;
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
@@ -559,15 +599,16 @@ async fn mode_switches_never_leave_the_mirror_without_an_endpoints_source() {
     let mut w = start(&env, EndpointsMode::Endpoints);
     env.mirror_until("web", "mirrored", |_, e| has_subsets(e))
         .await;
+    play_kcm(&env, &m).await;
 
-    // A poller reads the mirror's endpoint objects continuously through every switch.
+    // A poller reads the mirror's slices continuously through every switch.
     let stop = Arc::new(AtomicBool::new(false));
     let poller = {
         let (lc, ns, m, stop) = (env.lc.clone(), env.ns.clone(), m.clone(), stop.clone());
         tokio::spawn(async move {
             let (mut reads, mut gaps) = (0usize, Vec::new());
             while !stop.load(Ordering::SeqCst) {
-                let (ok, what) = source_at_one_revision(&lc, &ns, &m).await;
+                let (ok, what) = source(&lc, &ns, &m, "192.0.2.1").await;
                 reads += 1;
                 if !ok {
                     gaps.push(what);
@@ -578,30 +619,52 @@ async fn mode_switches_never_leave_the_mirror_without_an_endpoints_source() {
         })
     };
     use EndpointsMode::{Both, EndpointSlices, Endpoints as Eps};
+    let shape = || async {
+        let (svc, ep) = env.mirror("web").await;
+        let slices = slices_of(&env, &m).await;
+        let ep_shape = ep.map(|e| label(&e.metadata.labels, SKIP_MIRROR).is_some());
+        (svc.is_some(), ep_shape, names(&ours(&slices)))
+    };
     for mode in [Both, EndpointSlices, Eps, EndpointSlices, Both, Eps] {
         w.stop(false).await.unwrap();
         w = start(&env, mode);
+        let want = match mode {
+            // Our slice is kept while kcm has not mirrored the Endpoints...
+            Eps => (true, Some(false), vec![format!("{m}-ipv4-0")]),
+            EndpointSlices => (true, None, vec![format!("{m}-ipv4-0")]),
+            Both => (true, Some(true), vec![format!("{m}-ipv4-0")]),
+        };
         eventually(&format!("converged to {mode}"), || async {
-            let (svc, ep) = env.mirror("web").await;
-            let slices = slices_of(&env, &m).await;
-            let mine = names(&ours(&slices));
-            let ep_shape = ep.map(|e| label(&e.metadata.labels, SKIP_MIRROR).is_some());
-            let want = match mode {
-                Eps => (Some(false), vec![]),
-                EndpointSlices => (None, vec![format!("{m}-ipv4-0")]),
-                Both => (Some(true), vec![format!("{m}-ipv4-0")]),
-            };
-            (svc.is_some() && (ep_shape, mine) == want).then_some(())
+            (shape().await == want).then_some(())
         })
         .await;
+        if mode == Eps {
+            // ...however long that takes (here: no kcm at all for 4 s).
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            assert_eq!(shape().await, want, "{mode}: our slice kept without kcm's");
+            // kcm mirrors the Endpoints: our slice goes.
+            let mirrored = std::time::Instant::now();
+            play_kcm(&env, &m).await;
+            eventually("our slice gone once kcm's routes the same", || async {
+                (shape().await == (true, Some(false), vec![])).then_some(())
+            })
+            .await;
+            eprintln!(
+                "{mode}: our slice went {:?} after kcm's appeared",
+                mirrored.elapsed()
+            );
+        } else {
+            // kcm drops its slice once the Endpoints skip mirroring or go.
+            play_kcm(&env, &m).await;
+        }
     }
     stop.store(true, Ordering::SeqCst);
     let (reads, gaps) = poller.await.unwrap();
-    eprintln!("{reads} consistent reads across 6 mode switches");
+    eprintln!("{reads} reads across 6 mode switches");
     assert!(reads > 20, "the poller read {reads} times");
     assert!(
         gaps.is_empty(),
-        "moments without an endpoints source: {gaps:#?}"
+        "moments without a slice routing the gateway: {gaps:#?}"
     );
     w.stop(false).await.unwrap();
 }

@@ -1317,7 +1317,7 @@ const OUR_SLICES: &str = "service-mirror.linkerd.io";
 const KCM_MIRRORED: &str = "endpointslicemirroring-controller.k8s.io";
 
 #[tokio::test]
-async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leaves_no_duplicate_slice()
+async fn switching_endpoints_to_both_to_endpointslices_and_back_to_endpoints_fails_no_request_and_leaves_no_duplicate_slice()
  {
     if skip_without_data_plane("switching_endpoints_to_both_to_endpointslices") {
         return;
@@ -1339,24 +1339,39 @@ async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leav
     })
     .await;
 
+    // Back to `endpoints` from both modes that write slices: our slices must stay until
+    // kcm's mirrored one routes the gateway (kube-proxy reads only slices).
+    let plan = [
+        ("both", OUR_SLICES),
+        ("endpointslices", OUR_SLICES),
+        ("endpoints", KCM_MIRRORED),
+        ("both", OUR_SLICES),
+        ("endpoints", KCM_MIRRORED),
+    ];
     let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    // Which step the requests fall in: 0 before the first switch, i after switch i began.
+    let phase = std::sync::atomic::AtomicUsize::new(0);
     let wp = w.west.data_plane().unwrap();
-    // A request every 100 ms (at most 1,500 over 150 s); every one must be answered.
+    // A request every 100 ms (at most 3,000 over 300 s); every one must be answered.
     let requester = async {
         let (mut sent, mut failed) = (0u32, Vec::new());
+        let mut per_phase = vec![(0u32, 0u32); plan.len() + 1];
         let start = Instant::now();
         while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
-            && sent < 1500
-            && start.elapsed() < Duration::from_secs(150)
+            && sent < 3000
+            && start.elapsed() < Duration::from_secs(300)
         {
+            let at = phase.load(std::sync::atomic::Ordering::SeqCst);
             let r = wp.http_get(MIRROR, 80, "/").await;
             sent += 1;
+            per_phase[at].0 += 1;
             if !answered(&r) {
-                failed.push(format!("{:?}: {r:?}", start.elapsed()));
+                per_phase[at].1 += 1;
+                failed.push(format!("{:?} (step {at}): {r:?}", start.elapsed()));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        (sent, failed)
+        (sent, failed, per_phase)
     };
     // Each switch: SIGTERM the controller, start one in the next mode, wait for the
     // objects that mode means. Meanwhile a watcher of slices checks that the mirror
@@ -1364,8 +1379,9 @@ async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leav
     let holes = std::sync::Mutex::new(Vec::<String>::new());
     let switches = async {
         let mut timings = Vec::new();
-        for (mode, want) in [("both", OUR_SLICES), ("endpointslices", OUR_SLICES)] {
+        for (i, (mode, want)) in plan.iter().copied().enumerate() {
             tokio::time::sleep(Duration::from_secs(3)).await;
+            phase.store(i + 1, std::sync::atomic::Ordering::SeqCst);
             let switched = Instant::now();
             let (clean, _) = w.ctl.terminate();
             assert!(clean, "the controller exits cleanly on SIGTERM");
@@ -1377,8 +1393,42 @@ async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leav
                 &format!("--endpoints-mode={mode}"),
             ];
             let flags: Vec<&str> = flags.iter().map(|s| s.as_ref()).collect();
+            // Back to `endpoints`, kube-controller-manager is paused (SIGSTOP) for 5 s
+            // across the switch, as a slow or down kcm: our slice must stay all along, as
+            // kcm's mirrored one comes only once it runs again.
+            let kcm = (mode == "endpoints").then(|| {
+                let pid = wp.pid_of("kube-controller-manager").expect("kcm runs");
+                // SAFETY: a plain signal to a child process of this test.
+                assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+                pid
+            });
             w.ctl = Controller::spawn(&w.west, &w.ctl_ns, &flags);
             w.ctl.wait_ready().await;
+            if let Some(pid) = kcm {
+                let paused = Instant::now();
+                let eps: Api<Endpoints> = Api::namespaced(w.wc.clone(), "shop");
+                bounded("kcm paused: Endpoints lose skip-mirror", || async {
+                    let ep = eps.get_opt("web-east").await.map_err(|e| e.to_string())?;
+                    let skip = ep.as_ref().and_then(|e| {
+                        e.metadata
+                            .labels
+                            .as_ref()?
+                            .get("endpointslice.kubernetes.io/skip-mirror")
+                            .cloned()
+                    });
+                    match (ep.is_some(), skip) {
+                        (true, None) => Ok(()),
+                        other => Err(format!("{other:?}")),
+                    }
+                })
+                .await;
+                tokio::time::sleep(Duration::from_secs(5).saturating_sub(paused.elapsed())).await;
+                let s = mirror_slices(&w.wc).await;
+                let managers: Vec<&str> = s.iter().map(|(m, _, _)| m.as_str()).collect();
+                assert_eq!(managers, [OUR_SLICES], "kcm paused: our slice kept: {s:?}");
+                // SAFETY: as above.
+                assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+            }
             let eps: Api<Endpoints> = Api::namespaced(w.wc.clone(), "shop");
             let took = bounded(
                 &format!("{mode} mode: its objects and only those"),
@@ -1397,6 +1447,7 @@ async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leav
                         && s[0].2 == [node.clone()]
                         && match mode {
                             "both" => skip.as_deref() == Some("true"),
+                            "endpoints" => ep.is_some() && skip.is_none(),
                             _ => ep.is_none(),
                         };
                     match ok {
@@ -1422,7 +1473,7 @@ async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leav
     let watch_holes = async {
         let start = Instant::now();
         while !stop_requests.load(std::sync::atomic::Ordering::SeqCst)
-            && start.elapsed() < Duration::from_secs(160)
+            && start.elapsed() < Duration::from_secs(310)
         {
             let s = mirror_slices(&w.wc).await;
             if !s.iter().any(|(_, _, a)| a.contains(&node)) {
@@ -1434,9 +1485,19 @@ async fn switching_endpoints_to_both_to_endpointslices_fails_no_request_and_leav
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    let ((sent, failed), _, ()) = tokio::join!(requester, switches, watch_holes);
+    let ((sent, failed, per_phase), _, ()) = tokio::join!(requester, switches, watch_holes);
+    let mut from = "endpoints";
+    for (i, (n, bad)) in per_phase.iter().enumerate() {
+        match i.checked_sub(1).map(|j| plan[j].0) {
+            None => eprintln!("before the first switch ({from}): {n} requests, {bad} failed"),
+            Some(to) => {
+                eprintln!("{from} -> {to}: {n} requests, {bad} failed");
+                from = to;
+            }
+        }
+    }
     eprintln!(
-        "{sent} requests across endpoints -> both -> endpointslices, {} failed",
+        "{sent} requests across endpoints -> both -> endpointslices -> endpoints -> both -> endpoints, {} failed",
         failed.len()
     );
     assert!(sent >= 100, "only {sent} requests sent");

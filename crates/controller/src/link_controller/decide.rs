@@ -1,13 +1,29 @@
 //! The pure middle of a reconcile: from what was gathered about one key to what to do
 //! (see reconcile.rs for gather and apply).
 
+use crate::backoff::Backoff;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use service_mirror_core::{
-    Action, DesiredMirror, EndpointsMode, ExportDecision, Refusal, ServiceKey, plan,
+    Action, DesiredMirror, EndpointsMode, ExportDecision, Refusal, Route, ServiceKey,
+    mirroring_took_over, plan,
 };
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How soon a key whose slices wait for kube-controller-manager's mirrored ones (in
+/// `endpoints` mode) is looked at again, by how many looks it has waited: 1 s doubling
+/// to 30 s. No watch of ours sees kcm's slices, so only this brings the key back; kcm
+/// mirrors within a second when idle, but at its client's 20 writes per second a
+/// switch of thousands of mirrors takes minutes, and the doubling keeps our LISTs per
+/// key to a handful meanwhile.
+pub(super) const MIRRORING_WAIT: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    fast_retries: 0,
+    slow_base: Duration::from_secs(1),
+    cap: Duration::from_secs(30),
+};
 
 /// What the caches, the index and the gateways say about one key.
 #[derive(Debug, Default)]
@@ -27,6 +43,11 @@ pub(super) struct Gathered {
     pub(super) endpoints: Vec<Arc<Endpoints>>,
     /// Our EndpointSlices that stand for the key.
     pub(super) slices: Vec<Arc<EndpointSlice>>,
+    /// What kube-controller-manager's mirrored slices of the mirror route; read (one
+    /// LIST) only in `endpoints` mode while slices of ours are left. `None`: not read.
+    pub(super) mirrored: Option<BTreeSet<Route>>,
+    /// How many looks the key's slices have waited for kcm's so far.
+    pub(super) mirroring_waits: u32,
     /// Which endpoint objects the mirror carries (the link's `--endpoints-mode`).
     pub(super) mode: EndpointsMode,
     /// A write of ours to one of these objects has not reached the caches yet.
@@ -80,6 +101,9 @@ pub(super) struct Writes {
     /// The plan creates the mirror Service in a mode with slices: its slices (which need
     /// the Service's uid, known once created) are made from this right after.
     pub(super) slices_of_new_service: Option<Box<DesiredMirror>>,
+    /// `endpoints` mode: slices of ours are kept until kcm's route the same (the key
+    /// comes back after [`MIRRORING_WAIT`]); the key's count of waits goes on.
+    pub(super) awaiting_mirroring: bool,
 }
 
 /// The order of the writes.
@@ -123,9 +147,24 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
         &services,
         &endpoints,
         &slices,
+        g.mirrored.as_ref(),
         cluster,
         g.mode,
     );
+    // `endpoints` mode, slices of ours left that kcm's do not replace yet: they stay, and
+    // the key comes back (kube-proxy reads only slices; kcm mirrors asynchronously).
+    let awaiting_mirroring = g.mode == EndpointsMode::Endpoints
+        && !slices.is_empty()
+        && g.desired
+            .as_ref()
+            .is_some_and(|d| !mirroring_took_over(d, &endpoints, cluster, g.mirrored.as_ref()));
+    let requeue = match awaiting_mirroring {
+        true => {
+            let wait = MIRRORING_WAIT.delay(g.mirroring_waits + 1);
+            Some(g.requeue.map_or(wait, |r| r.min(wait)))
+        }
+        false => g.requeue,
+    };
     let admit = actions
         .iter()
         .any(|a| matches!(a, Action::CreateService(_)));
@@ -136,12 +175,13 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
         release_slot: !admit && services.is_empty(),
         create_permit,
         second_pass: g.endpoints_written_first.is_some(),
-        requeue: g.requeue,
+        requeue,
         slices_of_new_service: g
             .desired
             .clone()
             .filter(|_| admit && g.mode.writes_slices() && !actions.iter().any(creates_slice))
             .map(Box::new),
+        awaiting_mirroring,
     };
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its
     // Endpoints (where traffic goes) and its Service (the gateway resourceVersion
@@ -488,6 +528,50 @@ mod tests {
             kinds(&writes(&d).steps),
             vec!["first", "update slice", "update svc"]
         );
+    }
+
+    #[test]
+    fn in_endpoints_mode_our_slices_wait_for_kcm_s_and_the_key_comes_back() {
+        let d = desired("gw", "192.0.2.1", "1");
+        // Switched from `both`: our Endpoints already mirrorable, our slice left.
+        let mut g = gathered(Some(d.clone()), Some(&d));
+        let uid = g.services[0].metadata.uid.clone().unwrap();
+        let mut slice = service_mirror_core::desired_slices(&d, &uid).remove(0);
+        slice.metadata.resource_version = Some("11".into());
+        g.slices = vec![Arc::new(slice.clone())];
+        // Not read (or the LIST failed), then read with nothing: kept, back in 1 s, 2 s...
+        for (mirrored, waits, after) in [(None, 0, 1), (Some(BTreeSet::new()), 1, 2)] {
+            g.mirrored = mirrored;
+            g.mirroring_waits = waits;
+            let w = writes(&decide(&key(), CLUSTER, &g)).clone();
+            assert_eq!(kinds(&w.steps), Vec::<&str>::new());
+            assert!(w.awaiting_mirroring);
+            assert_eq!(w.requeue, Some(Duration::from_secs(after)));
+        }
+        // ...at most every 30 s, or sooner if the gateway asks.
+        g.mirroring_waits = 40;
+        assert_eq!(
+            writes(&decide(&key(), CLUSTER, &g)).requeue,
+            Some(Duration::from_secs(30))
+        );
+        g.requeue = Some(Duration::from_secs(10));
+        assert_eq!(
+            writes(&decide(&key(), CLUSTER, &g)).requeue,
+            Some(Duration::from_secs(10))
+        );
+        g.requeue = None;
+        // kcm's slice routes the gateway at the mirror's port: ours goes, no more waits.
+        let mut kcm = slice;
+        kcm.metadata.name = Some("web-east-abcde".into());
+        g.mirrored = Some(service_mirror_core::slice_routes([&kcm]));
+        let w = writes(&decide(&key(), CLUSTER, &g)).clone();
+        assert_eq!(kinds(&w.steps), vec!["delete slice"]);
+        assert!(!w.awaiting_mirroring);
+        assert_eq!(w.requeue, None);
+        // No slice of ours left: nothing to wait for.
+        g.slices.clear();
+        g.mirrored = None;
+        assert!(!writes(&decide(&key(), CLUSTER, &g)).awaiting_mirroring);
     }
 
     #[test]

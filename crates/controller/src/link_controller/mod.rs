@@ -136,6 +136,8 @@ impl LinkController {
             local_endpoints: cache::Cache::default(),
             local_slices: cache::Cache::default(),
             mode: config.endpoints_mode,
+            local: local.clone(),
+            mirroring_waits: Default::default(),
             index,
             synced: synced.clone(),
             gateways: Arc::new(gateways),

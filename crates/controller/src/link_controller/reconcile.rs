@@ -15,11 +15,13 @@ use crate::writer::{Applied, CreateLimit, LocalWriter};
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use service_mirror_core::{
     Action, EndpointsMode, ExportDecision, ExportPolicy, Link, MIRRORING_MAX_ENDPOINTS_PER_SUBSET,
-    ServiceKey, desired_mirror, desired_slices, export_decision, mirroring_overflow,
+    Route, ServiceKey, desired_mirror, desired_slices, export_decision, is_mirrored_slice,
+    mirrored_slice_selector, mirroring_overflow, slice_routes,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -37,6 +39,12 @@ pub(super) struct Reconciler {
     pub(super) local_slices: Cache<EndpointSlice>,
     /// Which endpoint objects mirrors carry.
     pub(super) mode: EndpointsMode,
+    /// The local cluster, for one read only: kube-controller-manager's mirrored slices
+    /// of a mirror whose slices of ours wait for them (`endpoints` mode, see
+    /// [`Reconciler::mirrored_routes`]). Writes go through `writer`.
+    pub(super) local: kube::Client,
+    /// Keys whose slices wait for kcm's, with how many looks they have waited.
+    pub(super) mirroring_waits: Mutex<HashMap<ServiceKey, u32>>,
     pub(super) index: Arc<Mutex<Index>>,
     pub(super) synced: tokio::sync::watch::Receiver<Synced>,
     pub(super) gateways: Arc<Gateways>,
@@ -149,8 +157,10 @@ impl Reconciler {
             .filter(|e| belongs(&e.name_any(), endpoints_key(&self.local_services, e)))
             .collect();
         // The desired slices' names too: a create of ours the cache has not shown yet is
-        // pending under its name (the owner uid does not matter for names).
-        if let Some(d) = g.desired.as_ref().filter(|_| self.mode.writes_slices()) {
+        // pending under its name (the owner uid does not matter for names). In
+        // `endpoints` mode our slices are written only while some are left.
+        let writes_slices = self.mode.writes_slices() || !slice_names.is_empty();
+        if let Some(d) = g.desired.as_ref().filter(|_| writes_slices) {
             slice_names.extend(
                 desired_slices(d, "")
                     .into_iter()
@@ -176,7 +186,48 @@ impl Reconciler {
             || pending(LocalObject::Endpoints, &ep_names)
             || pending(LocalObject::EndpointSlice, &slice_names);
         g.endpoints_written_first = self.endpoints_first.lock().get(key).cloned();
+        // `endpoints` mode with slices of ours left (a switch from a mode that writes
+        // them, so transitional): they go only once kube-controller-manager's mirrored
+        // slices route the same, as kube-proxy reads only slices and kcm makes them
+        // asynchronously. Our slice watch does not see kcm's, so they are read here.
+        if self.mode == EndpointsMode::Endpoints
+            && !g.pending
+            && !g.slices.is_empty()
+            && let Some(name) = &desired_name
+        {
+            g.mirrored = self.mirrored_routes(&key.namespace, name).await;
+            g.mirroring_waits = self
+                .mirroring_waits
+                .lock()
+                .get(key)
+                .copied()
+                .unwrap_or_default();
+        }
         g
+    }
+
+    /// What kube-controller-manager's mirrored slices of the mirror `namespace/name`
+    /// route, by one label-selected LIST served from the apiserver's watch cache
+    /// (resourceVersion 0: at most as fresh as a watch would be); `None` when it fails
+    /// (the slices of ours then stay, and the key comes back). Read only: kcm's slices
+    /// are never written.
+    async fn mirrored_routes(&self, namespace: &str, name: &str) -> Option<BTreeSet<Route>> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.local.clone(), namespace);
+        let lp = ListParams::default()
+            .labels(&mirrored_slice_selector(name))
+            .match_any();
+        match api.list(&lp).await {
+            Ok(list) => Some(slice_routes(
+                list.items
+                    .iter()
+                    .filter(|s| is_mirrored_slice(&s.metadata, name)),
+            )),
+            Err(err) => {
+                let cluster = &self.link.cluster_name;
+                tracing::debug!(%cluster, namespace, name, error = %err, "listing kube-controller-manager's mirrored slices failed");
+                None
+            }
+        }
     }
 
     /// Carries out a decision.
@@ -210,7 +261,25 @@ impl Reconciler {
             second_pass,
             requeue,
             slices_of_new_service,
+            awaiting_mirroring,
         } = writes;
+        match awaiting_mirroring {
+            true => {
+                let mut waits = self.mirroring_waits.lock();
+                let n = waits.entry(key.clone()).or_default();
+                *n = n.saturating_add(1);
+                let cluster = &self.link.cluster_name;
+                tracing::debug!(%cluster, %key, waits = *n, "slices kept until kube-controller-manager's mirrored ones route the same");
+                // About 3 minutes of looks: kcm is down, slow, or cannot mirror it all
+                // (over 1000 addresses). Said once; the slices stay meanwhile.
+                if *n == 10 {
+                    tracing::warn!(%cluster, %key, "endpoints mode: kube-controller-manager has not mirrored this mirror's Endpoints into slices routing every gateway address and port; our EndpointSlices are kept until it has");
+                }
+            }
+            false => {
+                self.mirroring_waits.lock().remove(key);
+            }
+        }
         if admit && let Admission::Refused { first } = self.limit.admit(key) {
             self.refuse_over_limit(key, first).await;
             return Ok(Outcome::Done);

@@ -506,6 +506,13 @@ impl DataPlane {
         SocketAddr::from((self.inner.node_ip, 53))
     }
 
+    /// The process id of `process` (`kube-controller-manager`, `kube-proxy` or
+    /// `coredns`): a test may pause it (SIGSTOP, SIGCONT) to play it slow or down.
+    pub fn pid_of(&self, process: &str) -> Option<u32> {
+        let procs = self.processes.lock();
+        procs.iter().find(|p| p.name() == process).map(Process::pid)
+    }
+
     /// Process ids of kube-controller-manager, kube-proxy, CoreDNS and the namespace
     /// holders (node, and the process-wide bridge).
     pub fn pids(&self) -> Vec<u32> {
