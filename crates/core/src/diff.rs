@@ -49,7 +49,9 @@ fn owned_match(actual: Option<&Map>, desired: Option<&Map>, keys: &[&str]) -> bo
         .all(|k| actual.and_then(|m| m.get(*k)) == desired.and_then(|m| m.get(*k)))
 }
 
-fn set_owned(target: &mut Option<Map>, desired: Option<&Map>, keys: &[&str]) {
+/// Sets the `keys` of `target` to the values `desired` has, removing those it lacks;
+/// other keys (someone else's) stay. Also used for slices (`slices.rs`).
+pub(crate) fn set_owned(target: &mut Option<Map>, desired: Option<&Map>, keys: &[&str]) {
     for key in keys {
         match desired.and_then(|m| m.get(*key)) {
             Some(v) => {

@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::desired::{DesiredMirror, port_name, protocol_or_default};
-use super::diff::{OWNED_ANNOTATIONS, OWNED_LABELS};
+use super::diff::{OWNED_ANNOTATIONS, OWNED_LABELS, set_owned};
 use super::labels::{
     MANAGED_BY_LABEL, MANAGED_BY_VALUE, MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL,
     SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
@@ -375,23 +375,6 @@ fn owned(map: Option<&Map>, keys: &[&str]) -> Vec<Option<String>> {
     keys.iter()
         .map(|k| map.and_then(|m| m.get(*k)).cloned())
         .collect()
-}
-
-fn set_owned(target: &mut Option<Map>, desired: Option<&Map>, keys: &[&str]) {
-    for key in keys {
-        match desired.and_then(|m| m.get(*key)) {
-            Some(v) => {
-                target
-                    .get_or_insert_with(Map::new)
-                    .insert((*key).to_owned(), v.clone());
-            }
-            None => {
-                if let Some(m) = target.as_mut() {
-                    m.remove(*key);
-                }
-            }
-        }
-    }
 }
 
 /// Endpoints in a canonical form: IPs canonical, sorted by address.
