@@ -448,19 +448,8 @@ async fn an_unchanged_world_causes_zero_writes_in_both_mode() {
     assert_eq!(slice_writes, 5, "one create per slice: {converged:#?}");
     let attempts = env.local_write_attempts().len();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    w.stop(false).await.unwrap();
-    let w = start(&env, EndpointsMode::Both);
-    eventually("resynced", || async {
-        (w.status().remote_synced && w.status().queue_depth == 0).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        env.local_write_attempts().len(),
-        attempts,
-        "idle and restart: zero write requests"
-    );
-    w.stop(false).await.unwrap();
+    env.assert_restart_writes_nothing(w, attempts, || start(&env, EndpointsMode::Both))
+        .await;
 }
 
 #[tokio::test]

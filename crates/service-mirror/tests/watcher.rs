@@ -931,19 +931,8 @@ async fn an_unchanged_world_causes_zero_writes() {
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     // A restart re-lists everything and finds nothing to do either.
-    w.stop(false).await.unwrap();
-    let w = env.watch();
-    eventually("resynced", || async {
-        (w.status().remote_synced && w.status().queue_depth == 0).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        env.local_write_attempts().len(),
-        attempts,
-        "idle and restart: zero write requests"
-    );
-    w.stop(false).await.unwrap();
+    env.assert_restart_writes_nothing(w, attempts, || env.watch())
+        .await;
 }
 
 #[tokio::test]

@@ -182,6 +182,30 @@ impl Env {
         .await
     }
 
+    /// Stops `w` and starts its successor with `restart`: once the successor has re-listed
+    /// everything, the local apiserver has seen no write request beyond `attempts` (a
+    /// restart of a converged link finds nothing to do). Stops the successor.
+    pub(crate) async fn assert_restart_writes_nothing(
+        &self,
+        w: LinkController,
+        attempts: usize,
+        restart: impl FnOnce() -> LinkController,
+    ) {
+        w.stop(false).await.unwrap();
+        let w = restart();
+        eventually("resynced", || async {
+            (w.status().remote_synced && w.status().queue_depth == 0).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            self.local_write_attempts().len(),
+            attempts,
+            "idle and restart: zero write requests"
+        );
+        w.stop(false).await.unwrap();
+    }
+
     /// Waits until neither mirror object of `remote` exists.
     pub(crate) async fn mirror_gone(&self, remote: &str) {
         eventually(&format!("mirror of {remote} deleted"), || async {
