@@ -10,13 +10,16 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::diff::{MetadataOwnership, OWNED_ANNOTATIONS};
 use super::gateway::{GatewayRef, ResolvedGateway};
 use super::labels::{
     CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, DEFAULT_CLUSTER_DOMAIN,
-    MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_GATEWAY_NAME_LABEL,
-    REMOTE_GATEWAY_NS_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
-    REMOTE_RESOURCE_VERSION_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION,
+    MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_DISCOVERY_LABEL,
+    REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL,
+    REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION, REMOTE_RESOURCE_VERSION_ANNOTATION,
+    REMOTE_SERVICE_LABEL, REMOTE_SVC_FQ_NAME_ANNOTATION,
 };
+use super::metadata::{Exclusions, copied_annotations, copied_labels};
 use super::naming::{fq_name, mirror_name};
 
 /// Protocol the apiserver assumes when a port has none.
@@ -34,6 +37,37 @@ pub struct Link {
     /// Namespace of the controller (and link Secret) that owns this link's mirrors,
     /// recorded on them so that a controller only ever collects its own.
     pub controller_namespace: Option<String>,
+    /// How the link's mirrors look: the 2020 Secret links' or Linkerd's Link resources'.
+    pub style: MirrorStyle,
+}
+
+/// How a link's mirrors look, which depends on where the link comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MirrorStyle {
+    /// A link Secret (the 2020 contract): the four mirror labels, the gateway's
+    /// resourceVersion and our controller-namespace annotation; nothing is copied from
+    /// the remote Service, and others' labels and annotations on a mirror are kept.
+    #[default]
+    Secret,
+    /// A Linkerd `Link` resource: mirrors look the way Linkerd makes them, so its tools
+    /// read ours (see [`ResourceStyle`]).
+    Resource(ResourceStyle),
+}
+
+/// What a `Link` resource says about its mirrors' metadata.
+///
+/// Their labels are the remote Service's (minus `mirror.linkerd.io*` and the
+/// exclusions) plus `mirrored-service` and `cluster-name`; the Service's annotations
+/// are the remote's (minus topology and the exclusions) plus the fq-name and the
+/// remote resourceVersion. Linkerd replaces a mirror's labels and annotations whole on
+/// every update, so they are the mirror's entirely ([`MetadataOwnership::All`]): a key
+/// the remote drops goes, with no record needed of which keys were copied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourceStyle {
+    /// `excludedLabels`: remote labels not copied.
+    pub excluded_labels: Exclusions,
+    /// `excludedAnnotations`: remote annotations not copied.
+    pub excluded_annotations: Exclusions,
 }
 
 impl Link {
@@ -46,7 +80,14 @@ impl Link {
                 .unwrap_or(DEFAULT_CLUSTER_DOMAIN)
                 .to_owned(),
             controller_namespace: None,
+            style: MirrorStyle::Secret,
         }
+    }
+
+    /// The same link, with mirrors of `style`.
+    pub fn with_style(mut self, style: MirrorStyle) -> Self {
+        self.style = style;
+        self
     }
 
     /// The same link, owned by the controller in `namespace`.
@@ -63,22 +104,22 @@ pub struct DesiredMirror {
     pub service: Service,
     /// The mirror Endpoints (same name and namespace).
     pub endpoints: Endpoints,
+    /// False for a remote-discovery mirror: the Service only, and any Endpoints or
+    /// slices of ours go (Linkerd's proxies discover its endpoints in the remote).
+    pub has_endpoints: bool,
+    /// Which labels and annotations of the mirror's objects are ours.
+    pub ownership: MetadataOwnership,
 }
 
-/// The four labels every mirror object carries.
+/// The four labels every mirror object of a Secret link carries.
 pub fn mirror_labels(cluster: &str, gateway: &GatewayRef) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (
-            MIRRORED_SERVICE_LABEL.to_owned(),
-            MIRRORED_SERVICE_VALUE.to_owned(),
-        ),
-        (CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned()),
-        (REMOTE_GATEWAY_NAME_LABEL.to_owned(), gateway.name.clone()),
-        (
-            REMOTE_GATEWAY_NS_LABEL.to_owned(),
-            gateway.namespace.clone(),
-        ),
-    ])
+    let mut labels = owner_labels(cluster);
+    labels.insert(REMOTE_GATEWAY_NAME_LABEL.to_owned(), gateway.name.clone());
+    labels.insert(
+        REMOTE_GATEWAY_NS_LABEL.to_owned(),
+        gateway.namespace.clone(),
+    );
+    labels
 }
 
 /// A port's protocol with the apiserver's default applied.
@@ -122,41 +163,136 @@ pub(crate) fn mirror_port(remote: &ServicePort) -> ServicePort {
 /// The mirror of `remote`, exported through `gateway`, for `link`.
 ///
 /// With `resolved` the Endpoints get one subset (the gateway's addresses, one port
-/// per Service port at the gateway's port) and the Service records the gateway's
-/// resourceVersion; without it, or with no address, the Endpoints have no subsets
-/// and the mirror Service still exists.
+/// per Service port at the gateway's port) and, for a Secret link, the Service records
+/// the gateway's resourceVersion; without it, or with no address, the Endpoints have no
+/// subsets and the mirror Service still exists. The gateway's identity, when it has
+/// one, is annotated on the Endpoints.
 pub fn desired_mirror(
     remote: &Service,
     link: &Link,
     gateway: &GatewayRef,
     resolved: Option<&ResolvedGateway>,
 ) -> DesiredMirror {
+    let mut mirror = mirror_objects(remote, link, Some(gateway), resolved);
+    mirror.has_endpoints = true;
+    mirror
+}
+
+/// The remote-discovery mirror of `remote` for a Link: the Service only, labelled
+/// `remote-discovery: <cluster>` and `remote-service: <name>`, with no Endpoints.
+pub fn remote_discovery_mirror(remote: &Service, link: &Link) -> DesiredMirror {
+    let mut mirror = mirror_objects(remote, link, None, None);
+    let labels = mirror.service.metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(REMOTE_DISCOVERY_LABEL.to_owned(), link.cluster_name.clone());
+    labels.insert(
+        REMOTE_SERVICE_LABEL.to_owned(),
+        remote.metadata.name.clone().unwrap_or_default(),
+    );
+    mirror.has_endpoints = false;
+    mirror
+}
+
+/// Labels and annotations of a mirror's Service and Endpoints, by link style.
+struct MirrorMetadata {
+    service_labels: BTreeMap<String, String>,
+    service_annotations: BTreeMap<String, String>,
+    endpoints_labels: BTreeMap<String, String>,
+    endpoints_annotations: BTreeMap<String, String>,
+    ownership: MetadataOwnership,
+}
+
+fn mirror_metadata(
+    remote: &Service,
+    link: &Link,
+    gateway: Option<&GatewayRef>,
+    resolved: Option<&ResolvedGateway>,
+) -> MirrorMetadata {
+    let remote_name = remote.metadata.name.as_deref().unwrap_or_default();
+    let namespace = remote.metadata.namespace.as_deref().unwrap_or_default();
+    let fq = fq_name(remote_name, namespace, &link.cluster_domain);
+    let remote_version = remote.metadata.resource_version.clone().unwrap_or_default();
+    let fixed = [
+        (REMOTE_RESOURCE_VERSION_ANNOTATION.to_owned(), remote_version),
+        (REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq.clone()),
+    ];
+    let mut endpoints_annotations =
+        BTreeMap::from([(REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq)]);
+    if let Some(identity) = resolved
+        .and_then(|r| r.identity.as_deref())
+        .filter(|i| !i.is_empty())
+    {
+        endpoints_annotations.insert(
+            REMOTE_GATEWAY_IDENTITY_ANNOTATION.to_owned(),
+            identity.to_owned(),
+        );
+    }
+    match &link.style {
+        MirrorStyle::Secret => {
+            let labels = match gateway {
+                Some(gw) => mirror_labels(&link.cluster_name, gw),
+                None => owner_labels(&link.cluster_name),
+            };
+            let mut annotations = BTreeMap::from(fixed);
+            if let Some(r) = resolved {
+                annotations.insert(
+                    REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION.to_owned(),
+                    r.resource_version.clone(),
+                );
+            }
+            if let Some(ns) = &link.controller_namespace {
+                for a in [&mut annotations, &mut endpoints_annotations] {
+                    a.insert(CONTROLLER_NAMESPACE_ANNOTATION.to_owned(), ns.clone());
+                }
+            }
+            MirrorMetadata {
+                service_labels: labels.clone(),
+                service_annotations: annotations,
+                endpoints_labels: labels,
+                endpoints_annotations,
+                ownership: MetadataOwnership::Keys,
+            }
+        }
+        MirrorStyle::Resource(style) => {
+            let mut labels = copied_labels(&remote.metadata, &style.excluded_labels);
+            labels.extend(owner_labels(&link.cluster_name));
+            let mut annotations = copied_annotations(
+                &remote.metadata,
+                &style.excluded_annotations,
+                &OWNED_ANNOTATIONS,
+            );
+            annotations.extend(fixed);
+            MirrorMetadata {
+                service_labels: labels.clone(),
+                service_annotations: annotations,
+                endpoints_labels: labels,
+                endpoints_annotations,
+                ownership: MetadataOwnership::All,
+            }
+        }
+    }
+}
+
+/// The two labels that make an object a mirror of `cluster` (see [`crate::is_owned`]).
+fn owner_labels(cluster: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            MIRRORED_SERVICE_LABEL.to_owned(),
+            MIRRORED_SERVICE_VALUE.to_owned(),
+        ),
+        (CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned()),
+    ])
+}
+
+fn mirror_objects(
+    remote: &Service,
+    link: &Link,
+    gateway: Option<&GatewayRef>,
+    resolved: Option<&ResolvedGateway>,
+) -> DesiredMirror {
     let remote_name = remote.metadata.name.as_deref().unwrap_or_default();
     let namespace = remote.metadata.namespace.as_deref().unwrap_or_default();
     let name = mirror_name(remote_name, &link.cluster_name);
-    let labels = mirror_labels(&link.cluster_name, gateway);
-    let fq = fq_name(remote_name, namespace, &link.cluster_domain);
-
-    let mut annotations = BTreeMap::from([
-        (
-            REMOTE_RESOURCE_VERSION_ANNOTATION.to_owned(),
-            remote.metadata.resource_version.clone().unwrap_or_default(),
-        ),
-        (REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq.clone()),
-    ]);
-    if let Some(r) = resolved {
-        annotations.insert(
-            REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION.to_owned(),
-            r.resource_version.clone(),
-        );
-    }
-    let mut endpoints_annotations =
-        BTreeMap::from([(REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq.clone())]);
-    if let Some(ns) = &link.controller_namespace {
-        for a in [&mut annotations, &mut endpoints_annotations] {
-            a.insert(CONTROLLER_NAMESPACE_ANNOTATION.to_owned(), ns.clone());
-        }
-    }
+    let meta = mirror_metadata(remote, link, gateway, resolved);
 
     let ports: Vec<ServicePort> = remote
         .spec
@@ -204,8 +340,8 @@ pub fn desired_mirror(
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(namespace.to_owned()),
-            labels: Some(labels.clone()),
-            annotations: Some(annotations),
+            labels: Some(meta.service_labels),
+            annotations: Some(meta.service_annotations),
             ..Default::default()
         },
         spec: Some(ServiceSpec {
@@ -219,13 +355,18 @@ pub fn desired_mirror(
         metadata: ObjectMeta {
             name: Some(name),
             namespace: Some(namespace.to_owned()),
-            labels: Some(labels),
-            annotations: Some(endpoints_annotations),
+            labels: Some(meta.endpoints_labels),
+            annotations: Some(meta.endpoints_annotations),
             ..Default::default()
         },
         subsets,
     };
-    DesiredMirror { service, endpoints }
+    DesiredMirror {
+        service,
+        endpoints,
+        has_endpoints: true,
+        ownership: meta.ownership,
+    }
 }
 
 /// A namespace to create when a mirror's namespace is missing locally, labelled so

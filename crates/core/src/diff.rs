@@ -19,7 +19,8 @@ use super::desired::{CLUSTER_IP, port_name, protocol_or_default, target_port_or_
 use super::labels::{
     CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, MIRRORED_SERVICE_LABEL,
     REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
-    REMOTE_RESOURCE_VERSION_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION, SKIP_MIRROR_LABEL,
+    REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_RESOURCE_VERSION_ANNOTATION,
+    REMOTE_SVC_FQ_NAME_ANNOTATION, SKIP_MIRROR_LABEL,
 };
 
 /// Label keys the mirror owns on its objects: the four mirror labels (first, in this
@@ -35,14 +36,57 @@ pub const OWNED_LABELS: [&str; 5] = [
 
 /// Annotation keys the mirror owns on its objects; one absent from the desired
 /// object is removed from the actual one.
-pub const OWNED_ANNOTATIONS: [&str; 4] = [
+pub const OWNED_ANNOTATIONS: [&str; 5] = [
     REMOTE_RESOURCE_VERSION_ANNOTATION,
     REMOTE_SVC_FQ_NAME_ANNOTATION,
     REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
     CONTROLLER_NAMESPACE_ANNOTATION,
+    REMOTE_GATEWAY_IDENTITY_ANNOTATION,
 ];
 
+/// Which labels and annotations of a mirror object are the mirror's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MetadataOwnership {
+    /// Only [`OWNED_LABELS`] and [`OWNED_ANNOTATIONS`]: keys others add to a mirror stay
+    /// (Secret links: nothing is copied from the remote, so the set is fixed).
+    #[default]
+    Keys,
+    /// All of them (Link mirrors): they copy the remote Service's metadata, so a key the
+    /// remote drops must go, and only the whole map says which keys were copied.
+    /// Linkerd replaces them whole on every update too.
+    All,
+}
+
 type Map = BTreeMap<String, String>;
+
+/// Whether the labels or annotations `actual` match `desired` on the mirror's `keys`
+/// (all keys, under [`MetadataOwnership::All`]; an empty map is no map).
+pub(crate) fn meta_match(
+    actual: Option<&Map>,
+    desired: Option<&Map>,
+    keys: &[&str],
+    ownership: MetadataOwnership,
+) -> bool {
+    match ownership {
+        MetadataOwnership::Keys => owned_match(actual, desired, keys),
+        MetadataOwnership::All => {
+            actual.filter(|m| !m.is_empty()) == desired.filter(|m| !m.is_empty())
+        }
+    }
+}
+
+/// Sets the mirror's labels or annotations of `target` to `desired`'s.
+pub(crate) fn set_meta(
+    target: &mut Option<Map>,
+    desired: Option<&Map>,
+    keys: &[&str],
+    ownership: MetadataOwnership,
+) {
+    match ownership {
+        MetadataOwnership::Keys => set_owned(target, desired, keys),
+        MetadataOwnership::All => *target = desired.filter(|m| !m.is_empty()).cloned(),
+    }
+}
 
 fn owned_match(actual: Option<&Map>, desired: Option<&Map>, keys: &[&str]) -> bool {
     keys.iter()
@@ -103,39 +147,65 @@ fn spec_matches(actual: Option<&ServiceSpec>, desired: Option<&ServiceSpec>) -> 
 
 /// Whether `actual` carries the owned labels and annotations of `desired` (a mirror's
 /// Service and Endpoints own the same ones).
-fn owned_metadata_matches(actual: &ObjectMeta, desired: &ObjectMeta) -> bool {
-    owned_match(
+fn owned_metadata_matches(
+    actual: &ObjectMeta,
+    desired: &ObjectMeta,
+    ownership: MetadataOwnership,
+) -> bool {
+    meta_match(
         actual.labels.as_ref(),
         desired.labels.as_ref(),
         &OWNED_LABELS,
-    ) && owned_match(
+        ownership,
+    ) && meta_match(
         actual.annotations.as_ref(),
         desired.annotations.as_ref(),
         &OWNED_ANNOTATIONS,
+        ownership,
     )
 }
 
 /// Sets the owned labels and annotations of `meta` to those of `desired`, leaving the
-/// others (someone else's) alone.
-fn set_owned_metadata(meta: &mut ObjectMeta, desired: &ObjectMeta) {
-    set_owned(&mut meta.labels, desired.labels.as_ref(), &OWNED_LABELS);
-    set_owned(
+/// others (someone else's, under [`MetadataOwnership::Keys`]) alone.
+pub(crate) fn set_owned_metadata(
+    meta: &mut ObjectMeta,
+    desired: &ObjectMeta,
+    ownership: MetadataOwnership,
+) {
+    set_meta(
+        &mut meta.labels,
+        desired.labels.as_ref(),
+        &OWNED_LABELS,
+        ownership,
+    );
+    set_meta(
         &mut meta.annotations,
         desired.annotations.as_ref(),
         &OWNED_ANNOTATIONS,
+        ownership,
     );
 }
 
 /// The update that makes `actual` match `desired` on the fields the mirror owns,
-/// or `None` when it already does (apiserver defaults count as equal).
+/// or `None` when it already does (apiserver defaults count as equal); the labels and
+/// annotations owned are the fixed keys (Secret links, see [`service_update_with`]).
 pub fn service_update(actual: &Service, desired: &Service) -> Option<Service> {
+    service_update_with(actual, desired, MetadataOwnership::Keys)
+}
+
+/// [`service_update`], with the mirror's labels and annotations per `ownership`.
+pub fn service_update_with(
+    actual: &Service,
+    desired: &Service,
+    ownership: MetadataOwnership,
+) -> Option<Service> {
     let (am, dm) = (&actual.metadata, &desired.metadata);
     let (aspec, dspec) = (actual.spec.as_ref(), desired.spec.as_ref());
-    if owned_metadata_matches(am, dm) && spec_matches(aspec, dspec) {
+    if owned_metadata_matches(am, dm, ownership) && spec_matches(aspec, dspec) {
         return None;
     }
     let mut updated = actual.clone();
-    set_owned_metadata(&mut updated.metadata, dm);
+    set_owned_metadata(&mut updated.metadata, dm, ownership);
     let type_changed = service_type(aspec) != service_type(dspec);
     let spec = updated.spec.get_or_insert_with(Default::default);
     spec.ports = dspec.and_then(|s| s.ports.clone());
@@ -204,14 +274,23 @@ fn normalize_subsets(subsets: Option<&Vec<EndpointSubset>>) -> Vec<EndpointSubse
 /// The update that makes `actual` match `desired` on the fields the mirror owns
 /// (labels, annotations, subsets), or `None` when it already does.
 pub fn endpoints_update(actual: &Endpoints, desired: &Endpoints) -> Option<Endpoints> {
+    endpoints_update_with(actual, desired, MetadataOwnership::Keys)
+}
+
+/// [`endpoints_update`], with the mirror's labels and annotations per `ownership`.
+pub fn endpoints_update_with(
+    actual: &Endpoints,
+    desired: &Endpoints,
+    ownership: MetadataOwnership,
+) -> Option<Endpoints> {
     let (am, dm) = (&actual.metadata, &desired.metadata);
-    if owned_metadata_matches(am, dm)
+    if owned_metadata_matches(am, dm, ownership)
         && normalize_subsets(actual.subsets.as_ref()) == normalize_subsets(desired.subsets.as_ref())
     {
         return None;
     }
     let mut updated = actual.clone();
-    set_owned_metadata(&mut updated.metadata, dm);
+    set_owned_metadata(&mut updated.metadata, dm, ownership);
     updated.subsets = desired.subsets.clone().filter(|s| !s.is_empty());
     Some(updated)
 }

@@ -2,14 +2,15 @@
 //!
 //! One function decides it for everyone who asks (the event mapping that indexes
 //! gateways, reconcile, and the test oracle's reading of the contract), so the rule
-//! cannot drift between them. Today's rule is the 2020 contract's pair of gateway
-//! annotations; a label-selector rule (Linkerd's `Link` resources) becomes a second
-//! [`ExportRule`] variant beside it.
+//! cannot drift between them. Secret links use the 2020 contract's pair of gateway
+//! annotations; Linkerd's `Link` resources select by label, through the Link's one
+//! gateway.
 
 use k8s_openapi::api::core::v1::Service;
 
 use super::gateway::{GatewayRef, exported_gateway};
 use super::namespaces::NamespaceFilter;
+use super::selector::Selector;
 
 /// How a remote Service says it is exported.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -18,6 +19,18 @@ pub enum ExportRule {
     /// annotations, non-empty: the gateway is the remote Service they name.
     #[default]
     GatewayAnnotations,
+    /// A `Link` resource's selectors (Linkerd since 2.9); an annotation-exported
+    /// Service is not mirrored by them.
+    Selectors {
+        /// `selector`: mirrored through `gateway` (default `mirror.linkerd.io/exported=true`).
+        export: Selector,
+        /// `remoteDiscoverySelector`: mirrored as a Service only, with no endpoints
+        /// (default `mirror.linkerd.io/exported=remote-discovery`). Wins over `export`
+        /// when both match, as in Linkerd.
+        remote_discovery: Selector,
+        /// The Link's gateway: the one every selected Service goes through.
+        gateway: GatewayRef,
+    },
 }
 
 /// Everything the export decision depends on besides the Service itself.
@@ -58,6 +71,9 @@ pub enum ExportDecision {
         /// Why.
         reason: Refusal,
     },
+    /// Selected for remote discovery (a Link's `remoteDiscoverySelector`): a mirror
+    /// Service with no endpoints.
+    RemoteDiscovery,
     /// Not exported, or in a namespace that is not mirrored: any mirror goes.
     NotExported,
 }
@@ -67,7 +83,7 @@ impl ExportDecision {
     pub fn gateway(&self) -> Option<&GatewayRef> {
         match self {
             ExportDecision::Mirror(gw) | ExportDecision::Refused { gateway: gw, .. } => Some(gw),
-            ExportDecision::NotExported => None,
+            ExportDecision::RemoteDiscovery | ExportDecision::NotExported => None,
         }
     }
 }
@@ -78,18 +94,30 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
     if !policy.namespaces.allows(namespace) {
         return ExportDecision::NotExported;
     }
-    let gateway = match policy.rule {
+    let gateway = match &policy.rule {
         ExportRule::GatewayAnnotations => exported_gateway(service),
+        ExportRule::Selectors {
+            export,
+            remote_discovery,
+            gateway,
+        } => {
+            let labels = service.metadata.labels.as_ref();
+            if remote_discovery.matches(labels) {
+                return match has_ports(service) {
+                    true => ExportDecision::RemoteDiscovery,
+                    false => ExportDecision::Refused {
+                        gateway: gateway.clone(),
+                        reason: Refusal::NoPorts,
+                    },
+                };
+            }
+            export.matches(labels).then(|| gateway.clone())
+        }
     };
     let Some(gateway) = gateway else {
         return ExportDecision::NotExported;
     };
-    let has_ports = service
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.as_ref())
-        .is_some_and(|p| !p.is_empty());
-    if has_ports {
+    if has_ports(service) {
         ExportDecision::Mirror(gateway)
     } else {
         ExportDecision::Refused {
@@ -97,6 +125,14 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
             reason: Refusal::NoPorts,
         }
     }
+}
+
+fn has_ports(service: &Service) -> bool {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .is_some_and(|p| !p.is_empty())
 }
 
 #[cfg(test)]

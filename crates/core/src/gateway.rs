@@ -6,7 +6,11 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
 
-use super::labels::{GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, GATEWAY_PORT_NAME};
+use super::labels::{
+    GATEWAY_IDENTITY_ANNOTATION, GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION,
+    GATEWAY_PORT_NAME,
+};
+use super::naming::is_dns1123_subdomain;
 
 /// Identifies a gateway Service in a remote cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,6 +82,9 @@ pub struct GatewaySpec {
     pub resource_version: String,
     /// Descriptions of skipped ingress entries, for the caller to warn about.
     pub invalid_ingress: Vec<String>,
+    /// The gateway's TLS identity (`mirror.linkerd.io/gateway-identity`, or a Link's
+    /// `gatewayIdentity`), annotated on the mirrors' Endpoints.
+    pub identity: Option<String>,
 }
 
 impl GatewaySpec {
@@ -91,6 +98,7 @@ impl GatewaySpec {
             self.port,
             self.resource_version,
         )
+        .with_identity(self.identity)
     }
 }
 
@@ -162,7 +170,21 @@ pub fn gateway_spec(gateway: &Service) -> Result<GatewaySpec, GatewayError> {
             .clone()
             .unwrap_or_default(),
         invalid_ingress,
+        identity: gateway
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(GATEWAY_IDENTITY_ANNOTATION))
+            .filter(|i| valid_identity(i))
+            .cloned(),
     })
+}
+
+/// Whether `identity` can be a gateway identity: a DNS name (Linkerd's identities are
+/// `<sa>.<ns>.serviceaccount.identity.<trust domain>`). The value is remote-chosen text
+/// copied onto local objects, so anything else is dropped rather than copied.
+pub fn valid_identity(identity: &str) -> bool {
+    is_dns1123_subdomain(identity)
 }
 
 /// Whether the apiserver accepts `ip` as an Endpoints address: it refuses unspecified,
@@ -189,9 +211,17 @@ pub struct ResolvedGateway {
     pub resource_version: String,
     /// False while the gateway's probes fail: mirror addresses are then not ready.
     pub alive: bool,
+    /// The gateway's TLS identity, if it has one.
+    pub identity: Option<String>,
 }
 
 impl ResolvedGateway {
+    /// The same gateway with its identity.
+    pub fn with_identity(mut self, identity: Option<String>) -> Self {
+        self.identity = identity;
+        self
+    }
+
     /// The same gateway with its probe verdict.
     pub fn with_alive(mut self, alive: bool) -> Self {
         self.alive = alive;
@@ -213,6 +243,7 @@ impl ResolvedGateway {
             port,
             resource_version: resource_version.into(),
             alive: true,
+            identity: None,
         }
     }
 }

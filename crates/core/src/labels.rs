@@ -33,6 +33,16 @@ pub const REMOTE_SVC_FQ_NAME_ANNOTATION: &str = "mirror.linkerd.io/remote-svc-fq
 pub const REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION: &str =
     "mirror.linkerd.io/remote-gateway-resource-version";
 
+/// Annotation on the Endpoints (and slices) of a gateway mirror: the gateway's TLS
+/// identity (Linkerd's gateway only admits meshed clients that know it).
+pub const REMOTE_GATEWAY_IDENTITY_ANNOTATION: &str = "mirror.linkerd.io/remote-gateway-identity";
+/// Annotation on a remote gateway Service giving its identity (Secret links).
+pub const GATEWAY_IDENTITY_ANNOTATION: &str = "mirror.linkerd.io/gateway-identity";
+/// Label on a remote-discovery mirror Service: the link's cluster name.
+pub const REMOTE_DISCOVERY_LABEL: &str = "multicluster.linkerd.io/remote-discovery";
+/// Label on a remote-discovery mirror Service: the remote Service's name.
+pub const REMOTE_SERVICE_LABEL: &str = "multicluster.linkerd.io/remote-service";
+
 /// Namespace of the controller whose link made a mirror (ours, not Linkerd's): scopes
 /// the collection of mirrors of unlinked clusters to the controller that made them.
 pub const CONTROLLER_NAMESPACE_ANNOTATION: &str = "service-mirror.io/controller-namespace";

@@ -24,21 +24,30 @@ pub mod diff;
 pub mod export;
 pub mod gateway;
 pub mod labels;
+pub mod metadata;
 pub mod namespaces;
 pub mod naming;
 pub mod ownership;
 pub mod plan;
 pub mod probe;
+pub mod selector;
 pub mod slices;
 
-pub use desired::{DesiredMirror, Link, desired_mirror, desired_namespace, mirror_labels};
-pub use diff::{endpoints_update, service_update};
+pub use desired::{
+    DesiredMirror, Link, MirrorStyle, ResourceStyle, desired_mirror, desired_namespace,
+    mirror_labels, remote_discovery_mirror,
+};
+pub use diff::{
+    MetadataOwnership, endpoints_update, endpoints_update_with, service_update,
+    service_update_with,
+};
 pub use export::{ExportDecision, ExportPolicy, ExportRule, Refusal, export_decision};
 pub use gateway::{
     GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, endpoint_ip_allowed, exported_gateway,
     gateway_spec,
 };
 pub use labels::{mirrored_slice_selector, owner_selector};
+pub use metadata::{ExclusionError, Exclusions, copied_annotations, copied_labels};
 pub use namespaces::NamespaceFilter;
 pub use naming::{
     MAX_CLUSTER_NAME_LEN, NameError, ServiceKey, fq_name, mirror_name, parse_fq_name,
@@ -47,6 +56,7 @@ pub use naming::{
 pub use ownership::{is_owned, remote_key};
 pub use plan::{Action, mirroring_took_over, plan};
 pub use probe::{ProbeSpec, probe_spec};
+pub use selector::{Selector, SelectorError};
 pub use slices::{
     EndpointsMode, MAX_ENDPOINTS_PER_SLICE, MAX_PORTS_PER_SLICE,
     MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Route, desired_slices, is_mirrored_slice, is_our_slice,

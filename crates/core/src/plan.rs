@@ -10,12 +10,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::desired::DesiredMirror;
-use super::diff::{endpoints_update, service_update};
+use super::diff::{MetadataOwnership, endpoints_update_with, service_update_with};
 use super::naming::ServiceKey;
 use super::ownership::is_owned;
 use super::slices::{
     EndpointsMode, Route, desired_slices, is_our_slice, skips_mirroring, slice_routes,
-    slice_updatable, slice_update, with_skip_mirror,
+    slice_updatable, slice_update_with, with_skip_mirror,
 };
 
 /// One write to the local cluster.
@@ -127,7 +127,7 @@ fn plan_kind<T>(
     desired: Option<&T>,
     actual: &[&T],
     cluster: &str,
-    update: fn(&T, &T) -> Option<T>,
+    update: impl Fn(&T, &T) -> Option<T>,
 ) -> KindPlan<T>
 where
     T: Metadata<Ty = ObjectMeta> + Clone,
@@ -194,7 +194,11 @@ fn deletion(meta: &ObjectMeta) -> Deletion {
 /// The slice writes for `desired` (None: no slices wanted) among `actual`, our slices
 /// of the key's namespace. A slice of ours of the wrong address family is deleted (the
 /// field is immutable); the next pass creates it anew.
-fn plan_slices(desired: Option<Vec<EndpointSlice>>, actual: &[&EndpointSlice]) -> SlicePlan {
+fn plan_slices(
+    desired: Option<Vec<EndpointSlice>>,
+    actual: &[&EndpointSlice],
+    ownership: MetadataOwnership,
+) -> SlicePlan {
     let desired = desired.unwrap_or_default();
     let mut p = SlicePlan {
         all_present: true,
@@ -207,7 +211,7 @@ fn plan_slices(desired: Option<Vec<EndpointSlice>>, actual: &[&EndpointSlice]) -
                 p.create.push(d.clone());
             }
             Some(a) if !slice_updatable(a, d) => p.delete.push(deletion(&a.metadata)),
-            Some(a) => p.update.extend(slice_update(a, d)),
+            Some(a) => p.update.extend(slice_update_with(a, d, ownership)),
         }
     }
     for a in actual {
@@ -282,13 +286,17 @@ pub fn plan(
     cluster: &str,
     mode: EndpointsMode,
 ) -> Vec<Action> {
+    let ownership = desired.map(|d| d.ownership).unwrap_or_default();
     let svc = plan_kind(
         key,
         desired.map(|d| &d.service),
         actual_services,
         cluster,
-        service_update,
+        |a, d| service_update_with(a, d, ownership),
     );
+    // A remote-discovery mirror is the Service only: its endpoint objects, if any of
+    // ours are left (the remote Service moved from gateway export), go.
+    let endpoints_wanted = desired.filter(|d| d.has_endpoints);
     let ours: Vec<&EndpointSlice> = actual_slices
         .iter()
         .copied()
@@ -297,19 +305,19 @@ pub fn plan(
                 && s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
         })
         .collect();
-    let endpoints_name = desired.and_then(|d| d.endpoints.metadata.name.as_deref());
+    let endpoints_name = endpoints_wanted.and_then(|d| d.endpoints.metadata.name.as_deref());
     let stored_endpoints = actual_endpoints
         .iter()
         .find(|e| e.metadata.name.as_deref() == endpoints_name && is_owned(&e.metadata, cluster));
     // The owner of the slices: the desired Service as cached (it has a uid).
-    let service_uid = desired.and_then(|d| {
+    let service_uid = endpoints_wanted.and_then(|d| {
         actual_services
             .iter()
             .find(|s| s.metadata.name == d.service.metadata.name && is_owned(&s.metadata, cluster))
             .and_then(|s| s.metadata.uid.clone())
     });
-    let mut slices = match (desired, mode.writes_slices(), service_uid) {
-        (Some(d), true, Some(uid)) => plan_slices(Some(desired_slices(d, &uid)), &ours),
+    let mut slices = match (endpoints_wanted, mode.writes_slices(), service_uid) {
+        (Some(d), true, Some(uid)) => plan_slices(Some(desired_slices(d, &uid)), &ours, ownership),
         // Wanted, but the Service is not cached yet: nothing now, not even deletes.
         (Some(_), true, None) => SlicePlan::default(),
         // `endpoints` mode: our slices (if any are left) go once kcm's route the same;
@@ -320,19 +328,21 @@ pub fn plan(
                 mirroring_took_over(d, actual_endpoints, cluster, mirrored),
                 uid,
             ) {
-                (true, _) => plan_slices(None, &ours),
-                (false, Some(uid)) => plan_slices(Some(desired_slices(d, &uid)), &ours),
+                (true, _) => plan_slices(None, &ours, ownership),
+                (false, Some(uid)) => {
+                    plan_slices(Some(desired_slices(d, &uid)), &ours, ownership)
+                }
                 (false, None) => SlicePlan::default(),
             }
         }
-        (None, _, _) => plan_slices(None, &ours),
+        (None, _, _) => plan_slices(None, &ours, ownership),
     };
 
     // `both` mode: an Endpoints kube-controller-manager mirrors keeps being mirrored
     // (no `skip-mirror`) until every slice of ours exists; a new one skips at once.
     let skip = mode.writes_slices()
         && (slices.all_present || stored_endpoints.is_none_or(|e| skips_mirroring(e)));
-    let desired_endpoints = desired
+    let desired_endpoints = endpoints_wanted
         .filter(|_| mode.writes_endpoints())
         .map(|d| match skip {
             true => with_skip_mirror(d.endpoints.clone()),
@@ -343,9 +353,9 @@ pub fn plan(
         desired_endpoints.as_ref(),
         actual_endpoints,
         cluster,
-        endpoints_update,
+        |a, d| endpoints_update_with(a, d, ownership),
     );
-    if desired.is_some() && !mode.writes_endpoints() && !slices.all_present {
+    if endpoints_wanted.is_some() && !mode.writes_endpoints() && !slices.all_present {
         // `endpointslices` mode: our Endpoints stay until every slice exists.
         eps.delete.clear();
     }

@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::desired::{DesiredMirror, port_name, protocol_or_default};
-use super::diff::{OWNED_ANNOTATIONS, OWNED_LABELS, set_owned};
+use super::diff::{MetadataOwnership, OWNED_ANNOTATIONS, OWNED_LABELS, meta_match, set_meta};
 use super::labels::{
     MANAGED_BY_LABEL, MANAGED_BY_VALUE, MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL,
     SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
@@ -319,12 +319,12 @@ pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<Endpoint
         by_family.insert(Family::V4, Vec::new());
     }
 
-    let mut labels = svc.metadata.labels.clone().unwrap_or_default();
+    // The Endpoints' labels (a Service's may carry remote-discovery ones) and
+    // annotations: the fq-name (how a slice maps back to its key), the controller
+    // namespace, the gateway identity.
+    let mut labels = mirror.endpoints.metadata.labels.clone().unwrap_or_default();
     labels.insert(SERVICE_NAME_LABEL.to_owned(), name.clone());
     labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
-    // The Endpoints' annotations: the fq-name (how a slice maps back to its key) and
-    // the controller namespace. The gateway identity annotation goes here too when it
-    // comes (its own issue).
     let annotations = mirror.endpoints.metadata.annotations.clone();
     let owner = OwnerReference {
         api_version: "v1".into(),
@@ -369,13 +369,7 @@ pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<Endpoint
     out
 }
 
-type Map = BTreeMap<String, String>;
 
-fn owned(map: Option<&Map>, keys: &[&str]) -> Vec<Option<String>> {
-    keys.iter()
-        .map(|k| map.and_then(|m| m.get(*k)).cloned())
-        .collect()
-}
 
 /// Endpoints in a canonical form: IPs canonical, sorted by address.
 fn normalize_endpoints(endpoints: &[Endpoint]) -> Vec<Endpoint> {
@@ -422,12 +416,28 @@ pub fn slice_updatable(actual: &EndpointSlice, desired: &EndpointSlice) -> bool 
 /// slice labels, the mirror annotations, the owner reference, endpoints, ports), or
 /// `None` when it already does. Others' labels and annotations are kept.
 pub fn slice_update(actual: &EndpointSlice, desired: &EndpointSlice) -> Option<EndpointSlice> {
+    slice_update_with(actual, desired, MetadataOwnership::Keys)
+}
+
+/// [`slice_update`], with the slice's labels and annotations per `ownership`.
+pub fn slice_update_with(
+    actual: &EndpointSlice,
+    desired: &EndpointSlice,
+    ownership: MetadataOwnership,
+) -> Option<EndpointSlice> {
     let (am, dm) = (&actual.metadata, &desired.metadata);
     let owners = |m: &ObjectMeta| m.owner_references.clone().unwrap_or_default();
-    let same = owned(am.labels.as_ref(), &SLICE_LABELS) == owned(dm.labels.as_ref(), &SLICE_LABELS)
-        && owned(am.annotations.as_ref(), &OWNED_ANNOTATIONS)
-            == owned(dm.annotations.as_ref(), &OWNED_ANNOTATIONS)
-        && owners(am) == owners(dm)
+    let same = meta_match(
+        am.labels.as_ref(),
+        dm.labels.as_ref(),
+        &SLICE_LABELS,
+        ownership,
+    ) && meta_match(
+        am.annotations.as_ref(),
+        dm.annotations.as_ref(),
+        &OWNED_ANNOTATIONS,
+        ownership,
+    ) && owners(am) == owners(dm)
         && actual.address_type == desired.address_type
         && normalize_endpoints(&actual.endpoints) == normalize_endpoints(&desired.endpoints)
         && normalize_ports(actual.ports.as_ref()) == normalize_ports(desired.ports.as_ref());
@@ -435,15 +445,17 @@ pub fn slice_update(actual: &EndpointSlice, desired: &EndpointSlice) -> Option<E
         return None;
     }
     let mut updated = actual.clone();
-    set_owned(
+    set_meta(
         &mut updated.metadata.labels,
         dm.labels.as_ref(),
         &SLICE_LABELS,
+        ownership,
     );
-    set_owned(
+    set_meta(
         &mut updated.metadata.annotations,
         dm.annotations.as_ref(),
         &OWNED_ANNOTATIONS,
+        ownership,
     );
     updated.metadata.owner_references = dm.owner_references.clone();
     updated.endpoints = desired.endpoints.clone();

@@ -13,6 +13,6 @@ pub use connect::connect;
 pub use manager::{LinkManager, LinkManagerOptions};
 pub use sanitize::{REDACTED, REMOTE_TEXT_MAX_CHARS, sanitize_remote_text};
 pub use secret::{
-    ALLOW_INSECURE_ANNOTATION, Allowances, Insecure, LinkError, LinkSpec, MAX_KUBECONFIG_BYTES,
-    check_kubeconfig, parse_link_secret,
+    ALLOW_INSECURE_ANNOTATION, Allowances, Insecure, LinkError, LinkSource, LinkSpec,
+    MAX_KUBECONFIG_BYTES, ResourceLink, check_kubeconfig, parse_link_secret,
 };

@@ -10,7 +10,8 @@ use kube::config::Kubeconfig;
 use service_mirror_core::labels::{
     LINK_CLUSTER_DOMAIN_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION, LINK_KUBECONFIG_KEY,
 };
-use service_mirror_core::{Link, validate_cluster_name};
+use service_mirror_core::{ExportRule, GatewaySpec, Link, ProbeSpec, validate_cluster_name};
+use std::time::Duration;
 
 /// Annotation on a link Secret listing the transport weakenings that link may use:
 /// comma-separated values of [`Insecure::as_str`] (`skip-tls-verify`, `http`,
@@ -113,12 +114,67 @@ pub struct LinkSpec {
     /// A credential: never logged.
     kubeconfig: String,
     allow: Allowances,
+    source: LinkSource,
+}
+
+/// Where a link comes from, with what a `Link` resource says beyond credentials.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum LinkSource {
+    /// A link Secret (the 2020 contract): export by gateway annotations, gateways are
+    /// remote Services.
+    #[default]
+    Secret,
+    /// A Linkerd `Link` resource.
+    Resource(Box<ResourceLink>),
+}
+
+/// What a `Link` resource says besides its cluster name, domain and credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceLink {
+    /// The Link's name (in the controller's namespace).
+    pub name: String,
+    /// `clusterCredentialsSecret`: the Secret holding the kubeconfig.
+    pub credentials_secret: String,
+    /// Its selectors, as the export rule (always [`ExportRule::Selectors`]).
+    pub export: ExportRule,
+    /// `gatewayAddress` / `gatewayPort` / `gatewayIdentity`: static addresses,
+    /// hostnames to resolve, the port of every endpoint, the identity. `None`: the
+    /// Link has no gateway (remote discovery only); selected Services are mirrored
+    /// without endpoints.
+    pub gateway: Option<GatewaySpec>,
+    /// `probeSpec`: where and how often the gateway is probed.
+    pub probe: ProbeSpec,
+    /// `probeSpec.timeout`.
+    pub probe_timeout: Duration,
+    /// `probeSpec.failureThreshold`.
+    pub probe_failure_threshold: u32,
 }
 
 impl LinkSpec {
     /// Name and domain.
     pub fn link(&self) -> &Link {
         &self.link
+    }
+
+    /// Where the link comes from.
+    pub fn source(&self) -> &LinkSource {
+        &self.source
+    }
+
+    /// A spec from parts that were checked: the kubeconfig went through
+    /// [`check_kubeconfig`] with `allow` (for the Link parse, in this module's parent).
+    pub(super) fn from_checked(
+        link: Link,
+        kubeconfig: String,
+        allow: Allowances,
+        source: LinkSource,
+    ) -> Self {
+        LinkSpec {
+            link,
+            kubeconfig,
+            allow,
+            source,
+        }
     }
 
     /// The weakenings the link Secret allows.
@@ -144,6 +200,7 @@ impl LinkSpec {
             link,
             kubeconfig: kubeconfig.into(),
             allow: Allowances::default(),
+            source: LinkSource::Secret,
         }
     }
 }
@@ -154,6 +211,7 @@ impl std::fmt::Debug for LinkSpec {
             .field("link", &self.link)
             .field("kubeconfig", &"<redacted>")
             .field("allow", &self.allow)
+            .field("source", &self.source)
             .finish()
     }
 }
@@ -295,6 +353,26 @@ pub fn parse_link_secret(secret: &Secret) -> Result<LinkSpec, LinkError> {
         Some(v) => Allowances::parse(v)?,
         None => Allowances::default(),
     };
+    let text = checked_kubeconfig_text(secret, allow)?;
+    let mut link = Link::new(name.clone(), domain);
+    if let Some(ns) = &secret.metadata.namespace {
+        link = link.with_controller_namespace(ns);
+    }
+    Ok(LinkSpec {
+        link,
+        kubeconfig: text,
+        allow,
+        source: LinkSource::Secret,
+    })
+}
+
+/// The kubeconfig of a Secret (a link Secret or a Link's credentials Secret), parsed
+/// and checked under `allow`: size, UTF-8, syntax, no exec or files, no weakening
+/// `allow` does not list.
+pub(super) fn checked_kubeconfig_text(
+    secret: &Secret,
+    allow: Allowances,
+) -> Result<String, LinkError> {
     let raw = secret
         .data
         .as_ref()
@@ -307,15 +385,7 @@ pub fn parse_link_secret(secret: &Secret) -> Result<LinkSpec, LinkError> {
         .map_err(|_| LinkError::InvalidKubeconfig("not UTF-8 text".into()))?;
     let kc = parse_kubeconfig(&text)?;
     check_kubeconfig(&kc, allow)?;
-    let mut link = Link::new(name.clone(), domain);
-    if let Some(ns) = &secret.metadata.namespace {
-        link = link.with_controller_namespace(ns);
-    }
-    Ok(LinkSpec {
-        link,
-        kubeconfig: text,
-        allow,
-    })
+    Ok(text)
 }
 
 /// Parses as `Kubeconfig::from_yaml` does (documents merged), within a budget far
