@@ -24,11 +24,13 @@ pub mod diff;
 pub mod export;
 pub mod gateway;
 pub mod labels;
+pub mod metadata;
 pub mod namespaces;
 pub mod naming;
 pub mod ownership;
 pub mod plan;
 pub mod probe;
+pub mod selector;
 pub mod slices;
 
 pub use desired::{DesiredMirror, Link, desired_mirror, desired_namespace, mirror_labels};
@@ -39,6 +41,7 @@ pub use gateway::{
     gateway_spec,
 };
 pub use labels::{mirrored_slice_selector, owner_selector};
+pub use metadata::{ExclusionError, Exclusions, copied_annotations, copied_labels};
 pub use namespaces::NamespaceFilter;
 pub use naming::{
     MAX_CLUSTER_NAME_LEN, NameError, ServiceKey, fq_name, mirror_name, parse_fq_name,
@@ -47,6 +50,7 @@ pub use naming::{
 pub use ownership::{is_owned, remote_key};
 pub use plan::{Action, mirroring_took_over, plan};
 pub use probe::{ProbeSpec, probe_spec};
+pub use selector::{Selector, SelectorError};
 pub use slices::{
     EndpointsMode, MAX_ENDPOINTS_PER_SLICE, MAX_PORTS_PER_SLICE,
     MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Route, desired_slices, is_mirrored_slice, is_our_slice,
