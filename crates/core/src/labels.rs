@@ -10,6 +10,20 @@
 /// only the remote Service annotations under it (export and probe settings).
 pub const MIRROR_PREFIX: &str = "mirror.linkerd.io/";
 
+/// Linkerd's `SvcMirrorPrefix`, without the slash: a mirror copies no remote label
+/// starting with it (so also `mirror.linkerd.iox/...`, as Linkerd does).
+pub const SVC_MIRROR_PREFIX: &str = "mirror.linkerd.io";
+
+/// Service annotation of topology-aware hints: never copied to a mirror (topology is
+/// not multicluster-aware).
+pub const TOPOLOGY_AWARE_HINTS_ANNOTATION: &str = "service.kubernetes.io/topology-aware-hints";
+/// Service annotation of topology-aware routing: never copied to a mirror, like
+/// [`TOPOLOGY_AWARE_HINTS_ANNOTATION`].
+pub const TOPOLOGY_MODE_ANNOTATION: &str = "service.kubernetes.io/topology-mode";
+/// Linkerd proxy annotation listing opaque ports: always copied to a mirror, even when
+/// a Link excludes it (the local proxies must treat those ports as opaque too).
+pub const OPAQUE_PORTS_ANNOTATION: &str = "config.linkerd.io/opaque-ports";
+
 /// Label marking a local object as a mirror (value `"true"`).
 pub const MIRRORED_SERVICE_LABEL: &str = "mirror.linkerd.io/mirrored-service";
 /// Value of [`MIRRORED_SERVICE_LABEL`] on every mirror.
@@ -196,9 +210,20 @@ mod tests {
                 "endpointslicemirroring-controller.k8s.io",
             ),
             (SKIP_MIRROR_LABEL, "endpointslice.kubernetes.io/skip-mirror"),
+            (SVC_MIRROR_PREFIX, "mirror.linkerd.io"),
+            (
+                TOPOLOGY_AWARE_HINTS_ANNOTATION,
+                "service.kubernetes.io/topology-aware-hints",
+            ),
+            (
+                TOPOLOGY_MODE_ANNOTATION,
+                "service.kubernetes.io/topology-mode",
+            ),
+            (OPAQUE_PORTS_ANNOTATION, "config.linkerd.io/opaque-ports"),
         ];
         for (got, want) in table {
             assert_eq!(got, want);
         }
+        assert_eq!(MIRROR_PREFIX, format!("{SVC_MIRROR_PREFIX}/"));
     }
 }

@@ -110,6 +110,81 @@ pub fn is_dns1123_subdomain(name: &str) -> bool {
             .all(|part| check_label(part, usize::MAX).is_ok())
 }
 
+/// Longest name part of a qualified name (a label key), and longest label value.
+pub const MAX_QUALIFIED_NAME_PART_LEN: usize = 63;
+
+/// Whether `key` is a Kubernetes qualified name, i.e. a valid label key: an optional
+/// DNS-1123 subdomain prefix and `/`, then a name of 1 to 63 of `[A-Za-z0-9-_.]`
+/// starting and ending with an alphanumeric.
+pub fn is_qualified_name(key: &str) -> bool {
+    qualified_name_error(key).is_none()
+}
+
+/// Why `key` is not a qualified name (see [`is_qualified_name`]), or `None` if it is.
+pub fn qualified_name_error(key: &str) -> Option<&'static str> {
+    let name = match key.split_once('/') {
+        None => key,
+        Some((_, name)) if name.contains('/') => {
+            return Some("a qualified name holds at most one '/'");
+        }
+        Some(("", _)) => return Some("the prefix before '/' is empty"),
+        Some((prefix, name)) => {
+            if !is_dns1123_subdomain(prefix) {
+                return Some("the prefix before '/' must be a DNS-1123 subdomain");
+            }
+            name
+        }
+    };
+    if name.is_empty() {
+        return Some("the name part is empty");
+    }
+    name_part_error(name).map(|why| match why {
+        NamePartError::TooLong => "the name part is longer than 63 characters",
+        NamePartError::Characters => {
+            "the name part must consist of alphanumerics, '-', '_' or '.', and start and end with an alphanumeric"
+        }
+    })
+}
+
+/// Whether `value` is a valid label value: empty, or 1 to 63 of `[A-Za-z0-9-_.]`
+/// starting and ending with an alphanumeric.
+pub fn is_label_value(value: &str) -> bool {
+    label_value_error(value).is_none()
+}
+
+/// Why `value` is not a label value (see [`is_label_value`]), or `None` if it is.
+pub fn label_value_error(value: &str) -> Option<&'static str> {
+    if value.is_empty() {
+        return None;
+    }
+    name_part_error(value).map(|why| match why {
+        NamePartError::TooLong => "a label value is at most 63 characters",
+        NamePartError::Characters => {
+            "a label value must be empty or consist of alphanumerics, '-', '_' or '.', and start and end with an alphanumeric"
+        }
+    })
+}
+
+/// What is wrong with a non-empty name part or label value (they share one rule).
+enum NamePartError {
+    TooLong,
+    Characters,
+}
+
+fn name_part_error(s: &str) -> Option<NamePartError> {
+    // Kubernetes counts bytes; any non-ASCII byte is refused below anyway.
+    if s.len() > MAX_QUALIFIED_NAME_PART_LEN {
+        return Some(NamePartError::TooLong);
+    }
+    let bytes = s.as_bytes();
+    let edge_ok = |b: &u8| b.is_ascii_alphanumeric();
+    let inner_ok = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let ok = bytes.first().is_some_and(edge_ok)
+        && bytes.last().is_some_and(edge_ok)
+        && bytes.iter().all(inner_ok);
+    (!ok).then_some(NamePartError::Characters)
+}
+
 /// The one DNS-1123 label rule, with `max` characters at most; the error says what is
 /// wrong, for a cluster name (the only name whose error is shown as is).
 fn check_label(name: &str, max: usize) -> Result<(), NameError> {
@@ -252,6 +327,78 @@ mod tests {
         ] {
             assert!(!is_dns1123_subdomain(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn qualified_names_follow_kubernetes_label_keys() {
+        let long_prefix = format!("{}.com", "a".repeat(250));
+        let table: Vec<(String, bool)> = vec![
+            ("app".into(), true),
+            ("App_1.x-Y".into(), true),
+            ("9".into(), true),
+            ("example.com/app".into(), true),
+            ("mirror.linkerd.io/exported".into(), true),
+            ("x".repeat(63), true),
+            (format!("{}/{}", "a".repeat(253), "n"), true),
+            ("".into(), false),
+            ("x".repeat(64), false),
+            ("-app".into(), false),
+            ("app-".into(), false),
+            ("_app".into(), false),
+            ("app.".into(), false),
+            ("a b".into(), false),
+            ("a*".into(), false),
+            ("é".into(), false),
+            ("/app".into(), false),
+            ("example.com/".into(), false),
+            ("a/b/c".into(), false),
+            ("Example.com/app".into(), false),
+            ("exa_mple.com/app".into(), false),
+            (format!("{long_prefix}/app"), false),
+        ];
+        for (key, want) in table {
+            assert_eq!(is_qualified_name(&key), want, "{key:?}");
+            assert_eq!(qualified_name_error(&key).is_none(), want, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn qualified_name_errors_say_which_part_is_wrong() {
+        let table = [
+            ("a/b/c", "at most one '/'"),
+            ("/a", "prefix before '/' is empty"),
+            ("A/b", "DNS-1123 subdomain"),
+            ("a/", "name part is empty"),
+            ("", "name part is empty"),
+            ("-a", "start and end with an alphanumeric"),
+        ];
+        for (key, want) in table {
+            let got = qualified_name_error(key).unwrap();
+            assert!(got.contains(want), "{key:?}: {got}");
+        }
+        let got = qualified_name_error(&"x".repeat(64)).unwrap();
+        assert!(got.contains("longer than 63"), "{got}");
+    }
+
+    #[test]
+    fn label_values_may_be_empty_but_otherwise_follow_name_parts() {
+        let table: Vec<(String, bool)> = vec![
+            ("".into(), true),
+            ("v1".into(), true),
+            ("V_1.2-rc".into(), true),
+            ("x".repeat(63), true),
+            ("x".repeat(64), false),
+            ("-v".into(), false),
+            ("v.".into(), false),
+            ("a/b".into(), false),
+            ("a,b".into(), false),
+            ("é".into(), false),
+        ];
+        for (value, want) in table {
+            assert_eq!(is_label_value(&value), want, "{value:?}");
+            assert_eq!(label_value_error(&value).is_none(), want, "{value:?}");
+        }
+        assert!(label_value_error(&"x".repeat(64)).unwrap().contains("63"));
     }
 
     #[test]
