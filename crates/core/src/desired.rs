@@ -182,7 +182,11 @@ pub fn desired_mirror(
 /// `remote-discovery: <cluster>` and `remote-service: <name>`, with no Endpoints.
 pub fn remote_discovery_mirror(remote: &Service, link: &Link) -> DesiredMirror {
     let mut mirror = mirror_objects(remote, link, None, None);
-    let labels = mirror.service.metadata.labels.get_or_insert_with(BTreeMap::new);
+    let labels = mirror
+        .service
+        .metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new);
     labels.insert(REMOTE_DISCOVERY_LABEL.to_owned(), link.cluster_name.clone());
     labels.insert(
         REMOTE_SERVICE_LABEL.to_owned(),
@@ -212,7 +216,10 @@ fn mirror_metadata(
     let fq = fq_name(remote_name, namespace, &link.cluster_domain);
     let remote_version = remote.metadata.resource_version.clone().unwrap_or_default();
     let fixed = [
-        (REMOTE_RESOURCE_VERSION_ANNOTATION.to_owned(), remote_version),
+        (
+            REMOTE_RESOURCE_VERSION_ANNOTATION.to_owned(),
+            remote_version,
+        ),
         (REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq.clone()),
     ];
     let mut endpoints_annotations =

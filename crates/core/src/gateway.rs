@@ -7,8 +7,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Service;
 
 use super::labels::{
-    GATEWAY_IDENTITY_ANNOTATION, GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION,
-    GATEWAY_PORT_NAME,
+    GATEWAY_IDENTITY_ANNOTATION, GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, GATEWAY_PORT_NAME,
 };
 use super::naming::is_dns1123_subdomain;
 
@@ -450,6 +449,7 @@ mod tests {
                     "unparsable ip \"999.1.1.1\"".into(),
                     "entry with neither ip nor hostname".into(),
                 ],
+                identity: None,
             }
         );
     }

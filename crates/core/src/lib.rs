@@ -38,8 +38,7 @@ pub use desired::{
     mirror_labels, remote_discovery_mirror,
 };
 pub use diff::{
-    MetadataOwnership, endpoints_update, endpoints_update_with, service_update,
-    service_update_with,
+    MetadataOwnership, endpoints_update, endpoints_update_with, service_update, service_update_with,
 };
 pub use export::{ExportDecision, ExportPolicy, ExportRule, Refusal, export_decision};
 pub use gateway::{

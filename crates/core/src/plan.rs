@@ -329,9 +329,7 @@ pub fn plan(
                 uid,
             ) {
                 (true, _) => plan_slices(None, &ours, ownership),
-                (false, Some(uid)) => {
-                    plan_slices(Some(desired_slices(d, &uid)), &ours, ownership)
-                }
+                (false, Some(uid)) => plan_slices(Some(desired_slices(d, &uid)), &ours, ownership),
                 (false, None) => SlicePlan::default(),
             }
         }
@@ -342,12 +340,13 @@ pub fn plan(
     // (no `skip-mirror`) until every slice of ours exists; a new one skips at once.
     let skip = mode.writes_slices()
         && (slices.all_present || stored_endpoints.is_none_or(|e| skips_mirroring(e)));
-    let desired_endpoints = endpoints_wanted
-        .filter(|_| mode.writes_endpoints())
-        .map(|d| match skip {
-            true => with_skip_mirror(d.endpoints.clone()),
-            false => d.endpoints.clone(),
-        });
+    let desired_endpoints =
+        endpoints_wanted
+            .filter(|_| mode.writes_endpoints())
+            .map(|d| match skip {
+                true => with_skip_mirror(d.endpoints.clone()),
+                false => d.endpoints.clone(),
+            });
     let mut eps = plan_kind(
         key,
         desired_endpoints.as_ref(),

@@ -369,8 +369,6 @@ pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<Endpoint
     out
 }
 
-
-
 /// Endpoints in a canonical form: IPs canonical, sorted by address.
 fn normalize_endpoints(endpoints: &[Endpoint]) -> Vec<Endpoint> {
     let mut out: Vec<Endpoint> = endpoints
