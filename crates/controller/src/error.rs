@@ -23,6 +23,11 @@ pub enum Error {
     /// The link's parameters are invalid.
     #[error("invalid link: {0}")]
     InvalidLink(String),
+    /// A mirror's namespace does not exist locally and the link may not create it
+    /// (a `Link` without `--enable-namespace-creation`, as Linkerd): the Service is
+    /// skipped until the namespace exists.
+    #[error("namespace {0} does not exist locally; the mirror is skipped until it does")]
+    MissingNamespace(String),
 }
 
 impl Error {
@@ -41,6 +46,7 @@ impl Error {
             Error::Kube(_) => "connection",
             Error::OwnershipConflict { .. } => "ownership_conflict",
             Error::InvalidLink(_) => "invalid_link",
+            Error::MissingNamespace(_) => "missing_namespace",
         }
     }
 }

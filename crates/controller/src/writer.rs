@@ -100,6 +100,8 @@ pub struct LocalWriter {
     cluster: String,
     recorder: EventRecorder,
     metrics: Arc<Metrics>,
+    /// Whether a create that meets a missing namespace creates it.
+    create_namespaces: bool,
 }
 
 impl std::fmt::Debug for LocalWriter {
@@ -162,7 +164,15 @@ impl LocalWriter {
             client,
             cluster: cluster.to_string(),
             metrics,
+            create_namespaces: true,
         }
+    }
+
+    /// The same writer; `create` says whether a missing namespace is created (else the
+    /// create fails with [`Error::MissingNamespace`]).
+    pub fn creating_namespaces(mut self, create: bool) -> Self {
+        self.create_namespaces = create;
+        self
     }
 
     fn post_params() -> PostParams {
@@ -234,6 +244,9 @@ impl LocalWriter {
             self.metrics.writer.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
                 Ok(created) => return Ok((Applied::Done, created.meta().uid.clone())),
+                Err(e) if api_code(&e) == Some(404) && !self.create_namespaces => {
+                    return Err(Error::MissingNamespace(ns));
+                }
                 // The namespace is missing: create it (labelled as ours) and try again once.
                 Err(e) if api_code(&e) == Some(404) && !created_namespace => {
                     self.ensure_namespace(&ns).await?;

@@ -31,7 +31,7 @@ use service_mirror_controller::cli::link::link_secret;
 use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::gateway::ProbeRedirect;
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
-use service_mirror_controller::links::{LinkManager, LinkManagerOptions};
+use service_mirror_controller::links::{LinkManager, LinkManagerOptions, LinkSources};
 use service_mirror_core::NamespaceFilter;
 use service_mirror_core::labels::{
     CLUSTER_NAME_LABEL, GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, MIRRORED_SERVICE_LABEL,
@@ -502,6 +502,8 @@ fn controller_options() -> LinkManagerOptions {
         workers: 2,
         rotation_timeout: Duration::from_secs(30),
         collect_unlinked: true,
+        sources: LinkSources::Both,
+        link_namespace_creation: false,
         config: LinkConfig {
             probe_timeout: Duration::from_millis(500),
             probe_failure_threshold: 2,

@@ -62,14 +62,24 @@ pub fn cluster_role_name(namespace: &str, service_account: &str) -> String {
     format!("service-mirror:{namespace}:{service_account}")
 }
 
-/// The only permissions a mirror needs on a remote cluster: read its Services.
+/// The only permissions a mirror needs on a remote cluster: read its Services, and
+/// list and watch its EndpointSlices (a `Link`'s mirrors follow whether the remote
+/// Service has ready endpoints, as Linkerd's do; Secret links never read them).
 pub fn remote_access_rules() -> Vec<PolicyRule> {
-    vec![PolicyRule {
-        api_groups: Some(vec![String::new()]),
-        resources: Some(vec!["services".into()]),
-        verbs: vec!["get".into(), "list".into(), "watch".into()],
-        ..Default::default()
-    }]
+    vec![
+        PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["services".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..Default::default()
+        },
+        PolicyRule {
+            api_groups: Some(vec!["discovery.k8s.io".into()]),
+            resources: Some(vec!["endpointslices".into()]),
+            verbs: vec!["list".into(), "watch".into()],
+            ..Default::default()
+        },
+    ]
 }
 
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
@@ -201,13 +211,16 @@ mod tests {
     }
 
     #[test]
-    fn cluster_role_allows_only_reading_services() {
+    fn cluster_role_allows_only_reading_services_and_endpointslices() {
         let docs = allow_manifests("mc", "reader");
         let role = by_kind(&docs, "ClusterRole");
         assert_eq!(role["apiVersion"], "rbac.authorization.k8s.io/v1");
         assert_eq!(
             role["rules"],
-            json!([{"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]}])
+            json!([
+                {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
+            ])
         );
         assert!(role.get("aggregationRule").is_none());
     }

@@ -4,7 +4,7 @@ use crate::admin::{self, AdminState};
 use crate::events::EventRecorder;
 use crate::leader::{LeaderOptions, default_identity, elect};
 use crate::link_controller::{LinkConfig, LinkDeps};
-use crate::links::{LinkManager, LinkManagerOptions};
+use crate::links::{LinkManager, LinkManagerOptions, LinkSources};
 use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
 use service_mirror_core::{EndpointsMode, NamespaceFilter};
@@ -92,6 +92,15 @@ pub struct RunArgs {
         default_value = "service-mirror"
     )]
     lease_name: String,
+    /// Where links come from: `secrets` (link Secrets with a cluster-name annotation,
+    /// the 2020 contract), `links` (Linkerd's `Link` resources) or `both`.
+    #[arg(long, env = "SERVICE_MIRROR_LINK_SOURCE", value_enum, default_value_t = LinkSources::Both)]
+    link_source: LinkSources,
+    /// Create a missing namespace for the mirrors of a `Link` (Linkerd's
+    /// `-enable-namespace-creation`); without it such a Service is skipped, with an
+    /// Event. Secret links always create it, as the 2020 mirror did.
+    #[arg(long, env = "SERVICE_MIRROR_ENABLE_NAMESPACE_CREATION", default_value_t = false, action = clap::ArgAction::Set)]
+    enable_namespace_creation: bool,
     /// How long the Lease lasts without renewal (renewed a third of it before expiry).
     #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     lease_duration: Duration,
@@ -157,7 +166,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
             endpoints_mode: args.endpoints_mode,
+            ..LinkConfig::default()
         },
+        sources: args.link_source,
+        link_namespace_creation: args.enable_namespace_creation,
         deps: LinkDeps {
             metrics: metrics.clone(),
             leader,

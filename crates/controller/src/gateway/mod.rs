@@ -31,14 +31,20 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Where a gateway's addresses, port and probe settings come from.
-///
-/// Today a gateway is always a Service of the remote cluster; static addresses given by
-/// a Link are to become a second variant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GatewaySource {
-    /// A gateway Service of the remote cluster, parsed once by the pure core.
+    /// A gateway Service of the remote cluster (Secret links), parsed once by the pure
+    /// core.
     RemoteService {
         /// Its ingress addresses, hostnames and `mc-gateway` port.
+        spec: GatewaySpec,
+        /// Its probe settings.
+        probe: ProbeSpec,
+    },
+    /// The gateway a `Link` resource names: `gatewayAddress`, `gatewayPort`,
+    /// `gatewayIdentity` and `probeSpec`, checked when the Link was read.
+    Link {
+        /// Its addresses, hostnames, port and identity.
         spec: GatewaySpec,
         /// Its probe settings.
         probe: ProbeSpec,
@@ -56,14 +62,18 @@ impl GatewaySource {
 
     /// Hostnames to resolve to addresses.
     pub fn hostnames(&self) -> &[String] {
+        &self.parts().0.hostnames
+    }
+
+    fn parts(&self) -> (&GatewaySpec, &ProbeSpec) {
         match self {
-            Self::RemoteService { spec, .. } => &spec.hostnames,
+            Self::RemoteService { spec, probe } | Self::Link { spec, probe } => (spec, probe),
         }
     }
 }
 
 /// What [`Gateways::resolve`] found for one key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Resolution {
     /// Addresses, port and verdict; None when the gateway is unusable (the mirror is
     /// kept without endpoints).
@@ -170,7 +180,7 @@ impl Gateways {
         source: &GatewaySource,
     ) -> Option<(ResolvedGateway, ProbeSpec)> {
         let cluster = &self.cluster;
-        let GatewaySource::RemoteService { spec, probe } = source;
+        let (spec, probe) = source.parts();
         if !spec.invalid_ingress.is_empty() {
             tracing::warn!(%cluster, gateway = %gw, invalid = ?spec.invalid_ingress, "ignoring invalid gateway ingress entries");
         }

@@ -179,7 +179,12 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
         slices_of_new_service: g
             .desired
             .clone()
-            .filter(|_| admit && g.mode.writes_slices() && !actions.iter().any(creates_slice))
+            .filter(|d| {
+                d.has_endpoints
+                    && admit
+                    && g.mode.writes_slices()
+                    && !actions.iter().any(creates_slice)
+            })
             .map(Box::new),
         awaiting_mirroring,
     };

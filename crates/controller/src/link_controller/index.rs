@@ -8,6 +8,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 pub(crate) struct Index {
     gateway_of: HashMap<ServiceKey, GatewayRef>,
     users_of: HashMap<GatewayRef, HashSet<ServiceKey>>,
+    /// Remote Services a Link selects for remote discovery (mirrored without a gateway).
+    discovery: HashSet<ServiceKey>,
     services: LocalIndex,
     endpoints: LocalIndex,
     slices: LocalIndex,
@@ -101,13 +103,22 @@ impl Index {
         self.users_of.keys().cloned().collect()
     }
 
-    /// Every exported remote Service.
+    /// Records whether a remote Service is selected for remote discovery.
+    pub(crate) fn set_discovery(&mut self, key: &ServiceKey, selected: bool) {
+        match selected {
+            true => self.discovery.insert(key.clone()),
+            false => self.discovery.remove(key),
+        };
+    }
+
+    /// Every exported remote Service (through a gateway or for remote discovery).
     pub(crate) fn exported(&self) -> impl Iterator<Item = &ServiceKey> {
-        self.gateway_of.keys()
+        self.gateway_of.keys().chain(self.discovery.iter())
     }
 
     /// Forgets every gateway association (before a rebuild after a relist).
     pub(crate) fn clear_gateways(&mut self) {
+        self.discovery.clear();
         self.gateway_of.clear();
         self.users_of.clear();
     }

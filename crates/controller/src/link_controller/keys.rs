@@ -11,7 +11,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use service_mirror_core::labels::SERVICE_NAME_LABEL;
-use service_mirror_core::{ExportPolicy, GatewayRef, ServiceKey, export_decision, remote_key};
+use service_mirror_core::{
+    ExportDecision, ExportPolicy, ExportRule, GatewayRef, ServiceKey, export_decision, remote_key,
+};
 
 /// The key of a remote Service.
 pub(super) fn remote_service_key(svc: &Service) -> ServiceKey {
@@ -62,13 +64,17 @@ pub(super) fn keys_for_remote(
     match ev {
         watcher::Event::Apply(svc) | watcher::Event::Delete(svc) => {
             let key = remote_service_key(svc);
-            let gw = match ev {
-                watcher::Event::Apply(_) => export_decision(svc, export).gateway().cloned(),
-                _ => None,
+            let decision = match ev {
+                watcher::Event::Apply(_) => export_decision(svc, export),
+                _ => ExportDecision::NotExported,
             };
-            index.set_gateway(&key, gw);
-            // The Service may itself be a gateway of other exported Services.
-            keys.extend(index.users_of(&GatewayRef::new(&key.namespace, &key.name)));
+            index.set_gateway(&key, decision.gateway().cloned());
+            index.set_discovery(&key, decision == ExportDecision::RemoteDiscovery);
+            // The Service may itself be a gateway of other exported Services (a Link's
+            // gateway is no remote Service).
+            if export.rule == ExportRule::GatewayAnnotations {
+                keys.extend(index.users_of(&GatewayRef::new(&key.namespace, &key.name)));
+            }
             keys.push(key);
         }
         watcher::Event::Init | watcher::Event::InitApply(_) => {}
@@ -76,9 +82,14 @@ pub(super) fn keys_for_remote(
             // The store was replaced by a full list: rebuild the index from it and look at
             // every key, so objects deleted while we were not watching are collected.
             index.clear_gateways();
-            remote.for_each(|svc| {
-                if let Some(gw) = export_decision(svc, export).gateway() {
-                    index.set_gateway(&remote_service_key(svc), Some(gw.clone()));
+            remote.for_each(|svc| match export_decision(svc, export) {
+                ExportDecision::RemoteDiscovery => {
+                    index.set_discovery(&remote_service_key(svc), true)
+                }
+                decision => {
+                    if let Some(gw) = decision.gateway() {
+                        index.set_gateway(&remote_service_key(svc), Some(gw.clone()));
+                    }
                 }
             });
             keys.extend(index.exported().cloned());

@@ -48,6 +48,12 @@ pub(crate) struct LinkFamilies {
     /// Endpoints writes (`endpoints` mode) of mirrors with more addresses than
     /// kube-controller-manager's EndpointSliceMirroring mirrors.
     pub(crate) endpoints_over_capacity: Family<ClusterLabels, Counter>,
+    /// Writes of a `Link`'s status.
+    pub(crate) link_status_writes: Family<ClusterLabels, Counter>,
+    /// Bytes of `Link` status written (the patch bodies).
+    pub(crate) link_status_bytes: Family<ClusterLabels, Counter>,
+    /// Remote Services left out of a `Link`'s status (over its size budget).
+    pub(crate) link_status_truncated: Family<ClusterLabels, Gauge>,
 }
 
 impl Default for LinkFamilies {
@@ -62,6 +68,9 @@ impl Default for LinkFamilies {
             mirrors_refused: Family::default(),
             remote_relists: Family::default(),
             endpoints_over_capacity: Family::default(),
+            link_status_writes: Family::default(),
+            link_status_bytes: Family::default(),
+            link_status_truncated: Family::default(),
         }
     }
 }
@@ -114,6 +123,21 @@ impl LinkFamilies {
             "Endpoints written (endpoints mode) with more addresses in a subset than EndpointSliceMirroring mirrors (1000 by default)",
             self.endpoints_over_capacity.clone(),
         );
+        r.register(
+            "link_status_writes",
+            "Writes of a Link's status subresource",
+            self.link_status_writes.clone(),
+        );
+        r.register(
+            "link_status_bytes",
+            "Bytes of Link status written (patch bodies)",
+            self.link_status_bytes.clone(),
+        );
+        r.register(
+            "link_status_truncated",
+            "Remote Services left out of a Link's status, over its size budget",
+            self.link_status_truncated.clone(),
+        );
     }
 
     /// Counts a failed or refused reconcile of link `cluster`.
@@ -134,6 +158,7 @@ impl LinkFamilies {
         self.last_sync.remove(&l);
         self.queue_depth.remove(&l);
         self.mirrors_refused.remove(&l);
+        self.link_status_truncated.remove(&l);
     }
 }
 
@@ -201,6 +226,18 @@ impl LinkMetrics {
             .endpoints_over_capacity
             .get_or_create(&self.labels)
             .inc();
+    }
+
+    /// One write of the Link's status, of `bytes`, leaving `truncated` Services out.
+    pub(super) fn status_written(&self, bytes: usize, truncated: usize) {
+        let m = &self.metrics.link;
+        m.link_status_writes.get_or_create(&self.labels).inc();
+        m.link_status_bytes
+            .get_or_create(&self.labels)
+            .inc_by(bytes as u64);
+        m.link_status_truncated
+            .get_or_create(&self.labels)
+            .set(truncated as i64);
     }
 
     /// A failed or refused reconcile, by bounded kind.

@@ -18,6 +18,7 @@ mod limit;
 pub(crate) mod metrics;
 mod options;
 mod queue;
+mod readiness;
 mod reconcile;
 mod status;
 mod strip;
@@ -35,7 +36,7 @@ use crate::gateway::Gateways;
 use crate::writer::LocalWriter;
 use kube::Client;
 use reconcile::Reconciler;
-use service_mirror_core::{ExportPolicy, Link, validate_cluster_name};
+use service_mirror_core::{ExportPolicy, ExportRule, Link, validate_cluster_name};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::watch;
@@ -126,11 +127,16 @@ impl LinkController {
                 deps.recorder
                     .clone()
                     .unwrap_or_else(|| EventRecorder::new(local.clone(), None)),
-            ),
+            )
+            .creating_namespaces(config.create_namespaces),
             export: ExportPolicy {
                 namespaces: config.namespaces.clone(),
-                ..ExportPolicy::default()
+                rule: config.export_rule.clone(),
             },
+            link_gateway: config.link_gateway.clone(),
+            // Link mirrors follow the remote's readiness (as Linkerd's do).
+            readiness: matches!(config.export_rule, ExportRule::Selectors { .. })
+                .then(Arc::default),
             remote: cache::Cache::default(),
             local_services: cache::Cache::default(),
             local_endpoints: cache::Cache::default(),

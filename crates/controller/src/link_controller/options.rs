@@ -1,9 +1,9 @@
 //! What a link controller is started with: plain tunables ([`LinkConfig`]) and the
 //! things it uses ([`LinkDeps`]).
 
-use crate::gateway::{ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
+use crate::gateway::{GatewaySource, ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
 use crate::metrics::Metrics;
-use service_mirror_core::{EndpointsMode, NamespaceFilter};
+use service_mirror_core::{EndpointsMode, ExportRule, NamespaceFilter};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +28,16 @@ pub struct LinkConfig {
     /// Which endpoint objects mirrors carry (`--endpoints-mode`): Endpoints,
     /// EndpointSlices, or both (default).
     pub endpoints_mode: EndpointsMode,
+    /// Which remote Services are mirrored: the gateway annotations (Secret links,
+    /// default) or a `Link`'s selectors.
+    pub export_rule: ExportRule,
+    /// The gateway of a `Link` (`None`: gateways are remote Services, or the Link has
+    /// none). Used only with [`ExportRule::Selectors`].
+    pub link_gateway: Option<GatewaySource>,
+    /// Create a mirror's namespace when it is missing locally (Secret links always do,
+    /// as the 2020 mirror did; Links only with `--enable-namespace-creation`, as
+    /// Linkerd): otherwise the Service is skipped, with an Event.
+    pub create_namespaces: bool,
 }
 
 impl Default for LinkConfig {
@@ -41,6 +51,9 @@ impl Default for LinkConfig {
             probe_failure_threshold: 3,
             max_mirrors: None,
             endpoints_mode: EndpointsMode::default(),
+            export_rule: ExportRule::default(),
+            link_gateway: None,
+            create_namespaces: true,
         }
     }
 }

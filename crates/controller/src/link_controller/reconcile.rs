@@ -10,7 +10,8 @@ use super::limit::{Admission, MirrorLimit};
 use super::metrics::LinkMetrics;
 use super::{Outcome, Synced, WorkQueue};
 use crate::error::Result;
-use crate::gateway::{GatewaySource, Gateways};
+use super::readiness::RemoteReadiness;
+use crate::gateway::{GatewaySource, Gateways, Resolution};
 use crate::writer::{Applied, CreateLimit, LocalWriter};
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -19,9 +20,10 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use service_mirror_core::{
-    Action, EndpointsMode, ExportDecision, ExportPolicy, Link, MIRRORING_MAX_ENDPOINTS_PER_SUBSET,
-    Route, ServiceKey, desired_mirror, desired_slices, export_decision, is_mirrored_slice,
-    mirrored_slice_selector, mirroring_overflow, slice_routes,
+    Action, EndpointsMode, ExportDecision, ExportPolicy, ExportRule, Link,
+    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Route, ServiceKey, desired_mirror, desired_slices,
+    export_decision, is_mirrored_slice, mirrored_slice_selector, mirroring_overflow,
+    remote_discovery_mirror, slice_routes,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -31,6 +33,10 @@ pub(super) struct Reconciler {
     pub(super) link: Link,
     /// Which remote Services are mirrored.
     pub(super) export: ExportPolicy,
+    /// A Link's gateway (with [`ExportRule::Selectors`]; `None`: the Link has none).
+    pub(super) link_gateway: Option<GatewaySource>,
+    /// Which remote Services have ready endpoints (Link links only).
+    pub(super) readiness: Option<Arc<Mutex<RemoteReadiness>>>,
     pub(super) remote: Cache<Service>,
     pub(super) local_services: Cache<Service>,
     pub(super) local_endpoints: Cache<Endpoints>,
@@ -78,8 +84,10 @@ impl Reconciler {
         let remote = self
             .remote
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        // A Link's gateway mirrors depend on the remote's readiness too.
+        let readiness_listed = self.readiness.as_ref().is_none_or(|r| r.lock().listed());
         let mut g = Gathered {
-            remote_listed: remote.is_some() || self.synced.borrow().remote,
+            remote_listed: (remote.is_some() || self.synced.borrow().remote) && readiness_listed,
             mode: self.mode,
             ..Gathered::default()
         };
@@ -96,19 +104,38 @@ impl Reconciler {
             g.export = Some(export);
             return g;
         }
-        if let (Some(svc), ExportDecision::Mirror(gw)) = (remote.as_deref(), &export) {
-            let source = self
-                .remote
-                .get(&ObjectRef::new(&gw.name).within(&gw.namespace))
-                .map(|gateway| GatewaySource::from_service(&gateway));
-            let resolution = self.gateways.resolve(key, gw, source).await;
-            g.requeue = resolution.retry_after;
-            g.desired = Some(desired_mirror(
-                svc,
-                &self.link,
-                gw,
-                resolution.gateway.as_ref(),
-            ));
+        match (remote.as_deref(), &export) {
+            (Some(svc), ExportDecision::Mirror(gw)) => {
+                let source = match &self.export.rule {
+                    ExportRule::GatewayAnnotations => self
+                        .remote
+                        .get(&ObjectRef::new(&gw.name).within(&gw.namespace))
+                        .map(|gateway| GatewaySource::from_service(&gateway)),
+                    ExportRule::Selectors { .. } => self.link_gateway.clone().map(Ok),
+                };
+                let resolution = match source {
+                    // A Link without a gateway: nothing to resolve or probe.
+                    None if self.link_gateway.is_none() && self.readiness.is_some() => {
+                        Resolution::default()
+                    }
+                    source => self.gateways.resolve(key, gw, source).await,
+                };
+                g.requeue = resolution.retry_after;
+                let mut gateway = resolution.gateway;
+                // A remote Service without a ready endpoint: Endpoints without subsets,
+                // as Linkerd makes them (failover tools read that as "remote empty").
+                if let Some(r) = &self.readiness
+                    && !r.lock().ready(key)
+                    && let Some(gw) = gateway.as_mut()
+                {
+                    gw.addresses.clear();
+                }
+                g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
+            }
+            (Some(svc), ExportDecision::RemoteDiscovery) => {
+                g.desired = Some(remote_discovery_mirror(svc, &self.link));
+            }
+            _ => {}
         }
         g.export = Some(export);
 
@@ -366,6 +393,22 @@ impl Reconciler {
     /// Reports a mirror refused because the link holds its limit: every refusal is logged
     /// at debug and counted, the first after none also at warn and as an Event on the link
     /// Secret. The key is looked at again when a slot frees.
+    /// A mirror's namespace is missing and the link may not create it (a `Link`
+    /// without `--enable-namespace-creation`): said on the Link; the key is retried
+    /// slowly, so the mirror appears once the namespace does.
+    pub(super) async fn missing_namespace(&self, key: &ServiceKey, namespace: &str) {
+        let cluster = &self.link.cluster_name;
+        tracing::info!(%cluster, %key, namespace, "skipped mirroring: the namespace does not exist locally");
+        if let Some(link) = &self.link_secret {
+            let note = format!(
+                "skipped mirroring service {key} of cluster {cluster}: namespace {namespace} does not exist (create it, or run with --enable-namespace-creation)"
+            );
+            self.writer
+                .record(link, "MissingNamespace", "Mirror", note)
+                .await;
+        }
+    }
+
     async fn refuse_over_limit(&self, key: &ServiceKey, first: bool) {
         let cluster = &self.link.cluster_name;
         let max = self.limit.max().unwrap_or_default();

@@ -44,6 +44,16 @@ pub(super) fn strip_remote(svc: &mut Service) {
         });
 }
 
+/// [`strip_remote`] for a Link link: its selectors read the labels and its mirrors copy
+/// labels and annotations, so those stay whole.
+pub(super) fn strip_remote_keeping_metadata(svc: &mut Service) {
+    let labels = svc.metadata.labels.take();
+    let annotations = svc.metadata.annotations.take();
+    strip_remote(svc);
+    svc.metadata.labels = labels;
+    svc.metadata.annotations = annotations;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

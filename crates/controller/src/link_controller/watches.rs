@@ -10,9 +10,10 @@ use super::keys::{LocalKind, keys_for_local, keys_for_remote};
 use super::limit::MirrorLimit;
 use super::metrics::LinkMetrics;
 use super::reconcile::Reconciler;
-use super::strip::{strip_managed_fields, strip_remote};
+use super::strip::{strip_managed_fields, strip_remote, strip_remote_keeping_metadata};
 use super::{Synced, WorkQueue};
-use crate::watch::{Watch, drive};
+use super::readiness::RemoteReadiness;
+use crate::watch::{Store, Watch, drive, keep_all};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
@@ -22,7 +23,7 @@ use kube::runtime::watcher;
 use parking_lot::Mutex;
 use service_mirror_core::labels::slice_owner_selector;
 use service_mirror_core::owner_selector;
-use service_mirror_core::{ExportPolicy, ServiceKey};
+use service_mirror_core::{ExportPolicy, ExportRule, ServiceKey};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::watch;
@@ -45,10 +46,16 @@ pub(super) struct RemoteEvents {
 impl RemoteEvents {
     /// Watches every remote Service until `cancel` fires.
     pub(super) async fn run(self, api: Api<Service>, cancel: CancellationToken) {
+        // A Link's mirrors copy the remote labels and annotations, and its selectors read
+        // the labels: keep them.
+        let strip = match self.export.rule {
+            ExportRule::GatewayAnnotations => strip_remote,
+            ExportRule::Selectors { .. } => strip_remote_keeping_metadata,
+        };
         let watch = Watch {
             api,
             config: watcher::Config::default(),
-            strip: strip_remote,
+            strip,
             store: self.remote.clone(),
         };
         drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
@@ -84,6 +91,60 @@ impl RemoteEvents {
         self.metrics.remote_connected(false);
         if self.connected.swap(false, Ordering::SeqCst) {
             tracing::warn!(cluster = %self.cluster, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
+        }
+    }
+}
+
+/// What the watch of remote EndpointSlices updates (Link links: see readiness.rs).
+pub(super) struct RemoteSliceEvents {
+    pub(super) cluster: String,
+    pub(super) readiness: Arc<Mutex<RemoteReadiness>>,
+    pub(super) index: Arc<Mutex<Index>>,
+    pub(super) queue: WorkQueue<ServiceKey>,
+}
+
+/// The readiness table as the watch driver's store.
+struct ReadinessStore(Arc<Mutex<RemoteReadiness>>);
+
+impl Store<EndpointSlice> for ReadinessStore {
+    fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
+        self.0.lock().apply(ev);
+    }
+}
+
+impl RemoteSliceEvents {
+    /// Watches every remote EndpointSlice until `cancel` fires.
+    pub(super) async fn run(self, api: Api<EndpointSlice>, cancel: CancellationToken) {
+        let watch = Watch {
+            api,
+            config: watcher::Config::default(),
+            strip: keep_all,
+            store: ReadinessStore(self.readiness.clone()),
+        };
+        drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
+    }
+
+    fn on_event(&self, ev: &watcher::Event<EndpointSlice>) {
+        let mut keys = self.readiness.lock().take_changed();
+        if matches!(ev, watcher::Event::InitDone) {
+            // Gateway mirrors wait for this list (their endpoints depend on it).
+            keys.extend(self.index.lock().exported().cloned());
+        }
+        for k in keys {
+            self.queue.add(k);
+        }
+    }
+
+    fn on_error(&self, e: &watcher::Error) {
+        let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
+        if forbidden && self.readiness.lock().set_unavailable() {
+            tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: mirrors get the gateway's endpoints whether or not the remote Service has ready endpoints (grant it with `service-mirror allow`)");
+            let keys: Vec<ServiceKey> = self.index.lock().exported().cloned().collect();
+            for k in keys {
+                self.queue.add(k);
+            }
+        } else if !forbidden {
+            tracing::debug!(cluster = %self.cluster, error = %e, "remote endpointslice watch failed; retrying with backoff");
         }
     }
 }
@@ -186,6 +247,12 @@ pub(super) fn spawn(
         metrics: shared.metrics,
         queue: rec.queue.clone(),
     };
+    let slice_events = rec.readiness.clone().map(|readiness| RemoteSliceEvents {
+        cluster: cluster_name.clone(),
+        readiness,
+        index: rec.index.clone(),
+        queue: rec.queue.clone(),
+    });
     let local_events = LocalEvents {
         local_services: rec.local_services.clone(),
         index: rec.index.clone(),
@@ -194,7 +261,13 @@ pub(super) fn spawn(
         synced: shared.synced,
         queue: rec.queue.clone(),
     };
-    vec![
+    let mut tasks = Vec::new();
+    if let Some(slice_events) = slice_events {
+        tasks.push(tokio::spawn(
+            slice_events.run(Api::all(remote.clone()), cancel.clone()),
+        ));
+    }
+    tasks.extend([
         tokio::spawn(remote_events.run(Api::all(remote), cancel.clone())),
         tokio::spawn(local_events.clone().run(
             Api::<Service>::all(local.clone()),
@@ -216,5 +289,6 @@ pub(super) fn spawn(
             rec.local_slices.clone(),
             cancel,
         )),
-    ]
+    ]);
+    tasks
 }

@@ -148,6 +148,9 @@ pub(super) async fn worker(
             Err(e) => {
                 let failures = queue.done(key.clone(), Outcome::Failed);
                 rec.metrics.error(e.metric_label());
+                if let crate::error::Error::MissingNamespace(ns) = &e {
+                    rec.missing_namespace(&key, ns).await;
+                }
                 if failures > requeue_limit {
                     tracing::warn!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying slowly");
                 } else {

@@ -5,6 +5,7 @@
 //! It only reads; the link manager deletes what it finds through its cleanups, so a
 //! cluster linked again meanwhile cancels the deletion.
 
+use super::resource::Link as LinkResource;
 use crate::writer::MirrorSelector;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -28,6 +29,8 @@ pub(super) struct Collector {
     pub(super) local: Client,
     /// The link Secrets (listed: the collector runs after their first list).
     pub(super) secrets: Store<Secret>,
+    /// The `Link`s (listed, or not read).
+    pub(super) links: Store<LinkResource>,
     /// The controller's namespace, recorded on every mirror it made.
     pub(super) namespace: String,
     /// The local namespaces this controller mirrors into.
@@ -58,12 +61,14 @@ impl Collector {
             }
         }
         let mut linked = HashSet::new();
+        for l in self.links.state() {
+            linked.insert(l.spec.target_cluster_name.clone().unwrap_or_default());
+        }
         for s in self.secrets.state() {
-            let name = s
-                .annotations()
-                .get(LINK_CLUSTER_NAME_ANNOTATION)
-                .cloned()
-                .unwrap_or_default();
+            // A Secret without the annotation (a Link's credentials) names no cluster.
+            let Some(name) = s.annotations().get(LINK_CLUSTER_NAME_ANNOTATION).cloned() else {
+                continue;
+            };
             if validate_cluster_name(&name).is_err() {
                 tracing::warn!(secret = %s.name_any(), "not collecting mirrors of unlinked clusters: a link Secret has no valid cluster name");
                 return None;

@@ -1,19 +1,26 @@
-//! The link manager: reconciles link Secrets (by name) into running link controllers.
+//! The link manager: reconciles link sources (link Secrets and Linkerd's `Link`
+//! resources, by name) into running link controllers.
 //!
-//! Each Secret is a key on a work queue, so a slow or unreachable remote only holds up
-//! its own Secret. A refused Secret never stops or cleans up a running link: its mirrors
-//! stay until the Secret is fixed or deleted.
+//! Each source object is a key on a work queue, so a slow or unreachable remote only
+//! holds up its own. A refused Secret or Link never stops or cleans up a running link:
+//! its mirrors stay until it is fixed or deleted. Deleting a link Secret unlinks (its
+//! mirrors go); deleting a Link stops its link and keeps the mirrors, as Linkerd does
+//! (`service-mirror unlink` removes them).
 
 use super::cleanup::Cleanups;
 use super::collector::Collector;
 use super::connect::connect;
 use super::metrics::LinkErrorLabels;
-use super::secret::{LinkError, LinkSpec, parse_link_secret};
+use super::link::parse_link;
+use super::metrics::LinkResourceErrorLabels;
+use super::resource::Link as LinkResource;
+use super::secret::{LinkError, LinkSource, LinkSpec, parse_link_secret};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::link_controller::{
     LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
 };
+use crate::gateway::GatewaySource;
 use crate::metrics::Metrics;
 use crate::watch::{Watch, drive, keep_all};
 use crate::writer::{LocalWriter, MirrorSelector};
@@ -24,8 +31,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use parking_lot::{Mutex, MutexGuard};
-use service_mirror_core::labels::LINK_SECRET_TYPE;
+use service_mirror_core::labels::{LINK_CLUSTER_NAME_ANNOTATION, LINK_SECRET_TYPE};
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -48,6 +56,52 @@ pub struct LinkManagerOptions {
     /// After the first list of link Secrets, delete mirrors of clusters no Secret names
     /// (links removed while the controller was down).
     pub collect_unlinked: bool,
+    /// Which link sources are read.
+    pub sources: LinkSources,
+    /// Whether the link controllers of `Link`s create missing namespaces.
+    pub link_namespace_creation: bool,
+}
+
+/// Where links come from (`--link-source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LinkSources {
+    /// Link Secrets only (the 2020 contract).
+    Secrets,
+    /// Linkerd's `Link` resources only.
+    Links,
+    /// Both; a cluster named by both is linked by the oldest (see docs/operations.md).
+    #[default]
+    Both,
+}
+
+impl LinkSources {
+    /// Whether link Secrets are read.
+    pub fn secrets(self) -> bool {
+        self != LinkSources::Links
+    }
+
+    /// Whether `Link` resources are read.
+    pub fn links(self) -> bool {
+        self != LinkSources::Secrets
+    }
+}
+
+/// A link source object: a key of the manager's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum SourceKey {
+    /// A link Secret, by name.
+    Secret(String),
+    /// A `Link`, by name.
+    Link(String),
+}
+
+impl fmt::Display for SourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SourceKey::Secret(n) => write!(f, "Secret/{n}"),
+            SourceKey::Link(n) => write!(f, "Link/{n}"),
+        }
+    }
 }
 
 struct Active {
@@ -55,15 +109,41 @@ struct Active {
     controller: LinkController,
 }
 
+/// A source object, for Events and metrics about it.
+enum SourceObject<'a> {
+    Secret(&'a Secret),
+    Link(&'a LinkResource),
+}
+
+impl SourceObject<'_> {
+    fn reference(&self) -> ObjectReference {
+        match self {
+            SourceObject::Secret(s) => s.object_ref(&()),
+            SourceObject::Link(l) => l.object_ref(&()),
+        }
+    }
+
+    fn key(&self) -> SourceKey {
+        match self {
+            SourceObject::Secret(s) => SourceKey::Secret(s.name_any()),
+            SourceObject::Link(l) => SourceKey::Link(l.name_any()),
+        }
+    }
+}
+
 struct Inner {
     local: Client,
     opts: LinkManagerOptions,
     secrets: Store<Secret>,
+    links: Store<LinkResource>,
+    /// The Secrets are listed.
     synced: AtomicBool,
-    active: Mutex<HashMap<String, Active>>,
-    /// cluster name -> the Secret that links it.
-    claims: Mutex<HashMap<String, String>>,
-    queue: WorkQueue<String>,
+    /// The Links are listed (or are not read, or their CRD is not installed).
+    links_synced: AtomicBool,
+    active: Mutex<HashMap<SourceKey, Active>>,
+    /// cluster name -> the source that links it.
+    claims: Mutex<HashMap<String, SourceKey>>,
+    queue: WorkQueue<SourceKey>,
     recorder: EventRecorder,
     /// Background cleanups of unlinked clusters still running, by cluster name.
     cleanups: Cleanups,
@@ -83,6 +163,8 @@ impl LinkManager {
     pub fn start(local: Client, recorder: EventRecorder, opts: LinkManagerOptions) -> Self {
         let cancel = CancellationToken::new();
         let (store, writer) = reflector::store::<Secret>();
+        let (links, links_writer) = reflector::store::<LinkResource>();
+        let links_enabled = opts.sources.links();
         let inner = Arc::new(Inner {
             recorder,
             queue: WorkQueue::new(
@@ -92,7 +174,9 @@ impl LinkManager {
             local,
             opts,
             secrets: store,
+            links,
             synced: AtomicBool::new(false),
+            links_synced: AtomicBool::new(!links_enabled),
             active: Mutex::default(),
             claims: Mutex::default(),
             cleanups: Cleanups::default(),
@@ -103,6 +187,13 @@ impl LinkManager {
             writer,
             cancel.clone(),
         ))];
+        if links_enabled {
+            tasks.push(tokio::spawn(watch_links(
+                inner.clone(),
+                links_writer,
+                cancel.clone(),
+            )));
+        }
         for _ in 0..inner.opts.workers.max(1) {
             tasks.push(tokio::spawn(worker(inner.clone())));
         }
@@ -116,7 +207,7 @@ impl LinkManager {
     /// Ready once the Secrets are listed and every link's local caches are synced.
     /// Never waits on a remote cluster.
     pub fn ready(&self) -> bool {
-        self.inner.synced.load(Ordering::SeqCst)
+        self.inner.listed()
             && self
                 .inner
                 .active()
@@ -150,46 +241,89 @@ impl LinkManager {
 }
 
 impl Inner {
-    fn active(&self) -> MutexGuard<'_, HashMap<String, Active>> {
+    fn active(&self) -> MutexGuard<'_, HashMap<SourceKey, Active>> {
         self.active.lock()
     }
 
-    fn claims(&self) -> MutexGuard<'_, HashMap<String, String>> {
+    fn claims(&self) -> MutexGuard<'_, HashMap<String, SourceKey>> {
         self.claims.lock()
+    }
+
+    /// Both sources listed.
+    fn listed(&self) -> bool {
+        self.synced.load(Ordering::SeqCst) && self.links_synced.load(Ordering::SeqCst)
     }
 
     fn metrics(&self) -> &Metrics {
         &self.opts.deps.metrics
     }
 
-    /// What the link controller of `secret` uses.
-    fn link_deps(&self, secret: &Secret) -> LinkDeps {
+    /// What the link controller of `source` uses.
+    fn link_deps(&self, source: &SourceObject<'_>) -> LinkDeps {
         LinkDeps {
-            link_secret: Some(secret_reference(secret)),
+            link_secret: Some(source.reference()),
             recorder: Some(self.recorder.clone()),
             ..self.opts.deps.clone()
         }
     }
 
-    async fn event(&self, secret: &Secret, type_: EventType, reason: &str, note: String) {
+    /// The tunables of a link controller for `spec`: a Link's own probe settings,
+    /// selectors and gateway, and namespace creation only if enabled.
+    fn link_config(&self, spec: &LinkSpec) -> LinkConfig {
+        let mut config = self.opts.config.clone();
+        if let LinkSource::Resource(r) = spec.source() {
+            config.export_rule = r.export.clone();
+            config.link_gateway = r.gateway.clone().map(|spec| GatewaySource::Link {
+                spec,
+                probe: r.probe.clone(),
+            });
+            config.probe_timeout = r.probe_timeout;
+            config.probe_failure_threshold = r.probe_failure_threshold;
+            config.create_namespaces = self.opts.link_namespace_creation;
+        }
+        config
+    }
+
+    async fn event(
+        &self,
+        source: &SourceObject<'_>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         self.recorder
-            .publish(&secret_reference(secret), type_, reason, "Link", note)
+            .publish(&source.reference(), type_, reason, "Link", note)
             .await;
     }
 
-    /// Log + metric + Event for a refused or failing link Secret.
-    async fn report(&self, secret: &Secret, err: &LinkError) {
-        let name = secret.name_any();
-        tracing::warn!(secret = %name, reason = err.reason(), error = %err, "link Secret not usable");
-        self.metrics()
-            .links
-            .link_errors
-            .get_or_create(&LinkErrorLabels {
-                secret: name,
-                reason: err.reason().into(),
-            })
-            .inc();
-        self.event(secret, EventType::Warning, err.reason(), err.to_string())
+    /// Log + metric + Event for a refused or failing link source.
+    async fn report(&self, source: &SourceObject<'_>, err: &LinkError) {
+        let links = &self.metrics().links;
+        match source {
+            SourceObject::Secret(secret) => {
+                let name = secret.name_any();
+                tracing::warn!(secret = %name, reason = err.reason(), error = %err, "link Secret not usable");
+                links
+                    .link_errors
+                    .get_or_create(&LinkErrorLabels {
+                        secret: name,
+                        reason: err.reason().into(),
+                    })
+                    .inc();
+            }
+            SourceObject::Link(link) => {
+                let name = link.name_any();
+                tracing::warn!(link = %name, reason = err.reason(), error = %err, "Link not usable");
+                links
+                    .link_resource_errors
+                    .get_or_create(&LinkResourceErrorLabels {
+                        link: name,
+                        reason: err.reason().into(),
+                    })
+                    .inc();
+            }
+        }
+        self.event(source, EventType::Warning, err.reason(), err.to_string())
             .await;
     }
 
@@ -198,26 +332,34 @@ impl Inner {
         self.metrics().links.links.set(n);
     }
 
-    /// Takes a Secret's running link out of the tables.
-    fn take(&self, secret: &str) -> Option<Active> {
-        let a = self.active().remove(secret)?;
+    /// Takes a source's running link out of the tables.
+    fn take(&self, key: &SourceKey) -> Option<Active> {
+        let a = self.active().remove(key)?;
         let mut claims = self.claims();
-        if claims.get(&a.spec.link().cluster_name).map(String::as_str) == Some(secret) {
+        if claims.get(&a.spec.link().cluster_name) == Some(key) {
             claims.remove(&a.spec.link().cluster_name);
         }
         Some(a)
     }
 
-    async fn unlink(&self, secret: &str, a: Active) {
+    /// Stops a link: a Secret's mirrors are deleted with it, a Link's are kept (as
+    /// Linkerd keeps them; `service-mirror unlink` removes them).
+    async fn unlink(&self, key: &SourceKey, a: Active) {
         let cluster = a.spec.link().cluster_name.clone();
         self.update_links_gauge();
-        if let Err(e) = a.controller.stop(true).await {
+        let cleanup = matches!(key, SourceKey::Secret(_));
+        if let Err(e) = a.controller.stop(cleanup).await {
             // Keep trying in the background: the mirrors must not outlive the link. A
             // new link of the same cluster cancels this (see `link`).
             tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
             self.spawn_cleanup(&cluster, None);
         }
-        tracing::info!(%cluster, %secret, "unlinked");
+        match cleanup {
+            true => tracing::info!(%cluster, source = %key, "unlinked"),
+            false => {
+                tracing::info!(%cluster, source = %key, "Link deleted: link stopped, mirrors kept")
+            }
+        }
     }
 
     /// Deletes every mirror of `cluster` in the background until it succeeds, unless the
@@ -232,96 +374,209 @@ impl Inner {
         self.cleanups.spawn(cluster, writer, only, &self.cancel);
     }
 
-    /// Another Secret that links the same cluster as `a` (a Secret renamed by creating
-    /// the new one before deleting the old).
-    fn successor(&self, gone: &str, a: &Active) -> Option<String> {
-        let mut candidates: Vec<Arc<Secret>> = self
-            .secrets
-            .state()
-            .into_iter()
-            .filter(|s| s.name_any() != gone)
-            .filter(|s| {
-                parse_link_secret(s)
-                    .is_ok_and(|spec| spec.link().cluster_name == a.spec.link().cluster_name)
-            })
-            .collect();
-        // The oldest Secret wins, so the choice is the same after a restart.
-        candidates.sort_by_key(|s| {
-            (
-                s.metadata.creation_timestamp.clone().map(|t| t.0),
-                s.name_any(),
-            )
-        });
-        candidates.first().map(|s| s.name_any())
+    /// Every source object that validly links `cluster`, oldest first (creation time,
+    /// then Links before Secrets, then name): the rule for which one links a cluster
+    /// two of them name, the same after a restart.
+    fn candidates(&self, cluster: &str) -> Vec<SourceKey> {
+        let mut found: Vec<(Option<k8s_openapi::jiff::Timestamp>, SourceKey)> = Vec::new();
+        if self.opts.sources.secrets() {
+            for s in self.secrets.state() {
+                if parse_link_secret(&s).is_ok_and(|spec| spec.link().cluster_name == cluster) {
+                    let created = s.metadata.creation_timestamp.clone().map(|t| t.0);
+                    found.push((created, SourceKey::Secret(s.name_any())));
+                }
+            }
+        }
+        if self.opts.sources.links() {
+            for l in self.links.state() {
+                if self
+                    .parse(&l)
+                    .is_ok_and(|spec| spec.link().cluster_name == cluster)
+                {
+                    let created = l.metadata.creation_timestamp.clone().map(|t| t.0);
+                    found.push((created, SourceKey::Link(l.name_any())));
+                }
+            }
+        }
+        // Links sort before Secrets at the same instant (the enum's order).
+        found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        found.into_iter().map(|(_, k)| k).collect()
     }
 
-    async fn reconcile(&self, name: &str) -> Outcome {
-        let secret = self
-            .secrets
-            .get(&ObjectRef::new(name).within(&self.opts.namespace));
-        let Some(secret) = secret else {
-            if let Some(a) = self.take(name) {
-                match self.successor(name, &a) {
-                    // Hand the running link controller over: its reconcile rotates credentials if
-                    // they differ, and no mirror is deleted.
-                    Some(next) => {
-                        tracing::info!(cluster = %a.spec.link().cluster_name, from = %name, to = %next, "link moved to another Secret");
-                        self.claims()
-                            .insert(a.spec.link().cluster_name.clone(), next.clone());
-                        self.active().insert(next.clone(), a);
-                        self.queue.add(next);
-                    }
-                    None => {
-                        self.unlink(name, a).await;
-                        // A Secret refused as a duplicate of this one may link now.
-                        for s in self.secrets.state() {
-                            self.queue.add(s.name_any());
-                        }
-                    }
-                }
-            }
-            return Outcome::Done;
-        };
-        let spec = match parse_link_secret(&secret) {
-            Ok(spec) => spec,
-            Err(e) => {
-                self.report(&secret, &e).await;
-                return Outcome::Done;
-            }
-        };
-        let current = self.active().get(name).map(|a| a.spec.clone());
-        match current {
-            Some(cur) if cur == spec => Outcome::Done,
-            // Same cluster name: new credentials or domain; the mirror names stay.
-            Some(cur) if cur.link().cluster_name == spec.link().cluster_name => {
-                self.rotate(name, &secret, spec).await
-            }
-            Some(_) => {
-                // Another cluster name: a different link.
-                if let Some(a) = self.take(name) {
-                    self.unlink(name, a).await;
-                }
-                self.link(name, &secret, spec).await
-            }
-            None => self.link(name, &secret, spec).await,
+    /// Another source that links the same cluster as `a` (a Secret renamed by creating
+    /// the new one before deleting the old, a Secret link replaced by a Link).
+    fn successor(&self, gone: &SourceKey, a: &Active) -> Option<SourceKey> {
+        self.candidates(&a.spec.link().cluster_name)
+            .into_iter()
+            .find(|k| k != gone)
+    }
+
+    /// Reads a Link with its credentials Secret from the store.
+    fn parse(&self, link: &LinkResource) -> Result<LinkSpec, LinkError> {
+        let credentials = link.spec.cluster_credentials_secret.as_deref().and_then(|n| {
+            self.secrets
+                .get(&ObjectRef::new(n).within(&self.opts.namespace))
+        });
+        parse_link(link, credentials.as_deref())
+    }
+
+    /// The Links whose credentials are the Secret `secret`.
+    fn links_using(&self, secret: &str) -> Vec<SourceKey> {
+        self.links
+            .state()
+            .iter()
+            .filter(|l| l.spec.cluster_credentials_secret.as_deref() == Some(secret))
+            .map(|l| SourceKey::Link(l.name_any()))
+            .collect()
+    }
+
+    async fn reconcile(&self, key: &SourceKey) -> Outcome {
+        match key {
+            SourceKey::Secret(name) => self.reconcile_secret(key, name).await,
+            SourceKey::Link(name) => self.reconcile_link(key, name).await,
         }
     }
 
-    async fn link(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
+    /// The source `key` is gone: hand its link over to another source of the same
+    /// cluster, or stop it.
+    async fn gone(&self, key: &SourceKey) -> Outcome {
+        if let Some(a) = self.take(key) {
+            match self.successor(key, &a) {
+                // Hand the running link controller over: its reconcile rotates credentials
+                // (or restyles mirrors) if they differ, and no mirror is deleted.
+                Some(next) => {
+                    tracing::info!(cluster = %a.spec.link().cluster_name, from = %key, to = %next, "link moved to another source");
+                    self.claims()
+                        .insert(a.spec.link().cluster_name.clone(), next.clone());
+                    self.active().insert(next.clone(), a);
+                    self.queue.add(next);
+                }
+                None => {
+                    self.unlink(key, a).await;
+                    // A source refused as a duplicate of this one may link now.
+                    self.queue_all();
+                }
+            }
+        }
+        Outcome::Done
+    }
+
+    /// Queues every source object and every running link.
+    fn queue_all(&self) {
+        let mut keys: Vec<SourceKey> = self
+            .secrets
+            .state()
+            .iter()
+            .map(|s| SourceKey::Secret(s.name_any()))
+            .collect();
+        keys.extend(self.links.state().iter().map(|l| SourceKey::Link(l.name_any())));
+        keys.extend(self.active().keys().cloned());
+        for k in keys {
+            self.queue.add(k);
+        }
+    }
+
+    async fn reconcile_secret(&self, key: &SourceKey, name: &str) -> Outcome {
+        let secret = self
+            .secrets
+            .get(&ObjectRef::new(name).within(&self.opts.namespace));
+        // Links using it as credentials look again (rotated, or gone).
+        for l in self.links_using(name) {
+            self.queue.add(l);
+        }
+        let Some(secret) = secret else {
+            return self.gone(key).await;
+        };
+        // Without the cluster-name annotation it is a Link's credentials Secret (as
+        // Linkerd writes them), or not a link at all: said only if no Link uses it.
+        let credentials_only = !secret
+            .annotations()
+            .contains_key(LINK_CLUSTER_NAME_ANNOTATION);
+        if !self.opts.sources.secrets() || (credentials_only && !self.links_using(name).is_empty())
+        {
+            return match self.active().contains_key(key) {
+                true => self.gone(key).await,
+                false => Outcome::Done,
+            };
+        }
+        let spec = match parse_link_secret(&secret) {
+            Ok(spec) => spec,
+            Err(e) => {
+                self.report(&SourceObject::Secret(&secret), &e).await;
+                return Outcome::Done;
+            }
+        };
+        self.apply_spec(key, &SourceObject::Secret(&secret), spec)
+            .await
+    }
+
+    async fn reconcile_link(&self, key: &SourceKey, name: &str) -> Outcome {
+        let link = self
+            .links
+            .get(&ObjectRef::new(name).within(&self.opts.namespace));
+        let Some(link) = link else {
+            return self.gone(key).await;
+        };
+        let spec = match self.parse(&link) {
+            Ok(spec) => spec,
+            Err(e) => {
+                self.report(&SourceObject::Link(&link), &e).await;
+                return Outcome::Done;
+            }
+        };
+        self.apply_spec(key, &SourceObject::Link(&link), spec).await
+    }
+
+    /// Brings the link of a valid source to `spec`: start, restart with new settings, or
+    /// nothing.
+    async fn apply_spec(&self, key: &SourceKey, source: &SourceObject<'_>, spec: LinkSpec) -> Outcome {
+        let current = self.active().get(key).map(|a| a.spec.clone());
+        match current {
+            Some(cur) if cur == spec => Outcome::Done,
+            // Same cluster name: new credentials, domain or (a Link's) settings; the
+            // mirror names stay, and the new link controller syncs before the old stops.
+            Some(cur) if cur.link().cluster_name == spec.link().cluster_name => {
+                self.rotate(key, source, spec).await
+            }
+            Some(_) => {
+                // Another cluster name: a different link.
+                if let Some(a) = self.take(key) {
+                    self.unlink(key, a).await;
+                }
+                self.link(key, source, spec).await
+            }
+            None => self.link(key, source, spec).await,
+        }
+    }
+
+    async fn link(&self, key: &SourceKey, source: &SourceObject<'_>, spec: LinkSpec) -> Outcome {
         let cluster = spec.link().cluster_name.clone();
+        // The oldest valid source of a cluster links it, whichever is reconciled first;
+        // one that runs keeps it (no flapping when an older one becomes valid).
         let taken_by = {
+            let oldest = self.candidates(&cluster).into_iter().next();
             let mut claims = self.claims();
             match claims.get(&cluster) {
-                Some(other) if other != name => Some(other.clone()),
-                _ => {
-                    claims.insert(cluster.clone(), name.to_string());
-                    None
-                }
+                Some(other) if other != key => Some(other.clone()),
+                Some(_) => None,
+                None => match oldest {
+                    Some(older) if &older != key => {
+                        self.queue.add(older.clone());
+                        Some(older)
+                    }
+                    _ => {
+                        claims.insert(cluster.clone(), key.clone());
+                        None
+                    }
+                },
             }
         };
         if let Some(other) = taken_by {
-            self.report(secret, &LinkError::DuplicateClusterName(cluster, other))
-                .await;
+            self.report(
+                source,
+                &LinkError::DuplicateClusterName(cluster, other.to_string()),
+            )
+            .await;
             return Outcome::Done;
         }
         // A background cleanup of an earlier link of this cluster must not delete the
@@ -331,7 +586,7 @@ impl Inner {
             Ok(c) => c,
             Err(e) => {
                 self.claims().remove(&cluster);
-                self.report(secret, &e).await;
+                self.report(source, &e).await;
                 return if e.retryable() {
                     Outcome::Failed
                 } else {
@@ -343,16 +598,16 @@ impl Inner {
             self.local.clone(),
             client,
             spec.link().clone(),
-            self.opts.config.clone(),
-            self.link_deps(secret),
+            self.link_config(&spec),
+            self.link_deps(source),
         ) {
             Ok(controller) => {
                 self.active()
-                    .insert(name.to_string(), Active { spec, controller });
+                    .insert(key.clone(), Active { spec, controller });
                 self.update_links_gauge();
-                tracing::info!(%cluster, secret = %name, "linked");
+                tracing::info!(%cluster, source = %key, "linked");
                 self.event(
-                    secret,
+                    source,
                     EventType::Normal,
                     "Linked",
                     format!("watching remote cluster {cluster}"),
@@ -363,20 +618,20 @@ impl Inner {
             Err(e) => {
                 self.claims().remove(&cluster);
                 let err = LinkError::InvalidClusterName(cluster, e.to_string());
-                self.report(secret, &err).await;
+                self.report(source, &err).await;
                 Outcome::Done
             }
         }
     }
 
-    /// New credentials for a running link: the new link controller syncs before the old stops,
-    /// so no mirror is deleted or flaps.
-    async fn rotate(&self, name: &str, secret: &Secret, spec: LinkSpec) -> Outcome {
+    /// New credentials or settings for a running link: the new link controller syncs
+    /// before the old stops, so no mirror is deleted or flaps.
+    async fn rotate(&self, key: &SourceKey, source: &SourceObject<'_>, spec: LinkSpec) -> Outcome {
         let cluster = spec.link().cluster_name.clone();
         let client = match connect(&spec, &self.metrics().client).await {
             Ok(c) => c,
             Err(e) => {
-                self.report(secret, &e).await;
+                self.report(source, &e).await;
                 return if e.retryable() {
                     Outcome::Failed
                 } else {
@@ -384,14 +639,14 @@ impl Inner {
                 };
             }
         };
-        // The new link controller syncs without writing; it writes only once the old one stopped,
-        // so the two never work on the same mirror at once.
+        // The new link controller syncs without writing; it writes only once the old one
+        // stopped, so the two never work on the same mirror at once.
         let new = match LinkController::start_paused(
             self.local.clone(),
             client,
             spec.link().clone(),
-            self.opts.config.clone(),
-            self.link_deps(secret),
+            self.link_config(&spec),
+            self.link_deps(source),
         ) {
             Ok(w) => w,
             Err(e) => {
@@ -408,31 +663,31 @@ impl Inner {
             _ = tokio::time::sleep(self.opts.rotation_timeout) => {
                 let _ = new.stop(false).await;
                 self.report(
-                    secret,
+                    source,
                     &LinkError::RotationTimeout(self.opts.rotation_timeout.as_secs()),
                 )
                 .await;
                 return Outcome::Failed;
             }
         }
-        let old = self.active().remove(name);
+        let old = self.active().remove(key);
         if let Some(old) = old {
             let _ = old.controller.stop(false).await;
         }
         new.resume();
         self.active().insert(
-            name.to_string(),
+            key.clone(),
             Active {
                 spec,
                 controller: new,
             },
         );
-        tracing::info!(%cluster, secret = %name, "credentials rotated");
+        tracing::info!(%cluster, source = %key, "link restarted with new credentials or settings");
         self.event(
-            secret,
+            source,
             EventType::Normal,
             "CredentialsRotated",
-            format!("now using the new credentials for {cluster}"),
+            format!("now using the new credentials and settings for {cluster}"),
         )
         .await;
         Outcome::Done
@@ -451,18 +706,12 @@ async fn watch_secrets(
         store,
     };
     let on_event = |ev: &watcher::Event<Secret>| match ev {
-        watcher::Event::Apply(s) | watcher::Event::Delete(s) => inner.queue.add(s.name_any()),
+        watcher::Event::Apply(s) | watcher::Event::Delete(s) => {
+            inner.queue.add(SourceKey::Secret(s.name_any()))
+        }
         watcher::Event::InitDone => {
-            if inner.opts.collect_unlinked && !inner.synced.load(Ordering::SeqCst) {
-                tokio::spawn(collect_unlinked(inner.clone()));
-            }
-            let mut names: Vec<String> =
-                inner.secrets.state().iter().map(|s| s.name_any()).collect();
-            names.extend(inner.active().keys().cloned());
-            for n in names {
-                inner.queue.add(n);
-            }
-            inner.synced.store(true, Ordering::SeqCst);
+            let first = !inner.synced.swap(true, Ordering::SeqCst);
+            inner.listed_once(first);
         }
         watcher::Event::Init | watcher::Event::InitApply(_) => {}
     };
@@ -470,12 +719,65 @@ async fn watch_secrets(
     drive(watch, cancel, on_event, on_error).await
 }
 
-/// Deletes the mirrors of clusters that no link Secret names (see [`Collector`]); only
+/// Watches the `Link`s of the namespace. Without the CRD (a cluster that only uses link
+/// Secrets) the list fails with 404: the Links count as listed, and the watch keeps
+/// retrying, so a CRD installed later is picked up.
+async fn watch_links(
+    inner: Arc<Inner>,
+    store: reflector::store::Writer<LinkResource>,
+    cancel: CancellationToken,
+) {
+    let watch = Watch {
+        api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
+        config: watcher::Config::default(),
+        strip: keep_all,
+        store,
+    };
+    let on_event = |ev: &watcher::Event<LinkResource>| match ev {
+        watcher::Event::Apply(l) | watcher::Event::Delete(l) => {
+            inner.queue.add(SourceKey::Link(l.name_any()))
+        }
+        watcher::Event::InitDone => {
+            let first = !inner.links_synced.swap(true, Ordering::SeqCst);
+            inner.listed_once(first);
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    };
+    let mut said = false;
+    let on_error = |e: &watcher::Error| {
+        let missing = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404 || s.code == 403);
+        if missing {
+            if !inner.links_synced.swap(true, Ordering::SeqCst) {
+                inner.listed_once(true);
+            }
+            if !std::mem::replace(&mut said, true) {
+                tracing::info!(namespace = %inner.opts.namespace, error = %e, "Link resources cannot be listed (CRD links.multicluster.linkerd.io not installed, or not allowed): linking by Secrets only until they can");
+            }
+        } else {
+            tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching Links failed; retrying");
+        }
+    };
+    drive(watch, cancel, on_event, on_error).await
+}
+
+impl Inner {
+    /// A source listed (`first`: for the first time): every source is looked at again,
+    /// and once both are listed the first time, unlinked mirrors are collected.
+    fn listed_once(self: &Arc<Self>, first: bool) {
+        if first && self.listed() && self.opts.collect_unlinked {
+            tokio::spawn(collect_unlinked(self.clone()));
+        }
+        self.queue_all();
+    }
+}
+
+/// Deletes the mirrors of clusters that no link source names (see [`Collector`]); only
 /// on the leader.
 async fn collect_unlinked(inner: Arc<Inner>) {
     let collector = Collector {
         local: inner.local.clone(),
         secrets: inner.secrets.clone(),
+        links: inner.links.clone(),
         namespace: inner.opts.namespace.clone(),
         namespaces: inner.opts.config.namespaces.clone(),
         leader: inner.opts.deps.leader.clone(),
@@ -491,13 +793,8 @@ async fn collect_unlinked(inner: Arc<Inner>) {
 }
 
 async fn worker(inner: Arc<Inner>) {
-    while let Some(name) = inner.queue.next().await {
-        let outcome = inner.reconcile(&name).await;
-        inner.queue.done(name, outcome);
+    while let Some(key) = inner.queue.next().await {
+        let outcome = inner.reconcile(&key).await;
+        inner.queue.done(key, outcome);
     }
-}
-
-/// A reference to a link Secret, for Events about the link.
-fn secret_reference(secret: &Secret) -> ObjectReference {
-    secret.object_ref(&())
 }

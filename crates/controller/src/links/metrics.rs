@@ -15,11 +15,22 @@ pub(crate) struct LinkErrorLabels {
     pub(crate) reason: String,
 }
 
+/// Labels of `Link` resource errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LinkResourceErrorLabels {
+    /// The Link's name.
+    pub(crate) link: String,
+    /// Why it was refused (the Event reason).
+    pub(crate) reason: String,
+}
+
 /// The link manager's families.
 #[derive(Debug, Default)]
 pub(crate) struct LinksFamilies {
     /// Refused or failing link Secrets.
     pub(crate) link_errors: Family<LinkErrorLabels, Counter>,
+    /// Refused or failing `Link` resources.
+    pub(crate) link_resource_errors: Family<LinkResourceErrorLabels, Counter>,
     /// Remote clusters being watched.
     pub(crate) links: Gauge,
 }
@@ -31,6 +42,11 @@ impl LinksFamilies {
             "link_errors",
             "Refused or failing link Secrets by reason",
             self.link_errors.clone(),
+        );
+        r.register(
+            "link_resource_errors",
+            "Refused or failing Link resources by reason",
+            self.link_resource_errors.clone(),
         );
         r.register("links", "Remote clusters being watched", self.links.clone());
     }

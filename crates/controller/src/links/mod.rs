@@ -10,7 +10,7 @@ mod sanitize;
 mod secret;
 
 pub use connect::connect;
-pub use manager::{LinkManager, LinkManagerOptions};
+pub use manager::{LinkManager, LinkManagerOptions, LinkSources};
 pub use sanitize::{REDACTED, REMOTE_TEXT_MAX_CHARS, sanitize_remote_text};
 pub use secret::{
     ALLOW_INSECURE_ANNOTATION, Allowances, Insecure, LinkError, LinkSource, LinkSpec,

@@ -1,0 +1,311 @@
+//! A `Link`'s status: one `Mirrored` condition per remote Service the Link selects, on
+//! the Link's status subresource, as Linkerd's tools read it.
+//!
+//! Reconciles only record what they saw ([`StatusBook::observe`], no I/O); one task per
+//! link writes the book, debounced and bounded. Linkerd patches the whole list once per
+//! Service, so a cold sync of n Services writes O(n²) bytes (10,000 Services: ~16 GB)
+//! and the list outgrows etcd's 1.5 MiB object limit near 4,500 Services. Here: at most
+//! one write per [`MIN_INTERVAL`], longer after large writes (the status is written at
+//! most [`BYTES_PER_SECOND`] on average), only when it changed, and at most
+//! [`MAX_STATUS_BYTES`] of entries, failures first (the count left out is a metric).
+
+use super::workers::Gate;
+use crate::links::{LinkCondition, LinkObjectRef, LinkResource, LinkServiceStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use parking_lot::Mutex;
+use service_mirror_core::ServiceKey;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Our `controllerName` on status entries: Linkerd's is `linkerd.io/service-mirror`, and
+/// each controller keeps the entries of the others.
+pub const CONTROLLER_NAME: &str = "service-mirror.linkerd.io/service-mirror";
+/// Shortest time between two status writes of a link (changes in between are merged).
+pub const MIN_INTERVAL: Duration = Duration::from_secs(2);
+/// Average write rate the debounce holds a link's status to.
+pub const BYTES_PER_SECOND: usize = 128 * 1024;
+/// Largest list of our entries written: a third of etcd's default 1.5 MiB request
+/// limit, which also holds the spec and other controllers' entries.
+pub const MAX_STATUS_BYTES: usize = 512 * 1024;
+/// Longest condition message kept (messages carry remote-chosen text).
+const MAX_MESSAGE_CHARS: usize = 256;
+
+/// What one reconcile found for a remote Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Observed {
+    /// Mirrored as the local Service `local` (same namespace).
+    Mirrored {
+        /// The mirror's name.
+        local: String,
+    },
+    /// Selected but cannot be mirrored (`InvalidService`).
+    Invalid(String),
+    /// Its namespace does not exist locally (`MissingNamespace`).
+    MissingNamespace,
+    /// A write failed (`Error`).
+    Error(String),
+    /// Not selected (or gone): no entry.
+    Gone,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    observed: Observed,
+    since: Time,
+}
+
+/// The status entries of one link, recorded by reconciles.
+#[derive(Debug, Default)]
+pub(crate) struct StatusBook {
+    entries: Mutex<BTreeMap<ServiceKey, Entry>>,
+    changed: Notify,
+}
+
+impl StatusBook {
+    /// Records what a reconcile of `key` found; the writer is woken only on a change,
+    /// so an idle link writes nothing.
+    pub(crate) fn observe(&self, key: &ServiceKey, observed: Observed) {
+        let mut entries = self.entries.lock();
+        let changed = match observed {
+            Observed::Gone => entries.remove(key).is_some(),
+            observed => match entries.get(key) {
+                Some(e) if e.observed == observed => false,
+                _ => {
+                    let since = Time(k8s_openapi::jiff::Timestamp::now());
+                    entries.insert(key.clone(), Entry { observed, since });
+                    true
+                }
+            },
+        };
+        drop(entries);
+        if changed {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Our entries, failures first then by key, within `budget` bytes of JSON; and how
+    /// many were left out.
+    pub(crate) fn render(&self, budget: usize) -> (Vec<LinkServiceStatus>, usize) {
+        let entries = self.entries.lock();
+        let (failing, mirrored): (Vec<_>, Vec<_>) = entries
+            .iter()
+            .partition(|(_, e)| !matches!(e.observed, Observed::Mirrored { .. }));
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut left_out = 0;
+        for (key, entry) in failing.into_iter().chain(mirrored) {
+            let status = service_status(key, entry);
+            let size = serde_json::to_vec(&status).map_or(0, |v| v.len() + 1);
+            if bytes + size > budget {
+                left_out += 1;
+                continue;
+            }
+            bytes += size;
+            out.push(status);
+        }
+        (out, left_out)
+    }
+}
+
+fn bounded(message: &str) -> String {
+    crate::links::sanitize_remote_text(message)
+        .chars()
+        .take(MAX_MESSAGE_CHARS)
+        .collect()
+}
+
+fn service_status(key: &ServiceKey, entry: &Entry) -> LinkServiceStatus {
+    let (status, reason, message, local) = match &entry.observed {
+        Observed::Mirrored { local } => ("True", "Mirrored", String::new(), Some(local)),
+        Observed::Invalid(m) => ("False", "InvalidService", bounded(m), None),
+        Observed::MissingNamespace => (
+            "False",
+            "MissingNamespace",
+            "Namespace does not exist".to_owned(),
+            None,
+        ),
+        Observed::Error(m) => ("False", "Error", bounded(m), None),
+        Observed::Gone => unreachable!("gone entries are removed"),
+    };
+    let service_ref = |name: &str| LinkObjectRef {
+        group: String::new(),
+        kind: "Service".into(),
+        name: name.to_owned(),
+        namespace: key.namespace.clone(),
+    };
+    LinkServiceStatus {
+        controller_name: CONTROLLER_NAME.into(),
+        remote_ref: service_ref(&key.name),
+        conditions: vec![LinkCondition {
+            type_: "Mirrored".into(),
+            status: status.into(),
+            last_transition_time: Some(entry.since.clone()),
+            last_probe_time: None,
+            reason: reason.into(),
+            message,
+            local_ref: local.map(|l| service_ref(l)),
+        }],
+    }
+}
+
+/// How long to wait after writing `bytes` before the next write.
+pub(crate) fn interval_after(bytes: usize) -> Duration {
+    MIN_INTERVAL.max(Duration::from_secs_f64(
+        bytes as f64 / BYTES_PER_SECOND as f64,
+    ))
+}
+
+/// Writes the book of the Link `name` (in `api`'s namespace) whenever it changes, while
+/// `gate` is open (leader, not paused), until `cancel` fires.
+pub(super) async fn write_status(
+    book: Arc<StatusBook>,
+    api: Api<LinkResource>,
+    name: String,
+    gate: Gate,
+    metrics: super::metrics::LinkMetrics,
+    cancel: CancellationToken,
+) {
+    let mut written: Option<Vec<LinkServiceStatus>> = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = book.changed.notified() => {}
+        }
+        // Let the changes of a burst (a cold sync, a gateway move) gather.
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(MIN_INTERVAL) => {}
+        }
+        if !gate.wait_open(&cancel).await {
+            return;
+        }
+        let (ours, left_out) = book.render(MAX_STATUS_BYTES);
+        if written.as_ref() == Some(&ours) {
+            continue;
+        }
+        match patch(&api, &name, &ours).await {
+            Ok(bytes) => {
+                metrics.status_written(bytes, left_out);
+                written = Some(ours);
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(interval_after(bytes).saturating_sub(MIN_INTERVAL)) => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(link = %name, error = %e, "writing the Link's status failed; retrying");
+                metrics.error("link_status");
+                book.changed.notify_one();
+            }
+        }
+    }
+}
+
+/// Replaces our entries of the Link's `mirrorServices`, keeping other controllers'
+/// (read first: a merge patch replaces a list whole). Returns the bytes sent.
+async fn patch(
+    api: &Api<LinkResource>,
+    name: &str,
+    ours: &[LinkServiceStatus],
+) -> kube::Result<usize> {
+    let current = api.get_status(name).await?;
+    let mut services: Vec<LinkServiceStatus> = current
+        .status
+        .map(|s| s.mirror_services)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| s.controller_name != CONTROLLER_NAME)
+        .collect();
+    services.extend(ours.iter().cloned());
+    let body = serde_json::json!({ "status": { "mirrorServices": services } });
+    let bytes = serde_json::to_vec(&body).map_or(0, |b| b.len());
+    let params = PatchParams::apply(crate::writer::FIELD_MANAGER);
+    let params = PatchParams {
+        force: false,
+        ..params
+    };
+    api.patch_status(name, &params, &Patch::Merge(&body))
+        .await?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey::new("shop", name)
+    }
+
+    #[test]
+    fn an_unchanged_observation_is_no_change() {
+        let book = StatusBook::default();
+        book.observe(&key("web"), Observed::Mirrored { local: "web-east".into() });
+        let first = book.render(MAX_STATUS_BYTES);
+        book.observe(&key("web"), Observed::Mirrored { local: "web-east".into() });
+        assert_eq!(book.render(MAX_STATUS_BYTES), first, "same entry, same time");
+        book.observe(&key("gone"), Observed::Gone);
+        assert_eq!(book.render(MAX_STATUS_BYTES), first, "nothing to remove");
+    }
+
+    #[test]
+    fn entries_say_linkerds_reasons_with_our_controller_name() {
+        let book = StatusBook::default();
+        let cases = [
+            ("a", Observed::Mirrored { local: "a-east".into() }, "True", "Mirrored"),
+            ("b", Observed::Invalid("no ports".into()), "False", "InvalidService"),
+            ("c", Observed::MissingNamespace, "False", "MissingNamespace"),
+            ("d", Observed::Error("boom".into()), "False", "Error"),
+        ];
+        for (name, observed, _, _) in &cases {
+            book.observe(&key(name), observed.clone());
+        }
+        let (list, left_out) = book.render(MAX_STATUS_BYTES);
+        assert_eq!(left_out, 0);
+        for (name, _, status, reason) in &cases {
+            let e = list.iter().find(|e| e.remote_ref.name == *name).unwrap();
+            assert_eq!(e.controller_name, CONTROLLER_NAME);
+            assert_eq!(e.remote_ref.kind, "Service");
+            assert_eq!(e.remote_ref.namespace, "shop");
+            let c = &e.conditions[0];
+            assert_eq!((c.type_.as_str(), c.status.as_str(), c.reason.as_str()), ("Mirrored", *status, *reason));
+            assert_eq!(c.local_ref.is_some(), *status == "True", "{name}");
+        }
+        let a = list.iter().find(|e| e.remote_ref.name == "a").unwrap();
+        assert_eq!(a.conditions[0].local_ref.as_ref().unwrap().name, "a-east");
+    }
+
+    #[test]
+    fn over_budget_failures_come_first_and_the_rest_is_counted() {
+        let book = StatusBook::default();
+        for i in 0..100 {
+            book.observe(&key(&format!("ok-{i:03}")), Observed::Mirrored { local: format!("ok-{i:03}-east") });
+        }
+        book.observe(&key("zz-bad"), Observed::Invalid("no ports".into()));
+        let one = serde_json::to_vec(&book.render(MAX_STATUS_BYTES).0[0]).unwrap().len() + 1;
+        let (list, left_out) = book.render(one * 10);
+        assert_eq!(list[0].remote_ref.name, "zz-bad", "failures first");
+        assert!(list.len() <= 10 && list.len() >= 9, "{}", list.len());
+        assert_eq!(list.len() + left_out, 101);
+    }
+
+    #[test]
+    fn a_gone_service_loses_its_entry_and_messages_are_bounded() {
+        let book = StatusBook::default();
+        book.observe(&key("web"), Observed::Error("x".repeat(10_000)));
+        let (list, _) = book.render(MAX_STATUS_BYTES);
+        assert!(list[0].conditions[0].message.chars().count() <= MAX_MESSAGE_CHARS);
+        book.observe(&key("web"), Observed::Gone);
+        assert!(book.render(MAX_STATUS_BYTES).0.is_empty());
+    }
+
+    #[test]
+    fn large_writes_space_the_next_one_out() {
+        assert_eq!(interval_after(0), MIN_INTERVAL);
+        assert_eq!(interval_after(MAX_STATUS_BYTES), Duration::from_secs(4));
+    }
+}

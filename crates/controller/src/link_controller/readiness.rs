@@ -1,0 +1,229 @@
+//! Which remote Services have a ready endpoint, from the remote EndpointSlices (Link
+//! links only): a gateway mirror of a Service with none gets Endpoints without subsets,
+//! as Linkerd's do, so failover tools see the remote as empty.
+//!
+//! Only a flag per slice is kept, not the slices: a remote with 10,000 Services has at
+//! least as many slices, and the caches are most of the controller's memory.
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
+use kube::runtime::watcher;
+use service_mirror_core::ServiceKey;
+use service_mirror_core::labels::SERVICE_NAME_LABEL;
+use std::collections::{BTreeSet, HashMap};
+
+/// Per remote Service key: its slices (by name) and whether each has a ready endpoint.
+type Slices = HashMap<ServiceKey, HashMap<String, bool>>;
+
+/// The readiness of remote Services, fed by a watch of the remote EndpointSlices.
+#[derive(Debug, Default)]
+pub(crate) struct RemoteReadiness {
+    slices: Slices,
+    /// A relist in progress (between `Init` and `InitDone`).
+    relisting: Option<Slices>,
+    listed: bool,
+    /// The remote refused the slice watch (credentials from before Links): readiness is
+    /// unknown, and every Service counts as ready (mirrored as before) rather than none.
+    unavailable: bool,
+    /// Keys whose readiness the last event changed.
+    changed: Vec<ServiceKey>,
+}
+
+/// The key of the Service a slice belongs to; None for a slice without the label.
+fn slice_owner(slice: &EndpointSlice) -> Option<(ServiceKey, String)> {
+    let service = slice.labels().get(SERVICE_NAME_LABEL)?;
+    Some((
+        ServiceKey::new(slice.namespace().unwrap_or_default(), service),
+        slice.name_any(),
+    ))
+}
+
+/// A slice routes traffic when one endpoint is ready (unset means ready, per the API).
+fn has_ready_endpoint(slice: &EndpointSlice) -> bool {
+    slice
+        .endpoints
+        .iter()
+        .any(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+}
+
+fn any_ready(slices: &Slices, key: &ServiceKey) -> bool {
+    slices.get(key).is_some_and(|s| s.values().any(|r| *r))
+}
+
+fn insert(slices: &mut Slices, slice: &EndpointSlice) -> Option<ServiceKey> {
+    let (key, name) = slice_owner(slice)?;
+    slices
+        .entry(key.clone())
+        .or_default()
+        .insert(name, has_ready_endpoint(slice));
+    Some(key)
+}
+
+fn remove(slices: &mut Slices, slice: &EndpointSlice) -> Option<ServiceKey> {
+    let (key, name) = slice_owner(slice)?;
+    if let Some(s) = slices.get_mut(&key) {
+        s.remove(&name);
+        if s.is_empty() {
+            slices.remove(&key);
+        }
+    }
+    Some(key)
+}
+
+impl RemoteReadiness {
+    /// Whether the remote has listed its slices (or refused to): until then a gateway
+    /// mirror cannot be planned, as its endpoints depend on it.
+    pub(crate) fn listed(&self) -> bool {
+        self.listed || self.unavailable
+    }
+
+    /// Whether `key` has a ready endpoint in the remote (true when unknown).
+    pub(crate) fn ready(&self, key: &ServiceKey) -> bool {
+        self.unavailable || any_ready(&self.slices, key)
+    }
+
+    /// The remote refused the watch: count every Service as ready from now on.
+    pub(crate) fn set_unavailable(&mut self) -> bool {
+        !std::mem::replace(&mut self.unavailable, true)
+    }
+
+    /// Applies one watch event; [`RemoteReadiness::take_changed`] then says which keys
+    /// changed.
+    pub(crate) fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
+        self.unavailable = false;
+        match ev {
+            watcher::Event::Apply(s) | watcher::Event::Delete(s) => {
+                let Some((key, _)) = slice_owner(s) else {
+                    return;
+                };
+                let before = any_ready(&self.slices, &key);
+                match ev {
+                    watcher::Event::Apply(_) => insert(&mut self.slices, s),
+                    _ => remove(&mut self.slices, s),
+                };
+                if before != any_ready(&self.slices, &key) {
+                    self.changed.push(key);
+                }
+            }
+            watcher::Event::Init => self.relisting = Some(Slices::new()),
+            watcher::Event::InitApply(s) => {
+                insert(self.relisting.get_or_insert_with(Slices::new), s);
+            }
+            watcher::Event::InitDone => {
+                let new = self.relisting.take().unwrap_or_default();
+                let old = std::mem::replace(&mut self.slices, new);
+                let keys: BTreeSet<&ServiceKey> = old.keys().chain(self.slices.keys()).collect();
+                let changed: Vec<ServiceKey> = keys
+                    .into_iter()
+                    .filter(|k| any_ready(&old, k) != any_ready(&self.slices, k))
+                    .cloned()
+                    .collect();
+                self.changed.extend(changed);
+                self.listed = true;
+            }
+        }
+    }
+
+    /// The keys whose readiness changed since the last call.
+    pub(crate) fn take_changed(&mut self) -> Vec<ServiceKey> {
+        std::mem::take(&mut self.changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(ns: &str, name: &str, service: Option<&str>, ready: &[Option<bool>]) -> EndpointSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": ns,
+                "labels": service.map(|s| serde_json::json!({SERVICE_NAME_LABEL: s})).unwrap_or(serde_json::json!({}))},
+            "addressType": "IPv4",
+            "endpoints": ready.iter().map(|r| serde_json::json!({
+                "addresses": ["10.0.0.1"],
+                "conditions": r.map(|r| serde_json::json!({"ready": r})).unwrap_or(serde_json::json!({})),
+            })).collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    }
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey::new("shop", name)
+    }
+
+    #[test]
+    fn a_service_is_ready_while_one_of_its_slices_has_a_ready_endpoint() {
+        let cases: &[(&str, &[Option<bool>], bool)] = &[
+            ("no endpoints", &[], false),
+            ("one ready", &[Some(true)], true),
+            ("unset means ready", &[None], true),
+            ("only not ready", &[Some(false), Some(false)], false),
+            ("one of two ready", &[Some(false), Some(true)], true),
+        ];
+        for (what, ready, want) in cases {
+            let mut r = RemoteReadiness::default();
+            r.apply(&watcher::Event::Init);
+            r.apply(&watcher::Event::InitApply(slice("shop", "web-1", Some("web"), ready)));
+            r.apply(&watcher::Event::InitDone);
+            assert!(r.listed(), "{what}");
+            assert_eq!(r.ready(&key("web")), *want, "{what}");
+        }
+    }
+
+    #[test]
+    fn events_report_only_the_keys_whose_readiness_changed() {
+        let mut r = RemoteReadiness::default();
+        r.apply(&watcher::Event::Init);
+        r.apply(&watcher::Event::InitDone);
+        assert!(r.take_changed().is_empty(), "an empty list changes nothing");
+        r.apply(&watcher::Event::Apply(slice("shop", "web-1", Some("web"), &[Some(true)])));
+        assert_eq!(r.take_changed(), vec![key("web")]);
+        // A second ready slice, then the first going unready: still ready.
+        r.apply(&watcher::Event::Apply(slice("shop", "web-2", Some("web"), &[Some(true)])));
+        r.apply(&watcher::Event::Apply(slice("shop", "web-1", Some("web"), &[Some(false)])));
+        assert!(r.take_changed().is_empty());
+        assert!(r.ready(&key("web")));
+        r.apply(&watcher::Event::Delete(slice("shop", "web-2", Some("web"), &[Some(true)])));
+        assert_eq!(r.take_changed(), vec![key("web")]);
+        assert!(!r.ready(&key("web")));
+        // A slice without the service-name label belongs to no Service.
+        r.apply(&watcher::Event::Apply(slice("shop", "stray", None, &[Some(true)])));
+        assert!(r.take_changed().is_empty());
+    }
+
+    #[test]
+    fn a_relist_replaces_the_slices_and_reports_the_differences() {
+        let mut r = RemoteReadiness::default();
+        r.apply(&watcher::Event::Init);
+        r.apply(&watcher::Event::InitApply(slice("shop", "a-1", Some("a"), &[Some(true)])));
+        r.apply(&watcher::Event::InitApply(slice("shop", "b-1", Some("b"), &[Some(true)])));
+        r.apply(&watcher::Event::InitDone);
+        let mut first = r.take_changed();
+        first.sort();
+        assert_eq!(first, vec![key("a"), key("b")]);
+        // While away: a lost its endpoints, b is unchanged, c appeared.
+        r.apply(&watcher::Event::Init);
+        assert!(r.ready(&key("a")), "the old state holds until the list completes");
+        r.apply(&watcher::Event::InitApply(slice("shop", "b-1", Some("b"), &[Some(true)])));
+        r.apply(&watcher::Event::InitApply(slice("shop", "c-1", Some("c"), &[None])));
+        r.apply(&watcher::Event::InitDone);
+        let mut changed = r.take_changed();
+        changed.sort();
+        assert_eq!(changed, vec![key("a"), key("c")]);
+        assert!(!r.ready(&key("a")));
+    }
+
+    #[test]
+    fn a_refused_watch_counts_every_service_as_ready() {
+        let mut r = RemoteReadiness::default();
+        assert!(!r.listed(), "nothing known before the list");
+        assert!(r.set_unavailable(), "said once");
+        assert!(!r.set_unavailable());
+        assert!(r.listed());
+        assert!(r.ready(&key("anything")));
+        // The watch recovers: real readiness again.
+        r.apply(&watcher::Event::Init);
+        r.apply(&watcher::Event::InitDone);
+        assert!(!r.ready(&key("anything")));
+    }
+}
