@@ -17,7 +17,7 @@ use super::labels::{
     MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_DISCOVERY_LABEL,
     REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL,
     REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION, REMOTE_RESOURCE_VERSION_ANNOTATION,
-    REMOTE_SERVICE_LABEL, REMOTE_SVC_FQ_NAME_ANNOTATION,
+    REMOTE_SERVICE_LABEL, REMOTE_SVC_FQ_NAME_ANNOTATION, SKIP_MIRROR_LABEL,
 };
 use super::metadata::{Exclusions, copied_annotations, copied_labels};
 use super::naming::{fq_name, mirror_name};
@@ -268,10 +268,15 @@ fn mirror_metadata(
                 &OWNED_ANNOTATIONS,
             );
             annotations.extend(fixed);
+            // `skip-mirror` on the Endpoints is the endpoints mode's to set (`plan`): a
+            // copied one would stop kube-controller-manager mirroring them in
+            // `endpoints` mode, leaving the mirror with no slice at all.
+            let mut endpoints_labels = labels.clone();
+            endpoints_labels.remove(SKIP_MIRROR_LABEL);
             MirrorMetadata {
-                service_labels: labels.clone(),
+                service_labels: labels,
                 service_annotations: annotations,
-                endpoints_labels: labels,
+                endpoints_labels,
                 endpoints_annotations,
                 ownership: MetadataOwnership::All,
             }
@@ -702,6 +707,564 @@ mod tests {
                 ("mirror.linkerd.io/mirrored-service".into(), "true".into()),
                 ("mirror.linkerd.io/cluster-name".into(), "east".into()),
             ]))
+        );
+    }
+
+    // ---- Link (`MirrorStyle::Resource`) mirrors, remote discovery, gateway identity ----
+
+    use super::super::labels::{
+        GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, OPAQUE_PORTS_ANNOTATION,
+        TOPOLOGY_AWARE_HINTS_ANNOTATION, TOPOLOGY_MODE_ANNOTATION,
+    };
+
+    type Map = BTreeMap<String, String>;
+
+    fn map(pairs: &[(&str, &str)]) -> Map {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn exclusions(patterns: &[&str]) -> Exclusions {
+        let patterns: Vec<String> = patterns.iter().map(|p| (*p).to_owned()).collect();
+        Exclusions::parse(&patterns).unwrap()
+    }
+
+    /// A `Link` resource's link (with a controller namespace, which it must ignore).
+    fn resource_link(excluded_labels: &[&str], excluded_annotations: &[&str]) -> Link {
+        link()
+            .with_controller_namespace("mc")
+            .with_style(MirrorStyle::Resource(ResourceStyle {
+                excluded_labels: exclusions(excluded_labels),
+                excluded_annotations: exclusions(excluded_annotations),
+            }))
+    }
+
+    /// The remote `web` with exactly these labels and annotations, and one port.
+    fn remote_meta(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Service {
+        let mut s = remote(vec![port(Some("http"), None, 80, None)]);
+        s.metadata.labels = Some(map(labels));
+        s.metadata.annotations = Some(map(annotations));
+        s
+    }
+
+    fn owner(cluster: &str) -> Vec<(&'static str, String)> {
+        vec![
+            (MIRRORED_SERVICE_LABEL, "true".to_owned()),
+            (CLUSTER_NAME_LABEL, cluster.to_owned()),
+        ]
+    }
+
+    fn with_owner(pairs: &[(&str, &str)]) -> Map {
+        let mut m = map(pairs);
+        m.extend(owner("east").into_iter().map(|(k, v)| (k.to_owned(), v)));
+        m
+    }
+
+    const FQ: &str = "web.shop.svc.cluster.local";
+
+    fn resolved_with(identity: Option<&str>) -> ResolvedGateway {
+        ResolvedGateway::new([ip("10.0.0.1")], 4143, "gw-7").with_identity(identity.map(Into::into))
+    }
+
+    #[test]
+    fn link_service_labels_are_the_remotes_minus_mirror_prefix_and_excluded_plus_owner_labels() {
+        let remote_labels: &[(&str, &str)] = &[
+            ("app", "web"),
+            ("team", "a"),
+            ("example.com/owner", "x"),
+            ("example.community/x", "y"),
+            ("other.io/keep", "z"),
+            ("mirror.linkerd.io/exported", "true"),
+            ("mirror.linkerd.io/cluster-name", "spoofed"),
+            ("mirror.linkerd.io/mirrored-service", "false"),
+            ("mirror.linkerd.iox/other", "w"),
+        ];
+        type Row<'a> = (&'a str, Vec<&'a str>, Map);
+        let table: Vec<Row> = vec![
+            (
+                "no exclusions: every label but the mirror.linkerd.io* ones",
+                vec![],
+                with_owner(&[
+                    ("app", "web"),
+                    ("team", "a"),
+                    ("example.com/owner", "x"),
+                    ("example.community/x", "y"),
+                    ("other.io/keep", "z"),
+                ]),
+            ),
+            (
+                "an exact exclusion drops that key only",
+                vec!["team"],
+                with_owner(&[
+                    ("app", "web"),
+                    ("example.com/owner", "x"),
+                    ("example.community/x", "y"),
+                    ("other.io/keep", "z"),
+                ]),
+            ),
+            (
+                "a prefix/* exclusion drops every key starting with prefix (Linkerd's HasPrefix)",
+                vec!["example.com/*"],
+                with_owner(&[("app", "web"), ("team", "a"), ("other.io/keep", "z")]),
+            ),
+            (
+                "an exact exclusion is not a prefix",
+                vec!["example.com", "tea"],
+                with_owner(&[
+                    ("app", "web"),
+                    ("team", "a"),
+                    ("example.com/owner", "x"),
+                    ("example.community/x", "y"),
+                    ("other.io/keep", "z"),
+                ]),
+            ),
+            (
+                "/* excludes every copied label, never the owner labels",
+                vec!["/*"],
+                with_owner(&[]),
+            ),
+            (
+                "excluding an owner label changes nothing",
+                vec![
+                    MIRRORED_SERVICE_LABEL,
+                    CLUSTER_NAME_LABEL,
+                    "mirror.linkerd.io/*",
+                ],
+                with_owner(&[
+                    ("app", "web"),
+                    ("team", "a"),
+                    ("example.com/owner", "x"),
+                    ("example.community/x", "y"),
+                    ("other.io/keep", "z"),
+                ]),
+            ),
+        ];
+        for (what, excluded, want) in table {
+            let l = resource_link(&excluded, &[]);
+            let r = resolved_with(Some("gw.mc.serviceaccount.identity.cluster.local"));
+            for resolved in [None, Some(&r)] {
+                let m = desired_mirror(&remote_meta(remote_labels, &[]), &l, &gw(), resolved);
+                assert_eq!(m.service.metadata.labels.as_ref(), Some(&want), "{what}");
+                assert_eq!(
+                    m.endpoints.metadata.labels.as_ref(),
+                    Some(&want),
+                    "{what}: Endpoints labels are the Service's"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn link_service_annotations_are_the_remotes_minus_topology_export_and_excluded_plus_fq_and_version()
+     {
+        let remote_annotations: &[(&str, &str)] = &[
+            ("a", "1"),
+            ("b", "2"),
+            ("example.com/x", "3"),
+            ("example.community/y", "4"),
+            (OPAQUE_PORTS_ANNOTATION, "3306"),
+            (TOPOLOGY_AWARE_HINTS_ANNOTATION, "auto"),
+            (TOPOLOGY_MODE_ANNOTATION, "Auto"),
+            (GATEWAY_NAME_ANNOTATION, "gw"),
+            (GATEWAY_NS_ANNOTATION, "mc"),
+            ("mirror.linkerd.io/probe-path", "/health"),
+            // Keys the mirror sets itself: the remote's never win.
+            (REMOTE_SVC_FQ_NAME_ANNOTATION, "spoofed.other.svc.x"),
+            (REMOTE_RESOURCE_VERSION_ANNOTATION, "1"),
+        ];
+        let fixed = |pairs: &[(&str, &str)]| {
+            let mut m = map(pairs);
+            m.extend(map(&[
+                (REMOTE_SVC_FQ_NAME_ANNOTATION, FQ),
+                (REMOTE_RESOURCE_VERSION_ANNOTATION, "100"),
+            ]));
+            m
+        };
+        type Row<'a> = (&'a str, Vec<&'a str>, Map);
+        let table: Vec<Row> = vec![
+            (
+                "no exclusions",
+                vec![],
+                fixed(&[
+                    ("a", "1"),
+                    ("b", "2"),
+                    ("example.com/x", "3"),
+                    ("example.community/y", "4"),
+                    (OPAQUE_PORTS_ANNOTATION, "3306"),
+                    ("mirror.linkerd.io/probe-path", "/health"),
+                ]),
+            ),
+            (
+                "exact",
+                vec!["b"],
+                fixed(&[
+                    ("a", "1"),
+                    ("example.com/x", "3"),
+                    ("example.community/y", "4"),
+                    (OPAQUE_PORTS_ANNOTATION, "3306"),
+                    ("mirror.linkerd.io/probe-path", "/health"),
+                ]),
+            ),
+            (
+                "prefix/*",
+                vec!["example.com/*"],
+                fixed(&[
+                    ("a", "1"),
+                    ("b", "2"),
+                    (OPAQUE_PORTS_ANNOTATION, "3306"),
+                    ("mirror.linkerd.io/probe-path", "/health"),
+                ]),
+            ),
+            (
+                "opaque-ports is kept even when excluded exactly",
+                vec![OPAQUE_PORTS_ANNOTATION, "a"],
+                fixed(&[
+                    ("b", "2"),
+                    ("example.com/x", "3"),
+                    ("example.community/y", "4"),
+                    (OPAQUE_PORTS_ANNOTATION, "3306"),
+                    ("mirror.linkerd.io/probe-path", "/health"),
+                ]),
+            ),
+            (
+                "everything excluded: opaque-ports and the mirror's own remain",
+                vec!["/*"],
+                fixed(&[(OPAQUE_PORTS_ANNOTATION, "3306")]),
+            ),
+            (
+                "excluding the mirror's own annotations changes nothing",
+                vec![REMOTE_SVC_FQ_NAME_ANNOTATION, "mirror.linkerd.io/*"],
+                fixed(&[
+                    ("a", "1"),
+                    ("b", "2"),
+                    ("example.com/x", "3"),
+                    ("example.community/y", "4"),
+                    (OPAQUE_PORTS_ANNOTATION, "3306"),
+                ]),
+            ),
+        ];
+        for (what, excluded, want) in table {
+            let l = resource_link(&[], &excluded);
+            let r = resolved_with(None);
+            for resolved in [None, Some(&r)] {
+                let m = desired_mirror(&remote_meta(&[], remote_annotations), &l, &gw(), resolved);
+                assert_eq!(
+                    m.service.metadata.annotations.as_ref(),
+                    Some(&want),
+                    "{what}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn link_exclusions_of_labels_and_annotations_are_independent() {
+        let remote = remote_meta(&[("k", "label")], &[("k", "annotation")]);
+        let only_labels = desired_mirror(&remote, &resource_link(&["k"], &[]), &gw(), None);
+        assert!(
+            !only_labels
+                .service
+                .metadata
+                .labels
+                .unwrap()
+                .contains_key("k")
+        );
+        assert_eq!(
+            only_labels.service.metadata.annotations.unwrap()["k"],
+            "annotation"
+        );
+        let only_annotations = desired_mirror(&remote, &resource_link(&[], &["k"]), &gw(), None);
+        assert_eq!(
+            only_annotations.service.metadata.labels.unwrap()["k"],
+            "label"
+        );
+        assert!(
+            !only_annotations
+                .service
+                .metadata
+                .annotations
+                .unwrap()
+                .contains_key("k")
+        );
+    }
+
+    #[test]
+    fn link_mirrors_carry_none_of_the_secret_link_metadata() {
+        let remote = remote_meta(&[("app", "web")], &[("a", "1")]);
+        let l = resource_link(&[], &[]);
+        let r = resolved_with(Some("gw.mc.serviceaccount.identity.cluster.local"));
+        let secret_only_labels = [REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL];
+        let secret_only_annotations = [
+            REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+            CONTROLLER_NAMESPACE_ANNOTATION,
+        ];
+        let mirrors = [
+            (
+                "gateway, resolved",
+                desired_mirror(&remote, &l, &gw(), Some(&r)),
+            ),
+            (
+                "gateway, unresolved",
+                desired_mirror(&remote, &l, &gw(), None),
+            ),
+            ("remote discovery", remote_discovery_mirror(&remote, &l)),
+        ];
+        for (what, m) in mirrors {
+            assert_eq!(m.ownership, MetadataOwnership::All, "{what}");
+            for meta in [&m.service.metadata, &m.endpoints.metadata] {
+                let labels = meta.labels.as_ref().unwrap();
+                let annotations = meta.annotations.as_ref().unwrap();
+                for k in secret_only_labels {
+                    assert!(!labels.contains_key(k), "{what}: label {k}");
+                }
+                for k in secret_only_annotations {
+                    assert!(!annotations.contains_key(k), "{what}: annotation {k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn link_endpoints_annotations_are_the_fq_name_and_the_gateway_identity_only() {
+        let remote = remote_meta(
+            &[("app", "web")],
+            &[("a", "1"), (OPAQUE_PORTS_ANNOTATION, "1")],
+        );
+        let identity = "gw.mc.serviceaccount.identity.cluster.local";
+        let l = resource_link(&[], &[]);
+        let table = [
+            (
+                "with identity",
+                Some(resolved_with(Some(identity))),
+                map(&[
+                    (REMOTE_SVC_FQ_NAME_ANNOTATION, FQ),
+                    (REMOTE_GATEWAY_IDENTITY_ANNOTATION, identity),
+                ]),
+            ),
+            (
+                "without identity",
+                Some(resolved_with(None)),
+                map(&[(REMOTE_SVC_FQ_NAME_ANNOTATION, FQ)]),
+            ),
+            (
+                "unresolved",
+                None,
+                map(&[(REMOTE_SVC_FQ_NAME_ANNOTATION, FQ)]),
+            ),
+        ];
+        for (what, resolved, want) in table {
+            let m = desired_mirror(&remote, &l, &gw(), resolved.as_ref());
+            assert_eq!(m.endpoints.metadata.annotations, Some(want), "{what}");
+        }
+    }
+
+    #[test]
+    fn link_endpoints_subsets_and_ports_are_as_for_secret_links() {
+        let ports = vec![
+            port(Some("http"), None, 80, None),
+            port(Some("dns"), Some("UDP"), 53, None),
+        ];
+        let mut remote = remote(ports);
+        remote.metadata.labels = Some(map(&[("app", "web")]));
+        let r = ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.1")], 4143, "1");
+        for resolved in [None, Some(r.clone()), Some(r.with_alive(false))] {
+            let secret = desired_mirror(&remote, &link(), &gw(), resolved.as_ref());
+            let resource =
+                desired_mirror(&remote, &resource_link(&[], &[]), &gw(), resolved.as_ref());
+            assert_eq!(resource.endpoints.subsets, secret.endpoints.subsets);
+            assert_eq!(resource.service.spec, secret.service.spec);
+            assert!(resource.has_endpoints && secret.has_endpoints);
+        }
+    }
+
+    #[test]
+    fn secret_link_mirrors_copy_nothing_from_the_remote() {
+        let remote = remote_meta(
+            &[("app", "web"), ("team", "a")],
+            &[("a", "1"), (OPAQUE_PORTS_ANNOTATION, "3306")],
+        );
+        let r = resolved_with(None);
+        let l = link().with_controller_namespace("mc");
+        let m = desired_mirror(&remote, &l, &gw(), Some(&r));
+        assert_eq!(m.ownership, MetadataOwnership::Keys);
+        assert!(m.has_endpoints);
+        assert_eq!(
+            m.service.metadata.labels,
+            Some(mirror_labels("east", &gw()))
+        );
+        assert_eq!(
+            m.endpoints.metadata.labels,
+            Some(mirror_labels("east", &gw()))
+        );
+        assert_eq!(
+            m.service.metadata.annotations,
+            Some(map(&[
+                (REMOTE_RESOURCE_VERSION_ANNOTATION, "100"),
+                (REMOTE_SVC_FQ_NAME_ANNOTATION, FQ),
+                (REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION, "gw-7"),
+                (CONTROLLER_NAMESPACE_ANNOTATION, "mc"),
+            ]))
+        );
+        assert_eq!(
+            m.endpoints.metadata.annotations,
+            Some(map(&[
+                (REMOTE_SVC_FQ_NAME_ANNOTATION, FQ),
+                (CONTROLLER_NAMESPACE_ANNOTATION, "mc"),
+            ]))
+        );
+    }
+
+    #[test]
+    fn gateway_identity_is_on_the_endpoints_of_both_styles_only_when_the_gateway_has_one() {
+        let identity =
+            "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
+        let remote = remote_meta(&[("app", "web")], &[]);
+        let styles = [("secret", link()), ("resource", resource_link(&[], &[]))];
+        type Row<'a> = (&'a str, Option<ResolvedGateway>, Option<&'a str>);
+        let table: Vec<Row> = vec![
+            (
+                "identity",
+                Some(resolved_with(Some(identity))),
+                Some(identity),
+            ),
+            ("no identity", Some(resolved_with(None)), None),
+            ("empty identity", Some(resolved_with(Some(""))), None),
+            (
+                "identity, gateway down",
+                Some(resolved_with(Some(identity)).with_alive(false)),
+                Some(identity),
+            ),
+            ("unresolved", None, None),
+        ];
+        for (style, l) in &styles {
+            for (what, resolved, want) in &table {
+                let m = desired_mirror(&remote, l, &gw(), resolved.as_ref());
+                let got = m.endpoints.metadata.annotations.as_ref().unwrap();
+                assert_eq!(
+                    got.get(REMOTE_GATEWAY_IDENTITY_ANNOTATION)
+                        .map(String::as_str),
+                    *want,
+                    "{style}: {what}"
+                );
+                assert!(
+                    !m.service
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .unwrap()
+                        .contains_key(REMOTE_GATEWAY_IDENTITY_ANNOTATION),
+                    "{style}: {what}: never on the Service"
+                );
+            }
+        }
+        // A Secret link's mirror with an identity is the old mirror plus that one key.
+        let with = desired_mirror(
+            &remote,
+            &link(),
+            &gw(),
+            Some(&resolved_with(Some(identity))),
+        );
+        let without = desired_mirror(&remote, &link(), &gw(), Some(&resolved_with(None)));
+        assert_eq!(with.service, without.service);
+        assert_eq!(with.endpoints.subsets, without.endpoints.subsets);
+        let mut stripped = with.endpoints.metadata.clone();
+        stripped
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(REMOTE_GATEWAY_IDENTITY_ANNOTATION);
+        assert_eq!(stripped, without.endpoints.metadata);
+    }
+
+    #[test]
+    fn remote_discovery_mirror_is_the_service_labelled_for_discovery_with_no_endpoints() {
+        let remote = remote_meta(
+            &[
+                ("app", "web"),
+                ("team", "a"),
+                // A remote's own discovery labels never win over ours.
+                (REMOTE_DISCOVERY_LABEL, "other"),
+                (REMOTE_SERVICE_LABEL, "other"),
+            ],
+            &[("a", "1")],
+        );
+        let l = resource_link(&["team"], &[]);
+        let m = remote_discovery_mirror(&remote, &l);
+        assert!(!m.has_endpoints);
+        assert_eq!(m.ownership, MetadataOwnership::All);
+        assert_eq!(
+            m.service.metadata.labels,
+            Some(with_owner(&[
+                ("app", "web"),
+                (REMOTE_DISCOVERY_LABEL, "east"),
+                (REMOTE_SERVICE_LABEL, "web"),
+            ]))
+        );
+        assert_eq!(
+            m.service.metadata.annotations,
+            Some(map(&[
+                ("a", "1"),
+                (REMOTE_SVC_FQ_NAME_ANNOTATION, FQ),
+                (REMOTE_RESOURCE_VERSION_ANNOTATION, "100"),
+            ]))
+        );
+        assert_eq!(m.endpoints.subsets, None, "no gateway, no addresses");
+        // The Service is the gateway mirror's, plus the two discovery labels.
+        let gateway = desired_mirror(&remote, &l, &gw(), Some(&resolved_with(None)));
+        let mut labels = m.service.metadata.labels.clone().unwrap();
+        assert_eq!(
+            labels.remove(REMOTE_DISCOVERY_LABEL).as_deref(),
+            Some("east")
+        );
+        assert_eq!(labels.remove(REMOTE_SERVICE_LABEL).as_deref(), Some("web"));
+        let mut gateway_labels = gateway.service.metadata.labels.clone().unwrap();
+        gateway_labels.remove(REMOTE_DISCOVERY_LABEL);
+        gateway_labels.remove(REMOTE_SERVICE_LABEL);
+        assert_eq!(labels, gateway_labels);
+        assert_eq!(
+            m.service.metadata.annotations,
+            gateway.service.metadata.annotations
+        );
+        assert_eq!(m.service.spec, gateway.service.spec);
+        assert_eq!(m.service.metadata.name.as_deref(), Some("web-east"));
+    }
+
+    #[test]
+    fn remote_discovery_labels_name_the_link_and_the_remote_service() {
+        let table = [("web", "east"), ("api", "west-2")];
+        for (name, cluster) in table {
+            let mut remote = remote_meta(&[], &[]);
+            remote.metadata.name = Some(name.into());
+            let l = Link::new(cluster, None)
+                .with_style(MirrorStyle::Resource(ResourceStyle::default()));
+            let labels = remote_discovery_mirror(&remote, &l)
+                .service
+                .metadata
+                .labels
+                .unwrap();
+            assert_eq!(labels[REMOTE_DISCOVERY_LABEL], cluster);
+            assert_eq!(labels[REMOTE_SERVICE_LABEL], name);
+            assert_eq!(labels[CLUSTER_NAME_LABEL], cluster);
+            assert_eq!(labels[MIRRORED_SERVICE_LABEL], "true");
+        }
+    }
+
+    #[test]
+    fn a_remote_skip_mirror_label_never_reaches_a_link_mirrors_endpoints() {
+        // The endpoints mode alone decides skip-mirror (`plan`): copied, it would stop
+        // kube-controller-manager mirroring the Endpoints in `endpoints` mode, and
+        // nothing would route the mirror.
+        let remote = remote_meta(&[(SKIP_MIRROR_LABEL, "true"), ("app", "web")], &[]);
+        let m = desired_mirror(&remote, &resource_link(&[], &[]), &gw(), None);
+        assert_eq!(
+            m.endpoints.metadata.labels,
+            Some(with_owner(&[("app", "web")]))
+        );
+        assert_eq!(
+            m.service.metadata.labels.unwrap()[SKIP_MIRROR_LABEL],
+            "true"
         );
     }
 }

@@ -1,10 +1,12 @@
 //! Compare-then-update: an existing mirror object is rewritten only when a field
 //! the mirror owns differs, so that an unchanged world causes no write.
 //!
-//! Owned fields: the four mirror labels, the three mirror annotations, and for a
-//! Service its ports, selector and type, for Endpoints its subsets. Everything else
-//! (resourceVersion, uid, clusterIP, labels and annotations set by others, ...) is
-//! kept from the actual object, so an update is a minimal change to what is stored.
+//! Owned fields: the mirror's labels and annotations ([`OWNED_LABELS`] and
+//! [`OWNED_ANNOTATIONS`] for a Secret link, all of them for a Link mirror: see
+//! [`MetadataOwnership`]), and for a Service its ports, selector and type, for
+//! Endpoints its subsets. Everything else (resourceVersion, uid, clusterIP, and under
+//! [`MetadataOwnership::Keys`] labels and annotations set by others, ...) is kept from
+//! the actual object, so an update is a minimal change to what is stored.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -803,5 +805,306 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    // ---- MetadataOwnership: All (Link mirrors) vs Keys (Secret links) ----
+
+    use super::super::desired::{MirrorStyle, ResourceStyle};
+
+    fn link_mirror(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> (Service, Endpoints) {
+        let mut r = remote(vec![sport("http", None, 80, None)]);
+        let map = |pairs: &[(&str, &str)]| -> Map {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        r.metadata.labels = Some(map(labels));
+        r.metadata.annotations = Some(map(annotations));
+        let l = Link::new("east", None).with_style(MirrorStyle::Resource(ResourceStyle::default()));
+        let resolved =
+            gw().with_identity(Some("gw.mc.serviceaccount.identity.cluster.local".into()));
+        let m = desired_mirror(&r, &l, &GatewayRef::new("mc", "gw"), Some(&resolved));
+        assert_eq!(m.ownership, MetadataOwnership::All);
+        (m.service, m.endpoints)
+    }
+
+    fn set_key(map: &mut Option<Map>, k: &str, v: Option<&str>) {
+        let m = map.get_or_insert_with(Map::new);
+        match v {
+            Some(v) => m.insert(k.into(), v.into()),
+            None => m.remove(k),
+        };
+    }
+
+    /// A change to the stored labels (`true`) or annotations (`false`) of an object.
+    type MetaEdit = (&'static str, bool, &'static str, Option<&'static str>);
+
+    /// What drifts on a stored Link mirror, and must be undone under `All`.
+    const LINK_DRIFT: &[MetaEdit] = &[
+        (
+            "stale copied label (the remote dropped it)",
+            true,
+            "old",
+            Some("x"),
+        ),
+        ("foreign label (someone added it)", true, "team", Some("a")),
+        ("copied label changed", true, "app", Some("api")),
+        ("copied label removed", true, "app", None),
+        ("stale copied annotation", false, "old", Some("x")),
+        (
+            "foreign annotation",
+            false,
+            "kubectl.kubernetes.io/x",
+            Some("y"),
+        ),
+        ("copied annotation changed", false, "a", Some("2")),
+    ];
+
+    #[test]
+    fn under_all_a_service_update_replaces_labels_and_annotations_whole() {
+        let (d, _) = link_mirror(&[("app", "web")], &[("a", "1")]);
+        let base = stored_service(&d);
+        assert_eq!(service_update_with(&base, &d, MetadataOwnership::All), None);
+        for (what, label, k, v) in LINK_DRIFT {
+            let mut actual = base.clone();
+            match label {
+                true => set_key(&mut actual.metadata.labels, k, *v),
+                false => set_key(&mut actual.metadata.annotations, k, *v),
+            }
+            let updated = service_update_with(&actual, &d, MetadataOwnership::All)
+                .unwrap_or_else(|| panic!("{what}: no update"));
+            assert_eq!(updated.metadata.labels, d.metadata.labels, "{what}");
+            assert_eq!(
+                updated.metadata.annotations, d.metadata.annotations,
+                "{what}"
+            );
+            assert_eq!(updated.metadata.uid, actual.metadata.uid, "{what}");
+            assert_eq!(
+                updated.spec.as_ref().unwrap().cluster_ip,
+                actual.spec.as_ref().unwrap().cluster_ip,
+                "{what}"
+            );
+            assert_eq!(
+                service_update_with(&updated, &d, MetadataOwnership::All),
+                None,
+                "{what}: not converged"
+            );
+        }
+    }
+
+    #[test]
+    fn under_all_an_endpoints_update_replaces_labels_and_annotations_whole() {
+        let (_, d) = link_mirror(&[("app", "web")], &[("a", "1")]);
+        let base = stored_endpoints(&d);
+        assert_eq!(
+            endpoints_update_with(&base, &d, MetadataOwnership::All),
+            None
+        );
+        let drift: Vec<MetaEdit> = vec![
+            ("stale copied label", true, "old", Some("x")),
+            ("foreign label", true, "team", Some("a")),
+            ("copied label removed", true, "app", None),
+            ("foreign annotation", false, "note", Some("y")),
+            (
+                "identity removed",
+                false,
+                REMOTE_GATEWAY_IDENTITY_ANNOTATION,
+                None,
+            ),
+            (
+                "identity changed",
+                false,
+                REMOTE_GATEWAY_IDENTITY_ANNOTATION,
+                Some("x.y"),
+            ),
+        ];
+        for (what, label, k, v) in drift {
+            let mut actual = base.clone();
+            match label {
+                true => set_key(&mut actual.metadata.labels, k, v),
+                false => set_key(&mut actual.metadata.annotations, k, v),
+            }
+            let updated = endpoints_update_with(&actual, &d, MetadataOwnership::All)
+                .unwrap_or_else(|| panic!("{what}: no update"));
+            assert_eq!(updated.metadata.labels, d.metadata.labels, "{what}");
+            assert_eq!(
+                updated.metadata.annotations, d.metadata.annotations,
+                "{what}"
+            );
+            assert_eq!(updated.subsets, d.subsets, "{what}");
+            assert_eq!(
+                endpoints_update_with(&updated, &d, MetadataOwnership::All),
+                None,
+                "{what}: not converged"
+            );
+        }
+    }
+
+    #[test]
+    fn under_all_an_empty_map_is_no_map() {
+        let (d, de) = link_mirror(&[], &[]);
+        // A desired object with no labels or annotations at all (not a real mirror, but
+        // the comparison must not care which of None and {} either side holds).
+        let strip = |m: &mut ObjectMeta, labels: Option<Map>, annotations: Option<Map>| {
+            m.labels = labels;
+            m.annotations = annotations;
+        };
+        for (desired_side, actual_side) in [
+            (None, Some(Map::new())),
+            (Some(Map::new()), None),
+            (Some(Map::new()), Some(Map::new())),
+            (None, None),
+        ] {
+            let mut want = d.clone();
+            strip(
+                &mut want.metadata,
+                desired_side.clone(),
+                desired_side.clone(),
+            );
+            let mut actual = stored_service(&d);
+            strip(
+                &mut actual.metadata,
+                actual_side.clone(),
+                actual_side.clone(),
+            );
+            assert_eq!(
+                service_update_with(&actual, &want, MetadataOwnership::All),
+                None,
+                "{desired_side:?} vs {actual_side:?}"
+            );
+            let mut want_e = de.clone();
+            strip(
+                &mut want_e.metadata,
+                desired_side.clone(),
+                desired_side.clone(),
+            );
+            let mut actual_e = stored_endpoints(&de);
+            strip(
+                &mut actual_e.metadata,
+                actual_side.clone(),
+                actual_side.clone(),
+            );
+            assert_eq!(
+                endpoints_update_with(&actual_e, &want_e, MetadataOwnership::All),
+                None,
+                "{desired_side:?} vs {actual_side:?}"
+            );
+        }
+        // But an empty stored map against a non-empty desired one is an update.
+        let mut actual = stored_service(&d);
+        actual.metadata.labels = Some(Map::new());
+        let updated = service_update_with(&actual, &d, MetadataOwnership::All).unwrap();
+        assert_eq!(updated.metadata.labels, d.metadata.labels);
+    }
+
+    #[test]
+    fn a_foreign_key_is_kept_only_under_keys() {
+        let (ds, de) = desired(Some(&gw()));
+        type Row = (MetadataOwnership, bool);
+        let table: [Row; 2] = [
+            (MetadataOwnership::Keys, true),
+            (MetadataOwnership::All, false),
+        ];
+        for (ownership, kept) in table {
+            // Alone, a foreign key is an update only under All.
+            let mut s = stored_service(&ds);
+            set_key(&mut s.metadata.labels, "team", Some("a"));
+            set_key(&mut s.metadata.annotations, "note", Some("y"));
+            assert_eq!(
+                service_update_with(&s, &ds, ownership).is_none(),
+                kept,
+                "{ownership:?}"
+            );
+            let mut e = stored_endpoints(&de);
+            set_key(&mut e.metadata.labels, "team", Some("a"));
+            set_key(&mut e.metadata.annotations, "note", Some("y"));
+            assert_eq!(
+                endpoints_update_with(&e, &de, ownership).is_none(),
+                kept,
+                "{ownership:?}"
+            );
+            // With an owned key to fix, the foreign one survives only under Keys.
+            set_key(
+                &mut s.metadata.labels,
+                REMOTE_GATEWAY_NAME_LABEL,
+                Some("old"),
+            );
+            let us = service_update_with(&s, &ds, ownership).unwrap();
+            let labels = us.metadata.labels.as_ref().unwrap();
+            assert_eq!(labels.contains_key("team"), kept, "{ownership:?}");
+            assert_eq!(labels[REMOTE_GATEWAY_NAME_LABEL], "gw", "{ownership:?}");
+            assert_eq!(
+                us.metadata
+                    .annotations
+                    .as_ref()
+                    .unwrap()
+                    .contains_key("note"),
+                kept,
+                "{ownership:?}"
+            );
+            set_key(
+                &mut e.metadata.annotations,
+                REMOTE_SVC_FQ_NAME_ANNOTATION,
+                Some("x"),
+            );
+            let ue = endpoints_update_with(&e, &de, ownership).unwrap();
+            assert_eq!(
+                ue.metadata.labels.as_ref().unwrap().contains_key("team"),
+                kept,
+                "{ownership:?}"
+            );
+            assert_eq!(
+                ue.metadata
+                    .annotations
+                    .as_ref()
+                    .unwrap()
+                    .contains_key("note"),
+                kept,
+                "{ownership:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_keys_variants_are_the_plain_functions() {
+        let (ds, de) = desired(Some(&gw()));
+        let mut s = stored_service(&ds);
+        set_key(&mut s.metadata.labels, REMOTE_GATEWAY_NS_LABEL, Some("x"));
+        set_key(&mut s.metadata.labels, "team", Some("a"));
+        assert_eq!(
+            service_update(&s, &ds),
+            service_update_with(&s, &ds, MetadataOwnership::Keys)
+        );
+        let mut e = stored_endpoints(&de);
+        e.subsets = None;
+        set_key(&mut e.metadata.annotations, "note", Some("y"));
+        assert_eq!(
+            endpoints_update(&e, &de),
+            endpoints_update_with(&e, &de, MetadataOwnership::Keys)
+        );
+        assert_eq!(MetadataOwnership::default(), MetadataOwnership::Keys);
+    }
+
+    #[test]
+    fn under_keys_a_gateway_identity_that_goes_is_removed() {
+        let with = gw().with_identity(Some("gw.mc.serviceaccount.identity.cluster.local".into()));
+        let (_, de_with) = desired(Some(&with));
+        let (_, de_without) = desired(Some(&gw()));
+        let stored = stored_endpoints(&de_with);
+        let updated = endpoints_update(&stored, &de_without).expect("identity dropped");
+        assert!(
+            !updated
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(REMOTE_GATEWAY_IDENTITY_ANNOTATION)
+        );
+        let updated = endpoints_update(&stored_endpoints(&de_without), &de_with).expect("added");
+        assert_eq!(
+            updated.metadata.annotations.as_ref().unwrap()[REMOTE_GATEWAY_IDENTITY_ANNOTATION],
+            "gw.mc.serviceaccount.identity.cluster.local"
+        );
     }
 }

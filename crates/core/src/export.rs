@@ -284,4 +284,207 @@ mod tests {
     fn refusal_reasons_are_bounded_metric_labels() {
         assert_eq!(Refusal::NoPorts.reason(), "unmirrorable");
     }
+
+    // ---- ExportRule::Selectors (Linkerd's `Link` resources) ----
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    fn labelled(
+        ns: &str,
+        labels: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+        ports: Option<usize>,
+    ) -> Service {
+        let mut s = svc(ns, annotations, ports);
+        s.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        s
+    }
+
+    fn selector(key: &str, value: &str) -> Selector {
+        Selector::parse(Some(&LabelSelector {
+            match_labels: Some(BTreeMap::from([(key.to_owned(), value.to_owned())])),
+            match_expressions: None,
+        }))
+        .unwrap()
+    }
+
+    fn link_gw() -> GatewayRef {
+        GatewayRef::new("linkerd-multicluster", "linkerd-gateway")
+    }
+
+    /// Linkerd's defaults: `mirror.linkerd.io/exported` = `true` / `remote-discovery`.
+    fn selectors_policy() -> ExportPolicy {
+        ExportPolicy {
+            rule: ExportRule::Selectors {
+                export: selector("mirror.linkerd.io/exported", "true"),
+                remote_discovery: selector("mirror.linkerd.io/exported", "remote-discovery"),
+                gateway: link_gw(),
+            },
+            namespaces: NamespaceFilter::default(),
+        }
+    }
+
+    const EXPORT: (&str, &str) = ("mirror.linkerd.io/exported", "true");
+    const DISCOVERY: (&str, &str) = ("mirror.linkerd.io/exported", "remote-discovery");
+
+    #[test]
+    fn the_selectors_decision_table() {
+        let policy = selectors_policy();
+        let refused = ExportDecision::Refused {
+            gateway: link_gw(),
+            reason: Refusal::NoPorts,
+        };
+        let cases: Vec<(&str, Service, ExportDecision)> = vec![
+            (
+                "export selector only: mirrored through the Link's gateway",
+                labelled("shop", &[EXPORT], &[], Some(1)),
+                ExportDecision::Mirror(link_gw()),
+            ),
+            (
+                "remote-discovery selector only",
+                labelled("shop", &[DISCOVERY], &[], Some(1)),
+                ExportDecision::RemoteDiscovery,
+            ),
+            (
+                "neither",
+                labelled("shop", &[("app", "web")], &[], Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "no labels at all",
+                svc("shop", &[], Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "namespace filtered, export",
+                labelled("kube-system", &[EXPORT], &[], Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "namespace filtered, discovery",
+                labelled("kube-system", &[DISCOVERY], &[], Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "namespace filtered and portless",
+                labelled("kube-system", &[EXPORT], &[], None),
+                ExportDecision::NotExported,
+            ),
+            (
+                "export, no ports",
+                labelled("shop", &[EXPORT], &[], None),
+                refused.clone(),
+            ),
+            (
+                "export, empty port list",
+                labelled("shop", &[EXPORT], &[], Some(0)),
+                refused.clone(),
+            ),
+            (
+                "discovery, no ports",
+                labelled("shop", &[DISCOVERY], &[], Some(0)),
+                refused.clone(),
+            ),
+            (
+                "annotation-exported, selector not matching: the annotations mean nothing",
+                labelled("shop", &[("app", "web")], EXPORTED, Some(1)),
+                ExportDecision::NotExported,
+            ),
+            (
+                "annotation-exported and selected: the Link's gateway, not the annotated one",
+                labelled("shop", &[EXPORT], EXPORTED, Some(1)),
+                ExportDecision::Mirror(link_gw()),
+            ),
+            (
+                "annotation-exported and portless, not selected: nothing to report",
+                labelled("shop", &[], EXPORTED, None),
+                ExportDecision::NotExported,
+            ),
+        ];
+        for (name, service, want) in &cases {
+            assert_eq!(&export_decision(service, &policy), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn remote_discovery_wins_when_both_selectors_match() {
+        let policy = ExportPolicy {
+            rule: ExportRule::Selectors {
+                export: selector("export", "yes"),
+                remote_discovery: selector("discover", "yes"),
+                gateway: link_gw(),
+            },
+            namespaces: NamespaceFilter::default(),
+        };
+        let table = [
+            (vec![("export", "yes")], ExportDecision::Mirror(link_gw())),
+            (vec![("discover", "yes")], ExportDecision::RemoteDiscovery),
+            (
+                vec![("export", "yes"), ("discover", "yes")],
+                ExportDecision::RemoteDiscovery,
+            ),
+            (
+                vec![("export", "no"), ("discover", "no")],
+                ExportDecision::NotExported,
+            ),
+        ];
+        for (labels, want) in table {
+            let s = labelled("shop", &labels, &[], Some(1));
+            assert_eq!(export_decision(&s, &policy), want, "{labels:?}");
+        }
+    }
+
+    #[test]
+    fn unset_selectors_select_nothing() {
+        let policy = ExportPolicy {
+            rule: ExportRule::Selectors {
+                export: Selector::parse(None).unwrap(),
+                remote_discovery: Selector::parse(Some(&LabelSelector::default())).unwrap(),
+                gateway: link_gw(),
+            },
+            namespaces: NamespaceFilter::default(),
+        };
+        for s in [
+            svc("shop", EXPORTED, Some(1)),
+            labelled("shop", &[EXPORT], &[], Some(1)),
+            labelled("shop", &[DISCOVERY], &[], Some(1)),
+            labelled("shop", &[EXPORT], EXPORTED, Some(1)),
+        ] {
+            assert_eq!(export_decision(&s, &policy), ExportDecision::NotExported);
+        }
+    }
+
+    #[test]
+    fn an_allow_list_limits_selector_export_too() {
+        let policy = ExportPolicy {
+            namespaces: NamespaceFilter::allow_only(["shop"]),
+            ..selectors_policy()
+        };
+        for labels in [EXPORT, DISCOVERY] {
+            assert_ne!(
+                export_decision(&labelled("shop", &[labels], &[], Some(1)), &policy),
+                ExportDecision::NotExported
+            );
+            assert_eq!(
+                export_decision(&labelled("other", &[labels], &[], Some(1)), &policy),
+                ExportDecision::NotExported
+            );
+        }
+    }
+
+    #[test]
+    fn a_remote_discovery_decision_names_no_gateway() {
+        assert_eq!(ExportDecision::RemoteDiscovery.gateway(), None);
+        assert_eq!(ExportDecision::NotExported.gateway(), None);
+        assert_eq!(
+            ExportDecision::Mirror(link_gw()).gateway(),
+            Some(&link_gw())
+        );
+        assert_eq!(ExportRule::default(), ExportRule::GatewayAnnotations);
+    }
 }

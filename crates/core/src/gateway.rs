@@ -517,4 +517,60 @@ mod tests {
             "gateway has no usable ingress entry (invalid: a, b)"
         );
     }
+
+    #[test]
+    fn gateway_identity_is_read_from_the_gateway_annotation_only_when_valid() {
+        let good =
+            "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
+        let too_long = format!("{}.x", "a".repeat(253));
+        let table: Vec<(&str, Option<&str>, Option<&str>)> = vec![
+            ("absent", None, None),
+            ("valid", Some(good), Some(good)),
+            ("one label", Some("gateway"), Some("gateway")),
+            ("empty", Some(""), None),
+            ("uppercase", Some("Gateway.mc.serviceaccount"), None),
+            ("spaces", Some("gw mc"), None),
+            ("a trailing dot", Some("gw.mc."), None),
+            ("a leading dash", Some("-gw.mc"), None),
+            ("a path", Some("gw/mc"), None),
+            ("an injected newline", Some("gw.mc\nx: y"), None),
+            ("too long", Some(too_long.as_str()), None),
+        ];
+        for (what, annotation, want) in table {
+            let mut g = gateway(
+                &[("mc-gateway", 4143)],
+                Some(vec![ingress(Some("1.2.3.4"), None)]),
+            );
+            if let Some(a) = annotation {
+                g.metadata.annotations = Some(BTreeMap::from([(
+                    GATEWAY_IDENTITY_ANNOTATION.to_owned(),
+                    a.to_owned(),
+                )]));
+            }
+            let spec = gateway_spec(&g).unwrap();
+            assert_eq!(spec.identity.as_deref(), want, "{what}");
+            assert_eq!(
+                valid_identity(annotation.unwrap_or_default()),
+                want.is_some(),
+                "{what}"
+            );
+            // Carried into the resolved gateway, whatever the hostnames resolve to.
+            let resolved = spec.into_resolved([ip("5.6.7.8")]);
+            assert_eq!(resolved.identity.as_deref(), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn another_annotation_is_no_identity() {
+        let mut g = gateway(
+            &[("mc-gateway", 4143)],
+            Some(vec![ingress(Some("1.2.3.4"), None)]),
+        );
+        g.metadata.annotations = Some(BTreeMap::from([(
+            "mirror.linkerd.io/remote-gateway-identity".to_owned(),
+            "gw.mc".to_owned(),
+        )]));
+        assert_eq!(gateway_spec(&g).unwrap().identity, None);
+        assert_eq!(ResolvedGateway::new([], 1, "1").identity, None);
+    }
 }

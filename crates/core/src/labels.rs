@@ -220,6 +220,22 @@ mod tests {
                 "service.kubernetes.io/topology-mode",
             ),
             (OPAQUE_PORTS_ANNOTATION, "config.linkerd.io/opaque-ports"),
+            (
+                REMOTE_GATEWAY_IDENTITY_ANNOTATION,
+                "mirror.linkerd.io/remote-gateway-identity",
+            ),
+            (
+                GATEWAY_IDENTITY_ANNOTATION,
+                "mirror.linkerd.io/gateway-identity",
+            ),
+            (
+                REMOTE_DISCOVERY_LABEL,
+                "multicluster.linkerd.io/remote-discovery",
+            ),
+            (
+                REMOTE_SERVICE_LABEL,
+                "multicluster.linkerd.io/remote-service",
+            ),
         ];
         for (got, want) in table {
             assert_eq!(got, want);

@@ -1512,4 +1512,219 @@ mod tests {
         assert!(s.slices[0].endpoints.is_empty());
         assert_eq!(s.services.len(), 1);
     }
+
+    // ---- Link mirrors: remote discovery, ownership All through plan ----
+
+    use super::super::desired::{MirrorStyle, ResourceStyle, remote_discovery_mirror};
+    use super::super::labels::{REMOTE_DISCOVERY_LABEL, REMOTE_SERVICE_LABEL};
+
+    fn link_remote() -> Service {
+        let mut r = remote(&[("http", 80)]);
+        r.metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
+        r
+    }
+
+    fn resource_link() -> Link {
+        Link::new(CLUSTER, None).with_style(MirrorStyle::Resource(ResourceStyle::default()))
+    }
+
+    fn link_gateway_mirror() -> DesiredMirror {
+        desired_mirror(
+            &link_remote(),
+            &resource_link(),
+            &GatewayRef::new("mc", "gw"),
+            Some(&resolved()),
+        )
+    }
+
+    fn link_discovery_mirror() -> DesiredMirror {
+        remote_discovery_mirror(&link_remote(), &resource_link())
+    }
+
+    #[test]
+    fn a_remote_discovery_mirror_deletes_our_endpoints_and_slices_and_updates_the_service() {
+        for mode in EndpointsMode::ALL {
+            let mut s = Store::default();
+            s.converge(Some(&link_gateway_mirror()), mode);
+            let svc_uid = s.services[0].metadata.uid.clone();
+            let ep = s.endpoints.first().cloned();
+            let slice = s.slices.first().cloned();
+            // `endpoints` mode: kcm took over, none of ours is left (kcm's are not ours).
+            assert_eq!(slice.is_some(), mode.writes_slices(), "{mode}");
+            assert_eq!(ep.is_some(), mode.writes_endpoints(), "{mode}");
+
+            let actions = s.plan(Some(&link_discovery_mirror()), mode);
+            let want: Vec<&str> = [
+                (true, "update Service shop/web-east"),
+                (slice.is_some(), "delete EndpointSlice shop/web-east-ipv4-0"),
+                (ep.is_some(), "delete Endpoints shop/web-east"),
+            ]
+            .into_iter()
+            .filter(|(w, _)| *w)
+            .map(|(_, n)| n)
+            .collect();
+            assert_eq!(names(&actions), want, "{mode}");
+            // The deletes carry the stored objects' preconditions.
+            for a in &actions {
+                match a {
+                    Action::DeleteEndpoints { uid, .. } => {
+                        assert_eq!(uid, &ep.as_ref().unwrap().metadata.uid, "{mode}")
+                    }
+                    Action::DeleteEndpointSlice { uid, .. } => {
+                        assert_eq!(uid, &slice.as_ref().unwrap().metadata.uid, "{mode}")
+                    }
+                    Action::UpdateService(svc) => {
+                        let labels = svc.metadata.labels.as_ref().unwrap();
+                        assert_eq!(labels[REMOTE_DISCOVERY_LABEL], CLUSTER, "{mode}");
+                        assert_eq!(labels[REMOTE_SERVICE_LABEL], "web", "{mode}");
+                        assert_eq!(svc.metadata.uid, svc_uid, "{mode}: same Service");
+                    }
+                    other => panic!("{mode}: {other}"),
+                }
+            }
+            s.converge(Some(&link_discovery_mirror()), mode);
+            s.kcm_sync();
+            assert_eq!(s.services.len(), 1, "{mode}: the Service is kept");
+            assert_eq!(
+                s.services[0].metadata.uid, svc_uid,
+                "{mode}: never recreated"
+            );
+            assert!(s.endpoints.is_empty(), "{mode}");
+            assert!(s.slices.is_empty(), "{mode}");
+            assert!(s.kcm.is_empty(), "{mode}: kcm's go with the Endpoints");
+            assert!(
+                s.plan(Some(&link_discovery_mirror()), mode).is_empty(),
+                "{mode}: idle"
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_remote_discovery_mirror_is_a_service_only() {
+        for mode in EndpointsMode::ALL {
+            let mut s = Store::default();
+            assert_eq!(
+                names(&s.plan(Some(&link_discovery_mirror()), mode)),
+                vec!["create Service shop/web-east"],
+                "{mode}"
+            );
+            assert_eq!(
+                s.converge(Some(&link_discovery_mirror()), mode),
+                1,
+                "{mode}"
+            );
+            assert!(s.endpoints.is_empty() && s.slices.is_empty(), "{mode}");
+        }
+    }
+
+    #[test]
+    fn a_mirror_moves_from_gateway_to_remote_discovery_and_back_in_every_mode() {
+        for mode in EndpointsMode::ALL {
+            let mut s = Store::default();
+            let gateway = link_gateway_mirror();
+            let discovery = link_discovery_mirror();
+            s.converge(Some(&gateway), mode);
+            let before = (s.endpoints.len(), s.slices.len());
+            let uid = s.services[0].metadata.uid.clone();
+            s.converge(Some(&discovery), mode);
+            assert!(s.endpoints.is_empty() && s.slices.is_empty(), "{mode}");
+            // Back: the Service loses the discovery labels, endpoints come back.
+            let back = s.plan(Some(&gateway), mode);
+            let Some(Action::UpdateService(svc)) = back.first() else {
+                panic!("{mode}: {back:?}")
+            };
+            assert_eq!(
+                svc.metadata.labels, gateway.service.metadata.labels,
+                "{mode}"
+            );
+            s.converge(Some(&gateway), mode);
+            s.kcm_sync();
+            assert_eq!((s.endpoints.len(), s.slices.len()), before, "{mode}");
+            assert_eq!(s.services[0].metadata.uid, uid, "{mode}");
+            assert!(
+                s.routes(&gateway),
+                "{mode}: kube-proxy routes the mirror again"
+            );
+            assert!(s.plan(Some(&gateway), mode).is_empty(), "{mode}: idle");
+        }
+    }
+
+    #[test]
+    fn remote_discovery_touches_neither_another_clusters_objects_nor_kcms() {
+        let mut s = Store::default();
+        s.converge(Some(&link_gateway_mirror()), EndpointsMode::Endpoints);
+        s.kcm_sync();
+        assert!(!s.kcm.is_empty());
+        let theirs = relabelled(s.endpoints[0].clone(), CLUSTER_NAME_LABEL, Some("west"));
+        s.endpoints = vec![theirs];
+        let actions = s.plan(Some(&link_discovery_mirror()), EndpointsMode::Endpoints);
+        assert_eq!(names(&actions), vec!["update Service shop/web-east"]);
+    }
+
+    #[test]
+    fn a_link_mirror_drops_foreign_metadata_a_secret_mirror_keeps_it() {
+        let secret = mirror(&[("http", 80)], "gw", Some(&resolved()));
+        type Row = (&'static str, DesiredMirror, bool);
+        let table: Vec<Row> = vec![
+            ("link (All)", link_gateway_mirror(), false),
+            ("secret (Keys)", secret, true),
+        ];
+        for mode in EndpointsMode::ALL {
+            for (what, m, kept) in &table {
+                let mut s = Store::default();
+                s.converge(Some(m), mode);
+                for svc in &mut s.services {
+                    *svc = relabelled(svc.clone(), "team", Some("a"));
+                }
+                for e in &mut s.endpoints {
+                    *e = relabelled(e.clone(), "team", Some("a"));
+                }
+                for sl in &mut s.slices {
+                    *sl = relabelled(sl.clone(), "team", Some("a"));
+                }
+                let actions = s.plan(Some(m), mode);
+                assert_eq!(actions.is_empty(), *kept, "{mode} {what}: {actions:?}");
+                s.converge(Some(m), mode);
+                let has = |meta: &ObjectMeta| {
+                    meta.labels.as_ref().is_some_and(|l| l.contains_key("team"))
+                };
+                assert!(
+                    s.services.iter().all(|x| has(&x.metadata) == *kept),
+                    "{mode} {what}"
+                );
+                assert!(
+                    s.endpoints.iter().all(|x| has(&x.metadata) == *kept),
+                    "{mode} {what}"
+                );
+                assert!(
+                    s.slices.iter().all(|x| has(&x.metadata) == *kept),
+                    "{mode} {what}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_link_mirror_drops_a_label_the_remote_dropped_from_every_object() {
+        for mode in EndpointsMode::ALL {
+            let mut s = Store::default();
+            let mut r = link_remote();
+            r.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert("old".into(), "x".into());
+            let gw = GatewayRef::new("mc", "gw");
+            let before = desired_mirror(&r, &resource_link(), &gw, Some(&resolved()));
+            s.converge(Some(&before), mode);
+            let has_old = |meta: &ObjectMeta| meta.labels.as_ref().unwrap().contains_key("old");
+            assert!(s.services.iter().all(|x| has_old(&x.metadata)), "{mode}");
+            let after = link_gateway_mirror();
+            s.converge(Some(&after), mode);
+            assert!(!s.services.iter().any(|x| has_old(&x.metadata)), "{mode}");
+            assert!(!s.endpoints.iter().any(|x| has_old(&x.metadata)), "{mode}");
+            assert!(!s.slices.iter().any(|x| has_old(&x.metadata)), "{mode}");
+            assert!(s.plan(Some(&after), mode).is_empty(), "{mode}: idle");
+        }
+    }
 }

@@ -1020,4 +1020,211 @@ mod tests {
             assert_eq!(mirroring_overflow(&m.endpoints), want, "{n} alive {alive}");
         }
     }
+
+    // ---- Link mirrors' slices: labels from the Endpoints, ownership All ----
+
+    use super::super::desired::{MirrorStyle, ResourceStyle, remote_discovery_mirror};
+    use super::super::labels::{REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_GATEWAY_NS_LABEL};
+
+    const IDENTITY: &str = "gw.mc.serviceaccount.identity.cluster.local";
+
+    fn link_mirror(labels: &[(&str, &str)]) -> DesiredMirror {
+        let mut r = remote("web", 1);
+        r.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        let l = Link::new("east", None)
+            .with_controller_namespace("mc")
+            .with_style(MirrorStyle::Resource(ResourceStyle::default()));
+        let gw = resolved(ips(2)).with_identity(Some(IDENTITY.into()));
+        desired_mirror(&r, &l, &GatewayRef::new("mc", "gw"), Some(&gw))
+    }
+
+    #[test]
+    fn a_link_mirrors_slices_carry_the_endpoints_labels_and_annotations() {
+        let m = link_mirror(&[("app", "web"), ("team", "a")]);
+        for s in desired_slices(&m, "u") {
+            let mut want = m.endpoints.metadata.labels.clone().unwrap();
+            want.insert(SERVICE_NAME_LABEL.into(), "web-east".into());
+            want.insert(MANAGED_BY_LABEL.into(), MANAGED_BY_VALUE.into());
+            assert_eq!(s.metadata.labels, Some(want));
+            assert_eq!(s.metadata.labels.as_ref().unwrap()["app"], "web");
+            assert!(
+                !s.metadata
+                    .labels
+                    .as_ref()
+                    .unwrap()
+                    .contains_key(REMOTE_GATEWAY_NAME_LABEL)
+            );
+            assert_eq!(s.metadata.annotations, m.endpoints.metadata.annotations);
+            assert_eq!(
+                s.metadata.annotations.as_ref().unwrap()[REMOTE_GATEWAY_IDENTITY_ANNOTATION],
+                IDENTITY
+            );
+            assert!(is_our_slice(&s.metadata, "east"));
+        }
+    }
+
+    #[test]
+    fn a_remote_label_never_overrides_the_slice_labels_we_set() {
+        let m = link_mirror(&[
+            (SERVICE_NAME_LABEL, "other"),
+            (MANAGED_BY_LABEL, "endpointslice-controller.k8s.io"),
+        ]);
+        let s = desired_slices(&m, "u").remove(0);
+        let labels = s.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[SERVICE_NAME_LABEL], "web-east");
+        assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY_VALUE);
+        assert!(is_our_slice(&s.metadata, "east"));
+    }
+
+    #[test]
+    fn a_secret_link_mirrors_slice_labels_are_the_four_mirror_labels_plus_the_slice_ones() {
+        let m = mirror("web", 1, Some(resolved(ips(1))));
+        let s = desired_slices(&m, "u").remove(0);
+        let mut want = mirror_labels_for_test();
+        want.insert(SERVICE_NAME_LABEL.into(), "web-east".into());
+        want.insert(MANAGED_BY_LABEL.into(), MANAGED_BY_VALUE.into());
+        assert_eq!(s.metadata.labels, Some(want));
+        assert_eq!(s.metadata.annotations, m.endpoints.metadata.annotations);
+    }
+
+    fn mirror_labels_for_test() -> BTreeMap<String, String> {
+        super::super::desired::mirror_labels("east", &GatewayRef::new("mc", "gw"))
+    }
+
+    #[test]
+    fn slices_never_carry_the_service_only_remote_discovery_labels() {
+        // Slices take the Endpoints' labels, not the Service's: the discovery labels
+        // belong to a Service only.
+        let mut r = remote("web", 1);
+        r.metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
+        let l = Link::new("east", None).with_style(MirrorStyle::Resource(ResourceStyle::default()));
+        let mut m = remote_discovery_mirror(&r, &l);
+        m.has_endpoints = true;
+        let s = desired_slices(&m, "u").remove(0);
+        let labels = s.metadata.labels.unwrap();
+        assert!(!labels.contains_key(super::super::labels::REMOTE_DISCOVERY_LABEL));
+        assert!(!labels.contains_key(super::super::labels::REMOTE_SERVICE_LABEL));
+    }
+
+    #[test]
+    fn slice_ownership_all_replaces_metadata_whole_keys_keeps_foreign_keys() {
+        let d = desired_slices(&link_mirror(&[("app", "web")]), "u").remove(0);
+        let base = stored(&d);
+        let edit = |labels: bool, k: &str, v: Option<&str>| {
+            with(base.clone(), |s| {
+                let m = match labels {
+                    true => s.metadata.labels.get_or_insert_with(BTreeMap::new),
+                    false => s.metadata.annotations.get_or_insert_with(BTreeMap::new),
+                };
+                match v {
+                    Some(v) => m.insert(k.into(), v.into()),
+                    None => m.remove(k),
+                };
+            })
+        };
+        // (what, actual, update under All, update under Keys)
+        type Row = (&'static str, EndpointSlice, bool, bool);
+        let table: Vec<Row> = vec![
+            ("idle: stored as desired", base.clone(), false, false),
+            (
+                "stale copied label",
+                edit(true, "old", Some("x")),
+                true,
+                false,
+            ),
+            ("foreign label", edit(true, "team", Some("a")), true, false),
+            ("copied label removed", edit(true, "app", None), true, false),
+            (
+                "foreign annotation",
+                edit(false, "note", Some("y")),
+                true,
+                false,
+            ),
+            (
+                "owned label changed",
+                edit(true, CLUSTER_NAME_LABEL, Some("west")),
+                true,
+                true,
+            ),
+            (
+                "owned annotation removed",
+                edit(false, REMOTE_GATEWAY_IDENTITY_ANNOTATION, None),
+                true,
+                true,
+            ),
+            (
+                "empty labels",
+                with(base.clone(), |s| s.metadata.labels = Some(BTreeMap::new())),
+                true,
+                true,
+            ),
+        ];
+        for (what, actual, all, keys) in table {
+            let u_all = slice_update_with(&actual, &d, MetadataOwnership::All);
+            assert_eq!(u_all.is_some(), all, "{what}: All");
+            if let Some(u) = &u_all {
+                assert_eq!(u.metadata.labels, d.metadata.labels, "{what}: All");
+                assert_eq!(
+                    u.metadata.annotations, d.metadata.annotations,
+                    "{what}: All"
+                );
+                assert_eq!(u.metadata.uid, actual.metadata.uid, "{what}: All");
+                assert_eq!(
+                    slice_update_with(u, &d, MetadataOwnership::All),
+                    None,
+                    "{what}: All converges"
+                );
+            }
+            let u_keys = slice_update_with(&actual, &d, MetadataOwnership::Keys);
+            assert_eq!(u_keys.is_some(), keys, "{what}: Keys");
+            assert_eq!(
+                u_keys,
+                slice_update(&actual, &d),
+                "{what}: slice_update is Keys"
+            );
+            if let Some(u) = &u_keys {
+                for k in ["team", "old", "note"] {
+                    let has = |m: &Option<BTreeMap<String, String>>| {
+                        m.as_ref().is_some_and(|m| m.contains_key(k))
+                    };
+                    assert_eq!(
+                        has(&u.metadata.labels),
+                        has(&actual.metadata.labels),
+                        "{what}: {k}"
+                    );
+                    assert_eq!(
+                        has(&u.metadata.annotations),
+                        has(&actual.metadata.annotations),
+                        "{what}: {k}"
+                    );
+                }
+                assert_eq!(
+                    slice_update_with(u, &d, MetadataOwnership::Keys),
+                    None,
+                    "{what}: Keys converges"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn under_keys_a_slice_keeps_a_foreign_label_while_an_owned_one_is_fixed() {
+        let d = desired_slices(&mirror("web", 1, Some(resolved(ips(1)))), "u").remove(0);
+        let actual = with(stored(&d), |s| {
+            let l = s.metadata.labels.as_mut().unwrap();
+            l.insert("team".into(), "a".into());
+            l.insert(REMOTE_GATEWAY_NS_LABEL.into(), "old".into());
+        });
+        let u = slice_update_with(&actual, &d, MetadataOwnership::Keys).unwrap();
+        let labels = u.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["team"], "a");
+        assert_eq!(labels[REMOTE_GATEWAY_NS_LABEL], "mc");
+        let u = slice_update_with(&actual, &d, MetadataOwnership::All).unwrap();
+        assert_eq!(u.metadata.labels, d.metadata.labels);
+    }
 }
