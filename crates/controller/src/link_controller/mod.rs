@@ -15,6 +15,7 @@ mod expect;
 mod index;
 mod keys;
 mod limit;
+mod link_status;
 pub(crate) mod metrics;
 mod options;
 mod queue;
@@ -27,6 +28,7 @@ mod workers;
 
 pub use options::{LinkConfig, LinkDeps};
 pub(crate) use queue::{Outcome, WorkQueue};
+pub use link_status::CONTROLLER_NAME;
 pub use status::LinkStatus;
 use status::Synced;
 
@@ -116,6 +118,13 @@ impl LinkController {
             in_use,
             cancel.clone(),
         );
+        // A Link's status is written on it; a Secret link has none.
+        let status_of = deps
+            .link_secret
+            .as_ref()
+            .filter(|r| r.kind.as_deref() == Some("Link"))
+            .and_then(|r| Some((r.namespace.clone()?, r.name.clone()?)));
+        let status = status_of.as_ref().map(|_| Arc::new(link_status::StatusBook::default()));
         let (synced_tx, synced) =
             watch::channel(Synced::new(!config.endpoints_mode.writes_slices()));
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();
@@ -134,6 +143,7 @@ impl LinkController {
                 rule: config.export_rule.clone(),
             },
             link_gateway: config.link_gateway.clone(),
+            status: status.clone(),
             // Link mirrors follow the remote's readiness (as Linkerd's do).
             readiness: matches!(config.export_rule, ExportRule::Selectors { .. })
                 .then(Arc::default),
@@ -176,6 +186,16 @@ impl LinkController {
             leader: deps.leader.clone(),
             synced: synced.clone(),
         };
+        if let (Some(book), Some((ns, name))) = (status, status_of) {
+            tasks.push(tokio::spawn(link_status::write_status(
+                book,
+                kube::Api::namespaced(local.clone(), &ns),
+                name,
+                gate.clone(),
+                rec.metrics.clone(),
+                cancel.clone(),
+            )));
+        }
         tasks.extend(workers::spawn(
             &rec,
             &gate,

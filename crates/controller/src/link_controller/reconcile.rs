@@ -9,7 +9,8 @@ use super::keys::{endpoints_key, service_key, slice_key};
 use super::limit::{Admission, MirrorLimit};
 use super::metrics::LinkMetrics;
 use super::{Outcome, Synced, WorkQueue};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use super::link_status::{Observed, StatusBook};
 use super::readiness::RemoteReadiness;
 use crate::gateway::{GatewaySource, Gateways, Resolution};
 use crate::writer::{Applied, CreateLimit, LocalWriter};
@@ -21,7 +22,7 @@ use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use service_mirror_core::{
     Action, EndpointsMode, ExportDecision, ExportPolicy, ExportRule, Link,
-    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Route, ServiceKey, desired_mirror, desired_slices,
+    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Refusal, Route, ServiceKey, desired_mirror, desired_slices,
     export_decision, is_mirrored_slice, mirrored_slice_selector, mirroring_overflow,
     remote_discovery_mirror, slice_routes,
 };
@@ -35,6 +36,8 @@ pub(super) struct Reconciler {
     pub(super) export: ExportPolicy,
     /// A Link's gateway (with [`ExportRule::Selectors`]; `None`: the Link has none).
     pub(super) link_gateway: Option<GatewaySource>,
+    /// The Link's status entries (Link links only).
+    pub(super) status: Option<Arc<StatusBook>>,
     /// Which remote Services have ready endpoints (Link links only).
     pub(super) readiness: Option<Arc<Mutex<RemoteReadiness>>>,
     pub(super) remote: Cache<Service>,
@@ -70,12 +73,44 @@ pub(super) struct Reconciler {
     pub(super) metrics: LinkMetrics,
 }
 
+/// What a Link's status says of a key, from what was gathered (None: nothing known yet).
+fn observed(g: &Gathered) -> Option<Observed> {
+    if !g.remote_listed {
+        return None;
+    }
+    Some(match &g.export {
+        Some(ExportDecision::Refused { reason, .. }) => Observed::Invalid(match reason {
+            Refusal::NoPorts => "the Service has no ports".into(),
+        }),
+        Some(ExportDecision::Mirror(_) | ExportDecision::RemoteDiscovery) => Observed::Mirrored {
+            local: g
+                .desired
+                .as_ref()
+                .and_then(|d| d.service.metadata.name.clone())
+                .unwrap_or_default(),
+        },
+        Some(ExportDecision::NotExported) | None => Observed::Gone,
+    })
+}
+
 impl Reconciler {
     /// Brings the local mirror of `key` to its desired state.
     pub(super) async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome> {
         let gathered = self.gather(key).await;
         let decision = decide(key, &self.link.cluster_name, &gathered);
-        self.apply(key, decision).await
+        let observed = self.status.as_ref().and_then(|_| observed(&gathered));
+        let result = self.apply(key, decision).await;
+        if let (Some(book), Some(observed)) = (&self.status, observed) {
+            book.observe(
+                key,
+                match &result {
+                    Ok(_) => observed,
+                    Err(Error::MissingNamespace(_)) => Observed::MissingNamespace,
+                    Err(e) => Observed::Error(e.to_string()),
+                },
+            );
+        }
+        result
     }
 
     /// Reads what the decision needs: the remote Service and its export decision, the

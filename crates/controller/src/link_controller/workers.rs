@@ -77,7 +77,7 @@ impl Gate {
     /// Waits until this link may write: local caches listed (reconciling against caches
     /// that have not listed would create what exists), not paused, and leader if
     /// elected. Woken by each of the three watch channels. False when cancelled.
-    async fn wait_open(&self, cancel: &CancellationToken) -> bool {
+    pub(super) async fn wait_open(&self, cancel: &CancellationToken) -> bool {
         let mut own = self.writable.subscribe();
         let mut synced = self.synced.clone();
         let mut leader = self.leader.clone();
