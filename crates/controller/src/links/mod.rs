@@ -1,16 +1,29 @@
 //! Links: one link controller per remote cluster, started, swapped and stopped from the link
-//! Secrets in the controller's namespace.
+//! Secrets and Linkerd `Link` resources in the controller's namespace.
 
 mod cleanup;
 mod collector;
 mod connect;
+mod duration;
+mod link;
 mod manager;
 pub(crate) mod metrics;
+mod resource;
 mod sanitize;
 mod secret;
 
 pub use connect::connect;
+pub use link::{
+    DEFAULT_LINK_PROBE_FAILURE_THRESHOLD, DEFAULT_LINK_PROBE_PERIOD, DEFAULT_LINK_PROBE_TIMEOUT,
+    MAX_LINK_PROBE_DURATION, MAX_LINK_PROBE_FAILURE_THRESHOLD, MIN_LINK_PROBE_DURATION, parse_link,
+};
 pub use manager::{LinkManager, LinkManagerOptions, LinkSources};
+// `LinkResource`: the name `Link` is the core's link (name, domain, style).
+pub use resource::{
+    LINK_CRD_NAME, LINK_CRD_YAML, LINK_GROUP, LINK_KIND, LINK_PLURAL, LINK_VERSION,
+    Link as LinkResource, LinkCondition, LinkObjectRef, LinkProbeSpec, LinkResourceSpec,
+    LinkResourceStatus, LinkServiceStatus,
+};
 pub use sanitize::{REDACTED, REMOTE_TEXT_MAX_CHARS, sanitize_remote_text};
 pub use secret::{
     ALLOW_INSECURE_ANNOTATION, Allowances, Insecure, LinkError, LinkSource, LinkSpec,

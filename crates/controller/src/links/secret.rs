@@ -216,7 +216,7 @@ impl std::fmt::Debug for LinkSpec {
     }
 }
 
-/// Why a link Secret cannot be used. Messages never contain credential material, and
+/// Why a link Secret or a `Link` resource cannot be used. Messages never contain credential material, and
 /// text from the remote is sanitized and bounded ([`sanitize_remote_text`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LinkError {
@@ -237,7 +237,7 @@ pub enum LinkError {
     UnsafeKubeconfig(String),
     /// The kubeconfig weakens the transport and the Secret does not allow it.
     #[error(
-        "the kubeconfig uses {}, refused unless the Secret's {ALLOW_INSECURE_ANNOTATION} annotation lists {:?}",
+        "the kubeconfig uses {}, refused unless the link Secret's (or Link's) {ALLOW_INSECURE_ANNOTATION} annotation lists {:?}",
         .0.what(),
         .0.as_str()
     )]
@@ -276,6 +276,75 @@ pub enum LinkError {
     /// The new credentials did not sync in time during a rotation.
     #[error("the new credentials did not sync within {0} s; the old ones stay in use")]
     RotationTimeout(u64),
+    // What a `Link` resource can get wrong (`links/link.rs`).
+    /// A Link without `targetClusterName`.
+    #[error("the Link has no spec.targetClusterName")]
+    MissingTargetClusterName,
+    /// `targetClusterDomain` is not a DNS-1123 subdomain.
+    #[error("spec.targetClusterDomain {0:?} is not a DNS-1123 subdomain")]
+    InvalidClusterDomain(String),
+    /// A Link without `clusterCredentialsSecret`.
+    #[error("the Link has no spec.clusterCredentialsSecret")]
+    MissingCredentialsSecretName,
+    /// The Secret `clusterCredentialsSecret` names does not exist (in the Link's namespace).
+    #[error(
+        "the credentials Secret {0:?} (spec.clusterCredentialsSecret) does not exist in the Link's namespace"
+    )]
+    MissingCredentials(String),
+    /// The credentials Secret is not of type `mirror.linkerd.io/remote-kubeconfig`.
+    #[error(
+        "the credentials Secret {secret:?} has type {type_:?}, not mirror.linkerd.io/remote-kubeconfig"
+    )]
+    InvalidCredentialsType {
+        /// The Secret's name.
+        secret: String,
+        /// Its type.
+        type_: String,
+    },
+    /// An entry of `gatewayAddress` is neither an IP address an Endpoints may hold nor
+    /// a DNS-1123 hostname.
+    #[error("spec.gatewayAddress entry {entry:?}: {why}")]
+    InvalidGatewayAddress {
+        /// The refused entry.
+        entry: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A gateway address without `gatewayPort`.
+    #[error("spec.gatewayAddress is set but spec.gatewayPort is not")]
+    MissingGatewayPort,
+    /// `gatewayPort` is not a decimal port from 1 to 65535.
+    #[error("spec.gatewayPort {0:?} is not a port number from 1 to 65535")]
+    InvalidGatewayPort(String),
+    /// `gatewayIdentity` is not a DNS name.
+    #[error("spec.gatewayIdentity {0:?} is not a DNS-1123 subdomain (a TLS identity)")]
+    InvalidGatewayIdentity(String),
+    /// A `probeSpec` field cannot be used.
+    #[error("spec.probeSpec.{field} {value:?}: {why}")]
+    InvalidProbeSpec {
+        /// `path`, `port`, `period`, `timeout` or `failureThreshold`.
+        field: &'static str,
+        /// The refused value.
+        value: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A label selector is invalid.
+    #[error("spec.{which}: {message}")]
+    InvalidSelector {
+        /// `selector`, `remoteDiscoverySelector` or `federatedServiceSelector`.
+        which: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// An exclusion pattern is invalid.
+    #[error("spec.{which}: {message}")]
+    InvalidExclusion {
+        /// `excludedLabels` or `excludedAnnotations`.
+        which: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 impl LinkError {
@@ -298,6 +367,18 @@ impl LinkError {
             LinkError::Unauthorized => "RemoteUnauthorized",
             LinkError::Forbidden(_) => "RemoteForbidden",
             LinkError::RotationTimeout(_) => "RotationTimeout",
+            LinkError::MissingTargetClusterName => "MissingTargetClusterName",
+            LinkError::InvalidClusterDomain(_) => "InvalidClusterDomain",
+            LinkError::MissingCredentialsSecretName => "MissingCredentialsSecretName",
+            LinkError::MissingCredentials(_) => "MissingCredentials",
+            LinkError::InvalidCredentialsType { .. } => "InvalidCredentialsType",
+            LinkError::InvalidGatewayAddress { .. } => "InvalidGatewayAddress",
+            LinkError::MissingGatewayPort => "MissingGatewayPort",
+            LinkError::InvalidGatewayPort(_) => "InvalidGatewayPort",
+            LinkError::InvalidGatewayIdentity(_) => "InvalidGatewayIdentity",
+            LinkError::InvalidProbeSpec { .. } => "InvalidProbeSpec",
+            LinkError::InvalidSelector { .. } => "InvalidSelector",
+            LinkError::InvalidExclusion { .. } => "InvalidExclusion",
         }
     }
 
