@@ -25,12 +25,12 @@ use tokio_util::sync::CancellationToken;
 /// each controller keeps the entries of the others.
 pub const CONTROLLER_NAME: &str = "service-mirror.linkerd.io/service-mirror";
 /// Shortest time between two status writes of a link (changes in between are merged).
-pub const MIN_INTERVAL: Duration = Duration::from_secs(2);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(2);
 /// Average write rate the debounce holds a link's status to.
-pub const BYTES_PER_SECOND: usize = 128 * 1024;
+pub(crate) const BYTES_PER_SECOND: usize = 128 * 1024;
 /// Largest list of our entries written: a third of etcd's default 1.5 MiB request
 /// limit, which also holds the spec and other controllers' entries.
-pub const MAX_STATUS_BYTES: usize = 512 * 1024;
+pub(crate) const MAX_STATUS_BYTES: usize = 512 * 1024;
 /// Longest condition message kept (messages carry remote-chosen text).
 const MAX_MESSAGE_CHARS: usize = 256;
 
@@ -244,10 +244,24 @@ mod tests {
     #[test]
     fn an_unchanged_observation_is_no_change() {
         let book = StatusBook::default();
-        book.observe(&key("web"), Observed::Mirrored { local: "web-east".into() });
+        book.observe(
+            &key("web"),
+            Observed::Mirrored {
+                local: "web-east".into(),
+            },
+        );
         let first = book.render(MAX_STATUS_BYTES);
-        book.observe(&key("web"), Observed::Mirrored { local: "web-east".into() });
-        assert_eq!(book.render(MAX_STATUS_BYTES), first, "same entry, same time");
+        book.observe(
+            &key("web"),
+            Observed::Mirrored {
+                local: "web-east".into(),
+            },
+        );
+        assert_eq!(
+            book.render(MAX_STATUS_BYTES),
+            first,
+            "same entry, same time"
+        );
         book.observe(&key("gone"), Observed::Gone);
         assert_eq!(book.render(MAX_STATUS_BYTES), first, "nothing to remove");
     }
@@ -256,8 +270,20 @@ mod tests {
     fn entries_say_linkerds_reasons_with_our_controller_name() {
         let book = StatusBook::default();
         let cases = [
-            ("a", Observed::Mirrored { local: "a-east".into() }, "True", "Mirrored"),
-            ("b", Observed::Invalid("no ports".into()), "False", "InvalidService"),
+            (
+                "a",
+                Observed::Mirrored {
+                    local: "a-east".into(),
+                },
+                "True",
+                "Mirrored",
+            ),
+            (
+                "b",
+                Observed::Invalid("no ports".into()),
+                "False",
+                "InvalidService",
+            ),
             ("c", Observed::MissingNamespace, "False", "MissingNamespace"),
             ("d", Observed::Error("boom".into()), "False", "Error"),
         ];
@@ -272,7 +298,10 @@ mod tests {
             assert_eq!(e.remote_ref.kind, "Service");
             assert_eq!(e.remote_ref.namespace, "shop");
             let c = &e.conditions[0];
-            assert_eq!((c.type_.as_str(), c.status.as_str(), c.reason.as_str()), ("Mirrored", *status, *reason));
+            assert_eq!(
+                (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+                ("Mirrored", *status, *reason)
+            );
             assert_eq!(c.local_ref.is_some(), *status == "True", "{name}");
         }
         let a = list.iter().find(|e| e.remote_ref.name == "a").unwrap();
@@ -283,10 +312,18 @@ mod tests {
     fn over_budget_failures_come_first_and_the_rest_is_counted() {
         let book = StatusBook::default();
         for i in 0..100 {
-            book.observe(&key(&format!("ok-{i:03}")), Observed::Mirrored { local: format!("ok-{i:03}-east") });
+            book.observe(
+                &key(&format!("ok-{i:03}")),
+                Observed::Mirrored {
+                    local: format!("ok-{i:03}-east"),
+                },
+            );
         }
         book.observe(&key("zz-bad"), Observed::Invalid("no ports".into()));
-        let one = serde_json::to_vec(&book.render(MAX_STATUS_BYTES).0[0]).unwrap().len() + 1;
+        let one = serde_json::to_vec(&book.render(MAX_STATUS_BYTES).0[0])
+            .unwrap()
+            .len()
+            + 1;
         let (list, left_out) = book.render(one * 10);
         assert_eq!(list[0].remote_ref.name, "zz-bad", "failures first");
         assert!(list.len() <= 10 && list.len() >= 9, "{}", list.len());

@@ -26,9 +26,9 @@ mod strip;
 mod watches;
 mod workers;
 
+pub use link_status::CONTROLLER_NAME;
 pub use options::{LinkConfig, LinkDeps};
 pub(crate) use queue::{Outcome, WorkQueue};
-pub use link_status::CONTROLLER_NAME;
 pub use status::LinkStatus;
 use status::Synced;
 
@@ -124,7 +124,9 @@ impl LinkController {
             .as_ref()
             .filter(|r| r.kind.as_deref() == Some("Link"))
             .and_then(|r| Some((r.namespace.clone()?, r.name.clone()?)));
-        let status = status_of.as_ref().map(|_| Arc::new(link_status::StatusBook::default()));
+        let status = status_of
+            .as_ref()
+            .map(|_| Arc::new(link_status::StatusBook::default()));
         let (synced_tx, synced) =
             watch::channel(Synced::new(!config.endpoints_mode.writes_slices()));
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();

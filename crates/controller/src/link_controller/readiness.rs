@@ -163,7 +163,12 @@ mod tests {
         for (what, ready, want) in cases {
             let mut r = RemoteReadiness::default();
             r.apply(&watcher::Event::Init);
-            r.apply(&watcher::Event::InitApply(slice("shop", "web-1", Some("web"), ready)));
+            r.apply(&watcher::Event::InitApply(slice(
+                "shop",
+                "web-1",
+                Some("web"),
+                ready,
+            )));
             r.apply(&watcher::Event::InitDone);
             assert!(r.listed(), "{what}");
             assert_eq!(r.ready(&key("web")), *want, "{what}");
@@ -176,18 +181,43 @@ mod tests {
         r.apply(&watcher::Event::Init);
         r.apply(&watcher::Event::InitDone);
         assert!(r.take_changed().is_empty(), "an empty list changes nothing");
-        r.apply(&watcher::Event::Apply(slice("shop", "web-1", Some("web"), &[Some(true)])));
+        r.apply(&watcher::Event::Apply(slice(
+            "shop",
+            "web-1",
+            Some("web"),
+            &[Some(true)],
+        )));
         assert_eq!(r.take_changed(), vec![key("web")]);
         // A second ready slice, then the first going unready: still ready.
-        r.apply(&watcher::Event::Apply(slice("shop", "web-2", Some("web"), &[Some(true)])));
-        r.apply(&watcher::Event::Apply(slice("shop", "web-1", Some("web"), &[Some(false)])));
+        r.apply(&watcher::Event::Apply(slice(
+            "shop",
+            "web-2",
+            Some("web"),
+            &[Some(true)],
+        )));
+        r.apply(&watcher::Event::Apply(slice(
+            "shop",
+            "web-1",
+            Some("web"),
+            &[Some(false)],
+        )));
         assert!(r.take_changed().is_empty());
         assert!(r.ready(&key("web")));
-        r.apply(&watcher::Event::Delete(slice("shop", "web-2", Some("web"), &[Some(true)])));
+        r.apply(&watcher::Event::Delete(slice(
+            "shop",
+            "web-2",
+            Some("web"),
+            &[Some(true)],
+        )));
         assert_eq!(r.take_changed(), vec![key("web")]);
         assert!(!r.ready(&key("web")));
         // A slice without the service-name label belongs to no Service.
-        r.apply(&watcher::Event::Apply(slice("shop", "stray", None, &[Some(true)])));
+        r.apply(&watcher::Event::Apply(slice(
+            "shop",
+            "stray",
+            None,
+            &[Some(true)],
+        )));
         assert!(r.take_changed().is_empty());
     }
 
@@ -195,17 +225,40 @@ mod tests {
     fn a_relist_replaces_the_slices_and_reports_the_differences() {
         let mut r = RemoteReadiness::default();
         r.apply(&watcher::Event::Init);
-        r.apply(&watcher::Event::InitApply(slice("shop", "a-1", Some("a"), &[Some(true)])));
-        r.apply(&watcher::Event::InitApply(slice("shop", "b-1", Some("b"), &[Some(true)])));
+        r.apply(&watcher::Event::InitApply(slice(
+            "shop",
+            "a-1",
+            Some("a"),
+            &[Some(true)],
+        )));
+        r.apply(&watcher::Event::InitApply(slice(
+            "shop",
+            "b-1",
+            Some("b"),
+            &[Some(true)],
+        )));
         r.apply(&watcher::Event::InitDone);
         let mut first = r.take_changed();
         first.sort();
         assert_eq!(first, vec![key("a"), key("b")]);
         // While away: a lost its endpoints, b is unchanged, c appeared.
         r.apply(&watcher::Event::Init);
-        assert!(r.ready(&key("a")), "the old state holds until the list completes");
-        r.apply(&watcher::Event::InitApply(slice("shop", "b-1", Some("b"), &[Some(true)])));
-        r.apply(&watcher::Event::InitApply(slice("shop", "c-1", Some("c"), &[None])));
+        assert!(
+            r.ready(&key("a")),
+            "the old state holds until the list completes"
+        );
+        r.apply(&watcher::Event::InitApply(slice(
+            "shop",
+            "b-1",
+            Some("b"),
+            &[Some(true)],
+        )));
+        r.apply(&watcher::Event::InitApply(slice(
+            "shop",
+            "c-1",
+            Some("c"),
+            &[None],
+        )));
         r.apply(&watcher::Event::InitDone);
         let mut changed = r.take_changed();
         changed.sort();

@@ -10,17 +10,17 @@
 use super::cleanup::Cleanups;
 use super::collector::Collector;
 use super::connect::connect;
-use super::metrics::LinkErrorLabels;
 use super::link::parse_link;
+use super::metrics::LinkErrorLabels;
 use super::metrics::LinkResourceErrorLabels;
 use super::resource::Link as LinkResource;
 use super::secret::{LinkError, LinkSource, LinkSpec, parse_link_secret};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
+use crate::gateway::GatewaySource;
 use crate::link_controller::{
     LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
 };
-use crate::gateway::GatewaySource;
 use crate::metrics::Metrics;
 use crate::watch::{Watch, drive, keep_all};
 use crate::writer::{LocalWriter, MirrorSelector};
@@ -120,13 +120,6 @@ impl SourceObject<'_> {
         match self {
             SourceObject::Secret(s) => s.object_ref(&()),
             SourceObject::Link(l) => l.object_ref(&()),
-        }
-    }
-
-    fn key(&self) -> SourceKey {
-        match self {
-            SourceObject::Secret(s) => SourceKey::Secret(s.name_any()),
-            SourceObject::Link(l) => SourceKey::Link(l.name_any()),
         }
     }
 }
@@ -284,13 +277,7 @@ impl Inner {
         config
     }
 
-    async fn event(
-        &self,
-        source: &SourceObject<'_>,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
+    async fn event(&self, source: &SourceObject<'_>, type_: EventType, reason: &str, note: String) {
         self.recorder
             .publish(&source.reference(), type_, reason, "Link", note)
             .await;
@@ -413,10 +400,14 @@ impl Inner {
 
     /// Reads a Link with its credentials Secret from the store.
     fn parse(&self, link: &LinkResource) -> Result<LinkSpec, LinkError> {
-        let credentials = link.spec.cluster_credentials_secret.as_deref().and_then(|n| {
-            self.secrets
-                .get(&ObjectRef::new(n).within(&self.opts.namespace))
-        });
+        let credentials = link
+            .spec
+            .cluster_credentials_secret
+            .as_deref()
+            .and_then(|n| {
+                self.secrets
+                    .get(&ObjectRef::new(n).within(&self.opts.namespace))
+            });
         parse_link(link, credentials.as_deref())
     }
 
@@ -469,7 +460,12 @@ impl Inner {
             .iter()
             .map(|s| SourceKey::Secret(s.name_any()))
             .collect();
-        keys.extend(self.links.state().iter().map(|l| SourceKey::Link(l.name_any())));
+        keys.extend(
+            self.links
+                .state()
+                .iter()
+                .map(|l| SourceKey::Link(l.name_any())),
+        );
         keys.extend(self.active().keys().cloned());
         for k in keys {
             self.queue.add(k);
@@ -494,7 +490,8 @@ impl Inner {
             .contains_key(LINK_CLUSTER_NAME_ANNOTATION);
         if !self.opts.sources.secrets() || (credentials_only && !self.links_using(name).is_empty())
         {
-            return match self.active().contains_key(key) {
+            let running = self.active().contains_key(key);
+            return match running {
                 true => self.gone(key).await,
                 false => Outcome::Done,
             };
@@ -529,7 +526,12 @@ impl Inner {
 
     /// Brings the link of a valid source to `spec`: start, restart with new settings, or
     /// nothing.
-    async fn apply_spec(&self, key: &SourceKey, source: &SourceObject<'_>, spec: LinkSpec) -> Outcome {
+    async fn apply_spec(
+        &self,
+        key: &SourceKey,
+        source: &SourceObject<'_>,
+        spec: LinkSpec,
+    ) -> Outcome {
         let current = self.active().get(key).map(|a| a.spec.clone());
         match current {
             Some(cur) if cur == spec => Outcome::Done,
