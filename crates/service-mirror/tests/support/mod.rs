@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod controller;
+pub(crate) mod links;
 
 use k8s_openapi::api::core::v1::{
     Endpoints, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,

@@ -1,0 +1,532 @@
+//! Links from Linkerd's `Link` resources, on real apiservers with the real binary: the
+//! mirrors look the way Linkerd makes them, selectors decide, the remote's readiness
+//! empties Endpoints, remote discovery, status, namespaces, bad Links, credentials and
+//! Link lifecycle.
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::controller::link_secret;
+use support::links::{LinkWorld, remote_slice};
+use support::{
+    CONVERGE, annotation, create_namespace, events_on, has_subsets, ports, subset_ips,
+    subset_ports, wait_event,
+};
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A remote Service `name` in `ns` with labels, annotations and one port.
+fn remote_service(
+    ns: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> Service {
+    Service {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            labels: Some(map(labels)),
+            annotations: Some(map(annotations)),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+            ports: Some(ports(&[("http", 80)])),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+const EXPORTED: (&str, &str) = ("mirror.linkerd.io/exported", "true");
+const DISCOVERY: (&str, &str) = ("mirror.linkerd.io/exported", "remote-discovery");
+const IDENTITY: &str =
+    "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
+
+async fn create_remote(w: &LinkWorld, svc: Service) {
+    w.env
+        .remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+}
+
+async fn wait_service(w: &LinkWorld, remote: &str, ok: impl Fn(&Service) -> bool) -> Service {
+    let api = w.env.local_services();
+    let name = w.env.mirror_name(remote);
+    tokio::time::timeout(CONVERGE, async {
+        loop {
+            if let Ok(Some(s)) = api.get_opt(&name).await
+                && ok(&s)
+            {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("mirror Service {name} never as expected"))
+}
+
+async fn wait_endpoints(w: &LinkWorld, remote: &str, ok: impl Fn(&Endpoints) -> bool) -> Endpoints {
+    let api = w.env.local_endpoints();
+    let name = w.env.mirror_name(remote);
+    tokio::time::timeout(CONVERGE, async {
+        loop {
+            if let Ok(Some(e)) = api.get_opt(&name).await
+                && ok(&e)
+            {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("mirror Endpoints {name} never as expected"))
+}
+
+fn labels(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
+    meta.labels.clone().unwrap_or_default()
+}
+
+fn annotations(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
+    meta.annotations.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_link_mirrors_what_its_selectors_pick_the_way_linkerd_makes_mirrors() {
+    let w = LinkWorld::new("lk", &[], &[]).await;
+    let ns = w.env.ns.clone();
+    let cluster = w.env.cluster.clone();
+    create_remote(
+        &w,
+        remote_service(
+            &ns,
+            "web",
+            &[
+                EXPORTED,
+                ("app", "web"),
+                ("team", "a"),
+                ("mirror.linkerd.io/x", "y"),
+            ],
+            &[
+                ("config.linkerd.io/opaque-ports", "8080"),
+                ("service.kubernetes.io/topology-mode", "Auto"),
+                ("note", "hi"),
+                ("kept", "yes"),
+                ("mirror.linkerd.io/gateway-name", "gw"),
+                ("mirror.linkerd.io/gateway-ns", "mc"),
+            ],
+        ),
+    )
+    .await;
+    // Exported the 2020 way only: a Link does not read the gateway annotations.
+    create_remote(
+        &w,
+        remote_service(
+            &ns,
+            "legacy",
+            &[],
+            &[
+                ("mirror.linkerd.io/gateway-name", "gw"),
+                ("mirror.linkerd.io/gateway-ns", "mc"),
+            ],
+        ),
+    )
+    .await;
+    create_remote(&w, remote_service(&ns, "disc", &[DISCOVERY], &[])).await;
+    create_remote(&w, remote_service(&ns, "empty", &[EXPORTED], &[])).await;
+    let slices: Api<EndpointSlice> = Api::namespaced(w.env.rc.clone(), &ns);
+    slices
+        .create(&PostParams::default(), &remote_slice(&ns, "web", &[true]))
+        .await
+        .unwrap();
+    w.create_link(serde_json::json!({
+        "excludedLabels": ["team"],
+        "excludedAnnotations": ["note"],
+    }))
+    .await;
+
+    let svc = wait_service(&w, "web", |_| true).await;
+    assert_eq!(
+        labels(&svc.metadata),
+        map(&[
+            ("app", "web"),
+            ("mirror.linkerd.io/mirrored-service", "true"),
+            ("mirror.linkerd.io/cluster-name", &cluster),
+        ]),
+        "remote labels minus mirror.linkerd.io* and the excluded, plus the two mirror labels; no gateway labels"
+    );
+    let got = annotations(&svc.metadata);
+    let fq = format!("web.{ns}.svc.cluster.local");
+    assert_eq!(
+        got.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec![
+            "config.linkerd.io/opaque-ports",
+            "kept",
+            "mirror.linkerd.io/remote-resource-version",
+            "mirror.linkerd.io/remote-svc-fq-name",
+        ],
+        "no topology, no excluded, no export annotations, no seed-era extras"
+    );
+    assert_eq!(got["mirror.linkerd.io/remote-svc-fq-name"], fq);
+    let ep = wait_endpoints(&w, "web", has_subsets).await;
+    assert_eq!(subset_ips(&ep), vec!["192.0.2.10", "192.0.2.11"]);
+    assert_eq!(subset_ports(&ep), vec![(Some("http".into()), 4143)]);
+    assert_eq!(
+        annotation(&ep.metadata, "mirror.linkerd.io/remote-gateway-identity"),
+        Some(IDENTITY)
+    );
+    assert_eq!(
+        annotation(&ep.metadata, "mirror.linkerd.io/remote-svc-fq-name"),
+        Some(fq.as_str())
+    );
+
+    // No ready endpoint in the remote: Endpoints without subsets.
+    let empty = wait_endpoints(&w, "empty", |_| true).await;
+    assert!(!has_subsets(&empty), "{empty:?}");
+
+    // Remote discovery: the Service only, labelled for it.
+    let disc = wait_service(&w, "disc", |_| true).await;
+    let l = labels(&disc.metadata);
+    assert_eq!(l["multicluster.linkerd.io/remote-discovery"], cluster);
+    assert_eq!(l["multicluster.linkerd.io/remote-service"], "disc");
+
+    // Status: our entries, Mirrored.
+    for svc in ["web", "empty", "disc"] {
+        let e = w.status_entry(&cluster, svc, "Mirrored").await;
+        assert_eq!(
+            e["controllerName"],
+            "service-mirror.linkerd.io/service-mirror"
+        );
+        assert_eq!(e["conditions"][0]["status"], "True");
+        assert_eq!(
+            e["conditions"][0]["localRef"]["name"],
+            w.env.mirror_name(svc).as_str()
+        );
+    }
+    assert!(
+        w.env
+            .local_endpoints()
+            .get_opt(&w.env.mirror_name("disc"))
+            .await
+            .unwrap()
+            .is_none(),
+        "a remote-discovery mirror has no Endpoints"
+    );
+    assert!(
+        w.env
+            .local_services()
+            .get_opt(&w.env.mirror_name("legacy"))
+            .await
+            .unwrap()
+            .is_none(),
+        "annotation export does not apply to a Link"
+    );
+
+    // The remote's endpoints go not ready, then come back.
+    slices
+        .replace("web-abcde", &PostParams::default(), &{
+            let mut s = remote_slice(&ns, "web", &[false]);
+            s.metadata.resource_version = slices
+                .get("web-abcde")
+                .await
+                .unwrap()
+                .metadata
+                .resource_version;
+            s
+        })
+        .await
+        .unwrap();
+    wait_endpoints(&w, "web", |e| !has_subsets(e)).await;
+    slices
+        .delete("web-abcde", &DeleteParams::default())
+        .await
+        .unwrap();
+    slices
+        .create(
+            &PostParams::default(),
+            &remote_slice(&ns, "web", &[false, true]),
+        )
+        .await
+        .unwrap();
+    wait_endpoints(&w, "web", has_subsets).await;
+
+    // A label the remote drops goes from the mirror; the uid stays.
+    let uid = svc.metadata.uid.clone();
+    w.env
+        .remote_services()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"app": null}}})),
+        )
+        .await
+        .unwrap();
+    let after = wait_service(&w, "web", |s| !labels(&s.metadata).contains_key("app")).await;
+    assert_eq!(after.metadata.uid, uid);
+    wait_endpoints(&w, "web", |e| !labels(&e.metadata).contains_key("app")).await;
+}
+
+#[tokio::test]
+async fn selector_operators_pick_and_a_link_edit_restarts_only_that_link() {
+    let w = LinkWorld::new("lks", &[], &[]).await;
+    let ns = w.env.ns.clone();
+    let cluster = w.env.cluster.clone();
+    for (name, labels) in [
+        ("a", vec![("tier", "front"), ("env", "prod")]),
+        ("b", vec![("tier", "back"), ("env", "prod")]),
+        (
+            "c",
+            vec![("tier", "front"), ("env", "prod"), ("legacy", "1")],
+        ),
+        ("d", vec![("env", "dev")]),
+    ] {
+        create_remote(&w, remote_service(&ns, name, &labels, &[])).await;
+    }
+    w.create_link(serde_json::json!({
+        "selector": {"matchLabels": {"env": "prod"}, "matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["front", "middle"]},
+            {"key": "legacy", "operator": "DoesNotExist"},
+        ]},
+    }))
+    .await;
+    let a = wait_service(&w, "a", |_| true).await;
+    let mirrored = |w: &LinkWorld| {
+        let api = w.env.local_services();
+        let cluster = cluster.clone();
+        async move {
+            let list = api
+                .list(
+                    &kube::api::ListParams::default()
+                        .labels(&format!("mirror.linkerd.io/cluster-name={cluster}")),
+                )
+                .await
+                .unwrap();
+            let mut names: Vec<String> = list
+                .items
+                .into_iter()
+                .filter_map(|s| s.metadata.name)
+                .collect();
+            names.sort();
+            names
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(mirrored(&w).await, vec![w.env.mirror_name("a")]);
+
+    // NotIn and Exists: now b (back, not front) with env; a's mirror goes, b's comes,
+    // and the link is restarted without deleting what stays selected.
+    w.patch_link(
+        &cluster,
+        serde_json::json!({"selector": {"matchLabels": null, "matchExpressions": [
+            {"key": "tier", "operator": "NotIn", "values": ["front"]},
+            {"key": "env", "operator": "Exists"},
+        ]}}),
+    )
+    .await;
+    wait_service(&w, "b", |_| true).await;
+    support::eventually("a's mirror goes", || {
+        let api = w.env.local_services();
+        let name = w.env.mirror_name("a");
+        async move { api.get_opt(&name).await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+    assert_eq!(mirrored(&w).await, vec![w.env.mirror_name("b")]);
+    assert!(a.metadata.uid.is_some());
+    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "CredentialsRotated").await;
+}
+
+#[tokio::test]
+async fn a_missing_local_namespace_skips_the_service_with_status_and_an_event() {
+    let remote_only = local_cluster::unique_namespace("lkr");
+    let w = LinkWorld::new("lkn", &[&remote_only], &[]).await;
+    let cluster = w.env.cluster.clone();
+    create_namespace(&w.env.rc, &remote_only).await;
+    Api::<Service>::namespaced(w.env.rc.clone(), &remote_only)
+        .create(
+            &PostParams::default(),
+            &remote_service(&remote_only, "api", &[EXPORTED], &[]),
+        )
+        .await
+        .unwrap();
+    create_remote(&w, remote_service(&w.env.ns, "web", &[EXPORTED], &[])).await;
+    w.create_link(serde_json::json!({})).await;
+    wait_service(&w, "web", |_| true).await;
+    let e = w.status_entry(&cluster, "api", "MissingNamespace").await;
+    assert_eq!(e["conditions"][0]["status"], "False");
+    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "MissingNamespace").await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(w.env.lc.clone());
+    assert!(
+        namespaces.get_opt(&remote_only).await.unwrap().is_none(),
+        "no namespace is created for a Link without --enable-namespace-creation"
+    );
+}
+
+#[tokio::test]
+async fn bad_links_are_reported_and_other_links_keep_mirroring() {
+    let w = LinkWorld::new("lkb", &[], &[]).await;
+    create_remote(&w, remote_service(&w.env.ns, "web", &[EXPORTED], &[])).await;
+    let cred = w.credentials();
+    let bad: Vec<(&str, serde_json::Value, &str)> = vec![
+        (
+            "no-creds",
+            serde_json::json!({"clusterCredentialsSecret": "nope"}),
+            "MissingCredentials",
+        ),
+        (
+            "bad-selector",
+            serde_json::json!({"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}),
+            "InvalidSelector",
+        ),
+        (
+            "bad-port",
+            serde_json::json!({"gatewayPort": "http"}),
+            "InvalidGatewayPort",
+        ),
+        (
+            "bad-duration",
+            serde_json::json!({"probeSpec": {"port": "4191", "period": "3 seconds"}}),
+            "InvalidProbeSpec",
+        ),
+        (
+            "bad-address",
+            serde_json::json!({"gatewayAddress": "192.0.2.1,http://evil/,"}),
+            "InvalidGatewayAddress",
+        ),
+    ];
+    for (i, (name, extra, _)) in bad.iter().enumerate() {
+        let mut l = support::links::link(
+            name,
+            &format!("bad{i}-{}", w.env.cluster),
+            &cred,
+            extra.clone(),
+        );
+        l.metadata.name = Some((*name).into());
+        w.links.create(&PostParams::default(), &l).await.unwrap();
+    }
+    w.create_link(serde_json::json!({})).await;
+    wait_service(&w, "web", |_| true).await;
+    for (name, _, reason) in &bad {
+        wait_event(&w.env.lc, &w.ctl_ns, name, reason).await;
+    }
+    let metrics = w.ctl.metrics().await;
+    for (name, _, reason) in &bad {
+        let series = format!(
+            "service_mirror_link_resource_errors_total{{link=\"{name}\",reason=\"{reason}\"}}"
+        );
+        assert!(metrics.contains(&series), "{series} in\n{metrics}");
+    }
+    // Fixing one links it.
+    w.patch_link("bad-port", serde_json::json!({"gatewayPort": "4143"}))
+        .await;
+    wait_event(&w.env.lc, &w.ctl_ns, "bad-port", "Linked").await;
+}
+
+#[tokio::test]
+async fn rotated_credentials_keep_every_mirror_and_a_deleted_link_keeps_its_mirrors() {
+    let w = LinkWorld::new("lkc", &[], &[]).await;
+    let cluster = w.env.cluster.clone();
+    create_remote(&w, remote_service(&w.env.ns, "web", &[EXPORTED], &[])).await;
+    w.create_link(serde_json::json!({})).await;
+    let before = wait_service(&w, "web", |_| true).await;
+    // New credentials (another ServiceAccount) in the same Secret.
+    let kc2 = support::links::allowed_kubeconfig(&w.env.remote, &w.env.ns, "reader2").await;
+    w.secrets
+        .replace(&w.credentials(), &PostParams::default(), &{
+            let mut s = support::links::credentials_secret(&w.credentials(), &kc2.yaml);
+            s.metadata.resource_version = w
+                .secrets
+                .get(&w.credentials())
+                .await
+                .unwrap()
+                .metadata
+                .resource_version;
+            s
+        })
+        .await
+        .unwrap();
+    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "CredentialsRotated").await;
+    let after = wait_service(&w, "web", |_| true).await;
+    assert_eq!(
+        after.metadata.uid, before.metadata.uid,
+        "rotation keeps the mirror"
+    );
+
+    // Deleting the Link stops the link and keeps its mirrors (as Linkerd).
+    w.links
+        .delete(&cluster, &DeleteParams::default())
+        .await
+        .unwrap();
+    w.ctl.wait_log(&["Link deleted", &cluster], CONVERGE).await;
+    w.env.delete_remote("web").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = w
+        .env
+        .local_services()
+        .get_opt(&w.env.mirror_name("web"))
+        .await
+        .unwrap()
+        .expect("a deleted Link keeps its mirrors");
+    assert_eq!(kept.metadata.uid, before.metadata.uid);
+}
+
+#[tokio::test]
+async fn a_link_and_a_secret_naming_one_cluster_the_older_links_it() {
+    let w = LinkWorld::new("lkd", &[], &[]).await;
+    let cluster = w.env.cluster.clone();
+    // Exported both ways: by the gateway annotations (the Secret link's rule) and by
+    // label (the Link's).
+    w.env.gateway("gw", 4143, &["192.0.2.1"]).await;
+    w.env.export("web", "gw", &[("http", 80)]).await;
+    w.env
+        .patch_remote(
+            "web",
+            serde_json::json!({"metadata": {"labels": {EXPORTED.0: EXPORTED.1}}}),
+        )
+        .await;
+    // The Secret link first (older); the Link, created later, is refused.
+    w.secrets
+        .create(
+            &PostParams::default(),
+            &link_secret("old-secret", Some(&cluster), Some(&w.kc.yaml)),
+        )
+        .await
+        .unwrap();
+    wait_event(&w.env.lc, &w.ctl_ns, "old-secret", "Linked").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    w.create_link(serde_json::json!({})).await;
+    let note = wait_event(&w.env.lc, &w.ctl_ns, &cluster, "DuplicateClusterName").await;
+    assert!(note.contains("Secret/old-secret"), "{note}");
+    // The Secret goes: the Link takes over, and the mirror is kept (restyled in place).
+    let before = wait_service(&w, "web", |s| {
+        labels(&s.metadata).contains_key("mirror.linkerd.io/remote-gateway-name")
+    })
+    .await;
+    w.secrets
+        .delete("old-secret", &DeleteParams::default())
+        .await
+        .unwrap();
+    let after = wait_service(&w, "web", |s| {
+        !labels(&s.metadata).contains_key("mirror.linkerd.io/remote-gateway-name")
+    })
+    .await;
+    assert_eq!(
+        after.metadata.uid, before.metadata.uid,
+        "handed over, not recreated"
+    );
+    let events = events_on(&w.env.lc, &w.ctl_ns, &cluster).await;
+    assert!(
+        events.iter().any(|(r, _)| r == "CredentialsRotated"),
+        "{events:?}"
+    );
+}
