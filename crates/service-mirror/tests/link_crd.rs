@@ -243,7 +243,7 @@ async fn an_older_v1alpha1_link_reads_as_v1alpha3_and_parses() {
 }
 
 #[tokio::test]
-async fn a_non_numeric_gateway_port_is_stored_as_a_string_and_refused_by_parse_link() {
+async fn bad_input_is_stored_by_the_apiserver_and_refused_by_parse_link_alone() {
     init_tracing();
     let local = shared_cluster("local").await.expect("local cluster");
     let ns = installed(&local, "link-crd-bad").await;
@@ -256,6 +256,33 @@ async fn a_non_numeric_gateway_port_is_stored_as_a_string_and_refused_by_parse_l
     // Its credentials missing: a reason of its own.
     let err = parse_link(&link, None).unwrap_err();
     assert_eq!(err.reason(), "MissingCredentials", "{err}");
+
+    // `exported: true` unquoted: the open matchLabels stores a boolean. The list of
+    // all Links still decodes (a watch is not stopped by one bad Link), and that
+    // Link alone is refused, naming its selector.
+    let admin = local.client().await.unwrap();
+    let bad_selector = link_gen_yaml(&ns, "v1alpha3", "4143")
+        .replace("name: east\n  namespace", "name: west\n  namespace")
+        .replace(
+            "mirror.linkerd.io/exported: \"true\"",
+            "mirror.linkerd.io/exported: true",
+        );
+    let link_only = bad_selector.split("---\n").nth(1).unwrap();
+    apply_yaml(&admin, link_only).await.expect("stored");
+    let all = Api::<LinkResource>::namespaced(admin, &ns)
+        .list(&Default::default())
+        .await
+        .expect("every Link of the namespace decodes");
+    let names: Vec<_> = all
+        .items
+        .iter()
+        .map(|l| l.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["east", "west"]);
+    let west = &all.items[1];
+    let err = parse_link(west, Some(&secret)).unwrap_err();
+    assert_eq!(err.reason(), "InvalidSelector", "{err}");
+    assert!(err.to_string().starts_with("spec.selector:"), "{err}");
 }
 
 #[tokio::test]
