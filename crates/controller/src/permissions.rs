@@ -13,6 +13,22 @@
 //! | `events.k8s.io` `events` (all namespaces) | create, patch | Events on link Secrets and on objects that hold a mirror's name (`patch` updates a repeated Event's series) |
 //! | `secrets` (controller namespace only) | get, list, watch | the link Secrets |
 //! | `coordination.k8s.io` `leases` (controller namespace only) | get, list, watch, create, update, patch | leader election (HA) |
+//! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]) |
+//! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
+//!
+//! The `Link` credentials Secrets are covered by the `secrets` rule: same namespace,
+//! same type (`mirror.linkerd.io/remote-kubeconfig`), only without the cluster-name
+//! annotation.
+//!
+//! `links/status` takes `patch`, not `update`: a status write sends the status alone
+//! (a merge patch; with `metadata.resourceVersion` in the body when it must not
+//! overwrite a newer one), not the whole Link back, so its bytes do not grow with the
+//! spec; and it is the verb Linkerd's own Roles grant, so one Role serves either
+//! controller.
+//!
+//! The Link permissions are optional at startup: without the Link CRD (a cluster with
+//! Secret links only) they are not checked at all, and where the CRD is served a
+//! missing one is reported as breaking Link links only.
 
 use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::{
@@ -27,7 +43,7 @@ use std::time::Duration;
 pub struct Rule {
     /// API group (`""` for the core group).
     pub group: &'static str,
-    /// Resources (plural names).
+    /// Resources (plural names; `plural/subresource` for a subresource).
     pub resources: &'static [&'static str],
     /// Verbs allowed on each of them.
     pub verbs: &'static [&'static str],
@@ -75,6 +91,21 @@ pub const NAMESPACE_RULES: &[Rule] = &[
     },
 ];
 
+/// Rules for Linkerd `Link` resources, granted in the controller's namespace (in the
+/// same Role as [`NAMESPACE_RULES`]) but needed only where the Link CRD is served.
+pub const LINK_RULES: &[Rule] = &[
+    Rule {
+        group: "multicluster.linkerd.io",
+        resources: &["links"],
+        verbs: &["get", "list", "watch"],
+    },
+    Rule {
+        group: "multicluster.linkerd.io",
+        resources: &["links/status"],
+        verbs: &["patch"],
+    },
+];
+
 /// One permission: a verb on a resource, cluster-wide or in one namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Permission {
@@ -82,7 +113,7 @@ pub struct Permission {
     pub verb: String,
     /// API group (`""` for the core group).
     pub group: String,
-    /// Resource (plural name).
+    /// Resource (plural name; `plural/subresource` for a subresource).
     pub resource: String,
     /// `None`: in every namespace; `Some(ns)`: in namespace `ns` only.
     pub namespace: Option<String>,
@@ -124,13 +155,43 @@ pub fn required_permissions(namespace: &str) -> Vec<Permission> {
         .collect()
 }
 
+/// The permissions of [`LINK_RULES`] in `namespace`: needed only to serve `Link`
+/// resources, so checked only where their CRD is served.
+pub fn link_permissions(namespace: &str) -> Vec<Permission> {
+    expand(LINK_RULES, Some(namespace)).collect()
+}
+
+/// Whether the local apiserver serves the `Link` resource (its CRD is installed and
+/// established), asked through discovery, which every authenticated identity may read.
+pub async fn link_api_served(client: &kube::Client) -> kube::Result<bool> {
+    let version = format!(
+        "{}/{}",
+        crate::links::LINK_GROUP,
+        crate::links::LINK_VERSION
+    );
+    match client.list_api_group_resources(&version).await {
+        Ok(list) => Ok(list
+            .resources
+            .iter()
+            .any(|r| r.name == crate::links::LINK_PLURAL)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Asks the API server whether the client's identity holds `permission`.
 pub async fn is_allowed(client: &kube::Client, permission: &Permission) -> kube::Result<bool> {
+    // `links/status` is resource `links`, subresource `status` to the authorizer.
+    let (resource, subresource) = match permission.resource.split_once('/') {
+        Some((r, sub)) => (r.to_string(), Some(sub.to_string())),
+        None => (permission.resource.clone(), None),
+    };
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
                 group: Some(permission.group.clone()),
-                resource: Some(permission.resource.clone()),
+                resource: Some(resource),
+                subresource,
                 verb: Some(permission.verb.clone()),
                 namespace: permission.namespace.clone(),
                 ..Default::default()
@@ -152,15 +213,30 @@ pub async fn missing_permissions(
     client: &kube::Client,
     namespace: &str,
 ) -> kube::Result<Vec<String>> {
-    let answers: Vec<(Permission, kube::Result<bool>)> =
-        futures::stream::iter(required_permissions(namespace))
-            .map(|p| async move {
-                let allowed = is_allowed(client, &p).await;
-                (p, allowed)
-            })
-            .buffered(8)
-            .collect()
-            .await;
+    missing_of(client, required_permissions(namespace)).await
+}
+
+/// The permissions of [`link_permissions`] the client's identity does not hold, as
+/// [`missing_permissions`] reports them.
+pub async fn missing_link_permissions(
+    client: &kube::Client,
+    namespace: &str,
+) -> kube::Result<Vec<String>> {
+    missing_of(client, link_permissions(namespace)).await
+}
+
+async fn missing_of(
+    client: &kube::Client,
+    permissions: Vec<Permission>,
+) -> kube::Result<Vec<String>> {
+    let answers: Vec<(Permission, kube::Result<bool>)> = futures::stream::iter(permissions)
+        .map(|p| async move {
+            let allowed = is_allowed(client, &p).await;
+            (p, allowed)
+        })
+        .buffered(8)
+        .collect()
+        .await;
     let mut missing = Vec::new();
     for (permission, allowed) in answers {
         if !allowed? {
@@ -176,8 +252,15 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Checks the permissions of the controller running in `namespace` and logs each missing
 /// one as an error. Never fails: a review that cannot be made is a warning, and the
 /// controller runs on either way (its reconciles then report the API's refusals).
+/// The Link permissions are checked only where the Link CRD is served.
 pub async fn log_missing_permissions(client: kube::Client, namespace: String) {
-    match tokio::time::timeout(CHECK_TIMEOUT, missing_permissions(&client, &namespace)).await {
+    log_missing_required(&client, &namespace).await;
+    log_missing_link_permissions(&client, &namespace).await;
+}
+
+async fn log_missing_required(client: &kube::Client, namespace: &str) {
+    let namespace = namespace.to_string();
+    match tokio::time::timeout(CHECK_TIMEOUT, missing_permissions(client, &namespace)).await {
         Ok(Ok(missing)) if missing.is_empty() => {
             tracing::info!(
                 checked = required_permissions(&namespace).len(),
@@ -199,6 +282,48 @@ pub async fn log_missing_permissions(client: kube::Client, namespace: String) {
             tracing::warn!(
                 timeout_s = CHECK_TIMEOUT.as_secs(),
                 "could not check the local permissions in time; running anyway"
+            );
+        }
+    }
+}
+
+/// The optional part: without the CRD there is nothing to check (Secret links only);
+/// with it, a missing permission breaks Link links and nothing else.
+async fn log_missing_link_permissions(client: &kube::Client, namespace: &str) {
+    let check = async {
+        if !link_api_served(client).await? {
+            return Ok(None);
+        }
+        missing_link_permissions(client, namespace).await.map(Some)
+    };
+    match tokio::time::timeout(CHECK_TIMEOUT, check).await {
+        Ok(Ok(None)) => {
+            tracing::info!(
+                crd = crate::links::LINK_CRD_NAME,
+                "the Link CRD is not installed: links come from Secrets only"
+            );
+        }
+        Ok(Ok(Some(missing))) if missing.is_empty() => {
+            tracing::info!(
+                checked = link_permissions(namespace).len(),
+                "Link permissions checked: all granted"
+            );
+        }
+        Ok(Ok(Some(missing))) => {
+            for permission in &missing {
+                tracing::error!(
+                    %permission,
+                    "missing permission: {permission}: Link resources cannot be served without it (Secret links are unaffected; grant the Role printed by `service-mirror install`)"
+                );
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not check the Link permissions; running anyway");
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_s = CHECK_TIMEOUT.as_secs(),
+                "could not check the Link permissions in time; running anyway"
             );
         }
     }
@@ -255,6 +380,45 @@ mod tests {
             assert_eq!(p.namespace.is_some(), namespaced, "{p}");
             if namespaced {
                 assert_eq!(p.namespace.as_deref(), Some("mc"));
+            }
+        }
+    }
+
+    #[test]
+    fn link_permissions_are_read_watch_and_status_patch_in_the_namespace_only() {
+        let got: Vec<String> = link_permissions("mc")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "get links.multicluster.linkerd.io in namespace mc",
+                "list links.multicluster.linkerd.io in namespace mc",
+                "watch links.multicluster.linkerd.io in namespace mc",
+                "patch links/status.multicluster.linkerd.io in namespace mc",
+            ]
+        );
+    }
+
+    #[test]
+    fn link_permissions_are_not_among_the_required_ones() {
+        // A cluster without the Link CRD must not report them as missing.
+        let required = required_permissions("mc");
+        for p in link_permissions("mc") {
+            assert!(!required.contains(&p), "{p}");
+        }
+    }
+
+    #[test]
+    fn link_rules_name_the_resource_the_link_type_uses() {
+        use kube::Resource;
+        let plural = crate::links::LinkResource::plural(&());
+        let group = crate::links::LinkResource::group(&());
+        for rule in LINK_RULES {
+            assert_eq!(rule.group, group);
+            for r in rule.resources {
+                assert!(r == &plural || *r == format!("{plural}/status"), "{r}");
             }
         }
     }

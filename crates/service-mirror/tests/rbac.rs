@@ -440,6 +440,7 @@ async fn ha_manifests_are_accepted_by_the_apiserver() {
     assert_eq!(
         applied,
         [
+            "CustomResourceDefinition/links.multicluster.linkerd.io".to_string(),
             format!("Namespace/{ns}"),
             format!("ServiceAccount/{ns}/service-mirror"),
             format!("ClusterRole/service-mirror-controller:{ns}"),

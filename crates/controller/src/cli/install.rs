@@ -4,16 +4,19 @@
 //! service-mirror install | kubectl apply -f -
 //! ```
 //!
-//! It prints, in apply order: the Namespace, the ServiceAccount `service-mirror`, a
-//! ClusterRole and its ClusterRoleBinding with the cluster-wide permissions, a Role and
-//! its RoleBinding with the permissions limited to the controller's namespace (both from
+//! It prints, in apply order: the `links.multicluster.linkerd.io` CRD (Linkerd's `Link`;
+//! `--link-crd=false` leaves it out where Linkerd's own is installed), the Namespace,
+//! the ServiceAccount `service-mirror`, a ClusterRole and its ClusterRoleBinding with
+//! the cluster-wide permissions, a Role and its RoleBinding with the permissions
+//! limited to the controller's namespace (Link permissions included; all from
 //! [`crate::permissions`], which `run` checks at startup), and the Deployment. With
 //! `--ha`: three replicas spread over nodes and a PodDisruptionBudget.
 
 use super::allow::check_names;
 use super::args::OutputArgs;
 use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
-use crate::permissions::{CLUSTER_RULES, NAMESPACE_RULES, Rule};
+use crate::links::LINK_CRD_YAML;
+use crate::permissions::{CLUSTER_RULES, LINK_RULES, NAMESPACE_RULES, Rule};
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -71,6 +74,11 @@ pub struct InstallArgs {
     /// Container image of the controller.
     #[arg(long, env = "SERVICE_MIRROR_IMAGE", default_value_t = default_image())]
     pub image: String,
+    /// Print the CRD of Linkerd's `Link` resource (links.multicluster.linkerd.io).
+    /// `false` where Linkerd's multicluster extension already installed it: applying
+    /// ours would take its fields over.
+    #[arg(long, env = "SERVICE_MIRROR_LINK_CRD", default_value_t = true, action = clap::ArgAction::Set)]
+    pub link_crd: bool,
     /// How the manifests are printed.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -262,10 +270,43 @@ fn deployment(namespace: &str, ha: bool, image: &str) -> Deployment {
     }
 }
 
-/// The local-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
-/// ClusterRoleBinding, Role, RoleBinding, Deployment and, with `ha`, a
-/// PodDisruptionBudget.
-pub(crate) fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<serde_json::Value> {
+/// The `Link` CRD, from its YAML (anchors expanded), with install's labels added.
+pub(crate) fn link_crd() -> serde_json::Value {
+    let mut crd: serde_json::Value =
+        serde_saphyr::from_str(LINK_CRD_YAML).expect("the embedded Link CRD is valid YAML");
+    let crd_labels = crd["metadata"]
+        .as_object_mut()
+        .expect("the CRD has metadata")
+        .entry("labels")
+        .or_insert_with(|| serde_json::json!({}));
+    for (k, v) in labels() {
+        crd_labels[k] = v.into();
+    }
+    crd
+}
+
+/// What `install` prints.
+pub(crate) struct Install<'a> {
+    /// The controller's namespace.
+    pub namespace: &'a str,
+    /// Three replicas and a PodDisruptionBudget.
+    pub ha: bool,
+    /// The controller's image.
+    pub image: &'a str,
+    /// Whether the Link CRD is printed.
+    pub link_crd: bool,
+}
+
+/// The local-side manifests, in apply order: the Link CRD (unless left out), Namespace,
+/// ServiceAccount, ClusterRole, ClusterRoleBinding, Role, RoleBinding, Deployment and,
+/// with `ha`, a PodDisruptionBudget.
+pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value> {
+    let Install {
+        namespace,
+        ha,
+        image,
+        link_crd: with_crd,
+    } = *install;
     let cluster_role = cluster_role_name(namespace);
     let ns = Namespace {
         metadata: meta(namespace, None),
@@ -289,9 +330,12 @@ pub(crate) fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<s
         },
         subjects: subjects(namespace),
     };
+    // Link permissions even without our CRD: Linkerd's may be installed, or come later.
+    let mut namespace_rules = policy_rules(NAMESPACE_RULES);
+    namespace_rules.extend(policy_rules(LINK_RULES));
     let role = Role {
         metadata: meta(NAME, Some(namespace)),
-        rules: Some(policy_rules(NAMESPACE_RULES)),
+        rules: Some(namespace_rules),
     };
     let rb = RoleBinding {
         metadata: meta(NAME, Some(namespace)),
@@ -304,7 +348,8 @@ pub(crate) fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<s
     };
     let to_value =
         |r: serde_json::Result<serde_json::Value>| r.expect("Kubernetes objects serialise to JSON");
-    let mut docs = vec![
+    let mut docs: Vec<serde_json::Value> = with_crd.then(link_crd).into_iter().collect();
+    docs.extend([
         to_value(serde_json::to_value(ns)),
         to_value(serde_json::to_value(sa)),
         to_value(serde_json::to_value(cr)),
@@ -312,7 +357,7 @@ pub(crate) fn install_manifests(namespace: &str, ha: bool, image: &str) -> Vec<s
         to_value(serde_json::to_value(role)),
         to_value(serde_json::to_value(rb)),
         to_value(serde_json::to_value(deployment(namespace, ha, image))),
-    ];
+    ]);
     if ha {
         let pdb = PodDisruptionBudget {
             metadata: meta(NAME, Some(namespace)),
@@ -339,8 +384,14 @@ pub(crate) fn run(args: InstallArgs) -> anyhow::Result<()> {
         "invalid image {:?}",
         args.image
     );
+    let install = Install {
+        namespace: &args.namespace,
+        ha: args.ha,
+        image: &args.image,
+        link_crd: args.link_crd,
+    };
     args.output
-        .print(&install_manifests(&args.namespace, args.ha, &args.image))
+        .print(&install_manifests(&install))
         .context("printing the manifests")
 }
 
@@ -351,6 +402,15 @@ mod tests {
     use serde_json::json;
 
     const IMAGE: &str = "example.org/sm:1";
+
+    fn manifests(namespace: &str, ha: bool) -> Vec<serde_json::Value> {
+        install_manifests(&Install {
+            namespace,
+            ha,
+            image: IMAGE,
+            link_crd: true,
+        })
+    }
 
     fn by_kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
         let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
@@ -367,12 +427,13 @@ mod tests {
     #[test]
     fn manifests_come_in_apply_order() {
         let kinds = |ha| {
-            install_manifests("mc", ha, IMAGE)
+            manifests("mc", ha)
                 .iter()
                 .map(|d| d["kind"].as_str().unwrap().to_string())
                 .collect::<Vec<_>>()
         };
         let base = [
+            "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
             "ClusterRole",
@@ -385,12 +446,12 @@ mod tests {
         let mut with_pdb = base.to_vec();
         with_pdb.push("PodDisruptionBudget");
         assert_eq!(kinds(true), with_pdb);
-        for d in install_manifests("mc", true, IMAGE) {
+        for d in manifests("mc", true) {
             assert!(d["apiVersion"].is_string(), "{d}");
             assert!(d["metadata"]["name"].is_string(), "{d}");
             let cluster_scoped = matches!(
                 d["kind"].as_str().unwrap(),
-                "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+                "CustomResourceDefinition" | "Namespace" | "ClusterRole" | "ClusterRoleBinding"
             );
             assert_eq!(d["metadata"]["namespace"].is_null(), cluster_scoped, "{d}");
             if !cluster_scoped {
@@ -401,7 +462,7 @@ mod tests {
 
     #[test]
     fn cluster_role_has_exactly_the_cluster_wide_rules() {
-        let docs = install_manifests("mc", false, IMAGE);
+        let docs = manifests("mc", false);
         let role = by_kind(&docs, "ClusterRole");
         assert_eq!(role["apiVersion"], "rbac.authorization.k8s.io/v1");
         assert_eq!(
@@ -422,7 +483,7 @@ mod tests {
 
     #[test]
     fn role_has_exactly_the_namespace_rules() {
-        let docs = install_manifests("mc", false, IMAGE);
+        let docs = manifests("mc", false);
         let role = by_kind(&docs, "Role");
         assert_eq!(role["metadata"]["namespace"], "mc");
         assert_eq!(
@@ -432,13 +493,144 @@ mod tests {
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                  "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+                {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links/status"],
+                 "verbs": ["patch"]},
             ])
         );
     }
 
     #[test]
+    fn the_link_crd_comes_first_and_can_be_left_out_keeping_the_link_rules() {
+        let with = manifests("mc", false);
+        assert_eq!(with[0]["kind"], "CustomResourceDefinition");
+        assert_eq!(with[0]["metadata"]["name"], "links.multicluster.linkerd.io");
+        assert_eq!(
+            with[0]["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "service-mirror"
+        );
+        let without = install_manifests(&Install {
+            namespace: "mc",
+            ha: false,
+            image: IMAGE,
+            link_crd: false,
+        });
+        assert!(
+            !without
+                .iter()
+                .any(|d| d["kind"] == "CustomResourceDefinition")
+        );
+        assert_eq!(&with[1..], &without[..], "nothing else differs");
+    }
+
+    #[test]
+    fn the_link_crd_serves_three_versions_with_v1alpha3_stored_and_a_status_subresource() {
+        let crd = link_crd();
+        assert_eq!(crd["apiVersion"], "apiextensions.k8s.io/v1");
+        let spec = &crd["spec"];
+        assert_eq!(spec["group"], "multicluster.linkerd.io");
+        assert_eq!(spec["scope"], "Namespaced");
+        assert_eq!(
+            spec["names"],
+            json!({"plural": "links", "singular": "link", "kind": "Link", "listKind": "LinkList"})
+        );
+        let versions = spec["versions"].as_array().unwrap();
+        let names: Vec<&str> = versions
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["v1alpha1", "v1alpha2", "v1alpha3"]);
+        for v in versions {
+            assert_eq!(v["served"], true, "{}", v["name"]);
+            assert_eq!(v["storage"], v["name"] == "v1alpha3", "{}", v["name"]);
+            assert_eq!(v["subresources"], json!({"status": {}}), "{}", v["name"]);
+            // No conversion webhook: the versions share one schema.
+            assert_eq!(v["schema"], versions[2]["schema"]);
+        }
+        let props = &versions[2]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for field in [
+            "targetClusterName",
+            "targetClusterDomain",
+            "targetClusterLinkerdNamespace",
+            "clusterCredentialsSecret",
+            "gatewayAddress",
+            "gatewayPort",
+            "gatewayIdentity",
+        ] {
+            assert_eq!(props[field]["type"], "string", "{field}");
+        }
+        for field in ["excludedAnnotations", "excludedLabels"] {
+            assert_eq!(props[field]["items"]["type"], "string", "{field}");
+        }
+        for field in [
+            "selector",
+            "remoteDiscoverySelector",
+            "federatedServiceSelector",
+        ] {
+            assert_eq!(props[field]["type"], "object", "{field}");
+            assert_eq!(props[field], props["selector"], "{field}");
+        }
+        let probe = &props["probeSpec"]["properties"];
+        assert_eq!(probe["timeout"]["default"], "30s");
+        assert_eq!(probe["failureThreshold"]["default"], "3");
+        for field in ["path", "port", "period", "timeout", "failureThreshold"] {
+            assert_eq!(probe[field]["type"], "string", "{field}");
+            assert!(
+                probe[field].get("format").is_none(),
+                "{field}: checked by the controller"
+            );
+        }
+    }
+
+    /// Structural: every schema node has a type, except under an open one.
+    fn assert_structural(node: &serde_json::Value, path: &str) {
+        if node["x-kubernetes-preserve-unknown-fields"] == true {
+            return;
+        }
+        assert!(node["type"].is_string(), "{path} has no type");
+        if let Some(props) = node["properties"].as_object() {
+            for (k, v) in props {
+                assert_structural(v, &format!("{path}.{k}"));
+            }
+        }
+        if node.get("items").is_some() {
+            assert_structural(&node["items"], &format!("{path}[]"));
+        }
+    }
+
+    #[test]
+    fn the_link_crd_schema_is_structural_and_open_only_in_match_labels() {
+        let crd = link_crd();
+        let schema = &crd["spec"]["versions"][2]["schema"]["openAPIV3Schema"];
+        assert_structural(schema, "");
+        let text = serde_json::to_string(schema).unwrap();
+        let open = text.matches("x-kubernetes-preserve-unknown-fields").count();
+        // Once per selector, in matchLabels (as Linkerd's).
+        assert_eq!(open, 3, "{text}");
+        let status = &schema["properties"]["status"]["properties"];
+        let cond =
+            &status["mirrorServices"]["items"]["properties"]["conditions"]["items"]["properties"];
+        for field in [
+            "type",
+            "status",
+            "lastTransitionTime",
+            "lastProbeTime",
+            "reason",
+            "message",
+        ] {
+            assert!(cond[field]["type"].is_string(), "{field}");
+        }
+        assert_eq!(
+            cond["localRef"]["properties"]["namespace"]["type"],
+            "string"
+        );
+        assert_eq!(status["federatedServices"], status["mirrorServices"]);
+    }
+
+    #[test]
     fn bindings_grant_the_roles_to_the_service_account_only() {
-        let docs = install_manifests("mc", false, IMAGE);
+        let docs = manifests("mc", false);
         let subject =
             json!([{"kind": "ServiceAccount", "name": "service-mirror", "namespace": "mc"}]);
         let crb = by_kind(&docs, "ClusterRoleBinding");
@@ -466,8 +658,8 @@ mod tests {
 
     #[test]
     fn two_namespaces_never_share_a_cluster_binding() {
-        let a = install_manifests("a", false, IMAGE);
-        let b = install_manifests("b", false, IMAGE);
+        let a = manifests("a", false);
+        let b = manifests("b", false);
         for kind in ["ClusterRole", "ClusterRoleBinding"] {
             assert_ne!(
                 by_kind(&a, kind)["metadata"]["name"],
@@ -484,7 +676,7 @@ mod tests {
 
     #[test]
     fn container_is_locked_down() {
-        let docs = install_manifests("mc", false, IMAGE);
+        let docs = manifests("mc", false);
         let c = container(&docs);
         assert_eq!(
             c["securityContext"],
@@ -518,7 +710,7 @@ mod tests {
 
     #[test]
     fn container_runs_the_controller_with_probes_on_the_admin_port() {
-        let docs = install_manifests("mc", false, IMAGE);
+        let docs = manifests("mc", false);
         let c = container(&docs);
         assert_eq!(c["image"], IMAGE);
         let args: Vec<&str> = c["args"]
@@ -549,7 +741,7 @@ mod tests {
 
     #[test]
     fn the_args_parse_as_a_run_command() {
-        let docs = install_manifests("mc", false, IMAGE);
+        let docs = manifests("mc", false);
         let mut argv = vec!["service-mirror".to_string()];
         argv.extend(
             container(&docs)["args"]
@@ -571,7 +763,7 @@ mod tests {
     #[test]
     fn selector_matches_the_pod_template() {
         for ha in [false, true] {
-            let docs = install_manifests("mc", ha, IMAGE);
+            let docs = manifests("mc", ha);
             let d = by_kind(&docs, "Deployment");
             let selector = d["spec"]["selector"]["matchLabels"].as_object().unwrap();
             let labels = &d["spec"]["template"]["metadata"]["labels"];
@@ -584,13 +776,13 @@ mod tests {
 
     #[test]
     fn ha_adds_replicas_anti_affinity_and_a_disruption_budget() {
-        let single = install_manifests("mc", false, IMAGE);
+        let single = manifests("mc", false);
         let d = by_kind(&single, "Deployment");
         assert_eq!(d["spec"]["replicas"], 1);
         assert!(d["spec"]["template"]["spec"].get("affinity").is_none());
         assert!(!single.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
 
-        let ha = install_manifests("mc", true, IMAGE);
+        let ha = manifests("mc", true);
         let d = by_kind(&ha, "Deployment");
         let selector = d["spec"]["selector"].clone();
         assert_eq!(d["spec"]["replicas"], 3);
@@ -635,6 +827,7 @@ mod tests {
             )
         );
         assert_eq!(args.output.output, OutputFormat::Yaml);
+        assert!(args.link_crd);
         let args = Cli::try_parse_from([
             "install",
             "--namespace",
@@ -644,11 +837,13 @@ mod tests {
             "i:2",
             "-o",
             "json",
+            "--link-crd=false",
         ])
         .unwrap()
         .args;
         assert_eq!(args.namespace, "x");
         assert!(args.ha);
+        assert!(!args.link_crd);
         assert_eq!(args.image, "i:2");
         assert_eq!(args.output.output, OutputFormat::Json);
     }

@@ -107,10 +107,14 @@ pub fn parse_link(
     )?;
 
     let selector = |which, s| {
-        Selector::parse(s).map_err(|e| LinkError::InvalidSelector {
+        let invalid = |message: &str| LinkError::InvalidSelector {
             which,
-            message: sanitize_remote_text(&e.to_string()),
-        })
+            message: sanitize_remote_text(message),
+        };
+        if let Some((_, why)) = spec.undecodable.iter().find(|(w, _)| *w == which) {
+            return Err(invalid(&format!("not a label selector: {why}")));
+        }
+        Selector::parse(s).map_err(|e| invalid(&e.to_string()))
     };
     let export = selector("selector", spec.selector.as_ref())?;
     let remote_discovery = selector(

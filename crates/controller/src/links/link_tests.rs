@@ -885,6 +885,28 @@ fn an_invalid_selector_error_names_which_selector() {
 }
 
 #[test]
+fn a_stored_selector_that_does_not_decode_is_refused_by_name() {
+    // `exported: true` unquoted: the open matchLabels stores a boolean.
+    for which in [
+        "selector",
+        "remoteDiscoverySelector",
+        "federatedServiceSelector",
+    ] {
+        let err = parse(edited(
+            which,
+            json!({"matchLabels": {"mirror.linkerd.io/exported": true}}),
+        ))
+        .unwrap_err();
+        assert_eq!(err.reason(), "InvalidSelector", "{which}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("spec.{which}: not a label selector")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn an_invalid_exclusion_error_names_which_list() {
     for which in ["excludedLabels", "excludedAnnotations"] {
         let err = parse(edited(which, json!(["ok", "x*"]))).unwrap_err();

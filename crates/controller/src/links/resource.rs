@@ -95,8 +95,14 @@ impl kube::Resource for Link {
 }
 
 /// The Link's `spec`. Numbers and durations are strings, as in Linkerd's CRD.
+///
+/// Decoding never fails on a selector: the CRD leaves `matchLabels` open (as
+/// Linkerd's), so `mirror.linkerd.io/exported: true` written unquoted is stored as a
+/// boolean; such a selector decodes as unset and is listed in
+/// [`undecodable`](Self::undecodable), so that one bad Link cannot stop a watch of all
+/// of them, and [`parse_link`](super::parse_link) refuses it by name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, from = "RawLinkResourceSpec")]
 pub struct LinkResourceSpec {
     /// Name of the remote cluster: the suffix of its mirrors' names.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -137,6 +143,63 @@ pub struct LinkResourceSpec {
     /// Remote labels not copied to mirrors (exact keys or `prefix/*`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub excluded_labels: Option<Vec<String>>,
+    /// Selectors stored but not decodable: (`selector`, `remoteDiscoverySelector` or
+    /// `federatedServiceSelector`, why). Never serialised.
+    #[serde(skip)]
+    pub undecodable: Vec<(&'static str, String)>,
+}
+
+/// The spec as stored, selectors still untyped.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawLinkResourceSpec {
+    target_cluster_name: Option<String>,
+    target_cluster_domain: Option<String>,
+    target_cluster_linkerd_namespace: Option<String>,
+    cluster_credentials_secret: Option<String>,
+    gateway_address: Option<String>,
+    gateway_port: Option<String>,
+    gateway_identity: Option<String>,
+    probe_spec: Option<LinkProbeSpec>,
+    selector: Option<serde_json::Value>,
+    remote_discovery_selector: Option<serde_json::Value>,
+    federated_service_selector: Option<serde_json::Value>,
+    excluded_annotations: Option<Vec<String>>,
+    excluded_labels: Option<Vec<String>>,
+}
+
+impl From<RawLinkResourceSpec> for LinkResourceSpec {
+    fn from(raw: RawLinkResourceSpec) -> Self {
+        let mut undecodable = Vec::new();
+        let mut selector = |which, value: Option<serde_json::Value>| {
+            serde_json::from_value::<Option<LabelSelector>>(value.unwrap_or_default())
+                .unwrap_or_else(|e| {
+                    undecodable.push((which, e.to_string()));
+                    None
+                })
+        };
+        let selector_ = selector("selector", raw.selector);
+        let remote_discovery_selector =
+            selector("remoteDiscoverySelector", raw.remote_discovery_selector);
+        let federated_service_selector =
+            selector("federatedServiceSelector", raw.federated_service_selector);
+        LinkResourceSpec {
+            target_cluster_name: raw.target_cluster_name,
+            target_cluster_domain: raw.target_cluster_domain,
+            target_cluster_linkerd_namespace: raw.target_cluster_linkerd_namespace,
+            cluster_credentials_secret: raw.cluster_credentials_secret,
+            gateway_address: raw.gateway_address,
+            gateway_port: raw.gateway_port,
+            gateway_identity: raw.gateway_identity,
+            probe_spec: raw.probe_spec,
+            selector: selector_,
+            remote_discovery_selector,
+            federated_service_selector,
+            excluded_annotations: raw.excluded_annotations,
+            excluded_labels: raw.excluded_labels,
+            undecodable,
+        }
+    }
 }
 
 /// The Link's `probeSpec`: strings, as Linkerd writes them.
@@ -298,6 +361,33 @@ mod tests {
             let link: Link = serde_json::from_value(doc.clone()).unwrap();
             assert_eq!(link.spec.target_cluster_name, None, "{doc}");
         }
+    }
+
+    #[test]
+    fn a_selector_that_does_not_decode_leaves_the_link_decodable_and_is_named() {
+        let link: Link = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "spec": {
+                "targetClusterName": "east",
+                "selector": {"matchLabels": {"mirror.linkerd.io/exported": true}},
+                "remoteDiscoverySelector": {"matchLabels": {"a": "b"}},
+                "federatedServiceSelector": "not an object",
+            },
+        }))
+        .unwrap();
+        assert_eq!(link.spec.target_cluster_name.as_deref(), Some("east"));
+        assert_eq!(link.spec.selector, None);
+        assert!(link.spec.remote_discovery_selector.is_some());
+        assert_eq!(link.spec.federated_service_selector, None);
+        let which: Vec<&str> = link.spec.undecodable.iter().map(|(w, _)| *w).collect();
+        assert_eq!(which, ["selector", "federatedServiceSelector"]);
+        assert!(
+            link.spec.undecodable[0].1.contains("boolean"),
+            "{:?}",
+            link.spec.undecodable
+        );
+        let v = serde_json::to_value(&link).unwrap();
+        assert!(v["spec"].get("undecodable").is_none(), "{v}");
     }
 
     #[test]
