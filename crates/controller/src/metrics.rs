@@ -6,6 +6,8 @@
 //! under the `service_mirror_` prefix except Linkerd's gateway series, which keep their
 //! unprefixed names so its dashboards and `linkerd multicluster gateways` work.
 
+pub(crate) mod text_format;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
@@ -90,6 +92,12 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+
+    /// The metrics in the Prometheus text format 0.0.4, Linkerd's counters also under
+    /// their unsuffixed names (see `metrics/text_format.rs`).
+    pub fn encode_text(&self) -> String {
+        text_format::to_text(&self.encode(), crate::gateway::metrics::UNSUFFIXED_COUNTERS)
     }
 }
 

@@ -169,9 +169,17 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         let manager = manager.clone();
         Arc::new(move || manager.ready()) as Arc<dyn Fn() -> bool + Send + Sync>
     };
+    let gateways = {
+        let manager = manager.clone();
+        Arc::new(move || manager.gateways()) as Arc<dyn Fn() -> Vec<_> + Send + Sync>
+    };
     let (addr, admin_task) = admin::serve(
         admin::parse_addr(&args.metrics_addr)?,
-        AdminState { metrics, ready },
+        AdminState {
+            metrics,
+            ready,
+            gateways,
+        },
         shutdown.clone(),
     )
     .await?;

@@ -12,7 +12,7 @@ use super::secret::{LinkError, LinkSpec, parse_link_secret};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::link_controller::{
-    LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
+    GatewayStatus, LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
 };
 use crate::metrics::Metrics;
 use crate::watch::{Watch, drive, keep_all};
@@ -133,6 +133,18 @@ impl LinkManager {
             .map(|a| (a.spec.link().cluster_name.clone(), a.controller.status()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Every gateway of every running link, by cluster name.
+    pub fn gateways(&self) -> Vec<GatewayStatus> {
+        let mut all: Vec<_> = self
+            .inner
+            .active()
+            .values()
+            .flat_map(|a| a.controller.gateways())
+            .collect();
+        all.sort_by(|a, b| a.cluster_name.cmp(&b.cluster_name));
         all
     }
 
