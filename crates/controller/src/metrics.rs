@@ -1,7 +1,7 @@
 //! The controller's Prometheus registry. Each component defines its own metric families
 //! and registers them: the link controllers (`link_controller/metrics.rs`), gateway
 //! probes (`gateway/metrics.rs`), the writer (`writer.rs`), leader election
-//! (`leader.rs`), the link manager (`links/metrics.rs`) and the Kubernetes clients
+//! (`leader.rs`) and the write Leases (`write_leases.rs`), the link manager (`links/metrics.rs`) and the Kubernetes clients
 //! (`kube_client.rs`). This file only holds them together and encodes them: everything
 //! under the `service_mirror_` prefix except Linkerd's gateway series, which keep their
 //! unprefixed names so its dashboards and `linkerd multicluster gateways` work.
@@ -17,6 +17,7 @@ use crate::kube_client::ClientMetrics;
 use crate::leader::LeaderFamilies;
 use crate::link_controller::metrics::LinkFamilies;
 use crate::links::metrics::LinksFamilies;
+use crate::write_leases::WriteLeaseFamilies;
 use crate::writer::WriterFamilies;
 
 /// Labels of per-cluster series.
@@ -50,6 +51,8 @@ pub struct Metrics {
     pub(crate) links: LinksFamilies,
     /// Requests of every Kubernetes client the controller builds.
     pub(crate) client: ClientMetrics,
+    /// Writes to the per-link write Leases.
+    pub(crate) write_leases: WriteLeaseFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -62,7 +65,7 @@ impl Metrics {
     /// A fresh set of metrics in its own registry.
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::default();
-        let (link, gateway, writer, leader, links, client) = Default::default();
+        let (link, gateway, writer, leader, links, client, write_leases) = Default::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -72,6 +75,7 @@ impl Metrics {
                 leader,
                 links,
                 client,
+                write_leases,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -80,6 +84,7 @@ impl Metrics {
             m.links.register(prefixed);
             m.leader.register(prefixed);
             m.client.register(prefixed);
+            m.write_leases.register(prefixed);
             m.registry = registry;
             m
         };

@@ -7,6 +7,7 @@ use crate::link_controller::{LinkConfig, LinkDeps};
 use crate::links::{LinkManager, LinkManagerOptions};
 use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
+use crate::write_leases::{self, WriteLeaseOptions};
 use service_mirror_core::{EndpointsMode, NamespaceFilter};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -119,11 +120,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pod_name = std::env::var("POD_NAME").ok();
     let recorder = EventRecorder::new(local.clone(), pod_name.clone());
     let shutdown = CancellationToken::new();
+    let identity = default_identity(pod_name.as_deref());
     let (leader, election) = if args.leader_election {
         let opts = LeaderOptions {
             namespace: args.namespace.clone(),
             lease_name: args.lease_name.clone(),
-            identity: default_identity(pod_name.as_deref()),
+            identity: identity.clone(),
             duration: args.lease_duration,
         };
         let (rx, task) = elect(local.clone(), opts, metrics.clone(), shutdown.clone());
@@ -160,11 +162,26 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         deps: LinkDeps {
             metrics: metrics.clone(),
-            leader,
+            leader: leader.clone(),
             ..LinkDeps::default()
         },
     };
-    let manager = Arc::new(LinkManager::start(local, recorder, opts));
+    let manager = Arc::new(LinkManager::start(local.clone(), recorder, opts));
+    let write_leases = {
+        let manager = manager.clone();
+        write_leases::spawn(
+            local,
+            WriteLeaseOptions {
+                namespace: args.namespace.clone(),
+                identity,
+                duration: args.lease_duration,
+            },
+            leader,
+            Arc::new(move || manager.link_set()),
+            metrics.clone(),
+            shutdown.clone(),
+        )
+    };
     let ready = {
         let manager = manager.clone();
         Arc::new(move || manager.ready()) as Arc<dyn Fn() -> bool + Send + Sync>
@@ -188,8 +205,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     wait_for_signal().await?;
     tracing::info!("shutting down: stopping link controllers, mirrors stay in place");
     shutdown.cancel();
-    // The admin server holds the readiness closure: let it finish first.
+    // The admin server and the write Leases hold the manager: let them finish first.
     let _ = admin_task.await;
+    let _ = write_leases.await;
     let manager =
         Arc::try_unwrap(manager).map_err(|_| anyhow::anyhow!("link manager still in use"))?;
     tokio::time::timeout(Duration::from_secs(10), manager.shutdown())

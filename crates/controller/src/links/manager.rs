@@ -136,6 +136,20 @@ impl LinkManager {
         all
     }
 
+    /// The clusters with a running link controller, and those a link Secret claims (for
+    /// the write Leases).
+    pub fn link_set(&self) -> crate::write_leases::LinkSet {
+        // One lock at a time: never both held at once.
+        let running = self
+            .inner
+            .active()
+            .values()
+            .map(|a| a.spec.link().cluster_name.clone())
+            .collect();
+        let claimed = self.inner.claims().keys().cloned().collect();
+        crate::write_leases::LinkSet { running, claimed }
+    }
+
     /// Every gateway of every running link, by cluster name.
     pub fn gateways(&self) -> Vec<GatewayStatus> {
         let mut all: Vec<_> = self
