@@ -164,6 +164,14 @@ async fn gateways_command_endpoint_and_linkerd_metric_names() {
     assert!(json.ok, "{}", json.stderr);
     let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2, "{}", json.stdout);
+    let other = service_mirror(&["gateways", "--admin-addr", &addr, "--cluster-name", "nope"]);
+    assert!(other.ok, "{}", other.stderr);
+    assert_eq!(
+        other.stdout.lines().count(),
+        1,
+        "only the header: {}",
+        other.stdout
+    );
 
     // Linkerd's names: Prometheus text 0.0.4 without Accept (Linkerd's CLI), OpenMetrics
     // when asked.
