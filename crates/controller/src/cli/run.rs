@@ -207,7 +207,15 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     shutdown.cancel();
     // The admin server and the write Leases hold the manager: let them finish first.
     let _ = admin_task.await;
-    let _ = write_leases.await;
+    // Releasing needs the API: an unreachable one must not hold the exit up.
+    let mut write_leases = write_leases;
+    if tokio::time::timeout(Duration::from_secs(5), &mut write_leases)
+        .await
+        .is_err()
+    {
+        write_leases.abort();
+        let _ = write_leases.await;
+    }
     let manager =
         Arc::try_unwrap(manager).map_err(|_| anyhow::anyhow!("link manager still in use"))?;
     tokio::time::timeout(Duration::from_secs(10), manager.shutdown())
