@@ -1,9 +1,10 @@
-//! The admin server: `/ping`, `/live`, `/ready` and `/metrics`.
+//! The admin server: `/ping`, `/live`, `/ready`, `/metrics` and `/gateways`.
 
-use crate::metrics::Metrics;
+use crate::link_controller::GatewayStatus;
+use crate::metrics::{Metrics, text_format};
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use std::net::SocketAddr;
@@ -17,6 +18,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Whether the controller is ready (local caches synced).
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Every gateway of every running link (`/gateways`).
+    pub gateways: Arc<dyn Fn() -> Vec<GatewayStatus> + Send + Sync>,
 }
 
 /// Parses `--metrics-addr`: `:9999` means every interface.
@@ -37,6 +40,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/live", get(|| async { "live" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/gateways", get(gateways))
         .with_state(state)
 }
 
@@ -51,14 +55,34 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
-    )
+/// One JSON entry per (link, gateway), for `service-mirror gateways`.
+async fn gateways(State(s): State<AdminState>) -> impl IntoResponse {
+    let body = serde_json::to_string(&(s.gateways)()).expect("plain data serializes");
+    ([(header::CONTENT_TYPE, "application/json")], body)
+}
+
+/// OpenMetrics to a scraper that asks for it (Prometheus does); the Prometheus text
+/// format 0.0.4 otherwise (Linkerd's CLI sends no `Accept` and parses 0.0.4).
+async fn metrics(State(s): State<AdminState>, headers: HeaderMap) -> impl IntoResponse {
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            s.metrics.encode(),
+        )
+    } else {
+        (
+            [(header::CONTENT_TYPE, text_format::CONTENT_TYPE)],
+            s.metrics.encode_text(),
+        )
+    }
 }
 
 /// Binds `addr` and serves until `shutdown` fires. Returns the bound address.
@@ -97,5 +121,65 @@ mod tests {
             "127.0.0.1:0".parse().unwrap()
         );
         assert!(parse_addr("nope").is_err());
+    }
+
+    async fn get(addr: SocketAddr, path: &str, accept: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.0\r\nHost: x\r\n{accept}\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        text
+    }
+
+    #[tokio::test]
+    async fn metrics_format_follows_accept_and_gateways_is_json() {
+        let gw = GatewayStatus {
+            cluster_name: "east".into(),
+            gateway_name: "gw".into(),
+            gateway_namespace: "mc".into(),
+            alive: false,
+            latency_ms: None,
+            enabled: true,
+            num_services: 2,
+        };
+        let state = AdminState {
+            metrics: Metrics::new(),
+            ready: Arc::new(|| true),
+            gateways: Arc::new(move || vec![gw.clone()]),
+        };
+        let shutdown = CancellationToken::new();
+        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), state, shutdown.clone())
+            .await
+            .unwrap();
+        let om = get(
+            addr,
+            "/metrics",
+            "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+        )
+        .await;
+        assert!(
+            om.contains("content-type: application/openmetrics-text"),
+            "{om}"
+        );
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        let text = get(addr, "/metrics", "").await;
+        assert!(
+            text.contains("content-type: text/plain; version=0.0.4"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
+        let json = get(addr, "/gateways", "").await;
+        assert!(json.contains("content-type: application/json"), "{json}");
+        let body = json.split_once("\r\n\r\n").unwrap().1;
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(body).unwrap(),
+            serde_json::json!([{"clusterName": "east", "gatewayName": "gw",
+                "gatewayNamespace": "mc", "alive": false, "latencyMs": null,
+                "enabled": true, "numServices": 2}])
+        );
+        shutdown.cancel();
+        task.await.unwrap();
     }
 }

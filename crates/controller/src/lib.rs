@@ -24,6 +24,7 @@ pub mod logging;
 pub mod metrics;
 pub mod permissions;
 pub(crate) mod watch;
+pub mod write_leases;
 pub mod writer;
 
 pub use error::{Error, Result};

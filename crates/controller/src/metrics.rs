@@ -1,10 +1,12 @@
 //! The controller's Prometheus registry. Each component defines its own metric families
 //! and registers them: the link controllers (`link_controller/metrics.rs`), gateway
 //! probes (`gateway/metrics.rs`), the writer (`writer.rs`), leader election
-//! (`leader.rs`), the link manager (`links/metrics.rs`) and the Kubernetes clients
+//! (`leader.rs`) and the write Leases (`write_leases.rs`), the link manager (`links/metrics.rs`) and the Kubernetes clients
 //! (`kube_client.rs`). This file only holds them together and encodes them: everything
 //! under the `service_mirror_` prefix except Linkerd's gateway series, which keep their
 //! unprefixed names so its dashboards and `linkerd multicluster gateways` work.
+
+pub(crate) mod text_format;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::registry::Registry;
@@ -15,6 +17,7 @@ use crate::kube_client::ClientMetrics;
 use crate::leader::LeaderFamilies;
 use crate::link_controller::metrics::LinkFamilies;
 use crate::links::metrics::LinksFamilies;
+use crate::write_leases::WriteLeaseFamilies;
 use crate::writer::WriterFamilies;
 
 /// Labels of per-cluster series.
@@ -48,6 +51,8 @@ pub struct Metrics {
     pub(crate) links: LinksFamilies,
     /// Requests of every Kubernetes client the controller builds.
     pub(crate) client: ClientMetrics,
+    /// Writes to the per-link write Leases.
+    pub(crate) write_leases: WriteLeaseFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -60,7 +65,7 @@ impl Metrics {
     /// A fresh set of metrics in its own registry.
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::default();
-        let (link, gateway, writer, leader, links, client) = Default::default();
+        let (link, gateway, writer, leader, links, client, write_leases) = Default::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -70,6 +75,7 @@ impl Metrics {
                 leader,
                 links,
                 client,
+                write_leases,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -78,6 +84,7 @@ impl Metrics {
             m.links.register(prefixed);
             m.leader.register(prefixed);
             m.client.register(prefixed);
+            m.write_leases.register(prefixed);
             m.registry = registry;
             m
         };
@@ -90,6 +97,12 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+
+    /// The metrics in the Prometheus text format 0.0.4, Linkerd's counters also under
+    /// their unsuffixed names (see `metrics/text_format.rs`).
+    pub fn encode_text(&self) -> String {
+        text_format::to_text(&self.encode(), crate::gateway::metrics::UNSUFFIXED_COUNTERS)
     }
 }
 

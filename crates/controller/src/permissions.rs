@@ -12,7 +12,7 @@
 //! | `namespaces` | get, list, watch, create | the writer creates a missing namespace for a mirror |
 //! | `events.k8s.io` `events` (all namespaces) | create, patch | Events on link Secrets and on objects that hold a mirror's name (`patch` updates a repeated Event's series) |
 //! | `secrets` (controller namespace only) | get, list, watch | the link Secrets |
-//! | `coordination.k8s.io` `leases` (controller namespace only) | get, list, watch, create, update, patch | leader election (HA) |
+//! | `coordination.k8s.io` `leases` (controller namespace only) | get, list, watch, create, update, patch, delete | leader election (HA); the per-link write Leases `service-mirror-write-<cluster>` (`delete`: on unlink, only those labelled ours) |
 //! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]) |
 //! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
 //!
@@ -87,7 +87,9 @@ pub const NAMESPACE_RULES: &[Rule] = &[
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["get", "list", "watch", "create", "update", "patch"],
+        verbs: &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
     },
 ];
 
@@ -365,8 +367,8 @@ mod tests {
     fn one_permission_per_verb_and_resource_without_duplicates() {
         let all = required_permissions("mc");
         // services + endpoints: 7 verbs each; endpointslices 6; namespaces 4; events 2;
-        // secrets 3; leases 6.
-        assert_eq!(all.len(), 14 + 6 + 4 + 2 + 3 + 6);
+        // secrets 3; leases 7.
+        assert_eq!(all.len(), 14 + 6 + 4 + 2 + 3 + 7);
         let mut unique = all.clone();
         unique.sort_by_key(ToString::to_string);
         unique.dedup();
@@ -451,7 +453,10 @@ mod tests {
         for v in ["get", "list", "watch"] {
             want.push((String::new(), "secrets".into(), v.into()));
         }
-        for v in ["get", "list", "watch", "create", "update", "patch"] {
+        // `delete`: the write Lease of an unlinked cluster (write_leases.rs).
+        for v in [
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ] {
             want.push(("coordination.k8s.io".into(), "leases".into(), v.into()));
         }
         want.sort();

@@ -492,7 +492,7 @@ mod tests {
                 {"apiGroups": [""], "resources": ["secrets"],
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                 "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
                 {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links"],
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links/status"],

@@ -4,6 +4,7 @@ pub mod allow;
 mod args;
 pub mod client;
 mod export;
+mod gateways;
 mod install;
 pub mod link;
 mod manifest;
@@ -28,6 +29,8 @@ pub enum Command {
     Export(export::ExportArgs),
     /// Stop exporting a Service: remove the gateway annotations.
     Unexport(export::UnexportArgs),
+    /// Show every link's gateways (alive, mirrors, latency) from a controller's admin server.
+    Gateways(gateways::GatewaysArgs),
 }
 
 impl Command {
@@ -56,6 +59,7 @@ impl Command {
             Command::Allow(args) => allow::run(args),
             Command::Export(args) => export::export(args).await,
             Command::Unexport(args) => export::unexport(args).await,
+            Command::Gateways(args) => gateways::run(args).await,
         }
     }
 }

@@ -7,6 +7,7 @@ use crate::link_controller::{LinkConfig, LinkDeps};
 use crate::links::{LinkManager, LinkManagerOptions, LinkSources};
 use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
+use crate::write_leases::{self, WriteLeaseOptions};
 use service_mirror_core::{EndpointsMode, NamespaceFilter};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,11 +129,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pod_name = std::env::var("POD_NAME").ok();
     let recorder = EventRecorder::new(local.clone(), pod_name.clone());
     let shutdown = CancellationToken::new();
+    let identity = default_identity(pod_name.as_deref());
     let (leader, election) = if args.leader_election {
         let opts = LeaderOptions {
             namespace: args.namespace.clone(),
             lease_name: args.lease_name.clone(),
-            identity: default_identity(pod_name.as_deref()),
+            identity: identity.clone(),
             duration: args.lease_duration,
         };
         let (rx, task) = elect(local.clone(), opts, metrics.clone(), shutdown.clone());
@@ -172,18 +174,41 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         link_namespace_creation: args.enable_namespace_creation,
         deps: LinkDeps {
             metrics: metrics.clone(),
-            leader,
+            leader: leader.clone(),
             ..LinkDeps::default()
         },
     };
-    let manager = Arc::new(LinkManager::start(local, recorder, opts));
+    let manager = Arc::new(LinkManager::start(local.clone(), recorder, opts));
+    let write_leases = {
+        let manager = manager.clone();
+        write_leases::spawn(
+            local,
+            WriteLeaseOptions {
+                namespace: args.namespace.clone(),
+                identity,
+                duration: args.lease_duration,
+            },
+            leader,
+            Arc::new(move || manager.link_set()),
+            metrics.clone(),
+            shutdown.clone(),
+        )
+    };
     let ready = {
         let manager = manager.clone();
         Arc::new(move || manager.ready()) as Arc<dyn Fn() -> bool + Send + Sync>
     };
+    let gateways = {
+        let manager = manager.clone();
+        Arc::new(move || manager.gateways()) as Arc<dyn Fn() -> Vec<_> + Send + Sync>
+    };
     let (addr, admin_task) = admin::serve(
         admin::parse_addr(&args.metrics_addr)?,
-        AdminState { metrics, ready },
+        AdminState {
+            metrics,
+            ready,
+            gateways,
+        },
         shutdown.clone(),
     )
     .await?;
@@ -192,8 +217,17 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     wait_for_signal().await?;
     tracing::info!("shutting down: stopping link controllers, mirrors stay in place");
     shutdown.cancel();
-    // The admin server holds the readiness closure: let it finish first.
+    // The admin server and the write Leases hold the manager: let them finish first.
     let _ = admin_task.await;
+    // Releasing needs the API: an unreachable one must not hold the exit up.
+    let mut write_leases = write_leases;
+    if tokio::time::timeout(Duration::from_secs(5), &mut write_leases)
+        .await
+        .is_err()
+    {
+        write_leases.abort();
+        let _ = write_leases.await;
+    }
     let manager =
         Arc::try_unwrap(manager).map_err(|_| anyhow::anyhow!("link manager still in use"))?;
     tokio::time::timeout(Duration::from_secs(10), manager.shutdown())

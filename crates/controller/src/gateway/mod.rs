@@ -13,7 +13,7 @@ pub(crate) mod metrics;
 pub mod prober;
 pub mod resolve;
 
-pub use prober::{ProbeConfig, ProbeRedirect, ProbeTarget};
+pub use prober::{ProbeConfig, ProbeRedirect, ProbeState, ProbeTarget};
 pub use resolve::{CachingResolver, Lookup, Resolver, SystemResolver};
 
 use crate::metrics::Metrics;
@@ -202,6 +202,11 @@ impl Gateways {
         }
         let resolved = spec.clone().into_resolved(resolved);
         (!resolved.addresses.is_empty()).then(|| (resolved, probe.clone()))
+    }
+
+    /// What the prober of `gw` knows; None when the gateway is not probed.
+    pub(crate) fn probe_state(&self, gw: &GatewayRef) -> Option<ProbeState> {
+        self.probers.state(gw)
     }
 
     /// Every endpoint refresh period: forgets resolved hostnames and returns the gateways

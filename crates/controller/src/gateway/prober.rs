@@ -63,7 +63,20 @@ struct Prober {
     id: u64,
     target: ProbeTarget,
     alive: Arc<AtomicBool>,
+    /// Milliseconds of the last successful probe; [`NO_LATENCY`] before one.
+    latency_ms: Arc<AtomicU64>,
     cancel: CancellationToken,
+}
+
+const NO_LATENCY: u64 = u64::MAX;
+
+/// What the prober of one gateway knows, for the admin server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeState {
+    /// The verdict.
+    pub alive: bool,
+    /// Milliseconds of the last successful probe, if any.
+    pub latency_ms: Option<u64>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -129,12 +142,15 @@ impl Probers {
                     tracing::warn!(%cluster, gateway = %gw, "{w}");
                 }
                 tracing::debug!(%cluster, gateway = %gw, ?target, "probing gateway");
-                let alive = match existing {
+                let (alive, latency_ms) = match existing {
                     Some(p) => {
                         p.cancel.cancel();
-                        p.alive.clone()
+                        (p.alive.clone(), p.latency_ms.clone())
                     }
-                    None => Arc::new(AtomicBool::new(true)),
+                    None => (
+                        Arc::new(AtomicBool::new(true)),
+                        Arc::new(AtomicU64::new(NO_LATENCY)),
+                    ),
                 };
                 let cancel = shared.cancel.child_token();
                 let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -144,6 +160,7 @@ impl Probers {
                     id,
                     target.clone(),
                     alive.clone(),
+                    latency_ms.clone(),
                     cancel.clone(),
                 ));
                 let verdict = alive.load(Ordering::SeqCst);
@@ -153,6 +170,7 @@ impl Probers {
                         id,
                         target,
                         alive,
+                        latency_ms,
                         cancel,
                     },
                 );
@@ -167,6 +185,14 @@ impl Probers {
             }
             (None, None) => true,
         }
+    }
+
+    /// The prober's state of gateway `gw`; None when it is not probed.
+    pub(crate) fn state(&self, gw: &GatewayRef) -> Option<ProbeState> {
+        self.shared.running.lock().get(gw).map(|p| ProbeState {
+            alive: p.alive.load(Ordering::SeqCst),
+            latency_ms: Some(p.latency_ms.load(Ordering::SeqCst)).filter(|&l| l != NO_LATENCY),
+        })
     }
 }
 
@@ -203,10 +229,12 @@ async fn run(
     id: u64,
     target: ProbeTarget,
     alive: Arc<AtomicBool>,
+    latency_ms: Arc<AtomicU64>,
     cancel: CancellationToken,
 ) {
     let cluster = &shared.cluster;
     let metrics = ProbeMetrics::new(shared.metrics.clone(), cluster, &gw);
+    metrics.enabled();
     let mut failures = 0u32;
     loop {
         if shared.retire_if_unused(&gw, id) {
@@ -221,9 +249,14 @@ async fn run(
             .as_ref()
             .map_or(target.addr, |r| (r.0)(target.addr));
         let outcome = probe(&target, connect_to, shared.config.timeout).await;
-        metrics.probed(started.elapsed(), outcome.is_ok());
+        let took = started.elapsed();
+        metrics.probed(took, outcome.is_ok());
         if cancel.is_cancelled() {
             return;
+        }
+        let success_ms = outcome.is_ok().then_some(took.as_millis() as u64);
+        if let Some(ms) = success_ms {
+            latency_ms.store(ms, Ordering::SeqCst);
         }
         let was = alive.load(Ordering::SeqCst);
         let now = match &outcome {
@@ -237,7 +270,7 @@ async fn run(
                 was && failures < shared.config.failure_threshold
             }
         };
-        metrics.alive(now);
+        metrics.verdict(now, success_ms);
         if now != was {
             alive.store(now, Ordering::SeqCst);
             if now {

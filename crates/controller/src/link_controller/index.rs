@@ -98,6 +98,20 @@ impl Index {
             .unwrap_or_default()
     }
 
+    /// Every gateway in use, with how many of its users have a local mirror Service.
+    pub(crate) fn gateway_mirrors(&self) -> Vec<(GatewayRef, usize)> {
+        self.users_of
+            .iter()
+            .map(|(gw, users)| {
+                let mirrored = users
+                    .iter()
+                    .filter(|k| self.services.names(k).next().is_some())
+                    .count();
+                (gw.clone(), mirrored)
+            })
+            .collect()
+    }
+
     /// Every gateway in use.
     pub(crate) fn gateways(&self) -> Vec<GatewayRef> {
         self.users_of.keys().cloned().collect()

@@ -29,8 +29,8 @@ mod workers;
 pub use link_status::CONTROLLER_NAME;
 pub use options::{LinkConfig, LinkDeps};
 pub(crate) use queue::{Outcome, WorkQueue};
-pub use status::LinkStatus;
 use status::Synced;
+pub use status::{GatewayStatus, LinkStatus};
 
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
@@ -236,6 +236,27 @@ impl LinkController {
             failing: self.rec.queue.failing(),
             relists: self.relists.load(Ordering::SeqCst),
         }
+    }
+
+    /// Every gateway the link's exported services use, sorted.
+    pub fn gateways(&self) -> Vec<GatewayStatus> {
+        // The index lock is released before the prober table's (lock order: see gateway/).
+        let mut used = self.rec.index.lock().gateway_mirrors();
+        used.sort();
+        used.into_iter()
+            .map(|(gw, num_services)| {
+                let state = self.rec.gateways.probe_state(&gw);
+                GatewayStatus {
+                    cluster_name: self.rec.link.cluster_name.clone(),
+                    gateway_name: gw.name,
+                    gateway_namespace: gw.namespace,
+                    alive: state.is_none_or(|s| s.alive),
+                    latency_ms: state.and_then(|s| s.latency_ms),
+                    enabled: state.is_some(),
+                    num_services,
+                }
+            })
+            .collect()
     }
 
     /// Waits until every cache (remote and local) has listed once; for a rotation that

@@ -75,3 +75,23 @@ pub struct LinkStatus {
     /// Full lists of the remote after the first (watch resume point expired).
     pub relists: u64,
 }
+
+/// One gateway of a link, as the admin server's `/gateways` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatus {
+    /// The link's cluster name.
+    pub cluster_name: String,
+    /// The gateway Service's name.
+    pub gateway_name: String,
+    /// The gateway Service's namespace.
+    pub gateway_namespace: String,
+    /// The probe verdict (a gateway that is not probed counts as alive).
+    pub alive: bool,
+    /// Milliseconds of the last successful probe; None before one or when not probed.
+    pub latency_ms: Option<u64>,
+    /// Whether the gateway is probed (Linkerd's `gateway_enabled`).
+    pub enabled: bool,
+    /// Local mirror Services of the link whose remote Service uses this gateway.
+    pub num_services: usize,
+}

@@ -19,7 +19,7 @@ use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::gateway::GatewaySource;
 use crate::link_controller::{
-    LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
+    GatewayStatus, LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
 };
 use crate::metrics::Metrics;
 use crate::watch::{Watch, drive, keep_all};
@@ -217,6 +217,32 @@ impl LinkManager {
             .map(|a| (a.spec.link().cluster_name.clone(), a.controller.status()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// The clusters with a running link controller, and those a link Secret claims (for
+    /// the write Leases).
+    pub fn link_set(&self) -> crate::write_leases::LinkSet {
+        // One lock at a time: never both held at once.
+        let running = self
+            .inner
+            .active()
+            .values()
+            .map(|a| a.spec.link().cluster_name.clone())
+            .collect();
+        let claimed = self.inner.claims().keys().cloned().collect();
+        crate::write_leases::LinkSet { running, claimed }
+    }
+
+    /// Every gateway of every running link, by cluster name.
+    pub fn gateways(&self) -> Vec<GatewayStatus> {
+        let mut all: Vec<_> = self
+            .inner
+            .active()
+            .values()
+            .flat_map(|a| a.controller.gateways())
+            .collect();
+        all.sort_by(|a, b| a.cluster_name.cmp(&b.cluster_name));
         all
     }
 

@@ -10,6 +10,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Prometheus' own `Accept` header.
+pub(crate) const OPENMETRICS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
 /// A `service-mirror run` process; killed on drop.
 pub(crate) struct Controller {
     pub(crate) child: Child,
@@ -122,19 +125,53 @@ impl Controller {
 
     /// GET on the admin server: (status, body); None while it does not answer.
     pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.get_accept(path, None)
+            .await
+            .map(|(status, _, body)| (status, body))
+    }
+
+    /// GET with an optional `Accept` header: (status, content type, body).
+    pub(crate) async fn get_accept(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+    ) -> Option<(u16, String, String)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(self.admin()?).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        let accept = accept
+            .map(|a| format!("Accept: {a}\r\n"))
+            .unwrap_or_default();
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n{accept}\r\n").as_bytes())
             .await
             .ok()?;
         let mut text = String::new();
         s.read_to_string(&mut text).await.ok()?;
         let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let content_type = head
+            .lines()
+            .find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+                    .map(|(_, v)| v.trim().to_string())
+            })
             .unwrap_or_default();
-        Some((status, body))
+        Some((status, content_type, body.to_string()))
+    }
+
+    /// The admin server's address, once it listens (waits for it).
+    pub(crate) async fn admin_addr(&self) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(a) = self.admin() {
+                return a.to_string();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no admin address"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until `/ready` answers 200; returns how long that took.
@@ -153,11 +190,19 @@ impl Controller {
         }
     }
 
-    /// The metrics page.
+    /// The metrics page in OpenMetrics, asked for as Prometheus asks.
     pub(crate) async fn metrics(&self) -> String {
-        self.get("/metrics")
+        self.get_accept("/metrics", Some(OPENMETRICS_ACCEPT))
             .await
-            .map(|(_, b)| b)
+            .map(|(_, _, b)| b)
+            .unwrap_or_default()
+    }
+
+    /// The metrics page as a scraper without `Accept` gets it (Linkerd's CLI).
+    pub(crate) async fn metrics_text(&self) -> String {
+        self.get_accept("/metrics", None)
+            .await
+            .map(|(_, _, b)| b)
             .unwrap_or_default()
     }
 
