@@ -275,6 +275,8 @@ pub(crate) fn slices_of(
             let d = DesiredMirror {
                 service: p.service.clone(),
                 endpoints: endpoints.map_or_else(|| p.endpoints.clone(), |e| e[i].clone()),
+                has_endpoints: true,
+                ownership: Default::default(),
             };
             let uid = p.service.metadata.uid.clone().unwrap_or_default();
             desired_slices(&d, &uid).into_iter().map(|mut s| {

@@ -74,7 +74,7 @@ async fn wait_service(w: &LinkWorld, remote: &str, ok: impl Fn(&Service) -> bool
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("mirror Service {name} never as expected"))
+    .unwrap_or_else(|_| panic!("mirror Service {name} never as expected; log:\n{}", tail(w)))
 }
 
 async fn wait_endpoints(w: &LinkWorld, remote: &str, ok: impl Fn(&Endpoints) -> bool) -> Endpoints {
@@ -91,7 +91,19 @@ async fn wait_endpoints(w: &LinkWorld, remote: &str, ok: impl Fn(&Endpoints) -> 
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("mirror Endpoints {name} never as expected"))
+    .unwrap_or_else(|_| {
+        panic!(
+            "mirror Endpoints {name} never as expected; log:\n{}",
+            tail(w)
+        )
+    })
+}
+
+/// The controller's last log lines, for a failure message.
+fn tail(w: &LinkWorld) -> String {
+    let text = w.ctl.log_text();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
 }
 
 fn labels(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
@@ -324,8 +336,8 @@ async fn selector_operators_pick_and_a_link_edit_restarts_only_that_link() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(mirrored(&w).await, vec![w.env.mirror_name("a")]);
 
-    // NotIn and Exists: now b (back, not front) with env; a's mirror goes, b's comes,
-    // and the link is restarted without deleting what stays selected.
+    // NotIn and Exists: now b (back) and d (no tier: NotIn matches a missing key), both
+    // with env; a's and c's mirrors go, b's and d's come, the link restarted.
     w.patch_link(
         &cluster,
         serde_json::json!({"selector": {"matchLabels": null, "matchExpressions": [
@@ -341,7 +353,11 @@ async fn selector_operators_pick_and_a_link_edit_restarts_only_that_link() {
         async move { api.get_opt(&name).await.unwrap().is_none().then_some(()) }
     })
     .await;
-    assert_eq!(mirrored(&w).await, vec![w.env.mirror_name("b")]);
+    wait_service(&w, "d", |_| true).await;
+    assert_eq!(
+        mirrored(&w).await,
+        vec![w.env.mirror_name("b"), w.env.mirror_name("d")]
+    );
     assert!(a.metadata.uid.is_some());
     wait_event(&w.env.lc, &w.ctl_ns, &cluster, "CredentialsRotated").await;
 }
@@ -385,7 +401,7 @@ async fn bad_links_are_reported_and_other_links_keep_mirroring() {
         ),
         (
             "bad-selector",
-            serde_json::json!({"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}),
+            serde_json::json!({"selector": {"matchExpressions": [{"key": "not a key", "operator": "Exists"}]}}),
             "InvalidSelector",
         ),
         (

@@ -127,6 +127,8 @@ impl LinkWorld {
     pub(crate) async fn new(prefix: &str, also: &[&str], extra: &[&str]) -> Self {
         let env = Env::new(prefix).await;
         link_crd(&env.local).await;
+        // A Link creates no namespace (Linkerd's default): the mirrors' must exist.
+        create_namespace(&env.lc, &env.ns).await;
         let ctl_ns = local_cluster::unique_namespace("lc");
         create_namespace(&env.lc, &ctl_ns).await;
         let mut allow = vec![env.ns.clone()];
