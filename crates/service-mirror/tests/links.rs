@@ -546,3 +546,158 @@ async fn a_link_and_a_secret_naming_one_cluster_the_older_links_it() {
         "{events:?}"
     );
 }
+
+/// A mirror as Linkerd's service mirror makes it for a Link: the Service and Endpoints
+/// with exactly its labels and annotations, and none of ours.
+fn linkerd_made(
+    ns: &str,
+    remote: &Service,
+    cluster: &str,
+    addresses: &[&str],
+) -> (Service, Endpoints) {
+    let name = format!("{}-{cluster}", remote.metadata.name.as_deref().unwrap());
+    let fq = format!(
+        "{}.{ns}.svc.cluster.local",
+        remote.metadata.name.as_deref().unwrap()
+    );
+    let labels = map(&[
+        ("mirror.linkerd.io/mirrored-service", "true"),
+        ("mirror.linkerd.io/cluster-name", cluster),
+    ]);
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns, "labels": labels,
+            "annotations": {
+                "mirror.linkerd.io/remote-svc-fq-name": fq,
+                "mirror.linkerd.io/remote-resource-version": remote.metadata.resource_version,
+            }},
+        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 80}]},
+    }))
+    .unwrap();
+    let ep: Endpoints = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns, "labels": labels,
+            "annotations": {
+                "mirror.linkerd.io/remote-svc-fq-name": fq,
+                "mirror.linkerd.io/remote-gateway-identity": IDENTITY,
+            }},
+        "subsets": [{
+            "addresses": addresses.iter().map(|a| serde_json::json!({"ip": a})).collect::<Vec<_>>(),
+            "ports": [{"name": "http", "port": 4143, "protocol": "TCP"}],
+        }],
+    }))
+    .unwrap();
+    (svc, ep)
+}
+
+#[tokio::test]
+async fn mirrors_linkerd_made_are_adopted_in_place_and_an_idle_link_writes_nothing() {
+    // `endpoints` mode makes exactly Linkerd's objects (the default `both` adds our
+    // EndpointSlices and the skip-mirror label: one create and one update per mirror).
+    let w = LinkWorld::new("lkm", &[], &["--endpoints-mode", "endpoints"]).await;
+    let (ns, cluster) = (w.env.ns.clone(), w.env.cluster.clone());
+    let slices: Api<EndpointSlice> = Api::namespaced(w.env.rc.clone(), &ns);
+    let mut remotes = BTreeMap::new();
+    for name in ["same", "stale"] {
+        create_remote(&w, remote_service(&ns, name, &[EXPORTED], &[])).await;
+        slices
+            .create(&PostParams::default(), &remote_slice(&ns, name, &[true]))
+            .await
+            .unwrap();
+        remotes.insert(name, w.env.remote_services().get(name).await.unwrap());
+    }
+    let pp = PostParams::default();
+    let mut uids = BTreeMap::new();
+    for (name, addresses) in [
+        ("same", vec!["192.0.2.10", "192.0.2.11"]),
+        ("stale", vec!["192.0.2.99"]),
+    ] {
+        let (svc, ep) = linkerd_made(&ns, &remotes[name], &cluster, &addresses);
+        let svc = w.env.local_services().create(&pp, &svc).await.unwrap();
+        let ep = w.env.local_endpoints().create(&pp, &ep).await.unwrap();
+        uids.insert(name, (svc.metadata.uid, ep.metadata.uid));
+    }
+    // Someone else's Service with a mirror-like name: never touched.
+    let mut foreign = remote_service(&ns, &format!("other-{cluster}"), &[("app", "other")], &[]);
+    foreign.metadata.labels = Some(map(&[("app", "other")]));
+    w.env.local_services().create(&pp, &foreign).await.unwrap();
+    let before = w.env.local_writes().len();
+
+    w.create_link(serde_json::json!({})).await;
+    let stale = wait_endpoints(&w, "stale", |e| {
+        subset_ips(e) == vec!["192.0.2.10", "192.0.2.11"]
+    })
+    .await;
+    for name in ["same", "stale"] {
+        w.status_entry(&cluster, name, "Mirrored").await;
+    }
+    // Quiet for a while: writes after adoption would show here.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let writes: Vec<String> = w.env.local_writes()[before..].to_vec();
+    assert_eq!(
+        writes,
+        vec![format!("update endpoints/{}", w.env.mirror_name("stale"))],
+        "an equal mirror gets no write, an unequal one one update, nothing else is touched"
+    );
+    assert_eq!(
+        stale.metadata.uid, uids["stale"].1,
+        "updated in place, not recreated"
+    );
+    for name in ["same", "stale"] {
+        let svc = w
+            .env
+            .local_services()
+            .get(&w.env.mirror_name(name))
+            .await
+            .unwrap();
+        assert_eq!(svc.metadata.uid, uids[name].0, "{name}");
+    }
+    let f = w
+        .env
+        .local_services()
+        .get(&format!("other-{cluster}"))
+        .await
+        .unwrap();
+    assert_eq!(f.metadata.labels, Some(map(&[("app", "other")])));
+}
+
+#[tokio::test]
+async fn a_second_writer_undoing_a_mirror_is_reported_and_not_fought_over() {
+    let w = LinkWorld::new("lkw", &[], &[]).await;
+    create_remote(&w, remote_service(&w.env.ns, "web", &[EXPORTED], &[])).await;
+    w.create_link(serde_json::json!({})).await;
+    let name = w.env.mirror_name("web");
+    wait_service(&w, "web", |_| true).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ours = |w: &LinkWorld| {
+        w.env
+            .local_writes()
+            .iter()
+            .filter(|l| *l == &format!("update services/{name}"))
+            .count()
+    };
+    // A rogue writer adds a label every 300 ms for 9 s (30 writes): a Link mirror's
+    // labels are all ours, so each one is a change to undo.
+    let before = ours(&w);
+    let api = w.env.local_services();
+    for i in 0..30 {
+        let _ = api
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    serde_json::json!({"metadata": {"labels": {"rogue": format!("{i}")}}}),
+                ),
+            )
+            .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let rogue = 30;
+    // The rogue's writes are patches; ours are updates (PUT with resourceVersion).
+    let ours_only = ours(&w) - before;
+    let note = wait_event(&w.env.lc, &w.env.ns, &name, "MirrorContention").await;
+    assert!(note.contains("another writer"), "{note}");
+    assert!(
+        ours_only <= 6,
+        "the controller rewrote the mirror {ours_only} times against 30 foreign writes"
+    );
+    println!("foreign writes {rogue}, ours {ours_only}");
+}

@@ -10,6 +10,7 @@
 //! (addresses, probes) are the [`crate::gateway`] component's. See docs/architecture.md.
 
 mod cache;
+mod contention;
 mod decide;
 mod expect;
 mod index;
@@ -146,6 +147,7 @@ impl LinkController {
             },
             link_gateway: config.link_gateway.clone(),
             status: status.clone(),
+            contention: Default::default(),
             // Link mirrors follow the remote's readiness (as Linkerd's do).
             readiness: matches!(config.export_rule, ExportRule::Selectors { .. })
                 .then(Arc::default),

@@ -2,6 +2,7 @@
 //! apply (the writer and the expectations).
 
 use super::cache::Cache;
+use super::contention::{CORRECTIONS, Contention, FIRST_HOLD, MAX_HOLD, Verdict, WINDOW};
 use super::decide::{Decision, Gathered, Steps, Writes, decide};
 use super::expect::{Expectations, LocalObject};
 use super::index::Index;
@@ -36,6 +37,8 @@ pub(super) struct Reconciler {
     pub(super) export: ExportPolicy,
     /// A Link's gateway (with [`ExportRule::Selectors`]; `None`: the Link has none).
     pub(super) link_gateway: Option<GatewaySource>,
+    /// Keys another writer keeps changing back.
+    pub(super) contention: Contention,
     /// The Link's status entries (Link links only).
     pub(super) status: Option<Arc<StatusBook>>,
     /// Which remote Services have ready endpoints (Link links only).
@@ -73,6 +76,28 @@ pub(super) struct Reconciler {
     pub(super) metrics: LinkMetrics,
 }
 
+/// Whether a decision updates objects in the plan's own order (a gateway move's
+/// Endpoints-first pass is half of one plan: not a write of the whole desired state).
+fn updates(d: &Decision) -> bool {
+    matches!(d, Decision::Write(w) if matches!(&w.steps, Steps::InOrder(a) if a.iter().any(|a| matches!(
+        a,
+        Action::UpdateService(_) | Action::UpdateEndpoints(_) | Action::UpdateEndpointSlice(_)
+    ))))
+}
+
+/// A fingerprint of a desired mirror (what a plan writes towards).
+fn fingerprint(desired: Option<&service_mirror_core::DesiredMirror>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    if let Some(d) = desired {
+        serde_json::to_string(&(&d.service, &d.endpoints))
+            .unwrap_or_default()
+            .hash(&mut h);
+        d.has_endpoints.hash(&mut h);
+    }
+    h.finish()
+}
+
 /// What a Link's status says of a key, from what was gathered (None: nothing known yet).
 fn observed(g: &Gathered) -> Option<Observed> {
     if !g.remote_listed {
@@ -99,7 +124,21 @@ impl Reconciler {
         let gathered = self.gather(key).await;
         let decision = decide(key, &self.link.cluster_name, &gathered);
         let observed = self.status.as_ref().and_then(|_| observed(&gathered));
+        let fingerprint = updates(&decision).then(|| fingerprint(gathered.desired.as_ref()));
+        if let Some(fp) = fingerprint {
+            match self.contention.check(key, fp, std::time::Instant::now()) {
+                Verdict::Hold(after) => return Ok(Outcome::RequeueAfter(after)),
+                Verdict::Write { report: true } => self.report_contention(key, &gathered).await,
+                Verdict::Write { report: false } => {}
+            }
+        }
+        if gathered.desired.is_none() {
+            self.contention.forget(key);
+        }
         let result = self.apply(key, decision).await;
+        if let (Some(fp), Ok(_)) = (fingerprint, &result) {
+            self.contention.written(key, fp);
+        }
         if let (Some(book), Some(observed)) = (&self.status, observed) {
             book.observe(
                 key,
@@ -428,6 +467,30 @@ impl Reconciler {
     /// Reports a mirror refused because the link holds its limit: every refusal is logged
     /// at debug and counted, the first after none also at warn and as an Event on the link
     /// Secret. The key is looked at again when a slot frees.
+    /// Another writer keeps undoing this mirror: said once per episode (log, metric,
+    /// Event on the mirror Service); the key is held meanwhile (contention.rs).
+    async fn report_contention(&self, key: &ServiceKey, g: &Gathered) {
+        let cluster = &self.link.cluster_name;
+        self.metrics.error("mirror_contention");
+        let note = format!(
+            "another writer changed this mirror of cluster {cluster} back {CORRECTIONS} times within {} s; this controller now rewrites it at most once per {} s and up to {} min: look for a second service mirror (Linkerd's own?) linked to the same cluster",
+            WINDOW.as_secs(),
+            FIRST_HOLD.as_secs(),
+            MAX_HOLD.as_secs() / 60
+        );
+        tracing::warn!(%cluster, %key, "{note}");
+        if let Some(svc) = g.services.iter().find(|s| {
+            g.desired
+                .as_ref()
+                .is_some_and(|d| d.service.metadata.name == s.metadata.name)
+        }) {
+            use kube::Resource;
+            self.writer
+                .record(&svc.object_ref(&()), "MirrorContention", "Mirror", note)
+                .await;
+        }
+    }
+
     /// A mirror's namespace is missing and the link may not create it (a `Link`
     /// without `--enable-namespace-creation`): said on the Link; the key is retried
     /// slowly, so the mirror appears once the namespace does.
