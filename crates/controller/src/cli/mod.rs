@@ -6,6 +6,7 @@ pub mod client;
 mod export;
 mod install;
 pub mod link;
+pub mod link_gen;
 mod manifest;
 mod output;
 mod run;
@@ -17,7 +18,8 @@ use clap::Subcommand;
 pub enum Command {
     /// Run the controller: watch link Secrets and mirror every linked cluster.
     Run(run::RunArgs),
-    /// Print the link Secret for a remote cluster (apply it to the local cluster);
+    /// Print the link Secret (or, with --format link, a credentials Secret and a Link)
+    /// for a remote cluster (apply it to the local cluster);
     /// --kubeconfig and --context reach the REMOTE cluster.
     Link(link::LinkArgs),
     /// Print the local-side manifests: namespace, RBAC and Deployment of the controller.
