@@ -2,6 +2,7 @@
 
 pub mod allow;
 mod args;
+pub mod check;
 pub mod client;
 mod export;
 mod install;
@@ -10,6 +11,7 @@ pub mod link_gen;
 mod manifest;
 mod output;
 mod run;
+pub mod unlink;
 
 use clap::Subcommand;
 
@@ -30,6 +32,12 @@ pub enum Command {
     Export(export::ExportArgs),
     /// Stop exporting a Service: remove the gateway annotations.
     Unexport(export::UnexportArgs),
+    /// Remove (or with --dry-run list) what links a cluster and all its mirrors, on the
+    /// LOCAL cluster.
+    Unlink(unlink::UnlinkArgs),
+    /// Check the links, the controller's leader, the gateways and the mirrors' endpoints
+    /// on the LOCAL cluster; exit code 1 if a check fails.
+    Check(check::CheckArgs),
 }
 
 impl Command {
@@ -58,6 +66,8 @@ impl Command {
             Command::Allow(args) => allow::run(args),
             Command::Export(args) => export::export(args).await,
             Command::Unexport(args) => export::unexport(args).await,
+            Command::Unlink(args) => unlink::run(args).await,
+            Command::Check(args) => check::run(args).await,
         }
     }
 }
