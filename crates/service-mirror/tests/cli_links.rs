@@ -611,4 +611,33 @@ async fn check_fails_for_a_gateway_mirror_without_endpoints() {
         "{}",
         run.stdout
     );
+
+    // unlink of a Secret link: the annotated Secret and the mirror go.
+    let mirror = env.mirror_name("web");
+    let unlink = service_mirror(&[
+        "unlink",
+        "--cluster-name",
+        c,
+        "--namespace",
+        &ctl_ns,
+        "--kubeconfig",
+        &kc,
+    ]);
+    assert!(unlink.ok, "{}", unlink.stderr);
+    assert_eq!(
+        unlink.stdout.lines().next(),
+        Some(format!("Secret/{ctl_ns}/link").as_str()),
+        "{}",
+        unlink.stdout
+    );
+    assert!(
+        unlink
+            .stdout
+            .contains(&format!("Service/{}/{mirror}", env.ns)),
+        "{}",
+        unlink.stdout
+    );
+    env.mirror_gone("web").await;
+    let secrets = Api::<Secret>::namespaced(env.lc.clone(), &ctl_ns);
+    assert!(secrets.get_opt("link").await.unwrap().is_none());
 }

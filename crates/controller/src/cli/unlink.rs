@@ -245,6 +245,7 @@ pub async fn run(args: UnlinkArgs) -> anyhow::Result<()> {
     }
     if args.dry_run {
         eprintln!("dry run: {} objects would be deleted", objects.len());
+        eprintln!("{}", remote_hint(&args.cluster_name));
         return Ok(());
     }
     let mut failures = Vec::new();
