@@ -2,8 +2,10 @@
 //! scripted story narrated step by step.
 //!
 //! `west` is the local cluster, `east` and `north` are remote. Each remote gets the
-//! remote-side RBAC of `allow` and a gateway; `west` gets the link Secrets of `link`, and
-//! the controller (the same link manager as `run`) runs in this process.
+//! remote-side RBAC of `allow` and a gateway; `west` gets east's link Secret and north's
+//! `Link` (both as `link` prints them, `--format secret` and `--format link`), and the
+//! controller (the same link manager, Lease and admin server as `run`) runs in this
+//! process. The story ends with what `check` reports.
 //!
 //! Without traffic, gateways are published at documentation addresses (192.0.2.N, never
 //! contacted); their probes are redirected to small HTTP servers on 127.0.0.N that the
@@ -18,31 +20,40 @@ pub mod traffic;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{
     ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, LocalCluster, PROBE_PORT, Workload,
     apply_yaml, publish_endpoints,
 };
+use service_mirror_controller::admin::{self, AdminState};
 use service_mirror_controller::cli::allow::{
     DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
 };
-use service_mirror_controller::cli::link::link_secret;
+use service_mirror_controller::cli::check::{MetricsSource, checks, gather};
+use service_mirror_controller::cli::link::{kubeconfig_yaml, link_secret};
+use service_mirror_controller::cli::link_gen::{LinkGenArgs, credentials_secret, link_resource};
 use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::gateway::ProbeRedirect;
+use service_mirror_controller::leader::{LeaderOptions, elect};
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
-use service_mirror_controller::links::{LinkManager, LinkManagerOptions, LinkSources};
+use service_mirror_controller::links::{
+    LINK_CRD_YAML, LinkManager, LinkManagerOptions, LinkResource, LinkSources,
+};
+use service_mirror_controller::metrics::Metrics;
 use service_mirror_core::NamespaceFilter;
 use service_mirror_core::labels::{
     CLUSTER_NAME_LABEL, GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, MIRRORED_SERVICE_LABEL,
     MIRRORED_SERVICE_VALUE, PROBE_PATH_ANNOTATION, PROBE_PERIOD_ANNOTATION,
-    REMOTE_SVC_FQ_NAME_ANNOTATION,
+    REMOTE_SVC_FQ_NAME_ANNOTATION, owner_selector,
 };
-use service_mirror_testkit::{Baseline, Remote as InvariantRemote, World, check};
+use service_mirror_testkit::{Baseline, Remote as InvariantRemote, Violation, World, check};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 use traffic::Traffic;
 
 /// Options of the demo.
@@ -74,6 +85,8 @@ struct Remote {
     /// probes go to 127.0.0.N); with traffic, its stand-in gateway's address on the node.
     gateway_ip: Ipv4Addr,
     services: &'static [&'static str],
+    /// Linked by a `Link` (else by a link Secret).
+    by_link: bool,
     /// With traffic: the stand-in gateway and the workloads on the remote's node.
     gateway: Option<Gateway>,
     workloads: Vec<Workload>,
@@ -107,6 +120,24 @@ impl Remote {
             &ports,
         )
         .await?;
+        Ok(())
+    }
+
+    /// Without traffic, for a `Link`: a ready EndpointSlice of `service` (no
+    /// kube-controller-manager publishes one, and a Link's mirror follows it).
+    async fn ready_without_plane(&self, service: &str) -> anyhow::Result<()> {
+        if !self.by_link || self.plane().is_some() {
+            return Ok(());
+        }
+        let slice = serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{service}-demo"), "namespace": NS,
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": WORKLOAD_PORT}],
+        });
+        apply_yaml(&self.client, &slice.to_string()).await?;
         Ok(())
     }
 
@@ -204,9 +235,9 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     // What the mirror must never touch: every object of west before it starts.
     let baseline = Baseline::capture(&local).await?;
     let mut remotes = Vec::new();
-    for (cluster, octet, services) in [
-        (east, 10u8, &["web", "cart"][..]),
-        (north, 20, &["payments", "search"][..]),
+    for (cluster, octet, services, by_link) in [
+        (east, 10u8, &["web", "cart"][..], false),
+        (north, 20, &["payments", "search"][..], true),
     ] {
         let client = cluster.client().await?;
         let gateway_ip = match cluster.data_plane() {
@@ -221,6 +252,7 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
             client,
             gateway_ip,
             services,
+            by_link,
             gateway: None,
             workloads: Vec::new(),
         });
@@ -236,17 +268,47 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "Local side: `service-mirror link` Secrets in {DEFAULT_NAMESPACE}, and the controller in this process."
+        "Local side: in {DEFAULT_NAMESPACE}, east's link Secret (`service-mirror link`), north's credentials Secret and `Link` (`service-mirror link --format link`, the Link CRD applied first), and the controller in this process."
     );
     local_cluster::ensure_namespace(&local, DEFAULT_NAMESPACE).await?;
+    install_link_crd(&local).await?;
     for r in &mut remotes {
-        link_remote(&local, r).await?;
-        setup_remote(r).await?;
+        let token = remote_token(r).await?;
+        // A Link carries the gateway's values: the gateway comes first.
+        if r.by_link {
+            setup_remote(r).await?;
+            link_remote_by_link(&local, r, &token).await?;
+        } else {
+            link_remote(&local, r, &token).await?;
+            setup_remote(r).await?;
+        }
     }
+    let metrics = Metrics::new();
+    let shutdown = CancellationToken::new();
+    let (leader, election) = elect(
+        local.clone(),
+        LeaderOptions {
+            namespace: DEFAULT_NAMESPACE.into(),
+            lease_name: LEASE_NAME.into(),
+            identity: "demo".into(),
+            duration: Duration::from_secs(15),
+        },
+        metrics.clone(),
+        shutdown.clone(),
+    );
+    let (admin_addr, _admin) = admin::serve(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        AdminState {
+            metrics: metrics.clone(),
+            ready: Arc::new(|| true),
+        },
+        shutdown.clone(),
+    )
+    .await?;
     let manager = LinkManager::start(
         local.clone(),
         EventRecorder::new(local.clone(), None),
-        controller_options(),
+        controller_options(metrics, leader),
     );
 
     step(
@@ -337,9 +399,10 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         .patch(
             "search",
             &PatchParams::default(),
-            &merge(
-                serde_json::json!({"metadata": {"annotations": {GATEWAY_NAME_ANNOTATION: null}}}),
-            ),
+            // The annotation exports from a Secret link, the label from a Link.
+            &merge(serde_json::json!({"metadata": {
+                "annotations": {GATEWAY_NAME_ANNOTATION: null},
+                "labels": {EXPORTED_LABEL: null}}})),
         )
         .await?;
     step(
@@ -421,6 +484,7 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     remotes[1]
         .serve("reviews", "north/reviews", ("http", next), &[])
         .await?;
+    remotes[1].ready_without_plane("reviews").await?;
     Api::<Service>::namespaced(north_client, NS)
         .create(&PostParams::default(), &exported("reviews")?)
         .await?;
@@ -435,10 +499,13 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         traffic::answered(wp, &host, 80, "north/reviews", "after ").await?;
     }
 
+    // The oracle knows the 2020 contract (Secret links) only: north's Link mirrors are
+    // checked by `check` below, and are the only mirrors it may call unexplained.
     let world = World {
         local: local.clone(),
         remotes: remotes
             .iter()
+            .filter(|r| !r.by_link)
             .map(|r| InvariantRemote {
                 cluster: r.cluster.name().to_string(),
                 domain: None,
@@ -448,9 +515,14 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         namespaces: NamespaceFilter::default(),
         controller_namespace: Some(DEFAULT_NAMESPACE.into()),
     };
-    let violations = check(&world, &baseline).await;
+    let mut violations = check(&world, &baseline).await;
+    let mut by_link = std::collections::BTreeSet::new();
+    for r in remotes.iter().filter(|r| r.by_link) {
+        by_link.extend(owned_by(&local, r.cluster.name()).await?);
+    }
+    violations.retain(|v| !matches!(v, Violation::Extra(_, key, _) if by_link.contains(key)));
     println!(
-        "\nInvariant check (mirrors = exported services of linked clusters, nothing foreign changed): {} violation(s).",
+        "\nInvariant check of east (mirrors = exported services of linked clusters, nothing foreign changed): {} violation(s).",
         violations.len()
     );
     for v in &violations {
@@ -460,6 +532,7 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         violations.is_empty(),
         "the world does not keep its invariants"
     );
+    print_check(&local, admin_addr).await?;
     println!("Story told in {:.1?}.", started.elapsed());
     if args.keep {
         println!("\nThe clusters keep running (Ctrl-C stops them and removes their files):");
@@ -489,6 +562,8 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         tokio::signal::ctrl_c().await?;
     }
     manager.shutdown().await;
+    shutdown.cancel();
+    let _ = election.await;
     Ok(())
 }
 
@@ -496,14 +571,18 @@ fn merge(v: serde_json::Value) -> Patch<serde_json::Value> {
     Patch::Merge(v)
 }
 
-fn controller_options() -> LinkManagerOptions {
+fn controller_options(
+    metrics: Arc<Metrics>,
+    leader: tokio::sync::watch::Receiver<bool>,
+) -> LinkManagerOptions {
     LinkManagerOptions {
         namespace: DEFAULT_NAMESPACE.into(),
         workers: 2,
         rotation_timeout: Duration::from_secs(30),
         collect_unlinked: true,
         sources: LinkSources::Both,
-        link_namespace_creation: false,
+        // North's Link may be served before east's Secret link made the namespace.
+        link_namespace_creation: true,
         config: LinkConfig {
             probe_timeout: Duration::from_millis(500),
             probe_failure_threshold: 2,
@@ -517,6 +596,8 @@ fn controller_options() -> LinkManagerOptions {
                 }
                 _ => a,
             }))),
+            metrics,
+            leader: Some(leader),
             ..LinkDeps::default()
         },
     }
@@ -549,9 +630,8 @@ async fn serve_gateway_health(octet: u8, healthy: Arc<AtomicBool>) -> anyhow::Re
     Ok(())
 }
 
-/// `allow` on the remote, the token a controller manager would fill, and `link`'s Secret
-/// applied to the local cluster.
-async fn link_remote(local: &Client, r: &Remote) -> anyhow::Result<()> {
+/// `allow` on the remote and the token a controller manager would fill.
+async fn remote_token(r: &Remote) -> anyhow::Result<String> {
     let manifests = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": allow_manifests(DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT)});
     apply_yaml(&r.client, &manifests.to_string()).await?;
     let token_secret = token_secret_name(DEFAULT_SERVICE_ACCOUNT);
@@ -561,19 +641,23 @@ async fn link_remote(local: &Client, r: &Remote) -> anyhow::Result<()> {
     let filled = Api::<Secret>::namespaced(r.client.clone(), DEFAULT_NAMESPACE)
         .get(&token_secret)
         .await?;
-    let token = filled
+    filled
         .data
         .as_ref()
         .and_then(|d| d.get("token"))
         .map(|t| String::from_utf8_lossy(&t.0).into_owned())
-        .context("token")?;
+        .context("token")
+}
+
+/// `link`'s Secret applied to the local cluster.
+async fn link_remote(local: &Client, r: &Remote, token: &str) -> anyhow::Result<()> {
     let secret = link_secret(
         r.cluster.name(),
         "cluster.local",
         DEFAULT_NAMESPACE,
         &r.cluster.server_url(),
         r.cluster.ca_pem().as_bytes(),
-        &token,
+        token,
     )?;
     Api::<Secret>::namespaced(local.clone(), DEFAULT_NAMESPACE)
         .create(&PostParams::default(), &secret)
@@ -581,9 +665,136 @@ async fn link_remote(local: &Client, r: &Remote) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `link --format link` prints (same code), applied to the local cluster.
+async fn link_remote_by_link(local: &Client, r: &Remote, token: &str) -> anyhow::Result<()> {
+    let cluster = r.cluster.name();
+    let args = LinkGenArgs::default();
+    let gateway = Api::<Service>::namespaced(r.client.clone(), &args.gateway_namespace)
+        .get(&args.gateway_name)
+        .await?;
+    let kubeconfig = kubeconfig_yaml(
+        cluster,
+        &r.cluster.server_url(),
+        r.cluster.ca_pem().as_bytes(),
+        token,
+    )?;
+    let (link, _warnings) = link_resource(
+        cluster,
+        "cluster.local",
+        DEFAULT_NAMESPACE,
+        &args,
+        Some(&gateway),
+    )?;
+    let secret = credentials_secret(cluster, DEFAULT_NAMESPACE, kubeconfig);
+    let docs = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [secret, link]});
+    apply_yaml(local, &docs.to_string()).await?;
+    Ok(())
+}
+
+/// `(namespace, name)` of every mirror object of `cluster` (the ownership labels).
+async fn owned_by(local: &Client, cluster: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let lp = ListParams::default().labels(&owner_selector(cluster));
+    let key = |m: &kube::api::ObjectMeta| {
+        (
+            m.namespace.clone().unwrap_or_default(),
+            m.name.clone().unwrap_or_default(),
+        )
+    };
+    let mut out: Vec<(String, String)> = Vec::new();
+    out.extend(
+        Api::<Service>::all(local.clone())
+            .list(&lp)
+            .await?
+            .iter()
+            .map(|o| key(&o.metadata)),
+    );
+    out.extend(
+        Api::<Endpoints>::all(local.clone())
+            .list(&lp)
+            .await?
+            .iter()
+            .map(|o| key(&o.metadata)),
+    );
+    out.extend(
+        Api::<EndpointSlice>::all(local.clone())
+            .list(&lp)
+            .await?
+            .iter()
+            .map(|o| key(&o.metadata)),
+    );
+    Ok(out)
+}
+
+/// The Link CRD, applied and served (at most 30 s).
+async fn install_link_crd(local: &Client) -> anyhow::Result<()> {
+    apply_yaml(local, LINK_CRD_YAML).await?;
+    let links: Api<LinkResource> = Api::namespaced(local.clone(), DEFAULT_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while links.list(&ListParams::default()).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "the Link CRD is not served");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Discovery (apply_yaml's kind lookup) lags the first list a little.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(())
+}
+
+/// `check` on west (the same checks), and the gateways it saw.
+async fn print_check(local: &Client, admin: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (lines, g) = loop {
+        let g = gather(
+            local,
+            DEFAULT_NAMESPACE,
+            LEASE_NAME,
+            &MetricsSource::Addr(admin.to_string()),
+        )
+        .await?;
+        let lines = checks::all(&g);
+        // Right after the story's last step a probe may still be on its way.
+        if lines.iter().all(|l| l.ok) || Instant::now() > deadline {
+            break (lines, g);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!("\n$ service-mirror check --context west");
+    print!("{}", checks::render(&lines));
+    let series = g
+        .metrics
+        .as_deref()
+        .map(checks::alive_series)
+        .unwrap_or_default();
+    println!("\nGateways (from the same scrape of the controller's /metrics):");
+    println!(
+        "  {:<8} {:<38} {:<6} NUM_SVC",
+        "CLUSTER", "GATEWAY", "ALIVE"
+    );
+    for (cluster, gateway, alive) in &series {
+        let svcs = g
+            .mirrors
+            .iter()
+            .filter(|m| &m.cluster == cluster && !m.remote_discovery)
+            .count();
+        let alive = if *alive >= 1.0 { "True" } else { "False" };
+        println!("  {cluster:<8} {gateway:<38} {alive:<6} {svcs}");
+    }
+    anyhow::ensure!(
+        lines.iter().all(|l| l.ok),
+        "check failed on the demo's clusters"
+    );
+    Ok(())
+}
+
+/// Linkerd's default export label (a Link's selector).
+const EXPORTED_LABEL: &str = "mirror.linkerd.io/exported";
+/// The leader-election Lease (`run`'s default name).
+const LEASE_NAME: &str = "service-mirror";
+
+/// A Service exported both ways: the gateway annotations (Secret links) and the label
+/// of a Link's default selector.
 fn exported(name: &str) -> anyhow::Result<Service> {
     Ok(serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "annotations": {
+        "metadata": {"name": name, "labels": {EXPORTED_LABEL: "true"}, "annotations": {
             GATEWAY_NAME_ANNOTATION: "linkerd-gateway", GATEWAY_NS_ANNOTATION: DEFAULT_NAMESPACE}},
         "spec": {"ports": [{"name": "http", "port": 80}]}
     }))?)
@@ -615,6 +826,7 @@ async fn setup_remote(r: &mut Remote) -> anyhow::Result<()> {
         let body = format!("{}/{name}", r.cluster.name());
         r.serve(name, &body, ("http", WORKLOAD_PORT + i as u16), &[])
             .await?;
+        r.ready_without_plane(name).await?;
         Api::<Service>::namespaced(r.client.clone(), NS)
             .create(&PostParams::default(), &exported(name)?)
             .await?;

@@ -34,6 +34,11 @@ fn demo(args: &[&str]) -> String {
         "not ready",
         "reviews-north",
         "0 violation(s)",
+        // north is linked by a Link, east by a Secret; check passes on both.
+        "$ service-mirror check",
+        "√ Link north is valid",
+        "√ Secret cluster-credentials-east is valid",
+        "Status check results are √",
         "Story told in",
     ] {
         assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");

@@ -42,8 +42,9 @@ pub(crate) use super::manifest::DEFAULT_NAMESPACE;
 /// Port of the admin server (`/metrics`, `/live`, `/ready`): `run`'s default
 /// `--metrics-addr`.
 pub(crate) const ADMIN_PORT: i32 = 9999;
-/// Name of the admin port on the container.
-pub(crate) const ADMIN_PORT_NAME: &str = "admin-http";
+/// Name of the admin port on the container: ends in `-admin`, as Linkerd's tools
+/// (and `check`) look for.
+pub(crate) const ADMIN_PORT_NAME: &str = "mirror-admin";
 /// The non-root user and group of the distroless image.
 pub(crate) const RUN_AS: i64 = 65532;
 
@@ -726,12 +727,12 @@ mod tests {
         );
         assert_eq!(
             c["ports"],
-            json!([{"name": "admin-http", "containerPort": 9999, "protocol": "TCP"}])
+            json!([{"name": "mirror-admin", "containerPort": 9999, "protocol": "TCP"}])
         );
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
-        assert_eq!(c["livenessProbe"]["httpGet"]["port"], "admin-http");
+        assert_eq!(c["livenessProbe"]["httpGet"]["port"], "mirror-admin");
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
-        assert_eq!(c["readinessProbe"]["httpGet"]["port"], "admin-http");
+        assert_eq!(c["readinessProbe"]["httpGet"]["port"], "mirror-admin");
         let annotations =
             &by_kind(&docs, "Deployment")["spec"]["template"]["metadata"]["annotations"];
         assert_eq!(annotations["prometheus.io/scrape"], "true");

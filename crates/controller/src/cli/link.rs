@@ -11,6 +11,7 @@
 
 use super::allow::{DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, check_names, token_secret_name};
 use super::args::{KubeArgs, OutputArgs};
+use super::link_gen::{LinkGenArgs, credentials_secret, link_resource};
 use anyhow::{Context, bail};
 use base64::Engine;
 use k8s_openapi::ByteString;
@@ -71,9 +72,27 @@ pub struct LinkArgs {
         default_value = DEFAULT_NAMESPACE
     )]
     pub link_namespace: String,
+    /// What is printed: `secret`, a link Secret (the 2020 contract, annotated with
+    /// the cluster name), or `link`, a credentials Secret and a Linkerd `Link` (as
+    /// `linkerd multicluster link-gen`).
+    #[arg(long, env = "SERVICE_MIRROR_LINK_FORMAT", value_enum, default_value_t = LinkFormat::Secret)]
+    pub format: LinkFormat,
+    /// The gateway and selectors of a `Link` (`--format link`).
+    #[command(flatten)]
+    pub link_gen: LinkGenArgs,
     /// How the manifests are printed.
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// What `link` prints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LinkFormat {
+    /// One link Secret with the cluster-name annotation.
+    #[default]
+    Secret,
+    /// A credentials Secret and a `Link`.
+    Link,
 }
 
 fn parse_cluster_name(name: &str) -> Result<String, String> {
@@ -104,6 +123,38 @@ pub fn link_secret(
     ca_pem: &[u8],
     token: &str,
 ) -> anyhow::Result<Secret> {
+    check_link_names(cluster_name, cluster_domain, link_namespace)?;
+    let kubeconfig = kubeconfig_yaml(cluster_name, server, ca_pem, token)?;
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(link_secret_name(cluster_name)),
+            namespace: Some(link_namespace.to_string()),
+            annotations: Some(BTreeMap::from([
+                (
+                    LINK_CLUSTER_NAME_ANNOTATION.to_string(),
+                    cluster_name.to_string(),
+                ),
+                (
+                    LINK_CLUSTER_DOMAIN_ANNOTATION.to_string(),
+                    cluster_domain.to_string(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        type_: Some(LINK_SECRET_TYPE.to_string()),
+        data: Some(BTreeMap::from([(
+            LINK_KUBECONFIG_KEY.to_string(),
+            ByteString(kubeconfig.into_bytes()),
+        )])),
+        ..Default::default()
+    })
+}
+
+fn check_link_names(
+    cluster_name: &str,
+    cluster_domain: &str,
+    link_namespace: &str,
+) -> anyhow::Result<()> {
     validate_cluster_name(cluster_name)
         .with_context(|| format!("invalid cluster name {cluster_name:?}"))?;
     anyhow::ensure!(
@@ -114,6 +165,17 @@ pub fn link_secret(
         !link_namespace.is_empty(),
         "the link namespace must not be empty"
     );
+    Ok(())
+}
+
+/// A kubeconfig whose only cluster, user and context are named `cluster_name`:
+/// `server`, the CA `ca_pem` and the bearer `token`.
+pub fn kubeconfig_yaml(
+    cluster_name: &str,
+    server: &str,
+    ca_pem: &[u8],
+    token: &str,
+) -> anyhow::Result<String> {
     anyhow::ensure!(
         server.starts_with("https://") || server.starts_with("http://"),
         "API server address {server:?} is not a URL: it must start with https://"
@@ -150,31 +212,7 @@ pub fn link_secret(
         "current-context": cluster_name,
         "preferences": {},
     });
-    let kubeconfig = serde_saphyr::to_string(&kubeconfig).context("rendering the kubeconfig")?;
-
-    Ok(Secret {
-        metadata: ObjectMeta {
-            name: Some(link_secret_name(cluster_name)),
-            namespace: Some(link_namespace.to_string()),
-            annotations: Some(BTreeMap::from([
-                (
-                    LINK_CLUSTER_NAME_ANNOTATION.to_string(),
-                    cluster_name.to_string(),
-                ),
-                (
-                    LINK_CLUSTER_DOMAIN_ANNOTATION.to_string(),
-                    cluster_domain.to_string(),
-                ),
-            ])),
-            ..Default::default()
-        },
-        type_: Some(LINK_SECRET_TYPE.to_string()),
-        data: Some(BTreeMap::from([(
-            LINK_KUBECONFIG_KEY.to_string(),
-            ByteString(kubeconfig.into_bytes()),
-        )])),
-        ..Default::default()
-    })
+    serde_saphyr::to_string(&kubeconfig).context("rendering the kubeconfig")
 }
 
 /// Server and CA of one context of a kubeconfig file.
@@ -293,15 +331,17 @@ async fn read_token_secret(
     Ok(TokenSecret { token, ca_pem })
 }
 
-/// Reads the remote token Secret and builds the link Secret.
-async fn build(args: &LinkArgs) -> anyhow::Result<Secret> {
+/// Server, CA and token of the remote, read from the token Secret and the kubeconfig.
+struct Credentials {
+    server: String,
+    ca_pem: Vec<u8>,
+    token: String,
+}
+
+/// Reads the remote token Secret and the kubeconfig's server and CA.
+async fn credentials(args: &LinkArgs, client: kube::Client) -> anyhow::Result<Credentials> {
     check_names(&args.namespace, &args.service_account_name)?;
     let context = args.kube.context.clone();
-    let client = args
-        .kube
-        .client()
-        .await
-        .context("connecting to the remote cluster")?;
     let secret_name = token_secret_name(&args.service_account_name);
     let token = read_token_secret(
         client,
@@ -331,21 +371,69 @@ async fn build(args: &LinkArgs) -> anyhow::Result<Secret> {
             args.namespace
         ),
     };
-    link_secret(
+    Ok(Credentials {
+        server,
+        ca_pem,
+        token: token.token,
+    })
+}
+
+/// Reads what `link` needs on the remote and builds the manifests to print: the link
+/// Secret, or the credentials Secret and the `Link` (and warnings for stderr).
+pub async fn build(args: &LinkArgs) -> anyhow::Result<(Vec<serde_json::Value>, Vec<String>)> {
+    let client = args
+        .kube
+        .client()
+        .await
+        .context("connecting to the remote cluster")?;
+    let creds = credentials(args, client.clone()).await?;
+    let (c, domain, ns) = (
         &args.cluster_name,
         &args.cluster_domain,
         &args.link_namespace,
-        &server,
-        &ca_pem,
-        &token.token,
-    )
+    );
+    if args.format == LinkFormat::Secret {
+        let secret = link_secret(c, domain, ns, &creds.server, &creds.ca_pem, &creds.token)?;
+        return Ok((vec![serde_json::to_value(&secret)?], Vec::new()));
+    }
+    check_link_names(c, domain, ns)?;
+    let kubeconfig = kubeconfig_yaml(c, &creds.server, &creds.ca_pem, &creds.token)?;
+    let gateway = match args.link_gen.gateway {
+        true => Some(read_gateway(client, &args.link_gen).await?),
+        false => None,
+    };
+    let (link, warnings) = link_resource(c, domain, ns, &args.link_gen, gateway.as_ref())?;
+    let secret = credentials_secret(c, ns, kubeconfig);
+    Ok((
+        vec![serde_json::to_value(&secret)?, serde_json::to_value(&link)?],
+        warnings,
+    ))
 }
 
-/// Prints the link Secret.
+/// The remote gateway Service `--gateway-namespace/--gateway-name`.
+async fn read_gateway(
+    client: kube::Client,
+    args: &LinkGenArgs,
+) -> anyhow::Result<k8s_openapi::api::core::v1::Service> {
+    let (ns, name) = (&args.gateway_namespace, &args.gateway_name);
+    let api: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, ns);
+    match api.get_opt(name).await {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => bail!(
+            "gateway Service {ns}/{name} not found on the remote cluster: pass --gateway-name/--gateway-namespace, or --gateway=false for a Link without gateway"
+        ),
+        Err(e) => Err(e)
+            .with_context(|| format!("reading gateway Service {ns}/{name} on the remote cluster")),
+    }
+}
+
+/// Prints the link Secret, or the credentials Secret and the `Link`.
 pub async fn run(args: LinkArgs) -> anyhow::Result<()> {
-    let secret = build(&args).await?;
-    let doc = serde_json::to_value(&secret).context("serialising the link Secret")?;
-    args.output.print(&[doc])
+    let (docs, warnings) = build(&args).await?;
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    args.output.print(&docs)
 }
 
 #[cfg(test)]

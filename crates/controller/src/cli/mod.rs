@@ -2,14 +2,17 @@
 
 pub mod allow;
 mod args;
+pub mod check;
 pub mod client;
 mod export;
 mod gateways;
 mod install;
 pub mod link;
+pub mod link_gen;
 mod manifest;
 mod output;
 mod run;
+pub mod unlink;
 
 use clap::Subcommand;
 
@@ -18,7 +21,8 @@ use clap::Subcommand;
 pub enum Command {
     /// Run the controller: watch link Secrets and mirror every linked cluster.
     Run(run::RunArgs),
-    /// Print the link Secret for a remote cluster (apply it to the local cluster);
+    /// Print the link Secret (or, with --format link, a credentials Secret and a Link)
+    /// for a remote cluster (apply it to the local cluster);
     /// --kubeconfig and --context reach the REMOTE cluster.
     Link(link::LinkArgs),
     /// Print the local-side manifests: namespace, RBAC and Deployment of the controller.
@@ -31,6 +35,12 @@ pub enum Command {
     Unexport(export::UnexportArgs),
     /// Show every link's gateways (alive, mirrors, latency) from a controller's admin server.
     Gateways(gateways::GatewaysArgs),
+    /// Remove (or with --dry-run list) what links a cluster and all its mirrors, on the
+    /// LOCAL cluster.
+    Unlink(unlink::UnlinkArgs),
+    /// Check the links, the controller's leader, the gateways and the mirrors' endpoints
+    /// on the LOCAL cluster; exit code 1 if a check fails.
+    Check(check::CheckArgs),
 }
 
 impl Command {
@@ -60,6 +70,8 @@ impl Command {
             Command::Export(args) => export::export(args).await,
             Command::Unexport(args) => export::unexport(args).await,
             Command::Gateways(args) => gateways::run(args).await,
+            Command::Unlink(args) => unlink::run(args).await,
+            Command::Check(args) => check::run(args).await,
         }
     }
 }

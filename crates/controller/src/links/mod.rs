@@ -13,6 +13,7 @@ mod sanitize;
 mod secret;
 
 pub use connect::connect;
+pub(crate) use duration::parse_go_duration;
 pub use link::{
     DEFAULT_LINK_PROBE_FAILURE_THRESHOLD, DEFAULT_LINK_PROBE_PERIOD, DEFAULT_LINK_PROBE_TIMEOUT,
     MAX_LINK_PROBE_DURATION, MAX_LINK_PROBE_FAILURE_THRESHOLD, MIN_LINK_PROBE_DURATION, parse_link,

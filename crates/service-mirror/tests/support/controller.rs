@@ -111,7 +111,7 @@ impl Controller {
     }
 
     /// The admin server's address, once it listens.
-    fn admin(&self) -> Option<&str> {
+    pub(crate) fn admin(&self) -> Option<&str> {
         if self.admin.get().is_none() {
             let bound = self.log_text().lines().find_map(|l| {
                 l.contains("admin server listening")
