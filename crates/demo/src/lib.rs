@@ -296,20 +296,25 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     );
-    let (admin_addr, _admin) = admin::serve(
+    let manager = Arc::new(LinkManager::start(
+        local.clone(),
+        EventRecorder::new(local.clone(), None),
+        controller_options(metrics.clone(), leader),
+    ));
+    let gateways = {
+        let manager = manager.clone();
+        Arc::new(move || manager.gateways()) as Arc<dyn Fn() -> Vec<_> + Send + Sync>
+    };
+    let (admin_addr, admin_task) = admin::serve(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         AdminState {
-            metrics: metrics.clone(),
+            metrics,
             ready: Arc::new(|| true),
+            gateways,
         },
         shutdown.clone(),
     )
     .await?;
-    let manager = LinkManager::start(
-        local.clone(),
-        EventRecorder::new(local.clone(), None),
-        controller_options(metrics, leader),
-    );
 
     step(
         &local,
@@ -561,8 +566,12 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         }
         tokio::signal::ctrl_c().await?;
     }
-    manager.shutdown().await;
+    // The admin server holds the gateways closure: it finishes first.
     shutdown.cancel();
+    let _ = admin_task.await;
+    if let Ok(manager) = Arc::try_unwrap(manager) {
+        manager.shutdown().await;
+    }
     let _ = election.await;
     Ok(())
 }

@@ -380,6 +380,7 @@ impl InProcess {
             AdminState {
                 metrics,
                 ready: Arc::new(|| true),
+                gateways: Arc::new(Vec::new),
             },
             shutdown.clone(),
         )
