@@ -157,12 +157,20 @@ async fn a_link_mirrors_what_its_selectors_pick_the_way_linkerd_makes_mirrors() 
     .await;
     create_remote(&w, remote_service(&ns, "disc", &[DISCOVERY], &[])).await;
     create_remote(&w, remote_service(&ns, "empty", &[EXPORTED], &[])).await;
+    // Headless without ports: the remote accepts it, a ClusterIP mirror cannot be.
+    let mut portless = remote_service(&ns, "portless", &[EXPORTED], &[]);
+    portless.spec = Some(k8s_openapi::api::core::v1::ServiceSpec {
+        cluster_ip: Some("None".into()),
+        ..Default::default()
+    });
+    create_remote(&w, portless).await;
     let slices: Api<EndpointSlice> = Api::namespaced(w.env.rc.clone(), &ns);
     slices
         .create(&PostParams::default(), &remote_slice(&ns, "web", &[true]))
         .await
         .unwrap();
     w.create_link(serde_json::json!({
+        "targetClusterDomain": "east.example",
         "excludedLabels": ["team"],
         "excludedAnnotations": ["note"],
     }))
@@ -179,7 +187,7 @@ async fn a_link_mirrors_what_its_selectors_pick_the_way_linkerd_makes_mirrors() 
         "remote labels minus mirror.linkerd.io* and the excluded, plus the two mirror labels; no gateway labels"
     );
     let got = annotations(&svc.metadata);
-    let fq = format!("web.{ns}.svc.cluster.local");
+    let fq = format!("web.{ns}.svc.east.example");
     assert_eq!(
         got.keys().map(String::as_str).collect::<Vec<_>>(),
         vec![
@@ -226,6 +234,16 @@ async fn a_link_mirrors_what_its_selectors_pick_the_way_linkerd_makes_mirrors() 
             w.env.mirror_name(svc).as_str()
         );
     }
+    let invalid = w.status_entry(&cluster, "portless", "InvalidService").await;
+    assert_eq!(invalid["conditions"][0]["status"], "False");
+    assert!(
+        w.env
+            .local_services()
+            .get_opt(&w.env.mirror_name("portless"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(
         w.env
             .local_endpoints()
@@ -388,6 +406,29 @@ async fn a_missing_local_namespace_skips_the_service_with_status_and_an_event() 
     );
 }
 
+/// Waits for the Link's `Ready` condition to have `status`; returns it as JSON.
+async fn ready_condition(w: &LinkWorld, link: &str, status: &str) -> serde_json::Value {
+    let links = w.links.clone();
+    tokio::time::timeout(CONVERGE, async {
+        loop {
+            if let Ok(l) = links.get_status(link).await {
+                let v = serde_json::to_value(&l).unwrap();
+                if let Some(c) = v["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Ready" && c["status"] == status)
+                {
+                    return c.clone();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("Link {link} never Ready={status}"))
+}
+
 #[tokio::test]
 async fn bad_links_are_reported_and_other_links_keep_mirroring() {
     let w = LinkWorld::new("lkb", &[], &[]).await;
@@ -435,6 +476,12 @@ async fn bad_links_are_reported_and_other_links_keep_mirroring() {
     for (name, _, reason) in &bad {
         wait_event(&w.env.lc, &w.ctl_ns, name, reason).await;
     }
+    for (name, _, reason) in &bad {
+        let ready = ready_condition(&w, name, "False").await;
+        assert_eq!(ready["reason"], *reason, "{name}: {ready}");
+    }
+    let good = ready_condition(&w, &w.env.cluster, "True").await;
+    assert_eq!(good["reason"], "Linked");
     let metrics = w.ctl.metrics().await;
     for (name, _, reason) in &bad {
         let series = format!(

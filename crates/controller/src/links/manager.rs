@@ -309,6 +309,46 @@ impl Inner {
             .await;
     }
 
+    /// Sets the Link's `Ready` condition (ours, beside Linkerd's per-Service entries),
+    /// only when its status, reason or message changes: an unchanged Link is not
+    /// written. A failure to write is logged; the Event and metric still say it.
+    async fn set_ready(&self, link: &LinkResource, ready: bool, reason: &str, message: &str) {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let status = if ready { "True" } else { "False" };
+        let message: String = message.chars().take(1024).collect();
+        let current = link
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+        if current.is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
+        {
+            return;
+        }
+        let condition = Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: link.metadata.generation,
+            last_transition_time: match current.filter(|c| c.status == status) {
+                Some(c) => c.last_transition_time.clone(),
+                None => Time(k8s_openapi::jiff::Timestamp::now()),
+            },
+        };
+        let api: Api<LinkResource> = Api::namespaced(self.local.clone(), &self.opts.namespace);
+        let body = serde_json::json!({"status": {"conditions": [condition]}});
+        let params = kube::api::PatchParams {
+            field_manager: Some(crate::writer::FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        if let Err(e) = api
+            .patch_status(&link.name_any(), &params, &kube::api::Patch::Merge(&body))
+            .await
+        {
+            tracing::warn!(link = %link.name_any(), error = %e, "could not write the Link's Ready condition");
+        }
+    }
+
     /// Log + metric + Event for a refused or failing link source.
     async fn report(&self, source: &SourceObject<'_>, err: &LinkError) {
         let links = &self.metrics().links;
@@ -334,6 +374,8 @@ impl Inner {
                         reason: err.reason().into(),
                     })
                     .inc();
+                self.set_ready(link, false, err.reason(), &err.to_string())
+                    .await;
             }
         }
         self.event(source, EventType::Warning, err.reason(), err.to_string())
@@ -634,6 +676,15 @@ impl Inner {
                     .insert(key.clone(), Active { spec, controller });
                 self.update_links_gauge();
                 tracing::info!(%cluster, source = %key, "linked");
+                if let SourceObject::Link(link) = source {
+                    self.set_ready(
+                        link,
+                        true,
+                        "Linked",
+                        &format!("watching remote cluster {cluster}"),
+                    )
+                    .await;
+                }
                 self.event(
                     source,
                     EventType::Normal,
@@ -711,6 +762,15 @@ impl Inner {
             },
         );
         tracing::info!(%cluster, source = %key, "link restarted with new credentials or settings");
+        if let SourceObject::Link(link) = source {
+            self.set_ready(
+                link,
+                true,
+                "Linked",
+                &format!("watching remote cluster {cluster}"),
+            )
+            .await;
+        }
         self.event(
             source,
             EventType::Normal,

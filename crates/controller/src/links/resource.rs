@@ -224,7 +224,7 @@ pub struct LinkProbeSpec {
 }
 
 /// The Link's `status`: one entry per mirrored (or federated) remote Service.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct LinkResourceStatus {
     /// Services mirrored by this Link.
@@ -233,6 +233,10 @@ pub struct LinkResourceStatus {
     /// Federated Services this Link contributes to.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub federated_services: Vec<LinkServiceStatus>,
+    /// The Link itself (ours; Linkerd's CRD has no such field and prunes it): `Ready`,
+    /// with the reason a Link is refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 /// The status of one remote Service, as one controller sees it.
