@@ -210,6 +210,7 @@ async fn installs_crd_is_established_and_a_link_gen_v1alpha3_link_parses_through
             }],
         }],
         federated_services: vec![],
+        conditions: vec![],
     };
     let links = Api::<LinkResource>::namespaced(local.client().await.unwrap(), &ns);
     let patched = links

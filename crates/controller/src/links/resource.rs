@@ -421,6 +421,7 @@ mod tests {
                 }],
             }],
             federated_services: vec![],
+            conditions: vec![],
         });
         let v = serde_json::to_value(&link).unwrap();
         assert_eq!(v["apiVersion"], "multicluster.linkerd.io/v1alpha3");
