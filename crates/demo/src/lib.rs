@@ -751,7 +751,7 @@ async fn install_link_crd(local: &Client) -> anyhow::Result<()> {
 /// `check` on west (the same checks), and the gateways it saw.
 async fn print_check(local: &Client, admin: SocketAddr) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (lines, g) = loop {
+    let lines = loop {
         let g = gather(
             local,
             DEFAULT_NAMESPACE,
@@ -762,31 +762,17 @@ async fn print_check(local: &Client, admin: SocketAddr) -> anyhow::Result<()> {
         let lines = checks::all(&g);
         // Right after the story's last step a probe may still be on its way.
         if lines.iter().all(|l| l.ok) || Instant::now() > deadline {
-            break (lines, g);
+            break lines;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     println!("\n$ service-mirror check --context west");
     print!("{}", checks::render(&lines));
-    let series = g
-        .metrics
-        .as_deref()
-        .map(checks::alive_series)
-        .unwrap_or_default();
-    println!("\nGateways (from the same scrape of the controller's /metrics):");
-    println!(
-        "  {:<8} {:<38} {:<6} NUM_SVC",
-        "CLUSTER", "GATEWAY", "ALIVE"
+    println!("\n$ service-mirror gateways --admin-addr {admin}");
+    print!(
+        "{}",
+        service_mirror_controller::cli::gateways::gateways_table(&admin.to_string()).await?
     );
-    for (cluster, gateway, alive) in &series {
-        let svcs = g
-            .mirrors
-            .iter()
-            .filter(|m| &m.cluster == cluster && !m.remote_discovery)
-            .count();
-        let alive = if *alive >= 1.0 { "True" } else { "False" };
-        println!("  {cluster:<8} {gateway:<38} {alive:<6} {svcs}");
-    }
     anyhow::ensure!(
         lines.iter().all(|l| l.ok),
         "check failed on the demo's clusters"

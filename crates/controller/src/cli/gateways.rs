@@ -75,6 +75,15 @@ pub(crate) async fn run(args: GatewaysArgs) -> anyhow::Result<()> {
         .context("writing to stdout")
 }
 
+/// What `service-mirror gateways` prints as a table for the controller whose admin
+/// server is at `addr` (the demo prints it too).
+pub async fn gateways_table(addr: &str) -> anyhow::Result<String> {
+    let body = fetch(addr, "/gateways").await?;
+    let gateways: Vec<GatewayStatus> =
+        serde_json::from_str(&body).with_context(|| format!("reading /gateways of {addr}"))?;
+    Ok(table(&gateways))
+}
+
 /// One GET over HTTP/1.0 (the server closes the connection): the body of a 200.
 async fn fetch(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr)

@@ -5,7 +5,7 @@ mod args;
 pub mod check;
 pub mod client;
 mod export;
-mod gateways;
+pub mod gateways;
 mod install;
 pub mod link;
 pub mod link_gen;
