@@ -461,6 +461,20 @@ async fn bad_links_are_reported_and_other_links_keep_mirroring() {
             "InvalidGatewayAddress",
         ),
     ];
+    // Garbled credentials: the Secret is there, its kubeconfig is not one.
+    w.secrets
+        .create(
+            &PostParams::default(),
+            &support::links::credentials_secret("garbled", "{{{{ not: [a kubeconfig"),
+        )
+        .await
+        .unwrap();
+    let mut bad = bad;
+    bad.push((
+        "garbled-creds",
+        serde_json::json!({"clusterCredentialsSecret": "garbled"}),
+        "InvalidKubeconfig",
+    ));
     for (i, (name, extra, _)) in bad.iter().enumerate() {
         let mut l = support::links::link(
             name,
@@ -493,6 +507,23 @@ async fn bad_links_are_reported_and_other_links_keep_mirroring() {
     w.patch_link("bad-port", serde_json::json!({"gatewayPort": "4143"}))
         .await;
     wait_event(&w.env.lc, &w.ctl_ns, "bad-port", "Linked").await;
+    // Breaking the running Link refuses the change and keeps the link and its mirror.
+    let before = wait_service(&w, "web", |_| true).await;
+    w.patch_link(&w.env.cluster, serde_json::json!({"gatewayPort": "http"}))
+        .await;
+    let ready = ready_condition(&w, &w.env.cluster, "False").await;
+    assert_eq!(ready["reason"], "InvalidGatewayPort");
+    w.env
+        .patch_remote(
+            "web",
+            serde_json::json!({"metadata": {"labels": {"tier": "x"}}}),
+        )
+        .await;
+    let after = wait_service(&w, "web", |s| labels(&s.metadata).contains_key("tier")).await;
+    assert_eq!(
+        after.metadata.uid, before.metadata.uid,
+        "still mirrored, nothing deleted"
+    );
 }
 
 #[tokio::test]
