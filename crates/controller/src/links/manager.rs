@@ -86,6 +86,17 @@ impl LinkSources {
     }
 }
 
+/// How long a new Link may wait for its credentials Secret before it is reported.
+const CREDENTIALS_GRACE: Duration = Duration::from_secs(2);
+
+/// A Link created within the last [`CREDENTIALS_GRACE`] (per its creation time).
+fn young(link: &LinkResource) -> bool {
+    link.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+        age.is_negative() || age.unsigned_abs() < CREDENTIALS_GRACE
+    })
+}
+
 /// A link source object: a key of the manager's queue.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum SourceKey {
@@ -584,6 +595,12 @@ impl Inner {
         };
         let spec = match self.parse(&link) {
             Ok(spec) => spec,
+            // Applied together (as `link --format link` prints them), the Link's watch
+            // event may come before its Secret's: a young Link's missing credentials
+            // are looked at again before they are reported.
+            Err(LinkError::MissingCredentials(_)) if young(&link) => {
+                return Outcome::RequeueAfter(CREDENTIALS_GRACE);
+            }
             Err(e) => {
                 self.report(&SourceObject::Link(&link), &e).await;
                 return Outcome::Done;
