@@ -97,6 +97,28 @@ fn young(link: &LinkResource) -> bool {
     })
 }
 
+/// The tunables of the link controller of `spec`: `base` (every link's), with, for a
+/// `Link`, its own selectors, gateway and probe settings, and namespace creation only if
+/// `link_namespace_creation`. A Secret link gets `base` unchanged.
+pub fn link_config(
+    base: &LinkConfig,
+    spec: &LinkSpec,
+    link_namespace_creation: bool,
+) -> LinkConfig {
+    let mut config = base.clone();
+    if let LinkSource::Resource(r) = spec.source() {
+        config.export_rule = r.export.clone();
+        config.link_gateway = r.gateway.clone().map(|spec| GatewaySource::Link {
+            spec,
+            probe: r.probe.clone(),
+        });
+        config.probe_timeout = r.probe_timeout;
+        config.probe_failure_threshold = r.probe_failure_threshold;
+        config.create_namespaces = link_namespace_creation;
+    }
+    config
+}
+
 /// A link source object: a key of the manager's queue.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum SourceKey {
@@ -297,21 +319,9 @@ impl Inner {
         }
     }
 
-    /// The tunables of a link controller for `spec`: a Link's own probe settings,
-    /// selectors and gateway, and namespace creation only if enabled.
+    /// The tunables of the link controller of `spec` (see [`link_config`]).
     fn link_config(&self, spec: &LinkSpec) -> LinkConfig {
-        let mut config = self.opts.config.clone();
-        if let LinkSource::Resource(r) = spec.source() {
-            config.export_rule = r.export.clone();
-            config.link_gateway = r.gateway.clone().map(|spec| GatewaySource::Link {
-                spec,
-                probe: r.probe.clone(),
-            });
-            config.probe_timeout = r.probe_timeout;
-            config.probe_failure_threshold = r.probe_failure_threshold;
-            config.create_namespaces = self.opts.link_namespace_creation;
-        }
-        config
+        link_config(&self.opts.config, spec, self.opts.link_namespace_creation)
     }
 
     async fn event(&self, source: &SourceObject<'_>, type_: EventType, reason: &str, note: String) {

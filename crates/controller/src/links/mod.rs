@@ -18,7 +18,7 @@ pub use link::{
     DEFAULT_LINK_PROBE_FAILURE_THRESHOLD, DEFAULT_LINK_PROBE_PERIOD, DEFAULT_LINK_PROBE_TIMEOUT,
     MAX_LINK_PROBE_DURATION, MAX_LINK_PROBE_FAILURE_THRESHOLD, MIN_LINK_PROBE_DURATION, parse_link,
 };
-pub use manager::{LinkManager, LinkManagerOptions, LinkSources};
+pub use manager::{LinkManager, LinkManagerOptions, LinkSources, link_config};
 // `LinkResource`: the name `Link` is the core's link (name, domain, style).
 pub use resource::{
     LINK_CRD_NAME, LINK_CRD_YAML, LINK_GROUP, LINK_KIND, LINK_PLURAL, LINK_VERSION,

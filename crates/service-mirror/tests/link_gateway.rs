@@ -1,0 +1,534 @@
+//! A gateway named by a `Link` (and a Secret link's gateway identity), in process on real
+//! apiservers: link controllers started directly with the `LinkConfig` the link manager
+//! builds (`links::link_config` of `parse_link`'s spec), hostnames answered by a stub
+//! resolver, probes redirected to small HTTP servers on 127.0.0.x.
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, PostParams};
+use service_mirror_controller::gateway::{Lookup, ProbeRedirect, Resolver};
+use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
+use service_mirror_controller::links::{LinkSpec, link_config, parse_link};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::links::{credentials_secret, link, remote_slice};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The namespace the test Links and their credentials Secrets claim to live in (nothing
+/// is created there: the controllers are started directly).
+const LINK_NS: &str = "link-gateway-tests";
+const IDENTITY_KEY: &str = "mirror.linkerd.io/remote-gateway-identity";
+const GW_IDENTITY: &str =
+    "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
+
+/// The `LinkSpec` of a Link of `env`'s cluster with `extra` spec fields, as the link
+/// manager gets it: `parse_link` of the Link and its credentials Secret.
+fn link_spec(env: &Env, extra: serde_json::Value) -> LinkSpec {
+    let secret_name = format!("cluster-credentials-{}", env.cluster);
+    let mut l = link(&env.cluster, &env.cluster, &secret_name, extra);
+    l.metadata.namespace = Some(LINK_NS.into());
+    let mut secret = credentials_secret(&secret_name, &env.remote.admin_kubeconfig().yaml);
+    secret.metadata.namespace = Some(LINK_NS.into());
+    parse_link(&l, Some(&secret)).expect("parse_link accepts the test Link")
+}
+
+/// Starts the link controller of `spec` with the config the link manager would give it
+/// on top of `base`.
+fn start_link(env: &Env, spec: &LinkSpec, base: LinkConfig, deps: LinkDeps) -> LinkController {
+    LinkController::start(
+        env.lc.clone(),
+        env.rc.clone(),
+        spec.link().clone(),
+        link_config(&base, spec, false),
+        deps,
+    )
+    .expect("start the link controller")
+}
+
+/// Creates remote Service `name` exported by label (`mirror.linkerd.io/exported=true`)
+/// with one ready remote EndpointSlice, in `env.ns`.
+async fn export_by_label(env: &Env, name: &str) {
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"mirror.linkerd.io/exported": "true"}},
+        "spec": {"ports": [{"name": "http", "port": 80}]},
+    }))
+    .unwrap();
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    Api::<EndpointSlice>::namespaced(env.rc.clone(), &env.ns)
+        .create(
+            &PostParams::default(),
+            &remote_slice(&env.ns, name, &[true]),
+        )
+        .await
+        .unwrap();
+}
+
+/// A Link's mirrors are never created namespaces (Linkerd's default): the local one
+/// must exist.
+async fn local_namespace(env: &Env) {
+    create_namespace(&env.lc, &env.ns).await;
+}
+
+fn ready_ips(ep: &Endpoints) -> Vec<String> {
+    subset_ips(ep)
+}
+
+fn not_ready_ips(ep: &Endpoints) -> Vec<String> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.not_ready_addresses.iter().flatten().map(|a| a.ip.clone()))
+        .collect()
+}
+
+/// A resolver whose answers the test sets; a host without an answer fails.
+#[derive(Debug, Default)]
+struct StubResolver(Mutex<HashMap<String, Vec<IpAddr>>>);
+
+impl StubResolver {
+    fn set(&self, host: &str, ips: &[&str]) {
+        self.0.lock().unwrap().insert(
+            host.into(),
+            ips.iter().map(|i| i.parse().unwrap()).collect(),
+        );
+    }
+}
+
+impl Resolver for StubResolver {
+    fn lookup<'a>(&'a self, host: &'a str) -> Lookup<'a> {
+        let answer = self.0.lock().unwrap().get(host).cloned();
+        Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("no such host")) })
+    }
+}
+
+/// A redirect of probes to 192.0.2.N to the fake gateway on 127.0.0.N; every address
+/// the prober asked for is recorded, and anything outside 192.0.2.0/24 goes to a closed
+/// loopback port (never off the machine).
+#[derive(Clone, Default)]
+struct Redirect(Arc<Mutex<Vec<SocketAddr>>>);
+
+impl Redirect {
+    fn probe_redirect(&self) -> ProbeRedirect {
+        let asked = self.0.clone();
+        ProbeRedirect(Arc::new(move |addr: SocketAddr| {
+            asked.lock().unwrap().push(addr);
+            match addr.ip() {
+                IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2] => {
+                    SocketAddr::from(([127, 0, 0, v4.octets()[3]], addr.port()))
+                }
+                _ => SocketAddr::from(([127, 0, 0, 1], 9)),
+            }
+        }))
+    }
+
+    fn asked(&self) -> Vec<SocketAddr> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Healthy,
+    Failing,
+    /// Answers 200 after 3 s.
+    Slow,
+}
+
+/// One request the fake gateway accepted: when, the request line's path, and how it was
+/// answered.
+#[derive(Clone, Debug)]
+struct Hit {
+    at: Instant,
+    path: String,
+    mode: Mode,
+}
+
+/// An HTTP server on `ip` answering as told and recording every request.
+struct FakeGateway {
+    addr: SocketAddr,
+    mode: Arc<Mutex<Mode>>,
+    hits: Arc<Mutex<Vec<Hit>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeGateway {
+    async fn start(ip: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(Mutex::new(Mode::Healthy));
+        let hits = Arc::new(Mutex::new(Vec::new()));
+        let (m, h) = (mode.clone(), hits.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let at = Instant::now();
+                let mode = *m.lock().unwrap();
+                let h = h.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    let head = String::from_utf8_lossy(&buf[..n]);
+                    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                    h.lock().unwrap().push(Hit { at, path, mode });
+                    let answer = match mode {
+                        Mode::Healthy => "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                        Mode::Failing => {
+                            "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+                        }
+                        Mode::Slow => {
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                        }
+                    };
+                    let _ = conn.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Self {
+            addr,
+            mode,
+            hits,
+            task,
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().unwrap().clone()
+    }
+
+    /// Requests answered in `mode` since index `from` of the hit list.
+    fn count_since(&self, from: usize, mode: Mode) -> usize {
+        self.hits()[from.min(self.hits().len())..]
+            .iter()
+            .filter(|h| h.mode == mode)
+            .count()
+    }
+
+    /// Waits until `n` requests answered in `mode` were made since index `from`.
+    async fn wait_hits(&self, from: usize, mode: Mode, n: usize) {
+        eventually(&format!("{n} {mode:?} probes"), || async {
+            (self.count_since(from, mode) >= n).then_some(())
+        })
+        .await
+    }
+
+    /// The 192.0.2.N address a Link names for this 127.0.0.N server.
+    fn public_ip(&self) -> String {
+        match self.addr.ip() {
+            IpAddr::V4(v4) => format!("192.0.2.{}", v4.octets()[3]),
+            other => panic!("fake gateways listen on 127.0.0.N, not {other}"),
+        }
+    }
+}
+
+impl Drop for FakeGateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn link_gateway_hostnames_are_resolved_sorted_mixed_with_static_ips_and_re_resolved() {
+    let env = Env::new("lgdns").await;
+    local_namespace(&env).await;
+    let resolver = Arc::new(StubResolver::default());
+    resolver.set("gw.example", &["192.0.2.21", "192.0.2.20"]);
+    // `nowhere.invalid` never resolves; 192.0.2.100 sorts after .20 and .21 as an
+    // address (before them as text).
+    let spec = link_spec(
+        &env,
+        serde_json::json!({"gatewayAddress": "192.0.2.100, gw.example, nowhere.invalid",
+            "gatewayPort": "4180"}),
+    );
+    export_by_label(&env, "web").await;
+    let refresh = Duration::from_millis(500);
+    let config = LinkConfig {
+        endpoint_refresh_period: refresh,
+        ..env.config()
+    };
+    let w = start_link(
+        &env,
+        &spec,
+        config,
+        LinkDeps {
+            resolver: resolver.clone(),
+            ..LinkDeps::default()
+        },
+    );
+    let (_, ep) = env
+        .mirror_until("web", "resolved gateway addresses", |_, e| has_subsets(e))
+        .await;
+    assert_eq!(
+        ready_ips(&ep),
+        ["192.0.2.20", "192.0.2.21", "192.0.2.100"],
+        "resolved and static addresses, sorted as addresses; the unresolvable host adds none"
+    );
+    assert_eq!(
+        subset_ports(&ep),
+        [(Some("http".into()), 4180)],
+        "gatewayPort"
+    );
+    assert_eq!(
+        annotation(&ep.metadata, IDENTITY_KEY),
+        Some(GW_IDENTITY),
+        "gatewayIdentity"
+    );
+
+    // A new answer is picked up within a few refresh periods.
+    resolver.set("gw.example", &["192.0.2.22"]);
+    let changed = Instant::now();
+    env.mirror_until("web", "re-resolved", |_, e| {
+        ready_ips(e) == ["192.0.2.22", "192.0.2.100"]
+    })
+    .await;
+    let took = changed.elapsed();
+    println!("re-resolution reached the mirror in {took:.1?} (refresh period {refresh:?})");
+    assert!(
+        took < refresh * 20,
+        "re-resolved within a few refresh periods: {took:?}"
+    );
+    w.stop(false).await.unwrap();
+
+    // A Link whose only hostname never resolves: its static address alone.
+    let env = Env::new("lgnodns").await;
+    local_namespace(&env).await;
+    let spec = link_spec(
+        &env,
+        serde_json::json!({"gatewayAddress": "nowhere.invalid,192.0.2.101"}),
+    );
+    export_by_label(&env, "web").await;
+    let config = LinkConfig {
+        endpoint_refresh_period: refresh,
+        ..env.config()
+    };
+    let w = start_link(
+        &env,
+        &spec,
+        config,
+        LinkDeps {
+            resolver: resolver.clone(),
+            ..LinkDeps::default()
+        },
+    );
+    let (_, ep) = env
+        .mirror_until("web", "the static address", |_, e| has_subsets(e))
+        .await;
+    assert_eq!(ready_ips(&ep), ["192.0.2.101"]);
+    tokio::time::sleep(refresh * 4).await;
+    let (_, ep) = env.mirror("web").await;
+    assert_eq!(
+        ready_ips(&ep.unwrap()),
+        ["192.0.2.101"],
+        "still the static address after several refreshes"
+    );
+    // A hostname resolving later is added.
+    resolver.set("nowhere.invalid", &["192.0.2.23"]);
+    env.mirror_until("web", "the late hostname added", |_, e| {
+        ready_ips(e) == ["192.0.2.23", "192.0.2.101"]
+    })
+    .await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn link_probe_spec_sets_port_path_period_timeout_and_failure_threshold() {
+    let env = Env::new("lgprobe").await;
+    local_namespace(&env).await;
+    let fake = FakeGateway::start("127.0.0.31").await;
+    let ip = fake.public_ip();
+    let period = Duration::from_secs(2);
+    let spec = link_spec(
+        &env,
+        serde_json::json!({
+            "gatewayAddress": ip,
+            "probeSpec": {"port": fake.addr.port().to_string(), "path": "/probe-me",
+                "period": "2s", "timeout": "1s", "failureThreshold": "3"},
+        }),
+    );
+    export_by_label(&env, "web").await;
+    let redirect = Redirect::default();
+    // The base config's probe settings must not be the ones used.
+    let config = LinkConfig {
+        probe_timeout: Duration::from_secs(10),
+        probe_failure_threshold: 1,
+        ..env.config()
+    };
+    let w = start_link(
+        &env,
+        &spec,
+        config,
+        LinkDeps {
+            probe_redirect: Some(redirect.probe_redirect()),
+            ..LinkDeps::default()
+        },
+    );
+    env.mirror_until("web", "ready", |_, e| ready_ips(e) == [ip.clone()])
+        .await;
+
+    // Port and path: the fake is asked for /probe-me, every `period`.
+    fake.wait_hits(0, Mode::Healthy, 4).await;
+    let hits = fake.hits();
+    assert!(
+        hits.iter().all(|h| h.path == "/probe-me"),
+        "probeSpec.path: {hits:?}"
+    );
+    let gaps: Vec<Duration> = hits.windows(2).map(|w| w[1].at - w[0].at).collect();
+    let mean = gaps.iter().sum::<Duration>() / gaps.len() as u32;
+    println!("probe period configured {period:?}, measured gaps {gaps:.2?}, mean {mean:.2?}");
+    assert!(
+        mean >= period.mul_f64(0.7) && mean <= period.mul_f64(1.8),
+        "probes every probeSpec.period: mean gap {mean:?}"
+    );
+
+    // Failures: ready through 2 of them, not ready at the third.
+    let from = fake.hits().len();
+    fake.set(Mode::Failing);
+    fake.wait_hits(from, Mode::Failing, 2).await;
+    // Long enough for a wrongly early verdict to reach the mirror, well before the
+    // third probe (a period later).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let failures = fake.count_since(from, Mode::Failing);
+    let (_, ep) = env.mirror("web").await;
+    let ep = ep.unwrap();
+    assert_eq!(failures, 2, "checked between the second and third failure");
+    assert_eq!(
+        (ready_ips(&ep), not_ready_ips(&ep)),
+        (vec![ip.clone()], vec![]),
+        "still ready after 2 failures of failureThreshold 3"
+    );
+    env.mirror_until("web", "not ready after 3 failures", |_, e| {
+        ready_ips(e).is_empty() && not_ready_ips(e) == [ip.clone()]
+    })
+    .await;
+    let failures = fake.count_since(from, Mode::Failing);
+    assert!(
+        failures >= 3,
+        "not ready only after failureThreshold: {failures}"
+    );
+
+    // Recovery.
+    fake.set(Mode::Healthy);
+    env.mirror_until("web", "ready again", |_, e| {
+        ready_ips(e) == [ip.clone()] && not_ready_ips(e).is_empty()
+    })
+    .await;
+
+    // Timeout: answers slower than probeSpec.timeout (1 s) count as failures (the base
+    // config's 10 s would have accepted them).
+    let from = fake.hits().len();
+    fake.set(Mode::Slow);
+    let slowed = Instant::now();
+    env.mirror_until("web", "not ready after slow answers", |_, e| {
+        not_ready_ips(e) == [ip.clone()]
+    })
+    .await;
+    println!(
+        "slow gateway -> not ready in {:.1?} after {} slow probes",
+        slowed.elapsed(),
+        fake.count_since(from, Mode::Slow)
+    );
+    assert!(fake.count_since(from, Mode::Slow) >= 3);
+    fake.set(Mode::Healthy);
+    env.mirror_until("web", "ready after the slow spell", |_, e| {
+        ready_ips(e) == [ip.clone()] && not_ready_ips(e).is_empty()
+    })
+    .await;
+
+    let asked = redirect.asked();
+    assert!(!asked.is_empty());
+    assert!(
+        asked
+            .iter()
+            .all(|a| *a == SocketAddr::new(ip.parse().unwrap(), fake.addr.port())),
+        "only the Link's gateway at probeSpec.port is probed: {asked:?}"
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn link_without_probe_port_is_never_probed_and_its_mirrors_are_ready() {
+    let env = Env::new("lgnoprobe").await;
+    local_namespace(&env).await;
+    let spec = link_spec(
+        &env,
+        serde_json::json!({"gatewayAddress": "192.0.2.32",
+            "probeSpec": {"path": "/ready", "period": "1s", "timeout": "1s", "failureThreshold": "1"}}),
+    );
+    export_by_label(&env, "web").await;
+    let redirect = Redirect::default();
+    let w = start_link(
+        &env,
+        &spec,
+        env.config(),
+        LinkDeps {
+            probe_redirect: Some(redirect.probe_redirect()),
+            ..LinkDeps::default()
+        },
+    );
+    env.mirror_until("web", "ready", |_, e| ready_ips(e) == ["192.0.2.32"])
+        .await;
+    // Several probe periods.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, ep) = env.mirror("web").await;
+    let ep = ep.unwrap();
+    assert_eq!(
+        (ready_ips(&ep), not_ready_ips(&ep)),
+        (vec!["192.0.2.32".to_string()], vec![]),
+        "still ready"
+    );
+    assert_eq!(redirect.asked(), [], "no probe without probeSpec.port");
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn secret_link_mirror_endpoints_carry_the_valid_gateway_identity_annotation_only() {
+    let env = Env::new("lgident").await;
+    env.gateway("gw", 4143, &["192.0.2.40"]).await;
+    let identity = |value: serde_json::Value| serde_json::json!({"metadata": {"annotations": {"mirror.linkerd.io/gateway-identity": value}}});
+    env.patch_remote("gw", identity(GW_IDENTITY.into())).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    env.mirror_until("web", "the identity annotated", |_, e| {
+        has_subsets(e) && annotation(&e.metadata, IDENTITY_KEY) == Some(GW_IDENTITY)
+    })
+    .await;
+
+    env.patch_remote("gw", identity("Not/Valid".into())).await;
+    let (_, ep) = env
+        .mirror_until("web", "an invalid identity: no annotation", |_, e| {
+            annotation(&e.metadata, IDENTITY_KEY).is_none()
+        })
+        .await;
+    assert_eq!(ready_ips(&ep), ["192.0.2.40"], "the endpoints stay");
+
+    let other = "gw-2.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
+    env.patch_remote("gw", identity(other.into())).await;
+    env.mirror_until("web", "a valid identity again", |_, e| {
+        annotation(&e.metadata, IDENTITY_KEY) == Some(other)
+    })
+    .await;
+
+    env.patch_remote("gw", identity(serde_json::Value::Null))
+        .await;
+    let (_, ep) = env
+        .mirror_until("web", "annotation removed with the gateway's", |_, e| {
+            annotation(&e.metadata, IDENTITY_KEY).is_none()
+        })
+        .await;
+    assert_eq!(ready_ips(&ep), ["192.0.2.40"], "the endpoints stay");
+    w.stop(false).await.unwrap();
+}
