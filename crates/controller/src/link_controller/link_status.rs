@@ -189,7 +189,9 @@ pub(super) async fn write_status(
         }
         match patch(&api, &name, &ours).await {
             Ok(bytes) => {
-                metrics.status_written(bytes, left_out);
+                if bytes > 0 {
+                    metrics.status_written(bytes, left_out);
+                }
                 written = Some(ours);
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -213,15 +215,24 @@ async fn patch(
     ours: &[LinkServiceStatus],
 ) -> kube::Result<usize> {
     let current = api.get_status(name).await?;
-    let mut services: Vec<LinkServiceStatus> = current
+    let version = current.metadata.resource_version.clone();
+    let (mine, mut services): (Vec<LinkServiceStatus>, Vec<LinkServiceStatus>) = current
         .status
         .map(|s| s.mirror_services)
         .unwrap_or_default()
         .into_iter()
-        .filter(|s| s.controller_name != CONTROLLER_NAME)
-        .collect();
+        .partition(|s| s.controller_name == CONTROLLER_NAME);
+    // Already there (restored after someone else rewrote the list, or unchanged).
+    if mine == ours {
+        return Ok(0);
+    }
     services.extend(ours.iter().cloned());
-    let body = serde_json::json!({ "status": { "mirrorServices": services } });
+    // With the version read: a write of another controller in between fails this one
+    // (409), and the loop writes again on top of it rather than dropping its entries.
+    let body = serde_json::json!({
+        "metadata": { "resourceVersion": version },
+        "status": { "mirrorServices": services },
+    });
     let bytes = serde_json::to_vec(&body).map_or(0, |b| b.len());
     let params = PatchParams::apply(crate::writer::FIELD_MANAGER);
     let params = PatchParams {

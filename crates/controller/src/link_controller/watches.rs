@@ -136,7 +136,9 @@ impl RemoteSliceEvents {
     }
 
     fn on_error(&self, e: &watcher::Error) {
-        let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
+        // Forbidden (credentials from before Links), or not served (a remote without
+        // discovery.k8s.io/v1): readiness cannot be known, so it is not waited for.
+        let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403 || s.code == 404);
         if forbidden && self.readiness.lock().set_unavailable() {
             tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: mirrors get the gateway's endpoints whether or not the remote Service has ready endpoints (grant it with `service-mirror allow`)");
             let keys: Vec<ServiceKey> = self.index.lock().exported().cloned().collect();

@@ -89,11 +89,12 @@ impl LinkSources {
 /// How long a new Link may wait for its credentials Secret before it is reported.
 const CREDENTIALS_GRACE: Duration = Duration::from_secs(2);
 
-/// A Link created within the last [`CREDENTIALS_GRACE`] (per its creation time).
-fn young(link: &LinkResource) -> bool {
-    link.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+/// An object created within the last [`CREDENTIALS_GRACE`] (per its creation time).
+fn young(meta: &kube::api::ObjectMeta) -> bool {
+    meta.creation_timestamp.as_ref().is_some_and(|t| {
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
-        age.is_negative() || age.unsigned_abs() < CREDENTIALS_GRACE
+        // A small negative age is a clock skew: young too.
+        age.unsigned_abs() < CREDENTIALS_GRACE
     })
 }
 
@@ -164,11 +165,16 @@ struct Inner {
     links: Store<LinkResource>,
     /// The Secrets are listed.
     synced: AtomicBool,
-    /// The Links are listed (or are not read, or their CRD is not installed).
+    /// The Links are listed (or are not read, or could not be listed).
     links_synced: AtomicBool,
+    /// The Links are known: listed, not read, or their CRD is not installed (none can
+    /// exist). False while the list is forbidden.
+    links_known: AtomicBool,
     active: Mutex<HashMap<SourceKey, Active>>,
     /// cluster name -> the source that links it.
     claims: Mutex<HashMap<String, SourceKey>>,
+    /// Sources whose last connect failed (retried with backoff): not candidates.
+    failing: Mutex<std::collections::HashSet<SourceKey>>,
     queue: WorkQueue<SourceKey>,
     recorder: EventRecorder,
     /// Background cleanups of unlinked clusters still running, by cluster name.
@@ -203,8 +209,10 @@ impl LinkManager {
             links,
             synced: AtomicBool::new(false),
             links_synced: AtomicBool::new(!links_enabled),
+            links_known: AtomicBool::new(!links_enabled),
             active: Mutex::default(),
             claims: Mutex::default(),
+            failing: Mutex::default(),
             cleanups: Cleanups::default(),
             cancel: cancel.clone(),
         });
@@ -335,6 +343,10 @@ impl Inner {
     /// written. A failure to write is logged; the Event and metric still say it.
     async fn set_ready(&self, link: &LinkResource, ready: bool, reason: &str, message: &str) {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        // Only the leader writes (a follower's view of a remote may differ).
+        if !self.opts.deps.leader.as_ref().is_none_or(|l| *l.borrow()) {
+            return;
+        }
         let status = if ready { "True" } else { "False" };
         let message: String = message.chars().take(1024).collect();
         let current = link
@@ -474,17 +486,22 @@ impl Inner {
                 }
             }
         }
-        // Links sort before Secrets at the same instant (the enum's order).
+        // Links sort before Secrets at the same instant (the enum's order); one whose
+        // remote cannot be reached now does not hold up the others.
+        let failing = self.failing.lock().clone();
+        found.retain(|(_, k)| !failing.contains(k));
         found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         found.into_iter().map(|(_, k)| k).collect()
     }
 
-    /// Another source that links the same cluster as `a` (a Secret renamed by creating
-    /// the new one before deleting the old, a Secret link replaced by a Link).
-    fn successor(&self, gone: &SourceKey, a: &Active) -> Option<SourceKey> {
-        self.candidates(&a.spec.link().cluster_name)
+    /// Another source that links `cluster` (a Secret renamed by creating the new one
+    /// before deleting the old, a Secret link replaced by a Link), not running a link of
+    /// its own and not failing to connect.
+    fn successor(&self, gone: &SourceKey, cluster: &str) -> Option<SourceKey> {
+        let active: Vec<SourceKey> = self.active().keys().cloned().collect();
+        self.candidates(cluster)
             .into_iter()
-            .find(|k| k != gone)
+            .find(|k| k != gone && !active.contains(k))
     }
 
     /// Reads a Link with its credentials Secret from the store.
@@ -511,6 +528,11 @@ impl Inner {
     }
 
     async fn reconcile(&self, key: &SourceKey) -> Outcome {
+        // Which source links a cluster depends on both lists (the oldest wins), and a
+        // Link's credentials are Secrets: nothing is decided on one list alone.
+        if !self.listed() {
+            return Outcome::RequeueAfter(Duration::from_millis(200));
+        }
         match key {
             SourceKey::Secret(name) => self.reconcile_secret(key, name).await,
             SourceKey::Link(name) => self.reconcile_link(key, name).await,
@@ -518,25 +540,48 @@ impl Inner {
     }
 
     /// The source `key` is gone: hand its link over to another source of the same
-    /// cluster, or stop it.
+    /// cluster, or stop it. The hand-over moves the running link and the claim under one
+    /// lock, so no other source can claim the cluster in between.
     async fn gone(&self, key: &SourceKey) -> Outcome {
-        if let Some(a) = self.take(key) {
-            match self.successor(key, &a) {
+        let Some(cluster) = self
+            .active()
+            .get(key)
+            .map(|a| a.spec.link().cluster_name.clone())
+        else {
+            return Outcome::Done;
+        };
+        let next = self.successor(key, &cluster);
+        let stopped = {
+            let mut active = self.active();
+            let mut claims = self.claims();
+            let Some(a) = active.remove(key) else {
+                return Outcome::Done;
+            };
+            match &next {
                 // Hand the running link controller over: its reconcile rotates credentials
                 // (or restyles mirrors) if they differ, and no mirror is deleted.
                 Some(next) => {
-                    tracing::info!(cluster = %a.spec.link().cluster_name, from = %key, to = %next, "link moved to another source");
-                    self.claims()
-                        .insert(a.spec.link().cluster_name.clone(), next.clone());
-                    self.active().insert(next.clone(), a);
-                    self.queue.add(next);
+                    tracing::info!(%cluster, from = %key, to = %next, "link moved to another source");
+                    claims.insert(cluster.clone(), next.clone());
+                    active.insert(next.clone(), a);
+                    None
                 }
                 None => {
-                    self.unlink(key, a).await;
-                    // A source refused as a duplicate of this one may link now.
-                    self.queue_all();
+                    if claims.get(&cluster) == Some(key) {
+                        claims.remove(&cluster);
+                    }
+                    Some(a)
                 }
             }
+        };
+        match (next, stopped) {
+            (Some(next), _) => self.queue.add(next),
+            (None, Some(a)) => {
+                self.unlink(key, a).await;
+                // A source refused as a duplicate of this one may link now.
+                self.queue_all();
+            }
+            (None, None) => {}
         }
         Outcome::Done
     }
@@ -577,6 +622,15 @@ impl Inner {
         let credentials_only = !secret
             .annotations()
             .contains_key(LINK_CLUSTER_NAME_ANNOTATION);
+        // Applied with its Link (`link --format link` prints the Secret first), a new
+        // credentials Secret waits a moment for the Link before it is called unusable.
+        if credentials_only
+            && self.opts.sources.links()
+            && self.links_using(name).is_empty()
+            && young(&secret.metadata)
+        {
+            return Outcome::RequeueAfter(CREDENTIALS_GRACE);
+        }
         if !self.opts.sources.secrets() || (credentials_only && !self.links_using(name).is_empty())
         {
             let running = self.active().contains_key(key);
@@ -608,7 +662,7 @@ impl Inner {
             // Applied together (as `link --format link` prints them), the Link's watch
             // event may come before its Secret's: a young Link's missing credentials
             // are looked at again before they are reported.
-            Err(LinkError::MissingCredentials(_)) if young(&link) => {
+            Err(LinkError::MissingCredentials(_)) if young(&link.metadata) => {
                 return Outcome::RequeueAfter(CREDENTIALS_GRACE);
             }
             Err(e) => {
@@ -629,17 +683,26 @@ impl Inner {
     ) -> Outcome {
         let current = self.active().get(key).map(|a| a.spec.clone());
         match current {
-            Some(cur) if cur == spec => Outcome::Done,
+            Some(cur) if cur == spec => {
+                // Back to the running spec after a refused change: ready again.
+                if let SourceObject::Link(link) = source {
+                    let note = format!("watching remote cluster {}", spec.link().cluster_name);
+                    self.set_ready(link, true, "Linked", &note).await;
+                }
+                Outcome::Done
+            }
             // Same cluster name: new credentials, domain or (a Link's) settings; the
             // mirror names stay, and the new link controller syncs before the old stops.
             Some(cur) if cur.link().cluster_name == spec.link().cluster_name => {
                 self.rotate(key, source, spec).await
             }
             Some(_) => {
-                // Another cluster name: a different link.
+                // Another cluster name: a different link. A source refused as a
+                // duplicate of the old cluster may link it now.
                 if let Some(a) = self.take(key) {
                     self.unlink(key, a).await;
                 }
+                self.queue_all();
                 self.link(key, source, spec).await
             }
             None => self.link(key, source, spec).await,
@@ -680,10 +743,18 @@ impl Inner {
         // mirrors of this one.
         self.cleanups.cancel(&cluster);
         let client = match connect(&spec, &self.metrics().client).await {
-            Ok(c) => c,
+            Ok(c) => {
+                self.failing.lock().remove(key);
+                c
+            }
             Err(e) => {
                 self.claims().remove(&cluster);
+                self.failing.lock().insert(key.clone());
                 self.report(source, &e).await;
+                // Another source of the cluster may link it meanwhile.
+                for other in self.candidates(&cluster) {
+                    self.queue.add(other);
+                }
                 return if e.retryable() {
                     Outcome::Failed
                 } else {
@@ -853,6 +924,7 @@ async fn watch_links(
             inner.queue.add(SourceKey::Link(l.name_any()))
         }
         watcher::Event::InitDone => {
+            inner.links_known.store(true, Ordering::SeqCst);
             let first = !inner.links_synced.swap(true, Ordering::SeqCst);
             inner.listed_once(first);
         }
@@ -860,13 +932,27 @@ async fn watch_links(
     };
     let mut said = false;
     let on_error = |e: &watcher::Error| {
-        let missing = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404 || s.code == 403);
-        if missing {
+        let code = match e {
+            watcher::Error::InitialListFailed(kube::Error::Api(s)) => Some(s.code),
+            _ => None,
+        };
+        if let Some(code @ (403 | 404)) = code {
+            // Not installed: no Link can exist. Forbidden: unknown (the collector waits).
+            if code == 404 {
+                inner.links_known.store(true, Ordering::SeqCst);
+            }
             if !inner.links_synced.swap(true, Ordering::SeqCst) {
                 inner.listed_once(true);
             }
             if !std::mem::replace(&mut said, true) {
-                tracing::info!(namespace = %inner.opts.namespace, error = %e, "Link resources cannot be listed (CRD links.multicluster.linkerd.io not installed, or not allowed): linking by Secrets only until they can");
+                match code {
+                    404 => {
+                        tracing::info!(namespace = %inner.opts.namespace, "the Link CRD (links.multicluster.linkerd.io) is not installed: linking by Secrets only until it is")
+                    }
+                    _ => {
+                        tracing::warn!(namespace = %inner.opts.namespace, error = %e, "not allowed to list Links: linking by Secrets only; grant links get/list/watch (service-mirror install)")
+                    }
+                }
             }
         } else {
             tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching Links failed; retrying");
@@ -879,8 +965,18 @@ impl Inner {
     /// A source listed (`first`: for the first time): every source is looked at again,
     /// and once both are listed the first time, unlinked mirrors are collected.
     fn listed_once(self: &Arc<Self>, first: bool) {
-        if first && self.listed() && self.opts.collect_unlinked {
-            tokio::spawn(collect_unlinked(self.clone()));
+        if !self.listed() {
+            return;
+        }
+        if first && self.opts.collect_unlinked {
+            match self.links_known.load(Ordering::SeqCst) {
+                true => {
+                    tokio::spawn(collect_unlinked(self.clone()));
+                }
+                false => tracing::warn!(
+                    "not collecting mirrors of unlinked clusters: the Links could not be listed (a cluster a Link names would look unlinked)"
+                ),
+            }
         }
         self.queue_all();
     }

@@ -259,7 +259,7 @@ pub enum LinkError {
     #[error("invalid cluster name {0:?}: {1}")]
     InvalidClusterName(String, String),
     /// Another Secret links the same cluster name.
-    #[error("cluster name {0:?} is already linked by Secret {1}")]
+    #[error("cluster name {0:?} is already linked by {1}")]
     DuplicateClusterName(String, String),
     /// The remote apiserver cannot be reached.
     #[error("the remote apiserver is unreachable: {0}")]
