@@ -93,6 +93,11 @@ impl MirrorLimit {
         s.refused.iter().take(free).cloned().collect()
     }
 
+    /// Whether `key` is refused for lack of a slot now.
+    pub(super) fn is_refused(&self, key: &ServiceKey) -> bool {
+        self.slots().refused.contains(key)
+    }
+
     /// Exported keys currently refused for lack of a slot.
     pub(super) fn refused(&self) -> usize {
         self.slots().refused.len()
@@ -105,6 +110,19 @@ mod tests {
 
     fn k(n: &str) -> ServiceKey {
         ServiceKey::new("ns", n)
+    }
+
+    #[test]
+    fn a_key_is_refused_from_its_refusal_until_its_admission_or_release() {
+        let l = MirrorLimit::new(Some(1));
+        l.admit(&k("a"));
+        assert!(!l.is_refused(&k("a")) && !l.is_refused(&k("b")));
+        l.admit(&k("b"));
+        assert!(l.is_refused(&k("b")));
+        l.release(&k("a"));
+        assert!(l.is_refused(&k("b")), "woken, still refused until admitted");
+        assert_eq!(l.admit(&k("b")), Admission::Admitted);
+        assert!(!l.is_refused(&k("b")));
     }
 
     #[test]

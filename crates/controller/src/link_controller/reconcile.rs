@@ -143,6 +143,10 @@ impl Reconciler {
             book.observe(
                 key,
                 match &result {
+                    Ok(_) if self.limit.is_refused(key) => Observed::Error(format!(
+                        "not mirrored: the link holds its limit of {} mirrors (--max-mirrors-per-link)",
+                        self.limit.max().unwrap_or_default()
+                    )),
                     Ok(_) => observed,
                     Err(Error::MissingNamespace(_)) => Observed::MissingNamespace,
                     Err(e) => Observed::Error(e.to_string()),
