@@ -7,7 +7,10 @@
 //! `both`) and, once the Services exist (their uid owns the slices), EndpointSlices.
 
 use crate::observe::{ObjKey, Want};
-use crate::remote::{GATEWAY_NAME, GATEWAY_NAMESPACE, GATEWAY_PORT, GRPC_PORT, NAMESPACE, Remote};
+use crate::remote::{
+    GATEWAY_IDENTITY, GATEWAY_NAME, GATEWAY_NAMESPACE, GATEWAY_PORT, GRPC_PORT, LinkSource,
+    NAMESPACE, Remote,
+};
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints, Service, ServicePort, ServiceSpec};
@@ -21,7 +24,8 @@ use service_mirror_core::labels::{
 };
 use service_mirror_core::slices::with_skip_mirror;
 use service_mirror_core::{
-    DesiredMirror, EndpointsMode, GatewayRef, Link, ResolvedGateway, desired_mirror, desired_slices,
+    DesiredMirror, EndpointsMode, GatewayRef, Link, MirrorStyle, ResolvedGateway, ResourceStyle,
+    desired_mirror, desired_slices,
 };
 use std::time::{Duration, Instant};
 
@@ -64,6 +68,8 @@ pub(crate) struct Shape {
     /// Port numbers of each exported Service (`http`, `grpc`), by Service number; None
     /// for a Service that is not exported.
     pub(crate) ports: Vec<Option<[i32; 2]>>,
+    /// How the remote is linked: a Link's mirrors look as Linkerd makes them.
+    pub(crate) source: LinkSource,
 }
 
 impl Shape {
@@ -75,12 +81,17 @@ impl Shape {
             ports: (0..remote.len())
                 .map(|i| remote.exported[i].then(|| [remote.http_ports[i], GRPC_PORT]))
                 .collect(),
+            source: remote.source,
         }
     }
 }
 
 /// The controller's objects for every exported Service of `remotes`, in `namespace`.
-/// The remote resourceVersions are made up (as long as real ones), the rest is exact.
+/// The remote resourceVersions are made up (as long as real ones), the rest is exact:
+/// for a link Secret, the Secret-style mirror of a gateway Service; for a Link, the
+/// Linkerd-style mirror (the remote Service's labels copied, no controller namespace,
+/// no gateway resourceVersion, the Link's gateway identity on the Endpoints), as the
+/// controller's `parse_link` configures it.
 pub(crate) fn objects(
     remotes: &[Shape],
     namespace: &str,
@@ -89,10 +100,21 @@ pub(crate) fn objects(
 ) -> Vec<Pair> {
     let mut pairs = Vec::new();
     for (r, remote) in remotes.iter().enumerate() {
-        let link = Link::new(remote.name.clone(), None).with_controller_namespace(controller_ns);
-        let gw = GatewayRef::new(GATEWAY_NAMESPACE, GATEWAY_NAME);
         let ip = remote.gateway_ip.parse().expect("gateway ip");
-        let resolved = ResolvedGateway::new([ip], GATEWAY_PORT, "1000001");
+        let (link, gw, resolved) = match remote.source {
+            LinkSource::Secrets => (
+                Link::new(remote.name.clone(), None).with_controller_namespace(controller_ns),
+                GatewayRef::new(GATEWAY_NAMESPACE, GATEWAY_NAME),
+                ResolvedGateway::new([ip], GATEWAY_PORT, "1000001"),
+            ),
+            LinkSource::Links => (
+                Link::new(remote.name.clone(), Some("cluster.local"))
+                    .with_style(MirrorStyle::Resource(ResourceStyle::default())),
+                GatewayRef::new(controller_ns, remote.name.clone()),
+                ResolvedGateway::new([ip], GATEWAY_PORT, "")
+                    .with_identity(Some(GATEWAY_IDENTITY.into())),
+            ),
+        };
         for (i, ports) in remote.ports.iter().enumerate() {
             let Some(ports) = ports else { continue };
             let remote_svc = Service {
@@ -100,6 +122,7 @@ pub(crate) fn objects(
                     name: Some(crate::remote::service_name(i)),
                     namespace: Some(NAMESPACE.into()),
                     resource_version: Some(format!("{}", 1_000_000 + i)),
+                    labels: Some(crate::remote::service_labels(i, remote.source)),
                     ..Default::default()
                 },
                 spec: Some(ServiceSpec {
@@ -377,14 +400,18 @@ fn moved_groups(pairs: &[Pair], ip: &str, mode: EndpointsMode) -> Vec<Vec<Obj>> 
         .collect()
 }
 
-/// What a gateway move means for the controller's objects: every Service gets the new
-/// gateway resourceVersion, every Endpoints the new address.
+/// What a gateway move means for the controller's objects: for a link Secret, every
+/// Service gets the new gateway resourceVersion and every Endpoints the new address;
+/// for a Link (its mirrors record no gateway version), the Endpoints only.
 pub(crate) fn moved_mirrors(
     pairs: &[Pair],
     ip: &str,
-    gateway_version: &str,
+    gateway_version: Option<&str>,
     mode: EndpointsMode,
 ) -> Vec<Obj> {
+    let Some(gateway_version) = gateway_version else {
+        return moved_endpoints(pairs, ip, mode);
+    };
     pairs
         .iter()
         .zip(moved_groups(pairs, ip, mode))

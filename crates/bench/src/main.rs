@@ -26,8 +26,9 @@ use kube::api::{Api, PostParams};
 use local_cluster::{ClusterOptions, LocalCluster};
 use observe::{Kind, ObjKey, Observer, Want, bench_client};
 use process::{Controller, ControllerBin, SELF_CONTROLLER_ARG, cpu_seconds, memory_mib};
-use remote::{NAMESPACE, Remote, doc_ip};
+use remote::{LinkSource, NAMESPACE, Remote, doc_ip};
 use report::{ConfigResult, Rep, record_latencies};
+use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
 use service_mirror_core::EndpointsMode;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -90,6 +91,16 @@ struct Args {
     /// both. The report shows writes per service in this mode.
     #[arg(long, default_value = "both", value_parser = |s: &str| s.parse::<EndpointsMode>())]
     endpoints_mode: EndpointsMode,
+    /// Where the links come from. `secrets`: link Secrets with the cluster-name
+    /// annotation, remote Services exported by the gateway annotations, the gateway from
+    /// the remote gateway Service. `links`: the Link CRD applied locally, per remote a
+    /// credentials Secret (no annotations, a ServiceAccount with what `allow` grants) and
+    /// a `Link` (the same gateway address and port, Linkerd's default selectors), remote
+    /// Services exported by the label `mirror.linkerd.io/exported=true`, each with one
+    /// ready remote EndpointSlice; the baseline writes Linkerd-style mirrors, and the
+    /// report adds the Link status bytes and writes.
+    #[arg(long, value_enum, default_value_t = LinkSource::Secrets)]
+    link_source: LinkSource,
     /// Only the controller (no baseline, no ratios): for quick tuning runs.
     #[arg(long)]
     skip_baseline: bool,
@@ -243,14 +254,20 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
             continue;
         }
         eprintln!("starting {k} remote cluster(s)");
-        let mut remotes: Vec<Remote> =
-            futures::future::try_join_all((0..k).map(|j| Remote::start_named(j, k))).await?;
+        let mut remotes: Vec<Remote> = futures::future::try_join_all(
+            (0..k).map(|j| Remote::start_named(j, k, args.link_source)),
+        )
+        .await?;
         for n in sizes {
             let t = Instant::now();
             futures::future::try_join_all(remotes.iter_mut().map(|r| r.ensure_services(n))).await?;
             eprintln!(
-                "[N={n} K={k}] remote services ready ({} in all) in {:.1?}",
+                "[N={n} K={k}] remote services ready ({} in all{}) in {:.1?}",
                 n * k,
+                match args.link_source {
+                    LinkSource::Secrets => "",
+                    LinkSource::Links => ", each with a ready EndpointSlice",
+                },
                 t.elapsed()
             );
             let mut reps = Vec::new();
@@ -274,15 +291,30 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
                     r.get("idle_writes_per_min"),
                     r.get("rss_peak_mib"),
                 );
+                if args.link_source == LinkSource::Links {
+                    eprintln!(
+                        "[N={n} K={k} rep {}/{}] Link status during the cold sync: {} writes, {} bytes ({:.1} bytes/svc); settled after the idle window: {} writes, {} bytes ({:.1} bytes/svc); truncated {}",
+                        rep + 1,
+                        args.repetitions,
+                        r.get("status_writes_cold"),
+                        r.get("status_bytes_cold"),
+                        r.get("status_bytes_per_service_cold"),
+                        r.get("status_writes_settled"),
+                        r.get("status_bytes_settled"),
+                        r.get("status_bytes_per_service_settled"),
+                        r.get("status_truncated_settled"),
+                    );
+                }
                 reps.push(r);
             }
             configs.push(ConfigResult::new(n, k, reps));
         }
     }
 
-    let tables = report::tables(&configs);
+    let tables = report::tables(&configs, args.link_source);
     // writes/svc below are this mode's (Endpoints, EndpointSlices or both per mirror).
     println!("endpoints mode: {}", args.endpoints_mode);
+    println!("link source: {}", args.link_source.as_str());
     println!("{tables}");
     let goals = report::goals(&configs);
     println!("Goals (judged on the largest single-cluster configuration):");
@@ -315,6 +347,7 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
             "repetitions": args.repetitions, "samples": args.samples, "idle_secs": args.idle_secs,
             "concurrency_levels": args.concurrency, "controller_args": args.controller_arg,
             "smoke": args.smoke, "endpoints_mode": args.endpoints_mode.as_str(),
+            "link_source": args.link_source.as_str(),
         },
         "baseline": {"concurrency": concurrency, "calibration": calibration},
         "configs": configs,
@@ -345,13 +378,13 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
 }
 
 impl Remote {
-    async fn start_named(j: usize, k: usize) -> anyhow::Result<Self> {
+    async fn start_named(j: usize, k: usize, source: LinkSource) -> anyhow::Result<Self> {
         let name = if k == 1 {
             "remote".to_string()
         } else {
             format!("remote-{}", j + 1)
         };
-        Remote::start(&name, doc_ip(10 + j)).await
+        Remote::start(&name, doc_ip(10 + j), source).await
     }
 }
 
@@ -393,6 +426,7 @@ async fn calibrate(
             name: "calibrate".into(),
             gateway_ip: doc_ip(250),
             ports: vec![Some([remote::HTTP_PORT, remote::GRPC_PORT]); m],
+            source: LinkSource::Secrets,
         };
         let mut pairs = baseline::objects(
             &[shape],
@@ -418,7 +452,12 @@ async fn calibrate(
         baseline::absorb(&mut pairs, written);
         let (_, t_mirrors) = baseline::write_all(
             &client,
-            baseline::moved_mirrors(&pairs, &doc_ip(252), "3000003", EndpointsMode::Endpoints),
+            baseline::moved_mirrors(
+                &pairs,
+                &doc_ip(252),
+                Some("3000003"),
+                EndpointsMode::Endpoints,
+            ),
             false,
             c,
         )
@@ -484,7 +523,8 @@ fn cpu(pid: Option<u32>) -> f64 {
     pid.and_then(cpu_seconds).unwrap_or(f64::NAN)
 }
 
-/// A fresh local cluster with the bench's audit policy, namespaces and link Secrets.
+/// A fresh local cluster with the bench's audit policy, namespaces and link Secrets
+/// (with `--link-source links`: the Link CRD, credentials Secrets and Links).
 async fn fresh_local(
     ctx: &Ctx,
     remotes: &[Remote],
@@ -494,13 +534,188 @@ async fn fresh_local(
     for ns in [NAMESPACE, CONTROLLER_NAMESPACE, BASELINE_NAMESPACE] {
         local_cluster::ensure_namespace(&client, ns).await?;
     }
+    let links = links_api(&client);
+    if ctx.args.link_source == LinkSource::Links {
+        local_cluster::apply_yaml(&client, LINK_CRD_YAML)
+            .await
+            .context("applying the Link CRD")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while let Err(e) = links.list(&Default::default()).await {
+            if Instant::now() > deadline {
+                bail!("the Link CRD is not served: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
     for r in remotes {
-        secrets
-            .create(&PostParams::default(), &r.link_secret())
-            .await?;
+        let (secret, link) = r.link_objects();
+        secrets.create(&PostParams::default(), &secret).await?;
+        if let Some(link) = link {
+            links.create(&PostParams::default(), &link).await?;
+        }
     }
     Ok((local, client))
+}
+
+/// How the controller's mirror of `remote`'s first exported Service differs from the
+/// one the baseline writes for it (labels, annotations but the made-up resourceVersions,
+/// Service type and ports, Endpoints subsets); empty when they are the same.
+async fn compare_with_baseline(
+    client: &kube::Client,
+    remote: &Remote,
+    mode: EndpointsMode,
+) -> anyhow::Result<Vec<String>> {
+    use k8s_openapi::api::core::v1::{Endpoints, Service};
+    use service_mirror_core::labels::{
+        MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+        REMOTE_RESOURCE_VERSION_ANNOTATION,
+    };
+    use std::collections::BTreeMap;
+    let pairs = baseline::objects(&[Shape::of(remote)], NAMESPACE, CONTROLLER_NAMESPACE, mode);
+    let Some(want) = pairs.into_iter().next() else {
+        return Ok(Vec::new());
+    };
+    let name = want.service.metadata.name.clone().unwrap_or_default();
+    let svc: Service = Api::namespaced(client.clone(), NAMESPACE)
+        .get(&name)
+        .await?;
+    let labels = |l: &Option<BTreeMap<String, String>>| {
+        let mut l = l.clone().unwrap_or_default();
+        if let Some(v) = l.get_mut(MIRRORED_SERVICE_LABEL) {
+            *v = MIRRORED_SERVICE_VALUE.into();
+        }
+        l
+    };
+    let annotations = |a: &Option<BTreeMap<String, String>>| {
+        let mut a = a.clone().unwrap_or_default();
+        for key in [
+            REMOTE_RESOURCE_VERSION_ANNOTATION,
+            REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+        ] {
+            if let Some(v) = a.get_mut(key) {
+                *v = "<version>".into();
+            }
+        }
+        a
+    };
+    let mut diffs = Vec::new();
+    let mut check = |what: &str, got: String, wanted: String| {
+        if got != wanted {
+            diffs.push(format!(
+                "{name} {what}: controller {got}, baseline {wanted}"
+            ));
+        }
+    };
+    check(
+        "Service labels",
+        format!("{:?}", labels(&svc.metadata.labels)),
+        format!("{:?}", labels(&want.service.metadata.labels)),
+    );
+    check(
+        "Service annotations",
+        format!("{:?}", annotations(&svc.metadata.annotations)),
+        format!("{:?}", annotations(&want.service.metadata.annotations)),
+    );
+    let spec = |s: &Service| {
+        let spec = s.spec.clone().unwrap_or_default();
+        format!("{:?} {:?}", spec.type_, spec.ports)
+    };
+    check("Service spec", spec(&svc), spec(&want.service));
+    if mode.writes_endpoints() {
+        let ep: Endpoints = Api::namespaced(client.clone(), NAMESPACE)
+            .get(&name)
+            .await?;
+        check(
+            "Endpoints labels",
+            format!("{:?}", labels(&ep.metadata.labels)),
+            format!("{:?}", labels(&want.endpoints.metadata.labels)),
+        );
+        check(
+            "Endpoints annotations",
+            format!("{:?}", annotations(&ep.metadata.annotations)),
+            format!("{:?}", annotations(&want.endpoints.metadata.annotations)),
+        );
+        check(
+            "Endpoints subsets",
+            format!("{:?}", ep.subsets),
+            format!("{:?}", want.endpoints.subsets),
+        );
+    }
+    Ok(diffs)
+}
+
+/// The Links in the controller's namespace.
+fn links_api(client: &kube::Client) -> Api<LinkResource> {
+    Api::namespaced(client.clone(), CONTROLLER_NAMESPACE)
+}
+
+/// The Link status counters of the controller at `admin` (summed over links):
+/// `service_mirror_link_status_writes_total`, `..._bytes_total`, `..._truncated`.
+async fn status_metrics(admin: &str) -> anyhow::Result<[f64; 3]> {
+    let text = scrape_metrics(admin).await?;
+    let mut sums = [0.0; 3];
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let name = name.split('{').next().unwrap_or_default();
+        let i = match name {
+            "service_mirror_link_status_writes_total" => 0,
+            "service_mirror_link_status_bytes_total" => 1,
+            "service_mirror_link_status_truncated" => 2,
+            _ => continue,
+        };
+        sums[i] += value.parse::<f64>().unwrap_or(f64::NAN);
+    }
+    Ok(sums)
+}
+
+/// `GET /metrics` of the controller's admin server at `addr` (plain HTTP/1.0).
+async fn scrape_metrics(addr: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to the controller's admin server {addr}"))?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .context("reading /metrics timed out")??;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("no HTTP response from /metrics")?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        bail!(
+            "/metrics answered {}",
+            head.lines().next().unwrap_or_default()
+        );
+    }
+    Ok(body.to_string())
+}
+
+/// Records the Link status counters of the controller at `admin` as
+/// `status_{writes,bytes,truncated}_<phase>` and `status_bytes_per_service_<phase>`.
+async fn record_status(
+    out: &mut Rep,
+    admin: &str,
+    phase: &str,
+    services: usize,
+) -> anyhow::Result<()> {
+    let [writes, bytes, truncated] = status_metrics(admin).await?;
+    out.set(&format!("status_writes_{phase}"), writes);
+    out.set(&format!("status_bytes_{phase}"), bytes);
+    out.set(&format!("status_truncated_{phase}"), truncated);
+    out.set(
+        &format!("status_bytes_per_service_{phase}"),
+        bytes / services as f64,
+    );
+    Ok(())
 }
 
 /// One repetition: the baseline and the controller, each on a fresh local cluster of
@@ -630,13 +845,15 @@ async fn run_baseline(
     );
     baseline::absorb(&mut moved, written);
 
-    let version = format!("{}", 2_000_000 + rep);
-    observer.expect(baseline::moved_wants(&moved, &ip_b, Some(&version)));
+    // A link Secret's mirrors record the gateway's resourceVersion; a Link's do not.
+    let version =
+        (ctx.args.link_source == LinkSource::Secrets).then(|| format!("{}", 2_000_000 + rep));
+    observer.expect(baseline::moved_wants(&moved, &ip_b, version.as_deref()));
     let api0 = cpu(api_pid);
     let t0 = Instant::now();
     let (_, answered) = baseline::write_all(
         client,
-        baseline::moved_mirrors(&moved, &ip_b, &version, mode),
+        baseline::moved_mirrors(&moved, &ip_b, version.as_deref(), mode),
         false,
         ctx.concurrency.mirrors,
     )
@@ -709,6 +926,21 @@ async fn run_controller(
     // The wall-clock time of the sync: requests received before it count as the sync's
     // (their audit lines may be written a moment after their effect was seen).
     let synced_wall = std::time::SystemTime::now() - (t0 + cold).elapsed();
+    let links_mode = ctx.args.link_source == LinkSource::Links;
+    if links_mode {
+        record_status(out, &admin, "cold", total).await?;
+    }
+    // The baseline must write exactly what the controller wrote (apples to apples).
+    let bench = bench_client(&local.admin_kubeconfig().yaml).await?;
+    let diffs = compare_with_baseline(&bench, &remotes[0], ctx.args.endpoints_mode).await?;
+    out.set("baseline_shape_differences", diffs.len() as f64);
+    if !diffs.is_empty() {
+        let text = diffs.join("\n  ");
+        if ctx.args.smoke {
+            bail!("the baseline's mirror differs from the controller's:\n  {text}");
+        }
+        eprintln!("warning: the baseline's mirror differs from the controller's:\n  {text}");
+    }
     out.set("cold_sync_s", cold.as_secs_f64());
     out.set("cpu_cold_s", cpu_cold);
     out.set("cpu_cold_s_per_1000", cpu_cold / thousands);
@@ -722,6 +954,10 @@ async fn run_controller(
     while idle_start.elapsed() < idle {
         tokio::time::sleep(Duration::from_millis(250).min(idle)).await;
         controller.check_running()?;
+    }
+    if links_mode {
+        // What the debounced status wrote for the cold sync once it settled.
+        record_status(out, &admin, "settled", total).await?;
     }
     let (cold_requests, idle_requests) = audit.count_split(synced_wall);
     out.set(
@@ -793,13 +1029,16 @@ async fn run_controller(
     }));
     audit.skip();
     let (cpu0, api0) = (cpu(pid), cpu(api_pid));
-    let (at, version) = moved.set_gateway_ip(&ip).await?;
-    observer.add(exported.iter().map(|i| {
-        (
-            ObjKey::service(NAMESPACE, &moved.mirror(*i)),
-            Want::GatewayVersion(version.clone()),
-        )
-    }));
+    let links = links_api(&bench);
+    let (at, version) = moved.move_gateway(&ip, &links).await?;
+    if let Some(version) = version {
+        observer.add(exported.iter().map(|i| {
+            (
+                ObjKey::service(NAMESPACE, &moved.mirror(*i)),
+                Want::GatewayVersion(version.clone()),
+            )
+        }));
+    }
     let met = wait_met(
         observer,
         Some(&mut controller),

@@ -6,9 +6,13 @@ use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use local_cluster::LocalCluster;
+use service_mirror_controller::cli::allow::remote_access_rules;
+use service_mirror_controller::links::LinkResource;
 use service_mirror_core::labels::{
     GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
     LINK_KUBECONFIG_KEY, LINK_SECRET_TYPE,
@@ -32,6 +36,41 @@ pub(crate) const GRPC_PORT: i32 = 9090;
 /// Remote Services created in parallel during setup (more is slower: see BENCHMARKS.md).
 const SETUP_CONCURRENCY: usize = 8;
 
+/// Label that exports a remote Service through a Link with Linkerd's default `selector`.
+pub(crate) const EXPORTED_LABEL: &str = "mirror.linkerd.io/exported";
+/// Its value.
+pub(crate) const EXPORTED_VALUE: &str = "true";
+/// The gateway identity of the bench's Links (the one Linkerd's `link-gen` writes for a
+/// gateway in `linkerd-multicluster`).
+pub(crate) const GATEWAY_IDENTITY: &str =
+    "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
+/// Namespace and ServiceAccount of a Link's remote credentials (what `allow` makes).
+const CREDENTIALS_NAMESPACE: &str = "linkerd-multicluster";
+const CREDENTIALS_ACCOUNT: &str = "linkerd-service-mirror-remote-access-local";
+
+/// Where the controller finds its links, and so how remote Services are exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LinkSource {
+    /// Link Secrets with the cluster-name annotation (the 2020 contract): export by the
+    /// gateway annotations, the gateway read from the remote gateway Service.
+    Secrets,
+    /// Linkerd `Link` resources: export by the label `mirror.linkerd.io/exported=true`
+    /// (Linkerd's default selector), the gateway from the Link, readiness from the
+    /// remote EndpointSlices.
+    Links,
+}
+
+impl LinkSource {
+    /// As on the command line.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LinkSource::Secrets => "secrets",
+            LinkSource::Links => "links",
+        }
+    }
+}
+
 /// A documentation address (192.0.2.0/24, TEST-NET-1): never routed, never probed.
 pub(crate) fn doc_ip(host: usize) -> String {
     format!("192.0.2.{}", host % 254 + 1)
@@ -46,8 +85,8 @@ pub(crate) fn service_name(i: usize) -> String {
 pub(crate) struct Remote {
     /// Link (cluster) name.
     pub(crate) name: String,
-    /// Its control plane.
-    pub(crate) cluster: LocalCluster,
+    /// Its control plane (running as long as this lives).
+    _cluster: LocalCluster,
     client: Client,
     /// Current gateway ingress IP.
     pub(crate) gateway_ip: String,
@@ -55,12 +94,21 @@ pub(crate) struct Remote {
     pub(crate) http_ports: Vec<i32>,
     /// Whether each Service is exported.
     pub(crate) exported: Vec<bool>,
+    /// How this remote is linked.
+    pub(crate) source: LinkSource,
+    /// The kubeconfig the link uses: the admin's for a link Secret; for a Link, a
+    /// ServiceAccount's with exactly what `allow` grants (`remote_access_rules`).
+    credentials: String,
 }
 
 impl Remote {
     /// Starts a cluster with namespaces and a gateway at `gateway_ip` (no `mc-probe` port,
     /// so nothing is probed).
-    pub(crate) async fn start(name: &str, gateway_ip: String) -> anyhow::Result<Self> {
+    pub(crate) async fn start(
+        name: &str,
+        gateway_ip: String,
+        source: LinkSource,
+    ) -> anyhow::Result<Self> {
         let cluster = LocalCluster::start(name)
             .await
             .with_context(|| format!("starting remote cluster {name}"))?;
@@ -75,13 +123,19 @@ impl Remote {
                      "ports": [{"name": "mc-gateway", "port": GATEWAY_PORT}]}
         }))?;
         gateways.create(&PostParams::default(), &gw).await?;
+        let credentials = match source {
+            LinkSource::Secrets => cluster.admin_kubeconfig().yaml,
+            LinkSource::Links => allowed_kubeconfig(&cluster, &client).await?,
+        };
         let mut remote = Self {
             name: name.to_string(),
-            cluster,
+            _cluster: cluster,
             client,
             gateway_ip: String::new(),
             http_ports: Vec::new(),
             exported: Vec::new(),
+            source,
+            credentials,
         };
         remote.set_gateway_ip(&gateway_ip).await?;
         Ok(remote)
@@ -92,21 +146,33 @@ impl Remote {
         self.http_ports.len()
     }
 
-    /// Creates Services until there are `n`, `SETUP_CONCURRENCY` at a time.
+    /// Creates Services until there are `n`, `SETUP_CONCURRENCY` at a time. For a Link,
+    /// each with one ready EndpointSlice (what kube-controller-manager, absent here,
+    /// would make), so that its mirror gets endpoints.
     pub(crate) async fn ensure_services(&mut self, n: usize) -> anyhow::Result<()> {
         let have = self.http_ports.len();
         if n <= have {
             return Ok(());
         }
         let api: Api<Service> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let source = self.source;
         futures::stream::iter(have..n)
             .map(|i| {
-                let api = api.clone();
+                let (api, slices) = (api.clone(), slices.clone());
                 async move {
-                    let svc = exported_service(i)?;
+                    let svc = exported_service(i, source)?;
                     api.create(&PostParams::default(), &svc)
                         .await
                         .with_context(|| format!("creating remote Service {}", service_name(i)))?;
+                    if source == LinkSource::Links {
+                        slices
+                            .create(&PostParams::default(), &ready_slice(i)?)
+                            .await
+                            .with_context(|| {
+                                format!("creating the EndpointSlice of {}", service_name(i))
+                            })?;
+                    }
                     anyhow::Ok(())
                 }
             })
@@ -195,10 +261,43 @@ impl Remote {
         Ok((at, gw.metadata.resource_version.unwrap_or_default()))
     }
 
-    /// Removes the export annotations of Service `i`; returns the time just before.
+    /// Moves the gateway of a Link to `ip` (`links`, the Link on `local`: its
+    /// `gatewayAddress`) or of a link Secret (the remote gateway Service's ingress);
+    /// returns the time just before the request and, for a link Secret, the gateway's
+    /// new resourceVersion (a Link's mirrors record none).
+    pub(crate) async fn move_gateway(
+        &mut self,
+        ip: &str,
+        links: &Api<LinkResource>,
+    ) -> anyhow::Result<(Instant, Option<String>)> {
+        match self.source {
+            LinkSource::Secrets => {
+                let (at, version) = self.set_gateway_ip(ip).await?;
+                Ok((at, Some(version)))
+            }
+            LinkSource::Links => {
+                let patch = serde_json::json!({"spec": {"gatewayAddress": ip}});
+                let at = Instant::now();
+                links
+                    .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .context("moving the Link's gateway")?;
+                self.gateway_ip = ip.to_string();
+                Ok((at, None))
+            }
+        }
+    }
+
+    /// Unexports Service `i` (removes its export annotations, or for a Link its export
+    /// label); returns the time just before.
     pub(crate) async fn unexport(&mut self, i: usize) -> anyhow::Result<Instant> {
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            GATEWAY_NAME_ANNOTATION: null, GATEWAY_NS_ANNOTATION: null}}});
+        let patch = match self.source {
+            LinkSource::Secrets => serde_json::json!({"metadata": {"annotations": {
+                GATEWAY_NAME_ANNOTATION: null, GATEWAY_NS_ANNOTATION: null}}}),
+            LinkSource::Links => {
+                serde_json::json!({"metadata": {"labels": {EXPORTED_LABEL: null}}})
+            }
+        };
         let at = self.patch_service(i, &patch).await?;
         self.exported[i] = false;
         Ok(at)
@@ -224,8 +323,7 @@ impl Remote {
             if self.exported[i] {
                 continue;
             }
-            let patch = serde_json::json!({"metadata": {"annotations": {
-                GATEWAY_NAME_ANNOTATION: GATEWAY_NAME, GATEWAY_NS_ANNOTATION: GATEWAY_NAMESPACE}}});
+            let patch = serde_json::json!({"metadata": export_metadata(self.source)});
             api.patch(
                 &service_name(i),
                 &PatchParams::default(),
@@ -237,8 +335,48 @@ impl Remote {
         Ok(())
     }
 
-    /// The link Secret (contract format) of this remote, with its admin kubeconfig.
-    pub(crate) fn link_secret(&self) -> Secret {
+    /// What links this remote on the local cluster: the link Secret (contract format,
+    /// admin kubeconfig); or, for a Link, the credentials Secret as Linkerd's `link-gen`
+    /// writes it (no annotations) and the `Link`.
+    pub(crate) fn link_objects(&self) -> (Secret, Option<LinkResource>) {
+        match self.source {
+            LinkSource::Secrets => (self.link_secret(), None),
+            LinkSource::Links => {
+                let secret_name = format!("cluster-credentials-{}", self.name);
+                let mut secret = self.link_secret();
+                secret.metadata.name = Some(secret_name.clone());
+                secret.metadata.annotations = None;
+                (secret, Some(self.link(&secret_name)))
+            }
+        }
+    }
+
+    /// The `Link` of this remote (named after it, as Linkerd does): its gateway the one
+    /// the gateway Service gives a link Secret (address and `mc-gateway` port), Linkerd's
+    /// default selectors, no probe port (nothing probed, as for the gateway Service).
+    fn link(&self, credentials: &str) -> LinkResource {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "multicluster.linkerd.io/v1alpha3",
+            "kind": "Link",
+            "metadata": {"name": self.name},
+            "spec": {
+                "targetClusterName": self.name,
+                "targetClusterDomain": "cluster.local",
+                "targetClusterLinkerdNamespace": "linkerd",
+                "clusterCredentialsSecret": credentials,
+                "gatewayAddress": self.gateway_ip,
+                "gatewayPort": GATEWAY_PORT.to_string(),
+                "gatewayIdentity": GATEWAY_IDENTITY,
+                "selector": {"matchLabels": {EXPORTED_LABEL: EXPORTED_VALUE}},
+                "remoteDiscoverySelector": {"matchLabels": {EXPORTED_LABEL: "remote-discovery"}},
+                "federatedServiceSelector": {"matchLabels": {"mirror.linkerd.io/federated": "member"}},
+            },
+        }))
+        .expect("a Link")
+    }
+
+    /// The link Secret (contract format) of this remote, with its credentials.
+    fn link_secret(&self) -> Secret {
         Secret {
             metadata: ObjectMeta {
                 name: Some(format!("link-{}", self.name)),
@@ -251,27 +389,113 @@ impl Remote {
             type_: Some(LINK_SECRET_TYPE.into()),
             data: Some(BTreeMap::from([(
                 LINK_KUBECONFIG_KEY.to_string(),
-                ByteString(self.cluster.admin_kubeconfig().yaml.into_bytes()),
+                ByteString(self.credentials.clone().into_bytes()),
             )])),
             ..Default::default()
         }
     }
 }
 
-/// Remote Service number `i`: exported, two ports, a selector and labels as a workload's.
-/// Headless: its ClusterIP is of no use to the mirror, and allocating one costs the
-/// remote apiserver time that grows with the Services it holds (setup time only).
-fn exported_service(i: usize) -> anyhow::Result<Service> {
+/// A kubeconfig on `cluster` for a ServiceAccount bound to a ClusterRole of exactly
+/// `remote_access_rules` (what `service-mirror allow` grants: Services read, EndpointSlices
+/// list/watch).
+async fn allowed_kubeconfig(cluster: &LocalCluster, admin: &Client) -> anyhow::Result<String> {
+    let role = "service-mirror-remote-access";
+    let cluster_role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(role.into()),
+            ..Default::default()
+        },
+        rules: Some(remote_access_rules()),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &cluster_role)
+        .await
+        .context("creating the remote access ClusterRole")?;
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(role.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: CREDENTIALS_ACCOUNT.into(),
+            namespace: Some(CREDENTIALS_NAMESPACE.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .context("creating the remote access ClusterRoleBinding")?;
+    Ok(cluster
+        .service_account_kubeconfig(CREDENTIALS_NAMESPACE, CREDENTIALS_ACCOUNT)
+        .await
+        .context("remote ServiceAccount kubeconfig")?
+        .yaml)
+}
+
+/// The labels of remote Service number `i` (as exported by `source`).
+pub(crate) fn service_labels(i: usize, source: LinkSource) -> BTreeMap<String, String> {
+    let name = service_name(i);
+    let mut labels = BTreeMap::from([
+        ("app".to_string(), name),
+        ("app.kubernetes.io/part-of".to_string(), "bench".to_string()),
+    ]);
+    if source == LinkSource::Links {
+        labels.insert(EXPORTED_LABEL.into(), EXPORTED_VALUE.into());
+    }
+    labels
+}
+
+/// The metadata that exports a Service: the gateway annotations, or the export label.
+fn export_metadata(source: LinkSource) -> serde_json::Value {
+    match source {
+        LinkSource::Secrets => serde_json::json!({"annotations": {
+            GATEWAY_NAME_ANNOTATION: GATEWAY_NAME, GATEWAY_NS_ANNOTATION: GATEWAY_NAMESPACE}}),
+        LinkSource::Links => serde_json::json!({"labels": {EXPORTED_LABEL: EXPORTED_VALUE}}),
+    }
+}
+
+/// The EndpointSlice of remote Service `i`: one ready endpoint (a documentation
+/// address, never routed), the Service's ports.
+fn ready_slice(i: usize) -> anyhow::Result<EndpointSlice> {
     let name = service_name(i);
     Ok(serde_json::from_value(serde_json::json!({
         "metadata": {
-            "name": name,
-            "labels": {"app": name, "app.kubernetes.io/part-of": "bench"},
-            "annotations": {
-                GATEWAY_NAME_ANNOTATION: GATEWAY_NAME,
-                GATEWAY_NS_ANNOTATION: GATEWAY_NAMESPACE,
+            "name": format!("{name}-bench"),
+            "labels": {
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": "bench",
             },
         },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [format!("198.51.100.{}", i % 254 + 1)],
+                       "conditions": {"ready": true}}],
+        "ports": [
+            {"name": "http", "port": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "port": GRPC_PORT, "protocol": "TCP"},
+        ],
+    }))?)
+}
+
+/// Remote Service number `i`: exported (gateway annotations, or for a Link the export
+/// label), two ports, a selector and labels as a workload's. Headless: its ClusterIP is
+/// of no use to the mirror, and allocating one costs the remote apiserver time that
+/// grows with the Services it holds (setup time only).
+fn exported_service(i: usize, source: LinkSource) -> anyhow::Result<Service> {
+    let name = service_name(i);
+    let mut metadata = export_metadata(source);
+    metadata["name"] = name.clone().into();
+    metadata["labels"] = serde_json::to_value(service_labels(i, source))?;
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": metadata,
         "spec": {
             "selector": {"app": name},
             "clusterIP": "None",

@@ -2,6 +2,7 @@
 //! the goals.
 
 use crate::audit::Counts;
+use crate::remote::LinkSource;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -178,6 +179,16 @@ const RESOURCE_COLUMNS: &[Column] = &[
     ("idle CPU s/min", "cpu_idle_s_per_min", 3),
 ];
 
+const STATUS_COLUMNS: &[Column] = &[
+    ("status writes (cold)", "status_writes_cold", 0),
+    ("status bytes (cold)", "status_bytes_cold", 0),
+    ("bytes/svc (cold)", "status_bytes_per_service_cold", 1),
+    ("status writes (settled)", "status_writes_settled", 0),
+    ("status bytes (settled)", "status_bytes_settled", 0),
+    ("bytes/svc (settled)", "status_bytes_per_service_settled", 1),
+    ("truncated", "status_truncated_settled", 0),
+];
+
 fn table(out: &mut String, title: &str, configs: &[ConfigResult], columns: &[Column]) {
     let mut rows: Vec<Vec<String>> = vec![
         std::iter::once("N x K".to_string())
@@ -209,8 +220,9 @@ fn table(out: &mut String, title: &str, configs: &[ConfigResult], columns: &[Col
     }
 }
 
-/// The human-readable tables (markdown), median (min–max) over repetitions.
-pub(crate) fn tables(configs: &[ConfigResult]) -> String {
+/// The human-readable tables (markdown), median (min–max) over repetitions; for Links,
+/// with their status writes.
+pub(crate) fn tables(configs: &[ConfigResult], source: LinkSource) -> String {
     let mut out = String::new();
     table(
         &mut out,
@@ -236,6 +248,14 @@ pub(crate) fn tables(configs: &[ConfigResult]) -> String {
         configs,
         RESOURCE_COLUMNS,
     );
+    if source == LinkSource::Links {
+        table(
+            &mut out,
+            "Link status writes (controller metrics; cold = when every mirror is correct, settled = at the end of the idle window)",
+            configs,
+            STATUS_COLUMNS,
+        );
+    }
     out
 }
 
