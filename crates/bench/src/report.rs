@@ -145,7 +145,12 @@ const SYNC_COLUMNS: &[Column] = &[
     ("ratio", "cold_sync_ratio", 2),
     ("writes/svc", "cold_writes_per_service", 2),
     ("requests/svc", "cold_requests_per_service", 2),
-    ("idle writes/min", "idle_writes_per_min", 1),
+    ("idle mirror writes/min", "idle_writes_per_min", 1),
+    (
+        "idle Lease/status writes/min",
+        "idle_other_writes_per_min",
+        1,
+    ),
     ("idle requests/min", "idle_requests_per_min", 1),
 ];
 
