@@ -60,43 +60,36 @@ async fn create_remote(w: &LinkWorld, svc: Service) {
         .unwrap();
 }
 
-async fn wait_service(w: &LinkWorld, remote: &str, ok: impl Fn(&Service) -> bool) -> Service {
-    let api = w.env.local_services();
+/// Waits until the local object `name` of kind `K` in the test namespace satisfies `ok`.
+async fn wait_local<K>(w: &LinkWorld, kind: &str, remote: &str, ok: impl Fn(&K) -> bool) -> K
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(w.env.lc.clone(), &w.env.ns);
     let name = w.env.mirror_name(remote);
     tokio::time::timeout(CONVERGE, async {
         loop {
-            if let Ok(Some(s)) = api.get_opt(&name).await
-                && ok(&s)
+            if let Ok(Some(o)) = api.get_opt(&name).await
+                && ok(&o)
             {
-                return s;
+                return o;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("mirror Service {name} never as expected; log:\n{}", tail(w)))
+    .unwrap_or_else(|_| panic!("mirror {kind} {name} never as expected; log:\n{}", tail(w)))
+}
+
+async fn wait_service(w: &LinkWorld, remote: &str, ok: impl Fn(&Service) -> bool) -> Service {
+    wait_local(w, "Service", remote, ok).await
 }
 
 async fn wait_endpoints(w: &LinkWorld, remote: &str, ok: impl Fn(&Endpoints) -> bool) -> Endpoints {
-    let api = w.env.local_endpoints();
-    let name = w.env.mirror_name(remote);
-    tokio::time::timeout(CONVERGE, async {
-        loop {
-            if let Ok(Some(e)) = api.get_opt(&name).await
-                && ok(&e)
-            {
-                return e;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "mirror Endpoints {name} never as expected; log:\n{}",
-            tail(w)
-        )
-    })
+    wait_local(w, "Endpoints", remote, ok).await
 }
 
 /// The controller's last log lines, for a failure message.

@@ -338,6 +338,14 @@ impl Inner {
             .await;
     }
 
+    /// A Link links `cluster`: `Ready=True` (a Secret has no condition).
+    async fn ready(&self, source: &SourceObject<'_>, cluster: &str) {
+        if let SourceObject::Link(link) = source {
+            let note = format!("watching remote cluster {cluster}");
+            self.set_ready(link, true, "Linked", &note).await;
+        }
+    }
+
     /// Sets the Link's `Ready` condition (ours, beside Linkerd's per-Service entries),
     /// only when its status, reason or message changes: an unchanged Link is not
     /// written. A failure to write is logged; the Event and metric still say it.
@@ -685,10 +693,7 @@ impl Inner {
         match current {
             Some(cur) if cur == spec => {
                 // Back to the running spec after a refused change: ready again.
-                if let SourceObject::Link(link) = source {
-                    let note = format!("watching remote cluster {}", spec.link().cluster_name);
-                    self.set_ready(link, true, "Linked", &note).await;
-                }
+                self.ready(source, &spec.link().cluster_name).await;
                 Outcome::Done
             }
             // Same cluster name: new credentials, domain or (a Link's) settings; the
@@ -774,15 +779,7 @@ impl Inner {
                     .insert(key.clone(), Active { spec, controller });
                 self.update_links_gauge();
                 tracing::info!(%cluster, source = %key, "linked");
-                if let SourceObject::Link(link) = source {
-                    self.set_ready(
-                        link,
-                        true,
-                        "Linked",
-                        &format!("watching remote cluster {cluster}"),
-                    )
-                    .await;
-                }
+                self.ready(source, &cluster).await;
                 self.event(
                     source,
                     EventType::Normal,
@@ -860,15 +857,7 @@ impl Inner {
             },
         );
         tracing::info!(%cluster, source = %key, "link restarted with new credentials or settings");
-        if let SourceObject::Link(link) = source {
-            self.set_ready(
-                link,
-                true,
-                "Linked",
-                &format!("watching remote cluster {cluster}"),
-            )
-            .await;
-        }
+        self.ready(source, &cluster).await;
         self.event(
             source,
             EventType::Normal,

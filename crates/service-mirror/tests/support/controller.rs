@@ -246,32 +246,52 @@ impl Drop for Controller {
 /// A kubeconfig on `remote` for a ServiceAccount that may only get/list/watch Services
 /// (the contract's remote credential), created in namespace `ns`.
 pub(crate) async fn reader_kubeconfig(remote: &LocalCluster, ns: &str, sa: &str) -> Kubeconfig {
+    let services = PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["services".into()]),
+        verbs: vec!["get".into(), "list".into(), "watch".into()],
+        ..Default::default()
+    };
+    kubeconfig_with_rules(
+        remote,
+        ns,
+        sa,
+        "service-mirror-remote-reader",
+        vec![services],
+    )
+    .await
+}
+
+/// A kubeconfig on `remote` for the ServiceAccount `ns/sa`, bound to the ClusterRole
+/// `role` with `rules` (created if missing).
+pub(crate) async fn kubeconfig_with_rules(
+    remote: &LocalCluster,
+    ns: &str,
+    sa: &str,
+    role: &str,
+    rules: Vec<PolicyRule>,
+) -> Kubeconfig {
     let admin = remote.client().await.unwrap();
-    let role = ClusterRole {
+    let cluster_role = ClusterRole {
         metadata: ObjectMeta {
-            name: Some("service-mirror-remote-reader".into()),
+            name: Some(role.into()),
             ..Default::default()
         },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["services".into()]),
-            verbs: vec!["get".into(), "list".into(), "watch".into()],
-            ..Default::default()
-        }]),
+        rules: Some(rules),
         ..Default::default()
     };
     let _ = Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
+        .create(&PostParams::default(), &cluster_role)
         .await;
     let binding = ClusterRoleBinding {
         metadata: ObjectMeta {
-            name: Some(format!("{ns}-{sa}")),
+            name: Some(format!("{ns}-{sa}-{role}")),
             ..Default::default()
         },
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "ClusterRole".into(),
-            name: "service-mirror-remote-reader".into(),
+            name: role.into(),
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".into(),

@@ -1,12 +1,11 @@
 //! Links as Linkerd writes them: the CRD, a credentials Secret without annotations, a
 //! `Link`, and remote credentials that may read what a Link's mirrors need.
 
-use super::controller::{Controller, link_secret};
+use super::controller::{Controller, kubeconfig_with_rules, link_secret};
 use super::{CONVERGE, Env, create_namespace, eventually};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use local_cluster::{Kubeconfig, LocalCluster};
 use service_mirror_controller::cli::allow::remote_access_rules;
 use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
@@ -35,40 +34,8 @@ pub(crate) async fn link_crd(local: &LocalCluster) {
 /// A kubeconfig on `remote` for a ServiceAccount with exactly what `allow` grants
 /// (Services and EndpointSlices read), created in namespace `ns`.
 pub(crate) async fn allowed_kubeconfig(remote: &LocalCluster, ns: &str, sa: &str) -> Kubeconfig {
-    let admin = remote.client().await.unwrap();
-    let role_name = "service-mirror-remote-allowed";
-    let role = ClusterRole {
-        metadata: ObjectMeta {
-            name: Some(role_name.into()),
-            ..Default::default()
-        },
-        rules: Some(remote_access_rules()),
-        ..Default::default()
-    };
-    let _ = Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await;
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(format!("{ns}-{sa}-allowed")),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: role_name.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: sa.into(),
-            namespace: Some(ns.into()),
-            ..Default::default()
-        }]),
-    };
-    let _ = Api::<ClusterRoleBinding>::all(admin)
-        .create(&PostParams::default(), &binding)
-        .await;
-    remote.service_account_kubeconfig(ns, sa).await.unwrap()
+    let rules = remote_access_rules();
+    kubeconfig_with_rules(remote, ns, sa, "service-mirror-remote-allowed", rules).await
 }
 
 /// A credentials Secret as Linkerd's `link-gen` writes it: the type and the kubeconfig,
