@@ -8,7 +8,7 @@ use crate::links::{LinkManager, LinkManagerOptions, LinkSources};
 use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
 use crate::write_leases::{self, WriteLeaseOptions};
-use service_mirror_core::{EndpointsMode, NamespaceFilter};
+use service_mirror_core::{AddressPolicy, Cidr, CidrError, EndpointsMode, NamespaceFilter};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,6 +105,19 @@ pub struct RunArgs {
     /// How long the Lease lasts without renewal (renewed a third of it before expiry).
     #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     lease_duration: Duration,
+    /// Gateway addresses never used, whatever `--gateway-address-allow` says
+    /// (comma-separated CIDRs): add the local cluster's service and pod CIDRs.
+    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_DENY", value_delimiter = ',', value_parser = parse_cidr)]
+    gateway_address_deny: Vec<Cidr>,
+    /// Gateway addresses used although a built-in denial refuses them (comma-separated
+    /// CIDRs; never what the apiserver refuses in Endpoints).
+    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_ALLOW", value_delimiter = ',', value_parser = parse_cidr)]
+    gateway_address_allow: Vec<Cidr>,
+}
+
+/// One CIDR of `--gateway-address-deny/allow` (surrounding blanks ignored).
+fn parse_cidr(s: &str) -> Result<Cidr, CidrError> {
+    s.trim().parse()
 }
 
 /// `--endpoints-mode`: the core's names, listed in `--help`.
@@ -168,6 +181,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
             endpoints_mode: args.endpoints_mode,
+            gateway_address_policy: AddressPolicy {
+                deny: args.gateway_address_deny,
+                allow: args.gateway_address_allow,
+            },
             ..LinkConfig::default()
         },
         sources: args.link_source,
