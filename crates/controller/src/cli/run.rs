@@ -267,3 +267,53 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Command;
+
+    fn policy(argv: &[&str]) -> Result<(Vec<String>, Vec<String>), String> {
+        let base = ["service-mirror", "run", "--namespace", "mc"];
+        match Command::try_parse_from(base.iter().chain(argv)) {
+            Ok(Command::Run(a)) => Ok((
+                a.gateway_address_deny
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+                a.gateway_address_allow
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            )),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn gateway_address_flags_parse_comma_separated_cidrs() {
+        assert_eq!(policy(&[]), Ok((vec![], vec![])));
+        assert_eq!(
+            policy(&[
+                "--gateway-address-deny=10.96.0.0/12, 10.244.0.0/16",
+                "--gateway-address-allow",
+                "fd00:ec2::254",
+            ]),
+            Ok((
+                vec!["10.96.0.0/12".into(), "10.244.0.0/16".into()],
+                vec!["fd00:ec2::254/128".into()]
+            ))
+        );
+    }
+
+    #[test]
+    fn an_invalid_gateway_address_cidr_refuses_to_start() {
+        for argv in [
+            "--gateway-address-deny=10.96.0.0/33",
+            "--gateway-address-allow=10.0.0.0/8,example.com",
+        ] {
+            let err = policy(&[argv]).unwrap_err();
+            assert!(err.contains("invalid CIDR"), "{argv}: {err}");
+        }
+    }
+}
