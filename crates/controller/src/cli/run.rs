@@ -107,17 +107,18 @@ pub struct RunArgs {
     lease_duration: Duration,
     /// Gateway addresses never used, whatever `--gateway-address-allow` says
     /// (comma-separated CIDRs): add the local cluster's service and pod CIDRs.
-    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_DENY", value_delimiter = ',', value_parser = parse_cidr)]
-    gateway_address_deny: Vec<Cidr>,
+    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_DENY", value_parser = parse_cidrs)]
+    gateway_address_deny: Vec<Vec<Cidr>>,
     /// Gateway addresses used although a built-in denial refuses them (comma-separated
     /// CIDRs; never what the apiserver refuses in Endpoints).
-    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_ALLOW", value_delimiter = ',', value_parser = parse_cidr)]
-    gateway_address_allow: Vec<Cidr>,
+    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_ALLOW", value_parser = parse_cidrs)]
+    gateway_address_allow: Vec<Vec<Cidr>>,
 }
 
-/// One CIDR of `--gateway-address-deny/allow` (surrounding blanks ignored).
-fn parse_cidr(s: &str) -> Result<Cidr, CidrError> {
-    s.trim().parse()
+/// One `--gateway-address-deny/allow` value: comma-separated CIDRs, blanks and empty
+/// entries ignored (an empty environment variable is no CIDR, not an error).
+fn parse_cidrs(s: &str) -> Result<Vec<Cidr>, CidrError> {
+    Cidr::parse_list(s)
 }
 
 /// `--endpoints-mode`: the core's names, listed in `--help`.
@@ -182,8 +183,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
             endpoints_mode: args.endpoints_mode,
             gateway_address_policy: AddressPolicy {
-                deny: args.gateway_address_deny,
-                allow: args.gateway_address_allow,
+                deny: args.gateway_address_deny.concat(),
+                allow: args.gateway_address_allow.concat(),
             },
             ..LinkConfig::default()
         },
@@ -278,10 +279,12 @@ mod tests {
             Ok(Command::Run(a)) => Ok((
                 a.gateway_address_deny
                     .iter()
+                    .flatten()
                     .map(ToString::to_string)
                     .collect(),
                 a.gateway_address_allow
                     .iter()
+                    .flatten()
                     .map(ToString::to_string)
                     .collect(),
             )),
@@ -298,9 +301,16 @@ mod tests {
                 "--gateway-address-deny=10.96.0.0/12, 10.244.0.0/16",
                 "--gateway-address-allow",
                 "fd00:ec2::254",
+                "--gateway-address-deny=,",
+                "--gateway-address-deny=",
+                "--gateway-address-deny=198.18.0.0/15",
             ]),
             Ok((
-                vec!["10.96.0.0/12".into(), "10.244.0.0/16".into()],
+                vec![
+                    "10.96.0.0/12".into(),
+                    "10.244.0.0/16".into(),
+                    "198.18.0.0/15".into()
+                ],
                 vec!["fd00:ec2::254/128".into()]
             ))
         );
@@ -308,12 +318,16 @@ mod tests {
 
     #[test]
     fn an_invalid_gateway_address_cidr_refuses_to_start() {
-        for argv in [
-            "--gateway-address-deny=10.96.0.0/33",
-            "--gateway-address-allow=10.0.0.0/8,example.com",
+        for (argv, named) in [
+            ("--gateway-address-deny=10.96.0.0/33", "\"10.96.0.0/33\""),
+            (
+                "--gateway-address-allow=10.0.0.0/8,example.com",
+                "\"example.com\"",
+            ),
         ] {
             let err = policy(&[argv]).unwrap_err();
             assert!(err.contains("invalid CIDR"), "{argv}: {err}");
+            assert!(err.contains(named), "{argv}: {err}");
         }
     }
 }
