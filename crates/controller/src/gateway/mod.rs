@@ -271,14 +271,17 @@ impl Gateways {
         self.probers.state(gw)
     }
 
-    /// Every endpoint refresh period: forgets resolved hostnames and returns the gateways
-    /// among `in_use` that are given by hostname (their mirrors are looked at again;
-    /// writes happen only if addresses changed).
+    /// Every endpoint refresh period: forgets resolved hostnames (and the refusals of
+    /// gateways no longer in use) and returns the gateways among `in_use` that are given
+    /// by hostname (their mirrors are looked at again; writes happen only if addresses
+    /// changed).
     pub(crate) fn refresh(&self, in_use: Vec<GatewayRef>) -> Vec<GatewayRef> {
         self.resolver.invalidate();
         let mut by_hostname = self.by_hostname.lock();
         let in_use: HashSet<GatewayRef> = in_use.into_iter().collect();
         by_hostname.retain(|gw| in_use.contains(gw));
+        // Refusals of gateways no mirror uses are forgotten (reported again if used again).
+        self.reported.lock().retain(|gw, _| in_use.contains(gw));
         by_hostname.iter().cloned().collect()
     }
 }
