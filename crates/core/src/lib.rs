@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod address_policy;
 pub mod desired;
 pub mod diff;
 pub mod export;
@@ -33,6 +34,7 @@ pub mod probe;
 pub mod selector;
 pub mod slices;
 
+pub use address_policy::{AddressPolicy, Cidr, CidrError, Refused, RefusedBy};
 pub use desired::{
     DesiredMirror, Link, MirrorStyle, ResourceStyle, desired_mirror, desired_namespace,
     mirror_labels, remote_discovery_mirror,

@@ -8,7 +8,7 @@ use crate::links::{LinkManager, LinkManagerOptions, LinkSources};
 use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
 use crate::write_leases::{self, WriteLeaseOptions};
-use service_mirror_core::{EndpointsMode, NamespaceFilter};
+use service_mirror_core::{AddressPolicy, Cidr, CidrError, EndpointsMode, NamespaceFilter};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,6 +105,20 @@ pub struct RunArgs {
     /// How long the Lease lasts without renewal (renewed a third of it before expiry).
     #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     lease_duration: Duration,
+    /// Gateway addresses never used, whatever `--gateway-address-allow` says
+    /// (comma-separated CIDRs): add the local cluster's service and pod CIDRs.
+    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_DENY", value_parser = parse_cidrs)]
+    gateway_address_deny: Vec<Vec<Cidr>>,
+    /// Gateway addresses used although a built-in denial refuses them (comma-separated
+    /// CIDRs; never what the apiserver refuses in Endpoints).
+    #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_ALLOW", value_parser = parse_cidrs)]
+    gateway_address_allow: Vec<Vec<Cidr>>,
+}
+
+/// One `--gateway-address-deny/allow` value: comma-separated CIDRs, blanks and empty
+/// entries ignored (an empty environment variable is no CIDR, not an error).
+fn parse_cidrs(s: &str) -> Result<Vec<Cidr>, CidrError> {
+    Cidr::parse_list(s)
 }
 
 /// `--endpoints-mode`: the core's names, listed in `--help`.
@@ -168,6 +182,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
             endpoints_mode: args.endpoints_mode,
+            gateway_address_policy: AddressPolicy {
+                deny: args.gateway_address_deny.concat(),
+                allow: args.gateway_address_allow.concat(),
+            },
             ..LinkConfig::default()
         },
         sources: args.link_source,
@@ -249,4 +267,67 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         r = tokio::signal::ctrl_c() => r?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Command;
+
+    fn policy(argv: &[&str]) -> Result<(Vec<String>, Vec<String>), String> {
+        let base = ["service-mirror", "run", "--namespace", "mc"];
+        match Command::try_parse_from(base.iter().chain(argv)) {
+            Ok(Command::Run(a)) => Ok((
+                a.gateway_address_deny
+                    .iter()
+                    .flatten()
+                    .map(ToString::to_string)
+                    .collect(),
+                a.gateway_address_allow
+                    .iter()
+                    .flatten()
+                    .map(ToString::to_string)
+                    .collect(),
+            )),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn gateway_address_flags_parse_comma_separated_cidrs() {
+        assert_eq!(policy(&[]), Ok((vec![], vec![])));
+        assert_eq!(
+            policy(&[
+                "--gateway-address-deny=10.96.0.0/12, 10.244.0.0/16",
+                "--gateway-address-allow",
+                "fd00:ec2::254",
+                "--gateway-address-deny=,",
+                "--gateway-address-deny=",
+                "--gateway-address-deny=198.18.0.0/15",
+            ]),
+            Ok((
+                vec![
+                    "10.96.0.0/12".into(),
+                    "10.244.0.0/16".into(),
+                    "198.18.0.0/15".into()
+                ],
+                vec!["fd00:ec2::254/128".into()]
+            ))
+        );
+    }
+
+    #[test]
+    fn an_invalid_gateway_address_cidr_refuses_to_start() {
+        for (argv, named) in [
+            ("--gateway-address-deny=10.96.0.0/33", "\"10.96.0.0/33\""),
+            (
+                "--gateway-address-allow=10.0.0.0/8,example.com",
+                "\"example.com\"",
+            ),
+        ] {
+            let err = policy(&[argv]).unwrap_err();
+            assert!(err.contains("invalid CIDR"), "{argv}: {err}");
+            assert!(err.contains(named), "{argv}: {err}");
+        }
+    }
 }

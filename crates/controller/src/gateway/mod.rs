@@ -20,10 +20,10 @@ use crate::metrics::Metrics;
 use parking_lot::Mutex;
 use prober::{InUse, Probers};
 use service_mirror_core::{
-    GatewayError, GatewayRef, GatewaySpec, ProbeSpec, ResolvedGateway, ServiceKey,
-    endpoint_ip_allowed, gateway_spec, probe_spec,
+    AddressPolicy, GatewayError, GatewayRef, GatewaySpec, ProbeSpec, Refused, ResolvedGateway,
+    ServiceKey, gateway_spec, probe_spec,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +80,9 @@ pub(crate) struct Resolution {
     pub(crate) gateway: Option<ResolvedGateway>,
     /// Look at the key again this soon: a hostname of the gateway failed to resolve.
     pub(crate) retry_after: Option<Duration>,
+    /// Set once per gateway and set of refused addresses (not per reconcile): what the
+    /// address policy refused, for a Warning Event on the link.
+    pub(crate) refused_note: Option<String>,
 }
 
 /// The gateways of one link.
@@ -89,6 +92,11 @@ pub(crate) struct Gateways {
     probers: Probers,
     /// Gateways last resolved with hostnames: looked at again every refresh period.
     by_hostname: Mutex<HashSet<GatewayRef>>,
+    /// Which gateway addresses may be used (`--gateway-address-deny/allow`).
+    policy: AddressPolicy,
+    /// The refusals last reported per gateway: a change is reported again.
+    reported: Mutex<HashMap<GatewayRef, Vec<Refused>>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Gateways {
@@ -97,6 +105,7 @@ impl Gateways {
     pub(crate) fn new(
         cluster: &str,
         resolver: Arc<dyn Resolver>,
+        policy: AddressPolicy,
         probes: ProbeConfig,
         metrics: Arc<Metrics>,
         in_use: InUse,
@@ -106,8 +115,11 @@ impl Gateways {
         let gateways = Self {
             cluster: cluster.to_string(),
             resolver: CachingResolver::new(resolver),
-            probers: Probers::new(cluster, probes, metrics, in_use, verdicts, cancel),
+            probers: Probers::new(cluster, probes, metrics.clone(), in_use, verdicts, cancel),
             by_hostname: Mutex::default(),
+            policy,
+            reported: Mutex::default(),
+            metrics,
         };
         (gateways, changed)
     }
@@ -141,10 +153,11 @@ impl Gateways {
                 false => by_hostname.insert(gw.clone()),
             };
         }
-        let resolved = match &source {
+        let (resolved, refused) = match &source {
             Some(source) => self.addresses(gw, source).await,
-            None => None,
+            None => (None, Vec::new()),
         };
+        let refused_note = self.report_refused(gw, refused, resolved.is_none());
         let retry_after = hostnames
             .iter()
             .any(|h| self.resolver.failing(h))
@@ -170,38 +183,87 @@ impl Gateways {
         Resolution {
             gateway,
             retry_after,
+            refused_note,
         }
     }
 
-    /// The addresses of a usable gateway and how to probe it; None without an address.
+    /// Reports the addresses of `gw` the policy refused, when they differ from the last
+    /// report (a log line, the metric and the returned Event note); `unusable`: no
+    /// address was left.
+    fn report_refused(
+        &self,
+        gw: &GatewayRef,
+        refused: Vec<Refused>,
+        unusable: bool,
+    ) -> Option<String> {
+        {
+            let mut reported = self.reported.lock();
+            let last = reported.get(gw).map(Vec::as_slice).unwrap_or_default();
+            if last == refused.as_slice() {
+                return None;
+            }
+            match refused.is_empty() {
+                true => reported.remove(gw),
+                false => reported.insert(gw.clone(), refused.clone()),
+            };
+        }
+        if refused.is_empty() {
+            return None;
+        }
+        let cluster = &self.cluster;
+        for r in &refused {
+            self.metrics
+                .link
+                .gateway_address_refused(cluster, r.by.label());
+        }
+        let list = refused
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let outcome = match unusable {
+            true => "no address is left: its mirrors have no endpoints",
+            false => "its other addresses are used",
+        };
+        let note = format!(
+            "gateway {gw} of cluster {cluster}: refused addresses by the gateway address policy (--gateway-address-deny/--gateway-address-allow): {list}; {outcome}"
+        );
+        tracing::warn!(%cluster, gateway = %gw, refused = %list, unusable, "gateway addresses refused by the address policy");
+        Some(note)
+    }
+
+    /// The addresses of a usable gateway that the policy accepts and how to probe it
+    /// (None without an accepted address), and the refused addresses.
     async fn addresses(
         &self,
         gw: &GatewayRef,
         source: &GatewaySource,
-    ) -> Option<(ResolvedGateway, ProbeSpec)> {
+    ) -> (Option<(ResolvedGateway, ProbeSpec)>, Vec<Refused>) {
         let cluster = &self.cluster;
         let (spec, probe) = source.parts();
         if !spec.invalid_ingress.is_empty() {
             tracing::warn!(%cluster, gateway = %gw, invalid = ?spec.invalid_ingress, "ignoring invalid gateway ingress entries");
         }
-        let mut resolved = Vec::new();
+        let (mut accepted, mut refused) = self.policy.partition(spec.ips.iter().copied());
         for host in &spec.hostnames {
             match self.resolver.resolve(host).await {
                 Ok(ips) => {
-                    let (ok, refused): (Vec<_>, Vec<_>) =
-                        ips.into_iter().partition(endpoint_ip_allowed);
-                    if !refused.is_empty() {
-                        tracing::warn!(%cluster, gateway = %gw, host, ?refused, "ignoring resolved addresses that cannot be Endpoints addresses");
-                    }
-                    resolved.extend(ok)
+                    let (ok, denied) = self.policy.partition(ips);
+                    accepted.extend(ok);
+                    refused.extend(denied);
                 }
                 Err(e) => {
                     tracing::warn!(%cluster, gateway = %gw, error = %e, "gateway hostname unresolved; retried every endpoint refresh period")
                 }
             }
         }
-        let resolved = spec.clone().into_resolved(resolved);
-        (!resolved.addresses.is_empty()).then(|| (resolved, probe.clone()))
+        refused.sort();
+        refused.dedup();
+        let mut spec = spec.clone();
+        spec.ips.clear();
+        let resolved = spec.into_resolved(accepted);
+        let usable = !resolved.addresses.is_empty();
+        (usable.then(|| (resolved, probe.clone())), refused)
     }
 
     /// What the prober of `gw` knows; None when the gateway is not probed.
@@ -209,14 +271,17 @@ impl Gateways {
         self.probers.state(gw)
     }
 
-    /// Every endpoint refresh period: forgets resolved hostnames and returns the gateways
-    /// among `in_use` that are given by hostname (their mirrors are looked at again;
-    /// writes happen only if addresses changed).
+    /// Every endpoint refresh period: forgets resolved hostnames (and the refusals of
+    /// gateways no longer in use) and returns the gateways among `in_use` that are given
+    /// by hostname (their mirrors are looked at again; writes happen only if addresses
+    /// changed).
     pub(crate) fn refresh(&self, in_use: Vec<GatewayRef>) -> Vec<GatewayRef> {
         self.resolver.invalidate();
         let mut by_hostname = self.by_hostname.lock();
         let in_use: HashSet<GatewayRef> = in_use.into_iter().collect();
         by_hostname.retain(|gw| in_use.contains(gw));
+        // Refusals of gateways no mirror uses are forgotten (reported again if used again).
+        self.reported.lock().retain(|gw, _| in_use.contains(gw));
         by_hostname.iter().cloned().collect()
     }
 }

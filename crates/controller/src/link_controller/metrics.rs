@@ -54,6 +54,18 @@ pub(crate) struct LinkFamilies {
     pub(crate) link_status_bytes: Family<ClusterLabels, Counter>,
     /// Remote Services left out of a `Link`'s status (over its size budget).
     pub(crate) link_status_truncated: Family<ClusterLabels, Gauge>,
+    /// Gateway addresses refused by the address policy, counted once per gateway and
+    /// refused set.
+    pub(crate) gateway_addresses_refused: Family<RefusedLabels, Counter>,
+}
+
+/// Labels of refused gateway addresses.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RefusedLabels {
+    /// The link's cluster name.
+    pub(crate) cluster: String,
+    /// `configured_deny` or `default_deny`.
+    pub(crate) reason: String,
 }
 
 impl Default for LinkFamilies {
@@ -71,6 +83,7 @@ impl Default for LinkFamilies {
             link_status_writes: Family::default(),
             link_status_bytes: Family::default(),
             link_status_truncated: Family::default(),
+            gateway_addresses_refused: Family::default(),
         }
     }
 }
@@ -138,6 +151,21 @@ impl LinkFamilies {
             "Remote Services left out of a Link's status, over its size budget",
             self.link_status_truncated.clone(),
         );
+        r.register(
+            "gateway_addresses_refused",
+            "Gateway addresses refused by the gateway address policy, by reason (configured_deny, default_deny)",
+            self.gateway_addresses_refused.clone(),
+        );
+    }
+
+    /// Counts a gateway address of link `cluster` refused by the address policy.
+    pub(crate) fn gateway_address_refused(&self, cluster: &str, reason: &str) {
+        self.gateway_addresses_refused
+            .get_or_create(&RefusedLabels {
+                cluster: cluster.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Counts a failed or refused reconcile of link `cluster`.

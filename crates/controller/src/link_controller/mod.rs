@@ -114,6 +114,7 @@ impl LinkController {
         let (gateways, verdicts) = Gateways::new(
             &cluster,
             deps.resolver.clone(),
+            config.gateway_address_policy.clone(),
             config.probes(&deps),
             deps.metrics.clone(),
             in_use,

@@ -3,7 +3,7 @@
 
 use crate::gateway::{GatewaySource, ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
 use crate::metrics::Metrics;
-use service_mirror_core::{EndpointsMode, ExportRule, NamespaceFilter};
+use service_mirror_core::{AddressPolicy, EndpointsMode, ExportRule, NamespaceFilter};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +38,9 @@ pub struct LinkConfig {
     /// as the 2020 mirror did; Links only with `--enable-namespace-creation`, as
     /// Linkerd): otherwise the Service is skipped, with an Event.
     pub create_namespaces: bool,
+    /// Which gateway addresses mirrors and probes may use (`--gateway-address-deny`,
+    /// `--gateway-address-allow`); the default refuses the built-in denials.
+    pub gateway_address_policy: AddressPolicy,
 }
 
 impl Default for LinkConfig {
@@ -54,6 +57,7 @@ impl Default for LinkConfig {
             export_rule: ExportRule::default(),
             link_gateway: None,
             create_namespaces: true,
+            gateway_address_policy: AddressPolicy::default(),
         }
     }
 }

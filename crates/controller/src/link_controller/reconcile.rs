@@ -199,6 +199,11 @@ impl Reconciler {
                     source => self.gateways.resolve(key, gw, source).await,
                 };
                 g.requeue = resolution.retry_after;
+                if let (Some(note), Some(link)) = (&resolution.refused_note, &self.link_secret) {
+                    self.writer
+                        .record(link, "GatewayAddressRefused", "Mirror", note.clone())
+                        .await;
+                }
                 let mut gateway = resolution.gateway;
                 // A remote Service without a ready endpoint: Endpoints without subsets,
                 // as Linkerd makes them (failover tools read that as "remote empty").

@@ -1,0 +1,464 @@
+//! Which gateway addresses a link may point local mirrors (and the controller's
+//! probes) at.
+//!
+//! A remote cluster is not trusted: it chooses its gateway's ingress addresses (and the
+//! DNS answers of its hostnames), so without a policy it could point local clients at
+//! local things (the node, the cloud metadata address, local ClusterIPs and pods). The
+//! policy is checked in this order:
+//!
+//! 1. the operator's deny CIDRs (the local service and pod CIDRs): refused, whatever
+//!    the allow list says;
+//! 2. addresses the apiserver refuses in Endpoints (unspecified, loopback, link-local
+//!    including the metadata address 169.254.169.254, multicast): always refused;
+//! 3. the operator's allow CIDRs: accepted;
+//! 4. the other built-in denials (`fd00:ec2::254`, the IPv6 metadata address): refused;
+//! 5. anything else: accepted.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+/// An IPv4 or IPv6 CIDR block (`10.0.0.0/8`, `fd00::/8`; a bare address is a /32 or
+/// /128). Host bits are cleared when parsed, so `10.1.2.3/8` is `10.0.0.0/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// Why a CIDR does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid CIDR {input:?}: {why}")]
+pub struct CidrError {
+    /// The text given.
+    pub input: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+fn bits(ip: IpAddr) -> (u128, u8) {
+    match ip {
+        IpAddr::V4(v4) => (u128::from(u32::from(v4)), 32),
+        IpAddr::V6(v6) => (u128::from(v6), 128),
+    }
+}
+
+/// The network mask of `prefix` bits in an address of `width` bits (32 or 128).
+fn mask(prefix: u8, width: u8) -> u128 {
+    let all = u128::MAX >> (128 - u32::from(width));
+    all & !all.checked_shr(u32::from(prefix)).unwrap_or(0)
+}
+
+impl Cidr {
+    /// The block of `prefix` leading bits of `ip` (None when `prefix` is too long).
+    pub fn new(ip: IpAddr, prefix: u8) -> Option<Self> {
+        let (value, width) = bits(ip);
+        if prefix > width {
+            return None;
+        }
+        let network = value & mask(prefix, width);
+        let network = match ip {
+            IpAddr::V4(_) => IpAddr::V4((network as u32).into()),
+            IpAddr::V6(_) => IpAddr::V6(network.into()),
+        };
+        Some(Self { network, prefix })
+    }
+
+    /// Whether `ip` is in the block. An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
+    /// its IPv4 address; an IPv4 block never holds an IPv6 address, nor the reverse.
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        let (value, width) = bits(ip);
+        let (network, net_width) = bits(self.network);
+        width == net_width && value & mask(self.prefix, width) == network
+    }
+
+    /// Parses a comma-separated list of CIDRs (blank entries are skipped).
+    pub fn parse_list(list: &str) -> Result<Vec<Self>, CidrError> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::parse)
+            .collect()
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why| CidrError {
+            input: s.to_owned(),
+            why,
+        };
+        let (addr, prefix) = match s.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (s, None),
+        };
+        let ip: IpAddr = addr.parse().map_err(|_| err("not an IP address"))?;
+        let width = bits(ip).1;
+        let prefix = match prefix {
+            None => width,
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() <= 3 => {
+                p.parse().map_err(|_| err("bad prefix length"))?
+            }
+            Some(_) => return Err(err("bad prefix length")),
+        };
+        Self::new(ip, prefix).ok_or_else(|| err("prefix length too long for the address family"))
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// Which rule refused an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RefusedBy {
+    /// A deny CIDR the operator configured (`--gateway-address-deny`).
+    Configured,
+    /// A built-in denial.
+    Default,
+}
+
+impl RefusedBy {
+    /// A bounded label for metrics: `configured_deny` or `default_deny`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Configured => "configured_deny",
+            Self::Default => "default_deny",
+        }
+    }
+}
+
+/// An address the policy refuses, and the CIDR that refused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, thiserror::Error)]
+#[error("{ip} is in {} CIDR {cidr}", match .by { RefusedBy::Configured => "denied", RefusedBy::Default => "the built-in denied" })]
+pub struct Refused {
+    /// The refused address.
+    pub ip: IpAddr,
+    /// The CIDR it is in.
+    pub cidr: Cidr,
+    /// Whose rule that CIDR is.
+    pub by: RefusedBy,
+}
+
+/// Built-in denials that an allow CIDR cannot lift: what the apiserver refuses as an
+/// Endpoints address (see [`crate::endpoint_ip_allowed`]).
+const ALWAYS_DENIED: &[&str] = &[
+    "0.0.0.0/32",
+    "::/128",
+    "127.0.0.0/8",
+    "::1/128",
+    "169.254.0.0/16",
+    "fe80::/10",
+    "224.0.0.0/4",
+    "ff00::/8",
+];
+
+/// Built-in denials that an allow CIDR lifts.
+const DEFAULT_DENIED: &[&str] = &["fd00:ec2::254/128"];
+
+fn builtin(list: &'static [&'static str]) -> impl Iterator<Item = Cidr> {
+    list.iter().map(|c| c.parse().expect("built-in CIDR"))
+}
+
+/// The gateway address policy of the process: the operator's deny and allow CIDRs on
+/// top of the built-in denials (see the module documentation for the order).
+/// `AddressPolicy::default()` is the built-in denials alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressPolicy {
+    /// Refused whatever else is configured: the local service and pod CIDRs.
+    pub deny: Vec<Cidr>,
+    /// Accepted although a built-in denial would refuse them (never the addresses the
+    /// apiserver refuses in Endpoints, nor the `deny` CIDRs).
+    pub allow: Vec<Cidr>,
+}
+
+impl AddressPolicy {
+    /// Whether a gateway may have address `ip`; the refusal names the CIDR.
+    pub fn allows(&self, ip: &IpAddr) -> Result<(), Refused> {
+        let ip = ip.to_canonical();
+        let refused = |cidr, by| Refused { ip, cidr, by };
+        if let Some(c) = self.deny.iter().find(|c| c.contains(&ip)) {
+            return Err(refused(*c, RefusedBy::Configured));
+        }
+        if let Some(c) = builtin(ALWAYS_DENIED).find(|c| c.contains(&ip)) {
+            return Err(refused(c, RefusedBy::Default));
+        }
+        if self.allow.iter().any(|c| c.contains(&ip)) {
+            return Ok(());
+        }
+        match builtin(DEFAULT_DENIED).find(|c| c.contains(&ip)) {
+            Some(c) => Err(refused(c, RefusedBy::Default)),
+            None => Ok(()),
+        }
+    }
+
+    /// Splits `ips` into the accepted ones and the refusals, in order.
+    pub fn partition(&self, ips: impl IntoIterator<Item = IpAddr>) -> (Vec<IpAddr>, Vec<Refused>) {
+        let mut ok = Vec::new();
+        let mut refused = Vec::new();
+        for ip in ips {
+            match self.allows(&ip) {
+                Ok(()) => ok.push(ip.to_canonical()),
+                Err(r) => refused.push(r),
+            }
+        }
+        (ok, refused)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoint_ip_allowed;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn cidr(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn cidrs(list: &str) -> Vec<Cidr> {
+        Cidr::parse_list(list).unwrap()
+    }
+
+    #[test]
+    fn cidrs_parse_and_print_canonically() {
+        let table = [
+            ("10.0.0.0/8", "10.0.0.0/8"),
+            ("10.1.2.3/8", "10.0.0.0/8"),
+            ("192.0.2.1", "192.0.2.1/32"),
+            ("0.0.0.0/0", "0.0.0.0/0"),
+            ("198.18.0.0/15", "198.18.0.0/15"),
+            ("198.19.255.255/15", "198.18.0.0/15"),
+            ("fd00:ec2::254", "fd00:ec2::254/128"),
+            ("fe80::1/10", "fe80::/10"),
+            ("::/0", "::/0"),
+            ("2001:db8::/32", "2001:db8::/32"),
+            ("10.0.0.0/32", "10.0.0.0/32"),
+            ("::1/128", "::1/128"),
+        ];
+        for (input, want) in table {
+            assert_eq!(cidr(input).to_string(), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn invalid_cidrs_are_refused_with_the_input_named() {
+        let table = [
+            ("", "not an IP address"),
+            (
+                "10.0.0.0/33",
+                "prefix length too long for the address family",
+            ),
+            ("::/129", "prefix length too long for the address family"),
+            ("10.0.0/8", "not an IP address"),
+            ("10.0.0.0/", "bad prefix length"),
+            ("10.0.0.0/-1", "bad prefix length"),
+            ("10.0.0.0/+8", "bad prefix length"),
+            ("10.0.0.0/8/8", "bad prefix length"),
+            ("10.0.0.0/0008", "bad prefix length"),
+            ("10.0.0.0/256", "bad prefix length"),
+            ("example.com/8", "not an IP address"),
+            (" 10.0.0.0/8", "not an IP address"),
+        ];
+        for (input, why) in table {
+            let err = input.parse::<Cidr>().unwrap_err();
+            assert_eq!(err.why, why, "{input:?}");
+            assert!(err.to_string().contains(&format!("{input:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn lists_are_comma_separated_and_any_bad_entry_fails_the_list() {
+        assert_eq!(cidrs(""), vec![]);
+        assert_eq!(cidrs(" , "), vec![]);
+        assert_eq!(
+            cidrs("10.96.0.0/12, 10.244.0.0/16,fd00::/8"),
+            vec![
+                cidr("10.96.0.0/12"),
+                cidr("10.244.0.0/16"),
+                cidr("fd00::/8")
+            ]
+        );
+        let err = Cidr::parse_list("10.96.0.0/12,10.244.0.0/99").unwrap_err();
+        assert_eq!(err.input, "10.244.0.0/99");
+    }
+
+    #[test]
+    fn contains_respects_prefix_and_family() {
+        let table = [
+            ("10.0.0.0/8", "10.0.0.0", true),
+            ("10.0.0.0/8", "10.255.255.255", true),
+            ("10.0.0.0/8", "11.0.0.0", false),
+            ("10.0.0.0/8", "9.255.255.255", false),
+            ("198.18.0.0/15", "198.19.1.1", true),
+            ("198.18.0.0/15", "198.20.0.0", false),
+            ("192.0.2.1/32", "192.0.2.1", true),
+            ("192.0.2.1/32", "192.0.2.2", false),
+            ("0.0.0.0/0", "203.0.113.9", true),
+            ("0.0.0.0/0", "2001:db8::1", false),
+            ("::/0", "2001:db8::1", true),
+            ("::/0", "203.0.113.9", false),
+            ("10.0.0.0/8", "::ffff:10.1.2.3", true),
+            ("::ffff:0:0/96", "::ffff:10.1.2.3", false),
+            ("fe80::/10", "febf::1", true),
+            ("fe80::/10", "fec0::1", false),
+            ("fd00:ec2::254/128", "fd00:ec2::254", true),
+            ("fd00:ec2::254/128", "fd00:ec2::255", false),
+            ("2001:db8::/32", "2001:db8:ffff::1", true),
+            ("2001:db8::/32", "2001:db9::1", false),
+        ];
+        for (block, addr, want) in table {
+            assert_eq!(cidr(block).contains(&ip(addr)), want, "{block} ∋ {addr}");
+        }
+    }
+
+    #[test]
+    fn the_default_policy_refuses_local_and_metadata_addresses() {
+        let p = AddressPolicy::default();
+        let table: [(&str, Option<&str>); 20] = [
+            ("127.0.0.1", Some("127.0.0.0/8")),
+            ("127.255.0.9", Some("127.0.0.0/8")),
+            ("::1", Some("::1/128")),
+            ("::ffff:127.0.0.1", Some("127.0.0.0/8")),
+            ("169.254.169.254", Some("169.254.0.0/16")),
+            ("169.254.0.1", Some("169.254.0.0/16")),
+            ("fe80::1", Some("fe80::/10")),
+            ("0.0.0.0", Some("0.0.0.0/32")),
+            ("::", Some("::/128")),
+            ("224.0.0.1", Some("224.0.0.0/4")),
+            ("239.255.255.250", Some("224.0.0.0/4")),
+            ("ff02::1", Some("ff00::/8")),
+            ("fd00:ec2::254", Some("fd00:ec2::254/128")),
+            ("192.0.2.1", None),
+            ("10.1.2.3", None),
+            ("172.16.0.1", None),
+            ("198.18.0.1", None),
+            ("2001:db8::1", None),
+            ("fd00:ec2::253", None),
+            ("169.253.255.255", None),
+        ];
+        for (addr, want) in table {
+            let got = p.allows(&ip(addr)).map_err(|r| {
+                assert_eq!(r.by, RefusedBy::Default, "{addr}");
+                r.cidr.to_string()
+            });
+            assert_eq!(got, want.map(str::to_owned).map_or(Ok(()), Err), "{addr}");
+        }
+    }
+
+    #[test]
+    fn the_default_policy_refuses_everything_the_apiserver_refuses() {
+        let p = AddressPolicy::default();
+        for addr in [
+            "0.0.0.0",
+            "::",
+            "127.0.0.1",
+            "::1",
+            "169.254.1.1",
+            "fe80::9",
+            "224.1.1.1",
+            "ff05::2",
+            "192.0.2.1",
+            "10.0.0.1",
+            "2001:db8::1",
+        ] {
+            let addr = ip(addr);
+            if !endpoint_ip_allowed(&addr) {
+                assert!(p.allows(&addr).is_err(), "{addr}");
+            }
+        }
+    }
+
+    #[test]
+    fn configured_deny_wins_over_allow_and_allow_over_lifted_defaults() {
+        let p = AddressPolicy {
+            deny: cidrs("10.96.0.0/12,10.244.0.0/16,198.18.0.0/15"),
+            allow: cidrs("10.0.0.0/8,198.18.0.0/15,fd00:ec2::/32,169.254.0.0/16,127.0.0.0/8"),
+        };
+        let c = RefusedBy::Configured;
+        let d = RefusedBy::Default;
+        let table: [(&str, Option<(&str, RefusedBy)>); 12] = [
+            // Gateways in 10/8 outside the local service and pod CIDRs: accepted.
+            ("10.1.2.3", None),
+            ("10.95.255.255", None),
+            // The local service and pod CIDRs: refused although 10/8 is allowed.
+            ("10.96.0.1", Some(("10.96.0.0/12", c))),
+            ("10.111.255.255", Some(("10.96.0.0/12", c))),
+            ("10.244.3.7", Some(("10.244.0.0/16", c))),
+            ("::ffff:10.244.3.7", Some(("10.244.0.0/16", c))),
+            ("198.19.0.1", Some(("198.18.0.0/15", c))),
+            // A lifted built-in denial: accepted only because it is allowed.
+            ("fd00:ec2::254", None),
+            // What the apiserver refuses cannot be allowed.
+            ("169.254.169.254", Some(("169.254.0.0/16", d))),
+            ("127.0.0.1", Some(("127.0.0.0/8", d))),
+            // Untouched by either list.
+            ("192.0.2.1", None),
+            ("2001:db8::1", None),
+        ];
+        for (addr, want) in table {
+            let got = p.allows(&ip(addr)).map_err(|r| (r.cidr.to_string(), r.by));
+            let want = want.map(|(c, by)| (c.to_owned(), by)).map_or(Ok(()), Err);
+            assert_eq!(got, want, "{addr}");
+        }
+    }
+
+    #[test]
+    fn an_allow_outside_the_default_lifts_nothing() {
+        let p = AddressPolicy {
+            deny: vec![],
+            allow: cidrs("10.0.0.0/8"),
+        };
+        assert!(p.allows(&ip("fd00:ec2::254")).is_err());
+        assert!(p.allows(&ip("10.0.0.1")).is_ok());
+    }
+
+    #[test]
+    fn partition_keeps_order_and_names_each_refusal() {
+        let p = AddressPolicy {
+            deny: cidrs("198.18.0.0/15"),
+            allow: vec![],
+        };
+        let (ok, refused) = p.partition([
+            ip("192.0.2.1"),
+            ip("169.254.169.254"),
+            ip("198.18.0.5"),
+            ip("::ffff:192.0.2.2"),
+        ]);
+        assert_eq!(ok, vec![ip("192.0.2.1"), ip("192.0.2.2")]);
+        assert_eq!(
+            refused
+                .iter()
+                .map(|r| (r.ip.to_string(), r.cidr.to_string(), r.by.label()))
+                .collect::<Vec<_>>(),
+            vec![
+                (
+                    "169.254.169.254".into(),
+                    "169.254.0.0/16".into(),
+                    "default_deny"
+                ),
+                (
+                    "198.18.0.5".into(),
+                    "198.18.0.0/15".into(),
+                    "configured_deny"
+                ),
+            ] as Vec<(String, String, &str)>
+        );
+        assert_eq!(
+            refused[1].to_string(),
+            "198.18.0.5 is in denied CIDR 198.18.0.0/15"
+        );
+        assert_eq!(
+            refused[0].to_string(),
+            "169.254.169.254 is in the built-in denied CIDR 169.254.0.0/16"
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! The gateway address policy on real apiservers: a remote cannot point local mirrors,
+//! nor the controller's probes, at addresses the policy refuses. Hostnames are answered
+//! by a stub resolver; every probe is redirected to one local server and recorded, so no
+//! traffic leaves loopback.
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
+use kube::api::PostParams;
+use service_mirror_controller::gateway::{Lookup, ProbeRedirect, Resolver};
+use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
+use service_mirror_controller::metrics::Metrics;
+use service_mirror_core::{AddressPolicy, Cidr};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A resolver answering from a fixed table.
+#[derive(Debug, Default)]
+struct StubResolver(HashMap<String, Vec<IpAddr>>);
+
+impl Resolver for StubResolver {
+    fn lookup<'a>(&'a self, host: &'a str) -> Lookup<'a> {
+        let answer = self.0.get(host).cloned();
+        Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("no such host")) })
+    }
+}
+
+/// A local HTTP server answering every probe 200; returns its address.
+async fn healthy_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Records every address a probe is sent to and sends it to `server` instead.
+fn recording_redirect(server: SocketAddr) -> (ProbeRedirect, Arc<Mutex<Vec<IpAddr>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let redirect = ProbeRedirect(Arc::new(move |addr: SocketAddr| {
+        s.lock().unwrap().push(addr.ip());
+        server
+    }));
+    (redirect, seen)
+}
+
+/// A gateway `name` with ingress entries (IPs or hostnames), an `mc-probe` port and a
+/// 1 s probe period.
+async fn probed_gateway(env: &Env, name: &str, ingress: &[&str]) {
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": {
+            "mirror.linkerd.io/probe-path": "/health",
+            "mirror.linkerd.io/probe-period": "1"}},
+        "spec": {"type": "LoadBalancer", "ports": [
+            {"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": 4191}]}
+    }))
+    .unwrap();
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    set_ingress(&env.rc, &env.ns, name, ingress).await;
+}
+
+/// Every address of `ep`, ready or not.
+fn all_ips(ep: &Endpoints) -> Vec<String> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| {
+            s.addresses
+                .iter()
+                .flatten()
+                .chain(s.not_ready_addresses.iter().flatten())
+                .map(|a| a.ip.clone())
+        })
+        .collect()
+}
+
+fn cidrs(list: &str) -> Vec<Cidr> {
+    Cidr::parse_list(list).unwrap()
+}
+
+/// The link Secret's reference (in a local namespace of its own) where link Events go.
+async fn link_ref(env: &Env) -> ObjectReference {
+    let ns = local_cluster::unique_namespace("gwpol-ctl");
+    create_namespace(&env.lc, &ns).await;
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Secret".into()),
+        name: Some(format!("cluster-credentials-{}", env.cluster)),
+        namespace: Some(ns),
+        ..Default::default()
+    }
+}
+
+/// Reads one counter of an encoded registry.
+fn counter(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
+    let env = Env::new("gwpol").await;
+    let server = healthy_server().await;
+    let (redirect, probed) = recording_redirect(server);
+    let resolver = StubResolver(HashMap::from([(
+        "gw.example".to_owned(),
+        vec!["198.18.0.1".parse().unwrap()],
+    )]));
+    // The metadata address next to a usable one.
+    probed_gateway(&env, "meta", &["192.0.2.1", "169.254.169.254"]).await;
+    // A hostname resolving into a configured deny CIDR: no address is left.
+    probed_gateway(&env, "dns", &["gw.example"]).await;
+    // A refused address sorting first: the probe must go to the other one.
+    probed_gateway(&env, "first", &["198.18.0.7", "203.0.113.5"]).await;
+    // A built-in denial (the IPv6 metadata address), not allowed here.
+    probed_gateway(&env, "v6meta", &["fd00:ec2::254"]).await;
+    for (svc, gw) in [("a", "meta"), ("b", "dns"), ("c", "first"), ("d", "v6meta")] {
+        env.export(svc, gw, &[("http", 80)]).await;
+    }
+    let link = link_ref(&env).await;
+    let metrics = Metrics::new();
+    let config = LinkConfig {
+        endpoint_refresh_period: Duration::from_millis(500),
+        gateway_address_policy: AddressPolicy {
+            deny: cidrs("198.18.0.0/15"),
+            allow: vec![],
+        },
+        ..env.config()
+    };
+    let deps = LinkDeps {
+        resolver: Arc::new(resolver),
+        probe_redirect: Some(redirect),
+        metrics: metrics.clone(),
+        link_secret: Some(link.clone()),
+        ..LinkDeps::default()
+    };
+    let w = env.watch_with(config, deps);
+
+    env.mirror_until("a", "only the usable address", |_, e| {
+        all_ips(e) == ["192.0.2.1"]
+    })
+    .await;
+    env.mirror_until("c", "only the accepted address", |_, e| {
+        all_ips(e) == ["203.0.113.5"]
+    })
+    .await;
+    for (svc, why) in [
+        ("b", "resolved into a denied CIDR"),
+        ("d", "built-in denial"),
+    ] {
+        let (_, ep) = env.mirror_until(svc, why, |_, _| true).await;
+        assert!(!has_subsets(&ep), "{svc}: no endpoints ({why}): {ep:?}");
+    }
+    let ns = link.namespace.as_deref().unwrap();
+    let name = link.name.as_deref().unwrap();
+    let notes = eventually("an Event per refusing gateway", || async {
+        let notes: Vec<String> = events_on(&env.lc, ns, name)
+            .await
+            .into_iter()
+            .filter(|(r, _)| r == "GatewayAddressRefused")
+            .map(|(_, n)| n)
+            .collect();
+        (notes.len() >= 3).then_some(notes)
+    })
+    .await;
+    let find = |gw: &str| {
+        notes
+            .iter()
+            .find(|n| n.contains(&format!("gateway {}/{gw} ", env.ns)))
+            .unwrap_or_else(|| panic!("no Event for {gw}: {notes:?}"))
+            .clone()
+    };
+    let dns = find("dns");
+    assert!(
+        dns.contains("198.18.0.1 is in denied CIDR 198.18.0.0/15"),
+        "{dns}"
+    );
+    assert!(dns.contains("no address is left"), "{dns}");
+    let first = find("first");
+    assert!(
+        first.contains("198.18.0.7 is in denied CIDR 198.18.0.0/15"),
+        "{first}"
+    );
+    assert!(first.contains("its other addresses are used"), "{first}");
+    let v6 = find("v6meta");
+    assert!(v6.contains("fd00:ec2::254/128"), "{v6}");
+
+    // Probes reached the accepted addresses, and only them.
+    eventually("probes of both usable gateways", || async {
+        let seen = probed.lock().unwrap().clone();
+        let want: [IpAddr; 2] = ["192.0.2.1".parse().unwrap(), "203.0.113.5".parse().unwrap()];
+        want.iter().all(|ip| seen.contains(ip)).then_some(())
+    })
+    .await;
+    // Several refresh periods and probe periods: the refusals are reported once.
+    let text = metrics.encode();
+    let counts = |text: &str| {
+        ["configured_deny", "default_deny"].map(|reason| {
+            counter(
+                text,
+                &format!(
+                    "service_mirror_gateway_addresses_refused_total{{cluster=\"{}\",reason=\"{reason}\"}} ",
+                    env.cluster
+                ),
+            )
+        })
+    };
+    assert_eq!(counts(&text), [2, 1], "{text}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        counts(&metrics.encode()),
+        [2, 1],
+        "reported once, not per reconcile"
+    );
+    let seen = probed.lock().unwrap().clone();
+    let accepted: [IpAddr; 2] = ["192.0.2.1".parse().unwrap(), "203.0.113.5".parse().unwrap()];
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter().all(|ip| accepted.contains(ip)),
+        "probes only to accepted addresses: {seen:?}"
+    );
+    let events = events_on(&env.lc, ns, name)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "GatewayAddressRefused")
+        .count();
+    assert_eq!(events, 3, "one Event per gateway and refused set");
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_address_in_a_built_in_denial_is_used_only_when_allowed_and_never_if_denied() {
+    let env = Env::new("gwallow").await;
+    let server = healthy_server().await;
+    let (redirect, probed) = recording_redirect(server);
+    probed_gateway(&env, "v6meta", &["fd00:ec2::254"]).await;
+    probed_gateway(&env, "denied", &["198.18.0.1"]).await;
+    env.export("d", "v6meta", &[("http", 80)]).await;
+    env.export("e", "denied", &[("http", 80)]).await;
+    let config = LinkConfig {
+        gateway_address_policy: AddressPolicy {
+            deny: cidrs("198.18.0.0/15"),
+            // Allowing a denied CIDR lifts nothing: the operator's deny wins.
+            allow: cidrs("fd00:ec2::254/128,198.18.0.0/15"),
+        },
+        ..env.config()
+    };
+    let deps = LinkDeps {
+        probe_redirect: Some(redirect),
+        ..LinkDeps::default()
+    };
+    let w = env.watch_with(config, deps);
+    env.mirror_until("d", "explicitly allowed", |_, e| {
+        all_ips(e) == ["fd00:ec2::254"]
+    })
+    .await;
+    let (_, ep) = env.mirror_until("e", "denied", |_, _| true).await;
+    assert!(!has_subsets(&ep), "deny wins over allow: {ep:?}");
+    eventually("the allowed address probed", || async {
+        let seen = probed.lock().unwrap().clone();
+        seen.contains(&"fd00:ec2::254".parse().unwrap())
+            .then_some(())
+    })
+    .await;
+    let seen = probed.lock().unwrap().clone();
+    assert!(
+        !seen.contains(&"198.18.0.1".parse().unwrap()),
+        "a denied address is never probed: {seen:?}"
+    );
+    w.stop(false).await.unwrap();
+}
