@@ -661,6 +661,7 @@ fn linkerd_made(
 
 #[tokio::test]
 async fn mirrors_linkerd_made_are_adopted_in_place_and_an_idle_link_writes_nothing() {
+    // An idle link here: gateway mirrors and a remote-discovery mirror.
     // `endpoints` mode makes exactly Linkerd's objects (the default `both` adds our
     // EndpointSlices and the skip-mirror label: one create and one update per mirror).
     let w = LinkWorld::new("lkm", &[], &["--endpoints-mode", "endpoints"]).await;
@@ -686,6 +687,8 @@ async fn mirrors_linkerd_made_are_adopted_in_place_and_an_idle_link_writes_nothi
         let ep = w.env.local_endpoints().create(&pp, &ep).await.unwrap();
         uids.insert(name, (svc.metadata.uid, ep.metadata.uid));
     }
+    // A remote-discovery Service, mirrored afresh: one create, then nothing.
+    create_remote(&w, remote_service(&ns, "disc", &[DISCOVERY], &[])).await;
     // Someone else's Service with a mirror-like name: never touched.
     let mut foreign = remote_service(&ns, &format!("other-{cluster}"), &[("app", "other")], &[]);
     foreign.metadata.labels = Some(map(&[("app", "other")]));
@@ -697,16 +700,20 @@ async fn mirrors_linkerd_made_are_adopted_in_place_and_an_idle_link_writes_nothi
         subset_ips(e) == vec!["192.0.2.10", "192.0.2.11"]
     })
     .await;
-    for name in ["same", "stale"] {
+    for name in ["same", "stale", "disc"] {
         w.status_entry(&cluster, name, "Mirrored").await;
     }
     // Quiet for a while: writes after adoption would show here.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let writes: Vec<String> = w.env.local_writes()[before..].to_vec();
+    let mut writes: Vec<String> = w.env.local_writes()[before..].to_vec();
+    writes.sort();
     assert_eq!(
         writes,
-        vec![format!("update endpoints/{}", w.env.mirror_name("stale"))],
-        "an equal mirror gets no write, an unequal one one update, nothing else is touched"
+        vec![
+            format!("create services/{}", w.env.mirror_name("disc")),
+            format!("update endpoints/{}", w.env.mirror_name("stale")),
+        ],
+        "an equal mirror gets no write, an unequal one one update, a remote-discovery one its create, nothing else is touched"
     );
     assert_eq!(
         stale.metadata.uid, uids["stale"].1,
