@@ -135,10 +135,7 @@ impl Reconciler {
         if gathered.desired.is_none() {
             self.contention.forget(key);
         }
-        let result = self.apply(key, decision).await;
-        if let (Some(fp), Ok(_)) = (fingerprint, &result) {
-            self.contention.written(key, fp);
-        }
+        let result = self.apply(key, decision, fingerprint).await;
         if let (Some(book), Some(observed)) = (&self.status, observed) {
             book.observe(
                 key,
@@ -341,7 +338,14 @@ impl Reconciler {
     }
 
     /// Carries out a decision.
-    async fn apply(&self, key: &ServiceKey, decision: Decision) -> Result<Outcome> {
+    /// `fingerprint`: of the desired state the plan's updates write towards, recorded for
+    /// the contention check once every write of the plan is made (a stale write is none).
+    async fn apply(
+        &self,
+        key: &ServiceKey,
+        decision: Decision,
+        fingerprint: Option<u64>,
+    ) -> Result<Outcome> {
         let cluster = &self.link.cluster_name;
         let writes = match decision {
             Decision::Wait => return Ok(Outcome::Done),
@@ -438,15 +442,20 @@ impl Reconciler {
             Steps::InOrder(actions) => actions,
         };
         let mut created_uid = None;
+        let mut stale = false;
         for action in &actions {
             tracing::debug!(%cluster, %key, ?action, "writing");
             let (applied, uid) = self.execute_returning_uid(action).await?;
             if applied == Applied::Stale {
                 // Keep the plan's order (Service before Endpoints): the watch event that
                 // brings the newer version queues this key again.
+                stale = true;
                 break;
             }
             created_uid = created_uid.or(uid);
+        }
+        if let (false, Some(fp)) = (stale, fingerprint) {
+            self.contention.written(key, fp);
         }
         // A new mirror's slices need its Service's uid, which the plan could not know:
         // it came with the create, so they are written now rather than on a second pass
@@ -473,9 +482,6 @@ impl Reconciler {
         }
     }
 
-    /// Reports a mirror refused because the link holds its limit: every refusal is logged
-    /// at debug and counted, the first after none also at warn and as an Event on the link
-    /// Secret. The key is looked at again when a slot frees.
     /// Another writer keeps undoing this mirror: said once per episode (log, metric,
     /// Event on the mirror Service); the key is held meanwhile (contention.rs).
     async fn report_contention(&self, key: &ServiceKey, g: &Gathered) {
@@ -516,6 +522,9 @@ impl Reconciler {
         }
     }
 
+    /// Reports a mirror refused because the link holds its limit: every refusal is logged
+    /// at debug and counted, the first after none also at warn and as an Event on the link
+    /// Secret. The key is looked at again when a slot frees.
     async fn refuse_over_limit(&self, key: &ServiceKey, first: bool) {
         let cluster = &self.link.cluster_name;
         let max = self.limit.max().unwrap_or_default();
