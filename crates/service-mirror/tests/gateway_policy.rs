@@ -7,27 +7,16 @@ mod support;
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use kube::api::PostParams;
-use service_mirror_controller::gateway::{Lookup, ProbeRedirect, Resolver};
+use service_mirror_controller::gateway::ProbeRedirect;
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use service_mirror_controller::metrics::Metrics;
 use service_mirror_core::{AddressPolicy, Cidr};
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::resolver::MapResolver;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A resolver answering from a fixed table.
-#[derive(Debug, Default)]
-struct StubResolver(HashMap<String, Vec<IpAddr>>);
-
-impl Resolver for StubResolver {
-    fn lookup<'a>(&'a self, host: &'a str) -> Lookup<'a> {
-        let answer = self.0.get(host).cloned();
-        Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("no such host")) })
-    }
-}
 
 /// A local HTTP server answering every probe 200; returns its address.
 async fn healthy_server() -> SocketAddr {
@@ -120,10 +109,8 @@ async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
     let env = Env::new("gwpol").await;
     let server = healthy_server().await;
     let (redirect, probed) = recording_redirect(server);
-    let resolver = StubResolver(HashMap::from([(
-        "gw.example".to_owned(),
-        vec!["198.18.0.1".parse().unwrap()],
-    )]));
+    let resolver = MapResolver::default();
+    resolver.set("gw.example", &["198.18.0.1"]);
     // The metadata address next to a usable one.
     probed_gateway(&env, "meta", &["192.0.2.1", "169.254.169.254"]).await;
     // A hostname resolving into a configured deny CIDR: no address is left.

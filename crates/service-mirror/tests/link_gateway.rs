@@ -8,14 +8,14 @@ mod support;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
-use service_mirror_controller::gateway::{Lookup, ProbeRedirect, Resolver};
+use service_mirror_controller::gateway::ProbeRedirect;
 use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
 use service_mirror_controller::links::{LinkSpec, link_config, parse_link};
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::links::{credentials_secret, link, remote_slice};
+use support::resolver::MapResolver;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -87,26 +87,6 @@ fn not_ready_ips(ep: &Endpoints) -> Vec<String> {
         .flatten()
         .flat_map(|s| s.not_ready_addresses.iter().flatten().map(|a| a.ip.clone()))
         .collect()
-}
-
-/// A resolver whose answers the test sets; a host without an answer fails.
-#[derive(Debug, Default)]
-struct StubResolver(Mutex<HashMap<String, Vec<IpAddr>>>);
-
-impl StubResolver {
-    fn set(&self, host: &str, ips: &[&str]) {
-        self.0.lock().unwrap().insert(
-            host.into(),
-            ips.iter().map(|i| i.parse().unwrap()).collect(),
-        );
-    }
-}
-
-impl Resolver for StubResolver {
-    fn lookup<'a>(&'a self, host: &'a str) -> Lookup<'a> {
-        let answer = self.0.lock().unwrap().get(host).cloned();
-        Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("no such host")) })
-    }
 }
 
 /// A redirect of probes to 192.0.2.N to the fake gateway on 127.0.0.N; every address
@@ -245,7 +225,7 @@ impl Drop for FakeGateway {
 async fn link_gateway_hostnames_are_resolved_sorted_mixed_with_static_ips_and_re_resolved() {
     let env = Env::new("lgdns").await;
     local_namespace(&env).await;
-    let resolver = Arc::new(StubResolver::default());
+    let resolver = Arc::new(MapResolver::default());
     resolver.set("gw.example", &["192.0.2.21", "192.0.2.20"]);
     // `nowhere.invalid` never resolves; 192.0.2.100 sorts after .20 and .21 as an
     // address (before them as text).

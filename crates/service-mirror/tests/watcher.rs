@@ -7,12 +7,10 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{ClusterOptions, LocalCluster, TcpProxy};
-use service_mirror_controller::gateway::{Lookup, Resolver};
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
-use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use support::resolver::MapResolver;
 use support::*;
 
 const GW_PORT: i32 = 4143;
@@ -142,25 +140,6 @@ async fn unusable_gateway_gives_endpoints_without_subsets_until_it_becomes_usabl
 }
 
 /// A resolver whose answers the test sets.
-#[derive(Debug, Default)]
-struct MapResolver(Mutex<HashMap<String, Vec<IpAddr>>>);
-
-impl MapResolver {
-    fn set(&self, host: &str, ips: &[&str]) {
-        self.0.lock().unwrap().insert(
-            host.into(),
-            ips.iter().map(|i| i.parse().unwrap()).collect(),
-        );
-    }
-}
-
-impl Resolver for MapResolver {
-    fn lookup<'a>(&'a self, host: &'a str) -> Lookup<'a> {
-        let answer = self.0.lock().unwrap().get(host).cloned();
-        Box::pin(async move { answer.ok_or_else(|| std::io::Error::other("no such host")) })
-    }
-}
-
 #[tokio::test]
 async fn hostname_ingress_is_resolved_refreshed_and_written_only_on_change() {
     let env = Env::new("dns").await;

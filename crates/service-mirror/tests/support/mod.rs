@@ -4,6 +4,7 @@
 
 pub(crate) mod controller;
 pub(crate) mod links;
+pub(crate) mod resolver;
 
 use k8s_openapi::api::core::v1::{
     Endpoints, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
