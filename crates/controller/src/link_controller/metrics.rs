@@ -1,7 +1,9 @@
 //! The metrics of the link controllers: the families (registered once per process)
 //! and, per link, every update with the cluster label bound once.
 
+use crate::links::metrics::{LinkErrorLabels, LinkResourceErrorLabels};
 use crate::metrics::{ClusterLabels, Metrics};
+use k8s_openapi::api::core::v1::ObjectReference;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -271,6 +273,30 @@ impl LinkMetrics {
     /// A failed or refused reconcile, by bounded kind.
     pub(super) fn error(&self, kind: &str) {
         self.metrics.link.error(&self.labels.cluster, kind);
+    }
+
+    /// The running remote refused the credentials of the link object `link` (a link
+    /// Secret or a Link), counted where refusals of that object are: `link_errors` or
+    /// `link_resource_errors`, by `reason`.
+    pub(super) fn link_refused(&self, link: &ObjectReference, reason: &str) {
+        let name = link.name.clone().unwrap_or_default();
+        let links = &self.metrics.links;
+        match link.kind.as_deref() {
+            Some("Link") => links
+                .link_resource_errors
+                .get_or_create(&LinkResourceErrorLabels {
+                    link: name,
+                    reason: reason.into(),
+                })
+                .inc(),
+            _ => links
+                .link_errors
+                .get_or_create(&LinkErrorLabels {
+                    secret: name,
+                    reason: reason.into(),
+                })
+                .inc(),
+        };
     }
 
     /// The link was removed: its gauges go.

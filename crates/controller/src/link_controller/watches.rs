@@ -25,7 +25,7 @@ use service_mirror_core::labels::slice_owner_selector;
 use service_mirror_core::owner_selector;
 use service_mirror_core::{ExportPolicy, ExportRule, ServiceKey};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +41,35 @@ pub(super) struct RemoteEvents {
     pub(super) relists: Arc<AtomicU64>,
     pub(super) metrics: LinkMetrics,
     pub(super) queue: WorkQueue<ServiceKey>,
+    /// Where a refusal of the credentials by the running remote is said (an Event on
+    /// the link object, when it has one).
+    pub(super) report: RefusalReport,
+    /// The HTTP status (401 or 403) of the refusal last said; 0: none since the remote
+    /// last answered.
+    pub(super) refused: AtomicU16,
+}
+
+/// Says, on the link object, that the remote refuses the link's credentials.
+#[derive(Clone)]
+pub(super) struct RefusalReport {
+    pub(super) writer: crate::writer::LocalWriter,
+    pub(super) link: Option<k8s_openapi::api::core::v1::ObjectReference>,
+}
+
+/// The status of a remote watch failure that refuses the credentials: 401 (revoked or
+/// expired token) or 403 (the rights were taken away).
+fn refusal(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s))
+            if s.code == 401 || s.code == 403 =>
+        {
+            Some(s.code)
+        }
+        watcher::Error::WatchError(s) if s.code == 401 || s.code == 403 => Some(s.code),
+        _ => None,
+    }
 }
 
 impl RemoteEvents {
@@ -63,6 +92,7 @@ impl RemoteEvents {
 
     fn on_event(&self, ev: &watcher::Event<Service>) {
         self.connected.store(true, Ordering::SeqCst);
+        self.refused.store(0, Ordering::SeqCst);
         self.metrics.remote_connected(true);
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
@@ -91,6 +121,37 @@ impl RemoteEvents {
         self.metrics.remote_connected(false);
         if self.connected.swap(false, Ordering::SeqCst) {
             tracing::warn!(cluster = %self.cluster, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
+        }
+        if let Some(code) = refusal(e)
+            && self.refused.swap(code, Ordering::SeqCst) != code
+        {
+            self.refused_now(code);
+        }
+    }
+
+    /// The remote refuses the credentials of a running link (a token revoked or expired,
+    /// rights taken away): said once per refusal (a warning, the reason counted, an
+    /// Event on the link object), retried with backoff, every mirror kept.
+    fn refused_now(&self, code: u16) {
+        let cluster = &self.cluster;
+        let (reason, what) = match code {
+            401 => (
+                "RemoteUnauthorized",
+                "rejects the credentials (401 Unauthorized): the token was revoked or expired",
+            ),
+            _ => (
+                "RemoteForbidden",
+                "no longer lets the credentials list and watch services (403 Forbidden)",
+            ),
+        };
+        let note = format!(
+            "the remote apiserver of cluster {cluster} {what}; mirrors are kept as they are and the watch is retried: link the cluster again with valid credentials"
+        );
+        tracing::warn!(%cluster, reason, "{note}");
+        if let Some(link) = self.report.link.clone() {
+            self.metrics.link_refused(&link, reason);
+            let writer = self.report.writer.clone();
+            tokio::spawn(async move { writer.record(&link, reason, "Watch", note).await });
         }
     }
 }
@@ -248,6 +309,11 @@ pub(super) fn spawn(
         relists: shared.relists,
         metrics: shared.metrics,
         queue: rec.queue.clone(),
+        report: RefusalReport {
+            writer: rec.writer.clone(),
+            link: rec.link_secret.clone(),
+        },
+        refused: AtomicU16::new(0),
     };
     let slice_events = rec.readiness.clone().map(|readiness| RemoteSliceEvents {
         cluster: cluster_name.clone(),
