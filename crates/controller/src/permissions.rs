@@ -7,13 +7,13 @@
 //!
 //! | resource | verbs | used by |
 //! |---|---|---|
-//! | `services`, `endpoints` (all namespaces) | get, list, watch, create, update, patch, delete | the link controllers' caches and the writer (`patch` is in the contract, for Linkerd parity) |
+//! | `services`, `endpoints` (all namespaces) | get, list, watch, create, update, delete | the link controllers' caches (list, watch) and the writer (create; `get` when a create finds the name taken; `update` is a replace with the cached resourceVersion; delete) |
 //! | `discovery.k8s.io` `endpointslices` (all namespaces) | get, list, watch, create, update, delete | our EndpointSlices: cached, written, and in every mode deleted after a switch or an unlink (`get`: a create that finds the name taken checks whose it is; no `patch`) |
-//! | `namespaces` | get, list, watch, create | the writer creates a missing namespace for a mirror |
+//! | `namespaces` | create | the writer creates a missing namespace for a mirror (a create that finds it there is a 409: no read needed) |
 //! | `events.k8s.io` `events` (all namespaces) | create, patch | Events on link Secrets and on objects that hold a mirror's name (`patch` updates a repeated Event's series) |
-//! | `secrets` (controller namespace only) | get, list, watch | the link Secrets |
-//! | `coordination.k8s.io` `leases` (controller namespace only) | get, list, watch, create, update, patch, delete | leader election (HA); the per-link write Leases `service-mirror-write-<cluster>` (`delete`: on unlink, only those labelled ours) |
-//! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]) |
+//! | `secrets` (controller namespace only) | list, watch | the link Secrets, read through one watch (never one by one) |
+//! | `coordination.k8s.io` `leases` (controller namespace only) | get, create, update, patch, delete | leader election (HA: get, create, patch); the per-link write Leases `service-mirror-write-<cluster>` (get, create, update; `delete`: on unlink, only those labelled ours); no Lease is listed or watched |
+//! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]; `get`: the status writer reads the Link's current status first) |
 //! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
 //!
 //! The `Link` credentials Secrets are covered by the `secrets` rule: same namespace,
@@ -25,6 +25,12 @@
 //! overwrite a newer one), not the whole Link back, so its bytes do not grow with the
 //! spec; and it is the verb Linkerd's own Roles grant, so one Role serves either
 //! controller.
+//!
+//! Each verb is proven needed by removal (tests/least_privilege.rs: without it a
+//! lifecycle step fails); the verbs the contract lists beyond these (`patch` on Services
+//! and Endpoints, `get`/`list`/`watch` on Namespaces) and `get` on Secrets, `list`/`watch`
+//! on Leases are not granted: no request of the controller uses them (RELIABILITY.md,
+//! "Least privilege").
 //!
 //! The Link permissions are optional at startup: without the Link CRD (a cluster with
 //! Secret links only) they are not checked at all, and where the CRD is served a
@@ -54,9 +60,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule {
         group: "",
         resources: &["services", "endpoints"],
-        verbs: &[
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ],
+        verbs: &["get", "list", "watch", "create", "update", "delete"],
     },
     // Every mode needs all of them: `endpoints` mode still watches and deletes the slices
     // `both` left, and creates them again on the way back.
@@ -68,7 +72,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule {
         group: "",
         resources: &["namespaces"],
-        verbs: &["get", "list", "watch", "create"],
+        verbs: &["create"],
     },
     Rule {
         group: "events.k8s.io",
@@ -82,14 +86,12 @@ pub const NAMESPACE_RULES: &[Rule] = &[
     Rule {
         group: "",
         resources: &["secrets"],
-        verbs: &["get", "list", "watch"],
+        verbs: &["list", "watch"],
     },
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &[
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ],
+        verbs: &["get", "create", "update", "patch", "delete"],
     },
 ];
 
@@ -360,15 +362,16 @@ mod tests {
         assert!(all.contains(&"delete endpointslices.discovery.k8s.io (cluster-wide)".to_string()));
         assert!(all.contains(&"patch events.events.k8s.io (cluster-wide)".to_string()));
         assert!(all.contains(&"watch secrets in namespace mc".to_string()));
+        assert!(!all.contains(&"patch services (cluster-wide)".to_string()));
         assert!(all.contains(&"update leases.coordination.k8s.io in namespace mc".to_string()));
     }
 
     #[test]
     fn one_permission_per_verb_and_resource_without_duplicates() {
         let all = required_permissions("mc");
-        // services + endpoints: 7 verbs each; endpointslices 6; namespaces 4; events 2;
-        // secrets 3; leases 7.
-        assert_eq!(all.len(), 14 + 6 + 4 + 2 + 3 + 7);
+        // services + endpoints: 6 verbs each; endpointslices 6; namespaces 1; events 2;
+        // secrets 2; leases 5.
+        assert_eq!(all.len(), 12 + 6 + 1 + 2 + 2 + 5);
         let mut unique = all.clone();
         unique.sort_by_key(ToString::to_string);
         unique.dedup();
@@ -434,29 +437,25 @@ mod tests {
             .collect();
         got.sort();
         let mut want = Vec::new();
+        // No `patch`: every write is a create, a replace (update) or a delete.
         for r in ["services", "endpoints"] {
-            for v in [
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ] {
+            for v in ["get", "list", "watch", "create", "update", "delete"] {
                 want.push((String::new(), r.to_string(), v.to_string()));
             }
         }
         for v in ["get", "list", "watch", "create", "update", "delete"] {
             want.push(("discovery.k8s.io".into(), "endpointslices".into(), v.into()));
         }
-        for v in ["get", "list", "watch", "create"] {
-            want.push((String::new(), "namespaces".into(), v.into()));
-        }
+        want.push((String::new(), "namespaces".into(), "create".into()));
         for v in ["create", "patch"] {
             want.push(("events.k8s.io".into(), "events".into(), v.into()));
         }
-        for v in ["get", "list", "watch"] {
+        for v in ["list", "watch"] {
             want.push((String::new(), "secrets".into(), v.into()));
         }
-        // `delete`: the write Lease of an unlinked cluster (write_leases.rs).
-        for v in [
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ] {
+        // `delete`: the write Lease of an unlinked cluster (write_leases.rs); no list or
+        // watch: both Lease users get their one Lease by name.
+        for v in ["get", "create", "update", "patch", "delete"] {
             want.push(("coordination.k8s.io".into(), "leases".into(), v.into()));
         }
         want.sort();

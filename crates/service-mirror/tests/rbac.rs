@@ -81,7 +81,7 @@ async fn link(env: &Env, ctl_ns: &str, drop_verb: Option<&str>) -> String {
         .expect("utf-8 kubeconfig");
     // The remote authorizer must see the role as applied before the link is used.
     let remote = client_from_yaml(&kubeconfig).await.unwrap();
-    for verb in ["get", "list", "watch"] {
+    for verb in ["list", "watch"] {
         let p = Permission {
             verb: verb.into(),
             group: String::new(),

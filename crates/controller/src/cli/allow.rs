@@ -5,8 +5,8 @@
 //! service-mirror allow | kubectl --context east apply -f -
 //! ```
 //!
-//! It prints a Namespace, a ServiceAccount, a ClusterRole allowing only `get`, `list`
-//! and `watch` on `services`, the ClusterRoleBinding granting it to the account, and a
+//! It prints a Namespace, a ServiceAccount, a ClusterRole allowing only `list` and
+//! `watch` on `services` (and on `endpointslices`), the ClusterRoleBinding granting it to the account, and a
 //! `kubernetes.io/service-account-token` Secret `<account>-token` that the cluster's
 //! token controller fills with a long-lived token (`service-mirror link` reads it).
 
@@ -62,15 +62,16 @@ pub fn cluster_role_name(namespace: &str, service_account: &str) -> String {
     format!("service-mirror:{namespace}:{service_account}")
 }
 
-/// The only permissions a mirror needs on a remote cluster: read its Services, and
-/// list and watch its EndpointSlices (a `Link`'s mirrors follow whether the remote
-/// Service has ready endpoints, as Linkerd's do; Secret links never read them).
+/// The only permissions a mirror needs on a remote cluster: list and watch its Services,
+/// and its EndpointSlices (a `Link`'s mirrors follow whether the remote Service has
+/// ready endpoints, as Linkerd's do; Secret links never read them). No `get`: the
+/// controller reads the remote through its watches only (tests/least_privilege.rs).
 pub fn remote_access_rules() -> Vec<PolicyRule> {
     vec![
         PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["services".into()]),
-            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            verbs: vec!["list".into(), "watch".into()],
             ..Default::default()
         },
         PolicyRule {
@@ -218,7 +219,7 @@ mod tests {
         assert_eq!(
             role["rules"],
             json!([
-                {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"]},
                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
             ])
         );

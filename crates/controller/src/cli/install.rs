@@ -470,11 +470,11 @@ mod tests {
             role["rules"],
             json!([
                 {"apiGroups": [""], "resources": ["services", "endpoints"],
-                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                 "verbs": ["get", "list", "watch", "create", "update", "delete"]},
                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
                  "verbs": ["get", "list", "watch", "create", "update", "delete"]},
                 {"apiGroups": [""], "resources": ["namespaces"],
-                 "verbs": ["get", "list", "watch", "create"]},
+                 "verbs": ["create"]},
                 {"apiGroups": ["events.k8s.io"], "resources": ["events"],
                  "verbs": ["create", "patch"]},
             ])
@@ -491,9 +491,9 @@ mod tests {
             role["rules"],
             json!([
                 {"apiGroups": [""], "resources": ["secrets"],
-                 "verbs": ["get", "list", "watch"]},
+                 "verbs": ["list", "watch"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                 "verbs": ["get", "create", "update", "patch", "delete"]},
                 {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links"],
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links/status"],

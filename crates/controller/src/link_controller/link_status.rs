@@ -214,7 +214,9 @@ async fn patch(
     name: &str,
     ours: &[LinkServiceStatus],
 ) -> kube::Result<usize> {
-    let current = api.get_status(name).await?;
+    // The object, not its `status` subresource: the same body, under `get links`
+    // (a `get` on `links/status` is a permission of its own that the Role does not grant).
+    let current = api.get(name).await?;
     let version = current.metadata.resource_version.clone();
     let (mine, mut services): (Vec<LinkServiceStatus>, Vec<LinkServiceStatus>) = current
         .status

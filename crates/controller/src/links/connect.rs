@@ -45,7 +45,8 @@ pub async fn connect(spec: &LinkSpec, metrics: &ClientMetrics) -> Result<kube::C
     match tokio::time::timeout(PROBE_TIMEOUT, is_allowed(&client, &watch)).await {
         Ok(Ok(true)) => Ok(client),
         Ok(Ok(false)) => Err(LinkError::Forbidden(
-            "the credentials may list but not watch services (cluster-wide): grant get, list and watch".into(),
+            "the credentials may list but not watch services (cluster-wide): grant list and watch"
+                .into(),
         )),
         Ok(Err(e)) => Err(classify(&e)),
         Err(_) => Err(LinkError::Unreachable(format!(

@@ -1,0 +1,1187 @@
+//! Least privilege proven by removal: for every verb that `service-mirror install`
+//! (ClusterRole, Role, Link rules) and `service-mirror allow` (the remote ClusterRole)
+//! grant, the install minus that one verb, the real binary running with the
+//! ServiceAccount's token, and the lifecycle step that needs the verb failing visibly:
+//! the apiserver's refusal of exactly that verb on that resource in the log, and the
+//! step's effect missing (a mirror not created, updated or deleted, an Event or a
+//! Lease write missing, a Link not served, ...).
+//!
+//! The startup check only reports a missing permission, the controller runs on
+//! (`rbac::each_missing_local_permission_is_named_at_startup`), so each case reaches
+//! the step itself: no bypass is needed. [`CASES`] is the table RELIABILITY.md's
+//! "Least privilege" section copies; `the_cases_are_exactly_the_granted_verbs` keeps it
+//! in step with `permissions.rs` and `allow`.
+
+#[path = "support/rbac.rs"]
+mod rbac_support;
+mod support;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use local_cluster::{apply_yaml, client_from_yaml, unique_namespace};
+use rbac_support::{RunningController, apply_documents, install, install_documents, remove_verb};
+use service_mirror_controller::links::LinkResource;
+use service_mirror_controller::permissions::{
+    Permission, is_allowed, link_permissions, missing_link_permissions, missing_permissions,
+    required_permissions,
+};
+use std::time::{Duration, Instant};
+use support::controller::service_mirror;
+use support::links::{credentials_secret, link_crd, remote_slice};
+use support::*;
+
+const GW: i32 = 4143;
+/// The remote ServiceAccount `allow` creates by default.
+const REMOTE_SA: &str = "linkerd-service-mirror-remote-access-default";
+/// How long a case waits for the refusal to show in the log (the slowest path is a
+/// write Lease renewal: 2 s into a 3 s lease, after the link is up).
+const REFUSAL_WITHIN: Duration = Duration::from_secs(40);
+/// After the refusal is logged, how long the step is given to happen anyway before its
+/// effect is declared missing (a granted step takes well under a second here).
+const SETTLE: Duration = Duration::from_secs(4);
+/// Cases run at once: each is one controller process and a few API clients.
+const PARALLEL: usize = 6;
+
+/// Where a verb is granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// `install`'s ClusterRole ([`service_mirror_controller::permissions::CLUSTER_RULES`]).
+    Cluster,
+    /// `install`'s Role in the controller namespace (`NAMESPACE_RULES`).
+    Namespace,
+    /// `install`'s Role, the Link rules (`LINK_RULES`).
+    Link,
+    /// `allow`'s ClusterRole on the remote cluster.
+    Remote,
+}
+
+/// What a case does once the RBAC minus its verb is installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Export a Service: its mirror's object of the resource is never created.
+    Create,
+    /// Mirror a Service, then change it (a port for Services, the gateway address for
+    /// Endpoints and EndpointSlices): the mirror's object keeps the old content.
+    Update,
+    /// Mirror a Service, then unexport it: the mirror's object stays.
+    Delete,
+    /// A foreign object of the resource holds the mirror's name: the create's 409 is
+    /// never told apart (ours or foreign), so no `MirrorConflict` Event.
+    Conflict,
+    /// The local cache of the resource cannot be filled: nothing is mirrored.
+    ListLocal,
+    /// The local cache is filled once and never again: the mirror the controller
+    /// creates is never seen, so a later remote change never reaches it.
+    WatchLocal,
+    /// A remote Service in a namespace absent locally: the namespace is not created,
+    /// nor the mirror.
+    CreateNamespace,
+    /// Linking: no `Linked` Event on the link Secret.
+    EventCreate,
+    /// A repeated `MirrorConflict`: the Event is never updated to a series.
+    EventPatch,
+    /// Link Secrets cannot be listed: nothing is linked.
+    ListSecrets,
+    /// A link Secret applied after the start is never seen: nothing is linked.
+    WatchSecrets,
+    /// The leader-election Lease cannot be used (read, made or taken): the replica
+    /// never leads, nothing is mirrored.
+    LeaderLease,
+    /// The write Lease `service-mirror-write-<cluster>` is never renewed.
+    RenewWriteLease,
+    /// Unlinking: the write Lease of the cluster stays.
+    DeleteWriteLease,
+    /// `Link`s cannot be listed: a Link is never served.
+    ListLinks,
+    /// A `Link` created after the start is never seen.
+    WatchLinks,
+    /// A Link's status (Ready condition, `mirrorServices`) is never written.
+    LinkStatus,
+    /// The link is refused at connection (`RemoteForbidden` on the link Secret), no
+    /// mirror.
+    RemoteServices,
+    /// A remote Service without a ready endpoint: its mirror gets the gateway's
+    /// endpoints anyway (readiness unknown).
+    RemoteSlices,
+}
+
+/// One row of the removal table.
+struct Case {
+    scope: Scope,
+    group: &'static str,
+    resource: &'static str,
+    verb: &'static str,
+    /// The lifecycle step that needs the verb.
+    step: Step,
+    /// What shows that the step failed.
+    failure: &'static str,
+}
+
+const fn case(
+    scope: Scope,
+    group: &'static str,
+    resource: &'static str,
+    verb: &'static str,
+    step: Step,
+    failure: &'static str,
+) -> Case {
+    Case {
+        scope,
+        group,
+        resource,
+        verb,
+        step,
+        failure,
+    }
+}
+
+use Scope::*;
+use Step::*;
+
+/// The removal table: verb → step that needs it → how the step fails without it.
+const CASES: &[Case] = &[
+    case(
+        Cluster,
+        "",
+        "services",
+        "get",
+        Conflict,
+        "no MirrorConflict Event on the foreign Service",
+    ),
+    case(
+        Cluster,
+        "",
+        "services",
+        "list",
+        ListLocal,
+        "no mirror created",
+    ),
+    case(
+        Cluster,
+        "",
+        "services",
+        "watch",
+        WatchLocal,
+        "a new remote port never reaches the mirror Service",
+    ),
+    case(
+        Cluster,
+        "",
+        "services",
+        "create",
+        Create,
+        "mirror Service not created",
+    ),
+    case(
+        Cluster,
+        "",
+        "services",
+        "update",
+        Update,
+        "mirror Service keeps its old ports",
+    ),
+    case(
+        Cluster,
+        "",
+        "services",
+        "delete",
+        Delete,
+        "mirror Service of an unexported Service stays",
+    ),
+    case(
+        Cluster,
+        "",
+        "endpoints",
+        "get",
+        Conflict,
+        "no MirrorConflict Event on the foreign Endpoints",
+    ),
+    case(
+        Cluster,
+        "",
+        "endpoints",
+        "list",
+        ListLocal,
+        "no mirror created",
+    ),
+    case(
+        Cluster,
+        "",
+        "endpoints",
+        "watch",
+        WatchLocal,
+        "a new remote port never reaches the mirror Endpoints",
+    ),
+    case(
+        Cluster,
+        "",
+        "endpoints",
+        "create",
+        Create,
+        "mirror Endpoints not created",
+    ),
+    case(
+        Cluster,
+        "",
+        "endpoints",
+        "update",
+        Update,
+        "mirror Endpoints keep the old gateway address",
+    ),
+    case(
+        Cluster,
+        "",
+        "endpoints",
+        "delete",
+        Delete,
+        "mirror Endpoints of an unexported Service stay",
+    ),
+    case(
+        Cluster,
+        "discovery.k8s.io",
+        "endpointslices",
+        "get",
+        Conflict,
+        "no MirrorConflict Event on the foreign EndpointSlice",
+    ),
+    case(
+        Cluster,
+        "discovery.k8s.io",
+        "endpointslices",
+        "list",
+        ListLocal,
+        "no mirror created",
+    ),
+    case(
+        Cluster,
+        "discovery.k8s.io",
+        "endpointslices",
+        "watch",
+        WatchLocal,
+        "a new remote port never reaches the mirror EndpointSlice",
+    ),
+    case(
+        Cluster,
+        "discovery.k8s.io",
+        "endpointslices",
+        "create",
+        Create,
+        "mirror EndpointSlice not created",
+    ),
+    case(
+        Cluster,
+        "discovery.k8s.io",
+        "endpointslices",
+        "update",
+        Update,
+        "mirror EndpointSlice keeps the old gateway address",
+    ),
+    case(
+        Cluster,
+        "discovery.k8s.io",
+        "endpointslices",
+        "delete",
+        Delete,
+        "mirror EndpointSlice of an unexported Service stays",
+    ),
+    case(
+        Cluster,
+        "",
+        "namespaces",
+        "create",
+        CreateNamespace,
+        "namespace and mirror not created",
+    ),
+    case(
+        Cluster,
+        "events.k8s.io",
+        "events",
+        "create",
+        EventCreate,
+        "no Linked Event on the link Secret",
+    ),
+    case(
+        Cluster,
+        "events.k8s.io",
+        "events",
+        "patch",
+        EventPatch,
+        "the repeated MirrorConflict Event gets no series",
+    ),
+    case(
+        Namespace,
+        "",
+        "secrets",
+        "list",
+        ListSecrets,
+        "not linked: no Linked Event, no mirror",
+    ),
+    case(
+        Namespace,
+        "",
+        "secrets",
+        "watch",
+        WatchSecrets,
+        "a link Secret applied after the start: no Linked Event, no mirror",
+    ),
+    case(
+        Namespace,
+        "coordination.k8s.io",
+        "leases",
+        "get",
+        LeaderLease,
+        "never leader: no mirror",
+    ),
+    case(
+        Namespace,
+        "coordination.k8s.io",
+        "leases",
+        "create",
+        LeaderLease,
+        "never leader: no mirror",
+    ),
+    case(
+        Namespace,
+        "coordination.k8s.io",
+        "leases",
+        "update",
+        RenewWriteLease,
+        "the write Lease's renewTime never moves",
+    ),
+    case(
+        Namespace,
+        "coordination.k8s.io",
+        "leases",
+        "patch",
+        LeaderLease,
+        "never leader: no mirror",
+    ),
+    case(
+        Namespace,
+        "coordination.k8s.io",
+        "leases",
+        "delete",
+        DeleteWriteLease,
+        "the write Lease of an unlinked cluster stays",
+    ),
+    case(
+        Link,
+        "multicluster.linkerd.io",
+        "links",
+        "get",
+        LinkStatus,
+        "no mirrorServices entry in the Link's status",
+    ),
+    case(
+        Link,
+        "multicluster.linkerd.io",
+        "links",
+        "list",
+        ListLinks,
+        "the Link is not served: no mirror",
+    ),
+    case(
+        Link,
+        "multicluster.linkerd.io",
+        "links",
+        "watch",
+        WatchLinks,
+        "a Link created after the start: no mirror",
+    ),
+    case(
+        Link,
+        "multicluster.linkerd.io",
+        "links/status",
+        "patch",
+        LinkStatus,
+        "no Ready condition in the Link's status",
+    ),
+    case(
+        Remote,
+        "",
+        "services",
+        "list",
+        RemoteServices,
+        "RemoteForbidden on the link Secret, no mirror",
+    ),
+    case(
+        Remote,
+        "",
+        "services",
+        "watch",
+        RemoteServices,
+        "RemoteForbidden on the link Secret, no mirror",
+    ),
+    case(
+        Remote,
+        "discovery.k8s.io",
+        "endpointslices",
+        "list",
+        RemoteSlices,
+        "a mirror of a Service with no ready endpoint gets the gateway's endpoints",
+    ),
+    case(
+        Remote,
+        "discovery.k8s.io",
+        "endpointslices",
+        "watch",
+        RemoteSlices,
+        "a mirror of a Service with no ready endpoint gets the gateway's endpoints",
+    ),
+];
+
+impl Case {
+    fn name(&self) -> String {
+        let scope = match self.scope {
+            Cluster => "cluster",
+            Namespace => "namespace",
+            Link => "link",
+            Remote => "remote",
+        };
+        let group = if self.group.is_empty() {
+            String::new()
+        } else {
+            format!(".{}", self.group)
+        };
+        format!("{} {}{group} ({scope})", self.verb, self.resource)
+    }
+
+    /// The permission the case removes, for the local ones.
+    fn permission(&self, ns: &str) -> Option<Permission> {
+        (self.scope != Remote).then(|| Permission {
+            verb: self.verb.into(),
+            group: self.group.into(),
+            resource: self.resource.into(),
+            namespace: (self.scope != Cluster).then(|| ns.to_string()),
+        })
+    }
+}
+
+/// One case's world: the remote namespace and cluster name (`env`), the controller's
+/// namespace and the token kubeconfig of its ServiceAccount.
+struct World {
+    env: Env,
+    ctl_ns: String,
+    kc: local_cluster::Kubeconfig,
+    /// The remote credential's kubeconfig (`allow`'s account).
+    remote_kubeconfig: String,
+}
+
+/// `install` minus the case's local verb, `allow` minus its remote one; waits until
+/// both apiservers answer exactly that.
+async fn world(case: &Case) -> World {
+    world_with(case, case.permission("")).await
+}
+
+/// [`world`], removing `removed` (its namespace, if any, replaced by the controller's);
+/// `None`: the whole install.
+async fn world_with(case: &Case, removed: Option<Permission>) -> World {
+    let env = Env::new("lp").await;
+    let ctl_ns = unique_namespace("lp-ctl");
+    let mut docs = install_documents(&ctl_ns, &[]);
+    let removed = removed.map(|p| Permission {
+        namespace: p.namespace.map(|_| ctl_ns.clone()),
+        ..p
+    });
+    if let Some(p) = &removed {
+        let kind = if case.scope == Cluster {
+            "ClusterRole"
+        } else {
+            "Role"
+        };
+        remove_verb(&mut docs, kind, &p.group, &p.resource, &p.verb);
+    }
+    let kc = install(&env.local, &ctl_ns, &docs).await;
+    link_crd(&env.local).await;
+    let client = kc.client().await.unwrap();
+    let (want_required, want_link) = match &removed {
+        Some(p) if case.scope == Link => (vec![], vec![p.to_string()]),
+        Some(p) => (vec![p.to_string()], vec![]),
+        None => (vec![], vec![]),
+    };
+    eventually(
+        &format!("local RBAC of {ctl_ns} misses {removed:?}"),
+        || {
+            let (client, ns) = (client.clone(), ctl_ns.clone());
+            let (r, l) = (want_required.clone(), want_link.clone());
+            async move {
+                let required = missing_permissions(&client, &ns).await.ok()?;
+                let link = missing_link_permissions(&client, &ns).await.ok()?;
+                (required == r && link == l).then_some(())
+            }
+        },
+    )
+    .await;
+    let remote_kubeconfig = allow(&env, case).await;
+    World {
+        env,
+        ctl_ns,
+        kc,
+        remote_kubeconfig,
+    }
+}
+
+/// `allow` on the remote in a fresh namespace (minus the case's remote verb); returns
+/// the kubeconfig `link` builds from its token, once the remote authorizer agrees.
+async fn allow(env: &Env, case: &Case) -> String {
+    let rns = unique_namespace("lp-remote");
+    let allow = service_mirror(&["allow", "--namespace", &rns, "-o", "json"]);
+    assert!(allow.ok, "allow failed: {}", allow.stderr);
+    let mut docs = local_cluster::parse_documents(&allow.stdout).unwrap();
+    if case.scope == Remote {
+        remove_verb(
+            &mut docs,
+            "ClusterRole",
+            case.group,
+            case.resource,
+            case.verb,
+        );
+    }
+    apply_documents(&env.remote, &docs).await;
+    env.remote
+        .fill_token_secret(&rns, &format!("{REMOTE_SA}-token"))
+        .await
+        .unwrap();
+    let secret = link_secret_of(env, &rns, "placeholder");
+    let kubeconfig = String::from_utf8(secret.data.as_ref().unwrap()["kubeconfig"].0.clone())
+        .expect("utf-8 kubeconfig");
+    let remote = client_from_yaml(&kubeconfig).await.unwrap();
+    for (group, resource) in [("", "services"), ("discovery.k8s.io", "endpointslices")] {
+        for verb in ["list", "watch"] {
+            let p = Permission {
+                verb: verb.into(),
+                group: group.into(),
+                resource: resource.into(),
+                namespace: None,
+            };
+            let want = !(case.scope == Remote && case.resource == resource && case.verb == verb);
+            eventually(&format!("remote RBAC: {p} = {want}"), || {
+                let (remote, p) = (remote.clone(), p.clone());
+                async move { (is_allowed(&remote, &p).await.ok()? == want).then_some(()) }
+            })
+            .await;
+        }
+    }
+    kubeconfig
+}
+
+/// The link Secret `service-mirror link` prints for `env`'s cluster (remote account in
+/// `rns`), to be applied in `ctl_ns`.
+fn link_secret_of(env: &Env, rns: &str, ctl_ns: &str) -> Secret {
+    let remote_admin = env.remote.admin_kubeconfig().path.display().to_string();
+    let run = service_mirror(&[
+        "link",
+        "--cluster-name",
+        &env.cluster,
+        "--kubeconfig",
+        &remote_admin,
+        "--namespace",
+        rns,
+        "--link-namespace",
+        ctl_ns,
+    ]);
+    assert!(run.ok, "link failed: {}", run.stderr);
+    let value: serde_json::Value = serde_saphyr::from_str(&run.stdout).unwrap();
+    serde_json::from_value(value).unwrap()
+}
+
+impl World {
+    /// Applies the link Secret of this world's cluster into the controller namespace.
+    async fn link_secret(&self) -> String {
+        let secret = support::controller::link_secret(
+            &self.secret_name(),
+            Some(&self.env.cluster),
+            Some(&self.remote_kubeconfig),
+        );
+        Api::<Secret>::namespaced(self.env.lc.clone(), &self.ctl_ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        self.secret_name()
+    }
+
+    fn secret_name(&self) -> String {
+        format!("cluster-{}", self.env.cluster)
+    }
+
+    /// A `Link` of this world's cluster (its credentials Secret first), selecting
+    /// Services labelled `mirror.linkerd.io/exported=true`.
+    async fn link_resource(&self) -> String {
+        let creds = format!("cluster-credentials-{}", self.env.cluster);
+        Api::<Secret>::namespaced(self.env.lc.clone(), &self.ctl_ns)
+            .create(
+                &PostParams::default(),
+                &credentials_secret(&creds, &self.remote_kubeconfig),
+            )
+            .await
+            .unwrap();
+        let link = support::links::link(
+            &self.env.cluster,
+            &self.env.cluster,
+            &creds,
+            serde_json::json!({}),
+        );
+        self.links()
+            .create(&PostParams::default(), &link)
+            .await
+            .unwrap();
+        self.env.cluster.clone()
+    }
+
+    fn links(&self) -> Api<LinkResource> {
+        Api::namespaced(self.env.lc.clone(), &self.ctl_ns)
+    }
+
+    fn controller(&self, extra: &[&str]) -> RunningController {
+        let mut args = vec![
+            "--namespace-allow",
+            &self.env.ns,
+            "--endpoint-refresh-period",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        RunningController::spawn_as(&self.kc.path, &self.ctl_ns, &args, &[])
+    }
+
+    /// An exported remote Service `name` through gateway `gw` (Secret links: the
+    /// gateway annotations; a Link: the exported label, the gateway is the Link's).
+    async fn export(&self, name: &str) {
+        let mut svc = exported(name, &self.env.ns, "gw", &[("http", 80)]);
+        svc.metadata.labels =
+            Some([("mirror.linkerd.io/exported".to_string(), "true".to_string())].into());
+        self.env
+            .remote_services()
+            .create(&PostParams::default(), &svc)
+            .await
+            .unwrap();
+    }
+
+    /// The mirror's object of `resource` (`services`, `endpoints`, `endpointslices`),
+    /// as JSON, if it exists.
+    async fn mirror_object(&self, remote: &str, resource: &str) -> Option<serde_json::Value> {
+        let name = self.env.mirror_name(remote);
+        let lc = self.env.lc.clone();
+        let ns = &self.env.ns;
+        match resource {
+            "services" => Api::<Service>::namespaced(lc, ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .map(|o| serde_json::to_value(o).unwrap()),
+            "endpoints" => Api::<Endpoints>::namespaced(lc, ns)
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .map(|o| serde_json::to_value(o).unwrap()),
+            "endpointslices" => Api::<EndpointSlice>::namespaced(lc, ns)
+                .get_opt(&service_mirror_core::slices::slice_name(&name, "ipv4", 0))
+                .await
+                .unwrap()
+                .map(|o| serde_json::to_value(o).unwrap()),
+            other => panic!("no mirror object of {other}"),
+        }
+    }
+
+    async fn wait_mirror_object(&self, remote: &str, resource: &str) -> serde_json::Value {
+        eventually(&format!("mirror {resource} of {remote}"), || {
+            self.mirror_object(remote, resource)
+        })
+        .await
+    }
+
+    async fn no_mirror(&self, remote: &str) -> Result<(), String> {
+        for r in ["services", "endpoints", "endpointslices"] {
+            if let Some(o) = self.mirror_object(remote, r).await {
+                return Err(format!("mirror {r} of {remote} exists: {o}"));
+            }
+        }
+        Ok(())
+    }
+
+    async fn events(&self, ns: &str, name: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.env.lc.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect()
+    }
+
+    async fn write_lease(&self) -> Option<Lease> {
+        Api::<Lease>::namespaced(self.env.lc.clone(), &self.ctl_ns)
+            .get_opt(&format!("service-mirror-write-{}", self.env.cluster))
+            .await
+            .unwrap()
+    }
+}
+
+/// Waits for the apiserver's refusal of `verb` on `resource` in the controller's log
+/// (Kubernetes' own wording: `cannot <verb> resource "<resource>"`); returns the line.
+async fn refusal(ctl: &RunningController, verb: &str, resource: &str) -> Result<String, String> {
+    let needle = format!("cannot {verb} resource \"{resource}\"");
+    let start = Instant::now();
+    loop {
+        let text = ctl.log_text().replace('\\', "");
+        if let Some(line) = text.lines().find(|l| l.contains(&needle)) {
+            return Ok(line.to_string());
+        }
+        if start.elapsed() > REFUSAL_WITHIN {
+            return Err(format!(
+                "no log line with {needle:?} within {REFUSAL_WITHIN:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(what()) }
+}
+
+/// Runs one case; `Ok(the refusal's log line)` when the step failed as the table says.
+async fn run(case: &Case) -> Result<String, String> {
+    let w = world(case).await;
+    let env = &w.env;
+    let (verb, resource) = (case.verb, case.resource);
+    if !matches!(case.step, CreateNamespace) {
+        // Mirrors go into a namespace that exists (only one case creates it).
+        create_namespace(&env.lc, &env.ns).await;
+    }
+    env.gateway("gw", GW, &["192.0.2.10"]).await;
+    let mut extra: Vec<&str> = Vec::new();
+    if case.step == RenewWriteLease {
+        // Renewed every 2 s.
+        extra.extend(["--lease-duration", "3s"]);
+    }
+    let line = match case.step {
+        Create | ListLocal | CreateNamespace => {
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            w.export("web").await;
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            match case.step {
+                Create => check(w.mirror_object("web", resource).await.is_none(), || {
+                    format!("mirror {resource} created")
+                })?,
+                _ => w.no_mirror("web").await?,
+            }
+            line
+        }
+        Update => {
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            w.export("web").await;
+            let before = w.wait_mirror_object("web", resource).await;
+            if resource == "services" {
+                env.patch_remote(
+                    "web",
+                    serde_json::json!({"spec": {"ports": [
+                        {"name": "http", "port": 80, "protocol": "TCP"},
+                        {"name": "grpc", "port": 9090, "protocol": "TCP"}]}}),
+                )
+                .await;
+            } else {
+                set_ingress(&env.rc, &env.ns, "gw", &["192.0.2.20"]).await;
+            }
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            let after = w.mirror_object("web", resource).await;
+            let field = |o: &serde_json::Value| match resource {
+                "services" => o["spec"]["ports"].clone(),
+                "endpoints" => o["subsets"].clone(),
+                _ => o["endpoints"].clone(),
+            };
+            check(after.as_ref().map(field) == Some(field(&before)), || {
+                format!("mirror {resource} changed: {after:?}")
+            })?;
+            line
+        }
+        Delete => {
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            w.export("web").await;
+            w.wait_mirror_object("web", resource).await;
+            env.patch_remote(
+                "web",
+                serde_json::json!({"metadata": {"annotations": {
+                    "mirror.linkerd.io/gateway-name": null,
+                    "mirror.linkerd.io/gateway-ns": null}}}),
+            )
+            .await;
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            check(w.mirror_object("web", resource).await.is_some(), || {
+                format!("mirror {resource} deleted")
+            })?;
+            line
+        }
+        Conflict | EventPatch => {
+            let name = env.mirror_name("web");
+            let conflicting = if case.step == EventPatch {
+                "services"
+            } else {
+                resource
+            };
+            let foreign = foreign_object(conflicting, &env.ns, &name);
+            let created = apply_yaml(&env.lc, &foreign.to_string()).await;
+            created.map_err(|e| format!("foreign {conflicting}: {e}"))?;
+            let held_by = foreign["metadata"]["name"].as_str().unwrap().to_string();
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            w.export("web").await;
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            let events = w.events(&env.ns, &held_by).await;
+            let conflicts: Vec<_> = events
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("MirrorConflict"))
+                .collect();
+            if case.step == Conflict {
+                check(conflicts.is_empty(), || {
+                    format!("MirrorConflict reported: {conflicts:?}")
+                })?;
+            } else {
+                check(
+                    conflicts.len() == 1 && conflicts[0].series.is_none(),
+                    || format!("want one MirrorConflict Event without series: {conflicts:?}"),
+                )?;
+            }
+            line
+        }
+        WatchLocal => {
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            w.export("web").await;
+            let before = w.wait_mirror_object("web", resource).await;
+            let line = refusal(&ctl, verb, resource).await?;
+            env.patch_remote(
+                "web",
+                serde_json::json!({"spec": {"ports": [
+                    {"name": "http", "port": 80, "protocol": "TCP"},
+                    {"name": "grpc", "port": 9090, "protocol": "TCP"}]}}),
+            )
+            .await;
+            tokio::time::sleep(SETTLE * 2).await;
+            let ports = |o: &serde_json::Value| match resource {
+                "services" => o["spec"]["ports"].clone(),
+                "endpoints" => o["subsets"].clone(),
+                _ => o["ports"].clone(),
+            };
+            let after = w.mirror_object("web", resource).await;
+            check(after.as_ref().map(ports) == Some(ports(&before)), || {
+                format!("mirror {resource} followed the remote: {after:?}")
+            })?;
+            line
+        }
+        EventCreate => {
+            let ctl = w.controller(&extra);
+            let secret = w.link_secret().await;
+            let line = refusal(&ctl, verb, resource).await?;
+            ctl.wait_log(&[": linked"], CONVERGE).await;
+            tokio::time::sleep(SETTLE).await;
+            let events = w.events(&w.ctl_ns, &secret).await;
+            check(events.is_empty(), || format!("Events recorded: {events:?}"))?;
+            line
+        }
+        ListSecrets | WatchSecrets => {
+            let ctl = w.controller(&extra);
+            let line = refusal(&ctl, verb, resource).await?;
+            let secret = w.link_secret().await;
+            w.export("web").await;
+            tokio::time::sleep(SETTLE).await;
+            let events = w.events(&w.ctl_ns, &secret).await;
+            check(events.is_empty(), || format!("linked: {events:?}"))?;
+            w.no_mirror("web").await?;
+            line
+        }
+        LeaderLease => {
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            w.export("web").await;
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            w.no_mirror("web").await?;
+            let metrics = ctl.metrics_text().await;
+            check(
+                metrics.lines().any(|l| l == "service_mirror_leader 0"),
+                || format!("not reported as follower: {metrics}"),
+            )?;
+            line
+        }
+        RenewWriteLease => {
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            let first = eventually("write Lease taken", || w.write_lease()).await;
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            let now = w.write_lease().await;
+            let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+            check(now.as_ref().map(renewed) == Some(renewed(&first)), || {
+                format!("write Lease renewed: {now:?}")
+            })?;
+            line
+        }
+        DeleteWriteLease => {
+            let ctl = w.controller(&extra);
+            let secret = w.link_secret().await;
+            eventually("write Lease taken", || w.write_lease()).await;
+            Api::<Secret>::namespaced(env.lc.clone(), &w.ctl_ns)
+                .delete(&secret, &DeleteParams::default())
+                .await
+                .unwrap();
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            check(w.write_lease().await.is_some(), || {
+                "write Lease deleted".into()
+            })?;
+            line
+        }
+        ListLinks | WatchLinks => {
+            let ctl = w.controller(&extra);
+            let line = refusal(&ctl, verb, resource).await?;
+            w.export("web").await;
+            w.link_resource().await;
+            tokio::time::sleep(SETTLE).await;
+            w.no_mirror("web").await?;
+            line
+        }
+        LinkStatus => {
+            let ctl = w.controller(&extra);
+            w.export("web").await;
+            let link = w.link_resource().await;
+            w.wait_mirror_object("web", "services").await;
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            let status =
+                serde_json::to_value(w.links().get(&link).await.unwrap()).unwrap()["status"]
+                    .clone();
+            let field = if verb == "get" {
+                "mirrorServices"
+            } else {
+                "conditions"
+            };
+            let written = status[field].as_array().is_some_and(|a| !a.is_empty());
+            check(!written, || format!("status {field} written: {status}"))?;
+            line
+        }
+        RemoteServices => {
+            let ctl = w.controller(&extra);
+            let secret = w.link_secret().await;
+            w.export("web").await;
+            let note = wait_event(&env.lc, &w.ctl_ns, &secret, "RemoteForbidden").await;
+            check(note.contains(verb) && note.contains("services"), || {
+                format!("the Event names {verb} services: {note}")
+            })?;
+            tokio::time::sleep(SETTLE).await;
+            w.no_mirror("web").await?;
+            let _ = ctl;
+            format!("RemoteForbidden: {note}")
+        }
+        RemoteSlices => {
+            // The remote Service has one endpoint, not ready.
+            Api::<EndpointSlice>::namespaced(env.rc.clone(), &env.ns)
+                .create(
+                    &PostParams::default(),
+                    &remote_slice(&env.ns, "web", &[false]),
+                )
+                .await
+                .unwrap();
+            let ctl = w.controller(&extra);
+            w.export("web").await;
+            w.link_resource().await;
+            let line = refusal(&ctl, verb, resource).await?;
+            let ep = eventually("mirror Endpoints with the gateway's addresses", || async {
+                let ep = w.mirror_object("web", "endpoints").await?;
+                ep["subsets"]
+                    .as_array()
+                    .is_some_and(|s| !s.is_empty())
+                    .then_some(ep)
+            })
+            .await;
+            let _ = ep;
+            line
+        }
+    };
+    Ok(line)
+}
+
+/// A foreign object of `resource` (no mirror labels) named as the mirror `name` (for
+/// EndpointSlices: as the mirror's first slice), as JSON.
+fn foreign_object(resource: &str, ns: &str, name: &str) -> serde_json::Value {
+    let mut o = match resource {
+        "services" => serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name},
+            "spec": {"ports": [{"name": "http", "port": 80}]}}),
+        "endpoints" => serde_json::json!({"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": name}}),
+        "endpointslices" => serde_json::json!({"apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": service_mirror_core::slices::slice_name(name, "ipv4", 0)},
+            "addressType": "IPv4", "endpoints": []}),
+        other => panic!("no foreign {other}"),
+    };
+    o["metadata"]["namespace"] = ns.into();
+    o
+}
+
+#[test]
+fn the_cases_are_exactly_the_granted_verbs() {
+    use service_mirror_controller::cli::allow::remote_access_rules;
+    let mut granted: Vec<(Scope, String, String, String)> = required_permissions("ns")
+        .into_iter()
+        .map(|p| {
+            let scope = if p.namespace.is_some() {
+                Namespace
+            } else {
+                Cluster
+            };
+            (scope, p.group, p.resource, p.verb)
+        })
+        .chain(
+            link_permissions("ns")
+                .into_iter()
+                .map(|p| (Link, p.group, p.resource, p.verb)),
+        )
+        .collect();
+    for rule in remote_access_rules() {
+        for group in rule.api_groups.unwrap_or_default() {
+            for resource in rule.resources.clone().unwrap_or_default() {
+                for verb in &rule.verbs {
+                    granted.push((Remote, group.clone(), resource.clone(), verb.clone()));
+                }
+            }
+        }
+    }
+    let key = |(s, g, r, v): &(Scope, String, String, String)| format!("{s:?} {g} {r} {v}");
+    granted.sort_by_key(key);
+    let mut cases: Vec<_> = CASES
+        .iter()
+        .map(|c| {
+            (
+                c.scope,
+                c.group.to_string(),
+                c.resource.to_string(),
+                c.verb.to_string(),
+            )
+        })
+        .collect();
+    cases.sort_by_key(key);
+    assert_eq!(cases, granted, "one removal case per granted verb, no more");
+}
+
+/// Each granted verb removed in turn: the step of its row fails as the row says (one
+/// controller per verb, [`PARALLEL`] at once; `LEAST_PRIVILEGE_ONLY=<text>` runs the
+/// rows whose name contains it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_granted_verb_is_needed_by_a_lifecycle_step() {
+    init_tracing();
+    // Shared clusters up before the clock starts.
+    let _ = Env::new("lp-warm").await;
+    let started = Instant::now();
+    let only = std::env::var("LEAST_PRIVILEGE_ONLY").ok();
+    let cases: Vec<&Case> = CASES
+        .iter()
+        .filter(|c| only.as_deref().is_none_or(|o| c.name().contains(o)))
+        .collect();
+    let results: Vec<(String, Result<String, String>, Duration)> = futures::stream::iter(cases)
+        .map(|c| async move {
+            let t = Instant::now();
+            let r = run(c).await;
+            let name = format!("{} | {:?} | {}", c.name(), c.step, c.failure);
+            (name, r, t.elapsed())
+        })
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await;
+    let mut failed = Vec::new();
+    for (name, r, took) in &results {
+        match r {
+            Ok(line) => eprintln!("ok   {name} ({took:.1?}): {}", trim(line)),
+            Err(e) => {
+                eprintln!("FAIL {name} ({took:.1?}): {e}");
+                failed.push(name.clone());
+            }
+        }
+    }
+    eprintln!("{} cases in {:?}", results.len(), started.elapsed());
+    assert!(
+        failed.is_empty(),
+        "steps that did not fail without their verb: {failed:?}"
+    );
+}
+
+fn trim(line: &str) -> String {
+    line.chars().take(300).collect()
+}
+
+/// The steps whose success no other test shows under the installed RBAC, with nothing
+/// removed: a repeated Event becomes a series (`patch events`), the write Lease is
+/// renewed (`update leases`), a Link's status gets its Ready condition and its
+/// `mirrorServices` entry (`patch links/status` after `get links`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_verb_granted_the_same_steps_succeed() {
+    init_tracing();
+    let everything = Case {
+        scope: Cluster,
+        group: "",
+        resource: "",
+        verb: "",
+        step: Create,
+        failure: "",
+    };
+    let secret_world = async {
+        let w = world_with(&everything, None).await;
+        create_namespace(&w.env.lc, &w.env.ns).await;
+        w.env.gateway("gw", GW, &["192.0.2.10"]).await;
+        let name = w.env.mirror_name("web");
+        apply_yaml(
+            &w.env.lc,
+            &foreign_object("services", &w.env.ns, &name).to_string(),
+        )
+        .await
+        .unwrap();
+        let _ctl = w.controller(&["--lease-duration", "3s"]);
+        w.link_secret().await;
+        w.export("web").await;
+        let first = eventually("write Lease taken", || w.write_lease()).await;
+        eventually("the MirrorConflict Event becomes a series", || async {
+            w.events(&w.env.ns, &name)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("MirrorConflict"))?
+                .series
+                .filter(|s| s.count >= 2)
+        })
+        .await;
+        eventually("the write Lease is renewed", || async {
+            let now = w.write_lease().await?;
+            let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+            (renewed(&now) != renewed(&first)).then_some(())
+        })
+        .await;
+    };
+    let link_world = async {
+        let w = world_with(&everything, None).await;
+        create_namespace(&w.env.lc, &w.env.ns).await;
+        let _ctl = w.controller(&[]);
+        w.export("web").await;
+        let link = w.link_resource().await;
+        eventually(
+            "Ready condition and mirrorServices in the Link's status",
+            || async {
+                let l = w.links().get(&link).await.ok()?;
+                let status = serde_json::to_value(l).ok()?["status"].clone();
+                let filled = |f: &str| status[f].as_array().is_some_and(|a| !a.is_empty());
+                (filled("conditions") && filled("mirrorServices")).then_some(())
+            },
+        )
+        .await;
+    };
+    futures::join!(secret_world, link_world);
+}
