@@ -783,7 +783,10 @@ async fn run(case: &Case) -> Result<String, String> {
             let line = refusal(&ctl, verb, resource).await?;
             eventually("mirror Endpoints with the gateway's addresses", || async {
                 let ep = w.mirror_object("web", "endpoints").await?;
-                ep["subsets"].as_array().is_some_and(|s| !s.is_empty()).then_some(())
+                ep["subsets"]
+                    .as_array()
+                    .is_some_and(|s| !s.is_empty())
+                    .then_some(())
             })
             .await;
             line
@@ -927,7 +930,7 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
         )
         .await
         .unwrap();
-        let _ctl = w.controller(&["--lease-duration", "3s"]);
+        let ctl = w.controller(&["--lease-duration", "3s"]);
         w.link_secret().await;
         w.export("web").await;
         let first = eventually("write Lease taken", || w.write_lease()).await;
@@ -946,6 +949,24 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
             (renewed(&now) != renewed(&first)).then_some(())
         })
         .await;
+        // The remote `watch` is the watcher's, not only the link-time check's: the link's
+        // client had watches answered (the controller's own request counter), and it
+        // sent no `get` (not granted by `allow`).
+        let metrics = ctl.metrics_text().await;
+        let requests = |verb: &str| {
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("service_mirror_kube_requests_total{"))
+                .filter(|l| l.contains(&format!("client=\"{}\"", w.env.cluster)))
+                .filter(|l| l.contains(&format!("verb=\"{verb}\"")))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            requests("watch").iter().any(|l| l.contains("code=\"200\"")),
+            "{metrics}"
+        );
+        assert!(requests("get").is_empty(), "{:?}", requests("get"));
     };
     let link_world = async {
         let w = world_with(&everything, None).await;

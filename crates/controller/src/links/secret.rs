@@ -271,7 +271,7 @@ pub enum LinkError {
     #[error("the remote apiserver rejected the credentials (401 Unauthorized)")]
     Unauthorized,
     /// The credentials may not list Services.
-    #[error("the credentials may not list services on the remote cluster (403 Forbidden): {0}")]
+    #[error("the remote cluster refused the credentials (403 Forbidden): {0}")]
     Forbidden(String),
     /// The new credentials did not sync in time during a rotation.
     #[error("the new credentials did not sync within {0} s; the old ones stay in use")]
