@@ -234,7 +234,7 @@ impl Case {
         format!("{} {}{group} ({scope})", self.verb, self.resource)
     }
 
-    /// The permission the case removes, for the local ones.
+    /// The permission the case removes, for the local ones (`ns`: the controller's).
     fn permission(&self, ns: &str) -> Option<Permission> {
         (self.scope != Remote).then(|| Permission {
             verb: self.verb.into(),
@@ -255,24 +255,16 @@ struct World {
     remote_kubeconfig: String,
 }
 
-/// `install` minus the case's local verb, `allow` minus its remote one; waits until
-/// both apiservers answer exactly that.
-async fn world(case: &Case) -> World {
-    world_with(case, case.permission("")).await
-}
-
-/// [`world`], removing `removed` (its namespace, if any, replaced by the controller's);
-/// `None`: the whole install.
-async fn world_with(case: &Case, removed: Option<Permission>) -> World {
+/// `install` minus the case's local verb, `allow` minus its remote one (`None`: both
+/// whole); waits until both apiservers answer exactly that.
+async fn world(case: Option<&Case>) -> World {
     let env = Env::new("lp").await;
     let ctl_ns = unique_namespace("lp-ctl");
     let mut docs = install_documents(&ctl_ns, &[]);
-    let removed = removed.map(|p| Permission {
-        namespace: p.namespace.map(|_| ctl_ns.clone()),
-        ..p
-    });
+    let scope = case.map(|c| c.scope);
+    let removed = case.and_then(|c| c.permission(&ctl_ns));
     if let Some(p) = &removed {
-        let kind = if case.scope == Cluster {
+        let kind = if scope == Some(Cluster) {
             "ClusterRole"
         } else {
             "Role"
@@ -283,7 +275,7 @@ async fn world_with(case: &Case, removed: Option<Permission>) -> World {
     link_crd(&env.local).await;
     let client = kc.client().await.unwrap();
     let (want_required, want_link) = match &removed {
-        Some(p) if case.scope == Link => (vec![], vec![p.to_string()]),
+        Some(p) if scope == Some(Link) => (vec![], vec![p.to_string()]),
         Some(p) => (vec![p.to_string()], vec![]),
         None => (vec![], vec![]),
     };
@@ -309,30 +301,26 @@ async fn world_with(case: &Case, removed: Option<Permission>) -> World {
     }
 }
 
-/// `allow` on the remote in a fresh namespace (minus the case's remote verb); returns
-/// the kubeconfig `link` builds from its token, once the remote authorizer agrees.
-async fn allow(env: &Env, case: &Case) -> String {
+/// `allow` on the remote in a fresh namespace (minus the case's remote verb, if any);
+/// returns the kubeconfig `link` builds from its token, once the remote authorizer
+/// agrees.
+async fn allow(env: &Env, case: Option<&Case>) -> String {
+    let removed = case
+        .filter(|c| c.scope == Remote)
+        .map(|c| (c.group, c.resource, c.verb));
     let rns = unique_namespace("lp-remote");
     let allow = service_mirror(&["allow", "--namespace", &rns, "-o", "json"]);
     assert!(allow.ok, "allow failed: {}", allow.stderr);
     let mut docs = local_cluster::parse_documents(&allow.stdout).unwrap();
-    if case.scope == Remote {
-        remove_verb(
-            &mut docs,
-            "ClusterRole",
-            case.group,
-            case.resource,
-            case.verb,
-        );
+    if let Some((group, resource, verb)) = removed {
+        remove_verb(&mut docs, "ClusterRole", group, resource, verb);
     }
     apply_documents(&env.remote, &docs).await;
     env.remote
         .fill_token_secret(&rns, &format!("{REMOTE_SA}-token"))
         .await
         .unwrap();
-    let secret = link_secret_of(env, &rns, "placeholder");
-    let kubeconfig = String::from_utf8(secret.data.as_ref().unwrap()["kubeconfig"].0.clone())
-        .expect("utf-8 kubeconfig");
+    let kubeconfig = linked_kubeconfig(env, &rns);
     let remote = client_from_yaml(&kubeconfig).await.unwrap();
     for (group, resource) in [("", "services"), ("discovery.k8s.io", "endpointslices")] {
         for verb in ["list", "watch"] {
@@ -342,7 +330,7 @@ async fn allow(env: &Env, case: &Case) -> String {
                 resource: resource.into(),
                 namespace: None,
             };
-            let want = !(case.scope == Remote && case.resource == resource && case.verb == verb);
+            let want = removed.is_none_or(|(_, r, v)| (r, v) != (resource, verb));
             eventually(&format!("remote RBAC: {p} = {want}"), || {
                 let (remote, p) = (remote.clone(), p.clone());
                 async move { (is_allowed(&remote, &p).await.ok()? == want).then_some(()) }
@@ -353,9 +341,9 @@ async fn allow(env: &Env, case: &Case) -> String {
     kubeconfig
 }
 
-/// The link Secret `service-mirror link` prints for `env`'s cluster (remote account in
-/// `rns`), to be applied in `ctl_ns`.
-fn link_secret_of(env: &Env, rns: &str, ctl_ns: &str) -> Secret {
+/// The kubeconfig in the link Secret `service-mirror link` prints for `env`'s cluster
+/// (the token of `allow`'s account in `rns`).
+fn linked_kubeconfig(env: &Env, rns: &str) -> String {
     let remote_admin = env.remote.admin_kubeconfig().path.display().to_string();
     let run = service_mirror(&[
         "link",
@@ -365,12 +353,12 @@ fn link_secret_of(env: &Env, rns: &str, ctl_ns: &str) -> Secret {
         &remote_admin,
         "--namespace",
         rns,
-        "--link-namespace",
-        ctl_ns,
     ]);
     assert!(run.ok, "link failed: {}", run.stderr);
     let value: serde_json::Value = serde_saphyr::from_str(&run.stdout).unwrap();
-    serde_json::from_value(value).unwrap()
+    let secret: Secret = serde_json::from_value(value).unwrap();
+    String::from_utf8(secret.data.as_ref().unwrap()["kubeconfig"].0.clone())
+        .expect("utf-8 kubeconfig")
 }
 
 impl World {
@@ -530,7 +518,7 @@ fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
 
 /// Runs one case; `Ok(the refusal's log line)` when the step failed as the table says.
 async fn run(case: &Case) -> Result<String, String> {
-    let w = world(case).await;
+    let w = world(Some(case)).await;
     let env = &w.env;
     let (verb, resource) = (case.verb, case.resource);
     if !matches!(case.step, CreateNamespace) {
@@ -911,16 +899,8 @@ fn trim(line: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_verb_granted_the_same_steps_succeed() {
     init_tracing();
-    let everything = Case {
-        scope: Cluster,
-        group: "",
-        resource: "",
-        verb: "",
-        step: Create,
-        failure: "",
-    };
     let secret_world = async {
-        let w = world_with(&everything, None).await;
+        let w = world(None).await;
         create_namespace(&w.env.lc, &w.env.ns).await;
         w.env.gateway("gw", GW, &["192.0.2.10"]).await;
         let name = w.env.mirror_name("web");
@@ -969,7 +949,7 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
         assert!(requests("get").is_empty(), "{:?}", requests("get"));
     };
     let link_world = async {
-        let w = world_with(&everything, None).await;
+        let w = world(None).await;
         create_namespace(&w.env.lc, &w.env.ns).await;
         let _ctl = w.controller(&[]);
         w.export("web").await;
