@@ -95,9 +95,7 @@ impl Default for StalePolicy {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StalePolicyError {
     /// Expiry before staleness would empty endpoints that were never marked stale.
-    #[error(
-        "--stale-delete-after ({delete:?}) must not be shorter than --stale-after ({stale:?})"
-    )]
+    #[error("--stale-delete-after ({delete:?}) must not be shorter than --stale-after ({stale:?})")]
     DeleteBeforeStale {
         /// `--stale-after`.
         stale: Duration,
@@ -256,7 +254,12 @@ mod tests {
             ("defaults: a year", defaults, Some(31_536_000), Disconnected),
             ("only delete: before", only_delete, Some(5), Disconnected),
             ("only delete: skips stale", only_delete, Some(6), Expired),
-            ("stale = delete: expired", stale_equals_delete, Some(3), Expired),
+            (
+                "stale = delete: expired",
+                stale_equals_delete,
+                Some(3),
+                Expired,
+            ),
         ];
         for (what, p, unanswered, want) in cases {
             assert_eq!(p.state(unanswered.map(s)), *want, "{what}");
@@ -304,7 +307,11 @@ mod tests {
             }
         }
         let defaults = StalePolicy::default();
-        assert_eq!(defaults.next_change(Some(s(31))), None, "nothing after grace");
+        assert_eq!(
+            defaults.next_change(Some(s(31))),
+            None,
+            "nothing after grace"
+        );
     }
 
     #[test]

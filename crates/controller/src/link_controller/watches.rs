@@ -11,6 +11,7 @@ use super::limit::MirrorLimit;
 use super::metrics::LinkMetrics;
 use super::readiness::RemoteReadiness;
 use super::reconcile::Reconciler;
+use super::remote_state::RemoteHealth;
 use super::strip::{strip_managed_fields, strip_remote, strip_remote_keeping_metadata};
 use super::{Synced, WorkQueue};
 use crate::watch::{Store, Watch, drive, keep_all};
@@ -41,6 +42,10 @@ pub(super) struct RemoteEvents {
     pub(super) relists: Arc<AtomicU64>,
     pub(super) metrics: LinkMetrics,
     pub(super) queue: WorkQueue<ServiceKey>,
+    /// What the remote answers, for the stale-remote policy.
+    pub(super) health: Arc<RemoteHealth>,
+    /// The link's mirrors (how many a list would delete).
+    pub(super) local_services: Cache<Service>,
 }
 
 impl RemoteEvents {
@@ -64,11 +69,15 @@ impl RemoteEvents {
     fn on_event(&self, ev: &watcher::Event<Service>) {
         self.connected.store(true, Ordering::SeqCst);
         self.metrics.remote_connected(true);
+        self.health.answered();
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
         }
         let keys = keys_for_remote(&mut self.index.lock(), &self.remote, &self.export, ev);
         if matches!(ev, watcher::Event::InitDone) {
+            // The first list too: a restart during an outage reconnects with it.
+            let exported = self.index.lock().exported().count();
+            self.health.listed(self.local_services.len(), exported);
             let (cluster, services) = (&self.cluster, self.remote.len());
             let first = self
                 .synced
@@ -89,6 +98,7 @@ impl RemoteEvents {
 
     fn on_error(&self, e: &watcher::Error) {
         self.metrics.remote_connected(false);
+        self.health.failed();
         if self.connected.swap(false, Ordering::SeqCst) {
             tracing::warn!(cluster = %self.cluster, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
         }
@@ -248,6 +258,8 @@ pub(super) fn spawn(
         relists: shared.relists,
         metrics: shared.metrics,
         queue: rec.queue.clone(),
+        health: rec.health.clone(),
+        local_services: rec.local_services.clone(),
     };
     let slice_events = rec.readiness.clone().map(|readiness| RemoteSliceEvents {
         cluster: cluster_name.clone(),
