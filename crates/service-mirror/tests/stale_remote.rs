@@ -498,3 +498,127 @@ async fn a_restart_starts_no_gateway_as_dead() {
     assert_eq!(env.local_writes(), before, "the restart wrote nothing");
     w.stop(false).await.unwrap();
 }
+
+/// The Link's condition of `type_`, as JSON, once it has `reason`.
+async fn link_condition(
+    w: &support::links::LinkWorld,
+    link: &str,
+    type_: &str,
+    reason: &str,
+) -> serde_json::Value {
+    eventually(&format!("{type_} {reason} on Link {link}"), || async {
+        let l = w.links.get_status(link).await.ok()?;
+        let v = serde_json::to_value(&l).unwrap();
+        v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == type_ && c["reason"] == reason)
+            .cloned()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_links_remote_reachable_condition_and_events_follow_the_states_beside_ready() {
+    use support::links::{LinkWorld, credentials_secret, link, remote_slice};
+    let flags = [
+        "--remote-grace",
+        "1s",
+        "--stale-after",
+        "2s",
+        "--stale-delete-after",
+        "4s",
+    ];
+    let w = LinkWorld::new("stale-link", &[], &flags).await;
+    let env = &w.env;
+    // This Link's credentials reach the remote through a proxy the test cuts.
+    let proxy = TcpProxy::start(env.remote.apiserver_addr()).await.unwrap();
+    let via = w.kc.via(proxy.addr()).unwrap();
+    let secret = format!("{}-proxied", w.credentials());
+    w.secrets
+        .create(
+            &PostParams::default(),
+            &credentials_secret(&secret, &via.yaml),
+        )
+        .await
+        .unwrap();
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "labels": {"mirror.linkerd.io/exported": "true"}},
+        "spec": {"ports": [{"name": "http", "port": 80}]}
+    }))
+    .unwrap();
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    Api::<EndpointSlice>::namespaced(env.rc.clone(), &env.ns)
+        .create(
+            &PostParams::default(),
+            &remote_slice(&env.ns, "web", &[true]),
+        )
+        .await
+        .unwrap();
+    let name = env.cluster.clone();
+    let l = link(
+        &name,
+        &env.cluster,
+        &secret,
+        serde_json::json!({"gatewayAddress": "192.0.2.10"}),
+    );
+    w.links.create(&PostParams::default(), &l).await.unwrap();
+    eventually("the Link's mirror has endpoints", || async {
+        env.mirror("web")
+            .await
+            .1
+            .filter(|e| !all_ips(e).is_empty())
+            .map(|_| ())
+    })
+    .await;
+    let uid_before = uid(env, "web").await;
+    let c = link_condition(&w, &name, "RemoteReachable", "Connected").await;
+    assert_eq!(c["status"], "True");
+    link_condition(&w, &name, "Ready", "Linked").await;
+
+    let t0 = Instant::now();
+    proxy.cut().await.unwrap();
+    let c = link_condition(&w, &name, "RemoteReachable", "Stale").await;
+    assert_eq!(c["status"], "False");
+    wait_event(&env.lc, &w.ctl_ns, &name, "RemoteStale").await;
+    link_condition(&w, &name, "RemoteReachable", "Expired").await;
+    wait_event(&env.lc, &w.ctl_ns, &name, "RemoteExpired").await;
+    eventually("Expired: endpoints empty", || async {
+        env.mirror("web")
+            .await
+            .1
+            .filter(|e| all_ips(e).is_empty())
+            .map(|_| ())
+    })
+    .await;
+    println!(
+        "measured (binary, Link): expired and emptied {:.2} s after the cut (set 4 s)",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(uid(env, "web").await, uid_before, "the Service stays");
+    link_condition(&w, &name, "Ready", "Linked").await;
+
+    proxy.restore().unwrap();
+    link_condition(&w, &name, "RemoteReachable", "Connected").await;
+    wait_event(&env.lc, &w.ctl_ns, &name, "RemoteConnected").await;
+    eventually("recovered: endpoints back", || async {
+        env.mirror("web")
+            .await
+            .1
+            .filter(|e| !all_ips(e).is_empty())
+            .map(|_| ())
+    })
+    .await;
+    link_condition(&w, &name, "Ready", "Linked").await;
+}
+
+/// Every address of `ep`, ready or not.
+fn all_ips(ep: &Endpoints) -> Vec<String> {
+    let mut ips = ready_ips(ep);
+    ips.extend(not_ready_ips(ep));
+    ips
+}

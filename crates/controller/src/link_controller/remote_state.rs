@@ -177,6 +177,14 @@ pub(super) struct Reporter {
 pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: CancellationToken) {
     let policy = health.policy;
     r.metrics.remote_state(RemoteState::Connected);
+    if r.leading() {
+        let cluster = &r.cluster;
+        r.set_condition(
+            RemoteState::Connected,
+            &format!("watching the apiserver of cluster {cluster}"),
+        )
+        .await;
+    }
     let mut last_check = Instant::now();
     loop {
         let unanswered = health.unanswered();
@@ -350,6 +358,10 @@ impl Reporter {
             };
             let mut conditions = current.status.map(|s| s.conditions).unwrap_or_default();
             let old = conditions.iter().find(|c| c.type_ == CONDITION_TYPE);
+            // Unchanged (a restarted link controller): not written again.
+            if old.is_some_and(|c| c.status == status && c.reason == state.reason()) {
+                return;
+            }
             let condition = Condition {
                 type_: CONDITION_TYPE.into(),
                 status: status.into(),
