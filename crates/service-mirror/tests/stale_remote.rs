@@ -622,3 +622,25 @@ fn all_ips(ep: &Endpoints) -> Vec<String> {
     ips.extend(not_ready_ips(ep));
     ips
 }
+
+#[test]
+fn run_refuses_an_expiry_before_staleness_or_before_the_grace() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--stale-after", "10s", "--stale-delete-after", "5s"],
+            "--stale-delete-after",
+        ),
+        (&["--stale-after", "10s"], "--remote-grace"),
+    ];
+    for (flags, want) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_service-mirror"))
+            .args(["run", "--namespace", "x", "--leader-election=false"])
+            .args(*flags)
+            .env("KUBECONFIG", "/nonexistent")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} accepted");
+        assert!(stderr.contains(want), "{flags:?}: {stderr}");
+    }
+}
