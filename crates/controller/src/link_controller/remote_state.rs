@@ -186,6 +186,8 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         .await;
     }
     let mut last_check = Instant::now();
+    // The check runs beside the timer: a remote that hangs must not delay a transition.
+    let mut check: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let unanswered = health.unanswered();
         let now = policy.state(unanswered);
@@ -223,32 +225,40 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         }
         let sleep = sleep.unwrap_or(Duration::from_secs(3600));
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => {
+                if let Some(c) = check.take() {
+                    c.abort();
+                }
+                return;
+            }
             _ = health.wake.notified() => {}
             _ = tokio::time::sleep(sleep) => {}
         }
-        if health.unanswered().is_some() && last_check.elapsed() >= check_period(&policy) {
+        let idle = check.as_ref().is_none_or(|c| c.is_finished());
+        if idle && health.unanswered().is_some() && last_check.elapsed() >= check_period(&policy) {
             last_check = Instant::now();
-            if r.check().await {
-                health.answered();
-            }
+            let (remote, health) = (r.remote.clone(), health.clone());
+            check = Some(tokio::spawn(async move {
+                if answers(&remote).await {
+                    health.answered();
+                }
+            }));
         }
     }
+}
+
+/// Whether the remote answers a one-item LIST of Services within 5 s.
+async fn answers(remote: &Api<Service>) -> bool {
+    let lp = ListParams::default().limit(1);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), remote.list_metadata(&lp)).await,
+        Ok(Ok(_))
+    )
 }
 
 impl Reporter {
     fn leading(&self) -> bool {
         self.leader.as_ref().is_none_or(|l| *l.borrow())
-    }
-
-    /// Whether the remote answers a one-item LIST within the check period.
-    async fn check(&self) -> bool {
-        let lp = ListParams::default().limit(1);
-        let call = self.remote.list_metadata(&lp);
-        matches!(
-            tokio::time::timeout(Duration::from_secs(5), call).await,
-            Ok(Ok(_))
-        )
     }
 
     /// Every key the link has: exported remote Services and local mirrors.
