@@ -33,10 +33,13 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const CONDITION_TYPE: &str = "RemoteReachable";
 
 /// Longest hold of the deletes of a list that would delete every mirror after an
-/// outage (unless a second list confirms it first): twice the grace, between 5 s and
-/// 60 s (60 s with the default grace).
+/// outage (unless a second list confirms it first): the grace, between 5 s and 30 s
+/// (30 s with the default grace; a remote that is really empty then loses its mirrors
+/// within the 60 s the chaos suite allows a world to converge).
 fn relist_hold(policy: &StalePolicy) -> Duration {
-    (policy.grace * 2).clamp(Duration::from_secs(5), Duration::from_secs(60))
+    policy
+        .grace
+        .clamp(Duration::from_secs(5), Duration::from_secs(30))
 }
 
 /// How often a failing remote is asked whether it answers again: a quarter of the
@@ -216,7 +219,12 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         // Sleep until the next threshold, the next check, the end of a hold, or news.
         let mut sleep = policy.next_change(unanswered);
         if unanswered.is_some() {
-            let next_check = check_period(&policy).saturating_sub(last_check.elapsed());
+            // A check in flight (at most 5 s) is looked at again a period later.
+            let in_flight = check.as_ref().is_some_and(|c| !c.is_finished());
+            let next_check = match in_flight {
+                true => check_period(&policy),
+                false => check_period(&policy).saturating_sub(last_check.elapsed()),
+            };
             sleep = Some(sleep.map_or(next_check, |s| s.min(next_check)));
         }
         if let Some(t) = health.inner.lock().hold_until {
@@ -449,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn checks_are_bounded_by_the_grace() {
+    fn checks_and_holds_are_bounded_by_the_grace() {
         for (grace_ms, want_ms) in [(100, 250), (1000, 250), (4000, 1000), (60_000, 5000)] {
             let p = StalePolicy {
                 grace: Duration::from_millis(grace_ms),
@@ -464,7 +472,7 @@ mod tests {
         assert_eq!(relist_hold(&policy()), Duration::from_secs(5));
         assert_eq!(
             relist_hold(&StalePolicy::default()),
-            Duration::from_secs(60)
+            Duration::from_secs(30)
         );
     }
 }
