@@ -374,7 +374,7 @@ impl Reporter {
                     return;
                 }
             };
-            let mut conditions = current.status.map(|s| s.conditions).unwrap_or_default();
+            let conditions = current.status.map(|s| s.conditions).unwrap_or_default();
             let old = conditions.iter().find(|c| c.type_ == CONDITION_TYPE);
             // Unchanged (a restarted link controller): not written again.
             if old.is_some_and(|c| c.status == status && c.reason == state.reason()) {
@@ -391,8 +391,7 @@ impl Reporter {
                     None => Time(k8s_openapi::jiff::Timestamp::now()),
                 },
             };
-            conditions.retain(|c| c.type_ != CONDITION_TYPE);
-            conditions.push(condition);
+            let conditions = crate::links::with_condition(conditions, condition);
             let body = serde_json::json!({
                 "metadata": { "resourceVersion": current.metadata.resource_version },
                 "status": { "conditions": conditions },

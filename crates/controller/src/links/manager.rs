@@ -379,13 +379,13 @@ impl Inner {
         let api: Api<LinkResource> = Api::namespaced(self.local.clone(), &self.opts.namespace);
         // A merge patch replaces the whole list: the other conditions (the link
         // controller's `RemoteReachable`) are written back as read.
-        let mut conditions: Vec<Condition> = link
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        conditions.retain(|c| c.type_ != "Ready");
-        conditions.insert(0, condition);
+        let conditions = super::resource::with_condition(
+            link.status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+            condition,
+        );
         let body = serde_json::json!({"status": {"conditions": conditions}});
         let params = kube::api::PatchParams {
             field_manager: Some(crate::writer::FIELD_MANAGER.into()),
