@@ -644,3 +644,48 @@ fn run_refuses_an_expiry_before_staleness_or_before_the_grace() {
         assert!(stderr.contains(want), "{flags:?}: {stderr}");
     }
 }
+
+#[tokio::test]
+async fn a_restart_during_an_outage_holds_the_deletes_of_an_empty_first_list() {
+    let env = Env::new("stale-first").await;
+    let o = Outage::new(&env).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = o.start(&env, config(&env, 1, 0, 0), LinkDeps::default());
+    eventually("mirror ready", || async {
+        (routing(&env, "a").await == "ready").then_some(())
+    })
+    .await;
+    w.stop(false).await.unwrap();
+    // Restarted while the remote is away; meanwhile the remote lost its Service.
+    o.proxy.cut().await.unwrap();
+    env.delete_remote("a").await;
+    let w = o.start(&env, config(&env, 1, 0, 0), LinkDeps::default());
+    eventually("the outage is seen", || async {
+        (w.status().local_synced && !w.status().remote_connected).then_some(())
+    })
+    .await;
+    o.proxy.restore().unwrap();
+    eventually("the first list", || async {
+        w.status().remote_synced.then_some(())
+    })
+    .await;
+    let listed = Instant::now();
+    while listed.elapsed() < Duration::from_millis(4000) {
+        assert_eq!(routing(&env, "a").await, "ready", "held");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_event(
+        &env.lc,
+        o.link.namespace.as_deref().unwrap(),
+        o.link.name.as_deref().unwrap(),
+        "RemoteListHeld",
+    )
+    .await;
+    env.mirror_gone("a").await;
+    println!(
+        "measured: mirror deleted {:.2} s after the first list (hold 5 s)",
+        listed.elapsed().as_secs_f64()
+    );
+    w.stop(false).await.unwrap();
+}
