@@ -314,6 +314,19 @@ impl LocalWriter {
             .await;
     }
 
+    /// As [`LocalWriter::record`], as a Normal Event (a recovery).
+    pub async fn record_normal(
+        &self,
+        regarding: &ObjectReference,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.recorder
+            .publish(regarding, EventType::Normal, reason, action, note)
+            .await;
+    }
+
     async fn update<K: MirrorKind>(&self, obj: &K) -> Result<Applied> {
         // `obj` carries the resourceVersion read from the cache: the update fails with
         // 409 if anyone changed (or relabelled) the object since. That newer version is

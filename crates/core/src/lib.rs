@@ -31,6 +31,7 @@ pub mod naming;
 pub mod ownership;
 pub mod plan;
 pub mod probe;
+pub mod remote_state;
 pub mod selector;
 pub mod slices;
 
@@ -57,6 +58,10 @@ pub use naming::{
 pub use ownership::{is_owned, remote_key};
 pub use plan::{Action, mirroring_took_over, plan};
 pub use probe::{ProbeSpec, probe_spec};
+pub use remote_state::{
+    RemoteState, StaleEffect, StalePolicy, StalePolicyError, relist_untrusted, stale_effect,
+    stale_gateway,
+};
 pub use selector::{Selector, SelectorError};
 pub use slices::{
     EndpointsMode, MAX_ENDPOINTS_PER_SLICE, MAX_PORTS_PER_SLICE,

@@ -8,7 +8,9 @@ use crate::links::{LinkManager, LinkManagerOptions, LinkSources};
 use crate::logging::{LogFormat, init_logging};
 use crate::metrics::Metrics;
 use crate::write_leases::{self, WriteLeaseOptions};
-use service_mirror_core::{AddressPolicy, Cidr, CidrError, EndpointsMode, NamespaceFilter};
+use service_mirror_core::{
+    AddressPolicy, Cidr, CidrError, EndpointsMode, NamespaceFilter, StalePolicy,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,6 +115,18 @@ pub struct RunArgs {
     /// CIDRs; never what the apiserver refuses in Endpoints).
     #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_ALLOW", value_parser = parse_cidrs)]
     gateway_address_allow: Vec<Vec<Cidr>>,
+    /// How long a remote's watch may fail before its link is Disconnected (a metric and
+    /// a condition only: mirrors untouched).
+    #[arg(long, env = "SERVICE_MIRROR_REMOTE_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    remote_grace: Duration,
+    /// How long after the remote last answered its mirrors' endpoints turn not ready
+    /// (unless the gateway probe says alive), with a `RemoteStale` Event. 0: never.
+    #[arg(long, env = "SERVICE_MIRROR_STALE_AFTER", default_value = "0s", value_parser = humantime::parse_duration)]
+    stale_after: Duration,
+    /// How long after the remote last answered its mirrors' endpoints are emptied (the
+    /// Services stay, so ClusterIPs and DNS do). 0: never.
+    #[arg(long, env = "SERVICE_MIRROR_STALE_DELETE_AFTER", default_value = "0s", value_parser = humantime::parse_duration)]
+    stale_delete_after: Duration,
 }
 
 /// One `--gateway-address-deny/allow` value: comma-separated CIDRs, blanks and empty
@@ -135,6 +149,8 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = EndpointsMode> 
 /// Runs the controller until SIGTERM or SIGINT.
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_format)?;
+    let stale_policy =
+        StalePolicy::new(args.remote_grace, args.stale_after, args.stale_delete_after)?;
     let metrics = Metrics::new();
     let config = super::client::config_from(args.kubeconfig.as_ref(), None).await?;
     let local = crate::kube_client::build(config, "local", &metrics.client)?;
@@ -186,6 +202,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
                 deny: args.gateway_address_deny.concat(),
                 allow: args.gateway_address_allow.concat(),
             },
+            stale_policy,
             ..LinkConfig::default()
         },
         sources: args.link_source,

@@ -59,6 +59,20 @@ pub(crate) struct LinkFamilies {
     /// Gateway addresses refused by the address policy, counted once per gateway and
     /// refused set.
     pub(crate) gateway_addresses_refused: Family<RefusedLabels, Counter>,
+    /// 1 for the current state of a link's remote (remote_state.rs), 0 for the others.
+    pub(crate) remote_state: Family<StateLabels, Gauge>,
+    /// Complete lists after an outage whose deletes were held (they would have deleted
+    /// every mirror).
+    pub(crate) remote_lists_held: Family<ClusterLabels, Counter>,
+}
+
+/// Labels of the remote state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StateLabels {
+    /// The link's cluster name.
+    pub(crate) cluster: String,
+    /// `connected`, `disconnected`, `stale` or `expired`.
+    pub(crate) state: String,
 }
 
 /// Labels of refused gateway addresses.
@@ -86,6 +100,8 @@ impl Default for LinkFamilies {
             link_status_bytes: Family::default(),
             link_status_truncated: Family::default(),
             gateway_addresses_refused: Family::default(),
+            remote_state: Family::default(),
+            remote_lists_held: Family::default(),
         }
     }
 }
@@ -158,6 +174,16 @@ impl LinkFamilies {
             "Gateway addresses refused by the gateway address policy, by reason (configured_deny, default_deny)",
             self.gateway_addresses_refused.clone(),
         );
+        r.register(
+            "remote_state",
+            "1 for the current state of a linked cluster's apiserver (connected, disconnected, stale, expired), 0 for the others",
+            self.remote_state.clone(),
+        );
+        r.register(
+            "remote_lists_held",
+            "Lists of a remote after an outage that would have deleted every mirror, whose deletes were held",
+            self.remote_lists_held.clone(),
+        );
     }
 
     /// Counts a gateway address of link `cluster` refused by the address policy.
@@ -189,6 +215,12 @@ impl LinkFamilies {
         self.queue_depth.remove(&l);
         self.mirrors_refused.remove(&l);
         self.link_status_truncated.remove(&l);
+        for state in service_mirror_core::RemoteState::ALL {
+            self.remote_state.remove(&StateLabels {
+                cluster: cluster.into(),
+                state: state.label().into(),
+            });
+        }
     }
 }
 
@@ -221,6 +253,30 @@ impl LinkMetrics {
             .unwrap_or_default();
         let m = &self.metrics.link.last_sync;
         m.get_or_create(&self.labels).set(now.as_secs_f64());
+    }
+
+    /// The remote's state is `now` (1 for it, 0 for the others).
+    pub(super) fn remote_state(&self, now: service_mirror_core::RemoteState) {
+        for state in service_mirror_core::RemoteState::ALL {
+            let l = StateLabels {
+                cluster: self.labels.cluster.clone(),
+                state: state.label().into(),
+            };
+            self.metrics
+                .link
+                .remote_state
+                .get_or_create(&l)
+                .set((state == now) as i64);
+        }
+    }
+
+    /// A list's deletes were held (it would have deleted every mirror after an outage).
+    pub(super) fn relist_held(&self) {
+        self.metrics
+            .link
+            .remote_lists_held
+            .get_or_create(&self.labels)
+            .inc();
     }
 
     /// The remote was listed again (its watch resume point expired).

@@ -22,6 +22,7 @@ mod options;
 mod queue;
 mod readiness;
 mod reconcile;
+mod remote_state;
 mod status;
 mod strip;
 mod watches;
@@ -132,6 +133,7 @@ impl LinkController {
         let (synced_tx, synced) =
             watch::channel(Synced::new(!config.endpoints_mode.writes_slices()));
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();
+        let health = Arc::new(remote_state::RemoteHealth::new(config.stale_policy));
         let rec = Arc::new(Reconciler {
             writer: LocalWriter::with_recorder(
                 local.clone(),
@@ -172,6 +174,7 @@ impl LinkController {
             create_limit: deps.create_limit.clone(),
             link_secret: deps.link_secret.clone(),
             metrics: metrics.clone(),
+            health: health.clone(),
             link,
         });
         let mut tasks = watches::spawn(
@@ -183,9 +186,27 @@ impl LinkController {
                 metrics,
             },
             local.clone(),
-            remote,
+            remote.clone(),
             cancel.clone(),
         );
+        tasks.push(tokio::spawn(remote_state::run(
+            health,
+            remote_state::Reporter {
+                cluster: cluster.clone(),
+                metrics: rec.metrics.clone(),
+                writer: rec.writer.clone(),
+                link_object: deps.link_secret.clone(),
+                link_status: status_of
+                    .as_ref()
+                    .map(|(ns, _)| kube::Api::namespaced(local.clone(), ns)),
+                link_name: status_of.as_ref().map(|(_, name)| name.clone()),
+                leader: deps.leader.clone(),
+                index: rec.index.clone(),
+                queue: rec.queue.clone(),
+                remote: kube::Api::all(remote),
+            },
+            cancel.clone(),
+        )));
         let gate = workers::Gate {
             writable: watch::Sender::new(!paused),
             leader: deps.leader.clone(),
@@ -239,6 +260,12 @@ impl LinkController {
             failing: self.rec.queue.failing(),
             relists: self.relists.load(Ordering::SeqCst),
         }
+    }
+
+    /// The state of the remote apiserver as the mirrors see it (`--remote-grace`,
+    /// `--stale-after`, `--stale-delete-after`).
+    pub fn remote_state(&self) -> service_mirror_core::RemoteState {
+        self.rec.health.state()
     }
 
     /// Every gateway the link's exported services use, sorted.

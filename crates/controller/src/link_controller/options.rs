@@ -3,7 +3,7 @@
 
 use crate::gateway::{GatewaySource, ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
 use crate::metrics::Metrics;
-use service_mirror_core::{AddressPolicy, EndpointsMode, ExportRule, NamespaceFilter};
+use service_mirror_core::{AddressPolicy, EndpointsMode, ExportRule, NamespaceFilter, StalePolicy};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,9 @@ pub struct LinkConfig {
     /// Which gateway addresses mirrors and probes may use (`--gateway-address-deny`,
     /// `--gateway-address-allow`); the default refuses the built-in denials.
     pub gateway_address_policy: AddressPolicy,
+    /// What an unanswering remote does to its mirrors (`--remote-grace`,
+    /// `--stale-after`, `--stale-delete-after`); the default only reports it.
+    pub stale_policy: StalePolicy,
 }
 
 impl Default for LinkConfig {
@@ -58,6 +61,7 @@ impl Default for LinkConfig {
             link_gateway: None,
             create_namespaces: true,
             gateway_address_policy: AddressPolicy::default(),
+            stale_policy: StalePolicy::default(),
         }
     }
 }

@@ -11,6 +11,7 @@ use super::limit::{Admission, MirrorLimit};
 use super::link_status::{Observed, StatusBook};
 use super::metrics::LinkMetrics;
 use super::readiness::RemoteReadiness;
+use super::remote_state::RemoteHealth;
 use super::{Outcome, Synced, WorkQueue};
 use crate::error::{Error, Result};
 use crate::gateway::{GatewaySource, Gateways, Resolution};
@@ -23,9 +24,9 @@ use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use service_mirror_core::{
     Action, EndpointsMode, ExportDecision, ExportPolicy, ExportRule, Link,
-    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Refusal, Route, ServiceKey, desired_mirror, desired_slices,
-    export_decision, is_mirrored_slice, mirrored_slice_selector, mirroring_overflow,
-    remote_discovery_mirror, slice_routes,
+    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Refusal, RemoteState, Route, ServiceKey, desired_mirror,
+    desired_slices, export_decision, is_mirrored_slice, mirrored_slice_selector,
+    mirroring_overflow, remote_discovery_mirror, slice_routes, stale_effect, stale_gateway,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -74,6 +75,8 @@ pub(super) struct Reconciler {
     /// The link Secret, where link-wide Events (the mirror limit) are recorded.
     pub(super) link_secret: Option<ObjectReference>,
     pub(super) metrics: LinkMetrics,
+    /// The state of the remote apiserver (stale-remote policy).
+    pub(super) health: Arc<RemoteHealth>,
 }
 
 /// Whether a decision updates objects in the plan's own order (a gateway move's
@@ -166,7 +169,10 @@ impl Reconciler {
             mode: self.mode,
             ..Gathered::default()
         };
-        if !g.remote_listed {
+        // A list after an outage that would delete every mirror is not trusted yet
+        // (remote_state.rs): a key whose remote Service it lacks waits.
+        if !g.remote_listed || (remote.is_none() && self.health.holding_deletes()) {
+            g.remote_listed = false;
             return g;
         }
         let export = remote
@@ -209,6 +215,13 @@ impl Reconciler {
                     && let Some(gw) = gateway.as_mut()
                 {
                     gw.addresses.clear();
+                }
+                // A remote that has not answered for long: not ready (unless the gateway
+                // probe says alive), then empty.
+                let state = self.health.state();
+                if state >= RemoteState::Stale {
+                    let probe = self.gateways.probe_state(gw).map(|s| s.alive);
+                    gateway = stale_gateway(gateway, stale_effect(state, probe));
                 }
                 g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
             }

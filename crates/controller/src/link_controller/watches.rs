@@ -11,6 +11,7 @@ use super::limit::MirrorLimit;
 use super::metrics::LinkMetrics;
 use super::readiness::RemoteReadiness;
 use super::reconcile::Reconciler;
+use super::remote_state::RemoteHealth;
 use super::strip::{strip_managed_fields, strip_remote, strip_remote_keeping_metadata};
 use super::{Synced, WorkQueue};
 use crate::watch::{Store, Watch, drive, keep_all};
@@ -47,6 +48,10 @@ pub(super) struct RemoteEvents {
     /// The HTTP status (401 or 403) of the refusal last said; 0: none since the remote
     /// last answered.
     pub(super) refused: AtomicU16,
+    /// What the remote answers, for the stale-remote policy.
+    pub(super) health: Arc<RemoteHealth>,
+    /// The link's mirrors (how many a list would delete).
+    pub(super) local_services: Cache<Service>,
 }
 
 /// Says, on the link object, that the remote refuses the link's credentials.
@@ -94,11 +99,15 @@ impl RemoteEvents {
         self.connected.store(true, Ordering::SeqCst);
         self.refused.store(0, Ordering::SeqCst);
         self.metrics.remote_connected(true);
+        self.health.answered();
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
         }
         let keys = keys_for_remote(&mut self.index.lock(), &self.remote, &self.export, ev);
         if matches!(ev, watcher::Event::InitDone) {
+            // The first list too: a restart during an outage reconnects with it.
+            let exported = self.index.lock().exported().count();
+            self.health.listed(self.local_services.len(), exported);
             let (cluster, services) = (&self.cluster, self.remote.len());
             let first = self
                 .synced
@@ -119,6 +128,7 @@ impl RemoteEvents {
 
     fn on_error(&self, e: &watcher::Error) {
         self.metrics.remote_connected(false);
+        self.health.failed();
         if self.connected.swap(false, Ordering::SeqCst) {
             tracing::warn!(cluster = %self.cluster, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
         }
@@ -314,6 +324,8 @@ pub(super) fn spawn(
             link: rec.link_secret.clone(),
         },
         refused: AtomicU16::new(0),
+        health: rec.health.clone(),
+        local_services: rec.local_services.clone(),
     };
     let slice_events = rec.readiness.clone().map(|readiness| RemoteSliceEvents {
         cluster: cluster_name.clone(),

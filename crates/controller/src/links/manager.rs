@@ -377,7 +377,16 @@ impl Inner {
             },
         };
         let api: Api<LinkResource> = Api::namespaced(self.local.clone(), &self.opts.namespace);
-        let body = serde_json::json!({"status": {"conditions": [condition]}});
+        // A merge patch replaces the whole list: the other conditions (the link
+        // controller's `RemoteReachable`) are written back as read.
+        let conditions = super::resource::with_condition(
+            link.status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+            condition,
+        );
+        let body = serde_json::json!({"status": {"conditions": conditions}});
         let params = kube::api::PatchParams {
             field_manager: Some(crate::writer::FIELD_MANAGER.into()),
             ..Default::default()

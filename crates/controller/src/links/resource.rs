@@ -292,6 +292,20 @@ pub struct LinkCondition {
     pub local_ref: Option<LinkObjectRef>,
 }
 
+/// `conditions` with `condition` in place of the one of its type (or added last): a
+/// merge patch replaces the whole list, so each writer of a Link's conditions (`Ready`,
+/// `RemoteReachable`) writes the others back as it read them.
+pub(crate) fn with_condition(
+    mut conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    condition: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    match conditions.iter_mut().find(|c| c.type_ == condition.type_) {
+        Some(c) => *c = condition,
+        None => conditions.push(condition),
+    }
+    conditions
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,5 +456,47 @@ mod tests {
     fn no_status_is_omitted_not_null() {
         let v = serde_json::to_value(Link::default()).unwrap();
         assert!(v.get("status").is_none(), "{v}");
+    }
+
+    #[test]
+    fn a_condition_replaces_its_type_and_keeps_the_others_in_order() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let c = |type_: &str, status: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "R".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        let types = |v: &[Condition]| {
+            v.iter()
+                .map(|c| format!("{}={}", c.type_, c.status))
+                .collect::<Vec<_>>()
+        };
+        // (conditions before, the one written, conditions after).
+        type Case<'a> = (&'a [(&'a str, &'a str)], (&'a str, &'a str), &'a [&'a str]);
+        let cases: &[Case] = &[
+            (&[], ("Ready", "True"), &["Ready=True"]),
+            (
+                &[("Ready", "True")],
+                ("RemoteReachable", "False"),
+                &["Ready=True", "RemoteReachable=False"],
+            ),
+            (
+                &[("Ready", "True"), ("RemoteReachable", "False")],
+                ("Ready", "False"),
+                &["Ready=False", "RemoteReachable=False"],
+            ),
+            (
+                &[("Ready", "True"), ("RemoteReachable", "False")],
+                ("RemoteReachable", "True"),
+                &["Ready=True", "RemoteReachable=True"],
+            ),
+        ];
+        for (before, (t, st), want) in cases {
+            let list = before.iter().map(|(t, s)| c(t, s)).collect();
+            assert_eq!(types(&with_condition(list, c(t, st))), *want, "{before:?}");
+        }
     }
 }

@@ -1,0 +1,477 @@
+//! The state of a link's remote apiserver (core `remote_state`: Connected →
+//! Disconnected → Stale → Expired) kept up to date, and its transitions reported.
+//!
+//! The remote watch reports what it sees ([`RemoteHealth::answered`],
+//! [`RemoteHealth::failed`], [`RemoteHealth::listed`], no I/O); one task per link
+//! ([`run`]) turns the time since the remote last answered into a state, with a timer so
+//! that a silent remote moves on without any watch event, and on each change sets the
+//! metric, the Link's `RemoteReachable` condition, an Event on the link object, and
+//! queues the link's keys once. Reconciles read the published state
+//! ([`RemoteHealth::state`]) as one input of the desired endpoints.
+//!
+//! A watch that resumes after an outage (kube's watcher keeps its resource version)
+//! yields no event until something changes, so "answered again" cannot wait for one:
+//! while the watch fails, the task asks the remote itself (a one-item LIST of
+//! Services, the watch's own permission) every [`check_period`].
+
+use super::WorkQueue;
+use super::index::Index;
+use super::metrics::LinkMetrics;
+use crate::links::LinkResource;
+use crate::writer::LocalWriter;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use parking_lot::Mutex;
+use service_mirror_core::{RemoteState, ServiceKey, StalePolicy, relist_untrusted};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+/// The condition type on a `Link` (beside our `Ready`).
+pub(crate) const CONDITION_TYPE: &str = "RemoteReachable";
+
+/// Longest hold of the deletes of a list that would delete every mirror after an
+/// outage (unless a second list confirms it first): the grace, between 5 s and 30 s
+/// (30 s with the default grace; a remote that is really empty then loses its mirrors
+/// within the 60 s the chaos suite allows a world to converge).
+fn relist_hold(policy: &StalePolicy) -> Duration {
+    policy
+        .grace
+        .clamp(Duration::from_secs(5), Duration::from_secs(30))
+}
+
+/// How often a failing remote is asked whether it answers again: a quarter of the
+/// grace, between 250 ms and 5 s (one cheap request per link and period, only while
+/// the watch fails).
+fn check_period(policy: &StalePolicy) -> Duration {
+    (policy.grace / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
+}
+
+/// What a complete list of the remote means for deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ListVerdict {
+    /// Trusted: the caches follow it.
+    Trusted,
+    /// After an outage it would delete every mirror: deletes are held.
+    Held,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// When the remote stopped answering (`None`: it answers).
+    silent_since: Option<Instant>,
+    /// The state last published.
+    state: RemoteState,
+    /// The watch failed since the last complete list.
+    outage_since_list: bool,
+    /// Deletes are held until then (an untrusted list).
+    hold_until: Option<Instant>,
+    /// A hold began or ended and is not reported yet.
+    hold_news: Option<bool>,
+}
+
+/// What the watches know of the remote, and the state they lead to.
+#[derive(Debug)]
+pub(crate) struct RemoteHealth {
+    policy: StalePolicy,
+    inner: Mutex<Inner>,
+    wake: Notify,
+}
+
+impl RemoteHealth {
+    /// A remote that answers, under `policy`.
+    pub(super) fn new(policy: StalePolicy) -> Self {
+        Self {
+            policy,
+            inner: Mutex::new(Inner {
+                silent_since: None,
+                state: RemoteState::Connected,
+                outage_since_list: false,
+                hold_until: None,
+                hold_news: None,
+            }),
+            wake: Notify::new(),
+        }
+    }
+
+    /// The remote answered (a watch event, or the task's check).
+    pub(super) fn answered(&self) {
+        let was_silent = self.inner.lock().silent_since.take().is_some();
+        if was_silent {
+            self.wake.notify_one();
+        }
+    }
+
+    /// A remote watch call failed: the clock starts at the first failure (the open
+    /// watch was the last answer).
+    pub(super) fn failed(&self) {
+        let mut inner = self.inner.lock();
+        inner.outage_since_list = true;
+        if inner.silent_since.is_none() {
+            inner.silent_since = Some(Instant::now());
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
+    /// A complete list of the remote arrived, exporting `exported` Services while the
+    /// link has `mirrors`. A list after an outage that would delete every mirror is held
+    /// (cilium#47793); the next complete list, or the end of the hold, confirms it.
+    pub(super) fn listed(&self, mirrors: usize, exported: usize) -> ListVerdict {
+        let mut inner = self.inner.lock();
+        let after_outage = std::mem::take(&mut inner.outage_since_list);
+        if inner.hold_until.take().is_some() {
+            // The second complete list: whatever it says is trusted.
+            inner.hold_news = Some(false);
+            drop(inner);
+            self.wake.notify_one();
+            return ListVerdict::Trusted;
+        }
+        if !relist_untrusted(after_outage, mirrors, exported) {
+            return ListVerdict::Trusted;
+        }
+        inner.hold_until = Some(Instant::now() + relist_hold(&self.policy));
+        inner.hold_news = Some(true);
+        drop(inner);
+        self.wake.notify_one();
+        ListVerdict::Held
+    }
+
+    /// Whether deletes of mirrors whose remote Service is missing are held now.
+    pub(super) fn holding_deletes(&self) -> bool {
+        self.inner
+            .lock()
+            .hold_until
+            .is_some_and(|t| Instant::now() < t)
+    }
+
+    /// The state last published (what reconciles build endpoints from).
+    pub(crate) fn state(&self) -> RemoteState {
+        self.inner.lock().state
+    }
+
+    /// How long the remote has not answered (`None`: it answers).
+    fn unanswered(&self) -> Option<Duration> {
+        self.inner.lock().silent_since.map(|t| t.elapsed())
+    }
+}
+
+/// What the task of a link uses to report a transition.
+pub(super) struct Reporter {
+    pub(super) cluster: String,
+    pub(super) metrics: LinkMetrics,
+    pub(super) writer: LocalWriter,
+    /// The link object (Secret or Link) Events are recorded on.
+    pub(super) link_object: Option<ObjectReference>,
+    /// The `Link` whose condition is written (Link links only).
+    pub(super) link_status: Option<Api<LinkResource>>,
+    pub(super) link_name: Option<String>,
+    /// Only the leader writes Events and conditions.
+    pub(super) leader: Option<watch::Receiver<bool>>,
+    pub(super) index: Arc<parking_lot::Mutex<Index>>,
+    pub(super) queue: WorkQueue<ServiceKey>,
+    /// The remote, for the check while the watch fails.
+    pub(super) remote: Api<Service>,
+}
+
+/// Keeps the state of `health` up to date until `cancel` fires.
+pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: CancellationToken) {
+    let policy = health.policy;
+    r.metrics.remote_state(RemoteState::Connected);
+    if r.leading() {
+        let cluster = &r.cluster;
+        r.set_condition(
+            RemoteState::Connected,
+            &format!("watching the apiserver of cluster {cluster}"),
+        )
+        .await;
+    }
+    let mut last_check = Instant::now();
+    // The check runs beside the timer: a remote that hangs must not delay a transition.
+    let mut check: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let unanswered = health.unanswered();
+        let now = policy.state(unanswered);
+        let before = std::mem::replace(&mut health.inner.lock().state, now);
+        if before != now {
+            r.transition(before, now, unanswered).await;
+        }
+        let hold_news = health.inner.lock().hold_news.take();
+        match hold_news {
+            Some(true) => r.hold_started(relist_hold(&policy)).await,
+            Some(false) => r.hold_ended("a second complete list confirmed it"),
+            None => {}
+        }
+        // The hold ran out with no second list.
+        let expired_hold = {
+            let mut inner = health.inner.lock();
+            let over = inner.hold_until.is_some_and(|t| Instant::now() >= t);
+            if over {
+                inner.hold_until = None;
+            }
+            over
+        };
+        if expired_hold {
+            r.hold_ended("the hold ran out");
+        }
+        // Sleep until the next threshold, the next check, the end of a hold, or news.
+        let mut sleep = policy.next_change(unanswered);
+        if unanswered.is_some() {
+            // A check in flight (at most 5 s) is looked at again a period later.
+            let in_flight = check.as_ref().is_some_and(|c| !c.is_finished());
+            let next_check = match in_flight {
+                true => check_period(&policy),
+                false => check_period(&policy).saturating_sub(last_check.elapsed()),
+            };
+            sleep = Some(sleep.map_or(next_check, |s| s.min(next_check)));
+        }
+        if let Some(t) = health.inner.lock().hold_until {
+            let left = t.saturating_duration_since(Instant::now());
+            sleep = Some(sleep.map_or(left, |s| s.min(left)));
+        }
+        let sleep = sleep.unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                if let Some(c) = check.take() {
+                    c.abort();
+                }
+                return;
+            }
+            _ = health.wake.notified() => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+        let idle = check.as_ref().is_none_or(|c| c.is_finished());
+        if idle && health.unanswered().is_some() && last_check.elapsed() >= check_period(&policy) {
+            last_check = Instant::now();
+            let (remote, health) = (r.remote.clone(), health.clone());
+            check = Some(tokio::spawn(async move {
+                if answers(&remote).await {
+                    health.answered();
+                }
+            }));
+        }
+    }
+}
+
+/// Whether the remote answers a one-item LIST of Services within 5 s.
+async fn answers(remote: &Api<Service>) -> bool {
+    let lp = ListParams::default().limit(1);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), remote.list_metadata(&lp)).await,
+        Ok(Ok(_))
+    )
+}
+
+impl Reporter {
+    fn leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| *l.borrow())
+    }
+
+    /// Every key the link has: exported remote Services and local mirrors.
+    fn requeue_all(&self) {
+        let keys: Vec<ServiceKey> = {
+            let index = self.index.lock();
+            let mut keys = index.local_keys();
+            keys.extend(index.exported().cloned());
+            keys.into_iter().collect()
+        };
+        for k in keys {
+            self.queue.add(k);
+        }
+    }
+
+    async fn transition(&self, before: RemoteState, now: RemoteState, silent: Option<Duration>) {
+        let cluster = &self.cluster;
+        let silent_s = silent.map_or(0, |d| d.as_secs());
+        let note = match now {
+            RemoteState::Connected => format!(
+                "the apiserver of cluster {cluster} answers again (was {}): mirrors follow it",
+                before.label()
+            ),
+            RemoteState::Disconnected => format!(
+                "the apiserver of cluster {cluster} has not answered for {silent_s} s (--remote-grace): mirrors kept as they are"
+            ),
+            RemoteState::Stale => format!(
+                "the apiserver of cluster {cluster} has not answered for {silent_s} s (--stale-after): mirror endpoints turn not ready unless their gateway probe says alive"
+            ),
+            RemoteState::Expired => format!(
+                "the apiserver of cluster {cluster} has not answered for {silent_s} s (--stale-delete-after): mirror endpoints emptied, Services kept"
+            ),
+        };
+        match now {
+            RemoteState::Connected => tracing::info!(%cluster, from = before.label(), "{note}"),
+            _ => tracing::warn!(%cluster, from = before.label(), to = now.label(), "{note}"),
+        }
+        self.metrics.remote_state(now);
+        // Only data-changing states get Events (and the way back from them).
+        let event = match now {
+            RemoteState::Connected => before >= RemoteState::Stale,
+            RemoteState::Disconnected => false,
+            RemoteState::Stale | RemoteState::Expired => true,
+        };
+        if self.leading() {
+            if let (true, Some(link), Some(reason)) = (event, &self.link_object, now.event_reason())
+            {
+                match now {
+                    RemoteState::Connected => {
+                        self.writer
+                            .record_normal(link, reason, "Mirror", note.clone())
+                            .await
+                    }
+                    _ => {
+                        self.writer
+                            .record(link, reason, "Mirror", note.clone())
+                            .await
+                    }
+                }
+            }
+            self.set_condition(now, &note).await;
+        }
+        // The endpoints of every mirror depend on the state only from Stale on.
+        if before.max(now) >= RemoteState::Stale {
+            self.requeue_all();
+        }
+    }
+
+    async fn hold_started(&self, hold: Duration) {
+        let cluster = &self.cluster;
+        let note = format!(
+            "cluster {cluster} listed no exported Service after an outage, which would delete every mirror of the link: deletes held for up to {} s or until a second complete list confirms it (an apiserver that is recovering can list nothing)",
+            hold.as_secs()
+        );
+        tracing::warn!(%cluster, "{note}");
+        self.metrics.relist_held();
+        if let (true, Some(link)) = (self.leading(), &self.link_object) {
+            self.writer
+                .record(link, "RemoteListHeld", "Mirror", note)
+                .await;
+        }
+    }
+
+    fn hold_ended(&self, why: &str) {
+        tracing::info!(cluster = %self.cluster, "held deletes released: {why}");
+        self.requeue_all();
+    }
+
+    /// Sets the Link's `RemoteReachable` condition, keeping every other condition (a
+    /// merge patch replaces the whole list); with the version read, retried on 409.
+    async fn set_condition(&self, state: RemoteState, note: &str) {
+        let (Some(api), Some(name)) = (&self.link_status, &self.link_name) else {
+            return;
+        };
+        let status = if state == RemoteState::Connected {
+            "True"
+        } else {
+            "False"
+        };
+        for _ in 0..3 {
+            let current = match api.get_status(name).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::debug!(link = %name, error = %e, "could not read the Link for its RemoteReachable condition");
+                    return;
+                }
+            };
+            let conditions = current.status.map(|s| s.conditions).unwrap_or_default();
+            let old = conditions.iter().find(|c| c.type_ == CONDITION_TYPE);
+            // Unchanged (a restarted link controller): not written again.
+            if old.is_some_and(|c| c.status == status && c.reason == state.reason()) {
+                return;
+            }
+            let condition = Condition {
+                type_: CONDITION_TYPE.into(),
+                status: status.into(),
+                reason: state.reason().into(),
+                message: note.chars().take(1024).collect(),
+                observed_generation: current.metadata.generation,
+                last_transition_time: match old.filter(|c| c.status == status) {
+                    Some(c) => c.last_transition_time.clone(),
+                    None => Time(k8s_openapi::jiff::Timestamp::now()),
+                },
+            };
+            let conditions = crate::links::with_condition(conditions, condition);
+            let body = serde_json::json!({
+                "metadata": { "resourceVersion": current.metadata.resource_version },
+                "status": { "conditions": conditions },
+            });
+            let params = PatchParams {
+                field_manager: Some(crate::writer::FIELD_MANAGER.into()),
+                ..Default::default()
+            };
+            match api.patch_status(name, &params, &Patch::Merge(&body)).await {
+                Ok(_) => return,
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => {
+                    tracing::warn!(link = %name, error = %e, "could not write the Link's RemoteReachable condition");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> StalePolicy {
+        StalePolicy::new(
+            Duration::from_secs(1),
+            Duration::from_secs(3),
+            Duration::from_secs(6),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_clock_starts_at_the_first_failure_and_stops_at_an_answer() {
+        let h = RemoteHealth::new(policy());
+        assert_eq!(h.unanswered(), None);
+        h.failed();
+        let first = h.inner.lock().silent_since;
+        h.failed();
+        assert_eq!(h.inner.lock().silent_since, first, "later failures keep it");
+        assert!(h.unanswered().is_some());
+        h.answered();
+        assert_eq!(h.unanswered(), None);
+    }
+
+    #[test]
+    fn only_an_empty_list_after_an_outage_is_held_and_the_next_list_confirms_it() {
+        let h = RemoteHealth::new(policy());
+        assert_eq!(h.listed(3, 0), ListVerdict::Trusted, "no outage: trusted");
+        h.failed();
+        h.answered();
+        assert_eq!(h.listed(3, 1), ListVerdict::Trusted, "not every mirror");
+        h.failed();
+        h.answered();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held);
+        assert!(h.holding_deletes());
+        assert_eq!(h.listed(3, 0), ListVerdict::Trusted, "the second list");
+        assert!(!h.holding_deletes());
+        h.failed();
+        assert_eq!(h.listed(0, 0), ListVerdict::Trusted, "no mirror to lose");
+    }
+
+    #[test]
+    fn checks_and_holds_are_bounded_by_the_grace() {
+        for (grace_ms, want_ms) in [(100, 250), (1000, 250), (4000, 1000), (60_000, 5000)] {
+            let p = StalePolicy {
+                grace: Duration::from_millis(grace_ms),
+                ..StalePolicy::default()
+            };
+            assert_eq!(
+                check_period(&p),
+                Duration::from_millis(want_ms),
+                "{grace_ms}"
+            );
+        }
+        assert_eq!(relist_hold(&policy()), Duration::from_secs(5));
+        assert_eq!(
+            relist_hold(&StalePolicy::default()),
+            Duration::from_secs(30)
+        );
+    }
+}
