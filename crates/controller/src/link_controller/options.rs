@@ -3,7 +3,7 @@
 
 use crate::gateway::{GatewaySource, ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
 use crate::metrics::Metrics;
-use service_mirror_core::{AddressPolicy, EndpointsMode, ExportRule, NamespaceFilter};
+use service_mirror_core::{AddressPolicy, EndpointsMode, ExportRule, NamespaceFilter, Selector};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,9 @@ pub struct LinkConfig {
     /// Which gateway addresses mirrors and probes may use (`--gateway-address-deny`,
     /// `--gateway-address-allow`); the default refuses the built-in denials.
     pub gateway_address_policy: AddressPolicy,
+    /// A `Link`'s `federatedServiceSelector`: its remote members of federated Services
+    /// (`None`: a Secret link, no members).
+    pub federated_selector: Option<Selector>,
 }
 
 impl Default for LinkConfig {
@@ -58,6 +61,7 @@ impl Default for LinkConfig {
             link_gateway: None,
             create_namespaces: true,
             gateway_address_policy: AddressPolicy::default(),
+            federated_selector: None,
         }
     }
 }
@@ -81,6 +85,11 @@ pub struct LinkDeps {
     /// The process's Event recorder (built once in `run`); `None`: one of the link's
     /// own, without an instance name (tests and embedders).
     pub recorder: Option<crate::events::EventRecorder>,
+    /// The process's federation, fed with this link's members and gateway when the
+    /// link has a `federatedServiceSelector` (`None`: no federation).
+    pub federation: Option<crate::federation::Federation>,
+    /// The link source's creation time (the oldest Link gives federated metadata).
+    pub link_created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl Default for LinkDeps {
@@ -93,6 +102,8 @@ impl Default for LinkDeps {
             create_limit: crate::writer::default_create_limit(),
             link_secret: None,
             recorder: None,
+            federation: None,
+            link_created: None,
         }
     }
 }

@@ -41,6 +41,8 @@ pub(super) struct RemoteEvents {
     pub(super) relists: Arc<AtomicU64>,
     pub(super) metrics: LinkMetrics,
     pub(super) queue: WorkQueue<ServiceKey>,
+    /// This link's feed of federated members, if any.
+    pub(super) federation: Option<crate::federation::LinkFeed>,
 }
 
 impl RemoteEvents {
@@ -66,6 +68,9 @@ impl RemoteEvents {
         self.metrics.remote_connected(true);
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
+        }
+        if let Some(feed) = &self.federation {
+            feed.remote_event(ev);
         }
         let keys = keys_for_remote(&mut self.index.lock(), &self.remote, &self.export, ev);
         if matches!(ev, watcher::Event::InitDone) {
@@ -224,6 +229,8 @@ pub(super) struct Shared {
     pub(super) connected: Arc<AtomicBool>,
     pub(super) relists: Arc<AtomicU64>,
     pub(super) metrics: LinkMetrics,
+    /// This link's feed of federated members, if any.
+    pub(super) federation: Option<crate::federation::LinkFeed>,
 }
 
 /// Starts the three watches of a link: every remote Service, and the local Services and
@@ -248,6 +255,7 @@ pub(super) fn spawn(
         relists: shared.relists,
         metrics: shared.metrics,
         queue: rec.queue.clone(),
+        federation: shared.federation,
     };
     let slice_events = rec.readiness.clone().map(|readiness| RemoteSliceEvents {
         cluster: cluster_name.clone(),

@@ -1,0 +1,209 @@
+//! The link side of federation: what one link controller tells the federation about
+//! its remote cluster's members and gateway.
+//!
+//! The feed keeps the set of member keys it has announced, so a Service that stops
+//! matching the Link's `federatedServiceSelector` (or is deleted) is announced gone, and
+//! members missing from a complete list leave only once that list is done (a relist or
+//! an unreachable remote never empties a federated Service).
+
+use super::Msg;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::runtime::watcher;
+use parking_lot::Mutex;
+use service_mirror_core::federated::MemberGateway;
+use service_mirror_core::{NamespaceFilter, ResourceStyle, Selector, ServiceKey};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::mpsc;
+
+/// What a link knows about itself that its members carry.
+#[derive(Debug, Clone)]
+pub struct LinkIdentity {
+    /// The link's cluster name.
+    pub cluster: String,
+    /// The Link's creation time (the oldest Link's member gives the metadata).
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+    /// The remote cluster's DNS domain.
+    pub domain: String,
+    /// The Link's label and annotation exclusions.
+    pub exclusions: ResourceStyle,
+    /// The Link, where refusals of its members are reported.
+    pub link: Option<ObjectReference>,
+}
+
+/// One link's feed into the federation (cheap to clone; clones share the state).
+#[derive(Clone)]
+pub struct LinkFeed {
+    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) id: Arc<LinkIdentity>,
+    pub(super) selector: Selector,
+    /// The link's mirrored namespaces (`--namespace-allow/deny`): members outside are
+    /// not members.
+    pub(super) namespaces: NamespaceFilter,
+    /// Keys announced as members, and those seen by the list under way.
+    pub(super) state: Arc<Mutex<FeedState>>,
+    /// Whether the link has a member: its gateway is probed and reported only then.
+    pub(super) in_use: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for LinkFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkFeed")
+            .field("cluster", &self.id.cluster)
+            .finish()
+    }
+}
+
+#[derive(Default)]
+pub(super) struct FeedState {
+    announced: BTreeSet<ServiceKey>,
+    listing: Option<BTreeSet<ServiceKey>>,
+}
+
+impl LinkFeed {
+    /// The link's cluster name.
+    pub fn cluster(&self) -> &str {
+        &self.id.cluster
+    }
+
+    /// Whether any remote Service of this link is a member now.
+    pub fn has_members(&self) -> bool {
+        self.in_use.load(Ordering::SeqCst)
+    }
+
+    fn send(&self, msg: Msg) {
+        // The federation stopped: the process is shutting down.
+        let _ = self.tx.send(msg);
+    }
+
+    fn member(&self, svc: &Service) -> Option<ServiceKey> {
+        let key = ServiceKey::from_meta(&svc.metadata)?;
+        let labels = svc.metadata.labels.as_ref();
+        // A mirror (of a cluster the remote links) copies its remote's labels: never a
+        // member, or federated Services would chain across clusters.
+        let mirror = labels
+            .is_some_and(|l| l.contains_key(service_mirror_core::labels::MIRRORED_SERVICE_LABEL));
+        let allowed = self.namespaces.allows(&key.namespace);
+        (allowed && !mirror && self.selector.matches(labels)).then_some(key)
+    }
+
+    /// One event of the link's remote Service watch (objects as the link caches them:
+    /// labels, annotations, ports and clusterIP kept).
+    pub fn remote_event(&self, ev: &watcher::Event<Service>) {
+        let mut state = self.state.lock();
+        match ev {
+            watcher::Event::Init => {
+                state.listing = Some(BTreeSet::new());
+                self.send(Msg::Listing {
+                    cluster: self.id.cluster.clone(),
+                });
+            }
+            watcher::Event::InitApply(svc) => {
+                if let Some(key) = self.member(svc) {
+                    if let Some(listing) = state.listing.as_mut() {
+                        listing.insert(key.clone());
+                    }
+                    state.announced.insert(key);
+                    self.send(self.joined(svc));
+                }
+            }
+            watcher::Event::InitDone => {
+                let seen = state.listing.take().unwrap_or_default();
+                let gone: Vec<ServiceKey> = state.announced.difference(&seen).cloned().collect();
+                for key in gone {
+                    self.send(self.left(key));
+                }
+                state.announced = seen;
+                self.send(Msg::Listed {
+                    cluster: self.id.cluster.clone(),
+                });
+            }
+            watcher::Event::Apply(svc) => match self.member(svc) {
+                Some(key) => {
+                    state.announced.insert(key);
+                    self.send(self.joined(svc));
+                }
+                None => {
+                    if let Some(key) = ServiceKey::from_meta(&svc.metadata)
+                        && state.announced.remove(&key)
+                    {
+                        self.send(self.left(key));
+                    }
+                }
+            },
+            watcher::Event::Delete(svc) => {
+                if let Some(key) = ServiceKey::from_meta(&svc.metadata)
+                    && state.announced.remove(&key)
+                {
+                    self.send(self.left(key));
+                }
+            }
+        }
+        self.in_use
+            .store(!state.announced.is_empty(), Ordering::SeqCst);
+    }
+
+    /// The link's gateway as its gateway component resolved and probed it (`None`: no
+    /// usable address).
+    pub fn gateway(&self, gateway: Option<MemberGateway>) {
+        self.send(Msg::Gateway {
+            cluster: self.id.cluster.clone(),
+            gateway,
+        });
+    }
+
+    fn joined(&self, svc: &Service) -> Msg {
+        Msg::Member {
+            link: self.id.clone(),
+            service: Box::new(svc.clone()),
+        }
+    }
+
+    fn left(&self, key: ServiceKey) -> Msg {
+        Msg::Left {
+            cluster: self.id.cluster.clone(),
+            key,
+        }
+    }
+}
+
+/// How often a link's gateway is looked at for its federated members: the prober's
+/// verdict reaches the federated slices at most this much after it changes.
+pub(crate) const GATEWAY_REPORT_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Reports the Link's gateway `gw` (from `source`) to the federation while the link has
+/// members: resolved and probed by the link's own gateway component (the same prober
+/// as its mirrors'), sent only when it changes.
+pub(crate) async fn report_gateway(
+    feed: LinkFeed,
+    gateways: Arc<crate::gateway::Gateways>,
+    gw: service_mirror_core::GatewayRef,
+    source: crate::gateway::GatewaySource,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let key = ServiceKey::new(
+        gw.namespace.clone(),
+        format!("{}-federated-members", gw.name),
+    );
+    let mut last: Option<Option<MemberGateway>> = None;
+    loop {
+        if feed.has_members() {
+            let resolution = gateways.resolve(&key, &gw, Some(Ok(source.clone()))).await;
+            let now = resolution.gateway.map(|g| MemberGateway {
+                addresses: g.addresses,
+                port: g.port,
+                identity: g.identity,
+                alive: g.alive,
+            });
+            if last.as_ref() != Some(&now) {
+                feed.gateway(now.clone());
+                last = Some(now);
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(GATEWAY_REPORT_PERIOD) => {}
+        }
+    }
+}
