@@ -197,11 +197,7 @@ impl Worker {
             }
             Msg::Retry(key) => vec![key],
         };
-        // Before the first plan every key is planned anyway.
         self.dirty.extend(keys);
-        if self.dirty.is_empty() && self.may_write() && self.present.is_empty() {
-            // Nothing to do.
-        }
     }
 
     fn retry_later(&mut self, key: &ServiceKey) {

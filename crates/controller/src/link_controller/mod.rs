@@ -213,6 +213,7 @@ impl LinkController {
                 rec.gateways.clone(),
                 gateway.clone(),
                 source,
+                config.endpoint_refresh_period,
                 cancel.clone(),
             )));
         }
