@@ -139,6 +139,11 @@ impl World {
     }
 
     fn federation(&self) -> Running {
+        self.federation_led(None)
+    }
+
+    /// The federation, writing only while `leader` says true (`None`: always).
+    fn federation_led(&self, leader: Option<tokio::sync::watch::Receiver<bool>>) -> Running {
         let cancel = CancellationToken::new();
         let (federation, tasks) = Federation::start(
             self.lc.clone(),
@@ -147,7 +152,7 @@ impl World {
             FederationOptions {
                 controller_namespace: self.ctl_ns.clone(),
                 local_selector: Some(self.local_selector()),
-                leader: None,
+                leader,
             },
             cancel.clone(),
         );
@@ -715,5 +720,41 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
     assert_eq!(w.writes(), before, "a restart writes nothing");
     east.stop(false).await.unwrap();
     north.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_federation_writes_only_while_leader() {
+    let mut w = World::new("fedleader").await;
+    w.fake(73).await;
+    let (leader, rx) = tokio::sync::watch::channel(false);
+    let fed = w.federation_led(Some(rx));
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&w.lc, "web", &[("http", 80)], "local", false)
+        .await;
+    let before = w.writes();
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 73), &w.east, 100)
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        w.federated("web").await.is_none(),
+        "a follower writes nothing"
+    );
+    assert_eq!(w.writes(), before);
+    leader.send_replace(true);
+    let svc = w
+        .federated_until("written once leading", "web", |s| {
+            remote_discovery(s) == Some("web@east")
+        })
+        .await;
+    assert_eq!(annotation(&svc.metadata, LOCAL_DISCOVERY), Some("web"));
+    eventually("east's slice", || async {
+        (w.slices("web").await.len() == 1).then_some(())
+    })
+    .await;
+    east.stop(false).await.unwrap();
     fed.stop().await;
 }

@@ -219,3 +219,142 @@ pub(crate) async fn report_gateway(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn feed() -> (LinkFeed, mpsc::UnboundedReceiver<Msg>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let selector = Selector::parse(Some(&LabelSelector {
+            match_labels: Some([("mirror.linkerd.io/federated".into(), "member".into())].into()),
+            match_expressions: None,
+        }))
+        .unwrap();
+        let feed = LinkFeed {
+            tx,
+            id: Arc::new(LinkIdentity {
+                cluster: "east".into(),
+                created: None,
+                domain: "cluster.local".into(),
+                exclusions: Default::default(),
+                link: None,
+            }),
+            selector,
+            namespaces: NamespaceFilter {
+                allow: vec![],
+                deny: vec!["kube-system".into()],
+            },
+            state: Arc::default(),
+            in_use: Arc::default(),
+        };
+        (feed, rx)
+    }
+
+    fn svc(ns: &str, name: &str, labels: &[(&str, &str)]) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn member(name: &str) -> Service {
+        svc("shop", name, &[("mirror.linkerd.io/federated", "member")])
+    }
+
+    /// The messages sent, as short strings.
+    fn drain(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            out.push(match m {
+                Msg::Member { service, .. } => {
+                    format!("join {}", service.metadata.name.unwrap_or_default())
+                }
+                Msg::Left { key, .. } => format!("leave {}", key.name),
+                Msg::Listing { .. } => "listing".into(),
+                Msg::Listed { .. } => "listed".into(),
+                Msg::Gateway { .. } => "gateway".into(),
+                other => format!("{other:?}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn members_missing_from_a_complete_list_leave_only_when_it_is_done() {
+        let (f, mut rx) = feed();
+        f.remote_event(&watcher::Event::Init);
+        f.remote_event(&watcher::Event::InitApply(member("web")));
+        f.remote_event(&watcher::Event::InitApply(member("api")));
+        f.remote_event(&watcher::Event::InitDone);
+        assert_eq!(
+            drain(&mut rx),
+            ["listing", "join web", "join api", "listed"]
+        );
+        assert!(f.has_members());
+        // A relist without `api`: it leaves at the end of the list, not before.
+        f.remote_event(&watcher::Event::Init);
+        f.remote_event(&watcher::Event::InitApply(member("web")));
+        assert_eq!(drain(&mut rx), ["listing", "join web"]);
+        f.remote_event(&watcher::Event::InitDone);
+        assert_eq!(drain(&mut rx), ["leave api", "listed"]);
+    }
+
+    #[test]
+    fn losing_the_label_or_being_deleted_leaves_once() {
+        let (f, mut rx) = feed();
+        f.remote_event(&watcher::Event::Apply(member("web")));
+        f.remote_event(&watcher::Event::Apply(svc("shop", "web", &[])));
+        f.remote_event(&watcher::Event::Apply(svc("shop", "web", &[])));
+        assert_eq!(drain(&mut rx), ["join web", "leave web"]);
+        assert!(!f.has_members());
+        f.remote_event(&watcher::Event::Apply(member("api")));
+        f.remote_event(&watcher::Event::Delete(member("api")));
+        f.remote_event(&watcher::Event::Delete(member("api")));
+        assert_eq!(drain(&mut rx), ["join api", "leave api"]);
+    }
+
+    #[test]
+    fn non_members_mirrors_and_unmirrored_namespaces_send_nothing() {
+        let (f, mut rx) = feed();
+        let table = [
+            svc("shop", "plain", &[("app", "x")]),
+            svc(
+                "kube-system",
+                "dns",
+                &[("mirror.linkerd.io/federated", "member")],
+            ),
+            svc(
+                "shop",
+                "web-west",
+                &[
+                    ("mirror.linkerd.io/federated", "member"),
+                    ("mirror.linkerd.io/mirrored-service", "true"),
+                ],
+            ),
+            svc(
+                "shop",
+                "wrong-value",
+                &[("mirror.linkerd.io/federated", "yes")],
+            ),
+        ];
+        for s in table {
+            f.remote_event(&watcher::Event::Apply(s.clone()));
+            f.remote_event(&watcher::Event::Delete(s));
+        }
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        assert!(!f.has_members());
+    }
+}
