@@ -758,3 +758,55 @@ async fn the_federation_writes_only_while_leader() {
     east.stop(false).await.unwrap();
     fed.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_link_and_a_local_member_leaving_shrink_the_membership() {
+    let mut w = World::new("fedunlink").await;
+    w.fake(74).await;
+    w.fake(75).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&nc, "web", &[("http", 80)], "north", false).await;
+    w.member(&w.lc, "web", &[("http", 80)], "local", false)
+        .await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 74), &w.east, 100)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 75), &w.north, 50)
+        .await;
+    let first = w
+        .federated_until("all three", "web", |s| {
+            remote_discovery(s) == Some("web@east,web@north")
+                && annotation(&s.metadata, LOCAL_DISCOVERY).is_some()
+        })
+        .await;
+    // East's link is removed (the manager stops it, then tells the federation).
+    east.stop(false).await.unwrap();
+    fed.federation.link_removed("east");
+    w.federated_until("east left", "web", |s| {
+        remote_discovery(s) == Some("web@north")
+    })
+    .await;
+    eventually("east's slice deleted", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 1 && v[0].0 == "north").then_some(())
+    })
+    .await;
+    // The local member is deleted: local-discovery goes, the oldest Link's metadata wins.
+    Api::<Service>::namespaced(w.lc.clone(), &w.ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let svc = w
+        .federated_until("local left", "web", |s| {
+            annotation(&s.metadata, LOCAL_DISCOVERY).is_none()
+        })
+        .await;
+    assert_eq!(label(&svc.metadata, "app"), Some("north"));
+    assert_eq!(svc.metadata.uid, first.metadata.uid, "updated in place");
+    north.stop(false).await.unwrap();
+    fed.stop().await;
+}
