@@ -15,6 +15,7 @@ pub mod backoff;
 pub mod cli;
 pub mod error;
 pub mod events;
+pub mod federation;
 pub mod gateway;
 pub mod kube_client;
 pub mod leader;

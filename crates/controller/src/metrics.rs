@@ -12,6 +12,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
+use crate::federation::metrics::FederationFamilies;
 use crate::gateway::metrics::GatewayFamilies;
 use crate::kube_client::ClientMetrics;
 use crate::leader::LeaderFamilies;
@@ -53,6 +54,8 @@ pub struct Metrics {
     pub(crate) client: ClientMetrics,
     /// Writes to the per-link write Leases.
     pub(crate) write_leases: WriteLeaseFamilies,
+    /// Federated Services.
+    pub(crate) federation: FederationFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -66,6 +69,7 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::default();
         let (link, gateway, writer, leader, links, client, write_leases) = Default::default();
+        let federation = FederationFamilies::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -76,6 +80,7 @@ impl Metrics {
                 links,
                 client,
                 write_leases,
+                federation,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -85,6 +90,7 @@ impl Metrics {
             m.leader.register(prefixed);
             m.client.register(prefixed);
             m.write_leases.register(prefixed);
+            m.federation.register(prefixed);
             m.registry = registry;
             m
         };

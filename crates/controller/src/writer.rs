@@ -102,6 +102,9 @@ pub struct LocalWriter {
     metrics: Arc<Metrics>,
     /// Whether a create that meets a missing namespace creates it.
     create_namespaces: bool,
+    /// Set for the federation's writer: objects are ours by the federated mark of
+    /// this controller namespace (`is_owned_federated`), not by a cluster's labels.
+    federated: Option<String>,
 }
 
 impl std::fmt::Debug for LocalWriter {
@@ -165,6 +168,34 @@ impl LocalWriter {
             cluster: cluster.to_string(),
             metrics,
             create_namespaces: true,
+            federated: None,
+        }
+    }
+
+    /// The writer of federated Services and their slices (one for the process): an
+    /// object is ours if it carries the federated mark of `controller_namespace`; a
+    /// missing namespace is not created.
+    pub fn federated(
+        client: Client,
+        controller_namespace: &str,
+        metrics: Arc<Metrics>,
+        recorder: EventRecorder,
+    ) -> Self {
+        Self {
+            recorder,
+            client,
+            cluster: "federated".into(),
+            metrics,
+            create_namespaces: false,
+            federated: Some(controller_namespace.to_owned()),
+        }
+    }
+
+    /// Whether `meta` is ours (may be changed or deleted) for this writer.
+    fn ours<K: MirrorKind>(&self, meta: &kube::api::ObjectMeta) -> bool {
+        match &self.federated {
+            Some(ns) => service_mirror_core::is_owned_federated(meta, ns),
+            None => K::ours(meta, &self.cluster),
         }
     }
 
@@ -266,7 +297,7 @@ impl LocalWriter {
         let ns = obj.namespace().unwrap_or_default();
         let existing = api.get_opt(&name).await?;
         match existing {
-            Some(o) if !K::ours(o.meta(), &self.cluster) => {
+            Some(o) if !self.ours::<K>(o.meta()) => {
                 self.metrics
                     .writer
                     .ownership_conflicts

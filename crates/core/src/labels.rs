@@ -61,6 +61,31 @@ pub const REMOTE_SERVICE_LABEL: &str = "multicluster.linkerd.io/remote-service";
 /// the collection of mirrors of unlinked clusters to the controller that made them.
 pub const CONTROLLER_NAMESPACE_ANNOTATION: &str = "service-mirror.io/controller-namespace";
 
+/// Annotation on a federated Service (Linkerd's destination reads it): its remote
+/// members, `<svc>@<cluster>[,...]`, sorted. The same key as [`REMOTE_DISCOVERY_LABEL`].
+pub const REMOTE_DISCOVERY_ANNOTATION: &str = "multicluster.linkerd.io/remote-discovery";
+/// Annotation on a federated Service: the local member's name, when there is one.
+pub const LOCAL_DISCOVERY_ANNOTATION: &str = "multicluster.linkerd.io/local-discovery";
+/// Label marking a federated Service (and its EndpointSlices) as ours (value `"true"`;
+/// ours, not Linkerd's). With [`CONTROLLER_NAMESPACE_ANNOTATION`] naming our namespace
+/// it is the ownership mark of federated objects: they have no cluster-name label (no
+/// one link owns them), so no link controller ever selects them.
+pub const FEDERATED_LABEL: &str = "service-mirror.linkerd.io/federated";
+/// Value of [`FEDERATED_LABEL`].
+pub const FEDERATED_VALUE: &str = "true";
+/// Label on a federated EndpointSlice naming the member cluster it points at (ours).
+pub const FEDERATED_CLUSTER_LABEL: &str = "service-mirror.linkerd.io/federated-cluster";
+/// Suffix of a federated Service's name: `<svc>-federated` (Linkerd's).
+pub const FEDERATED_SUFFIX: &str = "federated";
+/// Linkerd's default `federatedServiceSelector` (and `--federated-service-selector`).
+pub const DEFAULT_FEDERATED_SELECTOR: &str = "mirror.linkerd.io/federated=member";
+
+/// Label selector matching every federated object of ours (Services and slices; the
+/// controller namespace annotation is checked on each, see `is_owned_federated`).
+pub fn federated_selector() -> String {
+    format!("{FEDERATED_LABEL}={FEDERATED_VALUE}")
+}
+
 /// Label on an EndpointSlice naming the Service it belongs to (Kubernetes' own).
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Label on an EndpointSlice naming the controller that manages it (Kubernetes' own key).
@@ -240,6 +265,37 @@ mod tests {
         for (got, want) in table {
             assert_eq!(got, want);
         }
+        let federated = [
+            (
+                REMOTE_DISCOVERY_ANNOTATION,
+                "multicluster.linkerd.io/remote-discovery",
+            ),
+            (
+                LOCAL_DISCOVERY_ANNOTATION,
+                "multicluster.linkerd.io/local-discovery",
+            ),
+            (FEDERATED_LABEL, "service-mirror.linkerd.io/federated"),
+            (FEDERATED_VALUE, "true"),
+            (
+                FEDERATED_CLUSTER_LABEL,
+                "service-mirror.linkerd.io/federated-cluster",
+            ),
+            (FEDERATED_SUFFIX, "federated"),
+            (
+                DEFAULT_FEDERATED_SELECTOR,
+                "mirror.linkerd.io/federated=member",
+            ),
+        ];
+        for (got, want) in federated {
+            assert_eq!(got, want);
+        }
+        assert_eq!(
+            federated_selector(),
+            "service-mirror.linkerd.io/federated=true"
+        );
+        // Federated objects must never carry a key a link controller selects on.
+        assert!(!FEDERATED_LABEL.starts_with(SVC_MIRROR_PREFIX));
+        assert!(!FEDERATED_CLUSTER_LABEL.starts_with(SVC_MIRROR_PREFIX));
         assert_eq!(MIRROR_PREFIX, format!("{SVC_MIRROR_PREFIX}/"));
     }
 }

@@ -23,6 +23,7 @@ pub mod address_policy;
 pub mod desired;
 pub mod diff;
 pub mod export;
+pub mod federated;
 pub mod gateway;
 pub mod labels;
 pub mod metadata;
@@ -55,7 +56,7 @@ pub use naming::{
     MAX_CLUSTER_NAME_LEN, NameError, ServiceKey, fq_name, mirror_name, parse_fq_name,
     validate_cluster_name,
 };
-pub use ownership::{is_owned, remote_key};
+pub use ownership::{is_owned, is_owned_federated, remote_key};
 pub use plan::{Action, mirroring_took_over, plan};
 pub use probe::{ProbeSpec, probe_spec};
 pub use remote_state::{

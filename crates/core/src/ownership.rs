@@ -4,8 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::labels::{
-    CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
-    REMOTE_SVC_FQ_NAME_ANNOTATION,
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, FEDERATED_LABEL, FEDERATED_VALUE,
+    MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_SVC_FQ_NAME_ANNOTATION,
 };
 use super::naming::{ServiceKey, parse_fq_name};
 
@@ -18,6 +18,25 @@ pub fn is_owned(meta: &ObjectMeta, cluster: &str) -> bool {
     };
     labels.get(MIRRORED_SERVICE_LABEL).map(String::as_str) == Some(MIRRORED_SERVICE_VALUE)
         && labels.get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster)
+}
+
+/// Whether the object is a federated Service (or one of its slices) made by the
+/// controller of `controller_namespace`: [`FEDERATED_LABEL`] is `"true"` and
+/// [`CONTROLLER_NAMESPACE_ANNOTATION`] names that namespace. A `<svc>-federated` without
+/// both (Linkerd's, someone's) is never adopted, changed or deleted. Independent of
+/// [`is_owned`]: a federated object has no cluster-name label, so no link owns it.
+pub fn is_owned_federated(meta: &ObjectMeta, controller_namespace: &str) -> bool {
+    let label = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(FEDERATED_LABEL))
+        .map(String::as_str);
+    let annotation = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONTROLLER_NAMESPACE_ANNOTATION))
+        .map(String::as_str);
+    label == Some(FEDERATED_VALUE) && annotation == Some(controller_namespace)
 }
 
 /// The remote Service a mirror object stands for, read from its
@@ -109,6 +128,73 @@ mod tests {
         for (what, meta, want) in table {
             assert_eq!(is_owned(&meta, "east"), want, "{what}");
         }
+    }
+
+    #[test]
+    fn federated_ownership_table() {
+        let f = FEDERATED_LABEL;
+        let m = MIRRORED_SERVICE_LABEL;
+        let n = CONTROLLER_NAMESPACE_ANNOTATION;
+        let table: Vec<(&str, ObjectMeta, bool)> = vec![
+            (
+                "ours",
+                meta(Some("ns"), &[(f, "true"), (m, "true")], &[(n, "mc")]),
+                true,
+            ),
+            (
+                "ours without the mirror label",
+                meta(Some("ns"), &[(f, "true")], &[(n, "mc")]),
+                true,
+            ),
+            (
+                "another controller's",
+                meta(Some("ns"), &[(f, "true")], &[(n, "other")]),
+                false,
+            ),
+            (
+                "no controller annotation",
+                meta(Some("ns"), &[(f, "true"), (m, "true")], &[]),
+                false,
+            ),
+            (
+                "Linkerd's: mirror label only",
+                meta(Some("ns"), &[(m, "true")], &[(n, "mc")]),
+                false,
+            ),
+            (
+                "label value case",
+                meta(Some("ns"), &[(f, "True")], &[(n, "mc")]),
+                false,
+            ),
+            (
+                "annotation as label",
+                meta(Some("ns"), &[(f, "true"), (n, "mc")], &[]),
+                false,
+            ),
+            ("nothing", meta(Some("ns"), &[], &[]), false),
+        ];
+        for (what, meta, want) in table {
+            assert_eq!(is_owned_federated(&meta, "mc"), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn no_link_owns_a_federated_object() {
+        // A federated Service carries mirrored-service=true but no cluster-name label:
+        // is_owned is false for every cluster name, so link controllers never touch it.
+        let fed = meta(
+            Some("ns"),
+            &[
+                (FEDERATED_LABEL, "true"),
+                (MIRRORED_SERVICE_LABEL, "true"),
+                ("app", "web"),
+            ],
+            &[(CONTROLLER_NAMESPACE_ANNOTATION, "mc")],
+        );
+        for cluster in ["east", "north", "west", "federated", ""] {
+            assert!(!is_owned(&fed, cluster), "{cluster}");
+        }
+        assert!(is_owned_federated(&fed, "mc"));
     }
 
     #[test]

@@ -127,6 +127,14 @@ pub struct RunArgs {
     /// Services stay, so ClusterIPs and DNS do). 0: never.
     #[arg(long, env = "SERVICE_MIRROR_STALE_DELETE_AFTER", default_value = "0s", value_parser = humantime::parse_duration)]
     stale_delete_after: Duration,
+    /// Local Services that are members of federated Services (`key=value[,...]`;
+    /// empty: none). Remote members are chosen by each Link's `federatedServiceSelector`.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_FEDERATED_SERVICE_SELECTOR",
+        default_value = service_mirror_core::labels::DEFAULT_FEDERATED_SELECTOR
+    )]
+    federated_service_selector: String,
 }
 
 /// One `--gateway-address-deny/allow` value: comma-separated CIDRs, blanks and empty
@@ -159,6 +167,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pod_name = std::env::var("POD_NAME").ok();
     let recorder = EventRecorder::new(local.clone(), pod_name.clone());
     let shutdown = CancellationToken::new();
+    let local_selector = crate::federation::local_selector(&args.federated_service_selector)
+        .map_err(|e| anyhow::anyhow!("--federated-service-selector: {e}"))?;
     let identity = default_identity(pod_name.as_deref());
     let (leader, election) = if args.leader_election {
         let opts = LeaderOptions {
@@ -173,6 +183,17 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.leader.leading.set(1);
         (None, None)
     };
+    let (federation, federation_tasks) = crate::federation::Federation::start(
+        local.clone(),
+        recorder.clone(),
+        metrics.clone(),
+        crate::federation::FederationOptions {
+            controller_namespace: args.namespace.clone(),
+            local_selector,
+            leader: leader.clone(),
+        },
+        shutdown.clone(),
+    );
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
         workers: 4,
@@ -210,6 +231,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         deps: LinkDeps {
             metrics: metrics.clone(),
             leader: leader.clone(),
+            federation: Some(federation),
             ..LinkDeps::default()
         },
     };
@@ -268,6 +290,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::time::timeout(Duration::from_secs(10), manager.shutdown())
         .await
         .map_err(|_| anyhow::anyhow!("shutdown took longer than 10 s"))?;
+    for task in federation_tasks {
+        let _ = task.await;
+    }
     if let Some(election) = election {
         // Released, so another replica takes over without waiting for expiry.
         let _ = election.await;

@@ -108,9 +108,27 @@ impl LinkController {
         let cancel = CancellationToken::new();
         let metrics = metrics::LinkMetrics::new(deps.metrics.clone(), &cluster);
         let index = Arc::new(parking_lot::Mutex::new(index::Index::default()));
+        // A Link with a federatedServiceSelector feeds the federation.
+        let feed = deps
+            .federation
+            .as_ref()
+            .zip(config.federated_selector.clone())
+            .map(|(fed, selector)| {
+                let id = crate::federation::link_identity(
+                    &link,
+                    deps.link_created,
+                    deps.link_secret.clone(),
+                );
+                fed.feed(id, selector, config.namespaces.clone())
+            });
         let in_use = {
             let index = index.clone();
-            Arc::new(move |gw: &_| !index.lock().users_of(gw).is_empty())
+            let feed = feed.clone();
+            // Federated members use the Link's gateway too: it stays probed for them.
+            Arc::new(move |gw: &_| {
+                !index.lock().users_of(gw).is_empty()
+                    || feed.as_ref().is_some_and(|f| f.has_members())
+            })
         };
         let (gateways, verdicts) = Gateways::new(
             &cluster,
@@ -184,6 +202,7 @@ impl LinkController {
                 connected: connected.clone(),
                 relists: relists.clone(),
                 metrics,
+                federation: feed.clone(),
             },
             local.clone(),
             remote.clone(),
@@ -207,6 +226,18 @@ impl LinkController {
             },
             cancel.clone(),
         )));
+        if let (Some(feed), Some(source), ExportRule::Selectors { gateway, .. }) =
+            (feed, config.link_gateway.clone(), &config.export_rule)
+        {
+            tasks.push(tokio::spawn(crate::federation::report_gateway(
+                feed,
+                rec.gateways.clone(),
+                gateway.clone(),
+                source,
+                config.endpoint_refresh_period,
+                cancel.clone(),
+            )));
+        }
         let gate = workers::Gate {
             writable: watch::Sender::new(!paused),
             leader: deps.leader.clone(),

@@ -3,7 +3,9 @@
 
 use crate::gateway::{GatewaySource, ProbeConfig, ProbeRedirect, Resolver, SystemResolver};
 use crate::metrics::Metrics;
-use service_mirror_core::{AddressPolicy, EndpointsMode, ExportRule, NamespaceFilter, StalePolicy};
+use service_mirror_core::{
+    AddressPolicy, EndpointsMode, ExportRule, NamespaceFilter, Selector, StalePolicy,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +46,9 @@ pub struct LinkConfig {
     /// What an unanswering remote does to its mirrors (`--remote-grace`,
     /// `--stale-after`, `--stale-delete-after`); the default only reports it.
     pub stale_policy: StalePolicy,
+    /// A `Link`'s `federatedServiceSelector`: its remote members of federated Services
+    /// (`None`: a Secret link, no members).
+    pub federated_selector: Option<Selector>,
 }
 
 impl Default for LinkConfig {
@@ -62,6 +67,7 @@ impl Default for LinkConfig {
             create_namespaces: true,
             gateway_address_policy: AddressPolicy::default(),
             stale_policy: StalePolicy::default(),
+            federated_selector: None,
         }
     }
 }
@@ -85,6 +91,11 @@ pub struct LinkDeps {
     /// The process's Event recorder (built once in `run`); `None`: one of the link's
     /// own, without an instance name (tests and embedders).
     pub recorder: Option<crate::events::EventRecorder>,
+    /// The process's federation, fed with this link's members and gateway when the
+    /// link has a `federatedServiceSelector` (`None`: no federation).
+    pub federation: Option<crate::federation::Federation>,
+    /// The link source's creation time (the oldest Link gives federated metadata).
+    pub link_created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl Default for LinkDeps {
@@ -97,6 +108,8 @@ impl Default for LinkDeps {
             create_limit: crate::writer::default_create_limit(),
             link_secret: None,
             recorder: None,
+            federation: None,
+            link_created: None,
         }
     }
 }

@@ -45,13 +45,18 @@ pub(super) fn strip_remote(svc: &mut Service) {
 }
 
 /// [`strip_remote`] for a Link link: its selectors read the labels and its mirrors copy
-/// labels and annotations, so those stay whole.
+/// labels and annotations, so those stay whole; `clusterIP` too (a headless federated
+/// member is refused).
 pub(super) fn strip_remote_keeping_metadata(svc: &mut Service) {
     let labels = svc.metadata.labels.take();
     let annotations = svc.metadata.annotations.take();
+    let cluster_ip = svc.spec.as_mut().and_then(|s| s.cluster_ip.take());
     strip_remote(svc);
     svc.metadata.labels = labels;
     svc.metadata.annotations = annotations;
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.cluster_ip = cluster_ip;
+    }
 }
 
 #[cfg(test)]

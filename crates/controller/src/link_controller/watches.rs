@@ -52,6 +52,8 @@ pub(super) struct RemoteEvents {
     pub(super) health: Arc<RemoteHealth>,
     /// The link's mirrors (how many a list would delete).
     pub(super) local_services: Cache<Service>,
+    /// This link's feed of federated members, if any.
+    pub(super) federation: Option<crate::federation::LinkFeed>,
 }
 
 /// Says, on the link object, that the remote refuses the link's credentials.
@@ -102,6 +104,9 @@ impl RemoteEvents {
         self.health.answered();
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
+        }
+        if let Some(feed) = &self.federation {
+            feed.remote_event(ev);
         }
         let keys = keys_for_remote(&mut self.index.lock(), &self.remote, &self.export, ev);
         if matches!(ev, watcher::Event::InitDone) {
@@ -295,6 +300,8 @@ pub(super) struct Shared {
     pub(super) connected: Arc<AtomicBool>,
     pub(super) relists: Arc<AtomicU64>,
     pub(super) metrics: LinkMetrics,
+    /// This link's feed of federated members, if any.
+    pub(super) federation: Option<crate::federation::LinkFeed>,
 }
 
 /// Starts the three watches of a link: every remote Service, and the local Services and
@@ -326,6 +333,7 @@ pub(super) fn spawn(
         refused: AtomicU16::new(0),
         health: rec.health.clone(),
         local_services: rec.local_services.clone(),
+        federation: shared.federation,
     };
     let slice_events = rec.readiness.clone().map(|readiness| RemoteSliceEvents {
         cluster: cluster_name.clone(),

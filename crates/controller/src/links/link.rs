@@ -121,8 +121,7 @@ pub fn parse_link(
         "remoteDiscoverySelector",
         spec.remote_discovery_selector.as_ref(),
     )?;
-    // Checked so a bad one is reported now; federation is not served yet.
-    selector(
+    let federated = selector(
         "federatedServiceSelector",
         spec.federated_service_selector.as_ref(),
     )?;
@@ -153,6 +152,7 @@ pub fn parse_link(
         probe,
         probe_timeout,
         probe_failure_threshold,
+        federated,
     };
     Ok(LinkSpec::from_checked(
         core,

@@ -116,6 +116,7 @@ pub fn link_config(
         config.probe_timeout = r.probe_timeout;
         config.probe_failure_threshold = r.probe_failure_threshold;
         config.create_namespaces = link_namespace_creation;
+        config.federated_selector = Some(r.federated.clone());
     }
     config
 }
@@ -155,6 +156,14 @@ impl SourceObject<'_> {
             SourceObject::Secret(s) => s.object_ref(&()),
             SourceObject::Link(l) => l.object_ref(&()),
         }
+    }
+
+    fn created(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        let meta = match self {
+            SourceObject::Secret(s) => &s.metadata,
+            SourceObject::Link(l) => &l.metadata,
+        };
+        meta.creation_timestamp.as_ref().map(|t| t.0)
     }
 }
 
@@ -323,6 +332,7 @@ impl Inner {
         LinkDeps {
             link_secret: Some(source.reference()),
             recorder: Some(self.recorder.clone()),
+            link_created: source.created(),
             ..self.opts.deps.clone()
         }
     }
@@ -453,7 +463,12 @@ impl Inner {
         let cluster = a.spec.link().cluster_name.clone();
         self.update_links_gauge();
         let cleanup = matches!(key, SourceKey::Secret(_));
-        if let Err(e) = a.controller.stop(cleanup).await {
+        let stopped = a.controller.stop(cleanup).await;
+        // Stopped first, so none of its member reports comes after this.
+        if let Some(federation) = &self.opts.deps.federation {
+            federation.link_removed(&cluster);
+        }
+        if let Err(e) = stopped {
             // Keep trying in the background: the mirrors must not outlive the link. A
             // new link of the same cluster cancels this (see `link`).
             tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
@@ -965,6 +980,17 @@ impl Inner {
     fn listed_once(self: &Arc<Self>, first: bool) {
         if !self.listed() {
             return;
+        }
+        if first && let Some(federation) = &self.opts.deps.federation {
+            // Clusters a valid Link names: their federated entries wait for their lists.
+            let clusters = self
+                .links
+                .state()
+                .iter()
+                .filter_map(|l| self.parse(l).ok())
+                .map(|spec| spec.link().cluster_name.clone())
+                .collect();
+            federation.expect(clusters);
         }
         if first && self.opts.collect_unlinked {
             match self.links_known.load(Ordering::SeqCst) {

@@ -148,6 +148,8 @@ pub struct ResourceLink {
     pub probe_timeout: Duration,
     /// `probeSpec.failureThreshold`.
     pub probe_failure_threshold: u32,
+    /// `federatedServiceSelector`: remote members of federated Services.
+    pub federated: service_mirror_core::Selector,
 }
 
 impl LinkSpec {

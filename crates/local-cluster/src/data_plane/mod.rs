@@ -745,8 +745,9 @@ impl Inner {
         }
     }
 
-    /// One gateway connection: `Host: <name>-<cluster>.<ns>.svc...[:port]` goes to
-    /// `<name>.<ns>.svc.cluster.local:<port>` of this cluster (its DNS, its kube-proxy).
+    /// One gateway connection: `Host: <name>-<cluster>.<ns>.svc...[:port]` (or
+    /// `<name>-federated...`) goes to `<name>.<ns>.svc.cluster.local:<port>` of this
+    /// cluster (its DNS, its kube-proxy).
     async fn gateway_forward(&self, mut inbound: tokio::net::TcpStream, suffix: &str) {
         let Ok((head, _, host)) = wire::read_head(&mut inbound).await else {
             return;
@@ -807,7 +808,11 @@ fn local_target(host: &str, suffix: &str) -> Option<(String, u16)> {
         None => (host, 80),
     };
     let mut labels = name.split('.');
-    let service = labels.next()?.strip_suffix(suffix)?;
+    let first = labels.next()?;
+    // A mirror `<svc>-<cluster>`, or a federated Service `<svc>-federated`.
+    let service = first
+        .strip_suffix(suffix)
+        .or_else(|| first.strip_suffix("-federated"))?;
     let namespace = labels.next()?;
     if service.is_empty() || namespace.is_empty() {
         return None;
@@ -927,6 +932,11 @@ mod tests {
         );
         assert_eq!(local_target("web.shop.svc.cluster.local", "-east"), None);
         assert_eq!(local_target("-east.shop", "-east"), None);
+        assert_eq!(
+            local_target("web-federated.shop.svc.cluster.local:80", "-east"),
+            Some(("web.shop.svc.cluster.local".into(), 80))
+        );
+        assert_eq!(local_target("-federated.shop", "-east"), None);
     }
 
     #[test]

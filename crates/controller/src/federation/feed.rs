@@ -1,0 +1,360 @@
+//! The link side of federation: what one link controller tells the federation about
+//! its remote cluster's members and gateway.
+//!
+//! The feed keeps the set of member keys it has announced, so a Service that stops
+//! matching the Link's `federatedServiceSelector` (or is deleted) is announced gone, and
+//! members missing from a complete list leave only once that list is done (a relist or
+//! an unreachable remote never empties a federated Service).
+
+use super::Msg;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::runtime::watcher;
+use parking_lot::Mutex;
+use service_mirror_core::federated::MemberGateway;
+use service_mirror_core::{NamespaceFilter, ResourceStyle, Selector, ServiceKey};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::mpsc;
+
+/// What a link knows about itself that its members carry.
+#[derive(Debug, Clone)]
+pub struct LinkIdentity {
+    /// The link's cluster name.
+    pub cluster: String,
+    /// The Link's creation time (the oldest Link's member gives the metadata).
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+    /// The remote cluster's DNS domain.
+    pub domain: String,
+    /// The Link's label and annotation exclusions.
+    pub exclusions: ResourceStyle,
+    /// The Link, where refusals of its members are reported.
+    pub link: Option<ObjectReference>,
+}
+
+/// One link's feed into the federation (cheap to clone; clones share the state).
+#[derive(Clone)]
+pub struct LinkFeed {
+    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) id: Arc<LinkIdentity>,
+    pub(super) selector: Selector,
+    /// The link's mirrored namespaces (`--namespace-allow/deny`): members outside are
+    /// not members.
+    pub(super) namespaces: NamespaceFilter,
+    /// Keys announced as members, and those seen by the list under way.
+    pub(super) state: Arc<Mutex<FeedState>>,
+    /// Whether the link has a member: its gateway is probed and reported only then.
+    pub(super) in_use: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for LinkFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkFeed")
+            .field("cluster", &self.id.cluster)
+            .finish()
+    }
+}
+
+#[derive(Default)]
+pub(super) struct FeedState {
+    announced: BTreeSet<ServiceKey>,
+    listing: Option<BTreeSet<ServiceKey>>,
+}
+
+impl LinkFeed {
+    /// The link's cluster name.
+    pub fn cluster(&self) -> &str {
+        &self.id.cluster
+    }
+
+    /// Whether any remote Service of this link is a member now.
+    pub fn has_members(&self) -> bool {
+        self.in_use.load(Ordering::SeqCst)
+    }
+
+    fn send(&self, msg: Msg) {
+        // The federation stopped: the process is shutting down.
+        let _ = self.tx.send(msg);
+    }
+
+    fn member(&self, svc: &Service) -> Option<ServiceKey> {
+        let key = ServiceKey::from_meta(&svc.metadata)?;
+        let labels = svc.metadata.labels.as_ref();
+        // A mirror (of a cluster the remote links) copies its remote's labels: never a
+        // member, or federated Services would chain across clusters.
+        let mirror = labels
+            .is_some_and(|l| l.contains_key(service_mirror_core::labels::MIRRORED_SERVICE_LABEL));
+        let allowed = self.namespaces.allows(&key.namespace);
+        (allowed && !mirror && self.selector.matches(labels)).then_some(key)
+    }
+
+    /// One event of the link's remote Service watch (objects as the link caches them:
+    /// labels, annotations, ports and clusterIP kept).
+    pub fn remote_event(&self, ev: &watcher::Event<Service>) {
+        let mut state = self.state.lock();
+        match ev {
+            watcher::Event::Init => {
+                state.listing = Some(BTreeSet::new());
+                self.send(Msg::Listing {
+                    cluster: self.id.cluster.clone(),
+                });
+            }
+            watcher::Event::InitApply(svc) => {
+                if let Some(key) = self.member(svc) {
+                    if let Some(listing) = state.listing.as_mut() {
+                        listing.insert(key.clone());
+                    }
+                    state.announced.insert(key);
+                    self.send(self.joined(svc));
+                }
+            }
+            watcher::Event::InitDone => {
+                let seen = state.listing.take().unwrap_or_default();
+                let gone: Vec<ServiceKey> = state.announced.difference(&seen).cloned().collect();
+                for key in gone {
+                    self.send(self.left(key));
+                }
+                state.announced = seen;
+                self.send(Msg::Listed {
+                    cluster: self.id.cluster.clone(),
+                });
+            }
+            watcher::Event::Apply(svc) => match self.member(svc) {
+                Some(key) => {
+                    state.announced.insert(key);
+                    self.send(self.joined(svc));
+                }
+                None => {
+                    if let Some(key) = ServiceKey::from_meta(&svc.metadata)
+                        && state.announced.remove(&key)
+                    {
+                        self.send(self.left(key));
+                    }
+                }
+            },
+            watcher::Event::Delete(svc) => {
+                if let Some(key) = ServiceKey::from_meta(&svc.metadata)
+                    && state.announced.remove(&key)
+                {
+                    self.send(self.left(key));
+                }
+            }
+        }
+        self.in_use
+            .store(!state.announced.is_empty(), Ordering::SeqCst);
+    }
+
+    /// The link's gateway as its gateway component resolved and probed it (`None`: no
+    /// usable address).
+    pub fn gateway(&self, gateway: Option<MemberGateway>) {
+        self.send(Msg::Gateway {
+            cluster: self.id.cluster.clone(),
+            gateway,
+        });
+    }
+
+    fn joined(&self, svc: &Service) -> Msg {
+        Msg::Member {
+            link: self.id.clone(),
+            service: Box::new(svc.clone()),
+        }
+    }
+
+    fn left(&self, key: ServiceKey) -> Msg {
+        Msg::Left {
+            cluster: self.id.cluster.clone(),
+            key,
+        }
+    }
+}
+
+/// How often a link's gateway verdict is looked at for its federated members: the
+/// prober's verdict reaches the federated slices at most this much after it changes.
+pub(crate) const GATEWAY_REPORT_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Reports the Link's gateway `gw` (from `source`) to the federation while the link has
+/// members: resolved by the link's own gateway component every `refresh` (and when the
+/// link gains members), its verdict read from the same prober as its mirrors' every
+/// [`GATEWAY_REPORT_PERIOD`]; sent only when it changes.
+pub(crate) async fn report_gateway(
+    feed: LinkFeed,
+    gateways: Arc<crate::gateway::Gateways>,
+    gw: service_mirror_core::GatewayRef,
+    source: crate::gateway::GatewaySource,
+    refresh: std::time::Duration,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let key = ServiceKey::new(
+        gw.namespace.clone(),
+        format!("{}-federated-members", gw.name),
+    );
+    let mut sent: Option<Option<MemberGateway>> = None;
+    let mut current: Option<MemberGateway> = None;
+    let mut resolved_at: Option<std::time::Instant> = None;
+    loop {
+        if feed.has_members() {
+            if resolved_at.is_none_or(|t| t.elapsed() >= refresh) {
+                let resolution = gateways.resolve(&key, &gw, Some(Ok(source.clone()))).await;
+                current = resolution.gateway.map(|g| MemberGateway {
+                    addresses: g.addresses,
+                    port: g.port,
+                    identity: g.identity,
+                    alive: g.alive,
+                });
+                resolved_at = Some(std::time::Instant::now());
+            } else if let (Some(g), Some(state)) = (current.as_mut(), gateways.probe_state(&gw)) {
+                g.alive = state.alive;
+            }
+            if sent.as_ref() != Some(&current) {
+                feed.gateway(current.clone());
+                sent = Some(current.clone());
+            }
+        } else {
+            // Members again later: resolved (and probed) afresh at once.
+            resolved_at = None;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(GATEWAY_REPORT_PERIOD) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn feed() -> (LinkFeed, mpsc::UnboundedReceiver<Msg>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let selector = Selector::parse(Some(&LabelSelector {
+            match_labels: Some([("mirror.linkerd.io/federated".into(), "member".into())].into()),
+            match_expressions: None,
+        }))
+        .unwrap();
+        let feed = LinkFeed {
+            tx,
+            id: Arc::new(LinkIdentity {
+                cluster: "east".into(),
+                created: None,
+                domain: "cluster.local".into(),
+                exclusions: Default::default(),
+                link: None,
+            }),
+            selector,
+            namespaces: NamespaceFilter {
+                allow: vec![],
+                deny: vec!["kube-system".into()],
+            },
+            state: Arc::default(),
+            in_use: Arc::default(),
+        };
+        (feed, rx)
+    }
+
+    fn svc(ns: &str, name: &str, labels: &[(&str, &str)]) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn member(name: &str) -> Service {
+        svc("shop", name, &[("mirror.linkerd.io/federated", "member")])
+    }
+
+    /// The messages sent, as short strings.
+    fn drain(rx: &mut mpsc::UnboundedReceiver<Msg>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            out.push(match m {
+                Msg::Member { service, .. } => {
+                    format!("join {}", service.metadata.name.unwrap_or_default())
+                }
+                Msg::Left { key, .. } => format!("leave {}", key.name),
+                Msg::Listing { .. } => "listing".into(),
+                Msg::Listed { .. } => "listed".into(),
+                Msg::Gateway { .. } => "gateway".into(),
+                other => format!("{other:?}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn members_missing_from_a_complete_list_leave_only_when_it_is_done() {
+        let (f, mut rx) = feed();
+        f.remote_event(&watcher::Event::Init);
+        f.remote_event(&watcher::Event::InitApply(member("web")));
+        f.remote_event(&watcher::Event::InitApply(member("api")));
+        f.remote_event(&watcher::Event::InitDone);
+        assert_eq!(
+            drain(&mut rx),
+            ["listing", "join web", "join api", "listed"]
+        );
+        assert!(f.has_members());
+        // A relist without `api`: it leaves at the end of the list, not before.
+        f.remote_event(&watcher::Event::Init);
+        f.remote_event(&watcher::Event::InitApply(member("web")));
+        assert_eq!(drain(&mut rx), ["listing", "join web"]);
+        f.remote_event(&watcher::Event::InitDone);
+        assert_eq!(drain(&mut rx), ["leave api", "listed"]);
+    }
+
+    #[test]
+    fn losing_the_label_or_being_deleted_leaves_once() {
+        let (f, mut rx) = feed();
+        f.remote_event(&watcher::Event::Apply(member("web")));
+        f.remote_event(&watcher::Event::Apply(svc("shop", "web", &[])));
+        f.remote_event(&watcher::Event::Apply(svc("shop", "web", &[])));
+        assert_eq!(drain(&mut rx), ["join web", "leave web"]);
+        assert!(!f.has_members());
+        f.remote_event(&watcher::Event::Apply(member("api")));
+        f.remote_event(&watcher::Event::Delete(member("api")));
+        f.remote_event(&watcher::Event::Delete(member("api")));
+        assert_eq!(drain(&mut rx), ["join api", "leave api"]);
+    }
+
+    #[test]
+    fn non_members_mirrors_and_unmirrored_namespaces_send_nothing() {
+        let (f, mut rx) = feed();
+        let table = [
+            svc("shop", "plain", &[("app", "x")]),
+            svc(
+                "kube-system",
+                "dns",
+                &[("mirror.linkerd.io/federated", "member")],
+            ),
+            svc(
+                "shop",
+                "web-west",
+                &[
+                    ("mirror.linkerd.io/federated", "member"),
+                    ("mirror.linkerd.io/mirrored-service", "true"),
+                ],
+            ),
+            svc(
+                "shop",
+                "wrong-value",
+                &[("mirror.linkerd.io/federated", "yes")],
+            ),
+        ];
+        for s in table {
+            f.remote_event(&watcher::Event::Apply(s.clone()));
+            f.remote_event(&watcher::Event::Delete(s));
+        }
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        assert!(!f.has_members());
+    }
+}

@@ -1,0 +1,325 @@
+//! The federation's view of every member: remote members (from the link feeds), local
+//! members (from the local watch), each member cluster's gateway, and which clusters
+//! have not listed yet. Each change returns the `<namespace>/<svc>` keys to plan again.
+
+use super::feed::LinkIdentity;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use service_mirror_core::ServiceKey;
+use service_mirror_core::federated::{Member, MemberGateway};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Who a member belongs to: `None` is the local cluster.
+type Cluster = Option<String>;
+
+#[derive(Default)]
+pub(super) struct Index {
+    members: BTreeMap<ServiceKey, BTreeMap<Cluster, Member>>,
+    gateways: BTreeMap<String, MemberGateway>,
+    /// Linked clusters whose membership is not known yet.
+    pending: BTreeSet<String>,
+    /// Where each remote cluster's refusals are reported (its Link).
+    links: BTreeMap<String, ObjectReference>,
+    /// Local members seen by the local list under way.
+    local_listing: Option<BTreeSet<ServiceKey>>,
+    /// The local members are listed (local first: nothing is planned before).
+    pub(super) local_listed: bool,
+    /// The link manager said which clusters are linked (nothing is planned before).
+    pub(super) expected: bool,
+}
+
+impl Index {
+    /// Every key with a member or a pending cluster that may hold one.
+    pub(super) fn keys(&self) -> Vec<ServiceKey> {
+        self.members.keys().cloned().collect()
+    }
+
+    fn keys_of(&self, cluster: &Cluster) -> Vec<ServiceKey> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.contains_key(cluster))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    fn insert(&mut self, key: ServiceKey, cluster: Cluster, member: Member) -> Vec<ServiceKey> {
+        let slot = self.members.entry(key.clone()).or_default();
+        match slot.get(&cluster) == Some(&member) {
+            true => Vec::new(),
+            false => {
+                slot.insert(cluster, member);
+                vec![key]
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &ServiceKey, cluster: &Cluster) -> Vec<ServiceKey> {
+        let Some(slot) = self.members.get_mut(key) else {
+            return Vec::new();
+        };
+        let removed = slot.remove(cluster).is_some();
+        if slot.is_empty() {
+            self.members.remove(key);
+        }
+        match removed {
+            true => vec![key.clone()],
+            false => Vec::new(),
+        }
+    }
+
+    /// A remote member joined or changed.
+    pub(super) fn remote_member(
+        &mut self,
+        link: &Arc<LinkIdentity>,
+        svc: Service,
+    ) -> Vec<ServiceKey> {
+        let Some(key) = ServiceKey::from_meta(&svc.metadata) else {
+            return Vec::new();
+        };
+        if let Some(r) = &link.link {
+            self.links.insert(link.cluster.clone(), r.clone());
+        }
+        let member = Member {
+            cluster: Some(link.cluster.clone()),
+            link_created: link.created,
+            domain: link.domain.clone(),
+            exclusions: link.exclusions.clone(),
+            service: svc,
+        };
+        self.insert(key, Some(link.cluster.clone()), member)
+    }
+
+    /// A remote member left.
+    pub(super) fn remote_left(&mut self, cluster: &str, key: &ServiceKey) -> Vec<ServiceKey> {
+        self.remove(key, &Some(cluster.to_owned()))
+    }
+
+    /// A link (re)lists its remote Services: its membership is unknown until `listed`.
+    pub(super) fn listing(&mut self, cluster: &str) -> Vec<ServiceKey> {
+        self.pending.insert(cluster.to_owned());
+        Vec::new()
+    }
+
+    /// A link's list is complete (the leaves it implied came before).
+    pub(super) fn listed(&mut self, cluster: &str) -> Vec<ServiceKey> {
+        match self.pending.remove(cluster) {
+            true => self.keys(),
+            false => Vec::new(),
+        }
+    }
+
+    /// The link manager's first list: these clusters are linked, pending until listed.
+    pub(super) fn expect(&mut self, clusters: Vec<String>) -> Vec<ServiceKey> {
+        self.pending.extend(clusters);
+        self.expected = true;
+        self.keys()
+    }
+
+    /// A link's gateway changed.
+    pub(super) fn gateway(&mut self, cluster: &str, gw: Option<MemberGateway>) -> Vec<ServiceKey> {
+        let changed = match gw {
+            Some(gw) => self.gateways.insert(cluster.to_owned(), gw.clone()) != Some(gw),
+            None => self.gateways.remove(cluster).is_some(),
+        };
+        match changed {
+            true => self.keys_of(&Some(cluster.to_owned())),
+            false => Vec::new(),
+        }
+    }
+
+    /// A link was removed: its members leave.
+    pub(super) fn link_removed(&mut self, cluster: &str) -> Vec<ServiceKey> {
+        let c = Some(cluster.to_owned());
+        let keys = self.keys_of(&c);
+        for k in &keys {
+            self.remove(k, &c);
+        }
+        self.gateways.remove(cluster);
+        self.links.remove(cluster);
+        let was_pending = self.pending.remove(cluster);
+        let mut keys = keys;
+        if was_pending {
+            // Its stored entries were kept while pending: every key looks again.
+            keys.extend(self.keys());
+            keys.sort();
+            keys.dedup();
+        }
+        keys
+    }
+
+    /// A local member event: `Some(svc)` applied, `None` deleted.
+    pub(super) fn local_member(
+        &mut self,
+        key: ServiceKey,
+        svc: Option<Service>,
+    ) -> Vec<ServiceKey> {
+        if let Some(listing) = self.local_listing.as_mut() {
+            listing.insert(key.clone());
+        }
+        match svc {
+            Some(service) => {
+                let member = Member {
+                    cluster: None,
+                    link_created: None,
+                    domain: String::new(),
+                    exclusions: Default::default(),
+                    service,
+                };
+                self.insert(key, None, member)
+            }
+            None => self.remove(&key, &None),
+        }
+    }
+
+    /// The local watch starts a list.
+    pub(super) fn local_listing(&mut self) {
+        self.local_listing = Some(BTreeSet::new());
+    }
+
+    /// The local list is complete: local members it did not show leave.
+    pub(super) fn local_listed(&mut self) -> Vec<ServiceKey> {
+        let seen = self.local_listing.take().unwrap_or_default();
+        let gone: Vec<ServiceKey> = self
+            .keys_of(&None)
+            .into_iter()
+            .filter(|k| !seen.contains(k))
+            .collect();
+        let mut changed = Vec::new();
+        for k in gone {
+            changed.extend(self.remove(&k, &None));
+        }
+        let first = !std::mem::replace(&mut self.local_listed, true);
+        match first {
+            true => self.keys(),
+            false => changed,
+        }
+    }
+
+    /// The members of `key`, for the pure core.
+    pub(super) fn members(&self, key: &ServiceKey) -> Vec<Member> {
+        self.members
+            .get(key)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every member cluster's gateway.
+    pub(super) fn gateways(&self) -> &BTreeMap<String, MemberGateway> {
+        &self.gateways
+    }
+
+    /// Clusters not listed yet.
+    pub(super) fn pending(&self) -> &BTreeSet<String> {
+        &self.pending
+    }
+
+    /// Where refusals of `cluster`'s members are reported.
+    pub(super) fn link_of(&self, cluster: &str) -> Option<&ObjectReference> {
+        self.links.get(cluster)
+    }
+
+    /// Whether planning may start: the local members and the linked clusters known.
+    pub(super) fn ready(&self) -> bool {
+        self.local_listed && self.expected
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn svc(name: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("shop".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn link(cluster: &str) -> Arc<LinkIdentity> {
+        Arc::new(LinkIdentity {
+            cluster: cluster.into(),
+            created: None,
+            domain: "cluster.local".into(),
+            exclusions: Default::default(),
+            link: None,
+        })
+    }
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey::new("shop", name)
+    }
+
+    #[test]
+    fn same_member_twice_changes_nothing() {
+        let mut i = Index::default();
+        assert_eq!(i.remote_member(&link("east"), svc("web")), [key("web")]);
+        assert!(i.remote_member(&link("east"), svc("web")).is_empty());
+        assert_eq!(i.members(&key("web")).len(), 1);
+    }
+
+    #[test]
+    fn members_from_several_clusters_and_local_share_a_key() {
+        let mut i = Index::default();
+        i.remote_member(&link("east"), svc("web"));
+        i.remote_member(&link("north"), svc("web"));
+        i.local_member(key("web"), Some(svc("web")));
+        assert_eq!(i.members(&key("web")).len(), 3);
+        assert_eq!(i.remote_left("east", &key("web")), [key("web")]);
+        assert!(i.remote_left("east", &key("web")).is_empty());
+        assert_eq!(i.members(&key("web")).len(), 2);
+    }
+
+    #[test]
+    fn gateway_change_queues_only_that_clusters_keys() {
+        let mut i = Index::default();
+        i.remote_member(&link("east"), svc("web"));
+        i.remote_member(&link("north"), svc("api"));
+        let gw = MemberGateway {
+            addresses: vec!["198.18.1.1".parse().unwrap()],
+            port: 4143,
+            identity: None,
+            alive: true,
+        };
+        assert_eq!(i.gateway("east", Some(gw.clone())), [key("web")]);
+        assert!(i.gateway("east", Some(gw)).is_empty(), "unchanged");
+        assert_eq!(i.gateway("east", None), [key("web")]);
+    }
+
+    #[test]
+    fn pending_until_listed_and_removed_links_leave() {
+        let mut i = Index::default();
+        assert!(!i.ready());
+        i.expect(vec!["east".into()]);
+        assert!(i.pending().contains("east"));
+        i.local_listing();
+        i.local_listed();
+        assert!(i.ready());
+        i.remote_member(&link("east"), svc("web"));
+        assert_eq!(i.listed("east"), [key("web")]);
+        assert!(i.pending().is_empty());
+        i.listing("east");
+        assert!(i.pending().contains("east"), "a relist is pending again");
+        assert_eq!(i.link_removed("east"), [key("web")]);
+        assert!(i.members(&key("web")).is_empty() && i.pending().is_empty());
+    }
+
+    #[test]
+    fn local_list_removes_only_unseen_local_members() {
+        let mut i = Index::default();
+        i.local_listing();
+        i.local_member(key("web"), Some(svc("web")));
+        i.local_member(key("api"), Some(svc("api")));
+        i.local_listed();
+        i.remote_member(&link("east"), svc("db"));
+        i.local_listing();
+        i.local_member(key("web"), Some(svc("web")));
+        assert_eq!(i.local_listed(), [key("api")]);
+        assert_eq!(i.members(&key("web")).len(), 1);
+        assert_eq!(i.members(&key("db")).len(), 1, "remote members stay");
+    }
+}

@@ -1,0 +1,209 @@
+//! Federated services: ONE process-wide component keeps every `<svc>-federated`
+//! Service and its per-cluster EndpointSlices (see `service_mirror_core::federated`).
+//!
+//! Why one: a federated Service has members in several links, and Linkerd lets every
+//! link's controller update it, so they fight with 409 conflicts and the last writer's
+//! view wins. Here the link controllers only report (each through a [`LinkFeed`]: its
+//! remote members, complete-list markers, its gateway's addresses and verdict), a
+//! local watch reports the local members, and one worker plans and writes, through
+//! the federation's [`crate::writer::LocalWriter`], only while leader.
+//!
+//! Files: `feed.rs` (the link side), `index.rs` (members, gateways, pending clusters),
+//! `watches.rs` (local members and our stored federated objects), `worker.rs` (plan,
+//! write, report), `metrics.rs`.
+
+mod feed;
+mod index;
+pub(crate) mod metrics;
+mod watches;
+mod worker;
+
+pub(crate) use feed::report_gateway;
+pub use feed::{LinkFeed, LinkIdentity};
+
+use crate::events::EventRecorder;
+use crate::metrics::Metrics;
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use service_mirror_core::federated::MemberGateway;
+use service_mirror_core::{NamespaceFilter, ResourceStyle, Selector, ServiceKey};
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// What the federation's worker is told.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// A remote member joined or changed.
+    Member {
+        link: Arc<LinkIdentity>,
+        service: Box<Service>,
+    },
+    /// A remote member left (deleted, or no longer selected, or not in a complete list).
+    Left { cluster: String, key: ServiceKey },
+    /// A link (re)lists: its membership is unknown until `Listed`.
+    Listing { cluster: String },
+    /// A link's list is complete.
+    Listed { cluster: String },
+    /// A link's gateway as resolved and probed.
+    Gateway {
+        cluster: String,
+        gateway: Option<MemberGateway>,
+    },
+    /// A link was removed: its members leave.
+    LinkRemoved { cluster: String },
+    /// The link manager's first list: these clusters are linked.
+    Expect { clusters: Vec<String> },
+    /// A local member applied (`Some`) or deleted.
+    Local {
+        key: ServiceKey,
+        service: Option<Box<Service>>,
+    },
+    /// The local member watch starts a list.
+    LocalListing,
+    /// The local member list is complete.
+    LocalListed,
+    /// One of our stored federated objects changed: plan its key again.
+    Stored(ServiceKey),
+    /// Our stored federated Services (`true`) or slices are listed.
+    StoreListed(bool),
+    /// Leadership changed.
+    Leader(bool),
+    /// Try a key again (after a failed write).
+    Retry(ServiceKey),
+}
+
+/// Settings of the federation.
+#[derive(Debug, Clone)]
+pub struct FederationOptions {
+    /// Our namespace: the ownership annotation of federated objects.
+    pub controller_namespace: String,
+    /// `--federated-service-selector` as a label selector string (`None`: no local
+    /// members).
+    pub local_selector: Option<String>,
+    /// Writes only while this says true (leader election); `None`: always.
+    pub leader: Option<watch::Receiver<bool>>,
+}
+
+/// A handle on the running federation (clones share it).
+#[derive(Clone)]
+pub struct Federation {
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+impl std::fmt::Debug for Federation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Federation")
+    }
+}
+
+impl Federation {
+    /// Starts the federation: its local watches and its worker, until `cancel`.
+    pub fn start(
+        local: Client,
+        recorder: EventRecorder,
+        metrics: Arc<Metrics>,
+        opts: FederationOptions,
+        cancel: CancellationToken,
+    ) -> (Self, Vec<JoinHandle<()>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (stored, mut tasks) = watches::spawn(&local, &opts, &tx, &cancel);
+        let worker = worker::Worker::new(local, recorder, metrics, &opts, stored, tx.clone());
+        tasks.push(tokio::spawn(worker.run(rx, cancel)));
+        (Self { tx }, tasks)
+    }
+
+    /// The feed of one link controller: its members are the remote Services `selector`
+    /// matches (a Link's `federatedServiceSelector`) in the namespaces it mirrors.
+    pub fn feed(
+        &self,
+        id: LinkIdentity,
+        selector: Selector,
+        namespaces: NamespaceFilter,
+    ) -> LinkFeed {
+        LinkFeed {
+            tx: self.tx.clone(),
+            id: Arc::new(id),
+            selector,
+            namespaces,
+            state: Arc::default(),
+            in_use: Arc::default(),
+        }
+    }
+
+    /// The link of `cluster` was removed: its members leave their federated Services.
+    pub fn link_removed(&self, cluster: &str) {
+        let _ = self.tx.send(Msg::LinkRemoved {
+            cluster: cluster.to_owned(),
+        });
+    }
+
+    /// The linked clusters at start (the link manager's first list of its sources):
+    /// their stored entries are kept until each has listed its remote Services.
+    pub fn expect(&self, clusters: Vec<String>) {
+        let _ = self.tx.send(Msg::Expect { clusters });
+    }
+}
+
+/// Parses `--federated-service-selector` (`key=value[,...]`; empty: no local members)
+/// into the label selector string the local watch uses.
+pub fn local_selector(flag: &str) -> anyhow::Result<Option<String>> {
+    if flag.trim().is_empty() {
+        return Ok(None);
+    }
+    let parsed = crate::cli::link_gen::parse_selector(flag)?;
+    Selector::parse(Some(&parsed)).map_err(|e| anyhow::anyhow!("{flag:?}: {e}"))?;
+    let text = parsed
+        .match_labels
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok(Some(text))
+}
+
+/// A `Link`'s identity for its members: cluster, domain, exclusions (from the core
+/// link's style), creation time and the Link to report on.
+pub fn link_identity(
+    link: &service_mirror_core::Link,
+    created: Option<k8s_openapi::jiff::Timestamp>,
+    reference: Option<k8s_openapi::api::core::v1::ObjectReference>,
+) -> LinkIdentity {
+    let exclusions = match &link.style {
+        service_mirror_core::MirrorStyle::Resource(style) => style.clone(),
+        _ => ResourceStyle::default(),
+    };
+    LinkIdentity {
+        cluster: link.cluster_name.clone(),
+        created,
+        domain: link.cluster_domain.clone(),
+        exclusions,
+        link: reference,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_selector_flag_table() {
+        let table: Vec<(&str, Option<Option<&str>>)> = vec![
+            ("", Some(None)),
+            (
+                "mirror.linkerd.io/federated=member",
+                Some(Some("mirror.linkerd.io/federated=member")),
+            ),
+            ("b=2, a=1", Some(Some("a=1,b=2"))),
+            ("no-equals", None),
+            ("a in (x)", None),
+        ];
+        for (flag, want) in table {
+            let got = local_selector(flag).ok();
+            let got = got.as_ref().map(|o| o.as_deref());
+            assert_eq!(got, want, "{flag}");
+        }
+    }
+}

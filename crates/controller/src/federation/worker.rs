@@ -1,0 +1,371 @@
+//! The federation's one worker: applies every [`Msg`] to the index, then, once the
+//! local members and the linked clusters are known and while leader, plans each
+//! changed key with the pure core and writes the difference. Problems (refused
+//! members, port conflicts, a foreign `<svc>-federated`) are reported once per
+//! episode: a log line, a Warning Event, a metric.
+
+use super::index::Index;
+use super::watches::{Stored, key_of_service};
+use super::{FederationOptions, Msg};
+use crate::error::Error;
+use crate::events::EventRecorder;
+use crate::metrics::Metrics;
+use crate::writer::{Applied, LocalWriter};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use service_mirror_core::ServiceKey;
+use service_mirror_core::federated::{
+    DesiredService, FederationInput, MemberRefusal, desired_federated, federated_name,
+    plan_federated,
+};
+use service_mirror_core::is_owned_federated;
+use service_mirror_core::labels::{REMOTE_DISCOVERY_ANNOTATION, SERVICE_NAME_LABEL};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// First retry of a failed write; doubles up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// Slowest retry (a foreign `<svc>-federated` is looked at again this often).
+const MAX_RETRY: Duration = Duration::from_secs(60);
+
+pub(super) struct Worker {
+    index: Index,
+    stored: Stored,
+    /// Both stores listed once.
+    services_listed: bool,
+    slices_listed: bool,
+    leader: Option<watch::Receiver<bool>>,
+    leading: bool,
+    writer: LocalWriter,
+    recorder: EventRecorder,
+    metrics: Arc<Metrics>,
+    namespace: String,
+    tx: mpsc::UnboundedSender<Msg>,
+    dirty: BTreeSet<ServiceKey>,
+    retries: BTreeMap<ServiceKey, Duration>,
+    /// What was last reported per key (reported again only when it changes).
+    refused: BTreeMap<ServiceKey, Vec<(String, MemberRefusal)>>,
+    conflicts: BTreeMap<ServiceKey, Vec<String>>,
+    foreign: BTreeSet<ServiceKey>,
+    /// Keys whose federated Service is desired.
+    present: BTreeSet<ServiceKey>,
+}
+
+fn service_ref(namespace: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+impl Worker {
+    pub(super) fn new(
+        local: Client,
+        recorder: EventRecorder,
+        metrics: Arc<Metrics>,
+        opts: &FederationOptions,
+        stored: Stored,
+        tx: mpsc::UnboundedSender<Msg>,
+    ) -> Self {
+        Self {
+            index: Index::default(),
+            stored,
+            services_listed: false,
+            slices_listed: false,
+            leading: opts.leader.as_ref().is_none_or(|l| *l.borrow()),
+            leader: opts.leader.clone(),
+            writer: LocalWriter::federated(
+                local,
+                &opts.controller_namespace,
+                metrics.clone(),
+                recorder.clone(),
+            ),
+            recorder,
+            metrics,
+            namespace: opts.controller_namespace.clone(),
+            tx,
+            dirty: BTreeSet::new(),
+            retries: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            conflicts: BTreeMap::new(),
+            foreign: BTreeSet::new(),
+            present: BTreeSet::new(),
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Msg>,
+        cancel: CancellationToken,
+    ) {
+        if let Some(mut leader) = self.leader.clone() {
+            let (tx, cancel) = (self.tx.clone(), cancel.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        changed = leader.changed() => if changed.is_err() { return },
+                    }
+                    let now = *leader.borrow_and_update();
+                    let _ = tx.send(Msg::Leader(now));
+                }
+            });
+        }
+        loop {
+            let msg = tokio::select! {
+                _ = cancel.cancelled() => return,
+                msg = rx.recv() => msg,
+            };
+            let Some(msg) = msg else { return };
+            self.apply(msg);
+            // Everything already queued first: one plan per key for a burst of events.
+            while let Ok(msg) = rx.try_recv() {
+                self.apply(msg);
+            }
+            if !self.may_write() {
+                continue;
+            }
+            let keys = std::mem::take(&mut self.dirty);
+            for key in keys {
+                if cancel.is_cancelled() {
+                    return;
+                }
+                self.reconcile(&key).await;
+            }
+            self.metrics
+                .federation
+                .services
+                .set(self.present.len() as i64);
+        }
+    }
+
+    fn may_write(&self) -> bool {
+        self.leading && self.index.ready() && self.services_listed && self.slices_listed
+    }
+
+    /// Every key with a member or a stored federated Service.
+    fn all_keys(&self) -> Vec<ServiceKey> {
+        let mut keys = self.index.keys();
+        keys.extend(
+            self.stored
+                .services
+                .state()
+                .iter()
+                .filter_map(|s| key_of_service(s)),
+        );
+        keys
+    }
+
+    fn apply(&mut self, msg: Msg) {
+        let keys = match msg {
+            Msg::Member { link, service } => self.index.remote_member(&link, *service),
+            Msg::Left { cluster, key } => self.index.remote_left(&cluster, &key),
+            Msg::Listing { cluster } => self.index.listing(&cluster),
+            Msg::Listed { cluster } => self.index.listed(&cluster),
+            Msg::Gateway { cluster, gateway } => self.index.gateway(&cluster, gateway),
+            Msg::LinkRemoved { cluster } => self.index.link_removed(&cluster),
+            Msg::Expect { clusters } => self.index.expect(clusters),
+            Msg::Local { key, service } => self.index.local_member(key, service.map(|s| *s)),
+            Msg::LocalListing => {
+                self.index.local_listing();
+                Vec::new()
+            }
+            Msg::LocalListed => self.index.local_listed(),
+            Msg::Stored(key) => vec![key],
+            Msg::StoreListed(services) => {
+                match services {
+                    true => self.services_listed = true,
+                    false => self.slices_listed = true,
+                }
+                self.all_keys()
+            }
+            Msg::Leader(now) => {
+                self.leading = now;
+                match now {
+                    true => self.all_keys(),
+                    false => Vec::new(),
+                }
+            }
+            Msg::Retry(key) => vec![key],
+        };
+        self.dirty.extend(keys);
+    }
+
+    fn retry_later(&mut self, key: &ServiceKey) {
+        let delay = self
+            .retries
+            .get(key)
+            .map_or(FIRST_RETRY, |d| (*d * 2).min(MAX_RETRY));
+        self.retries.insert(key.clone(), delay);
+        let (tx, key) = (self.tx.clone(), key.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = tx.send(Msg::Retry(key));
+        });
+    }
+
+    async fn reconcile(&mut self, key: &ServiceKey) {
+        let name = federated_name(&key.name);
+        let stored = self
+            .stored
+            .services
+            .get(&ObjectRef::new(&name).within(&key.namespace));
+        let ns = self.namespace.clone();
+        let stored_annotation = stored
+            .as_ref()
+            .filter(|s| is_owned_federated(&s.metadata, &ns))
+            .and_then(|s| {
+                s.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(REMOTE_DISCOVERY_ANNOTATION)
+                    .cloned()
+            });
+        let members = self.index.members(key);
+        let desired = desired_federated(
+            &FederationInput {
+                namespace: &key.namespace,
+                name: &key.name,
+                members: &members,
+                gateways: self.index.gateways(),
+                pending: self.index.pending(),
+                controller_namespace: &ns,
+            },
+            stored_annotation.as_deref(),
+        );
+        self.report_refused(key, &desired.refused).await;
+        let slices: Vec<EndpointSlice> = self
+            .stored
+            .slices
+            .state()
+            .iter()
+            .filter(|s| {
+                s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                    && s.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                        == Some(&name)
+            })
+            .map(|s| (**s).clone())
+            .collect();
+        let plan = plan_federated(&desired, stored.as_deref(), &slices, &ns);
+        match desired.service {
+            DesiredService::Absent => self.present.remove(key),
+            _ => self.present.insert(key.clone()),
+        };
+        if plan.foreign {
+            let foreign = stored.as_deref().map(|s| s.metadata.clone());
+            self.report_foreign(key, &name, foreign.is_some()).await;
+            return;
+        }
+        self.report_conflicts(key, &name, &desired.conflicts).await;
+        for action in &plan.actions {
+            match self.writer.execute(action).await {
+                Ok(Applied::Done) => {}
+                // The watch event bringing the newer version plans the key again.
+                Ok(Applied::Stale) => return,
+                Err(Error::OwnershipConflict { .. }) => {
+                    self.report_foreign(key, &name, true).await;
+                    self.retry_later(key);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%key, federated = %name, error = %e, "federated write failed; retrying");
+                    self.metrics.federation.problem("FederatedWriteFailed");
+                    self.retry_later(key);
+                    return;
+                }
+            }
+        }
+        self.retries.remove(key);
+        self.foreign.remove(key);
+        if !plan.actions.is_empty() {
+            tracing::info!(%key, federated = %name, writes = plan.actions.len(), "federated service written");
+        }
+    }
+
+    async fn event(&self, regarding: &ObjectReference, reason: &str, note: String) {
+        self.recorder
+            .publish(regarding, EventType::Warning, reason, "Federate", note)
+            .await;
+    }
+
+    async fn report_foreign(&mut self, key: &ServiceKey, name: &str, exists: bool) {
+        if !exists || !self.foreign.insert(key.clone()) {
+            return;
+        }
+        let reason = "FederatedConflict";
+        tracing::warn!(%key, federated = %name, "a Service named like the federated Service exists and is not ours: left untouched");
+        self.metrics.federation.problem(reason);
+        let note = format!(
+            "Service {}/{name} exists without this controller's federated mark (label service-mirror.linkerd.io/federated=true and annotation service-mirror.io/controller-namespace={}): it is never adopted or changed; delete or rename it to let the federated Service of {key} be created",
+            key.namespace, self.namespace
+        );
+        self.event(&service_ref(&key.namespace, name), reason, note)
+            .await;
+    }
+
+    async fn report_refused(&mut self, key: &ServiceKey, refused: &[(String, MemberRefusal)]) {
+        let last = self.refused.get(key).cloned().unwrap_or_default();
+        if last.as_slice() == refused {
+            return;
+        }
+        match refused.is_empty() {
+            true => self.refused.remove(key),
+            false => self.refused.insert(key.clone(), refused.to_vec()),
+        };
+        for (member, why) in refused.iter().filter(|r| !last.contains(r)) {
+            let reason = why.reason();
+            tracing::warn!(%key, %member, why = why.detail(), "federated member refused; the others are unaffected");
+            self.metrics.federation.problem(reason);
+            let cluster = member.rsplit_once('@').map(|(_, c)| c).unwrap_or_default();
+            let regarding = match self.index.link_of(cluster) {
+                Some(link) => link.clone(),
+                None => service_ref(&key.namespace, &key.name),
+            };
+            let note = format!(
+                "federated member {member} in namespace {} refused: {}",
+                key.namespace,
+                why.detail()
+            );
+            self.event(&regarding, reason, note).await;
+        }
+    }
+
+    async fn report_conflicts(&mut self, key: &ServiceKey, name: &str, conflicts: &[String]) {
+        let last = self
+            .conflicts
+            .get(key)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if last == conflicts {
+            return;
+        }
+        match conflicts.is_empty() {
+            true => {
+                self.conflicts.remove(key);
+                return;
+            }
+            false => self.conflicts.insert(key.clone(), conflicts.to_vec()),
+        };
+        let reason = "FederatedPortConflict";
+        let list = conflicts.join("; ");
+        tracing::warn!(%key, federated = %name, conflicts = %list, "federated members' ports conflict; the union keeps the oldest member's");
+        self.metrics.federation.problem(reason);
+        let note = format!(
+            "members of {key} disagree on ports: the federated Service has the union of their ports, the oldest member's (local first) winning; left out: {list}"
+        );
+        self.event(&service_ref(&key.namespace, name), reason, note)
+            .await;
+    }
+}

@@ -1,0 +1,812 @@
+//! Federated services (issue 16 point 2) on real apiservers: a local cluster and two
+//! remotes (east, north), each linked by a `Link` (parsed by `parse_link`, configured by
+//! `link_config`, as the link manager does) whose controller feeds the one federation
+//! component, plus local members by `--federated-service-selector`. Gateway probes go
+//! to small HTTP servers on 127.0.0.x (redirected from the Links' 192.0.2.x addresses).
+
+mod support;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
+use service_mirror_controller::events::EventRecorder;
+use service_mirror_controller::federation::{Federation, FederationOptions};
+use service_mirror_controller::gateway::ProbeRedirect;
+use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
+use service_mirror_controller::links::{LinkSpec, link_config, parse_link};
+use service_mirror_controller::metrics::Metrics;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::links::{credentials_secret, link};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const REMOTE_DISCOVERY: &str = "multicluster.linkerd.io/remote-discovery";
+const LOCAL_DISCOVERY: &str = "multicluster.linkerd.io/local-discovery";
+const MEMBER: &str = "mirror.linkerd.io/federated";
+const GW_IDENTITY: &str =
+    "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
+
+/// A probe target answering 200 while healthy, 500 otherwise.
+struct FakeGateway {
+    addr: SocketAddr,
+    healthy: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl FakeGateway {
+    async fn start(ip: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let healthy = Arc::new(AtomicBool::new(true));
+        let h = healthy.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let ok = h.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let _ = conn.read(&mut buf).await;
+                    let answer = match ok {
+                        true => "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                        false => "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n",
+                    };
+                    let _ = conn.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Self {
+            addr,
+            healthy,
+            task,
+        }
+    }
+}
+
+impl Drop for FakeGateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One test's world: three apiservers, one namespace on each, a controller namespace.
+struct World {
+    local: Arc<LocalCluster>,
+    lc: Client,
+    east: Arc<LocalCluster>,
+    north: Arc<LocalCluster>,
+    ns: String,
+    ctl_ns: String,
+    metrics: Arc<Metrics>,
+    /// 192.0.2.N → the fake gateway answering its probes.
+    probes: Arc<Mutex<HashMap<IpAddr, SocketAddr>>>,
+    fakes: Vec<FakeGateway>,
+}
+
+/// A running federation.
+struct Running {
+    federation: Federation,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.cancel.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+impl World {
+    async fn new(prefix: &str) -> Self {
+        init_tracing();
+        let local = shared_cluster("local").await.unwrap();
+        let east = shared_cluster("remote").await.unwrap();
+        let north = shared_cluster("other").await.unwrap();
+        let ns = unique_namespace(prefix);
+        let ctl_ns = unique_namespace("fedctl");
+        let lc = local.client().await.unwrap();
+        for c in [&local, &east, &north] {
+            create_namespace(&c.client().await.unwrap(), &ns).await;
+        }
+        create_namespace(&lc, &ctl_ns).await;
+        Self {
+            local,
+            lc,
+            east,
+            north,
+            ns,
+            ctl_ns,
+            metrics: Metrics::new(),
+            probes: Arc::default(),
+            fakes: Vec::new(),
+        }
+    }
+
+    /// The local members' selector: Linkerd's default plus this test's namespace label
+    /// (tests share the local apiserver).
+    fn local_selector(&self) -> String {
+        format!("{MEMBER}=member,fedtest={}", self.ns)
+    }
+
+    fn federation(&self) -> Running {
+        self.federation_led(None)
+    }
+
+    /// The federation, writing only while `leader` says true (`None`: always).
+    fn federation_led(&self, leader: Option<tokio::sync::watch::Receiver<bool>>) -> Running {
+        let cancel = CancellationToken::new();
+        let (federation, tasks) = Federation::start(
+            self.lc.clone(),
+            EventRecorder::new(self.lc.clone(), None),
+            self.metrics.clone(),
+            FederationOptions {
+                controller_namespace: self.ctl_ns.clone(),
+                local_selector: Some(self.local_selector()),
+                leader,
+            },
+            cancel.clone(),
+        );
+        Running {
+            federation,
+            cancel,
+            tasks,
+        }
+    }
+
+    fn redirect(&self) -> ProbeRedirect {
+        let probes = self.probes.clone();
+        ProbeRedirect(Arc::new(move |addr: SocketAddr| {
+            let to = probes.lock().unwrap().get(&addr.ip()).copied();
+            to.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9)))
+        }))
+    }
+
+    /// A fake gateway on 127.0.0.`n`, probed at 192.0.2.`n`.
+    async fn fake(&mut self, n: u8) -> usize {
+        let fake = FakeGateway::start(&format!("127.0.0.{n}")).await;
+        let public: IpAddr = format!("192.0.2.{n}").parse().unwrap();
+        self.probes.lock().unwrap().insert(public, fake.addr);
+        self.fakes.push(fake);
+        self.fakes.len() - 1
+    }
+
+    fn set_healthy(&self, fake: usize, healthy: bool) {
+        self.fakes[fake].healthy.store(healthy, Ordering::SeqCst);
+    }
+
+    /// The spec of the Link of `cluster` on `remote` with its gateway at 192.0.2.`n`.
+    fn spec(&self, cluster: &str, remote: &LocalCluster, n: u8) -> LinkSpec {
+        let port = self
+            .fakes
+            .iter()
+            .find(|f| f.addr.ip().to_string() == format!("127.0.0.{n}"));
+        let probe_port = port.map_or(4191, |f| f.addr.port());
+        let secret = format!("cluster-credentials-{cluster}");
+        let mut l = link(
+            cluster,
+            cluster,
+            &secret,
+            serde_json::json!({
+                "gatewayAddress": format!("192.0.2.{n}"),
+                "probeSpec": {"port": probe_port.to_string(), "path": "/ready",
+                    "period": "1s", "timeout": "1s", "failureThreshold": "2"},
+            }),
+        );
+        l.metadata.namespace = Some(self.ctl_ns.clone());
+        let mut creds = credentials_secret(&secret, &remote.admin_kubeconfig().yaml);
+        creds.metadata.namespace = Some(self.ctl_ns.clone());
+        parse_link(&l, Some(&creds)).expect("a valid Link")
+    }
+
+    /// Starts the link controller of `cluster` (created `age_s` seconds ago).
+    async fn start_link(
+        &self,
+        fed: &Running,
+        spec: &LinkSpec,
+        remote: &LocalCluster,
+        age_s: i64,
+    ) -> LinkController {
+        let base = LinkConfig {
+            namespaces: service_mirror_core::NamespaceFilter::allow_only([self.ns.clone()]),
+            ..LinkConfig::default()
+        };
+        let created = Timestamp::now() - SignedDuration::from_secs(age_s);
+        let reference = ObjectReference {
+            api_version: Some("multicluster.linkerd.io/v1alpha3".into()),
+            kind: Some("Link".into()),
+            namespace: Some(self.ctl_ns.clone()),
+            name: Some(spec.link().cluster_name.clone()),
+            ..Default::default()
+        };
+        let rc = remote.client().await.unwrap();
+        LinkController::start(
+            self.lc.clone(),
+            rc,
+            spec.link().clone(),
+            link_config(&base, spec, false),
+            LinkDeps {
+                metrics: self.metrics.clone(),
+                probe_redirect: Some(self.redirect()),
+                link_secret: Some(reference),
+                federation: Some(fed.federation.clone()),
+                link_created: Some(created),
+                ..LinkDeps::default()
+            },
+        )
+        .expect("start the link controller")
+    }
+
+    /// Creates (or replaces) member Service `name` on `client` with `ports`; `headless`
+    /// makes it `clusterIP: None`.
+    async fn member(
+        &self,
+        client: &Client,
+        name: &str,
+        ports: &[(&str, i32)],
+        tag: &str,
+        headless: bool,
+    ) {
+        let mut spec = serde_json::json!({"ports": ports.iter().map(|(n, p)| serde_json::json!({"name": n, "port": p})).collect::<Vec<_>>()});
+        if headless {
+            spec["clusterIP"] = "None".into();
+        }
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": self.ns,
+                "labels": {MEMBER: "member", "fedtest": self.ns, "app": tag},
+                "annotations": {"team": tag}},
+            "spec": spec,
+        }))
+        .unwrap();
+        let api: Api<Service> = Api::namespaced(client.clone(), &self.ns);
+        api.create(&PostParams::default(), &svc).await.unwrap();
+    }
+
+    async fn client(&self, c: &LocalCluster) -> Client {
+        c.client().await.unwrap()
+    }
+
+    async fn federated(&self, svc: &str) -> Option<Service> {
+        let api: Api<Service> = Api::namespaced(self.lc.clone(), &self.ns);
+        api.get_opt(&format!("{svc}-federated")).await.unwrap()
+    }
+
+    async fn federated_until(
+        &self,
+        what: &str,
+        svc: &str,
+        f: impl Fn(&Service) -> bool,
+    ) -> Service {
+        eventually(what, || async {
+            self.federated(svc).await.filter(|s| f(s))
+        })
+        .await
+    }
+
+    async fn slices(&self, svc: &str) -> Vec<EndpointSlice> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.lc.clone(), &self.ns);
+        let lp =
+            ListParams::default().labels(&format!("kubernetes.io/service-name={svc}-federated"));
+        let mut items = api.list(&lp).await.unwrap().items;
+        items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        items
+    }
+
+    /// Write requests to Services and EndpointSlices in the test namespace.
+    fn writes(&self) -> Vec<String> {
+        writes_in(&self.local, &self.ns, false)
+            .into_iter()
+            .filter(|w| w.contains("services/") || w.contains("endpointslices/"))
+            .collect()
+    }
+
+    fn metric(&self, needle: &str) -> bool {
+        self.metrics.encode().lines().any(|l| l.contains(needle))
+    }
+}
+
+fn remote_discovery(s: &Service) -> Option<&str> {
+    annotation(&s.metadata, REMOTE_DISCOVERY)
+}
+
+/// (cluster label, addresses, ready) of each federated slice.
+fn slice_view(slices: &[EndpointSlice]) -> Vec<(String, Vec<String>, bool)> {
+    slices
+        .iter()
+        .map(|s| {
+            let cluster = label(&s.metadata, "service-mirror.linkerd.io/federated-cluster")
+                .unwrap_or_default()
+                .to_owned();
+            let addrs = s
+                .endpoints
+                .iter()
+                .flat_map(|e| e.addresses.clone())
+                .collect();
+            let ready = s
+                .endpoints
+                .iter()
+                .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true));
+            (cluster, addrs, ready)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_links_and_local_give_one_sorted_federated_service_and_an_idle_world_writes_nothing() {
+    let mut w = World::new("fedmembers").await;
+    let (e, n) = (w.fake(61).await, w.fake(62).await);
+    let _ = (e, n);
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
+    // Created in "wrong" order: north first; the annotation is sorted anyway.
+    w.member(&nc, "web", &[("http", 80)], "north", false).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&w.lc, "web", &[("http", 80)], "local", false)
+        .await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 61), &w.east, 100)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 62), &w.north, 50)
+        .await;
+
+    let svc = w
+        .federated_until("federated with both remotes and local", "web", |s| {
+            remote_discovery(s) == Some("web@east,web@north")
+        })
+        .await;
+    assert_eq!(annotation(&svc.metadata, LOCAL_DISCOVERY), Some("web"));
+    // Local first: its metadata, not the oldest Link's.
+    assert_eq!(label(&svc.metadata, "app"), Some("local"));
+    assert_eq!(annotation(&svc.metadata, "team"), Some("local"));
+    assert_eq!(
+        label(&svc.metadata, "mirror.linkerd.io/mirrored-service"),
+        Some("true")
+    );
+    assert_eq!(label(&svc.metadata, "mirror.linkerd.io/cluster-name"), None);
+    assert_eq!(
+        label(&svc.metadata, MEMBER),
+        None,
+        "mirror.linkerd.io* not copied"
+    );
+    assert_eq!(
+        label(&svc.metadata, "service-mirror.linkerd.io/federated"),
+        Some("true")
+    );
+    assert_eq!(
+        annotation(&svc.metadata, "service-mirror.io/controller-namespace"),
+        Some(w.ctl_ns.as_str())
+    );
+    assert_eq!(svc.spec.as_ref().unwrap().selector, None);
+    assert_eq!(service_ports(&svc), [(Some("http".into()), 80)]);
+
+    // One slice per remote cluster at its gateway (none for the local member).
+    let slices = eventually("both clusters' slices ready", || async {
+        let s = w.slices("web").await;
+        let view = slice_view(&s);
+        (view
+            == [
+                ("east".into(), vec!["192.0.2.61".into()], true),
+                ("north".into(), vec!["192.0.2.62".into()], true),
+            ])
+        .then_some(s)
+    })
+    .await;
+    for s in &slices {
+        let ann = s.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            ann["mirror.linkerd.io/remote-svc-fq-name"],
+            format!("web.{}.svc.cluster.local", w.ns)
+        );
+        assert_eq!(
+            ann["mirror.linkerd.io/remote-gateway-identity"],
+            GW_IDENTITY
+        );
+        assert_eq!(
+            label(&s.metadata, "endpointslice.kubernetes.io/managed-by"),
+            Some("service-mirror.linkerd.io")
+        );
+        let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(Some(&owner.uid), svc.metadata.uid.as_ref());
+        let port = &s.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (port.name.as_deref(), port.port),
+            (Some("http"), Some(4143))
+        );
+    }
+    // No link controller takes the federated objects for its own: they carry no
+    // cluster-name label, and no mirror `web-federated-east` appears.
+    assert!(
+        Api::<Service>::namespaced(w.lc.clone(), &w.ns)
+            .get_opt("web-federated-east")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(w.metric("service_mirror_federated_services 1"));
+
+    // Idle: nothing is written (probes keep running, verdicts unchanged).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = w.writes();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(w.writes(), before, "an idle federation writes nothing");
+
+    east.stop(false).await.unwrap();
+    north.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oldest_link_gives_metadata_and_conflicting_ports_are_a_union_with_an_event() {
+    let mut w = World::new("fedports").await;
+    w.fake(63).await;
+    w.fake(64).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
+    // north is the older Link; east's http port number conflicts, its grpc port joins.
+    w.member(&nc, "api", &[("http", 80)], "north", false).await;
+    w.member(&ec, "api", &[("http", 8080), ("grpc", 9090)], "east", false)
+        .await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 63), &w.east, 10)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 64), &w.north, 500)
+        .await;
+    let svc = w
+        .federated_until("both members", "api", |s| {
+            remote_discovery(s) == Some("api@east,api@north")
+        })
+        .await;
+    assert_eq!(
+        label(&svc.metadata, "app"),
+        Some("north"),
+        "the oldest Link's metadata"
+    );
+    assert_eq!(
+        service_ports(&svc),
+        [(Some("http".into()), 80), (Some("grpc".into()), 9090)],
+        "union, the oldest member's http winning"
+    );
+    let note = wait_event(&w.lc, &w.ns, "api-federated", "FederatedPortConflict").await;
+    assert!(note.contains("api@east: http 8080/TCP"), "{note}");
+    assert!(
+        w.metric("service_mirror_federated_problems_total{reason=\"FederatedPortConflict\"} 1")
+    );
+    east.stop(false).await.unwrap();
+    north.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headless_member_is_refused_with_an_event_and_the_others_are_unaffected() {
+    let mut w = World::new("fedheadless").await;
+    w.fake(65).await;
+    w.fake(66).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
+    w.member(&ec, "db", &[("pg", 5432)], "east", true).await;
+    w.member(&nc, "db", &[("pg", 5432)], "north", false).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 65), &w.east, 100)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 66), &w.north, 50)
+        .await;
+    let svc = w
+        .federated_until("north only", "db", |s| {
+            remote_discovery(s) == Some("db@north")
+        })
+        .await;
+    assert_eq!(label(&svc.metadata, "app"), Some("north"));
+    // Reported on east's Link (in the controller namespace).
+    let note = wait_event(&w.lc, &w.ctl_ns, "east", "InvalidService").await;
+    assert!(
+        note.contains("db@east") && note.contains("headless"),
+        "{note}"
+    );
+    assert!(w.metric("service_mirror_federated_problems_total{reason=\"InvalidService\"} 1"));
+    let view = eventually("north's slice only", || async {
+        let v = slice_view(&w.slices("db").await);
+        (v.len() == 1).then_some(v)
+    })
+    .await;
+    assert_eq!(view[0].0, "north");
+    east.stop(false).await.unwrap();
+    north.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_leaving_shrink_the_annotation_and_the_last_one_deletes_the_service() {
+    let mut w = World::new("fedleave").await;
+    w.fake(67).await;
+    w.fake(68).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&nc, "web", &[("http", 80)], "north", false).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 67), &w.east, 100)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 68), &w.north, 50)
+        .await;
+    let first = w
+        .federated_until("both", "web", |s| {
+            remote_discovery(s) == Some("web@east,web@north")
+        })
+        .await;
+    eventually("two slices", || async {
+        (w.slices("web").await.len() == 2).then_some(())
+    })
+    .await;
+
+    // north's member leaves by label: the annotation shrinks, its slice goes.
+    Api::<Service>::namespaced(nc.clone(), &w.ns)
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {MEMBER: null}}})),
+        )
+        .await
+        .unwrap();
+    let shrunk = w
+        .federated_until("east only", "web", |s| {
+            remote_discovery(s) == Some("web@east")
+        })
+        .await;
+    assert_eq!(
+        shrunk.metadata.uid, first.metadata.uid,
+        "updated, not recreated"
+    );
+    eventually("north's slice deleted", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 1 && v[0].0 == "east").then_some(())
+    })
+    .await;
+
+    // east's member is deleted: no member left, the Service and its slices go.
+    Api::<Service>::namespaced(ec.clone(), &w.ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("federated Service deleted", || async {
+        w.federated("web").await.is_none().then_some(())
+    })
+    .await;
+    eventually("slices deleted", || async {
+        w.slices("web").await.is_empty().then_some(())
+    })
+    .await;
+    assert!(w.metric("service_mirror_federated_services 0"));
+    east.stop(false).await.unwrap();
+    north.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_federated_service_is_never_adopted_or_changed() {
+    let mut w = World::new("fedforeign").await;
+    w.fake(69).await;
+    // Linkerd's (or anyone's) web-federated: mirrored-service label, no mark of ours.
+    let foreign: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-federated", "namespace": w.ns,
+            "labels": {"mirror.linkerd.io/mirrored-service": "true"},
+            "annotations": {REMOTE_DISCOVERY: "web@elsewhere"}},
+        "spec": {"ports": [{"name": "http", "port": 81}]},
+    }))
+    .unwrap();
+    let api: Api<Service> = Api::namespaced(w.lc.clone(), &w.ns);
+    let foreign = api.create(&PostParams::default(), &foreign).await.unwrap();
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 69), &w.east, 100)
+        .await;
+    let note = wait_event(&w.lc, &w.ns, "web-federated", "FederatedConflict").await;
+    assert!(note.contains("never adopted"), "{note}");
+    assert!(w.metric("service_mirror_federated_problems_total{reason=\"FederatedConflict\"} 1"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = api.get("web-federated").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, foreign.metadata.resource_version,
+        "untouched"
+    );
+    assert!(
+        w.slices("web").await.is_empty(),
+        "no slice points at a foreign Service"
+    );
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_nothing() {
+    let mut w = World::new("fedgw").await;
+    let east_fake = w.fake(70).await;
+    w.fake(71).await;
+    w.fake(72).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&nc, "web", &[("http", 80)], "north", false).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 70), &w.east, 100)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 71), &w.north, 50)
+        .await;
+    eventually("both ready", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 2 && v.iter().all(|s| s.2)).then_some(())
+    })
+    .await;
+
+    // east's gateway fails its probes: east's endpoints turn not ready, north's stay.
+    w.set_healthy(east_fake, false);
+    let view = eventually("east not ready", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 2 && !v[0].2).then_some(v)
+    })
+    .await;
+    assert!(view[1].2, "north unaffected: {view:?}");
+    w.set_healthy(east_fake, true);
+    eventually("east ready again", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 2 && v[0].2).then_some(())
+    })
+    .await;
+
+    // north's Link moves its gateway (the manager restarts the link with the new spec).
+    let north2 = w
+        .start_link(&fed, &w.spec("north", &w.north, 72), &w.north, 50)
+        .await;
+    north.stop(false).await.unwrap();
+    eventually("north's slice at the new gateway", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 2 && v[1].1 == ["192.0.2.72"] && v[1].2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Restart everything: the manager's first list names both clusters; nothing is
+    // deleted or recreated, and nothing written at all.
+    let svc_uid = w.federated("web").await.unwrap().metadata.uid;
+    let slice_uids: Vec<_> = w
+        .slices("web")
+        .await
+        .iter()
+        .map(|s| s.metadata.uid.clone())
+        .collect();
+    let before = w.writes();
+    east.stop(false).await.unwrap();
+    north2.stop(false).await.unwrap();
+    fed.stop().await;
+    let fed = w.federation();
+    fed.federation.expect(vec!["east".into(), "north".into()]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 70), &w.east, 100)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 72), &w.north, 50)
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(w.federated("web").await.unwrap().metadata.uid, svc_uid);
+    let after: Vec<_> = w
+        .slices("web")
+        .await
+        .iter()
+        .map(|s| s.metadata.uid.clone())
+        .collect();
+    assert_eq!(after, slice_uids, "slices kept across the restart");
+    assert_eq!(w.writes(), before, "a restart writes nothing");
+    east.stop(false).await.unwrap();
+    north.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_federation_writes_only_while_leader() {
+    let mut w = World::new("fedleader").await;
+    w.fake(73).await;
+    let (leader, rx) = tokio::sync::watch::channel(false);
+    let fed = w.federation_led(Some(rx));
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&w.lc, "web", &[("http", 80)], "local", false)
+        .await;
+    let before = w.writes();
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 73), &w.east, 100)
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        w.federated("web").await.is_none(),
+        "a follower writes nothing"
+    );
+    assert_eq!(w.writes(), before);
+    leader.send_replace(true);
+    let svc = w
+        .federated_until("written once leading", "web", |s| {
+            remote_discovery(s) == Some("web@east")
+        })
+        .await;
+    assert_eq!(annotation(&svc.metadata, LOCAL_DISCOVERY), Some("web"));
+    eventually("east's slice", || async {
+        (w.slices("web").await.len() == 1).then_some(())
+    })
+    .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_link_and_a_local_member_leaving_shrink_the_membership() {
+    let mut w = World::new("fedunlink").await;
+    w.fake(74).await;
+    w.fake(75).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&nc, "web", &[("http", 80)], "north", false).await;
+    w.member(&w.lc, "web", &[("http", 80)], "local", false)
+        .await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 74), &w.east, 100)
+        .await;
+    let north = w
+        .start_link(&fed, &w.spec("north", &w.north, 75), &w.north, 50)
+        .await;
+    let first = w
+        .federated_until("all three", "web", |s| {
+            remote_discovery(s) == Some("web@east,web@north")
+                && annotation(&s.metadata, LOCAL_DISCOVERY).is_some()
+        })
+        .await;
+    // East's link is removed (the manager stops it, then tells the federation).
+    east.stop(false).await.unwrap();
+    fed.federation.link_removed("east");
+    w.federated_until("east left", "web", |s| {
+        remote_discovery(s) == Some("web@north")
+    })
+    .await;
+    eventually("east's slice deleted", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 1 && v[0].0 == "north").then_some(())
+    })
+    .await;
+    // The local member is deleted: local-discovery goes, the oldest Link's metadata wins.
+    Api::<Service>::namespaced(w.lc.clone(), &w.ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let svc = w
+        .federated_until("local left", "web", |s| {
+            annotation(&s.metadata, LOCAL_DISCOVERY).is_none()
+        })
+        .await;
+    assert_eq!(label(&svc.metadata, "app"), Some("north"));
+    assert_eq!(svc.metadata.uid, first.metadata.uid, "updated in place");
+    north.stop(false).await.unwrap();
+    fed.stop().await;
+}
