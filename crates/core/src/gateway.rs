@@ -135,14 +135,14 @@ pub fn gateway_spec(gateway: &Service) -> Result<GatewaySpec, GatewayError> {
         let hostname = entry.hostname.as_deref().filter(|s| !s.is_empty());
         // Canonical: an IPv4-mapped IPv6 address (::ffff:a.b.c.d) is the IPv4 address, so
         // it lands in an IPv4 slice (an IPv6 slice refuses it) and meets the IPv4 checks.
+        // Every parsed IP is kept, even one the apiserver refuses in Endpoints (loopback,
+        // link-local, multicast, unspecified): the address policy refuses it, visibly
+        // (an Event and a count naming the built-in denial), not silently here.
         match ip.map(|s| (s, s.parse::<IpAddr>().map(|a| a.to_canonical()))) {
-            Some((_, Ok(addr))) if endpoint_ip_allowed(&addr) => {
+            Some((_, Ok(addr))) => {
                 ips.push(addr);
                 continue;
             }
-            Some((raw, Ok(_))) => invalid_ingress.push(format!(
-                "ip {raw} cannot be an Endpoints address (loopback, link-local, multicast or unspecified)"
-            )),
             Some((raw, Err(_))) => invalid_ingress.push(format!("unparsable ip {raw:?}")),
             None => {}
         }
@@ -434,13 +434,22 @@ mod tests {
                 ingress(Some("bogus"), Some("fallback.example.com")),
                 ingress(Some("999.1.1.1"), None),
                 ingress(None, None),
+                // Kept for the address policy to refuse visibly.
+                ingress(Some("127.0.0.1"), None),
+                ingress(Some("::ffff:169.254.169.254"), None),
             ]),
         );
         let spec = gateway_spec(&g).unwrap();
         assert_eq!(
             spec,
             GatewaySpec {
-                ips: vec![ip("10.0.0.2"), ip("fd00::1"), ip("10.0.0.1")],
+                ips: vec![
+                    ip("10.0.0.2"),
+                    ip("fd00::1"),
+                    ip("10.0.0.1"),
+                    ip("127.0.0.1"),
+                    ip("169.254.169.254"),
+                ],
                 hostnames: vec!["lb.example.com".into(), "fallback.example.com".into()],
                 port: 4143,
                 resource_version: "42".into(),

@@ -165,7 +165,7 @@ async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
             .filter(|(r, _)| r == "GatewayAddressRefused")
             .map(|(_, n)| n)
             .collect();
-        (notes.len() >= 3).then_some(notes)
+        (notes.len() >= 4).then_some(notes)
     })
     .await;
     let find = |gw: &str| {
@@ -187,6 +187,11 @@ async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
         "{first}"
     );
     assert!(first.contains("its other addresses are used"), "{first}");
+    // An ingress IP the apiserver refuses in Endpoints is refused by the policy too,
+    // and said (not dropped silently before it).
+    let meta = find("meta");
+    assert!(meta.contains("169.254.169.254 is in the built-in denied CIDR"), "{meta}");
+    assert!(meta.contains("its other addresses are used"), "{meta}");
     let v6 = find("v6meta");
     assert!(v6.contains("fd00:ec2::254/128"), "{v6}");
 
@@ -210,11 +215,12 @@ async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
             )
         })
     };
-    assert_eq!(counts(&text), [2, 1], "{text}");
+    // Configured: dns's and first's; built in: meta's link-local one and v6meta's.
+    assert_eq!(counts(&text), [2, 2], "{text}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         counts(&metrics.encode()),
-        [2, 1],
+        [2, 2],
         "reported once, not per reconcile"
     );
     let seen = probed.lock().unwrap().clone();
@@ -229,7 +235,7 @@ async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
         .into_iter()
         .filter(|(r, _)| r == "GatewayAddressRefused")
         .count();
-    assert_eq!(events, 3, "one Event per gateway and refused set");
+    assert_eq!(events, 4, "one Event per gateway and refused set");
     w.stop(false).await.unwrap();
 }
 

@@ -303,7 +303,11 @@ pub fn desired_of(
         let resolved: Option<ResolvedGateway> = by_key
             .get(&(gw.namespace.clone(), gw.name.clone()))
             .and_then(|g| gateway_spec(g).ok())
-            .map(|spec| spec.into_resolved(std::iter::empty()));
+            .map(|mut spec| {
+                // The address policy refuses what the apiserver refuses in Endpoints.
+                spec.ips.retain(service_mirror_core::endpoint_ip_allowed);
+                spec.into_resolved(std::iter::empty())
+            });
         let mirror = desired_mirror(svc, link, &gw, resolved.as_ref());
         out.insert(key_of(&mirror.service.metadata), mirror);
     }
