@@ -17,7 +17,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service};
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::desired::{DesiredMirror, Link, desired_mirror, port_name, protocol_or_default};
@@ -185,8 +187,7 @@ pub fn headless_mirror(
         spec.cluster_ip = Some(CLUSTER_IP_NONE.to_owned());
     }
     // One subset per distinct port list (a Service's slices normally share theirs).
-    let mut subsets: BTreeMap<Vec<(Option<String>, String, i32)>, EndpointSubset> =
-        BTreeMap::new();
+    let mut subsets: BTreeMap<Vec<(Option<String>, String, i32)>, EndpointSubset> = BTreeMap::new();
     let mut members = Vec::with_capacity(pods.len());
     let parent_fq = fq_name(svc, namespace, &link.cluster_domain);
     for pod in pods {
@@ -194,16 +195,14 @@ pub fn headless_mirror(
         member_remote.metadata.name = Some(pod.hostname.clone());
         let mut member = desired_mirror(&member_remote, link, gateway, resolved);
         let fq = format!("{}.{parent_fq}", pod.hostname);
-        for meta in [
-            &mut member.service.metadata,
-            &mut member.endpoints.metadata,
-        ] {
+        for meta in [&mut member.service.metadata, &mut member.endpoints.metadata] {
             meta.annotations
                 .get_or_insert_with(BTreeMap::new)
                 .insert(REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(), fq.clone());
-            meta.labels
-                .get_or_insert_with(BTreeMap::new)
-                .insert(HEADLESS_MIRROR_SVC_NAME_LABEL.to_owned(), parent_name.clone());
+            meta.labels.get_or_insert_with(BTreeMap::new).insert(
+                HEADLESS_MIRROR_SVC_NAME_LABEL.to_owned(),
+                parent_name.clone(),
+            );
         }
         let name = member.service.metadata.name.clone().unwrap_or_default();
         if let Some(ip) = cluster_ips.get(&name) {
@@ -219,7 +218,13 @@ pub fn headless_mirror(
                 .collect();
             let port_key = ports
                 .iter()
-                .map(|p| (p.name.clone(), p.protocol.clone().unwrap_or_default(), p.port))
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        p.protocol.clone().unwrap_or_default(),
+                        p.port,
+                    )
+                })
                 .collect();
             subsets
                 .entry(port_key)
@@ -303,11 +308,7 @@ pub fn plan_set(
     }
     let mut actions = Vec::new();
     let mut wanted: BTreeSet<&str> = BTreeSet::new();
-    for (d, is_parent) in members
-        .iter()
-        .map(|m| (m, false))
-        .chain([(parent, true)])
-    {
+    for (d, is_parent) in members.iter().map(|m| (m, false)).chain([(parent, true)]) {
         let name = d.service.metadata.name.as_deref().unwrap_or_default();
         wanted.insert(name);
         actions.extend(plan(
@@ -440,7 +441,15 @@ mod tests {
 
     #[test]
     fn pods_are_the_ready_valid_hostnames_each_once() {
-        let cases: &[(&str, Vec<RemoteHeadlessSlice>, bool, &[&str], &[&str])] = &[
+        // (what, slices, publishNotReadyAddresses, pods, refused)
+        type Case<'a> = (
+            &'a str,
+            Vec<RemoteHeadlessSlice>,
+            bool,
+            &'a [&'a str],
+            &'a [&'a str],
+        );
+        let cases: &[Case] = &[
             (
                 "ready only",
                 vec![slice("a", 2, &[("web-0", true), ("web-1", false)])],
@@ -512,7 +521,11 @@ mod tests {
         ] {
             let p = choose_pods(&order, true);
             assert_eq!(p.pods.len(), 1);
-            assert_eq!(p.pods[0].ports, vec![port("b", 2)], "ready, then slice b < c");
+            assert_eq!(
+                p.pods[0].ports,
+                vec![port("b", 2)],
+                "ready, then slice b < c"
+            );
         }
     }
 
@@ -556,7 +569,11 @@ mod tests {
         assert_eq!(addrs.len(), 1, "web-1 has no ClusterIP yet");
         assert_eq!(addrs[0].ip, "10.96.0.10");
         assert_eq!(addrs[0].hostname.as_deref(), Some("web-0"));
-        assert_eq!(subsets[0].ports.clone().unwrap()[0].port, 8080, "the remote slice's port");
+        assert_eq!(
+            subsets[0].ports.clone().unwrap()[0].port,
+            8080,
+            "the remote slice's port"
+        );
 
         let names: Vec<_> = m
             .members
@@ -568,8 +585,15 @@ mod tests {
             assert!(!is_headless(&d.service));
             let labels = d.service.metadata.labels.clone().unwrap();
             assert_eq!(labels[HEADLESS_MIRROR_SVC_NAME_LABEL], "web-east");
-            let host = d.service.metadata.name.clone().unwrap().replace("-east", "");
-            let fq = &d.service.metadata.annotations.as_ref().unwrap()[REMOTE_SVC_FQ_NAME_ANNOTATION];
+            let host = d
+                .service
+                .metadata
+                .name
+                .clone()
+                .unwrap()
+                .replace("-east", "");
+            let fq =
+                &d.service.metadata.annotations.as_ref().unwrap()[REMOTE_SVC_FQ_NAME_ANNOTATION];
             assert_eq!(fq, &format!("{host}.web.shop.svc.cluster.local"));
             // The endpoint mirror is a gateway mirror, mapped to its parent's key.
             let eps = d.endpoints.subsets.clone().unwrap();
@@ -581,7 +605,10 @@ mod tests {
                 assert_eq!(remote_key(meta), Some(ServiceKey::new("shop", "web")));
             }
             for s in desired_slices(d, "u") {
-                assert_eq!(remote_key(&s.metadata), Some(ServiceKey::new("shop", "web")));
+                assert_eq!(
+                    remote_key(&s.metadata),
+                    Some(ServiceKey::new("shop", "web"))
+                );
             }
         }
     }
@@ -617,7 +644,10 @@ mod tests {
             &ips,
         );
         let slices = desired_slices(&m.parent, "uid-1");
-        let names: Vec<_> = slices.iter().map(|s| s.metadata.name.clone().unwrap()).collect();
+        let names: Vec<_> = slices
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
         assert_eq!(names, ["web-east-ipv4-0", "web-east-ipv6-0"]);
         for s in &slices {
             let labels = s.metadata.labels.clone().unwrap();
@@ -665,10 +695,27 @@ mod tests {
             ("web-0-east".to_owned(), "10.96.0.10".to_owned()),
             ("web-1-east".to_owned(), "10.96.0.11".to_owned()),
         ]);
-        let m = headless_mirror(&remote(), &link(), &gw, Some(&resolved()), &pods(&["web-0", "web-1"]), &ips);
+        let m = headless_mirror(
+            &remote(),
+            &link(),
+            &gw,
+            Some(&resolved()),
+            &pods(&["web-0", "web-1"]),
+            &ips,
+        );
         let mode = EndpointsMode::Endpoints;
         // Nothing yet: every Service and Endpoints is created.
-        let actions = plan_set(&key(), &m.parent, &m.members, &[], &[], &[], None, CLUSTER, mode);
+        let actions = plan_set(
+            &key(),
+            &m.parent,
+            &m.members,
+            &[],
+            &[],
+            &[],
+            None,
+            CLUSTER,
+            mode,
+        );
         let creates = actions.iter().filter(|a| a.is_create()).count();
         assert_eq!(creates, 6, "{actions:?}");
         // All stored as desired: nothing.
@@ -684,12 +731,39 @@ mod tests {
         let svcs: Vec<&Service> = stored_all.iter().map(|(s, _)| s).collect();
         let eps: Vec<&Endpoints> = stored_all.iter().map(|(_, e)| e).collect();
         assert_eq!(
-            plan_set(&key(), &m.parent, &m.members, &svcs, &eps, &[], None, CLUSTER, mode),
+            plan_set(
+                &key(),
+                &m.parent,
+                &m.members,
+                &svcs,
+                &eps,
+                &[],
+                None,
+                CLUSTER,
+                mode
+            ),
             vec![]
         );
         // web-1 gone: its endpoint mirror is deleted, web-0's untouched, the parent updated.
-        let m0 = headless_mirror(&remote(), &link(), &gw, Some(&resolved()), &pods(&["web-0"]), &ips);
-        let actions = plan_set(&key(), &m0.parent, &m0.members, &svcs, &eps, &[], None, CLUSTER, mode);
+        let m0 = headless_mirror(
+            &remote(),
+            &link(),
+            &gw,
+            Some(&resolved()),
+            &pods(&["web-0"]),
+            &ips,
+        );
+        let actions = plan_set(
+            &key(),
+            &m0.parent,
+            &m0.members,
+            &svcs,
+            &eps,
+            &[],
+            None,
+            CLUSTER,
+            mode,
+        );
         let shown: Vec<String> = actions.iter().map(|a| a.to_string()).collect();
         assert_eq!(
             shown,
@@ -704,7 +778,17 @@ mod tests {
         other.metadata.namespace = Some("other".into());
         let with_other: Vec<&Service> = svcs.iter().copied().chain([&other]).collect();
         assert_eq!(
-            plan_set(&key(), &m.parent, &m.members, &with_other, &eps, &[], None, CLUSTER, mode),
+            plan_set(
+                &key(),
+                &m.parent,
+                &m.members,
+                &with_other,
+                &eps,
+                &[],
+                None,
+                CLUSTER,
+                mode
+            ),
             vec![]
         );
     }
@@ -713,17 +797,49 @@ mod tests {
     fn a_flip_between_headless_and_cluster_ip_deletes_the_mirror_first() {
         let gw = GatewayRef::new("mc", "gw");
         let clusterip = desired_mirror(&remote(), &link(), &gw, Some(&resolved()));
-        let headless = headless_mirror(&remote(), &link(), &gw, Some(&resolved()), &[], &BTreeMap::new());
+        let headless = headless_mirror(
+            &remote(),
+            &link(),
+            &gw,
+            Some(&resolved()),
+            &[],
+            &BTreeMap::new(),
+        );
         let (s, e) = stored(&clusterip, "10.96.0.5");
         assert!(flipped(&headless.parent, &[&s], CLUSTER).is_some());
         assert!(flipped(&clusterip, &[&s], CLUSTER).is_none());
-        let actions = plan_set(&key(), &headless.parent, &[], &[&s], &[&e], &[], None, CLUSTER, EndpointsMode::Endpoints);
+        let actions = plan_set(
+            &key(),
+            &headless.parent,
+            &[],
+            &[&s],
+            &[&e],
+            &[],
+            None,
+            CLUSTER,
+            EndpointsMode::Endpoints,
+        );
         let shown: Vec<String> = actions.iter().map(|a| a.to_string()).collect();
-        assert_eq!(shown, ["delete Endpoints shop/web-east", "delete Service shop/web-east"]);
+        assert_eq!(
+            shown,
+            [
+                "delete Endpoints shop/web-east",
+                "delete Service shop/web-east"
+            ]
+        );
         // And back: a headless mirror under a ClusterIP desired one.
         let (hs, he) = stored(&headless.parent, "");
         assert!(flipped(&clusterip, &[&hs], CLUSTER).is_some());
-        let actions = plan(&key(), Some(&clusterip), &[&hs], &[&he], &[], None, CLUSTER, EndpointsMode::Endpoints);
+        let actions = plan(
+            &key(),
+            Some(&clusterip),
+            &[&hs],
+            &[&he],
+            &[],
+            None,
+            CLUSTER,
+            EndpointsMode::Endpoints,
+        );
         assert!(actions.iter().all(|a| !a.is_create()), "{actions:?}");
         assert_eq!(actions.len(), 2);
         // A foreign Service of that name is no flip.

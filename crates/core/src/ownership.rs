@@ -36,10 +36,10 @@ pub fn remote_key(meta: &ObjectMeta) -> Option<ServiceKey> {
         .annotations
         .as_ref()?
         .get(REMOTE_SVC_FQ_NAME_ANNOTATION)?;
-    let headless = meta
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.get(HEADLESS_MIRROR_SVC_NAME_LABEL).is_some_and(|v| !v.is_empty()));
+    let headless = meta.labels.as_ref().is_some_and(|l| {
+        l.get(HEADLESS_MIRROR_SVC_NAME_LABEL)
+            .is_some_and(|v| !v.is_empty())
+    });
     let key = match headless {
         // `<hostname>.<svc>.<ns>.svc.<domain>`: the parent is the rest after the hostname.
         true => {
@@ -185,7 +185,11 @@ mod tests {
             ),
             (
                 "endpoint mirror fq-name without the label: no key (not parsed as web-0)",
-                meta(Some("shop"), &[], &[(a, "web-0.web.shop.svc.cluster.local")]),
+                meta(
+                    Some("shop"),
+                    &[],
+                    &[(a, "web-0.web.shop.svc.cluster.local")],
+                ),
                 None,
             ),
             (

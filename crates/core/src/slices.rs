@@ -16,11 +16,11 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::desired::{DesiredMirror, port_name, protocol_or_default};
-use super::headless::is_headless;
 use super::diff::{MetadataOwnership, OWNED_ANNOTATIONS, OWNED_LABELS, meta_match, set_meta};
+use super::headless::is_headless;
 use super::labels::{
-    HEADLESS_MIRROR_SVC_NAME_LABEL, HEADLESS_SLICE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL,
-    SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
+    HEADLESS_MIRROR_SVC_NAME_LABEL, HEADLESS_SLICE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
+    MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
 };
 use super::naming::{MAX_SERVICE_NAME_LEN, fnv1a32};
 use super::ownership::is_owned;
@@ -380,6 +380,11 @@ pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<Endpoint
 /// [`MAX_ENDPOINTS_PER_SLICE`] endpoints `{addresses: [<endpoint mirror ClusterIP>],
 /// hostname}` at the subset's ports, labelled `service.kubernetes.io/headless` so
 /// kube-proxy skips them and CoreDNS serves their hostnames.
+/// A slice port as compared: (name, protocol, port).
+type PortKey = (String, String, Option<i32>);
+/// The ports of a group of headless endpoints, and the endpoints.
+type PortGroup = (Vec<EndpointPort>, Vec<Endpoint>);
+
 fn headless_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<EndpointSlice> {
     let name = mirror.service.metadata.name.clone().unwrap_or_default();
     let mut labels = mirror.endpoints.metadata.labels.clone().unwrap_or_default();
@@ -395,8 +400,7 @@ fn headless_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<EndpointSli
         block_owner_deletion: None,
     };
     // (family, ports) -> endpoints; ports sorted so the grouping is canonical.
-    let mut groups: BTreeMap<(Family, Vec<(String, String, Option<i32>)>), (Vec<EndpointPort>, Vec<Endpoint>)> =
-        BTreeMap::new();
+    let mut groups: BTreeMap<(Family, Vec<PortKey>), PortGroup> = BTreeMap::new();
     for subset in mirror.endpoints.subsets.iter().flatten() {
         let mut ports: Vec<EndpointPort> = subset
             .ports
@@ -410,9 +414,15 @@ fn headless_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<EndpointSli
             })
             .collect();
         ports.sort_by(|a, b| (&a.name, &a.protocol, a.port).cmp(&(&b.name, &b.protocol, b.port)));
-        let port_key: Vec<(String, String, Option<i32>)> = ports
+        let port_key: Vec<PortKey> = ports
             .iter()
-            .map(|p| (p.name.clone().unwrap_or_default(), p.protocol.clone().unwrap_or_default(), p.port))
+            .map(|p| {
+                (
+                    p.name.clone().unwrap_or_default(),
+                    p.protocol.clone().unwrap_or_default(),
+                    p.port,
+                )
+            })
             .collect();
         for a in subset.addresses.iter().flatten() {
             let Ok(ip) = a.ip.parse::<IpAddr>() else {

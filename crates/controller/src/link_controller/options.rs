@@ -41,6 +41,13 @@ pub struct LinkConfig {
     /// Which gateway addresses mirrors and probes may use (`--gateway-address-deny`,
     /// `--gateway-address-allow`); the default refuses the built-in denials.
     pub gateway_address_policy: AddressPolicy,
+    /// Mirror remote headless Services whose slices carry hostnames as a headless mirror
+    /// plus one endpoint mirror per pod (`--enable-headless-services`); off: as a
+    /// ClusterIP mirror, like any other. On, every link watches the remote slices.
+    pub enable_headless_services: bool,
+    /// A headless Service's address without `hostname` takes its `targetRef.name`
+    /// (`--headless-hostname-from-target-ref`, Linkerd #10916).
+    pub headless_hostname_from_target_ref: bool,
 }
 
 impl Default for LinkConfig {
@@ -58,6 +65,8 @@ impl Default for LinkConfig {
             link_gateway: None,
             create_namespaces: true,
             gateway_address_policy: AddressPolicy::default(),
+            enable_headless_services: false,
+            headless_hostname_from_target_ref: false,
         }
     }
 }

@@ -5,6 +5,7 @@ use super::cache::Cache;
 use super::contention::{CORRECTIONS, Contention, FIRST_HOLD, MAX_HOLD, Verdict, WINDOW};
 use super::decide::{Decision, Gathered, Steps, Writes, decide};
 use super::expect::{Expectations, LocalObject};
+use super::hostnames::RemoteHostnames;
 use super::index::Index;
 use super::keys::{endpoints_key, service_key, slice_key};
 use super::limit::{Admission, MirrorLimit};
@@ -27,7 +28,11 @@ use service_mirror_core::{
     export_decision, is_mirrored_slice, mirrored_slice_selector, mirroring_overflow,
     remote_discovery_mirror, slice_routes,
 };
-use std::collections::{BTreeSet, HashMap};
+use service_mirror_core::{
+    DesiredMirror, Shape, choose_pods, endpoint_mirror_name, flipped, headless_mirror, is_headless,
+    is_owned, mirror_name, shape,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Everything a reconcile reads and writes, and nothing else.
@@ -43,6 +48,10 @@ pub(super) struct Reconciler {
     pub(super) status: Option<Arc<StatusBook>>,
     /// Which remote Services have ready endpoints (Link links only).
     pub(super) readiness: Option<Arc<Mutex<RemoteReadiness>>>,
+    /// The remote headless slices' hostnames (`--enable-headless-services` only).
+    pub(super) hostnames: Option<Arc<Mutex<RemoteHostnames>>>,
+    /// Per headless key, the hostnames last reported refused (reported on change only).
+    pub(super) refused_hostnames: Mutex<HashMap<ServiceKey, Vec<String>>>,
     pub(super) remote: Cache<Service>,
     pub(super) local_services: Cache<Service>,
     pub(super) local_endpoints: Cache<Endpoints>,
@@ -85,11 +94,15 @@ fn updates(d: &Decision) -> bool {
     ))))
 }
 
-/// A fingerprint of a desired mirror (what a plan writes towards).
-fn fingerprint(desired: Option<&service_mirror_core::DesiredMirror>) -> u64 {
+/// A fingerprint of a desired mirror (what a plan writes towards), with a headless
+/// mirror's endpoint mirrors.
+fn fingerprint(
+    desired: Option<&service_mirror_core::DesiredMirror>,
+    members: Option<&[service_mirror_core::DesiredMirror]>,
+) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    if let Some(d) = desired {
+    for d in desired.into_iter().chain(members.into_iter().flatten()) {
         serde_json::to_string(&(&d.service, &d.endpoints))
             .unwrap_or_default()
             .hash(&mut h);
@@ -124,7 +137,11 @@ impl Reconciler {
         let gathered = self.gather(key).await;
         let decision = decide(key, &self.link.cluster_name, &gathered);
         let observed = self.status.as_ref().and_then(|_| observed(&gathered));
-        let fingerprint = updates(&decision).then(|| fingerprint(gathered.desired.as_ref()));
+        let fingerprint = updates(&decision)
+            .then(|| fingerprint(gathered.desired.as_ref(), gathered.members.as_deref()));
+        self.report_headless(key, &gathered).await;
+        // Slots under the mirror limit: one per mirror Service.
+        let slots = 1 + gathered.members.as_ref().map_or(0, Vec::len);
         if let Some(fp) = fingerprint {
             match self.contention.check(key, fp, std::time::Instant::now()) {
                 Verdict::Hold(after) => return Ok(Outcome::RequeueAfter(after)),
@@ -135,7 +152,7 @@ impl Reconciler {
         if gathered.desired.is_none() {
             self.contention.forget(key);
         }
-        let result = self.apply(key, decision, fingerprint).await;
+        let result = self.apply(key, decision, fingerprint, slots).await;
         if let (Some(book), Some(observed)) = (&self.status, observed) {
             book.observe(
                 key,
@@ -210,7 +227,24 @@ impl Reconciler {
                 {
                     gw.addresses.clear();
                 }
-                g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
+                match self.headless_shape(key, svc) {
+                    None => {
+                        // The remote slices are not listed yet: a pod missing from a
+                        // partial view would lose its endpoint mirror.
+                        g.remote_listed = false;
+                        return g;
+                    }
+                    Some(true) => {
+                        let (parent, members, refused) =
+                            self.headless_desired(key, svc, gw, gateway.as_ref());
+                        g.desired = Some(parent);
+                        g.members = Some(members);
+                        g.refused_hostnames = refused;
+                    }
+                    Some(false) => {
+                        g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
+                    }
+                }
             }
             (Some(svc), ExportDecision::RemoteDiscovery) => {
                 g.desired = Some(remote_discovery_mirror(svc, &self.link));
@@ -241,6 +275,12 @@ impl Reconciler {
             svc_names.insert(name.clone());
             ep_names.insert(name.clone());
         }
+        for m in g.members.iter().flatten() {
+            if let Some(name) = &m.service.metadata.name {
+                svc_names.insert(name.clone());
+                ep_names.insert(name.clone());
+            }
+        }
         // Only objects that stand for this key: the index is a hint built from events, the
         // caches are the truth. A Go-made Endpoints without annotation belongs to the key of
         // its Service, so it is updated in place rather than deleted by another key.
@@ -267,7 +307,8 @@ impl Reconciler {
         // pending under its name (the owner uid does not matter for names). In
         // `endpoints` mode our slices are written only while some are left.
         let writes_slices = self.mode.writes_slices() || !slice_names.is_empty();
-        if let Some(d) = g.desired.as_ref().filter(|_| writes_slices) {
+        let desired_all = g.desired.iter().chain(g.members.iter().flatten());
+        for d in desired_all.filter(|_| writes_slices) {
             slice_names.extend(
                 desired_slices(d, "")
                     .into_iter()
@@ -313,6 +354,132 @@ impl Reconciler {
         g
     }
 
+    /// Whether the exported remote `svc` gets a headless mirror: `Some(false)` with
+    /// `--enable-headless-services` off or a Service with a ClusterIP; `None` while the
+    /// remote slices are not listed. With no address at all the mirror keeps its shape
+    /// (a StatefulSet scaled to 0 keeps its headless mirror, empty).
+    fn headless_shape(&self, key: &ServiceKey, svc: &Service) -> Option<bool> {
+        let Some(hostnames) = self.hostnames.as_ref().filter(|_| is_headless(svc)) else {
+            return Some(false);
+        };
+        let hostnames = hostnames.lock();
+        if !hostnames.listed() {
+            return None;
+        }
+        Some(match shape(&hostnames.slices(key)) {
+            Shape::Headless => true,
+            Shape::ClusterIp => false,
+            Shape::Keep => self
+                .local_services
+                .get(
+                    &ObjectRef::new(&mirror_name(&key.name, &self.link.cluster_name))
+                        .within(&key.namespace),
+                )
+                .is_some_and(|m| is_owned(&m.metadata, &self.link.cluster_name) && is_headless(&m)),
+        })
+    }
+
+    /// The headless mirror of `svc`, its endpoint mirrors, and the refused hostnames.
+    /// The parent lists the pods whose endpoint mirror is cached with a ClusterIP.
+    fn headless_desired(
+        &self,
+        key: &ServiceKey,
+        svc: &Service,
+        gw: &service_mirror_core::GatewayRef,
+        resolved: Option<&service_mirror_core::ResolvedGateway>,
+    ) -> (DesiredMirror, Vec<DesiredMirror>, Vec<String>) {
+        let slices = self
+            .hostnames
+            .as_ref()
+            .map(|h| h.lock().slices(key))
+            .unwrap_or_default();
+        let publish_not_ready = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.publish_not_ready_addresses)
+            .unwrap_or(false);
+        let pods = choose_pods(&slices, publish_not_ready);
+        let cluster = &self.link.cluster_name;
+        let cluster_ips: BTreeMap<String, String> = pods
+            .pods
+            .iter()
+            .filter_map(|p| {
+                let name = endpoint_mirror_name(&p.hostname, &self.link);
+                let m = self
+                    .local_services
+                    .get(&ObjectRef::new(&name).within(&key.namespace))?;
+                let ip = m.spec.as_ref()?.cluster_ip.clone()?;
+                let usable = is_owned(&m.metadata, cluster)
+                    && service_key(&m) == *key
+                    && !ip.is_empty()
+                    && !is_headless(&m);
+                usable.then_some((name, ip))
+            })
+            .collect();
+        let m = headless_mirror(svc, &self.link, gw, resolved, &pods.pods, &cluster_ips);
+        (m.parent, m.members, pods.refused)
+    }
+
+    /// Says what a headless key's plan does beyond writes: hostnames refused (log,
+    /// metric and Event on the link source, when the refused set changes) and a mirror
+    /// recreated because it flips between headless and ClusterIP (Event on it).
+    async fn report_headless(&self, key: &ServiceKey, g: &Gathered) {
+        let cluster = &self.link.cluster_name;
+        if self.hostnames.is_none() || g.pending {
+            return;
+        }
+        let changed = {
+            let mut refused = self.refused_hostnames.lock();
+            if g.refused_hostnames.is_empty() {
+                refused.remove(key);
+                false
+            } else {
+                refused
+                    .insert(key.clone(), g.refused_hostnames.clone())
+                    .as_ref()
+                    != Some(&g.refused_hostnames)
+            }
+        };
+        if changed {
+            let shown: Vec<&str> = g
+                .refused_hostnames
+                .iter()
+                .take(5)
+                .map(String::as_str)
+                .collect();
+            let note = format!(
+                "headless service {key} of cluster {cluster}: {} hostname(s) refused, not DNS-1123 labels (e.g. {}); those pods get no endpoint mirror, the others are mirrored",
+                g.refused_hostnames.len(),
+                shown.join(", ")
+            );
+            tracing::warn!(%cluster, %key, refused = g.refused_hostnames.len(), "{note}");
+            self.metrics.error("headless_hostname_invalid");
+            if let Some(link) = &self.link_secret {
+                self.writer
+                    .record(link, "HeadlessHostnameInvalid", "Mirror", note)
+                    .await;
+            }
+        }
+        let services: Vec<&Service> = g.services.iter().map(|s| s.as_ref()).collect();
+        if let Some(d) = &g.desired
+            && let Some(old) = flipped(d, &services, cluster)
+        {
+            use kube::Resource;
+            let (from, to) = match is_headless(old) {
+                true => ("headless", "ClusterIP"),
+                false => ("ClusterIP", "headless"),
+            };
+            let note = format!(
+                "the mirror of {key} of cluster {cluster} changes from {from} to {to}; clusterIP is immutable, so it is deleted and created again (a short gap in its traffic and DNS)"
+            );
+            tracing::warn!(%cluster, %key, from, to, "{note}");
+            self.metrics.error("mirror_recreated");
+            self.writer
+                .record(&old.object_ref(&()), "MirrorRecreated", "Mirror", note)
+                .await;
+        }
+    }
+
     /// What kube-controller-manager's mirrored slices of the mirror `namespace/name`
     /// route, by one label-selected LIST served from the apiserver's watch cache
     /// (resourceVersion 0: at most as fresh as a watch would be); `None` when it fails
@@ -345,6 +512,7 @@ impl Reconciler {
         key: &ServiceKey,
         decision: Decision,
         fingerprint: Option<u64>,
+        slots: usize,
     ) -> Result<Outcome> {
         let cluster = &self.link.cluster_name;
         let writes = match decision {
@@ -394,7 +562,7 @@ impl Reconciler {
                 self.mirroring_waits.lock().remove(key);
             }
         }
-        if admit && let Admission::Refused { first } = self.limit.admit(key) {
+        if admit && let Admission::Refused { first } = self.limit.admit(key, slots) {
             self.refuse_over_limit(key, first).await;
             return Ok(Outcome::Done);
         } else if release_slot {
