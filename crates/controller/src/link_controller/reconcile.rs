@@ -421,14 +421,21 @@ impl Reconciler {
     }
 
     /// Says what a headless key's plan does beyond writes: hostnames refused (log,
-    /// metric and Event on the link source, when the refused set changes) and a mirror
+    /// metric and Event on the headless mirror, when the refused set changes) and a mirror
     /// recreated because it flips between headless and ClusterIP (Event on it).
     async fn report_headless(&self, key: &ServiceKey, g: &Gathered) {
         let cluster = &self.link.cluster_name;
         if self.hostnames.is_none() || g.pending {
             return;
         }
-        let changed = {
+        // Said on the headless mirror once it exists (its namespace may not before it is
+        // created); its watch event brings the key back.
+        let parent = g.services.iter().find(|s| {
+            g.desired
+                .as_ref()
+                .is_some_and(|d| d.service.metadata.name == s.metadata.name)
+        });
+        let changed = parent.is_some() && {
             let mut refused = self.refused_hostnames.lock();
             if g.refused_hostnames.is_empty() {
                 refused.remove(key);
@@ -440,7 +447,8 @@ impl Reconciler {
                     != Some(&g.refused_hostnames)
             }
         };
-        if changed {
+        if let (true, Some(parent)) = (changed, parent) {
+            use kube::Resource;
             let shown: Vec<&str> = g
                 .refused_hostnames
                 .iter()
@@ -454,11 +462,14 @@ impl Reconciler {
             );
             tracing::warn!(%cluster, %key, refused = g.refused_hostnames.len(), "{note}");
             self.metrics.error("headless_hostname_invalid");
-            if let Some(link) = &self.link_secret {
-                self.writer
-                    .record(link, "HeadlessHostnameInvalid", "Mirror", note)
-                    .await;
-            }
+            self.writer
+                .record(
+                    &parent.object_ref(&()),
+                    "HeadlessHostnameInvalid",
+                    "Mirror",
+                    note,
+                )
+                .await;
         }
         let services: Vec<&Service> = g.services.iter().map(|s| s.as_ref()).collect();
         if let Some(d) = &g.desired
