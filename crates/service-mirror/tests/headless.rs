@@ -406,6 +406,32 @@ async fn scaling_deletes_only_the_gone_pods_endpoint_mirror_and_keeps_the_others
 }
 
 #[tokio::test]
+async fn a_headless_remote_without_pods_yet_gets_an_empty_headless_mirror_that_pods_join_without_a_flip()
+ {
+    let env = Env::new("headless-empty").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    export_headless(&env, "web").await;
+    let mode = EndpointsMode::EndpointSlices;
+    let w = start(&env, headless(&env, mode));
+    let empty = set_until(&env, mode, &names(&env, &["web"]), &[]).await;
+    assert_eq!(cluster_ip(&empty[&env.mirror_name("web")]), "None");
+    remote_slice(&env, "web", "web-abc", &[ready("web-0")]).await;
+    let set = set_until(&env, mode, &names(&env, &["web", "web-0"]), &["web-0"]).await;
+    assert_eq!(
+        uid(&set[&env.mirror_name("web")]),
+        uid(&empty[&env.mirror_name("web")]),
+        "the same headless mirror"
+    );
+    assert!(
+        !events_on(&env.lc, &env.ns, &env.mirror_name("web"))
+            .await
+            .iter()
+            .any(|(r, _)| r == "MirrorRecreated")
+    );
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
 async fn with_the_flag_off_a_headless_remote_is_a_cluster_ip_mirror_and_turning_it_on_recreates_it_with_an_event()
  {
     let env = Env::new("headless-flip").await;

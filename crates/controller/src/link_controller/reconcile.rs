@@ -357,7 +357,8 @@ impl Reconciler {
     /// Whether the exported remote `svc` gets a headless mirror: `Some(false)` with
     /// `--enable-headless-services` off or a Service with a ClusterIP; `None` while the
     /// remote slices are not listed. With no address at all the mirror keeps its shape
-    /// (a StatefulSet scaled to 0 keeps its headless mirror, empty).
+    /// (a StatefulSet scaled to 0 keeps its headless mirror, empty), and a new one is
+    /// headless.
     fn headless_shape(&self, key: &ServiceKey, svc: &Service) -> Option<bool> {
         let Some(hostnames) = self.hostnames.as_ref().filter(|_| is_headless(svc)) else {
             return Some(false);
@@ -369,13 +370,16 @@ impl Reconciler {
         Some(match shape(&hostnames.slices(key)) {
             Shape::Headless => true,
             Shape::ClusterIp => false,
+            // No mirror yet: headless (a StatefulSet starting has no address yet, and
+            // would otherwise flip once its pods come).
             Shape::Keep => self
                 .local_services
                 .get(
                     &ObjectRef::new(&mirror_name(&key.name, &self.link.cluster_name))
                         .within(&key.namespace),
                 )
-                .is_some_and(|m| is_owned(&m.metadata, &self.link.cluster_name) && is_headless(&m)),
+                .filter(|m| is_owned(&m.metadata, &self.link.cluster_name))
+                .is_none_or(|m| is_headless(&m)),
         })
     }
 
