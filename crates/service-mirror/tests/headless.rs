@@ -753,3 +753,64 @@ async fn same_named_headless_services_in_two_namespaces_do_not_churn() {
     assert_eq!(there_before.len(), 2);
     w.stop(false).await.unwrap();
 }
+
+#[tokio::test]
+async fn without_a_complete_list_of_the_remote_slices_no_endpoint_mirror_is_deleted() {
+    let env = Env::new("headless-nolist").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    export_headless(&env, "web").await;
+    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    let mode = EndpointsMode::Endpoints;
+    let w = start(&env, headless(&env, mode));
+    let set = set_until(
+        &env,
+        mode,
+        &names(&env, &["web", "web-0", "web-1"]),
+        &["web-0", "web-1"],
+    )
+    .await;
+    w.stop(false).await.unwrap();
+    // web-1 goes while the controller is down; its successor may list Services but not
+    // EndpointSlices: it cannot know, so it deletes nothing (and writes nothing).
+    remote_slice(&env, "web", "web-abc", &[ready("web-0")]).await;
+    let services_only: &[(&[&str], &[&str])] = &[(&["services"], &["get", "list", "watch"])];
+    let remote = sa_client(&env.remote, &env.ns, "headless-reader", services_only).await;
+    let attempts = env.local_write_attempts().len();
+    let w = LinkController::start(
+        env.lc.clone(),
+        remote,
+        env.link(),
+        headless(&env, mode),
+        LinkDeps::default(),
+    )
+    .unwrap();
+    eventually("remote services synced", || async {
+        w.status().remote_synced.then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = local_services(&env).await;
+    assert_eq!(now.len(), 3, "every mirror kept");
+    for (name, s) in &now {
+        assert_eq!(uid(s), uid(&set[name]), "{name} kept");
+    }
+    assert_eq!(
+        env.local_write_attempts().len(),
+        attempts,
+        "nothing written"
+    );
+    // Granted: the first complete list of the slices collects web-1's endpoint mirror.
+    let with_slices: &[(&[&str], &[&str])] = &[
+        (&["services"], &["get", "list", "watch"]),
+        (
+            &["endpointslices.discovery.k8s.io"],
+            &["get", "list", "watch"],
+        ),
+    ];
+    sa_kubeconfig(&env.remote, &env.ns, "headless-reader", with_slices).await;
+    let after = set_until(&env, mode, &names(&env, &["web", "web-0"]), &["web-0"]).await;
+    for (name, s) in &after {
+        assert_eq!(uid(s), uid(&set[name]), "{name} kept");
+    }
+    w.stop(false).await.unwrap();
+}
