@@ -814,3 +814,67 @@ async fn without_a_complete_list_of_the_remote_slices_no_endpoint_mirror_is_dele
     }
     w.stop(false).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_links_headless_remote_reads_hostnames_and_readiness_from_one_slice_watch() {
+    use service_mirror_controller::links::{link_config, parse_link};
+    use support::links::{credentials_secret, link};
+    let env = Env::new("headless-link").await;
+    // A Link's mirrors never create their namespace (Linkerd's default).
+    create_namespace(&env.lc, &env.ns).await;
+    let secret_name = format!("cluster-credentials-{}", env.cluster);
+    let mut l = link(
+        &env.cluster,
+        &env.cluster,
+        &secret_name,
+        serde_json::json!({"gatewayAddress": "192.0.2.32"}),
+    );
+    l.metadata.namespace = Some("headless-link-tests".into());
+    let mut secret = credentials_secret(&secret_name, &env.remote.admin_kubeconfig().yaml);
+    secret.metadata.namespace = Some("headless-link-tests".into());
+    let spec = parse_link(&l, Some(&secret)).unwrap();
+    let mut svc = exported("web", &env.ns, "gw", &[("http", 80)]);
+    svc.metadata.annotations = None;
+    svc.metadata.labels = Some(BTreeMap::from([
+        ("mirror.linkerd.io/exported".to_string(), "true".to_string()),
+        ("app".to_string(), "web".to_string()),
+    ]));
+    svc.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    let mode = EndpointsMode::Both;
+    let w = LinkController::start(
+        env.lc.clone(),
+        env.rc.clone(),
+        spec.link().clone(),
+        link_config(&headless(&env, mode), &spec, false),
+        LinkDeps::default(),
+    )
+    .unwrap();
+    let set = set_until(
+        &env,
+        mode,
+        &names(&env, &["web", "web-0", "web-1"]),
+        &["web-0", "web-1"],
+    )
+    .await;
+    for host in ["web-0", "web-1"] {
+        let name = env.mirror_name(host);
+        let m = &set[&name];
+        assert_eq!(label(&m.metadata, "app"), Some("web"), "copied as a Link's");
+        assert_eq!(
+            label(&m.metadata, HEADLESS_PARENT),
+            Some(env.mirror_name("web").as_str())
+        );
+        let e = env.local_endpoints().get(&name).await.unwrap();
+        assert_eq!(
+            subset_ips(&e),
+            ["192.0.2.32"],
+            "the Link's gateway, the remote being ready"
+        );
+    }
+    w.stop(false).await.unwrap();
+}

@@ -439,10 +439,12 @@ impl Reconciler {
                 .as_ref()
                 .is_some_and(|d| d.service.metadata.name == s.metadata.name)
         });
-        let changed = parent.is_some() && {
+        let changed = {
             let mut refused = self.refused_hostnames.lock();
             if g.refused_hostnames.is_empty() {
                 refused.remove(key);
+                false
+            } else if parent.is_none() {
                 false
             } else {
                 refused
