@@ -281,8 +281,9 @@ fn slice_service(s: &EndpointSlice) -> Option<&str> {
 /// The actions for the set of mirrors of one key: [`plan()`] once per desired object,
 /// given the local objects of that name (a slice by its `kubernetes.io/service-name`),
 /// then once with no desired object for the rest (endpoint mirrors whose pod is gone,
-/// the old name of a renamed mirror): those are deleted. Order: each member (so their
-/// ClusterIPs come first), the parent, the deletions.
+/// the old name of a renamed mirror): those are deleted. Order: the parent (so a member
+/// that cannot be written, its name taken by a foreign object, does not hold it back),
+/// each member, the deletions.
 ///
 /// The caller calls this only on complete remote lists (Services and slices): a
 /// missing pod in a partial list would delete its live endpoint mirror. [`plan()`]
@@ -308,7 +309,10 @@ pub fn plan_set(
     }
     let mut actions = Vec::new();
     let mut wanted: BTreeSet<&str> = BTreeSet::new();
-    for (d, is_parent) in members.iter().map(|m| (m, false)).chain([(parent, true)]) {
+    for (d, is_parent) in [(parent, true)]
+        .into_iter()
+        .chain(members.iter().map(|m| (m, false)))
+    {
         let name = d.service.metadata.name.as_deref().unwrap_or_default();
         wanted.insert(name);
         actions.extend(plan(

@@ -878,3 +878,49 @@ async fn a_links_headless_remote_reads_hostnames_and_readiness_from_one_slice_wa
     }
     w.stop(false).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_hostname_whose_endpoint_mirror_would_be_the_parent_or_another_services_mirror_is_refused()
+ {
+    let env = Env::new("headless-taken").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("api", "gw", &[("http", 80)]).await;
+    export_headless(&env, "web").await;
+    // `web` would be named like the parent, `api` like api's mirror.
+    remote_slice(
+        &env,
+        "web",
+        "web-abc",
+        &[ready("web"), ready("api"), ready("web-0")],
+    )
+    .await;
+    let mode = EndpointsMode::Endpoints;
+    let w = start(&env, headless(&env, mode));
+    let set = set_until(
+        &env,
+        mode,
+        &names(&env, &["web", "web-0", "api"]),
+        &["web-0"],
+    )
+    .await;
+    let api = &set[&env.mirror_name("api")];
+    assert_eq!(
+        annotation(&api.metadata, FQ),
+        Some(format!("api.{}.svc.cluster.local", env.ns).as_str()),
+        "api's own mirror"
+    );
+    let note = wait_event(
+        &env.lc,
+        &env.ns,
+        &env.mirror_name("web"),
+        "HeadlessHostnameInvalid",
+    )
+    .await;
+    assert!(note.contains("2 hostname(s) refused"), "{note}");
+    // Nobody fights: idle, nothing is written.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let attempts = env.local_write_attempts().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.local_write_attempts().len(), attempts);
+    w.stop(false).await.unwrap();
+}

@@ -402,24 +402,45 @@ impl Reconciler {
             .as_ref()
             .and_then(|s| s.publish_not_ready_addresses)
             .unwrap_or(false);
-        let pods = choose_pods(&slices, publish_not_ready);
+        let mut pods = choose_pods(&slices, publish_not_ready);
         let cluster = &self.link.cluster_name;
-        let cluster_ips: BTreeMap<String, String> = pods
-            .pods
-            .iter()
-            .filter_map(|p| {
-                let name = endpoint_mirror_name(&p.hostname, &self.link);
-                let m = self
-                    .local_services
-                    .get(&ObjectRef::new(&name).within(&key.namespace))?;
-                let ip = m.spec.as_ref()?.cluster_ip.clone()?;
-                let usable = is_owned(&m.metadata, cluster)
-                    && service_key(&m) == *key
-                    && !ip.is_empty()
-                    && !is_headless(&m);
-                usable.then_some((name, ip))
-            })
-            .collect();
+        // A pod whose endpoint mirror name is the parent's, or would be the mirror of
+        // another remote Service (hostname `api` beside a remote Service `api` of the
+        // namespace, exported or not, so the choice does not depend on which key runs
+        // first), or is another key's mirror, is refused too: two keys would otherwise
+        // fight over one object.
+        // One cache read per pod (a cached object is decoded on read).
+        let parent_name = mirror_name(&key.name, cluster);
+        let mut taken_by_others = Vec::new();
+        let mut cluster_ips: BTreeMap<String, String> = BTreeMap::new();
+        pods.pods.retain(|p| {
+            let name = endpoint_mirror_name(&p.hostname, &self.link);
+            let remote_named = || {
+                self.remote
+                    .contains(&ObjectRef::new(&p.hostname).within(&key.namespace))
+            };
+            let local = self
+                .local_services
+                .get(&ObjectRef::new(&name).within(&key.namespace));
+            let taken = name == parent_name
+                || remote_named()
+                || local.as_ref().is_some_and(|m| service_key(m) != *key);
+            if taken {
+                taken_by_others.push(p.hostname.clone());
+                return false;
+            }
+            // Listed in the parent once its endpoint mirror has a ClusterIP.
+            if let Some(m) = local
+                && let Some(ip) = m.spec.as_ref().and_then(|s| s.cluster_ip.clone())
+                && is_owned(&m.metadata, cluster)
+                && !ip.is_empty()
+                && !is_headless(&m)
+            {
+                cluster_ips.insert(name, ip);
+            }
+            true
+        });
+        pods.refused.extend(taken_by_others);
         let m = headless_mirror(svc, &self.link, gw, resolved, &pods.pods, &cluster_ips);
         (m.parent, m.members, pods.refused)
     }
@@ -462,7 +483,7 @@ impl Reconciler {
                 .map(String::as_str)
                 .collect();
             let note = format!(
-                "headless service {key} of cluster {cluster}: {} hostname(s) refused, not DNS-1123 labels (e.g. {}); those pods get no endpoint mirror, the others are mirrored",
+                "headless service {key} of cluster {cluster}: {} hostname(s) refused, not DNS-1123 labels or their endpoint mirror's name taken by another mirror (e.g. {}); those pods get no endpoint mirror, the others are mirrored",
                 g.refused_hostnames.len(),
                 shown.join(", ")
             );
