@@ -8,7 +8,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 use service_mirror_core::labels::{HEADLESS_SLICE_LABEL, SERVICE_NAME_LABEL};
-use service_mirror_core::{RemoteEndpoint, RemoteHeadlessSlice, ServiceKey};
+use service_mirror_core::{NamespaceFilter, RemoteEndpoint, RemoteHeadlessSlice, ServiceKey};
 use std::collections::{BTreeSet, HashMap};
 
 /// Per remote Service key: its headless slices by name.
@@ -23,8 +23,12 @@ pub(crate) struct RemoteHostnames {
     listed: bool,
     /// An address without `hostname` takes its `targetRef.name` (Linkerd #10916).
     from_target_ref: bool,
+    /// Slices of namespaces not mirrored keep no entry.
+    namespaces: NamespaceFilter,
     /// Keys whose entries the last events changed.
     changed: Vec<ServiceKey>,
+    /// The remote refused the slice watch (said once until a list succeeds).
+    unavailable: bool,
 }
 
 /// What is kept of `slice`: `None` when it has no `kubernetes.io/service-name` or no
@@ -101,12 +105,18 @@ fn remove(slices: &mut Slices, key: &ServiceKey, name: &str) -> bool {
 }
 
 impl RemoteHostnames {
-    /// An empty store; `from_target_ref`: see [`RemoteHostnames`].
-    pub(crate) fn new(from_target_ref: bool) -> Self {
+    /// An empty store keeping the slices of `namespaces`; `from_target_ref`: see
+    /// [`RemoteHostnames`].
+    pub(crate) fn new(from_target_ref: bool, namespaces: NamespaceFilter) -> Self {
         Self {
             from_target_ref,
+            namespaces,
             ..Self::default()
         }
+    }
+
+    fn entry(&self, slice: &EndpointSlice) -> Option<(ServiceKey, RemoteHeadlessSlice)> {
+        entry(slice, self.from_target_ref).filter(|(k, _)| self.namespaces.allows(&k.namespace))
     }
 
     /// Whether the remote slices have been listed: until then a headless remote's
@@ -114,6 +124,12 @@ impl RemoteHostnames {
     /// be deleted).
     pub(crate) fn listed(&self) -> bool {
         self.listed
+    }
+
+    /// The remote refused the watch: true the first time (to say so once). Headless
+    /// remotes then wait (nothing is deleted) until a list succeeds.
+    pub(crate) fn set_unavailable(&mut self) -> bool {
+        !std::mem::replace(&mut self.unavailable, true)
     }
 
     /// The headless slices of `key`, sorted by name.
@@ -128,8 +144,7 @@ impl RemoteHostnames {
     }
 
     fn upsert(&mut self, slice: &EndpointSlice) {
-        let from_target_ref = self.from_target_ref;
-        match entry(slice, from_target_ref) {
+        match self.entry(slice) {
             Some((key, e)) => {
                 let by_name = self.slices.entry(key.clone()).or_default();
                 if by_name.get(&e.name) != Some(&e) {
@@ -151,6 +166,7 @@ impl RemoteHostnames {
     /// Applies one watch event; [`RemoteHostnames::take_changed`] then says which keys
     /// changed.
     pub(crate) fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
+        self.unavailable = false;
         match ev {
             watcher::Event::Apply(s) => self.upsert(s),
             watcher::Event::Delete(s) => {
@@ -162,7 +178,7 @@ impl RemoteHostnames {
             }
             watcher::Event::Init => self.relisting = Some(Slices::new()),
             watcher::Event::InitApply(s) => {
-                if let Some((key, e)) = entry(s, self.from_target_ref) {
+                if let Some((key, e)) = self.entry(s) {
                     self.relisting
                         .get_or_insert_with(Slices::new)
                         .entry(key)
@@ -214,7 +230,7 @@ mod tests {
     }
 
     fn listed(from_target_ref: bool, slices: Vec<EndpointSlice>) -> RemoteHostnames {
-        let mut h = RemoteHostnames::new(from_target_ref);
+        let mut h = RemoteHostnames::new(from_target_ref, NamespaceFilter::default());
         h.apply(&watcher::Event::Init);
         for s in slices {
             h.apply(&watcher::Event::InitApply(s));
@@ -298,6 +314,18 @@ mod tests {
         h.apply(&watcher::Event::InitDone);
         assert_eq!(h.take_changed(), vec![key()]);
         assert!(hostnames(&h).is_empty());
+    }
+
+    #[test]
+    fn slices_of_namespaces_not_mirrored_keep_no_entry() {
+        let one = serde_json::json!([{"addresses": ["10.0.0.1"], "hostname": "web-0"}]);
+        let mut h = RemoteHostnames::new(false, NamespaceFilter::allow_only(["other"]));
+        h.apply(&watcher::Event::Init);
+        h.apply(&watcher::Event::InitApply(slice("a", true, one.clone())));
+        h.apply(&watcher::Event::InitDone);
+        h.apply(&watcher::Event::Apply(slice("b", true, one)));
+        assert!(h.slices(&key()).is_empty());
+        assert!(h.take_changed().is_empty());
     }
 
     #[test]

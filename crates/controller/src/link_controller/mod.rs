@@ -157,6 +157,7 @@ impl LinkController {
             hostnames: config.enable_headless_services.then(|| {
                 Arc::new(parking_lot::Mutex::new(hostnames::RemoteHostnames::new(
                     config.headless_hostname_from_target_ref,
+                    config.namespaces.clone(),
                 )))
             }),
             refused_hostnames: Default::default(),

@@ -157,7 +157,10 @@ impl RemoteSliceEvents {
         // Forbidden (credentials from before Links), or not served (a remote without
         // discovery.k8s.io/v1): readiness cannot be known, so it is not waited for.
         let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403 || s.code == 404);
-        if forbidden && self.hostnames.is_some() {
+        if forbidden
+            && let Some(h) = &self.hostnames
+            && h.lock().set_unavailable()
+        {
             tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: headless services are not mirrored until they may (existing mirrors kept; grant it with `service-mirror allow`)");
         }
         if forbidden
