@@ -101,8 +101,27 @@ async fn each_pod_of_a_remote_headless_service_answers_at_its_own_mirrored_dns_n
     if skip_without_data_plane("each_pod_of_a_remote_headless_service_answers") {
         return;
     }
+    pods_answer(("hl-west", "hl-east"), None).await;
+}
+
+/// `endpoints` mode: west's kube-controller-manager mirrors the headless mirror's
+/// Endpoints into the slices CoreDNS reads.
+#[tokio::test]
+async fn each_pod_answers_at_its_mirrored_dns_name_in_endpoints_mode_through_kcms_slices() {
+    if skip_without_data_plane("each_pod_answers_at_its_mirrored_dns_name_in_endpoints_mode") {
+        return;
+    }
+    pods_answer(
+        ("hl-west-e", "hl-east-e"),
+        Some("--endpoints-mode=endpoints"),
+    )
+    .await;
+}
+
+/// The world of this file on clusters `names`, the controller run with `mode_flag`.
+async fn pods_answer(names: (&str, &str), mode_flag: Option<&str>) {
     let started = Instant::now();
-    let (west, east) = tokio::join!(data_plane_cluster("hl-west"), data_plane_cluster("hl-east"));
+    let (west, east) = tokio::join!(data_plane_cluster(names.0), data_plane_cluster(names.1));
     let (wc, ec) = (west.client().await.unwrap(), east.client().await.unwrap());
     for c in [&wc, &ec] {
         create_namespace(c, "shop").await;
@@ -137,11 +156,9 @@ async fn each_pod_of_a_remote_headless_service_answers_at_its_own_mirrored_dns_n
     // read Services and EndpointSlices (what `service-mirror allow` grants).
     let ctl_ns = local_cluster::unique_namespace("sm");
     create_namespace(&wc, &ctl_ns).await;
-    let ctl = Controller::spawn(
-        &west,
-        &ctl_ns,
-        &["--namespace-allow", "shop", "--enable-headless-services"],
-    );
+    let mut flags = vec!["--namespace-allow", "shop", "--enable-headless-services"];
+    flags.extend(mode_flag);
+    let ctl = Controller::spawn(&west, &ctl_ns, &flags);
     ctl.wait_ready().await;
     let read = |group: &str, resource: &str| PolicyRule {
         api_groups: Some(vec![group.into()]),
