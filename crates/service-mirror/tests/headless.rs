@@ -924,3 +924,64 @@ async fn a_hostname_whose_endpoint_mirror_would_be_the_parent_or_another_service
     assert_eq!(env.local_write_attempts().len(), attempts);
     w.stop(false).await.unwrap();
 }
+
+/// Not a benchmark (the bench crate compares against the reference writer): how long a
+/// cold sync of one headless Service with 1,000 ready pods takes in-process, in `both`
+/// mode. `cargo test -p service-mirror --test headless -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, about a minute"]
+async fn measure_cold_sync_of_a_thousand_headless_pods() {
+    let env = Env::new("headless-1k").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    export_headless(&env, "web").await;
+    let hosts: Vec<String> = (0..1000).map(|i| format!("web-{i}")).collect();
+    let pods: Vec<Pod> = hosts
+        .iter()
+        .map(|h| (Some(h.as_str()), true, None))
+        .collect();
+    remote_slice(&env, "web", "web-abc", &pods).await;
+    let mode = EndpointsMode::Both;
+    let start = std::time::Instant::now();
+    let w = start_link_measured(&env, mode);
+    let parent = env.mirror_name("web");
+    let deadline = start + Duration::from_secs(600);
+    loop {
+        let listed = parent_hosts(&env, mode, &parent).await;
+        if listed.len() == 1000 && !listed.iter().any(|(_, ip)| ip.is_empty()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not converged: {}",
+            listed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = start.elapsed();
+    let writes = env.local_writes().len();
+    // Then until no write for 3 s (the endpoint mirrors' slices come on later passes).
+    let (mut last, mut quiet_since) = (writes, std::time::Instant::now());
+    while quiet_since.elapsed() < Duration::from_secs(3) {
+        assert!(std::time::Instant::now() < deadline, "never quiet");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = env.local_writes().len();
+        if now != last {
+            (last, quiet_since) = (now, std::time::Instant::now());
+        }
+    }
+    let settled = quiet_since.duration_since(start);
+    eprintln!(
+        "1,000 headless pods, both mode: every pod in the headless mirror after {took:?} ({writes} successful writes); last write at {settled:?}, {last} writes in all"
+    );
+    w.stop(false).await.unwrap();
+}
+
+fn start_link_measured(env: &Env, mode: EndpointsMode) -> LinkController {
+    start(
+        env,
+        LinkConfig {
+            workers: 32,
+            ..headless(env, mode)
+        },
+    )
+}

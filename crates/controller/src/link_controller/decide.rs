@@ -105,6 +105,8 @@ pub(super) struct Writes {
     /// The plan creates the mirror Service in a mode with slices: its slices (which need
     /// the Service's uid, known once created) are made from this right after.
     pub(super) slices_of_new_service: Option<Box<DesiredMirror>>,
+    /// The same for a headless set: each of its mirrors whose Service the plan creates.
+    pub(super) slices_of_new_members: Vec<DesiredMirror>,
     /// `endpoints` mode: slices of ours are kept until kcm's route the same (the key
     /// comes back after [`MIRRORING_WAIT`]); the key's count of waits goes on.
     pub(super) awaiting_mirroring: bool,
@@ -198,7 +200,7 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
             .desired
             .clone()
             .filter(|d| {
-                // A headless set's slices come on the pass the Services' events bring.
+                // A headless set's: `slices_of_new_members`.
                 g.members.is_none()
                     && d.has_endpoints
                     && admit
@@ -206,6 +208,29 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
                     && !actions.iter().any(creates_slice)
             })
             .map(Box::new),
+        slices_of_new_members: match (&g.desired, &g.members) {
+            (Some(parent), Some(members)) if g.mode.writes_slices() => {
+                let created: std::collections::BTreeSet<&str> = actions
+                    .iter()
+                    .filter_map(|a| match a {
+                        Action::CreateService(s) => s.metadata.name.as_deref(),
+                        _ => None,
+                    })
+                    .collect();
+                std::iter::once(parent)
+                    .chain(members)
+                    .filter(|d| {
+                        d.service
+                            .metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|n| created.contains(n))
+                    })
+                    .cloned()
+                    .collect()
+            }
+            _ => Vec::new(),
+        },
         awaiting_mirroring,
     };
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its
