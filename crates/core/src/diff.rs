@@ -19,21 +19,23 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::desired::{CLUSTER_IP, port_name, protocol_or_default, target_port_or_default};
 use super::labels::{
-    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, MIRRORED_SERVICE_LABEL,
-    REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_GATEWAY_NAME_LABEL, REMOTE_GATEWAY_NS_LABEL,
-    REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION, REMOTE_RESOURCE_VERSION_ANNOTATION,
-    REMOTE_SVC_FQ_NAME_ANNOTATION, SKIP_MIRROR_LABEL,
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, HEADLESS_MIRROR_SVC_NAME_LABEL,
+    MIRRORED_SERVICE_LABEL, REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_GATEWAY_NAME_LABEL,
+    REMOTE_GATEWAY_NS_LABEL, REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION,
+    REMOTE_RESOURCE_VERSION_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION, SKIP_MIRROR_LABEL,
 };
 
 /// Label keys the mirror owns on its objects: the four mirror labels (first, in this
-/// order), and `skip-mirror` (only ever on Endpoints, in the modes that write slices:
-/// an Endpoints in `endpoints` mode loses it, so kube-controller-manager mirrors it).
-pub const OWNED_LABELS: [&str; 5] = [
+/// order), `skip-mirror` (only ever on Endpoints, in the modes that write slices:
+/// an Endpoints in `endpoints` mode loses it, so kube-controller-manager mirrors it),
+/// and an endpoint mirror's `headless-mirror-svc-name`.
+pub const OWNED_LABELS: [&str; 6] = [
     MIRRORED_SERVICE_LABEL,
     CLUSTER_NAME_LABEL,
     REMOTE_GATEWAY_NAME_LABEL,
     REMOTE_GATEWAY_NS_LABEL,
     SKIP_MIRROR_LABEL,
+    HEADLESS_MIRROR_SVC_NAME_LABEL,
 ];
 
 /// Annotation keys the mirror owns on its objects; one absent from the desired

@@ -88,6 +88,11 @@ pub fn federated_selector() -> String {
 
 /// Label on an EndpointSlice naming the Service it belongs to (Kubernetes' own).
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Label of a headless Service's EndpointSlices (and of a headless mirror's): kube-proxy
+/// skips them, CoreDNS serves their per-pod hostnames.
+pub const HEADLESS_SLICE_LABEL: &str = "service.kubernetes.io/headless";
+/// Label of an endpoint mirror (one pod of a headless mirror): the headless mirror's name.
+pub const HEADLESS_MIRROR_SVC_NAME_LABEL: &str = "mirror.linkerd.io/headless-mirror-svc-name";
 /// Label on an EndpointSlice naming the controller that manages it (Kubernetes' own key).
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// Our value of [`MANAGED_BY_LABEL`] (ours, not Linkerd's): never one of the built-in

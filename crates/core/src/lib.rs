@@ -25,6 +25,7 @@ pub mod diff;
 pub mod export;
 pub mod federated;
 pub mod gateway;
+pub mod headless;
 pub mod labels;
 pub mod metadata;
 pub mod namespaces;
@@ -48,6 +49,10 @@ pub use export::{ExportDecision, ExportPolicy, ExportRule, Refusal, export_decis
 pub use gateway::{
     GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, endpoint_ip_allowed, exported_gateway,
     gateway_spec,
+};
+pub use headless::{
+    HeadlessMirror, Pod, Pods, RemoteEndpoint, RemoteHeadlessSlice, Shape, choose_pods,
+    endpoint_mirror_name, flipped, headless_mirror, is_headless, plan_set, shape,
 };
 pub use labels::{mirrored_slice_selector, owner_selector};
 pub use metadata::{ExclusionError, Exclusions, copied_annotations, copied_labels};

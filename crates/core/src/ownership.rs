@@ -5,7 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::labels::{
     CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, FEDERATED_LABEL, FEDERATED_VALUE,
-    MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_SVC_FQ_NAME_ANNOTATION,
+    HEADLESS_MIRROR_SVC_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
+    REMOTE_SVC_FQ_NAME_ANNOTATION,
 };
 use super::naming::{ServiceKey, parse_fq_name};
 
@@ -42,6 +43,11 @@ pub fn is_owned_federated(meta: &ObjectMeta, controller_namespace: &str) -> bool
 /// The remote Service a mirror object stands for, read from its
 /// `remote-svc-fq-name` annotation.
 ///
+/// An endpoint mirror (one pod of a headless mirror: labelled
+/// `headless-mirror-svc-name`, annotated `<hostname>.<svc>.<ns>.svc.<domain>`) stands
+/// for its parent's key `<ns>/<svc>`, so it is planned with its parent and never
+/// collected as an orphan of its own (Linkerd #12499).
+///
 /// `None` when the annotation is missing or malformed, or names another namespace
 /// than the object's own: a mirror always lives in its remote's namespace, so such
 /// an annotation cannot be trusted.
@@ -50,7 +56,20 @@ pub fn remote_key(meta: &ObjectMeta) -> Option<ServiceKey> {
         .annotations
         .as_ref()?
         .get(REMOTE_SVC_FQ_NAME_ANNOTATION)?;
-    let key = parse_fq_name(fq)?;
+    let headless = meta.labels.as_ref().is_some_and(|l| {
+        l.get(HEADLESS_MIRROR_SVC_NAME_LABEL)
+            .is_some_and(|v| !v.is_empty())
+    });
+    let key = match headless {
+        // `<hostname>.<svc>.<ns>.svc.<domain>`: the parent is the rest after the hostname.
+        true => {
+            let (hostname, parent) = fq.split_once('.')?;
+            (!hostname.is_empty())
+                .then(|| parse_fq_name(parent))
+                .flatten()?
+        }
+        false => parse_fq_name(fq)?,
+    };
     (meta.namespace.as_deref() == Some(key.namespace.as_str())).then_some(key)
 }
 
@@ -200,6 +219,7 @@ mod tests {
     #[test]
     fn remote_key_table() {
         let a = REMOTE_SVC_FQ_NAME_ANNOTATION;
+        let h = HEADLESS_MIRROR_SVC_NAME_LABEL;
         let table: Vec<(&str, ObjectMeta, Option<ServiceKey>)> = vec![
             (
                 "same namespace",
@@ -231,6 +251,69 @@ mod tests {
                 "label is not annotation",
                 meta(Some("shop"), &[(a, "web.shop.svc.cluster.local")], &[]),
                 None,
+            ),
+            (
+                "endpoint mirror: its parent's key",
+                meta(
+                    Some("shop"),
+                    &[(h, "web-east")],
+                    &[(a, "web-0.web.shop.svc.cluster.local")],
+                ),
+                Some(ServiceKey::new("shop", "web")),
+            ),
+            (
+                "endpoint mirror of a custom domain",
+                meta(
+                    Some("shop"),
+                    &[(h, "web-east")],
+                    &[(a, "web-0.web.shop.svc.example.org")],
+                ),
+                Some(ServiceKey::new("shop", "web")),
+            ),
+            (
+                "endpoint mirror fq-name without the label: no key (not parsed as web-0)",
+                meta(
+                    Some("shop"),
+                    &[],
+                    &[(a, "web-0.web.shop.svc.cluster.local")],
+                ),
+                None,
+            ),
+            (
+                "endpoint mirror in another namespace than its parent's",
+                meta(
+                    Some("other"),
+                    &[(h, "web-east")],
+                    &[(a, "web-0.web.shop.svc.cluster.local")],
+                ),
+                None,
+            ),
+            (
+                "endpoint mirror label on a parent-shaped fq-name: malformed",
+                meta(
+                    Some("shop"),
+                    &[(h, "web-east")],
+                    &[(a, "web.shop.svc.cluster.local")],
+                ),
+                None,
+            ),
+            (
+                "endpoint mirror with an empty hostname",
+                meta(
+                    Some("shop"),
+                    &[(h, "web-east")],
+                    &[(a, ".web.shop.svc.cluster.local")],
+                ),
+                None,
+            ),
+            (
+                "an empty headless label is no label",
+                meta(
+                    Some("shop"),
+                    &[(h, "")],
+                    &[(a, "web.shop.svc.cluster.local")],
+                ),
+                Some(ServiceKey::new("shop", "web")),
             ),
         ];
         for (what, meta, want) in table {

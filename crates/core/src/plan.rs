@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::desired::DesiredMirror;
 use super::diff::{MetadataOwnership, endpoints_update_with, service_update_with};
+use super::headless::flipped;
 use super::naming::ServiceKey;
 use super::ownership::is_owned;
 use super::slices::{
@@ -286,6 +287,23 @@ pub fn plan(
     cluster: &str,
     mode: EndpointsMode,
 ) -> Vec<Action> {
+    // A mirror of the other shape (headless vs ClusterIP) under the desired name: its
+    // clusterIP is immutable, so it goes first (slices, Endpoints, Service) and the
+    // pass its deletion brings creates the new one.
+    if let Some(d) = desired
+        && flipped(d, actual_services, cluster).is_some()
+    {
+        return plan(
+            key,
+            None,
+            actual_services,
+            actual_endpoints,
+            actual_slices,
+            None,
+            cluster,
+            mode,
+        );
+    }
     let ownership = desired.map(|d| d.ownership).unwrap_or_default();
     let svc = plan_kind(
         key,

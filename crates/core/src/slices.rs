@@ -17,9 +17,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::desired::{DesiredMirror, port_name, protocol_or_default};
 use super::diff::{MetadataOwnership, OWNED_ANNOTATIONS, OWNED_LABELS, meta_match, set_meta};
+use super::headless::is_headless;
 use super::labels::{
-    MANAGED_BY_LABEL, MANAGED_BY_VALUE, MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL,
-    SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
+    HEADLESS_MIRROR_SVC_NAME_LABEL, HEADLESS_SLICE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
+    MIRRORING_MANAGED_BY_VALUE, SERVICE_NAME_LABEL, SKIP_MIRROR_LABEL, SKIP_MIRROR_VALUE,
 };
 use super::naming::{MAX_SERVICE_NAME_LEN, fnv1a32};
 use super::ownership::is_owned;
@@ -106,13 +107,15 @@ impl FromStr for EndpointsMode {
 }
 
 /// Label keys we own on a slice: the mirror labels, and Kubernetes' two slice labels.
-const SLICE_LABELS: [&str; 6] = [
+const SLICE_LABELS: [&str; 8] = [
     OWNED_LABELS[0],
     OWNED_LABELS[1],
     OWNED_LABELS[2],
     OWNED_LABELS[3],
     SERVICE_NAME_LABEL,
     MANAGED_BY_LABEL,
+    HEADLESS_MIRROR_SVC_NAME_LABEL,
+    HEADLESS_SLICE_LABEL,
 ];
 
 /// Whether a slice is ours for `cluster`: the mirror labels and our managed-by.
@@ -270,6 +273,9 @@ pub fn slice_name(mirror: &str, family: &str, index: usize) -> String {
 /// No usable address: one IPv4 group with `endpoints: []`, so the ports are known.
 /// A ready address is ready and serving; a not-ready one (dead gateway) is neither.
 pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<EndpointSlice> {
+    if is_headless(&mirror.service) {
+        return headless_slices(mirror, service_uid);
+    }
     let svc = &mirror.service;
     let name = svc.metadata.name.clone().unwrap_or_default();
     let namespace = svc.metadata.namespace.clone();
@@ -364,6 +370,108 @@ pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<Endpoint
                 });
                 index += 1;
             }
+        }
+    }
+    out
+}
+
+/// The slices of a headless mirror (see `headless.rs`): per subset of its Endpoints
+/// (one per remote port list) and address family, chunks of
+/// [`MAX_ENDPOINTS_PER_SLICE`] endpoints `{addresses: [<endpoint mirror ClusterIP>],
+/// hostname}` at the subset's ports, labelled `service.kubernetes.io/headless` so
+/// kube-proxy skips them and CoreDNS serves their hostnames.
+/// A slice port as compared: (name, protocol, port).
+type PortKey = (String, String, Option<i32>);
+/// The ports of a group of headless endpoints, and the endpoints.
+type PortGroup = (Vec<EndpointPort>, Vec<Endpoint>);
+
+fn headless_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<EndpointSlice> {
+    let name = mirror.service.metadata.name.clone().unwrap_or_default();
+    let mut labels = mirror.endpoints.metadata.labels.clone().unwrap_or_default();
+    labels.insert(SERVICE_NAME_LABEL.to_owned(), name.clone());
+    labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
+    labels.insert(HEADLESS_SLICE_LABEL.to_owned(), String::new());
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Service".into(),
+        name: name.clone(),
+        uid: service_uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    // (family, ports) -> endpoints; ports sorted so the grouping is canonical.
+    let mut groups: BTreeMap<(Family, Vec<PortKey>), PortGroup> = BTreeMap::new();
+    for subset in mirror.endpoints.subsets.iter().flatten() {
+        let mut ports: Vec<EndpointPort> = subset
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| EndpointPort {
+                name: Some(port_name(p.name.as_deref()).unwrap_or_default()),
+                protocol: Some(protocol_or_default(p.protocol.as_deref())),
+                port: Some(p.port),
+                app_protocol: None,
+            })
+            .collect();
+        ports.sort_by(|a, b| (&a.name, &a.protocol, a.port).cmp(&(&b.name, &b.protocol, b.port)));
+        let port_key: Vec<PortKey> = ports
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone().unwrap_or_default(),
+                    p.protocol.clone().unwrap_or_default(),
+                    p.port,
+                )
+            })
+            .collect();
+        for a in subset.addresses.iter().flatten() {
+            let Ok(ip) = a.ip.parse::<IpAddr>() else {
+                continue;
+            };
+            groups
+                .entry((Family::of(&ip), port_key.clone()))
+                .or_insert_with(|| (ports.clone(), Vec::new()))
+                .1
+                .push(Endpoint {
+                    addresses: vec![ip.to_string()],
+                    hostname: a.hostname.clone(),
+                    conditions: Some(EndpointConditions {
+                        ready: Some(true),
+                        serving: Some(true),
+                        terminating: Some(false),
+                    }),
+                    ..Default::default()
+                });
+        }
+    }
+    if groups.is_empty() {
+        // No pod with an endpoint mirror yet: one empty slice, so the mirror has one.
+        groups.insert((Family::V4, Vec::new()), (Vec::new(), Vec::new()));
+    }
+    let mut out = Vec::new();
+    let mut index: BTreeMap<Family, usize> = BTreeMap::new();
+    for ((family, _), (ports, mut endpoints)) in groups {
+        endpoints.sort_by(|a, b| a.addresses.cmp(&b.addresses));
+        let chunks: Vec<&[Endpoint]> = match endpoints.is_empty() {
+            true => vec![&[]],
+            false => endpoints.chunks(MAX_ENDPOINTS_PER_SLICE).collect(),
+        };
+        for chunk in chunks {
+            let i = index.entry(family).or_default();
+            out.push(EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some(slice_name(&name, family.name_part(), *i)),
+                    namespace: mirror.service.metadata.namespace.clone(),
+                    labels: Some(labels.clone()),
+                    annotations: mirror.endpoints.metadata.annotations.clone(),
+                    owner_references: Some(vec![owner.clone()]),
+                    ..Default::default()
+                },
+                address_type: family.address_type().to_owned(),
+                endpoints: chunk.to_vec(),
+                ports: Some(ports.clone()),
+            });
+            *i += 1;
         }
     }
     out

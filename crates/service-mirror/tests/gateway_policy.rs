@@ -190,7 +190,10 @@ async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
     // An ingress IP the apiserver refuses in Endpoints is refused by the policy too,
     // and said (not dropped silently before it).
     let meta = find("meta");
-    assert!(meta.contains("169.254.169.254 is in the built-in denied CIDR"), "{meta}");
+    assert!(
+        meta.contains("169.254.169.254 is in the built-in denied CIDR"),
+        "{meta}"
+    );
     assert!(meta.contains("its other addresses are used"), "{meta}");
     let v6 = find("v6meta");
     assert!(v6.contains("fd00:ec2::254/128"), "{v6}");

@@ -61,6 +61,23 @@ pub struct RunArgs {
         value_parser = mode_parser()
     )]
     endpoints_mode: EndpointsMode,
+    /// Mirror remote headless Services whose EndpointSlices carry hostnames as headless
+    /// mirrors with one endpoint mirror per pod (`<hostname>.<svc>-<cluster>.<ns>...`
+    /// resolves); off: a headless remote gets a ClusterIP mirror, as any other.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_ENABLE_HEADLESS_SERVICES",
+        default_value_t = false
+    )]
+    enable_headless_services: bool,
+    /// With --enable-headless-services: an address without `hostname` takes its
+    /// `targetRef.name` (a headless Service that is not its StatefulSet's serviceName).
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_HEADLESS_HOSTNAME_FROM_TARGET_REF",
+        default_value_t = false
+    )]
+    headless_hostname_from_target_ref: bool,
     /// Only mirror these remote namespaces (comma-separated; `prefix*` patterns). Empty: all.
     #[arg(long, env = "SERVICE_MIRROR_NAMESPACE_ALLOW", value_delimiter = ',')]
     namespace_allow: Vec<String>,
@@ -219,6 +236,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
             endpoints_mode: args.endpoints_mode,
+            enable_headless_services: args.enable_headless_services,
+            headless_hostname_from_target_ref: args.headless_hostname_from_target_ref,
             gateway_address_policy: AddressPolicy {
                 deny: args.gateway_address_deny.concat(),
                 allow: args.gateway_address_allow.concat(),

@@ -101,6 +101,12 @@ where
         state.objects.get(&key).and_then(|b| Self::decode(b))
     }
 
+    /// Whether the object `r` refers to is cached (nothing decoded).
+    pub(crate) fn contains(&self, r: &ObjectRef<K>) -> bool {
+        let key = (r.namespace.clone().unwrap_or_default(), r.name.clone());
+        self.read().objects.contains_key(&key)
+    }
+
     /// Number of cached objects.
     pub(crate) fn len(&self) -> usize {
         self.read().objects.len()

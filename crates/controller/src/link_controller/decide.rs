@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use service_mirror_core::{
     Action, DesiredMirror, EndpointsMode, ExportDecision, Refusal, Route, ServiceKey,
-    mirroring_took_over, plan,
+    mirroring_took_over, plan, plan_set,
 };
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -37,6 +37,10 @@ pub(super) struct Gathered {
     pub(super) has_local_services: bool,
     /// The mirror there should be.
     pub(super) desired: Option<DesiredMirror>,
+    /// `desired` is a headless mirror, with these endpoint mirrors (`None`: it is not).
+    pub(super) members: Option<Vec<DesiredMirror>>,
+    /// Remote hostnames of a headless Service refused (not DNS-1123 labels).
+    pub(super) refused_hostnames: Vec<String>,
     /// Local mirror Services and Endpoints that stand for the key.
     pub(super) services: Vec<Arc<Service>>,
     /// See `services`.
@@ -101,6 +105,8 @@ pub(super) struct Writes {
     /// The plan creates the mirror Service in a mode with slices: its slices (which need
     /// the Service's uid, known once created) are made from this right after.
     pub(super) slices_of_new_service: Option<Box<DesiredMirror>>,
+    /// The same for a headless set: each of its mirrors whose Service the plan creates.
+    pub(super) slices_of_new_members: Vec<DesiredMirror>,
     /// `endpoints` mode: slices of ours are kept until kcm's route the same (the key
     /// comes back after [`MIRRORING_WAIT`]); the key's count of waits goes on.
     pub(super) awaiting_mirroring: bool,
@@ -141,16 +147,30 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
     let services: Vec<&Service> = g.services.iter().map(|s| s.as_ref()).collect();
     let endpoints: Vec<&Endpoints> = g.endpoints.iter().map(|e| e.as_ref()).collect();
     let slices: Vec<&EndpointSlice> = g.slices.iter().map(|e| e.as_ref()).collect();
-    let mut actions = plan(
-        key,
-        g.desired.as_ref(),
-        &services,
-        &endpoints,
-        &slices,
-        g.mirrored.as_ref(),
-        cluster,
-        g.mode,
-    );
+    let mut actions = match (&g.desired, &g.members) {
+        // A headless mirror: the set of the parent and its endpoint mirrors.
+        (Some(parent), Some(members)) => plan_set(
+            key,
+            parent,
+            members,
+            &services,
+            &endpoints,
+            &slices,
+            g.mirrored.as_ref(),
+            cluster,
+            g.mode,
+        ),
+        _ => plan(
+            key,
+            g.desired.as_ref(),
+            &services,
+            &endpoints,
+            &slices,
+            g.mirrored.as_ref(),
+            cluster,
+            g.mode,
+        ),
+    };
     // `endpoints` mode, slices of ours left that kcm's do not replace yet: they stay, and
     // the key comes back (kube-proxy reads only slices; kcm mirrors asynchronously).
     let awaiting_mirroring = g.mode == EndpointsMode::Endpoints
@@ -180,12 +200,37 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
             .desired
             .clone()
             .filter(|d| {
-                d.has_endpoints
+                // A headless set's: `slices_of_new_members`.
+                g.members.is_none()
+                    && d.has_endpoints
                     && admit
                     && g.mode.writes_slices()
                     && !actions.iter().any(creates_slice)
             })
             .map(Box::new),
+        slices_of_new_members: match (&g.desired, &g.members) {
+            (Some(parent), Some(members)) if g.mode.writes_slices() => {
+                let created: std::collections::BTreeSet<&str> = actions
+                    .iter()
+                    .filter_map(|a| match a {
+                        Action::CreateService(s) => s.metadata.name.as_deref(),
+                        _ => None,
+                    })
+                    .collect();
+                std::iter::once(parent)
+                    .chain(members)
+                    .filter(|d| {
+                        d.service
+                            .metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|n| created.contains(n))
+                    })
+                    .cloned()
+                    .collect()
+            }
+            _ => Vec::new(),
+        },
         awaiting_mirroring,
     };
     // Endpoints first. A gateway move changes every mirror of the gateway twice: its

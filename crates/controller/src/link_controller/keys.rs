@@ -384,6 +384,40 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_mirror_queues_its_headless_parents_key_not_its_own() {
+        let (mut index, services) = (Index::default(), Cache::<Service>::default());
+        let mut svc: Service = local(
+            "shop",
+            "web-0-east",
+            Some("web-0.web.shop.svc.cluster.local"),
+        );
+        svc.metadata.labels.as_mut().unwrap().insert(
+            "mirror.linkerd.io/headless-mirror-svc-name".into(),
+            "web-east".into(),
+        );
+        let parent: Service = local("shop", "web-east", Some("web.shop.svc.cluster.local"));
+        for s in [&svc, &parent] {
+            let ev = Event::Apply(s.clone());
+            services.apply_watcher_event(&ev);
+            let keys = keys_for_local(&mut index, &services, &services, &ev);
+            assert_eq!(keys, vec![key("shop", "web")]);
+        }
+        assert_eq!(
+            index.local_names(&key("shop", "web")).0,
+            vec!["web-0-east", "web-east"],
+            "gathered with the parent"
+        );
+        assert!(index.local_names(&key("shop", "web-0-east")).0.is_empty());
+        // Its deletion (a pod gone, or someone else) brings the parent's key back.
+        let ev = Event::Delete(svc);
+        services.apply_watcher_event(&ev);
+        assert_eq!(
+            keys_for_local(&mut index, &services, &services, &ev),
+            vec![key("shop", "web")]
+        );
+    }
+
+    #[test]
     fn local_endpoints_without_annotation_map_to_the_key_of_their_service() {
         let mut index = Index::default();
         let (services, endpoints) = (Cache::<Service>::default(), Cache::<Endpoints>::default());

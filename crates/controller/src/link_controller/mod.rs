@@ -13,6 +13,7 @@ mod cache;
 mod contention;
 mod decide;
 mod expect;
+mod hostnames;
 mod index;
 mod keys;
 mod limit;
@@ -172,6 +173,14 @@ impl LinkController {
             // Link mirrors follow the remote's readiness (as Linkerd's do).
             readiness: matches!(config.export_rule, ExportRule::Selectors { .. })
                 .then(Arc::default),
+            // Headless services read the remote slices' hostnames, on every link.
+            hostnames: config.enable_headless_services.then(|| {
+                Arc::new(parking_lot::Mutex::new(hostnames::RemoteHostnames::new(
+                    config.headless_hostname_from_target_ref,
+                    config.namespaces.clone(),
+                )))
+            }),
+            refused_hostnames: Default::default(),
             remote: cache::Cache::default(),
             local_services: cache::Cache::default(),
             local_endpoints: cache::Cache::default(),

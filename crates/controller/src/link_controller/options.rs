@@ -49,6 +49,13 @@ pub struct LinkConfig {
     /// A `Link`'s `federatedServiceSelector`: its remote members of federated Services
     /// (`None`: a Secret link, no members).
     pub federated_selector: Option<Selector>,
+    /// Mirror remote headless Services whose slices carry hostnames as a headless mirror
+    /// plus one endpoint mirror per pod (`--enable-headless-services`); off: as a
+    /// ClusterIP mirror, like any other. On, every link watches the remote slices.
+    pub enable_headless_services: bool,
+    /// A headless Service's address without `hostname` takes its `targetRef.name`
+    /// (`--headless-hostname-from-target-ref`, Linkerd #10916).
+    pub headless_hostname_from_target_ref: bool,
 }
 
 impl Default for LinkConfig {
@@ -68,6 +75,8 @@ impl Default for LinkConfig {
             gateway_address_policy: AddressPolicy::default(),
             stale_policy: StalePolicy::default(),
             federated_selector: None,
+            enable_headless_services: false,
+            headless_hostname_from_target_ref: false,
         }
     }
 }

@@ -5,6 +5,7 @@ use super::cache::Cache;
 use super::contention::{CORRECTIONS, Contention, FIRST_HOLD, MAX_HOLD, Verdict, WINDOW};
 use super::decide::{Decision, Gathered, Steps, Writes, decide};
 use super::expect::{Expectations, LocalObject};
+use super::hostnames::RemoteHostnames;
 use super::index::Index;
 use super::keys::{endpoints_key, service_key, slice_key};
 use super::limit::{Admission, MirrorLimit};
@@ -28,7 +29,11 @@ use service_mirror_core::{
     desired_slices, export_decision, is_mirrored_slice, mirrored_slice_selector,
     mirroring_overflow, remote_discovery_mirror, slice_routes, stale_effect, stale_gateway,
 };
-use std::collections::{BTreeSet, HashMap};
+use service_mirror_core::{
+    DesiredMirror, Shape, choose_pods, endpoint_mirror_name, flipped, headless_mirror, is_headless,
+    is_owned, mirror_name, shape,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Everything a reconcile reads and writes, and nothing else.
@@ -44,6 +49,10 @@ pub(super) struct Reconciler {
     pub(super) status: Option<Arc<StatusBook>>,
     /// Which remote Services have ready endpoints (Link links only).
     pub(super) readiness: Option<Arc<Mutex<RemoteReadiness>>>,
+    /// The remote headless slices' hostnames (`--enable-headless-services` only).
+    pub(super) hostnames: Option<Arc<Mutex<RemoteHostnames>>>,
+    /// Per headless key, the hostnames last reported refused (reported on change only).
+    pub(super) refused_hostnames: Mutex<HashMap<ServiceKey, Vec<String>>>,
     pub(super) remote: Cache<Service>,
     pub(super) local_services: Cache<Service>,
     pub(super) local_endpoints: Cache<Endpoints>,
@@ -88,11 +97,15 @@ fn updates(d: &Decision) -> bool {
     ))))
 }
 
-/// A fingerprint of a desired mirror (what a plan writes towards).
-fn fingerprint(desired: Option<&service_mirror_core::DesiredMirror>) -> u64 {
+/// A fingerprint of a desired mirror (what a plan writes towards), with a headless
+/// mirror's endpoint mirrors.
+fn fingerprint(
+    desired: Option<&service_mirror_core::DesiredMirror>,
+    members: Option<&[service_mirror_core::DesiredMirror]>,
+) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    if let Some(d) = desired {
+    for d in desired.into_iter().chain(members.into_iter().flatten()) {
         serde_json::to_string(&(&d.service, &d.endpoints))
             .unwrap_or_default()
             .hash(&mut h);
@@ -127,7 +140,11 @@ impl Reconciler {
         let gathered = self.gather(key).await;
         let decision = decide(key, &self.link.cluster_name, &gathered);
         let observed = self.status.as_ref().and_then(|_| observed(&gathered));
-        let fingerprint = updates(&decision).then(|| fingerprint(gathered.desired.as_ref()));
+        let fingerprint = updates(&decision)
+            .then(|| fingerprint(gathered.desired.as_ref(), gathered.members.as_deref()));
+        self.report_headless(key, &gathered).await;
+        // Slots under the mirror limit: one per mirror Service.
+        let slots = 1 + gathered.members.as_ref().map_or(0, Vec::len);
         if let Some(fp) = fingerprint {
             match self.contention.check(key, fp, std::time::Instant::now()) {
                 Verdict::Hold(after) => return Ok(Outcome::RequeueAfter(after)),
@@ -138,7 +155,7 @@ impl Reconciler {
         if gathered.desired.is_none() {
             self.contention.forget(key);
         }
-        let result = self.apply(key, decision, fingerprint).await;
+        let result = self.apply(key, decision, fingerprint, slots).await;
         if let (Some(book), Some(observed)) = (&self.status, observed) {
             book.observe(
                 key,
@@ -223,7 +240,24 @@ impl Reconciler {
                     let probe = self.gateways.probe_state(gw).map(|s| s.alive);
                     gateway = stale_gateway(gateway, stale_effect(state, probe));
                 }
-                g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
+                match self.headless_shape(key, svc) {
+                    None => {
+                        // The remote slices are not listed yet: a pod missing from a
+                        // partial view would lose its endpoint mirror.
+                        g.remote_listed = false;
+                        return g;
+                    }
+                    Some(true) => {
+                        let (parent, members, refused) =
+                            self.headless_desired(key, svc, gw, gateway.as_ref());
+                        g.desired = Some(parent);
+                        g.members = Some(members);
+                        g.refused_hostnames = refused;
+                    }
+                    Some(false) => {
+                        g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
+                    }
+                }
             }
             (Some(svc), ExportDecision::RemoteDiscovery) => {
                 g.desired = Some(remote_discovery_mirror(svc, &self.link));
@@ -254,6 +288,12 @@ impl Reconciler {
             svc_names.insert(name.clone());
             ep_names.insert(name.clone());
         }
+        for m in g.members.iter().flatten() {
+            if let Some(name) = &m.service.metadata.name {
+                svc_names.insert(name.clone());
+                ep_names.insert(name.clone());
+            }
+        }
         // Only objects that stand for this key: the index is a hint built from events, the
         // caches are the truth. A Go-made Endpoints without annotation belongs to the key of
         // its Service, so it is updated in place rather than deleted by another key.
@@ -280,7 +320,8 @@ impl Reconciler {
         // pending under its name (the owner uid does not matter for names). In
         // `endpoints` mode our slices are written only while some are left.
         let writes_slices = self.mode.writes_slices() || !slice_names.is_empty();
-        if let Some(d) = g.desired.as_ref().filter(|_| writes_slices) {
+        let desired_all = g.desired.iter().chain(g.members.iter().flatten());
+        for d in desired_all.filter(|_| writes_slices) {
             slice_names.extend(
                 desired_slices(d, "")
                     .into_iter()
@@ -326,6 +367,170 @@ impl Reconciler {
         g
     }
 
+    /// Whether the exported remote `svc` gets a headless mirror: `Some(false)` with
+    /// `--enable-headless-services` off or a Service with a ClusterIP; `None` while the
+    /// remote slices are not listed. With no address at all the mirror keeps its shape
+    /// (a StatefulSet scaled to 0 keeps its headless mirror, empty), and a new one is
+    /// headless.
+    fn headless_shape(&self, key: &ServiceKey, svc: &Service) -> Option<bool> {
+        let Some(hostnames) = self.hostnames.as_ref().filter(|_| is_headless(svc)) else {
+            return Some(false);
+        };
+        let hostnames = hostnames.lock();
+        if !hostnames.listed() {
+            return None;
+        }
+        Some(match shape(&hostnames.slices(key)) {
+            Shape::Headless => true,
+            Shape::ClusterIp => false,
+            // No mirror yet: headless (a StatefulSet starting has no address yet, and
+            // would otherwise flip once its pods come).
+            Shape::Keep => self
+                .local_services
+                .get(
+                    &ObjectRef::new(&mirror_name(&key.name, &self.link.cluster_name))
+                        .within(&key.namespace),
+                )
+                .filter(|m| is_owned(&m.metadata, &self.link.cluster_name))
+                .is_none_or(|m| is_headless(&m)),
+        })
+    }
+
+    /// The headless mirror of `svc`, its endpoint mirrors, and the refused hostnames.
+    /// The parent lists the pods whose endpoint mirror is cached with a ClusterIP.
+    fn headless_desired(
+        &self,
+        key: &ServiceKey,
+        svc: &Service,
+        gw: &service_mirror_core::GatewayRef,
+        resolved: Option<&service_mirror_core::ResolvedGateway>,
+    ) -> (DesiredMirror, Vec<DesiredMirror>, Vec<String>) {
+        let slices = self
+            .hostnames
+            .as_ref()
+            .map(|h| h.lock().slices(key))
+            .unwrap_or_default();
+        let publish_not_ready = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.publish_not_ready_addresses)
+            .unwrap_or(false);
+        let mut pods = choose_pods(&slices, publish_not_ready);
+        let cluster = &self.link.cluster_name;
+        // A pod whose endpoint mirror name is the parent's, or would be the mirror of
+        // another remote Service (hostname `api` beside a remote Service `api` of the
+        // namespace, exported or not, so the choice does not depend on which key runs
+        // first), or is another key's mirror, is refused too: two keys would otherwise
+        // fight over one object.
+        // One cache read per pod (a cached object is decoded on read).
+        let parent_name = mirror_name(&key.name, cluster);
+        let mut taken_by_others = Vec::new();
+        let mut cluster_ips: BTreeMap<String, String> = BTreeMap::new();
+        pods.pods.retain(|p| {
+            let name = endpoint_mirror_name(&p.hostname, &self.link);
+            let remote_named = || {
+                self.remote
+                    .contains(&ObjectRef::new(&p.hostname).within(&key.namespace))
+            };
+            let local = self
+                .local_services
+                .get(&ObjectRef::new(&name).within(&key.namespace));
+            let taken = name == parent_name
+                || remote_named()
+                || local.as_ref().is_some_and(|m| service_key(m) != *key);
+            if taken {
+                taken_by_others.push(p.hostname.clone());
+                return false;
+            }
+            // Listed in the parent once its endpoint mirror has a ClusterIP.
+            if let Some(m) = local
+                && let Some(ip) = m.spec.as_ref().and_then(|s| s.cluster_ip.clone())
+                && is_owned(&m.metadata, cluster)
+                && !ip.is_empty()
+                && !is_headless(&m)
+            {
+                cluster_ips.insert(name, ip);
+            }
+            true
+        });
+        pods.refused.extend(taken_by_others);
+        let m = headless_mirror(svc, &self.link, gw, resolved, &pods.pods, &cluster_ips);
+        (m.parent, m.members, pods.refused)
+    }
+
+    /// Says what a headless key's plan does beyond writes: hostnames refused (log,
+    /// metric and Event on the headless mirror, when the refused set changes) and a mirror
+    /// recreated because it flips between headless and ClusterIP (Event on it).
+    async fn report_headless(&self, key: &ServiceKey, g: &Gathered) {
+        let cluster = &self.link.cluster_name;
+        if self.hostnames.is_none() || g.pending {
+            return;
+        }
+        // Said on the headless mirror once it exists (its namespace may not before it is
+        // created); its watch event brings the key back.
+        let parent = g.services.iter().find(|s| {
+            g.desired
+                .as_ref()
+                .is_some_and(|d| d.service.metadata.name == s.metadata.name)
+        });
+        let changed = {
+            let mut refused = self.refused_hostnames.lock();
+            if g.refused_hostnames.is_empty() {
+                refused.remove(key);
+                false
+            } else if parent.is_none() {
+                false
+            } else {
+                refused
+                    .insert(key.clone(), g.refused_hostnames.clone())
+                    .as_ref()
+                    != Some(&g.refused_hostnames)
+            }
+        };
+        if let (true, Some(parent)) = (changed, parent) {
+            use kube::Resource;
+            let shown: Vec<&str> = g
+                .refused_hostnames
+                .iter()
+                .take(5)
+                .map(String::as_str)
+                .collect();
+            let note = format!(
+                "headless service {key} of cluster {cluster}: {} hostname(s) refused, not DNS-1123 labels or their endpoint mirror's name taken by another mirror (e.g. {}); those pods get no endpoint mirror, the others are mirrored",
+                g.refused_hostnames.len(),
+                shown.join(", ")
+            );
+            tracing::warn!(%cluster, %key, refused = g.refused_hostnames.len(), "{note}");
+            self.metrics.error("headless_hostname_invalid");
+            self.writer
+                .record(
+                    &parent.object_ref(&()),
+                    "HeadlessHostnameInvalid",
+                    "Mirror",
+                    note,
+                )
+                .await;
+        }
+        let services: Vec<&Service> = g.services.iter().map(|s| s.as_ref()).collect();
+        if let Some(d) = &g.desired
+            && let Some(old) = flipped(d, &services, cluster)
+        {
+            use kube::Resource;
+            let (from, to) = match is_headless(old) {
+                true => ("headless", "ClusterIP"),
+                false => ("ClusterIP", "headless"),
+            };
+            let note = format!(
+                "the mirror of {key} of cluster {cluster} changes from {from} to {to}; clusterIP is immutable, so it is deleted and created again (a short gap in its traffic and DNS)"
+            );
+            tracing::warn!(%cluster, %key, from, to, "{note}");
+            self.metrics.error("mirror_recreated");
+            self.writer
+                .record(&old.object_ref(&()), "MirrorRecreated", "Mirror", note)
+                .await;
+        }
+    }
+
     /// What kube-controller-manager's mirrored slices of the mirror `namespace/name`
     /// route, by one label-selected LIST served from the apiserver's watch cache
     /// (resourceVersion 0: at most as fresh as a watch would be); `None` when it fails
@@ -358,6 +563,7 @@ impl Reconciler {
         key: &ServiceKey,
         decision: Decision,
         fingerprint: Option<u64>,
+        slots: usize,
     ) -> Result<Outcome> {
         let cluster = &self.link.cluster_name;
         let writes = match decision {
@@ -388,6 +594,7 @@ impl Reconciler {
             second_pass,
             requeue,
             slices_of_new_service,
+            slices_of_new_members,
             awaiting_mirroring,
         } = writes;
         match awaiting_mirroring {
@@ -407,7 +614,7 @@ impl Reconciler {
                 self.mirroring_waits.lock().remove(key);
             }
         }
-        if admit && let Admission::Refused { first } = self.limit.admit(key) {
+        if admit && let Admission::Refused { first } = self.limit.admit(key, slots) {
             self.refuse_over_limit(key, first).await;
             return Ok(Outcome::Done);
         } else if release_slot {
@@ -455,6 +662,8 @@ impl Reconciler {
             Steps::InOrder(actions) => actions,
         };
         let mut created_uid = None;
+        // A headless set's new Services: name -> uid.
+        let mut created: HashMap<String, String> = HashMap::new();
         let mut stale = false;
         for action in &actions {
             tracing::debug!(%cluster, %key, ?action, "writing");
@@ -464,6 +673,11 @@ impl Reconciler {
                 // brings the newer version queues this key again.
                 stale = true;
                 break;
+            }
+            if let (Action::CreateService(s), Some(uid)) = (action, &uid)
+                && !slices_of_new_members.is_empty()
+            {
+                created.insert(s.name_any(), uid.clone());
             }
             created_uid = created_uid.or(uid);
         }
@@ -480,6 +694,27 @@ impl Reconciler {
                 tracing::debug!(%cluster, %key, ?action, "writing");
                 if self.execute(&action).await? == Applied::Stale {
                     break;
+                }
+            }
+        }
+        // The same for each new mirror of a headless set (measured: 1,000 pods in `both`
+        // mode wrote their last slice 34 s after the start with a second pass, see
+        // docs/operations.md).
+        'members: for d in &slices_of_new_members {
+            let Some(uid) = d
+                .service
+                .metadata
+                .name
+                .as_ref()
+                .and_then(|n| created.get(n))
+            else {
+                continue;
+            };
+            for slice in desired_slices(d, uid) {
+                let action = Action::CreateEndpointSlice(slice);
+                tracing::debug!(%cluster, %key, ?action, "writing");
+                if self.execute(&action).await? == Applied::Stale {
+                    continue 'members;
                 }
             }
         }

@@ -32,6 +32,9 @@ pub(super) fn strip_remote(svc: &mut Service) {
     };
     svc.spec = svc.spec.take().map(|spec| ServiceSpec {
         ports: spec.ports,
+        // Headless mirrors (`--enable-headless-services`) read these two.
+        cluster_ip: spec.cluster_ip.filter(|ip| ip == "None"),
+        publish_not_ready_addresses: spec.publish_not_ready_addresses.filter(|p| *p),
         ..ServiceSpec::default()
     });
     svc.status = svc

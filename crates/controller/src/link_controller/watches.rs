@@ -5,6 +5,7 @@
 
 use super::cache::Cache;
 use super::expect::{Expectations, LocalObject};
+use super::hostnames::RemoteHostnames;
 use super::index::Index;
 use super::keys::{LocalKind, keys_for_local, keys_for_remote};
 use super::limit::MirrorLimit;
@@ -171,20 +172,30 @@ impl RemoteEvents {
     }
 }
 
-/// What the watch of remote EndpointSlices updates (Link links: see readiness.rs).
+/// What the watch of remote EndpointSlices updates (Link links: see readiness.rs;
+/// with `--enable-headless-services`, every link: see hostnames.rs).
 pub(super) struct RemoteSliceEvents {
     pub(super) cluster: String,
-    pub(super) readiness: Arc<Mutex<RemoteReadiness>>,
+    pub(super) readiness: Option<Arc<Mutex<RemoteReadiness>>>,
+    pub(super) hostnames: Option<Arc<Mutex<RemoteHostnames>>>,
     pub(super) index: Arc<Mutex<Index>>,
     pub(super) queue: WorkQueue<ServiceKey>,
 }
 
-/// The readiness table as the watch driver's store.
-struct ReadinessStore(Arc<Mutex<RemoteReadiness>>);
+/// The readiness and hostname tables as the watch driver's store.
+struct ReadinessStore(
+    Option<Arc<Mutex<RemoteReadiness>>>,
+    Option<Arc<Mutex<RemoteHostnames>>>,
+);
 
 impl Store<EndpointSlice> for ReadinessStore {
     fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
-        self.0.lock().apply(ev);
+        if let Some(r) = &self.0 {
+            r.lock().apply(ev);
+        }
+        if let Some(h) = &self.1 {
+            h.lock().apply(ev);
+        }
     }
 }
 
@@ -195,13 +206,20 @@ impl RemoteSliceEvents {
             api,
             config: watcher::Config::default(),
             strip: keep_all,
-            store: ReadinessStore(self.readiness.clone()),
+            store: ReadinessStore(self.readiness.clone(), self.hostnames.clone()),
         };
         drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
     }
 
     fn on_event(&self, ev: &watcher::Event<EndpointSlice>) {
-        let mut keys = self.readiness.lock().take_changed();
+        let mut keys = self
+            .readiness
+            .as_ref()
+            .map(|r| r.lock().take_changed())
+            .unwrap_or_default();
+        if let Some(h) = &self.hostnames {
+            keys.extend(h.lock().take_changed());
+        }
         if matches!(ev, watcher::Event::InitDone) {
             // Gateway mirrors wait for this list (their endpoints depend on it).
             keys.extend(self.index.lock().exported().cloned());
@@ -215,7 +233,16 @@ impl RemoteSliceEvents {
         // Forbidden (credentials from before Links), or not served (a remote without
         // discovery.k8s.io/v1): readiness cannot be known, so it is not waited for.
         let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403 || s.code == 404);
-        if forbidden && self.readiness.lock().set_unavailable() {
+        if forbidden
+            && let Some(h) = &self.hostnames
+            && h.lock().set_unavailable()
+        {
+            tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: headless services are not mirrored until they may (existing mirrors kept; grant it with `service-mirror allow`)");
+        }
+        if forbidden
+            && let Some(readiness) = &self.readiness
+            && readiness.lock().set_unavailable()
+        {
             tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: mirrors get the gateway's endpoints whether or not the remote Service has ready endpoints (grant it with `service-mirror allow`)");
             let keys: Vec<ServiceKey> = self.index.lock().exported().cloned().collect();
             for k in keys {
@@ -272,13 +299,27 @@ impl LocalEvents {
         }
         let keys = {
             let mut index = self.index.lock();
+            let keys = keys_for_local(&mut index, &self.local_services, store, ev);
             if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = ev
                 && K::OBJECT == LocalObject::Service
             {
-                // A mirror that exists keeps its slot under the mirror limit.
-                self.limit.hold(&K::key(&self.local_services, o));
+                // A mirror that exists keeps its slots under the mirror limit: one per
+                // Service of its key (a headless mirror's endpoint mirrors count).
+                let key = K::key(&self.local_services, o);
+                let count = index.services().names(&key).count().max(1);
+                self.limit.hold(&key, count);
             }
-            let keys = keys_for_local(&mut index, &self.local_services, store, ev);
+            // An endpoint mirror gone: its key holds one slot less (the last one goes
+            // when the key releases it, which wakes refused keys).
+            if let watcher::Event::Delete(o) = ev
+                && K::OBJECT == LocalObject::Service
+            {
+                let key = K::key(&self.local_services, o);
+                let count = index.services().names(&key).count();
+                if count > 0 {
+                    self.limit.hold(&key, count);
+                }
+            }
             if matches!(ev, watcher::Event::InitDone) {
                 self.synced.send_modify(|s| match K::OBJECT {
                     LocalObject::Service => s.local_services = true,
@@ -335,12 +376,14 @@ pub(super) fn spawn(
         local_services: rec.local_services.clone(),
         federation: shared.federation,
     };
-    let slice_events = rec.readiness.clone().map(|readiness| RemoteSliceEvents {
-        cluster: cluster_name.clone(),
-        readiness,
-        index: rec.index.clone(),
-        queue: rec.queue.clone(),
-    });
+    let slice_events =
+        (rec.readiness.is_some() || rec.hostnames.is_some()).then(|| RemoteSliceEvents {
+            cluster: cluster_name.clone(),
+            readiness: rec.readiness.clone(),
+            hostnames: rec.hostnames.clone(),
+            index: rec.index.clone(),
+            queue: rec.queue.clone(),
+        });
     let local_events = LocalEvents {
         local_services: rec.local_services.clone(),
         index: rec.index.clone(),

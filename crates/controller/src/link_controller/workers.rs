@@ -166,7 +166,14 @@ pub(super) async fn worker(
 /// Before writing again after a pause: mirror-limit slots from the local mirrors as
 /// they are now (mirrors another writer deleted meanwhile hold none).
 pub(super) fn reset_slots(index: &Mutex<Index>, limit: &MirrorLimit) {
-    let keys: Vec<ServiceKey> = index.lock().services().keys().cloned().collect();
+    let keys: Vec<(ServiceKey, usize)> = {
+        let mut index = index.lock();
+        let services = index.services();
+        services
+            .keys()
+            .map(|k| (k.clone(), services.names(k).count()))
+            .collect()
+    };
     limit.reset_held(keys);
 }
 

@@ -574,7 +574,13 @@ impl DataPlane {
     /// request with 200 and `body`: a workload whose address a test publishes as a
     /// Service's Endpoints. Stops when the handle drops.
     pub fn serve_http(&self, port: u16, body: &str) -> Result<Workload> {
-        let addr = SocketAddr::from((self.inner.node_ip, port));
+        self.serve_http_at(self.inner.node_ip, port, body)
+    }
+
+    /// [`DataPlane::serve_http`] on another address of this node
+    /// ([`DataPlane::add_address`]): a second "pod" of the node.
+    pub fn serve_http_at(&self, ip: Ipv4Addr, port: u16, body: &str) -> Result<Workload> {
+        let addr = SocketAddr::from((ip, port));
         let listener = self.inner.node.tcp_listener(addr)?;
         let body = body.to_string();
         let _guard = self.runtime().enter();
@@ -807,13 +813,23 @@ fn local_target(host: &str, suffix: &str) -> Option<(String, u16)> {
         Some((n, p)) => (n, p.parse().ok()?),
         None => (host, 80),
     };
-    let mut labels = name.split('.');
-    let first = labels.next()?;
+    let labels: Vec<&str> = name.split('.').collect();
+    // `<hostname>.<svc>-<cluster>.<ns>.svc...`: one pod of a headless mirror, reached
+    // at `<hostname>.<svc>.<ns>.svc.cluster.local` (the remote's per-pod DNS name).
+    if let [host, svc, ns, rest @ ..] = labels.as_slice()
+        && let Some(service) = svc.strip_suffix(suffix)
+        && rest.first().is_none_or(|l| *l == "svc")
+        && *ns != "svc"
+        && ![host, &service, ns].iter().any(|l| l.is_empty())
+    {
+        return Some((format!("{host}.{service}.{ns}.svc.cluster.local"), port));
+    }
+    let first = labels.first()?;
     // A mirror `<svc>-<cluster>`, or a federated Service `<svc>-federated`.
     let service = first
         .strip_suffix(suffix)
         .or_else(|| first.strip_suffix("-federated"))?;
-    let namespace = labels.next()?;
+    let namespace = labels.get(1)?;
     if service.is_empty() || namespace.is_empty() {
         return None;
     }
@@ -937,6 +953,19 @@ mod tests {
             Some(("web.shop.svc.cluster.local".into(), 80))
         );
         assert_eq!(local_target("-federated.shop", "-east"), None);
+        // A pod of a headless mirror.
+        assert_eq!(
+            local_target("web-1.web-east.shop.svc.cluster.local:8080", "-east"),
+            Some(("web-1.web.shop.svc.cluster.local".into(), 8080))
+        );
+        assert_eq!(
+            local_target("web-1.web-east.shop", "-east"),
+            Some(("web-1.web.shop.svc.cluster.local".into(), 80))
+        );
+        assert_eq!(
+            local_target("web-1.web.shop.svc.cluster.local", "-east"),
+            None
+        );
     }
 
     #[test]
