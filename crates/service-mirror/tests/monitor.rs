@@ -41,7 +41,7 @@ async fn the_monitor_reports_each_kind_of_breach_by_the_controllers_identity_and
     let cluster = LocalCluster::start("monitor").await.expect("cluster");
     let admin = cluster.client().await.unwrap();
     for ns in ["a", "c", "sm"] {
-        create_namespace(&admin, &ns.to_string()).await;
+        create_namespace(&admin, ns).await;
     }
     // The cluster is its own remote ("self"): exported `a/web` is mirrored as
     // `a/web-self`.

@@ -396,10 +396,12 @@ impl Monitor {
             self.breaches.push(b);
             return;
         }
-        if w.verb == "delete" && w.ok() && matches!(w.resource.as_str(), "services" | "endpoints") {
-            if let Some(why) = self.deleted_while_exported(&w).await {
-                self.breaches.push(Breach::DeletedWhileExported(w, why));
-            }
+        if w.verb == "delete"
+            && w.ok()
+            && matches!(w.resource.as_str(), "services" | "endpoints")
+            && let Some(why) = self.deleted_while_exported(&w).await
+        {
+            self.breaches.push(Breach::DeletedWhileExported(w, why));
         }
     }
 
