@@ -18,8 +18,11 @@
 //! Rules beyond that: a write to a namespace outside the filter is
 //! [`Breach::OutsideRemit`]; a delete of a mirror whose remote Service is still exported
 //! and was not changed for [`UNCHANGED_FOR`] before the delete is
-//! [`Breach::DeletedWhileExported`] (uid stability; a declared link removal allows the
-//! deletes of that cluster's mirrors until the next convergence point); and any write
+//! [`Breach::DeletedWhileExported`] (uid stability: the mirror Service's uid and
+//! ClusterIP are what local clients hold; a declared link removal allows the deletes of
+//! that cluster's mirrors until the next convergence point). Deletes of Endpoints and
+//! slices are judged for ownership only: switching `--endpoints-mode` removes them
+//! rightly while the remote stays exported, and the oracle reports a missing one. Any write
 //! attempt other than a Lease renewal between [`Monitor::converged`] and
 //! [`Monitor::changing`] is [`Breach::AfterConvergence`].
 //!
@@ -398,7 +401,8 @@ impl Monitor {
         }
         if w.verb == "delete"
             && w.ok()
-            && matches!(w.resource.as_str(), "services" | "endpoints")
+            && w.group.is_empty()
+            && w.resource == "services"
             && let Some(why) = self.deleted_while_exported(&w).await
         {
             self.breaches.push(Breach::DeletedWhileExported(w, why));
