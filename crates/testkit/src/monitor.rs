@@ -10,7 +10,7 @@
 //! | services, endpoints | create, update, patch, delete | a mirror name (`<name>-<linked cluster>`) in an allowed namespace, not declared foreign |
 //! | endpointslices (discovery.k8s.io) | same | `<mirror name>-ipv4-<n>` / `-ipv6-<n>` in an allowed namespace |
 //! | namespaces | create | an allowed namespace |
-//! | leases (coordination.k8s.io) | create, update, patch | in the controller's namespace |
+//! | leases (coordination.k8s.io) | create, update, patch, delete | in the controller's namespace (leader Lease, per-link write Leases deleted with their link) |
 //! | events (core, events.k8s.io) | create, update, patch | any namespace |
 //! | links/status (multicluster.linkerd.io) | update, patch | the subresource only |
 //! | selfsubjectaccessreviews, selfsubjectrulesreviews (authorization.k8s.io) | create | questions about its own permissions: nothing is stored, so they are reads and count for no rule |
@@ -233,10 +233,9 @@ pub fn judge(
             writes && slice_mirror(&w.name).is_some_and(|m| mirror_of(remit, m).is_some())
         }
         ("", "namespaces") => w.verb == "create",
-        ("coordination.k8s.io", "leases") => {
-            w.namespace == remit.controller_namespace
-                && matches!(w.verb.as_str(), "create" | "update" | "patch")
-        }
+        // Its leader Lease and per-link write Leases (`write_leases.rs`: deleted with
+        // their link).
+        ("coordination.k8s.io", "leases") => w.namespace == remit.controller_namespace && writes,
         ("" | "events.k8s.io", "events") => {
             matches!(w.verb.as_str(), "create" | "update" | "patch")
         }
@@ -355,7 +354,11 @@ impl Monitor {
             return Vec::new();
         };
         // The apiserver's log backend is blocking: a write's line is in the file once
-        // its response is sent. A partial last line waits for the next call.
+        // its response is sent. A partial last line waits for the next call. A file
+        // shorter than what was read was rotated (100 MB by default): start it over.
+        if f.metadata().is_ok_and(|m| m.len() < self.offset) {
+            self.offset = 0;
+        }
         if f.seek(SeekFrom::Start(self.offset)).is_err() {
             return Vec::new();
         }
@@ -511,6 +514,13 @@ mod tests {
             ),
             w("create", "namespaces", "", "a", 201),
             w("update", "leases.coordination.k8s.io", "sm", "lease", 200),
+            w(
+                "delete",
+                "leases.coordination.k8s.io",
+                "sm",
+                "write-east",
+                200,
+            ),
             w("create", "events", "a", "x.123", 201),
             w("patch", "events.events.k8s.io", "sm", "x.124", 200),
             w(
@@ -653,5 +663,12 @@ mod tests {
         std::io::Write::write_all(&mut append, b"{\"stage\":\"ResponseComplete\"").unwrap();
         block_on(m.poll());
         assert_eq!(m.breaches().len(), 4);
+        // A rotated (shorter) log is read from its start.
+        drop(append);
+        let (_d3, rotated) = log_with(&[w("create", "configmaps", "a", "c", 201)]);
+        std::fs::copy(&rotated, &path).unwrap();
+        block_on(m.poll());
+        assert_eq!(m.breaches().len(), 5);
+        assert!(matches!(m.breaches()[4], Breach::NotOwned(_)));
     }
 }
