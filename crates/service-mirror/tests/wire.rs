@@ -169,6 +169,8 @@ struct World {
     /// clean when the world is dropped at the end of a test.
     monitor: std::sync::Arc<std::sync::Mutex<(Vec<String>, String)>>,
     monitor_task: tokio::task::JoinHandle<()>,
+    /// Set by [`World::quiet`]: the monitor's task declares convergence while it holds.
+    quiet: std::sync::Arc<std::sync::atomic::AtomicBool>,
     gateway: Option<Gateway>,
     _workloads: Vec<Workload>,
     /// When the link Secret was created.
@@ -284,9 +286,18 @@ impl World {
         let monitor: std::sync::Arc<std::sync::Mutex<(Vec<String>, String)>> =
             std::sync::Arc::default();
         let seen = std::sync::Arc::clone(&monitor);
+        let quiet = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let quiet_now = std::sync::Arc::clone(&quiet);
         let monitor_task = tokio::spawn(async move {
+            let mut was_quiet = false;
             loop {
-                m.poll().await;
+                let now_quiet = quiet_now.load(std::sync::atomic::Ordering::SeqCst);
+                match (was_quiet, now_quiet) {
+                    (false, true) => m.converged().await,
+                    (true, false) => m.changing().await,
+                    _ => m.poll().await,
+                }
+                was_quiet = now_quiet;
                 let breaches = m.breaches().iter().map(|b| b.to_string()).collect();
                 let summary = format!(
                     "controller writes {:?}; unchecked deletes {:?}",
@@ -317,6 +328,7 @@ impl World {
             identity: identity.path,
             monitor,
             monitor_task,
+            quiet,
             gateway: Some(gateway),
             _workloads: workloads,
             linked,
@@ -324,6 +336,18 @@ impl World {
             setup: started.elapsed(),
             _permit: permit,
         }
+    }
+
+    /// Declares the world converged for `window`: the controller must write nothing
+    /// but Lease renewals meanwhile (the monitor's after-convergence rule).
+    async fn quiet(&self, window: Duration) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.quiet.store(true, SeqCst);
+        // Two polls of the task (200 ms each) to take the declaration in first.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(window).await;
+        self.quiet.store(false, SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
     fn wp(&self) -> &DataPlane {
@@ -420,6 +444,8 @@ async fn a_mirror_answers_from_the_remote_workload_on_every_port_through_dns_and
             "request {i}"
         );
     }
+    // Converged and serving: 5 s (over two 2 s endpoint refreshes) without a write.
+    w.quiet(Duration::from_secs(5)).await;
     eprintln!("wire test done in {:?}", test_start.elapsed());
 }
 
