@@ -1,6 +1,11 @@
 //! Chaos: remote churn plus injected faults against the real `service-mirror run`
-//! binary; after each round the world must converge and keep every invariant
-//! (`service_mirror_testkit`). `CHAOS_ROUNDS` (default 6) and `CHAOS_SEED`
+//! binary; after each round the world must converge and keep every invariant of the
+//! independent oracle (`service_mirror_testkit`, field by field, with the edits the
+//! faults made to mirrors), and the safety monitor (`service_mirror_testkit::monitor`,
+//! reading the audit log of the controller's own ServiceAccount) must have seen no
+//! breach at any instant of the round, nor any write in a quiet window after
+//! convergence. `CHAOS_FAULTS` (comma-separated fault names, e.g.
+//! `EditMirrorFields,KillController`) restricts the faults drawn, to replay or soak one. `CHAOS_ROUNDS` (default 6) and `CHAOS_SEED`
 //! (default: the clock) select the run; the seed is printed first so that any failure
 //! can be replayed.
 
@@ -12,10 +17,13 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{ClusterOptions, LocalCluster};
 use service_mirror_core::NamespaceFilter;
-use service_mirror_testkit::{Baseline, Remote, World, check};
+use service_mirror_testkit::monitor::{Monitor, Remit, WatchedRemote};
+use service_mirror_testkit::{
+    Baseline, Edit, Edits, EndpointsMode, Kind, Remote, World, check_with_edits,
+};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::controller::{Controller, link_secret, reader_kubeconfig};
+use support::controller::{Controller, link_secret, own_identity, reader_kubeconfig};
 use support::{create_namespace, exported, ports};
 
 const NAMESPACES: [&str; 2] = ["chaos-a", "chaos-b"];
@@ -25,6 +33,13 @@ const SA: &str = "reader";
 const SERVICES: usize = 6;
 const GATEWAYS: [&str; 2] = ["gw-1", "gw-2"];
 const CONVERGE_BOUND: Duration = Duration::from_secs(60);
+/// The controller's ServiceAccount (bound to cluster-admin: the RBAC as installed is
+/// another test's); its writes are the monitor's.
+const CTL_SA: &str = "service-mirror";
+/// Quiet window after convergence in which the controller must not write: longer
+/// than the 2 s endpoint refresh period it runs with, so a refresh that rewrites
+/// unchanged mirrors is caught.
+const QUIET: Duration = Duration::from_secs(3);
 
 /// xorshift64*.
 struct Rng(u64);
@@ -57,19 +72,21 @@ enum Fault {
     CompactRemoteEtcd,
     CompactLocalEtcd,
     EditMirror,
+    EditMirrorFields,
     RelabelMirror,
     DeleteMirror,
     RecreateLinkSecret,
     RotateCredentials,
 }
 
-const FAULTS: [Fault; 10] = [
+const FAULTS: [Fault; 11] = [
     Fault::KillController,
     Fault::RestartRemoteApiserver,
     Fault::RestartLocalApiserver,
     Fault::CompactRemoteEtcd,
     Fault::CompactLocalEtcd,
     Fault::EditMirror,
+    Fault::EditMirrorFields,
     Fault::RelabelMirror,
     Fault::DeleteMirror,
     Fault::RecreateLinkSecret,
@@ -96,10 +113,10 @@ fn secret_name(cluster: &str) -> String {
     format!("cluster-credentials-{cluster}")
 }
 
-fn spawn_controller(local: &LocalCluster) -> Controller {
+fn spawn_controller(kubeconfig: &std::path::Path) -> Controller {
     let allow = NAMESPACES.join(",");
-    Controller::spawn(
-        local,
+    Controller::spawn_as(
+        kubeconfig,
         CTL_NS,
         &[
             "--namespace-allow",
@@ -108,6 +125,7 @@ fn spawn_controller(local: &LocalCluster) -> Controller {
             "2s",
             "--leader-election=false",
         ],
+        &[],
     )
 }
 
@@ -209,6 +227,9 @@ struct Chaos {
     dead: Vec<Controller>,
     tokens: Vec<String>,
     faults: BTreeMap<Fault, u32>,
+    kubeconfig: std::path::PathBuf,
+    monitor: Monitor,
+    edits: Edits,
 }
 
 impl Chaos {
@@ -221,7 +242,7 @@ impl Chaos {
                 let _ = self.controller.child.kill();
                 let _ = self.controller.child.wait();
                 tokio::time::sleep(Duration::from_millis(self.rng.below(500) as u64)).await;
-                let new = spawn_controller(&self.local);
+                let new = spawn_controller(&self.kubeconfig);
                 self.dead.push(std::mem::replace(&mut self.controller, new));
             }
             Fault::RestartRemoteApiserver => {
@@ -273,6 +294,7 @@ impl Chaos {
                     }
                 }
             }
+            Fault::EditMirrorFields => self.edit_fields().await,
             Fault::RelabelMirror => {
                 // Another actor takes the object over (our labels removed): it is no
                 // longer ours and must be left alone; later that actor deletes it and
@@ -288,6 +310,7 @@ impl Chaos {
                         .await
                         .is_ok()
                     {
+                        self.monitor.foreign("services", &ns, &name).await;
                         tokio::time::sleep(pause).await;
                         let after = api.get_opt(&name).await.ok().flatten();
                         let labels = after.and_then(|s| s.metadata.labels).unwrap_or_default();
@@ -301,6 +324,7 @@ impl Chaos {
                             "the controller put its labels back on foreign {ns}/{name}"
                         );
                         let _ = api.delete(&name, &DeleteParams::default()).await;
+                        self.monitor.released("services", &ns, &name).await;
                     }
                 }
             }
@@ -321,6 +345,7 @@ impl Chaos {
                 let r = &self.remotes[self.rng.below(self.remotes.len())];
                 let secrets: Api<Secret> = Api::namespaced(self.lc.clone(), CTL_NS);
                 let name = secret_name(&r.name);
+                self.monitor.link_removed(&r.name);
                 secrets
                     .delete(&name, &DeleteParams::default())
                     .await
@@ -360,6 +385,55 @@ impl Chaos {
     }
 }
 
+impl Chaos {
+    /// Someone else edits one field of a mirror Service, owned or not: owned ones
+    /// (`type`, `selector`, an owned label) must be restored, the others (`externalIPs`,
+    /// `sessionAffinity`, a label and an annotation of its own) left as set; the edit
+    /// is recorded against the Service's uid for the oracle.
+    async fn edit_fields(&mut self) {
+        let Some((ns, name)) = some_mirror(&mut self.rng, &self.lc).await else {
+            return;
+        };
+        let api = Api::<Service>::namespaced(self.lc.clone(), &ns);
+        let choice = self.rng.below(6);
+        let patch = match choice {
+            0 => serde_json::json!({"spec": {"type": "NodePort"}}),
+            1 => serde_json::json!({"spec": {"selector": {"app": "intruder"}}}),
+            2 => serde_json::json!({"metadata": {"labels": {
+                "mirror.linkerd.io/remote-gateway-name": "intruder"}}}),
+            3 => serde_json::json!({"spec": {"externalIPs": ["192.0.2.250"]}}),
+            4 => serde_json::json!({"spec": {"sessionAffinity": "ClientIP"}}),
+            _ => serde_json::json!({"metadata": {
+                "labels": {"team": "chaos"}, "annotations": {"note": "set by hand"}}}),
+        };
+        let Ok(edited) = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        else {
+            return;
+        };
+        eprintln!("  edited {ns}/{name}: {patch}");
+        let uid = edited.metadata.uid.unwrap_or_default();
+        let key = (Kind::Service, (ns, name));
+        let edit = self.edits.entry(key).or_default();
+        if edit.uid != uid {
+            *edit = Edit {
+                uid,
+                ..Edit::default()
+            };
+        }
+        match choice {
+            3 => edit.external_ips = Some(vec!["192.0.2.250".into()]),
+            4 => edit.session_affinity = Some("ClientIP".into()),
+            5 => {
+                edit.labels.insert("team".into(), "chaos".into());
+                edit.annotations.insert("note".into(), "set by hand".into());
+            }
+            _ => {}
+        }
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -383,6 +457,17 @@ async fn chaos_converges_and_keeps_every_invariant() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(6);
+    let faults: Vec<Fault> = match std::env::var("CHAOS_FAULTS") {
+        Ok(names) => FAULTS
+            .into_iter()
+            .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
+            .collect(),
+        Err(_) => FAULTS.to_vec(),
+    };
+    assert!(
+        !faults.is_empty(),
+        "CHAOS_FAULTS names no fault of {FAULTS:?}"
+    );
     let started = Instant::now();
     support::init_tracing();
 
@@ -453,7 +538,26 @@ async fn chaos_converges_and_keeps_every_invariant() {
         namespaces: NamespaceFilter::allow_only(NAMESPACES),
         controller_namespace: Some(CTL_NS.to_string()),
     };
-    let controller = spawn_controller(&local);
+    let identity = own_identity(&local, CTL_NS, CTL_SA).await;
+    let mut monitor = Monitor::new(
+        local.audit_log(),
+        Remit {
+            user: format!("system:serviceaccount:{CTL_NS}:{CTL_SA}"),
+            controller_namespace: CTL_NS.into(),
+            clusters: remotes.iter().map(|r| r.name.clone()).collect(),
+            namespaces: NamespaceFilter::allow_only(NAMESPACES),
+        },
+        remotes
+            .iter()
+            .map(|r| WatchedRemote {
+                cluster: r.name.clone(),
+                client: r.client.clone(),
+            })
+            .collect(),
+    );
+    monitor.foreign("services", NAMESPACES[0], "foreign").await;
+    monitor.foreign("endpoints", NAMESPACES[0], "foreign").await;
+    let controller = spawn_controller(&identity.path);
     controller.wait_ready().await;
     eprintln!("setup took {:?}", started.elapsed());
 
@@ -466,28 +570,35 @@ async fn chaos_converges_and_keeps_every_invariant() {
         dead: Vec::new(),
         tokens,
         faults: BTreeMap::new(),
+        kubeconfig: identity.path.clone(),
+        monitor,
+        edits: Edits::new(),
     };
     let mut convergence = Vec::new();
     let mut mirror_counts = Vec::new();
     for round in 0..rounds {
         let ticks = 8;
         let fault_at = chaos.rng.below(ticks);
+        chaos.monitor.changing().await;
         for tick in 0..ticks {
             let ops = 1 + chaos.rng.below(3);
             for _ in 0..ops {
                 churn(&mut chaos.rng, &chaos.remotes).await;
             }
             if tick == fault_at {
-                let fault = *chaos.rng.pick(&FAULTS);
+                let fault = *chaos.rng.pick(&faults);
                 eprintln!("round {round}: fault {fault:?}");
                 chaos.inject(fault).await;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+            chaos.monitor.poll().await;
         }
         // Churn stopped: the world must converge.
         let t0 = Instant::now();
         loop {
-            let violations = check(&world, &baseline).await;
+            chaos.monitor.poll().await;
+            let violations =
+                check_with_edits(&world, &baseline, EndpointsMode::default(), &chaos.edits).await;
             if violations.is_empty() {
                 break;
             }
@@ -504,6 +615,21 @@ async fn chaos_converges_and_keeps_every_invariant() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let took = t0.elapsed();
+        // Converged: the controller must now stay silent (Lease renewals aside), and
+        // the oracle still hold at the end of the quiet window.
+        chaos.monitor.converged().await;
+        tokio::time::sleep(QUIET).await;
+        let context = format!(
+            "chaos seed {seed}: round {round} (faults {:?})",
+            chaos.faults
+        );
+        chaos.monitor.assert_clean(&context).await;
+        let after =
+            check_with_edits(&world, &baseline, EndpointsMode::default(), &chaos.edits).await;
+        assert!(
+            after.is_empty(),
+            "{context}: the oracle broke in the quiet window: {after:?}"
+        );
         let mirrors = Api::<Service>::all(lc.clone())
             .list(&ListParams::default().labels("mirror.linkerd.io/mirrored-service=true"))
             .await
@@ -551,10 +677,13 @@ async fn chaos_converges_and_keeps_every_invariant() {
     let total: u32 = chaos.faults.values().sum();
     eprintln!(
         "chaos seed {seed}: {rounds} rounds, {total} faults {:?}, convergence p50 {:?} max {:?}, \
-         violations 0, {} controller restarts, total {:?}",
+         violations 0, breaches 0 (controller writes seen {:?}, unchecked deletes {:?}), \
+         {} controller restarts, total {:?}",
         chaos.faults,
         percentile(&sorted, 0.5),
         sorted.last().copied().unwrap_or_default(),
+        chaos.monitor.seen,
+        chaos.monitor.unchecked_deletes,
         chaos.dead.len(),
         started.elapsed()
     );

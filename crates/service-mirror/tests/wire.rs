@@ -18,9 +18,11 @@ use local_cluster::{
     ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT,
     Workload, publish_endpoints, skip_without_data_plane,
 };
+use service_mirror_core::NamespaceFilter;
+use service_mirror_testkit::monitor::{Monitor, Remit, WatchedRemote};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::controller::{Controller, link_secret, reader_kubeconfig};
+use support::controller::{Controller, link_secret, own_identity, reader_kubeconfig};
 use support::*;
 
 /// Ports of east's `shop/web`: (name, service port, workload port).
@@ -159,6 +161,16 @@ struct World {
     ctl: Controller,
     /// The controller's namespace (link Secrets, Lease).
     ctl_ns: String,
+    /// The kubeconfig of the controller's own ServiceAccount (every controller of
+    /// the test runs with it).
+    identity: std::path::PathBuf,
+    /// What the safety monitor of this world's controllers (polled every 200 ms by a
+    /// task that owns it) saw so far: its breaches, then a summary line; asserted
+    /// clean when the world is dropped at the end of a test.
+    monitor: std::sync::Arc<std::sync::Mutex<(Vec<String>, String)>>,
+    monitor_task: tokio::task::JoinHandle<()>,
+    /// Set by [`World::quiet`]: the monitor's task declares convergence while it holds.
+    quiet: std::sync::Arc<std::sync::atomic::AtomicBool>,
     gateway: Option<Gateway>,
     _workloads: Vec<Workload>,
     /// When the link Secret was created.
@@ -168,6 +180,25 @@ struct World {
     /// From the start of [`World::build`] to the link.
     setup: Duration,
     _permit: tokio::sync::SemaphorePermit<'static>,
+}
+
+impl Drop for World {
+    /// The safety monitor must have seen no breach in the whole test (up to its last
+    /// poll, at most 200 ms ago).
+    fn drop(&mut self) {
+        self.monitor_task.abort();
+        if std::thread::panicking() {
+            return;
+        }
+        let (breaches, summary) = self.monitor.lock().unwrap().clone();
+        assert!(
+            breaches.is_empty(),
+            "the safety monitor saw {} breach(es):\n{}",
+            breaches.len(),
+            breaches.join("\n")
+        );
+        eprintln!("safety monitor: 0 breaches; {summary}");
+    }
 }
 
 /// At most two worlds (four data-plane clusters, ~20 processes) at once: more starve the
@@ -238,7 +269,45 @@ impl World {
             "2s",
         ];
         flags.extend(mode_flag.as_deref());
-        let ctl = Controller::spawn(&west, &ctl_ns, &flags);
+        let identity = own_identity(&west, &ctl_ns, "service-mirror").await;
+        let mut m = Monitor::new(
+            west.audit_log(),
+            Remit {
+                user: format!("system:serviceaccount:{ctl_ns}:service-mirror"),
+                controller_namespace: ctl_ns.clone(),
+                clusters: vec!["east".into()],
+                namespaces: NamespaceFilter::allow_only(["shop"]),
+            },
+            vec![WatchedRemote {
+                cluster: "east".into(),
+                client: ec.clone(),
+            }],
+        );
+        let monitor: std::sync::Arc<std::sync::Mutex<(Vec<String>, String)>> =
+            std::sync::Arc::default();
+        let seen = std::sync::Arc::clone(&monitor);
+        let quiet = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let quiet_now = std::sync::Arc::clone(&quiet);
+        let monitor_task = tokio::spawn(async move {
+            let mut was_quiet = false;
+            loop {
+                let now_quiet = quiet_now.load(std::sync::atomic::Ordering::SeqCst);
+                match (was_quiet, now_quiet) {
+                    (false, true) => m.converged().await,
+                    (true, false) => m.changing().await,
+                    _ => m.poll().await,
+                }
+                was_quiet = now_quiet;
+                let breaches = m.breaches().iter().map(|b| b.to_string()).collect();
+                let summary = format!(
+                    "controller writes {:?}; unchecked deletes {:?}",
+                    m.seen, m.unchecked_deletes
+                );
+                *seen.lock().unwrap() = (breaches, summary);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let ctl = Controller::spawn_as(&identity.path, &ctl_ns, &flags, &[]);
         ctl.wait_ready().await;
         let kc = reader_kubeconfig(&east, "shop", "reader").await;
         Api::<Secret>::namespaced(wc.clone(), &ctl_ns)
@@ -256,6 +325,10 @@ impl World {
             ec,
             ctl,
             ctl_ns,
+            identity: identity.path,
+            monitor,
+            monitor_task,
+            quiet,
             gateway: Some(gateway),
             _workloads: workloads,
             linked,
@@ -263,6 +336,18 @@ impl World {
             setup: started.elapsed(),
             _permit: permit,
         }
+    }
+
+    /// Declares the world converged for `window`: the controller must write nothing
+    /// but Lease renewals meanwhile (the monitor's after-convergence rule).
+    async fn quiet(&self, window: Duration) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.quiet.store(true, SeqCst);
+        // Two polls of the task (200 ms each) to take the declaration in first.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(window).await;
+        self.quiet.store(false, SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
     fn wp(&self) -> &DataPlane {
@@ -359,6 +444,8 @@ async fn a_mirror_answers_from_the_remote_workload_on_every_port_through_dns_and
             "request {i}"
         );
     }
+    // Converged and serving: 5 s (over two 2 s endpoint refreshes) without a write.
+    w.quiet(Duration::from_secs(5)).await;
     eprintln!("wire test done in {:?}", test_start.elapsed());
 }
 
@@ -694,7 +781,7 @@ async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change()
         // Restart: SIGTERM, then a new process (it takes the Lease over).
         let (clean, took) = w.ctl.terminate();
         assert!(clean, "the controller exits cleanly on SIGTERM");
-        let restarted = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+        let restarted = Controller::spawn_as(&w.identity, &w.ctl_ns, &flags, &[]);
         restarted.wait_ready().await;
         restarted
             .wait_log(
@@ -704,7 +791,7 @@ async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change()
             .await;
         eprintln!("controller restarted (stopped in {took:?}), the new one leads");
         // Leader change: a second replica, then the leader SIGKILLed (no Lease release).
-        let follower = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+        let follower = Controller::spawn_as(&w.identity, &w.ctl_ns, &flags, &[]);
         follower.wait_ready().await;
         let mut leader = restarted;
         leader.child.kill().unwrap();
@@ -1402,7 +1489,7 @@ async fn switching_endpoints_to_both_to_endpointslices_and_back_to_endpoints_fai
                 assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
                 pid
             });
-            w.ctl = Controller::spawn(&w.west, &w.ctl_ns, &flags);
+            w.ctl = Controller::spawn_as(&w.identity, &w.ctl_ns, &flags, &[]);
             w.ctl.wait_ready().await;
             if let Some(pid) = kcm {
                 let paused = Instant::now();

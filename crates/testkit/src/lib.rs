@@ -5,7 +5,9 @@
 //! Invariants:
 //! 1. the local mirrors are exactly the mirrors of the exported Services (allowed
 //!    namespaces) of every linked cluster, each equal on every owned field (labels,
-//!    annotations, ports, gateway endpoints) to what the pure core computes;
+//!    annotations, ports, gateway endpoints, and the rule of each non-owned field) to
+//!    the expected mirror written by hand from the contract (`oracle.rs`), never with
+//!    the core's functions;
 //! 2. no mirror of an unlinked cluster exists;
 //! 3. no object labelled as a mirror exists outside the allowed namespaces;
 //! 4. no non-owned Service, Endpoints or Namespace changed or disappeared since a
@@ -20,6 +22,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod monitor;
+pub mod oracle;
 mod slices;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,14 +35,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
-pub use service_mirror_core::EndpointsMode;
-use service_mirror_core::labels::{
-    CLUSTER_NAME_LABEL, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE,
-};
-use service_mirror_core::{
-    DesiredMirror, ExportDecision, ExportPolicy, Link, NamespaceFilter, ResolvedGateway,
-    desired_mirror, endpoints_update, export_decision, gateway_spec, is_owned, service_update,
-};
+// Only the controller's configuration types come from the core (its flags'
+// meaning); nothing of its desired state, diff or export decision.
+pub use service_mirror_core::{EndpointsMode, NamespaceFilter};
+
+use oracle::{CLUSTER as CLUSTER_NAME_LABEL, MIRRORED as MIRRORED_SERVICE_LABEL};
+pub use oracle::{Edit, Edits, Expected, LinkView};
+
+const MIRRORED_SERVICE_VALUE: &str = "true";
 
 /// One linked remote cluster, as the checker sees it.
 #[derive(Clone)]
@@ -87,8 +91,11 @@ pub enum Violation {
     Missing(Kind, Key),
     /// A mirror object exists that no exported Service of a linked cluster explains.
     Extra(Kind, Key, String),
-    /// A mirror object differs from the desired one on an owned field.
+    /// Our EndpointSlices of a mirror differ from what the contract says.
     Differs(Kind, Key),
+    /// A mirror object breaks the rule of one field (`oracle.rs`): the field, what it
+    /// is and what it should be.
+    Field(Kind, Key, String),
     /// A mirror object in a namespace outside the filter.
     OutsideRemit(Kind, Key),
     /// A non-owned object changed (resourceVersion before, after) or was deleted.
@@ -110,6 +117,7 @@ impl fmt::Display for Violation {
             Self::Missing(k, o) => write!(f, "missing mirror {k:?} {}", key(o)),
             Self::Extra(k, o, why) => write!(f, "extra mirror {k:?} {} ({why})", key(o)),
             Self::Differs(k, o) => write!(f, "mirror {k:?} {} differs from desired", key(o)),
+            Self::Field(k, o, field) => write!(f, "mirror {k:?} {}: {field}", key(o)),
             Self::OutsideRemit(k, o) => {
                 write!(f, "mirror {k:?} {} outside the allowed namespaces", key(o))
             }
@@ -253,13 +261,16 @@ impl Baseline {
     }
 }
 
-/// The export rule of the contract, applied to one remote Service.
-fn decision(svc: &Service, namespaces: &NamespaceFilter) -> ExportDecision {
-    let policy = ExportPolicy {
-        namespaces: namespaces.clone(),
-        ..ExportPolicy::default()
-    };
-    export_decision(svc, &policy)
+/// The export rule of the contract (hand-written, see `oracle.rs`): exported (both
+/// gateway annotations) in an allowed namespace; `Some(None)` when exported but refused
+/// (no port), `Some(Some(gateway))` when mirrored.
+fn decision(svc: &Service, namespaces: &NamespaceFilter) -> Option<Option<(String, String)>> {
+    let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
+    if !namespaces.allows(ns) {
+        return None;
+    }
+    let gw = oracle::exported_gateway(svc)?;
+    Some(oracle::has_ports(svc).then_some(gw))
 }
 
 /// Local mirror names of exported but refused (portless) remote Services: the
@@ -267,106 +278,80 @@ fn decision(svc: &Service, namespaces: &NamespaceFilter) -> ExportDecision {
 /// holds for them either way.
 pub fn tolerated_of(
     remote_services: &[Service],
-    link: &Link,
+    cluster: &str,
     namespaces: &NamespaceFilter,
 ) -> BTreeSet<Key> {
     remote_services
         .iter()
-        .filter(|s| matches!(decision(s, namespaces), ExportDecision::Refused { .. }))
+        .filter(|s| matches!(decision(s, namespaces), Some(None)))
         .map(|s| {
             (
                 s.metadata.namespace.clone().unwrap_or_default(),
-                service_mirror_core::mirror_name(
-                    s.metadata.name.as_deref().unwrap_or_default(),
-                    &link.cluster_name,
-                ),
+                oracle::mirror_name(s.metadata.name.as_deref().unwrap_or_default(), cluster),
             )
         })
         .collect()
 }
 
-/// The desired mirrors of one remote cluster, from a list of all its Services.
+/// The expected mirrors of one remote cluster, from a list of all its Services.
 pub fn desired_of(
     remote_services: &[Service],
-    link: &Link,
+    link: &LinkView<'_>,
     namespaces: &NamespaceFilter,
-) -> BTreeMap<Key, DesiredMirror> {
+) -> BTreeMap<Key, Expected> {
     let by_key: BTreeMap<Key, &Service> = remote_services
         .iter()
         .map(|s| (key_of(&s.metadata), s))
         .collect();
     let mut out = BTreeMap::new();
     for svc in remote_services {
-        let ExportDecision::Mirror(gw) = decision(svc, namespaces) else {
+        let Some(Some(gw)) = decision(svc, namespaces) else {
             continue;
         };
-        let resolved: Option<ResolvedGateway> = by_key
-            .get(&(gw.namespace.clone(), gw.name.clone()))
-            .and_then(|g| gateway_spec(g).ok())
-            .map(|mut spec| {
-                // The address policy refuses what the apiserver refuses in Endpoints.
-                spec.ips.retain(service_mirror_core::endpoint_ip_allowed);
-                spec.into_resolved(std::iter::empty())
-            });
-        let mirror = desired_mirror(svc, link, &gw, resolved.as_ref());
+        let gateway = by_key.get(&gw).copied();
+        let mirror = oracle::expected_mirror(svc, link, &gw, gateway);
         out.insert(key_of(&mirror.service.metadata), mirror);
     }
     out
 }
 
-/// `endpoints` labelled `skip-mirror: "true"`, as the contract says for `both` mode.
-fn skipping_mirroring(mut endpoints: Endpoints) -> Endpoints {
-    endpoints
-        .metadata
-        .labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(
-            "endpointslice.kubernetes.io/skip-mirror".into(),
-            "true".into(),
-        );
-    endpoints
+fn is_owned(meta: &ObjectMeta, cluster: &str) -> bool {
+    labelled_mirror(meta) && cluster_label(meta) == Some(cluster)
 }
 
-/// Compares the desired mirrors of every linked cluster (`desired`: cluster →
-/// mirrors) with the local objects, for a controller in `mode`.
+/// Compares the expected mirrors of every linked cluster (`desired`: cluster →
+/// mirrors) with the local objects, field by field, for a controller in `mode`, with
+/// the `edits` tests made on mirrors (see `oracle.rs` for the rule per field).
 pub fn compare(
-    desired: &BTreeMap<String, BTreeMap<Key, DesiredMirror>>,
+    desired: &BTreeMap<String, BTreeMap<Key, Expected>>,
     local: &Snapshot,
     namespaces: &NamespaceFilter,
     tolerated: &BTreeSet<Key>,
     mode: EndpointsMode,
+    edits: &Edits,
 ) -> Vec<Violation> {
     let mut out = Vec::new();
-    let mut wanted: BTreeMap<Key, (&str, &DesiredMirror)> = BTreeMap::new();
+    let mut wanted: BTreeMap<Key, (&str, &Expected)> = BTreeMap::new();
     for (cluster, mirrors) in desired {
         for (key, m) in mirrors {
             wanted.insert(key.clone(), (cluster.as_str(), m));
         }
     }
     let mut seen: BTreeSet<(Kind, Key)> = BTreeSet::new();
+    type Diff<'a> = Box<dyn Fn(&Expected, Option<&Edit>) -> Vec<String> + 'a>;
     let metas_and_diff = local
         .services
         .iter()
         .map(|s| {
-            (Kind::Service, &s.metadata, {
-                let s = s.clone();
-                Box::new(move |d: &DesiredMirror| service_update(&s, &d.service).is_some())
-                    as Box<dyn Fn(&DesiredMirror) -> bool>
-            })
+            let d: Diff<'_> = Box::new(move |e, edit| oracle::service_diffs(s, &e.service, edit));
+            (Kind::Service, &s.metadata, d)
         })
-        .chain(local.endpoints.iter().map(|e| {
-            (Kind::Endpoints, &e.metadata, {
-                let e = e.clone();
-                Box::new(move |d: &DesiredMirror| {
-                    let want = match mode {
-                        EndpointsMode::Both => skipping_mirroring(d.endpoints.clone()),
-                        _ => d.endpoints.clone(),
-                    };
-                    endpoints_update(&e, &want).is_some()
-                }) as Box<dyn Fn(&DesiredMirror) -> bool>
-            })
+        .chain(local.endpoints.iter().map(|ep| {
+            let d: Diff<'_> =
+                Box::new(move |e, edit| oracle::endpoints_diffs(ep, &e.endpoints, mode, edit));
+            (Kind::Endpoints, &ep.metadata, d)
         }));
-    for (kind, meta, differs) in metas_and_diff {
+    for (kind, meta, diffs) in metas_and_diff {
         if !labelled_mirror(meta) {
             continue;
         }
@@ -379,8 +364,8 @@ pub fn compare(
         match wanted.get(&key) {
             Some((c, d)) if *c == cluster && is_owned(meta, c) && !unwanted_kind => {
                 seen.insert((kind, key.clone()));
-                if differs(d) {
-                    out.push(Violation::Differs(kind, key));
+                for field in diffs(d, edits.get(&(kind, key.clone()))) {
+                    out.push(Violation::Field(kind, key.clone(), field));
                 }
             }
             _ if tolerated.contains(&key) && namespaces.allows(&key.0) => {}
@@ -404,7 +389,7 @@ pub fn compare(
             }
         }
     }
-    let tolerated_wanted: BTreeMap<Key, (&str, &DesiredMirror)> = wanted
+    let tolerated_wanted: BTreeMap<Key, (&str, &Expected)> = wanted
         .into_iter()
         .filter(|(k, _)| !tolerated.contains(k))
         .collect();
@@ -443,6 +428,17 @@ pub async fn check_in_mode(
     baseline: &Baseline,
     mode: EndpointsMode,
 ) -> Vec<Violation> {
+    check_with_edits(world, baseline, mode, &Edits::new()).await
+}
+
+/// [`check_in_mode`] knowing the `edits` a test made on mirrors (non-owned fields it
+/// set must stay as set; owned ones must be restored).
+pub async fn check_with_edits(
+    world: &World,
+    baseline: &Baseline,
+    mode: EndpointsMode,
+    edits: &Edits,
+) -> Vec<Violation> {
     let mut desired = BTreeMap::new();
     let mut tolerated = BTreeSet::new();
     for r in &world.remotes {
@@ -453,11 +449,12 @@ pub async fn check_in_mode(
             Ok(l) => l.items,
             Err(e) => return vec![Violation::Unreadable(format!("remote {}: {e}", r.cluster))],
         };
-        let mut link = Link::new(r.cluster.clone(), r.domain.as_deref());
-        if let Some(ns) = &world.controller_namespace {
-            link = link.with_controller_namespace(ns.clone());
-        }
-        tolerated.extend(tolerated_of(&services, &link, &world.namespaces));
+        let link = LinkView {
+            cluster: &r.cluster,
+            domain: r.domain.as_deref().unwrap_or("cluster.local"),
+            controller_namespace: world.controller_namespace.as_deref(),
+        };
+        tolerated.extend(tolerated_of(&services, &r.cluster, &world.namespaces));
         desired.insert(
             r.cluster.clone(),
             desired_of(&services, &link, &world.namespaces),
@@ -467,7 +464,7 @@ pub async fn check_in_mode(
         Ok(s) => s,
         Err(e) => return vec![Violation::Unreadable(format!("local: {e}"))],
     };
-    let mut out = compare(&desired, &local, &world.namespaces, &tolerated, mode);
+    let mut out = compare(&desired, &local, &world.namespaces, &tolerated, mode, edits);
     out.extend(baseline.changes(&local));
     out
 }
@@ -475,6 +472,72 @@ pub async fn check_in_mode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use service_mirror_core::{
+        DesiredMirror, ExportDecision, ExportPolicy, Link, ResolvedGateway, desired_mirror,
+        export_decision, gateway_spec,
+    };
+
+    /// `endpoints` labelled `skip-mirror: "true"`, as the controller does in `both` mode.
+    fn skipping_mirroring(mut endpoints: Endpoints) -> Endpoints {
+        endpoints
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                "endpointslice.kubernetes.io/skip-mirror".into(),
+                "true".into(),
+            );
+        endpoints
+    }
+
+    /// Without edits.
+    fn compare(
+        d: &BTreeMap<String, BTreeMap<Key, Expected>>,
+        l: &Snapshot,
+        n: &NamespaceFilter,
+        t: &BTreeSet<Key>,
+        m: EndpointsMode,
+    ) -> Vec<Violation> {
+        super::compare(d, l, n, t, m, &Edits::new())
+    }
+
+    fn view(link: &Link) -> LinkView<'_> {
+        LinkView {
+            cluster: &link.cluster_name,
+            domain: &link.cluster_domain,
+            controller_namespace: link.controller_namespace.as_deref(),
+        }
+    }
+
+    /// The core's mirrors (what the controller writes): the oracle must accept them,
+    /// a cross-check of two independent derivations of the contract.
+    fn core_of(
+        remote_services: &[Service],
+        link: &Link,
+        namespaces: &NamespaceFilter,
+    ) -> BTreeMap<Key, DesiredMirror> {
+        let policy = ExportPolicy {
+            namespaces: namespaces.clone(),
+            ..ExportPolicy::default()
+        };
+        let by_key: BTreeMap<Key, &Service> = remote_services
+            .iter()
+            .map(|s| (key_of(&s.metadata), s))
+            .collect();
+        let mut out = BTreeMap::new();
+        for svc in remote_services {
+            let ExportDecision::Mirror(gw) = export_decision(svc, &policy) else {
+                continue;
+            };
+            let resolved: Option<ResolvedGateway> = by_key
+                .get(&(gw.namespace.clone(), gw.name.clone()))
+                .and_then(|g| gateway_spec(g).ok())
+                .map(|spec| spec.into_resolved(std::iter::empty()));
+            let mirror = desired_mirror(svc, link, &gw, resolved.as_ref());
+            out.insert(key_of(&mirror.service.metadata), mirror);
+        }
+        out
+    }
     use k8s_openapi::api::core::v1::{
         LoadBalancerIngress, LoadBalancerStatus, ServicePort, ServiceSpec, ServiceStatus,
     };
@@ -555,7 +618,7 @@ mod tests {
     #[test]
     fn desired_only_exported_in_allowed_namespaces() {
         let (remote, filter, link) = world();
-        let d = desired_of(&remote, &link, &filter);
+        let d = desired_of(&remote, &view(&link), &filter);
         assert_eq!(
             d.keys().cloned().collect::<Vec<_>>(),
             vec![("a".to_string(), "web-east".to_string())]
@@ -570,9 +633,9 @@ mod tests {
     #[test]
     fn exact_mirrors_pass_and_every_deviation_is_reported() {
         let (remote, filter, link) = world();
-        let d = desired_of(&remote, &link, &filter);
+        let d = desired_of(&remote, &view(&link), &filter);
         let all = BTreeMap::from([("east".to_string(), d.clone())]);
-        let good = local_of(&d);
+        let good = local_of(&core_of(&remote, &link, &filter));
         assert_eq!(
             compare(
                 &all,
@@ -609,10 +672,16 @@ mod tests {
                 &BTreeSet::new(),
                 EndpointsMode::Endpoints
             ),
-            vec![Violation::Differs(Kind::Service, k.clone())]
+            vec![Violation::Field(
+                Kind::Service,
+                k.clone(),
+                "spec.ports: [(Some(\"http\"), \"TCP\", 81, Int(80), None)], \
+                 want [(Some(\"http\"), \"TCP\", 80, Int(80), None)]"
+                    .into()
+            )]
         );
         // Mirrors of an unlinked cluster and outside the filter.
-        let other = desired_of(
+        let other = core_of(
             &[gateway("192.0.2.2"), svc("b", "x", &GW, "3")],
             &Link::new("west", None),
             &NamespaceFilter::default(),
@@ -655,10 +724,10 @@ mod tests {
     #[test]
     fn a_portless_exported_service_is_tolerated_either_way() {
         let (mut remote, filter, link) = world();
-        let before = desired_of(&remote, &link, &filter);
+        let before = core_of(&remote, &link, &filter);
         remote[1].spec.as_mut().unwrap().ports = None;
-        assert!(desired_of(&remote, &link, &filter).is_empty());
-        let tolerated = tolerated_of(&remote, &link, &filter);
+        assert!(desired_of(&remote, &view(&link), &filter).is_empty());
+        let tolerated = tolerated_of(&remote, "east", &filter);
         let none = BTreeMap::from([("east".to_string(), BTreeMap::new())]);
         assert_eq!(
             compare(
@@ -685,7 +754,7 @@ mod tests {
     #[test]
     fn baseline_reports_changed_and_deleted_foreign_objects_only() {
         let (remote, filter, link) = world();
-        let mut snap = local_of(&desired_of(&remote, &link, &filter));
+        let mut snap = local_of(&core_of(&remote, &link, &filter));
         snap.services.push(svc("a", "foreign", &[], "5"));
         snap.services.push(svc("default", "kubernetes", &[], "6"));
         let base = Baseline::of(&snap);
@@ -741,7 +810,7 @@ mod tests {
         snap
     }
 
-    type AllDesired = BTreeMap<String, BTreeMap<Key, DesiredMirror>>;
+    type AllDesired = BTreeMap<String, BTreeMap<Key, Expected>>;
 
     fn big_world(
         addresses: usize,
@@ -771,8 +840,9 @@ mod tests {
                 })
                 .collect(),
         );
-        let d = desired_of(&remote, &link, &filter);
-        (BTreeMap::from([("east".to_string(), d.clone())]), d, filter)
+        let e = desired_of(&remote, &view(&link), &filter);
+        let d = core_of(&remote, &link, &filter);
+        (BTreeMap::from([("east".to_string(), e)]), d, filter)
     }
 
     #[test]
@@ -849,7 +919,12 @@ mod tests {
                         s.slices.push(x);
                         s
                     }),
-                vec![Violation::Differs(Kind::Endpoints, k.clone())],
+                vec![Violation::Field(
+                    Kind::Endpoints,
+                    k.clone(),
+                    "label endpointslice.kubernetes.io/skip-mirror: None, want Some(\"true\")"
+                        .into(),
+                )],
             ),
             (
                 "slices in endpoints mode",

@@ -9,8 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use super::EndpointsMode;
+use super::oracle::Expected as DesiredMirror;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use service_mirror_core::{DesiredMirror, EndpointsMode};
 
 use super::{Key, Kind, Snapshot, Violation, key_of};
 

@@ -426,3 +426,32 @@ impl LinkSecrets {
             .unwrap();
     }
 }
+
+/// A kubeconfig on `local` for the controller's own ServiceAccount `ns/sa`, bound to
+/// cluster-admin (what it may do is other tests' concern), so that the safety monitor
+/// (`service_mirror_testkit::monitor`) tells its writes apart in the audit log by
+/// `user.username`: `system:serviceaccount:<ns>:<sa>`.
+pub(crate) async fn own_identity(local: &LocalCluster, ns: &str, sa: &str) -> Kubeconfig {
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(format!("own-identity-{ns}-{sa}")),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: sa.into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(local.client().await.unwrap())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    local.service_account_kubeconfig(ns, sa).await.unwrap()
+}

@@ -1,0 +1,674 @@
+//! The continuous safety monitor: reads the local apiserver's audit log (one JSON line
+//! per write, metadata only: `local-cluster`'s policy) while a test runs, and records a
+//! [`Breach`] for every write of the controller's identity (`user.username`) that
+//! breaks a safety rule, at the instant it happened rather than after convergence.
+//!
+//! What the controller may write (anything else is [`Breach::NotOwned`]):
+//!
+//! | resource | verbs | which objects |
+//! |---|---|---|
+//! | services, endpoints | create, update, patch, delete | a mirror name (`<name>-<linked cluster>`) in an allowed namespace, not declared foreign |
+//! | endpointslices (discovery.k8s.io) | same | `<mirror name>-ipv4-<n>` / `-ipv6-<n>` in an allowed namespace |
+//! | namespaces | create | an allowed namespace |
+//! | leases (coordination.k8s.io) | create, update, patch, delete | in the controller's namespace (leader Lease, per-link write Leases deleted with their link) |
+//! | events (core, events.k8s.io) | create, update, patch | any namespace |
+//! | links/status (multicluster.linkerd.io) | update, patch | the subresource only |
+//! | selfsubjectaccessreviews, selfsubjectrulesreviews (authorization.k8s.io) | create | questions about its own permissions: nothing is stored, so they are reads and count for no rule |
+//!
+//! Rules beyond that: a write to a namespace outside the filter is
+//! [`Breach::OutsideRemit`]; a delete of a mirror whose remote Service is still exported
+//! and was not changed for [`UNCHANGED_FOR`] before the delete is
+//! [`Breach::DeletedWhileExported`] (uid stability: the mirror Service's uid and
+//! ClusterIP are what local clients hold; a declared link removal allows the deletes of
+//! that cluster's mirrors until the next convergence point). Deletes of Endpoints and
+//! slices are judged for ownership only: switching `--endpoints-mode` removes them
+//! rightly while the remote stays exported, and the oracle reports a missing one. Any write
+//! attempt other than a Lease renewal between [`Monitor::converged`] and
+//! [`Monitor::changing`] is [`Breach::AfterConvergence`].
+//!
+//! Not seen: writes by other identities (the test's own, kube-controller-manager's),
+//! reads, and the content of a write (the policy logs metadata only, so ownership is
+//! judged by name and namespace, plus the objects the test declares foreign).
+//! Failed writes (HTTP ≥ 300) count only for the after-convergence rule: a write
+//! refused by a resourceVersion precondition changed nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
+use kube::api::Api;
+
+use super::NamespaceFilter;
+use super::oracle::{exported_gateway, has_ports};
+
+/// How long a remote Service must have been unchanged before a delete of its mirror
+/// for the delete to count as a breach: 5 s covers a controller acting on a watch
+/// event a few seconds late on a loaded 2-core machine (a brief unexport, then a
+/// re-export), while a delete of mirrors of Services unchanged for minutes (a remote
+/// restart or compaction misread as "everything gone") is still caught.
+pub const UNCHANGED_FOR: SignedDuration = SignedDuration::from_secs(5);
+
+/// One write from the audit log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditWrite {
+    /// `create`, `update`, `patch`, `delete`, `deletecollection`.
+    pub verb: String,
+    /// API group (`""`: core).
+    pub group: String,
+    /// Plural resource.
+    pub resource: String,
+    /// Subresource (`status`), if any.
+    pub subresource: String,
+    /// Namespace (empty: cluster-scoped).
+    pub namespace: String,
+    /// Object name.
+    pub name: String,
+    /// HTTP status code of the response.
+    pub code: i64,
+    /// `user.username`.
+    pub user: String,
+    /// `stageTimestamp`.
+    pub time: Option<Timestamp>,
+}
+
+impl AuditWrite {
+    /// Parses one audit line; `None` for a line that is not a completed write.
+    pub fn parse(line: &str) -> Option<Self> {
+        let e: serde_json::Value = serde_json::from_str(line).ok()?;
+        if e["stage"] != "ResponseComplete" {
+            return None;
+        }
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        let o = &e["objectRef"];
+        Some(Self {
+            verb: s(&e["verb"]),
+            group: s(&o["apiGroup"]),
+            resource: s(&o["resource"]),
+            subresource: s(&o["subresource"]),
+            namespace: s(&o["namespace"]),
+            name: s(&o["name"]),
+            code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
+            user: s(&e["user"]["username"]),
+            time: e["stageTimestamp"].as_str().and_then(|t| t.parse().ok()),
+        })
+    }
+
+    fn ok(&self) -> bool {
+        (200..300).contains(&self.code)
+    }
+}
+
+impl fmt::Display for AuditWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.group.is_empty() {
+            String::new()
+        } else {
+            format!(".{}", self.group)
+        };
+        let sub = if self.subresource.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", self.subresource)
+        };
+        write!(
+            f,
+            "{} {}{group}{sub} {}/{} ({}) at {}",
+            self.verb,
+            self.resource,
+            self.namespace,
+            self.name,
+            self.code,
+            self.time.map(|t| t.to_string()).unwrap_or_default()
+        )
+    }
+}
+
+/// A broken safety rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Breach {
+    /// A successful write to an object the controller does not own.
+    NotOwned(AuditWrite),
+    /// A write to a namespace outside the controller's filter.
+    OutsideRemit(AuditWrite),
+    /// A mirror deleted while its remote was exported and unchanged.
+    DeletedWhileExported(AuditWrite, String),
+    /// A write after a declared convergence point.
+    AfterConvergence(AuditWrite),
+}
+
+impl fmt::Display for Breach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotOwned(w) => write!(f, "write to a non-owned object: {w}"),
+            Self::OutsideRemit(w) => write!(f, "write outside the allowed namespaces: {w}"),
+            Self::DeletedWhileExported(w, why) => {
+                write!(f, "mirror deleted while its remote is exported: {w}: {why}")
+            }
+            Self::AfterConvergence(w) => write!(f, "write after convergence: {w}"),
+        }
+    }
+}
+
+/// What the controller is allowed to touch.
+#[derive(Clone, Debug)]
+pub struct Remit {
+    /// The controller's `user.username` (`system:serviceaccount:<ns>:<name>`).
+    pub user: String,
+    /// Its own namespace (Leases).
+    pub controller_namespace: String,
+    /// Linked cluster names (mirror name suffixes).
+    pub clusters: Vec<String>,
+    /// Its namespace filter.
+    pub namespaces: NamespaceFilter,
+}
+
+/// The linked cluster a mirror object name belongs to, and the remote Service name.
+fn mirror_of<'a>(remit: &'a Remit, name: &str) -> Option<(&'a str, String)> {
+    remit
+        .clusters
+        .iter()
+        .filter_map(|c| {
+            name.strip_suffix(c.as_str())
+                .and_then(|n| n.strip_suffix('-'))
+                .filter(|n| !n.is_empty())
+                .map(|n| (c.as_str(), n.to_owned()))
+        })
+        .max_by_key(|(c, _)| c.len())
+}
+
+fn slice_mirror(name: &str) -> Option<&str> {
+    let (rest, index) = name.rsplit_once('-')?;
+    index.parse::<usize>().ok()?;
+    rest.strip_suffix("-ipv4")
+        .or_else(|| rest.strip_suffix("-ipv6"))
+}
+
+/// A create that stores nothing: the controller asking what it may do.
+fn is_question(w: &AuditWrite) -> bool {
+    w.group == "authorization.k8s.io"
+        && w.verb == "create"
+        && matches!(
+            w.resource.as_str(),
+            "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+        )
+}
+
+/// The rule a write of the controller breaks, by kind and name alone (`foreign`: the
+/// objects declared not ours, `(resource, namespace, name)`); `None`: allowed.
+pub fn judge(
+    remit: &Remit,
+    foreign: &BTreeSet<(String, String, String)>,
+    w: &AuditWrite,
+) -> Option<Breach> {
+    let object = matches!(
+        (w.group.as_str(), w.resource.as_str()),
+        ("", "services" | "endpoints" | "namespaces") | ("discovery.k8s.io", "endpointslices")
+    );
+    if object && w.ok() {
+        let ns = if w.resource == "namespaces" {
+            &w.name
+        } else {
+            &w.namespace
+        };
+        if !remit.namespaces.allows(ns) {
+            return Some(Breach::OutsideRemit(w.clone()));
+        }
+    }
+    if !w.ok() {
+        return None;
+    }
+    let writes = matches!(w.verb.as_str(), "create" | "update" | "patch" | "delete");
+    let allowed = match (w.group.as_str(), w.resource.as_str()) {
+        ("", "services" | "endpoints") => {
+            writes
+                && w.subresource.is_empty()
+                && mirror_of(remit, &w.name).is_some()
+                && !foreign.contains(&(w.resource.clone(), w.namespace.clone(), w.name.clone()))
+        }
+        ("discovery.k8s.io", "endpointslices") => {
+            writes && slice_mirror(&w.name).is_some_and(|m| mirror_of(remit, m).is_some())
+        }
+        ("", "namespaces") => w.verb == "create",
+        // Its leader Lease and per-link write Leases (`write_leases.rs`: deleted with
+        // their link).
+        ("coordination.k8s.io", "leases") => w.namespace == remit.controller_namespace && writes,
+        ("" | "events.k8s.io", "events") => {
+            matches!(w.verb.as_str(), "create" | "update" | "patch")
+        }
+        _ if is_question(w) => true,
+        ("multicluster.linkerd.io", "links") => {
+            w.subresource == "status" && matches!(w.verb.as_str(), "update" | "patch")
+        }
+        _ => false,
+    };
+    (!allowed).then(|| Breach::NotOwned(w.clone()))
+}
+
+/// A linked remote, for the uid-stability rule.
+#[derive(Clone)]
+pub struct WatchedRemote {
+    /// Its cluster name.
+    pub cluster: String,
+    /// A client that may get its Services.
+    pub client: Client,
+}
+
+/// The monitor of one test run. Call [`Monitor::poll`] often (each tick of a test, or
+/// from a task); it reads what the audit log gained since the last call.
+pub struct Monitor {
+    path: PathBuf,
+    offset: u64,
+    remit: Remit,
+    remotes: Vec<WatchedRemote>,
+    foreign: BTreeSet<(String, String, String)>,
+    links_removed: BTreeSet<String>,
+    converged: bool,
+    breaches: Vec<Breach>,
+    /// Writes of the controller seen, by `verb resource`.
+    pub seen: BTreeMap<String, u64>,
+    /// Deletes of mirrors the uid rule could not check (remote unreadable, name
+    /// hashed), as `namespace/name`.
+    pub unchecked_deletes: Vec<String>,
+}
+
+impl Monitor {
+    /// A monitor of the audit log at `path`, from its start.
+    pub fn new(path: PathBuf, remit: Remit, remotes: Vec<WatchedRemote>) -> Self {
+        Self {
+            path,
+            offset: 0,
+            remit,
+            remotes,
+            foreign: BTreeSet::new(),
+            links_removed: BTreeSet::new(),
+            converged: false,
+            breaches: Vec::new(),
+            seen: BTreeMap::new(),
+            unchecked_deletes: Vec::new(),
+        }
+    }
+
+    /// Declares `resource` (`services`, `endpoints`) `namespace/name` not the
+    /// controller's (taken over by someone else, or never a mirror): from now on a
+    /// successful write to it is a breach. Reads the log first, so that earlier writes
+    /// are judged without it.
+    pub async fn foreign(&mut self, resource: &str, namespace: &str, name: &str) {
+        self.poll().await;
+        self.foreign
+            .insert((resource.into(), namespace.into(), name.into()));
+    }
+
+    /// Ends a [`Monitor::foreign`] declaration (the test deleted that object: the
+    /// controller may create its mirror under that name again).
+    pub async fn released(&mut self, resource: &str, namespace: &str, name: &str) {
+        self.poll().await;
+        self.foreign
+            .remove(&(resource.into(), namespace.into(), name.into()));
+    }
+
+    /// Declares that the test removed (or re-created) the link of `cluster`: deletes of
+    /// its mirrors are expected until the next [`Monitor::converged`].
+    pub fn link_removed(&mut self, cluster: &str) {
+        self.links_removed.insert(cluster.into());
+    }
+
+    /// Declares the world converged: until [`Monitor::changing`], any write of the
+    /// controller but a Lease renewal is a breach.
+    pub async fn converged(&mut self) {
+        self.poll().await;
+        self.converged = true;
+        self.links_removed.clear();
+    }
+
+    /// Declares that the test is about to change the world (writes are expected again).
+    pub async fn changing(&mut self) {
+        self.poll().await;
+        self.converged = false;
+    }
+
+    /// Every breach so far.
+    pub fn breaches(&self) -> &[Breach] {
+        &self.breaches
+    }
+
+    /// Panics, listing them, if any breach was recorded (reads the log first).
+    pub async fn assert_clean(&mut self, context: &str) {
+        self.poll().await;
+        if !self.breaches.is_empty() {
+            let list: Vec<String> = self.breaches.iter().map(|b| b.to_string()).collect();
+            panic!(
+                "{context}: the safety monitor saw {} breach(es):\n{}",
+                list.len(),
+                list.join("\n")
+            );
+        }
+    }
+
+    /// The new complete lines of the log.
+    fn read_new(&mut self) -> Vec<String> {
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return Vec::new();
+        };
+        // The apiserver's log backend is blocking: a write's line is in the file once
+        // its response is sent. A partial last line waits for the next call. A file
+        // shorter than what was read was rotated (100 MB by default): start it over.
+        if f.metadata().is_ok_and(|m| m.len() < self.offset) {
+            self.offset = 0;
+        }
+        if f.seek(SeekFrom::Start(self.offset)).is_err() {
+            return Vec::new();
+        }
+        let mut buf = String::new();
+        if f.read_to_string(&mut buf).is_err() {
+            return Vec::new();
+        }
+        let Some(end) = buf.rfind('\n') else {
+            return Vec::new();
+        };
+        self.offset += end as u64 + 1;
+        buf[..end].lines().map(str::to_owned).collect()
+    }
+
+    /// Reads what the log gained and judges every write of the controller.
+    pub async fn poll(&mut self) {
+        for line in self.read_new() {
+            let Some(w) = AuditWrite::parse(&line) else {
+                continue;
+            };
+            if w.user != self.remit.user {
+                continue;
+            }
+            self.record(w).await;
+        }
+    }
+
+    /// Judges one write of the controller (public for tests of the monitor).
+    pub async fn record(&mut self, w: AuditWrite) {
+        if is_question(&w) {
+            return;
+        }
+        *self
+            .seen
+            .entry(format!("{} {}", w.verb, w.resource))
+            .or_default() += 1;
+        if self.converged && w.resource != "leases" {
+            self.breaches.push(Breach::AfterConvergence(w.clone()));
+        }
+        if let Some(b) = judge(&self.remit, &self.foreign, &w) {
+            self.breaches.push(b);
+            return;
+        }
+        if w.verb == "delete"
+            && w.ok()
+            && w.group.is_empty()
+            && w.resource == "services"
+            && let Some(why) = self.deleted_while_exported(&w).await
+        {
+            self.breaches.push(Breach::DeletedWhileExported(w, why));
+        }
+    }
+
+    /// Why deleting mirror `w` broke uid stability, if it did.
+    async fn deleted_while_exported(&mut self, w: &AuditWrite) -> Option<String> {
+        let (cluster, remote_name) = mirror_of(&self.remit, &w.name)?;
+        if self.links_removed.contains(cluster) {
+            return None;
+        }
+        let key = format!("{}/{}", w.namespace, w.name);
+        let Some(remote) = self.remotes.iter().find(|r| r.cluster == cluster) else {
+            self.unchecked_deletes.push(key);
+            return None;
+        };
+        let api: Api<Service> = Api::namespaced(remote.client.clone(), &w.namespace);
+        let svc = match api.get_opt(&remote_name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return None,
+            Err(_) => {
+                self.unchecked_deletes.push(key);
+                return None;
+            }
+        };
+        if exported_gateway(&svc).is_none() || !has_ports(&svc) {
+            return None;
+        }
+        let m = &svc.metadata;
+        let last_change = m
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|f| f.time.as_ref().map(|t| t.0))
+            .chain(m.creation_timestamp.as_ref().map(|t| t.0))
+            .max()?;
+        let at = w.time?;
+        (last_change + UNCHANGED_FOR < at).then(|| {
+            format!(
+                "remote {}/{remote_name} of {cluster} exported and unchanged since {last_change}",
+                w.namespace
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remit() -> Remit {
+        Remit {
+            user: "system:serviceaccount:sm:ctl".into(),
+            controller_namespace: "sm".into(),
+            clusters: vec!["east".into(), "west".into()],
+            namespaces: NamespaceFilter::allow_only(["a", "b"]),
+        }
+    }
+
+    fn w(verb: &str, gr: &str, ns: &str, name: &str, code: i64) -> AuditWrite {
+        let (resource, rest) = gr.split_once('.').unwrap_or((gr, ""));
+        let (group, sub) = rest.split_once('/').unwrap_or((rest, ""));
+        let (resource, sub) = match resource.split_once('/') {
+            Some((r, s)) => (r, s),
+            None => (resource, sub),
+        };
+        AuditWrite {
+            verb: verb.into(),
+            group: group.into(),
+            resource: resource.into(),
+            subresource: sub.into(),
+            namespace: ns.into(),
+            name: name.into(),
+            code,
+            user: remit().user,
+            time: None,
+        }
+    }
+
+    #[test]
+    fn an_audit_line_is_parsed() {
+        let line = r#"{"kind":"Event","stage":"ResponseComplete","verb":"patch","user":{"username":"system:serviceaccount:sm:ctl"},"objectRef":{"resource":"leases","namespace":"sm","name":"l","apiGroup":"coordination.k8s.io"},"responseStatus":{"code":200},"stageTimestamp":"2026-12-01T20:04:38.123456Z"}"#;
+        let w = AuditWrite::parse(line).unwrap();
+        assert_eq!(w.resource, "leases");
+        assert_eq!(w.group, "coordination.k8s.io");
+        assert_eq!(w.code, 200);
+        assert!(w.time.is_some());
+        assert!(AuditWrite::parse(&line.replace("ResponseComplete", "Panic")).is_none());
+        assert!(AuditWrite::parse("{not json").is_none());
+    }
+
+    #[test]
+    fn the_remit_table() {
+        let foreign = BTreeSet::from([("services".into(), "a".into(), "web-east".into())]);
+        let allowed = [
+            w("create", "services", "a", "api-east", 201),
+            w("update", "endpoints", "b", "api-west", 200),
+            w("delete", "services", "a", "api-east", 200),
+            w(
+                "create",
+                "endpointslices.discovery.k8s.io",
+                "a",
+                "api-east-ipv4-0",
+                201,
+            ),
+            w("create", "namespaces", "", "a", 201),
+            w("update", "leases.coordination.k8s.io", "sm", "lease", 200),
+            w(
+                "delete",
+                "leases.coordination.k8s.io",
+                "sm",
+                "write-east",
+                200,
+            ),
+            w("create", "events", "a", "x.123", 201),
+            w("patch", "events.events.k8s.io", "sm", "x.124", 200),
+            w(
+                "patch",
+                "links.multicluster.linkerd.io/status",
+                "sm",
+                "east",
+                200,
+            ),
+            // A refused write changed nothing.
+            w("update", "services", "a", "web-east", 409),
+        ];
+        for a in &allowed {
+            assert_eq!(judge(&remit(), &foreign, a), None, "{a}");
+        }
+        let not_owned = [
+            w("update", "services", "a", "web-east", 200),
+            w("update", "services", "a", "kubernetes", 200),
+            w("update", "services", "a", "api-south", 200),
+            w("create", "secrets", "sm", "s", 201),
+            w("update", "configmaps", "a", "c", 200),
+            w(
+                "update",
+                "leases.coordination.k8s.io",
+                "kube-system",
+                "l",
+                200,
+            ),
+            w(
+                "update",
+                "endpointslices.discovery.k8s.io",
+                "a",
+                "kcm-abcde",
+                200,
+            ),
+            w("delete", "namespaces", "", "a", 200),
+            w("update", "links.multicluster.linkerd.io", "sm", "east", 200),
+            w("deletecollection", "services", "a", "", 200),
+            w("update", "services/status", "a", "api-east", 200),
+        ];
+        for n in &not_owned {
+            assert!(
+                matches!(judge(&remit(), &foreign, n), Some(Breach::NotOwned(_))),
+                "{n}"
+            );
+        }
+        for o in [
+            w("create", "services", "c", "api-east", 201),
+            w("create", "namespaces", "", "c", 201),
+            w(
+                "create",
+                "endpointslices.discovery.k8s.io",
+                "c",
+                "api-east-ipv4-0",
+                201,
+            ),
+        ] {
+            assert!(
+                matches!(judge(&remit(), &foreign, &o), Some(Breach::OutsideRemit(_))),
+                "{o}"
+            );
+        }
+    }
+
+    fn log_with(lines: &[AuditWrite]) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let text: String = lines
+            .iter()
+            .map(|w| {
+                let mut o = serde_json::json!({"resource": w.resource, "namespace": w.namespace,
+                    "name": w.name});
+                if !w.group.is_empty() {
+                    o["apiGroup"] = w.group.clone().into();
+                }
+                if !w.subresource.is_empty() {
+                    o["subresource"] = w.subresource.clone().into();
+                }
+                serde_json::json!({"stage": "ResponseComplete", "verb": w.verb,
+                    "user": {"username": w.user}, "objectRef": o,
+                    "responseStatus": {"code": w.code},
+                    "stageTimestamp": "2026-12-01T20:00:00.000000Z"})
+                .to_string()
+                    + "\n"
+            })
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        // The paths exercised here never await the network: a trivial executor.
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut f = std::pin::pin!(f);
+        loop {
+            if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+
+    #[test]
+    fn a_synthetic_log_shows_each_kind_of_breach_and_only_the_controllers() {
+        let mut other = w("update", "secrets", "sm", "s", 200);
+        other.user = "admin".into();
+        let (_dir, path) = log_with(&[
+            w("create", "services", "a", "api-east", 201),
+            other,
+            w("update", "secrets", "sm", "link", 200),
+            w("create", "services", "c", "api-east", 201),
+        ]);
+        let mut m = Monitor::new(path.clone(), remit(), vec![]);
+        block_on(m.poll());
+        let kinds: Vec<String> = m.breaches().iter().map(|b| b.to_string()).collect();
+        assert_eq!(kinds.len(), 2, "{kinds:?}");
+        assert!(matches!(m.breaches()[0], Breach::NotOwned(_)));
+        assert!(matches!(m.breaches()[1], Breach::OutsideRemit(_)));
+        // After a convergence point every write but a Lease's is a breach, failed ones
+        // too; `changing` ends it.
+        block_on(m.converged());
+        let mut append = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let (_d2, more) = log_with(&[
+            w("update", "leases.coordination.k8s.io", "sm", "l", 200),
+            w("update", "endpoints", "a", "api-east", 409),
+        ]);
+        std::io::Write::write_all(&mut append, &std::fs::read(&more).unwrap()).unwrap();
+        block_on(m.poll());
+        assert_eq!(m.breaches().len(), 3);
+        assert!(matches!(m.breaches()[2], Breach::AfterConvergence(_)));
+        block_on(m.changing());
+        // A taken-over object is foreign from the declaration on.
+        block_on(m.foreign("services", "a", "api-east"));
+        block_on(m.record(w("update", "services", "a", "api-east", 200)));
+        assert!(matches!(m.breaches()[3], Breach::NotOwned(_)));
+        // A partial last line waits for its end.
+        std::io::Write::write_all(&mut append, b"{\"stage\":\"ResponseComplete\"").unwrap();
+        block_on(m.poll());
+        assert_eq!(m.breaches().len(), 4);
+        // A rotated (shorter) log is read from its start.
+        drop(append);
+        let (_d3, rotated) = log_with(&[w("create", "configmaps", "a", "c", 201)]);
+        std::fs::copy(&rotated, &path).unwrap();
+        block_on(m.poll());
+        assert_eq!(m.breaches().len(), 5);
+        assert!(matches!(m.breaches()[4], Breach::NotOwned(_)));
+    }
+}
