@@ -179,6 +179,8 @@ struct Inner {
     /// The Links are known: listed, not read, or their CRD is not installed (none can
     /// exist). False while the list is forbidden.
     links_known: AtomicBool,
+    /// The federation was told which clusters are linked (once the Links are known).
+    federation_expected: AtomicBool,
     active: Mutex<HashMap<SourceKey, Active>>,
     /// cluster name -> the source that links it.
     claims: Mutex<HashMap<String, SourceKey>>,
@@ -219,6 +221,7 @@ impl LinkManager {
             synced: AtomicBool::new(false),
             links_synced: AtomicBool::new(!links_enabled),
             links_known: AtomicBool::new(!links_enabled),
+            federation_expected: AtomicBool::new(false),
             active: Mutex::default(),
             claims: Mutex::default(),
             failing: Mutex::default(),
@@ -981,7 +984,13 @@ impl Inner {
         if !self.listed() {
             return;
         }
-        if first && let Some(federation) = &self.opts.deps.federation {
+        // Only from a Links list: refused (403), the Links are unknown, and planning
+        // without their clusters pending would delete their federated Services; the
+        // federation writes nothing until the Links can be listed.
+        if self.links_known.load(Ordering::SeqCst)
+            && !self.federation_expected.swap(true, Ordering::SeqCst)
+            && let Some(federation) = &self.opts.deps.federation
+        {
             // Clusters a valid Link names: their federated entries wait for their lists.
             let clusters = self
                 .links
