@@ -135,9 +135,18 @@ impl Worker {
                 continue;
             }
             let keys = std::mem::take(&mut self.dirty);
-            for key in keys {
+            let mut keys = keys.into_iter();
+            while let Some(key) = keys.next() {
                 if cancel.is_cancelled() {
                     return;
+                }
+                // Leadership lost in the middle of a batch (each key may take several
+                // requests): stop at once; the next leader plans every key anyway.
+                if !self.still_leading() {
+                    self.leading = false;
+                    self.dirty.insert(key);
+                    self.dirty.extend(keys);
+                    break;
                 }
                 self.reconcile(&key).await;
             }
@@ -146,6 +155,11 @@ impl Worker {
                 .services
                 .set(self.present.len() as i64);
         }
+    }
+
+    /// What the election says now (not the last `Leader` message handled).
+    fn still_leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| *l.borrow())
     }
 
     fn may_write(&self) -> bool {
@@ -270,6 +284,11 @@ impl Worker {
         }
         self.report_conflicts(key, &name, &desired.conflicts).await;
         for action in &plan.actions {
+            if !self.still_leading() {
+                // Planned again by the next leader (or by us when leading again).
+                self.dirty.insert(key.clone());
+                return;
+            }
             match self.writer.execute(action).await {
                 Ok(Applied::Done) => {}
                 // The watch event bringing the newer version plans the key again.
