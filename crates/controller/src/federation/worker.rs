@@ -184,9 +184,22 @@ impl Worker {
             Msg::Member { link, service } => self.index.remote_member(&link, *service),
             Msg::Left { cluster, key } => self.index.remote_left(&cluster, &key),
             Msg::Listing { cluster } => self.index.listing(&cluster),
-            Msg::Listed { cluster } => self.index.listed(&cluster),
+            // Once a cluster is no longer pending, our stored Services naming it are
+            // planned again too (the index knows only keys with a member).
+            Msg::Listed { cluster } => {
+                let was_pending = self.index.pending().contains(&cluster);
+                self.index.listed(&cluster);
+                match was_pending {
+                    true => self.all_keys(),
+                    false => Vec::new(),
+                }
+            }
             Msg::Gateway { cluster, gateway } => self.index.gateway(&cluster, gateway),
-            Msg::LinkRemoved { cluster } => self.index.link_removed(&cluster),
+            Msg::LinkRemoved { cluster } => {
+                let mut keys = self.index.link_removed(&cluster);
+                keys.extend(self.all_keys());
+                keys
+            }
             Msg::Expect { clusters } => self.index.expect(clusters),
             Msg::Local { key, service } => self.index.local_member(key, service.map(|s| *s)),
             Msg::LocalListing => {

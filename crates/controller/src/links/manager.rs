@@ -186,6 +186,9 @@ struct Inner {
     claims: Mutex<HashMap<String, SourceKey>>,
     /// Sources whose last connect failed (retried with backoff): not candidates.
     failing: Mutex<std::collections::HashSet<SourceKey>>,
+    /// The cluster of each source whose connect failed (nothing runs for it): its
+    /// federation entries are pending until it is gone (see `gone`).
+    failing_clusters: Mutex<HashMap<SourceKey, String>>,
     queue: WorkQueue<SourceKey>,
     recorder: EventRecorder,
     /// Background cleanups of unlinked clusters still running, by cluster name.
@@ -225,6 +228,7 @@ impl LinkManager {
             active: Mutex::default(),
             claims: Mutex::default(),
             failing: Mutex::default(),
+            failing_clusters: Mutex::default(),
             cleanups: Cleanups::default(),
             cancel: cancel.clone(),
         });
@@ -583,6 +587,16 @@ impl Inner {
             .get(key)
             .map(|a| a.spec.link().cluster_name.clone())
         else {
+            // Nothing ran, but the federation may wait for its list (a Link valid at
+            // start whose connect kept failing): it is told the link is gone, unless
+            // another source links the cluster now.
+            let failed = self.failing_clusters.lock().remove(key);
+            if let Some(cluster) = failed
+                && !self.claims().contains_key(&cluster)
+                && let Some(federation) = &self.opts.deps.federation
+            {
+                federation.link_removed(&cluster);
+            }
             return Outcome::Done;
         };
         let next = self.successor(key, &cluster);
@@ -777,11 +791,15 @@ impl Inner {
         let client = match connect(&spec, &self.metrics().client).await {
             Ok(c) => {
                 self.failing.lock().remove(key);
+                self.failing_clusters.lock().remove(key);
                 c
             }
             Err(e) => {
                 self.claims().remove(&cluster);
                 self.failing.lock().insert(key.clone());
+                self.failing_clusters
+                    .lock()
+                    .insert(key.clone(), cluster.clone());
                 self.report(source, &e).await;
                 // Another source of the cluster may link it meanwhile.
                 for other in self.candidates(&cluster) {
