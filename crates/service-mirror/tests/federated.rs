@@ -810,3 +810,215 @@ async fn a_removed_link_and_a_local_member_leaving_shrink_the_membership() {
     north.stop(false).await.unwrap();
     fed.stop().await;
 }
+
+/// A kubeconfig for ServiceAccount `ns/name` that may do everything the controller
+/// does on the local cluster but list Links (403).
+async fn no_links_identity(w: &World, name: &str) -> Client {
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
+    };
+    let full = |groups: &[&str], resources: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: vec!["*".into()],
+        ..Default::default()
+    };
+    let role_name = format!("{}-{name}", w.ctl_ns);
+    let role = ClusterRole {
+        metadata: kube::api::ObjectMeta {
+            name: Some(role_name.clone()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            full(
+                &[""],
+                &["services", "endpoints", "secrets", "events", "namespaces"],
+            ),
+            full(&["discovery.k8s.io"], &["endpointslices"]),
+            full(&["events.k8s.io"], &["events"]),
+            full(&["coordination.k8s.io"], &["leases"]),
+        ]),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(w.lc.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(role_name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: role_name,
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(w.ctl_ns.clone()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(w.lc.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let kc = w
+        .local
+        .service_account_kubeconfig(&w.ctl_ns, name)
+        .await
+        .unwrap();
+    kc.client().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_links_list_at_start_deletes_no_federated_service() {
+    let mut w = World::new("fedrefused").await;
+    w.fake(76).await;
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    // A first run federates east's member.
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 76), &w.east, 100)
+        .await;
+    let first = w
+        .federated_until("east's member", "web", |s| {
+            remote_discovery(s) == Some("web@east")
+        })
+        .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+    // Restarted with an identity that may not list Links: the manager cannot know
+    // east is linked, so the federation must not plan without it.
+    let client = no_links_identity(&w, "nolinks").await;
+    let cancel = CancellationToken::new();
+    let (federation, tasks) = Federation::start(
+        client.clone(),
+        EventRecorder::new(client.clone(), None),
+        w.metrics.clone(),
+        FederationOptions {
+            controller_namespace: w.ctl_ns.clone(),
+            local_selector: Some(w.local_selector()),
+            leader: None,
+        },
+        cancel.clone(),
+    );
+    let fed = Running {
+        federation,
+        cancel,
+        tasks,
+    };
+    let manager = service_mirror_controller::links::LinkManager::start(
+        client.clone(),
+        EventRecorder::new(client.clone(), None),
+        service_mirror_controller::links::LinkManagerOptions {
+            namespace: w.ctl_ns.clone(),
+            workers: 2,
+            rotation_timeout: Duration::from_secs(30),
+            collect_unlinked: true,
+            sources: service_mirror_controller::links::LinkSources::Links,
+            link_namespace_creation: false,
+            config: LinkConfig {
+                namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
+                ..LinkConfig::default()
+            },
+            deps: LinkDeps {
+                metrics: w.metrics.clone(),
+                federation: Some(fed.federation.clone()),
+                ..LinkDeps::default()
+            },
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let kept = w.federated("web").await.expect("web-federated kept");
+    assert_eq!(kept.metadata.uid, first.metadata.uid);
+    assert_eq!(remote_discovery(&kept), Some("web@east"));
+    manager.shutdown().await;
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_link_that_never_connected_releases_its_federated_entries() {
+    let mut w = World::new("fednever").await;
+    w.fake(77).await;
+    support::links::link_crd(&w.local).await;
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    // A first run federates east's member.
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 77), &w.east, 100)
+        .await;
+    w.federated_until("east's member", "web", |s| {
+        remote_discovery(s) == Some("web@east")
+    })
+    .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+    // Restarted with east's Link valid but its apiserver unreachable (a dead port):
+    // east stays pending and web-federated is kept.
+    let secret = "cluster-credentials-east";
+    let dead =
+        local_cluster::with_server(&w.east.admin_kubeconfig().yaml, "https://127.0.0.1:9").unwrap();
+    let mut creds = credentials_secret(secret, &dead);
+    creds.metadata.namespace = Some(w.ctl_ns.clone());
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(w.lc.clone(), &w.ctl_ns)
+        .create(&PostParams::default(), &creds)
+        .await
+        .unwrap();
+    let mut l = link(
+        "east",
+        "east",
+        secret,
+        serde_json::json!({"gatewayAddress": "192.0.2.77"}),
+    );
+    l.metadata.namespace = Some(w.ctl_ns.clone());
+    let links: Api<service_mirror_controller::links::LinkResource> =
+        Api::namespaced(w.lc.clone(), &w.ctl_ns);
+    links.create(&PostParams::default(), &l).await.unwrap();
+    let fed = w.federation();
+    let manager = service_mirror_controller::links::LinkManager::start(
+        w.lc.clone(),
+        EventRecorder::new(w.lc.clone(), None),
+        service_mirror_controller::links::LinkManagerOptions {
+            namespace: w.ctl_ns.clone(),
+            workers: 2,
+            rotation_timeout: Duration::from_secs(30),
+            collect_unlinked: false,
+            sources: service_mirror_controller::links::LinkSources::Links,
+            link_namespace_creation: false,
+            config: LinkConfig {
+                namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
+                ..LinkConfig::default()
+            },
+            deps: LinkDeps {
+                metrics: w.metrics.clone(),
+                federation: Some(fed.federation.clone()),
+                ..LinkDeps::default()
+            },
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        w.federated("web").await.as_ref().and_then(remote_discovery),
+        Some("web@east"),
+        "kept while east is linked but not listed"
+    );
+    // The Link is deleted: the manager's `gone` tells the federation, east's entry
+    // leaves and, east being the only member, web-federated is deleted.
+    links
+        .delete("east", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("web-federated deleted", || async {
+        w.federated("web").await.is_none().then_some(())
+    })
+    .await;
+    manager.shutdown().await;
+    fed.stop().await;
+}

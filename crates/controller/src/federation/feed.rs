@@ -45,6 +45,8 @@ pub struct LinkFeed {
     pub(super) state: Arc<Mutex<FeedState>>,
     /// Whether the link has a member: its gateway is probed and reported only then.
     pub(super) in_use: Arc<AtomicBool>,
+    /// Longest hold of the `Left`s of an untrusted list (see [`LinkFeed::failed`]).
+    pub(super) hold: std::time::Duration,
 }
 
 impl std::fmt::Debug for LinkFeed {
@@ -59,6 +61,13 @@ impl std::fmt::Debug for LinkFeed {
 pub(super) struct FeedState {
     announced: BTreeSet<ServiceKey>,
     listing: Option<BTreeSet<ServiceKey>>,
+    /// The watch failed since the last complete list.
+    outage_since_list: bool,
+    /// An untrusted list whose `Left`s are held: its number and the members seen since
+    /// it began (the cluster stays pending meanwhile).
+    held: Option<(u64, BTreeSet<ServiceKey>)>,
+    /// The number of the last hold (a timer ends only its own hold).
+    holds: u64,
 }
 
 impl LinkFeed {
@@ -88,6 +97,18 @@ impl LinkFeed {
         (allowed && !mirror && self.selector.matches(labels)).then_some(key)
     }
 
+    /// The link's remote watch failed: the next complete list follows an outage.
+    pub fn failed(&self) {
+        self.state.lock().outage_since_list = true;
+    }
+
+    /// The longest hold of the `Left`s of a list after an outage that would empty the
+    /// link's membership (the link's own hold of such a list: the grace, 5-30 s).
+    pub fn hold_untrusted_lists_for(mut self, hold: std::time::Duration) -> Self {
+        self.hold = hold;
+        self
+    }
+
     /// One event of the link's remote Service watch (objects as the link caches them:
     /// labels, annotations, ports and clusterIP kept).
     pub fn remote_event(&self, ev: &watcher::Event<Service>) {
@@ -104,23 +125,52 @@ impl LinkFeed {
                     if let Some(listing) = state.listing.as_mut() {
                         listing.insert(key.clone());
                     }
+                    if let Some((_, seen)) = state.held.as_mut() {
+                        seen.insert(key.clone());
+                    }
                     state.announced.insert(key);
                     self.send(self.joined(svc));
                 }
             }
             watcher::Event::InitDone => {
                 let seen = state.listing.take().unwrap_or_default();
-                let gone: Vec<ServiceKey> = state.announced.difference(&seen).cloned().collect();
-                for key in gone {
-                    self.send(self.left(key));
+                let after_outage = std::mem::take(&mut state.outage_since_list);
+                // A second list confirms (or ends) a hold: it is trusted.
+                let confirms = state.held.take().is_some();
+                // After an outage, a list without any of the announced members is
+                // not trusted (an apiserver back with its storage not restored,
+                // cilium#47793): the members stay, the cluster pending, until the
+                // hold ends or a second list confirms it.
+                if !confirms
+                    && service_mirror_core::relist_untrusted(
+                        after_outage,
+                        state.announced.len(),
+                        seen.len(),
+                    )
+                {
+                    state.holds += 1;
+                    let number = state.holds;
+                    state.held = Some((number, seen));
+                    tracing::warn!(
+                        cluster = %self.id.cluster,
+                        members = state.announced.len(),
+                        hold = ?self.hold,
+                        "a list after an outage has none of the federated members: they are kept until the hold ends or a second list confirms it"
+                    );
+                    let feed = self.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(feed.hold).await;
+                        feed.hold_ended(number);
+                    });
+                } else {
+                    self.confirm(&mut state, seen);
                 }
-                state.announced = seen;
-                self.send(Msg::Listed {
-                    cluster: self.id.cluster.clone(),
-                });
             }
             watcher::Event::Apply(svc) => match self.member(svc) {
                 Some(key) => {
+                    if let Some((_, seen)) = state.held.as_mut() {
+                        seen.insert(key.clone());
+                    }
                     state.announced.insert(key);
                     self.send(self.joined(svc));
                 }
@@ -140,6 +190,32 @@ impl LinkFeed {
                 }
             }
         }
+        self.in_use
+            .store(!state.announced.is_empty(), Ordering::SeqCst);
+    }
+
+    /// A complete list `seen` is trusted: the announced members missing from it leave,
+    /// and the cluster is listed.
+    fn confirm(&self, state: &mut FeedState, seen: BTreeSet<ServiceKey>) {
+        let gone: Vec<ServiceKey> = state.announced.difference(&seen).cloned().collect();
+        for key in gone {
+            self.send(self.left(key));
+        }
+        // Not `seen` itself: a member deleted during a hold stays gone.
+        state.announced.retain(|k| seen.contains(k));
+        self.send(Msg::Listed {
+            cluster: self.id.cluster.clone(),
+        });
+    }
+
+    /// The hold `number` ended without a second list: its list is trusted.
+    fn hold_ended(&self, number: u64) {
+        let mut state = self.state.lock();
+        if state.held.as_ref().is_none_or(|(n, _)| *n != number) {
+            return;
+        }
+        let (_, seen) = state.held.take().unwrap_or_default();
+        self.confirm(&mut state, seen);
         self.in_use
             .store(!state.announced.is_empty(), Ordering::SeqCst);
     }
@@ -249,6 +325,7 @@ mod tests {
             },
             state: Arc::default(),
             in_use: Arc::default(),
+            hold: std::time::Duration::from_millis(200),
         };
         (feed, rx)
     }
@@ -310,6 +387,50 @@ mod tests {
         assert_eq!(drain(&mut rx), ["listing", "join web"]);
         f.remote_event(&watcher::Event::InitDone);
         assert_eq!(drain(&mut rx), ["leave api", "listed"]);
+    }
+
+    fn list(f: &LinkFeed, members: &[&str]) {
+        f.remote_event(&watcher::Event::Init);
+        for m in members {
+            f.remote_event(&watcher::Event::InitApply(member(m)));
+        }
+        f.remote_event(&watcher::Event::InitDone);
+    }
+
+    #[tokio::test]
+    async fn an_empty_list_after_an_outage_keeps_the_members_until_confirmed_or_the_hold_ends() {
+        let (f, mut rx) = feed();
+        list(&f, &["web", "api"]);
+        drain(&mut rx);
+        // Back after an outage with an empty list: nobody leaves, the cluster stays
+        // pending (no `listed`).
+        f.failed();
+        list(&f, &[]);
+        assert_eq!(drain(&mut rx), ["listing"]);
+        assert!(f.has_members());
+        // A second list confirms it.
+        list(&f, &[]);
+        assert_eq!(
+            drain(&mut rx),
+            ["listing", "leave api", "leave web", "listed"]
+        );
+        assert!(!f.has_members());
+
+        // The hold ends without a second list: the list is trusted then; a member
+        // deleted during the hold stays gone, one that came back stays.
+        list(&f, &["web", "api", "db"]);
+        drain(&mut rx);
+        f.failed();
+        list(&f, &[]);
+        f.remote_event(&watcher::Event::Apply(member("web")));
+        f.remote_event(&watcher::Event::Delete(member("db")));
+        assert_eq!(drain(&mut rx), ["listing", "join web", "leave db"]);
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        assert_eq!(drain(&mut rx), ["leave api", "listed"]);
+        assert!(f.has_members());
+        // Without an outage, an empty list is trusted at once.
+        list(&f, &[]);
+        assert_eq!(drain(&mut rx), ["listing", "leave web", "listed"]);
     }
 
     #[test]

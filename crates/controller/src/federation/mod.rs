@@ -129,6 +129,7 @@ impl Federation {
             namespaces,
             state: Arc::default(),
             in_use: Arc::default(),
+            hold: std::time::Duration::from_secs(30),
         }
     }
 

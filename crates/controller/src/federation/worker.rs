@@ -135,9 +135,18 @@ impl Worker {
                 continue;
             }
             let keys = std::mem::take(&mut self.dirty);
-            for key in keys {
+            let mut keys = keys.into_iter();
+            while let Some(key) = keys.next() {
                 if cancel.is_cancelled() {
                     return;
+                }
+                // Leadership lost in the middle of a batch (each key may take several
+                // requests): stop at once; the next leader plans every key anyway.
+                if !self.still_leading() {
+                    self.leading = false;
+                    self.dirty.insert(key);
+                    self.dirty.extend(keys);
+                    break;
                 }
                 self.reconcile(&key).await;
             }
@@ -146,6 +155,11 @@ impl Worker {
                 .services
                 .set(self.present.len() as i64);
         }
+    }
+
+    /// What the election says now (not the last `Leader` message handled).
+    fn still_leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| *l.borrow())
     }
 
     fn may_write(&self) -> bool {
@@ -170,9 +184,22 @@ impl Worker {
             Msg::Member { link, service } => self.index.remote_member(&link, *service),
             Msg::Left { cluster, key } => self.index.remote_left(&cluster, &key),
             Msg::Listing { cluster } => self.index.listing(&cluster),
-            Msg::Listed { cluster } => self.index.listed(&cluster),
+            // Once a cluster is no longer pending, our stored Services naming it are
+            // planned again too (the index knows only keys with a member).
+            Msg::Listed { cluster } => {
+                let was_pending = self.index.pending().contains(&cluster);
+                self.index.listed(&cluster);
+                match was_pending {
+                    true => self.all_keys(),
+                    false => Vec::new(),
+                }
+            }
             Msg::Gateway { cluster, gateway } => self.index.gateway(&cluster, gateway),
-            Msg::LinkRemoved { cluster } => self.index.link_removed(&cluster),
+            Msg::LinkRemoved { cluster } => {
+                let mut keys = self.index.link_removed(&cluster);
+                keys.extend(self.all_keys());
+                keys
+            }
             Msg::Expect { clusters } => self.index.expect(clusters),
             Msg::Local { key, service } => self.index.local_member(key, service.map(|s| *s)),
             Msg::LocalListing => {
@@ -270,6 +297,11 @@ impl Worker {
         }
         self.report_conflicts(key, &name, &desired.conflicts).await;
         for action in &plan.actions {
+            if !self.still_leading() {
+                // Planned again by the next leader (or by us when leading again).
+                self.dirty.insert(key.clone());
+                return;
+            }
             match self.writer.execute(action).await {
                 Ok(Applied::Done) => {}
                 // The watch event bringing the newer version plans the key again.

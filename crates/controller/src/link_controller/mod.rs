@@ -120,7 +120,13 @@ impl LinkController {
                     deps.link_created,
                     deps.link_secret.clone(),
                 );
+                // The same hold as the link's own of an untrusted list.
+                let hold = config.stale_policy.grace.clamp(
+                    std::time::Duration::from_secs(5),
+                    std::time::Duration::from_secs(30),
+                );
                 fed.feed(id, selector, config.namespaces.clone())
+                    .hold_untrusted_lists_for(hold)
             });
         let in_use = {
             let index = index.clone();

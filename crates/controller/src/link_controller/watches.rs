@@ -135,6 +135,9 @@ impl RemoteEvents {
     fn on_error(&self, e: &watcher::Error) {
         self.metrics.remote_connected(false);
         self.health.failed();
+        if let Some(feed) = &self.federation {
+            feed.failed();
+        }
         if self.connected.swap(false, Ordering::SeqCst) {
             tracing::warn!(cluster = %self.cluster, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
         }

@@ -179,11 +179,16 @@ struct Inner {
     /// The Links are known: listed, not read, or their CRD is not installed (none can
     /// exist). False while the list is forbidden.
     links_known: AtomicBool,
+    /// The federation was told which clusters are linked (once the Links are known).
+    federation_expected: AtomicBool,
     active: Mutex<HashMap<SourceKey, Active>>,
     /// cluster name -> the source that links it.
     claims: Mutex<HashMap<String, SourceKey>>,
     /// Sources whose last connect failed (retried with backoff): not candidates.
     failing: Mutex<std::collections::HashSet<SourceKey>>,
+    /// The cluster of each source whose connect failed (nothing runs for it): its
+    /// federation entries are pending until it is gone (see `gone`).
+    failing_clusters: Mutex<HashMap<SourceKey, String>>,
     queue: WorkQueue<SourceKey>,
     recorder: EventRecorder,
     /// Background cleanups of unlinked clusters still running, by cluster name.
@@ -219,9 +224,11 @@ impl LinkManager {
             synced: AtomicBool::new(false),
             links_synced: AtomicBool::new(!links_enabled),
             links_known: AtomicBool::new(!links_enabled),
+            federation_expected: AtomicBool::new(false),
             active: Mutex::default(),
             claims: Mutex::default(),
             failing: Mutex::default(),
+            failing_clusters: Mutex::default(),
             cleanups: Cleanups::default(),
             cancel: cancel.clone(),
         });
@@ -580,6 +587,16 @@ impl Inner {
             .get(key)
             .map(|a| a.spec.link().cluster_name.clone())
         else {
+            // Nothing ran, but the federation may wait for its list (a Link valid at
+            // start whose connect kept failing): it is told the link is gone, unless
+            // another source links the cluster now.
+            let failed = self.failing_clusters.lock().remove(key);
+            if let Some(cluster) = failed
+                && !self.claims().contains_key(&cluster)
+                && let Some(federation) = &self.opts.deps.federation
+            {
+                federation.link_removed(&cluster);
+            }
             return Outcome::Done;
         };
         let next = self.successor(key, &cluster);
@@ -774,11 +791,15 @@ impl Inner {
         let client = match connect(&spec, &self.metrics().client).await {
             Ok(c) => {
                 self.failing.lock().remove(key);
+                self.failing_clusters.lock().remove(key);
                 c
             }
             Err(e) => {
                 self.claims().remove(&cluster);
                 self.failing.lock().insert(key.clone());
+                self.failing_clusters
+                    .lock()
+                    .insert(key.clone(), cluster.clone());
                 self.report(source, &e).await;
                 // Another source of the cluster may link it meanwhile.
                 for other in self.candidates(&cluster) {
@@ -981,7 +1002,13 @@ impl Inner {
         if !self.listed() {
             return;
         }
-        if first && let Some(federation) = &self.opts.deps.federation {
+        // Only from a Links list: refused (403), the Links are unknown, and planning
+        // without their clusters pending would delete their federated Services; the
+        // federation writes nothing until the Links can be listed.
+        if self.links_known.load(Ordering::SeqCst)
+            && !self.federation_expected.swap(true, Ordering::SeqCst)
+            && let Some(federation) = &self.opts.deps.federation
+        {
             // Clusters a valid Link names: their federated entries wait for their lists.
             let clusters = self
                 .links
