@@ -367,10 +367,12 @@ impl Reporter {
             "False"
         };
         for _ in 0..3 {
-            let current = match api.get_status(name).await {
+            // `get` on links: the installed Role grants no `get` on links/status.
+            let current = match api.get(name).await {
                 Ok(l) => l,
                 Err(e) => {
-                    tracing::debug!(link = %name, error = %e, "could not read the Link for its RemoteReachable condition");
+                    tracing::warn!(link = %name, error = %e, "could not read the Link for its RemoteReachable condition");
+                    self.metrics.error("remote_condition");
                     return;
                 }
             };
@@ -405,6 +407,7 @@ impl Reporter {
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => {
                     tracing::warn!(link = %name, error = %e, "could not write the Link's RemoteReachable condition");
+                    self.metrics.error("remote_condition");
                     return;
                 }
             }
