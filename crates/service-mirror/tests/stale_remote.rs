@@ -689,3 +689,46 @@ async fn a_restart_during_an_outage_holds_the_deletes_of_an_empty_first_list() {
     );
     w.stop(false).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_restart_during_an_outage_goes_stale_at_the_set_time_without_flapping() {
+    let env = Env::new("stale-restart").await;
+    let o = Outage::new(&env).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = o.start(&env, config(&env, 1, 3, 0), LinkDeps::default());
+    eventually("mirror ready", || async {
+        (routing(&env, "a").await == "ready").then_some(())
+    })
+    .await;
+    w.stop(false).await.unwrap();
+    // Restarted while the remote refuses every connection: the watcher retries its list
+    // with backoff (0.8 s doubling), and each retry begins with an `Init` event that
+    // came from no request.
+    o.proxy.cut().await.unwrap();
+    let t0 = Instant::now();
+    let w = o.start(&env, config(&env, 1, 3, 0), LinkDeps::default());
+    let mut seen = Vec::<String>::new();
+    let stale = loop {
+        let now = o.metric_state(&env).unwrap_or_default();
+        if !now.is_empty() && seen.last() != Some(&now) {
+            seen.push(now.clone());
+        }
+        if now == "stale" {
+            break t0.elapsed().as_secs_f64();
+        }
+        assert!(t0.elapsed() < secs(20), "never stale: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("measured: stale {stale:.2} s after a restart during an outage (set 3 s); states {seen:?}");
+    assert_eq!(
+        seen,
+        ["connected", "disconnected", "stale"],
+        "no way back to connected while the remote refuses"
+    );
+    assert!((3.0..4.5).contains(&stale), "{stale}");
+    assert_eq!(w.remote_state(), RemoteState::Stale);
+    o.proxy.restore().unwrap();
+    state_at(&o, &env, &w, "connected", Instant::now()).await;
+    w.stop(false).await.unwrap();
+}

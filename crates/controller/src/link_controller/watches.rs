@@ -99,10 +99,14 @@ impl RemoteEvents {
     }
 
     fn on_event(&self, ev: &watcher::Event<Service>) {
-        self.connected.store(true, Ordering::SeqCst);
-        self.refused.store(0, Ordering::SeqCst);
-        self.metrics.remote_connected(true);
-        self.health.answered();
+        // kube's watcher yields `Init` before it sends the list (again after each failed
+        // list): only what came from the remote counts as an answer.
+        if !matches!(ev, watcher::Event::Init) {
+            self.connected.store(true, Ordering::SeqCst);
+            self.refused.store(0, Ordering::SeqCst);
+            self.metrics.remote_connected(true);
+            self.health.answered();
+        }
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
         }
