@@ -122,16 +122,25 @@ impl RemoteHealth {
     pub(super) fn listed(&self, mirrors: usize, exported: usize) -> ListVerdict {
         let mut inner = self.inner.lock();
         let after_outage = std::mem::take(&mut inner.outage_since_list);
-        if inner.hold_until.take().is_some() {
-            // The second complete list: whatever it says is trusted.
+        if inner.hold_until.is_some() && !after_outage {
+            // The second complete list, with no outage since the first: trusted.
+            inner.hold_until = None;
             inner.hold_news = Some(false);
             drop(inner);
             self.wake.notify_one();
             return ListVerdict::Trusted;
         }
         if !relist_untrusted(after_outage, mirrors, exported) {
+            if inner.hold_until.take().is_some() {
+                // A new outage, but this list exports mirrors: the hold has no reason.
+                inner.hold_news = Some(false);
+                drop(inner);
+                self.wake.notify_one();
+            }
             return ListVerdict::Trusted;
         }
+        // A first untrusted list, or one after a new outage since the held list (which
+        // confirms nothing): the hold starts again.
         inner.hold_until = Some(Instant::now() + relist_hold(&self.policy));
         inner.hold_news = Some(true);
         drop(inner);
@@ -456,6 +465,25 @@ mod tests {
         assert!(!h.holding_deletes());
         h.failed();
         assert_eq!(h.listed(0, 0), ListVerdict::Trusted, "no mirror to lose");
+    }
+
+    #[test]
+    fn a_list_after_a_new_outage_during_a_hold_confirms_nothing() {
+        let h = RemoteHealth::new(policy());
+        h.failed();
+        h.answered();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held);
+        h.failed();
+        h.answered();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held, "a new outage: held again");
+        assert!(h.holding_deletes());
+        assert_eq!(h.listed(3, 0), ListVerdict::Trusted, "the list after it");
+        assert!(!h.holding_deletes());
+        h.failed();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held);
+        h.failed();
+        assert_eq!(h.listed(3, 2), ListVerdict::Trusted, "a list exporting some");
+        assert!(!h.holding_deletes(), "the hold ends with it");
     }
 
     #[test]
