@@ -81,6 +81,23 @@ impl Outage {
         .unwrap()
     }
 
+    /// [`Outage::start`], paused (the new controller of a rotation).
+    fn start_paused(&self, env: &Env, config: LinkConfig) -> LinkController {
+        let deps = LinkDeps {
+            metrics: self.metrics.clone(),
+            link_secret: Some(self.link.clone()),
+            ..LinkDeps::default()
+        };
+        LinkController::start_paused(
+            env.lc.clone(),
+            self.remote.clone(),
+            env.link(),
+            config,
+            deps,
+        )
+        .unwrap()
+    }
+
     /// The state the metric says is current (exactly one series is 1).
     fn metric_state(&self, env: &Env) -> Option<String> {
         let text = self.metrics.encode();
@@ -720,7 +737,9 @@ async fn a_restart_during_an_outage_goes_stale_at_the_set_time_without_flapping(
         assert!(t0.elapsed() < secs(20), "never stale: {seen:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    println!("measured: stale {stale:.2} s after a restart during an outage (set 3 s); states {seen:?}");
+    println!(
+        "measured: stale {stale:.2} s after a restart during an outage (set 3 s); states {seen:?}"
+    );
     assert_eq!(
         seen,
         ["connected", "disconnected", "stale"],
@@ -728,6 +747,28 @@ async fn a_restart_during_an_outage_goes_stale_at_the_set_time_without_flapping(
     );
     assert!((3.0..4.5).contains(&stale), "{stale}");
     assert_eq!(w.remote_state(), RemoteState::Stale);
+    o.proxy.restore().unwrap();
+    state_at(&o, &env, &w, "connected", Instant::now()).await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_paused_controller_shows_no_remote_state_until_it_resumes() {
+    let env = Env::new("stale-paused").await;
+    let o = Outage::new(&env).await;
+    o.proxy.cut().await.unwrap();
+    // The metric series of `{cluster}` is shared with the controller a rotation
+    // replaces: the paused one writes none, whatever its remote does (Disconnected
+    // after 1 s here).
+    let w = o.start_paused(&env, config(&env, 1, 0, 0));
+    let t0 = Instant::now();
+    while t0.elapsed() < secs(3) {
+        assert_eq!(o.metric_state(&env), None, "paused: no series");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w.remote_state(), RemoteState::Disconnected);
+    w.resume();
+    state_at(&o, &env, &w, "disconnected", Instant::now()).await;
     o.proxy.restore().unwrap();
     state_at(&o, &env, &w, "connected", Instant::now()).await;
     w.stop(false).await.unwrap();

@@ -179,6 +179,9 @@ pub(super) struct Reporter {
     pub(super) link_name: Option<String>,
     /// Only the leader writes Events and conditions.
     pub(super) leader: Option<watch::Receiver<bool>>,
+    /// A paused controller (the new one of a rotation) writes no condition, Event or
+    /// metric: the one it replaces still reports the link.
+    pub(super) writable: watch::Receiver<bool>,
     pub(super) index: Arc<parking_lot::Mutex<Index>>,
     pub(super) queue: WorkQueue<ServiceKey>,
     /// The remote, for the check while the watch fails.
@@ -188,15 +191,12 @@ pub(super) struct Reporter {
 /// Keeps the state of `health` up to date until `cancel` fires.
 pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: CancellationToken) {
     let policy = health.policy;
-    r.metrics.remote_state(RemoteState::Connected);
-    if r.leading() {
-        let cluster = &r.cluster;
-        r.set_condition(
-            RemoteState::Connected,
-            &format!("watching the apiserver of cluster {cluster}"),
-        )
-        .await;
-    }
+    // Whether the current state is shown by the metric, and by the condition: shown
+    // again when the controller resumes or gains the leadership (a new leader corrects
+    // what the old one last wrote).
+    let (mut metric_shown, mut condition_shown) = (false, false);
+    let mut leader = r.leader.clone();
+    let mut writable = r.writable.clone();
     let mut last_check = Instant::now();
     // The check runs beside the timer: a remote that hangs must not delay a transition.
     let mut check: Option<tokio::task::JoinHandle<()>> = None;
@@ -206,6 +206,20 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         let before = std::mem::replace(&mut health.inner.lock().state, now);
         if before != now {
             r.transition(before, now, unanswered).await;
+            metric_shown = r.writable();
+            condition_shown = r.reporting();
+        }
+        if !r.writable() {
+            metric_shown = false;
+        } else if !metric_shown {
+            r.metrics.remote_state(now);
+            metric_shown = true;
+        }
+        if !r.reporting() {
+            condition_shown = false;
+        } else if !condition_shown {
+            r.set_condition(now, &r.note(None, now, unanswered)).await;
+            condition_shown = true;
         }
         let hold_news = health.inner.lock().hold_news.take();
         match hold_news {
@@ -249,6 +263,8 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
                 return;
             }
             _ = health.wake.notified() => {}
+            _ = changed(leader.as_mut()) => {}
+            _ = changed(Some(&mut writable)) => {}
             _ = tokio::time::sleep(sleep) => {}
         }
         let idle = check.as_ref().is_none_or(|c| c.is_finished());
@@ -261,6 +277,17 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
                 }
             }));
         }
+    }
+}
+
+/// Resolves when `rx` changes; never without one, or once its sender is gone.
+async fn changed(rx: Option<&mut watch::Receiver<bool>>) {
+    let changed = match rx {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await
     }
 }
 
@@ -278,6 +305,15 @@ impl Reporter {
         self.leader.as_ref().is_none_or(|l| *l.borrow())
     }
 
+    fn writable(&self) -> bool {
+        *self.writable.borrow()
+    }
+
+    /// Whether this controller writes the link's condition and Events.
+    fn reporting(&self) -> bool {
+        self.writable() && self.leading()
+    }
+
     /// Every key the link has: exported remote Services and local mirrors.
     fn requeue_all(&self) {
         let keys: Vec<ServiceKey> = {
@@ -291,36 +327,52 @@ impl Reporter {
         }
     }
 
-    async fn transition(&self, before: RemoteState, now: RemoteState, silent: Option<Duration>) {
+    /// What `now` means, entered from `before` (`None`: said again, not entered).
+    fn note(
+        &self,
+        before: Option<RemoteState>,
+        now: RemoteState,
+        silent: Option<Duration>,
+    ) -> String {
         let cluster = &self.cluster;
         let silent_s = silent.map_or(0, |d| d.as_secs());
-        let note = match now {
-            RemoteState::Connected => format!(
+        match (now, before) {
+            (RemoteState::Connected, None) => {
+                format!("watching the apiserver of cluster {cluster}")
+            }
+            (RemoteState::Connected, Some(before)) => format!(
                 "the apiserver of cluster {cluster} answers again (was {}): mirrors follow it",
                 before.label()
             ),
-            RemoteState::Disconnected => format!(
+            (RemoteState::Disconnected, _) => format!(
                 "the apiserver of cluster {cluster} has not answered for {silent_s} s (--remote-grace): mirrors kept as they are"
             ),
-            RemoteState::Stale => format!(
+            (RemoteState::Stale, _) => format!(
                 "the apiserver of cluster {cluster} has not answered for {silent_s} s (--stale-after): mirror endpoints turn not ready unless their gateway probe says alive"
             ),
-            RemoteState::Expired => format!(
+            (RemoteState::Expired, _) => format!(
                 "the apiserver of cluster {cluster} has not answered for {silent_s} s (--stale-delete-after): mirror endpoints emptied, Services kept"
             ),
-        };
+        }
+    }
+
+    async fn transition(&self, before: RemoteState, now: RemoteState, silent: Option<Duration>) {
+        let cluster = &self.cluster;
+        let note = self.note(Some(before), now, silent);
         match now {
             RemoteState::Connected => tracing::info!(%cluster, from = before.label(), "{note}"),
             _ => tracing::warn!(%cluster, from = before.label(), to = now.label(), "{note}"),
         }
-        self.metrics.remote_state(now);
+        if self.writable() {
+            self.metrics.remote_state(now);
+        }
         // Only data-changing states get Events (and the way back from them).
         let event = match now {
             RemoteState::Connected => before >= RemoteState::Stale,
             RemoteState::Disconnected => false,
             RemoteState::Stale | RemoteState::Expired => true,
         };
-        if self.leading() {
+        if self.reporting() {
             if let (true, Some(link), Some(reason)) = (event, &self.link_object, now.event_reason())
             {
                 match now {
@@ -352,7 +404,7 @@ impl Reporter {
         );
         tracing::warn!(%cluster, "{note}");
         self.metrics.relist_held();
-        if let (true, Some(link)) = (self.leading(), &self.link_object) {
+        if let (true, Some(link)) = (self.reporting(), &self.link_object) {
             self.writer
                 .record(link, "RemoteListHeld", "Mirror", note)
                 .await;
@@ -475,14 +527,22 @@ mod tests {
         assert_eq!(h.listed(3, 0), ListVerdict::Held);
         h.failed();
         h.answered();
-        assert_eq!(h.listed(3, 0), ListVerdict::Held, "a new outage: held again");
+        assert_eq!(
+            h.listed(3, 0),
+            ListVerdict::Held,
+            "a new outage: held again"
+        );
         assert!(h.holding_deletes());
         assert_eq!(h.listed(3, 0), ListVerdict::Trusted, "the list after it");
         assert!(!h.holding_deletes());
         h.failed();
         assert_eq!(h.listed(3, 0), ListVerdict::Held);
         h.failed();
-        assert_eq!(h.listed(3, 2), ListVerdict::Trusted, "a list exporting some");
+        assert_eq!(
+            h.listed(3, 2),
+            ListVerdict::Trusted,
+            "a list exporting some"
+        );
         assert!(!h.holding_deletes(), "the hold ends with it");
     }
 
