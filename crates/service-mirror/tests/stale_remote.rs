@@ -773,3 +773,35 @@ async fn a_paused_controller_shows_no_remote_state_until_it_resumes() {
     state_at(&o, &env, &w, "connected", Instant::now()).await;
     w.stop(false).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_deleted_links_remote_state_series_goes_with_it() {
+    use support::links::{LinkWorld, link};
+    let w = LinkWorld::new("stale-gone", &[], &[]).await;
+    let env = &w.env;
+    let name = env.cluster.clone();
+    let l = link(
+        &name,
+        &env.cluster,
+        &w.credentials(),
+        serde_json::json!({"gatewayAddress": "192.0.2.10"}),
+    );
+    w.links.create(&PostParams::default(), &l).await.unwrap();
+    let series = format!("service_mirror_remote_state{{cluster=\"{}\",", env.cluster);
+    let connected = format!("{series}state=\"connected\"}} 1");
+    eventually("the link's remote_state series", || async {
+        w.ctl
+            .metrics_text()
+            .await
+            .contains(&connected)
+            .then_some(())
+    })
+    .await;
+    // A Link's mirrors stay when it is deleted; its series must not (a `stale` 1 would
+    // be reported forever).
+    w.links.delete(&name, &Default::default()).await.unwrap();
+    eventually("the series removed with the Link", || async {
+        (!w.ctl.metrics_text().await.contains(&series)).then_some(())
+    })
+    .await;
+}

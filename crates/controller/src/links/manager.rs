@@ -488,6 +488,9 @@ impl Inner {
         self.update_links_gauge();
         let cleanup = matches!(key, SourceKey::Secret(_));
         let stopped = a.controller.stop(cleanup).await;
+        // A Link's mirrors stay, but its series go with it (`remote_state` would
+        // otherwise say `stale` forever).
+        self.metrics().link.forget(&cluster);
         // Stopped first, so none of its member reports comes after this.
         if let Some(federation) = &self.opts.deps.federation {
             federation.link_removed(&cluster);
