@@ -70,6 +70,8 @@ struct Inner {
     hold_until: Option<Instant>,
     /// A hold began or ended and is not reported yet.
     hold_news: Option<bool>,
+    /// A complete list is replacing the cache and its verdict is not known yet.
+    list_pending: bool,
 }
 
 /// What the watches know of the remote, and the state they lead to.
@@ -91,6 +93,7 @@ impl RemoteHealth {
                 outage_since_list: false,
                 hold_until: None,
                 hold_news: None,
+                list_pending: false,
             }),
             wake: Notify::new(),
         }
@@ -121,6 +124,7 @@ impl RemoteHealth {
     /// (cilium#47793); the next complete list, or the end of the hold, confirms it.
     pub(super) fn listed(&self, mirrors: usize, exported: usize) -> ListVerdict {
         let mut inner = self.inner.lock();
+        inner.list_pending = false;
         let after_outage = std::mem::take(&mut inner.outage_since_list);
         if inner.hold_until.is_some() && !after_outage {
             // The second complete list, with no outage since the first: trusted.
@@ -148,12 +152,17 @@ impl RemoteHealth {
         ListVerdict::Held
     }
 
+    /// A complete list is about to replace the cache (before [`RemoteHealth::listed`]
+    /// says what it means): until then a worker that sees a Service missing from it
+    /// deletes nothing.
+    pub(super) fn list_arriving(&self) {
+        self.inner.lock().list_pending = true;
+    }
+
     /// Whether deletes of mirrors whose remote Service is missing are held now.
     pub(super) fn holding_deletes(&self) -> bool {
-        self.inner
-            .lock()
-            .hold_until
-            .is_some_and(|t| Instant::now() < t)
+        let inner = self.inner.lock();
+        inner.list_pending || inner.hold_until.is_some_and(|t| Instant::now() < t)
     }
 
     /// The state last published (what reconciles build endpoints from).
@@ -517,6 +526,19 @@ mod tests {
         assert!(!h.holding_deletes());
         h.failed();
         assert_eq!(h.listed(0, 0), ListVerdict::Trusted, "no mirror to lose");
+    }
+
+    #[test]
+    fn deletes_are_held_while_a_list_replaces_the_cache_until_its_verdict() {
+        let h = RemoteHealth::new(policy());
+        h.list_arriving();
+        assert!(h.holding_deletes(), "the cache may be empty already");
+        assert_eq!(h.listed(3, 3), ListVerdict::Trusted);
+        assert!(!h.holding_deletes(), "trusted: deletes go on");
+        h.failed();
+        h.list_arriving();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held);
+        assert!(h.holding_deletes(), "held by the verdict from then on");
     }
 
     #[test]

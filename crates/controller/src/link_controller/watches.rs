@@ -93,7 +93,7 @@ impl RemoteEvents {
             api,
             config: watcher::Config::default(),
             strip,
-            store: self.remote.clone(),
+            store: RemoteStore(self.remote.clone(), self.health.clone()),
         };
         drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
     }
@@ -173,6 +173,20 @@ impl RemoteEvents {
             let writer = self.report.writer.clone();
             tokio::spawn(async move { writer.record(&link, reason, "Watch", note).await });
         }
+    }
+}
+
+/// The remote Services cache, whose health hears of a complete list before the list
+/// replaces the cache: a worker between the two would see every Service gone with no
+/// hold yet.
+struct RemoteStore(Cache<Service>, Arc<RemoteHealth>);
+
+impl Store<Service> for RemoteStore {
+    fn apply(&mut self, ev: &watcher::Event<Service>) {
+        if matches!(ev, watcher::Event::InitDone) {
+            self.1.list_arriving();
+        }
+        self.0.apply(ev);
     }
 }
 
