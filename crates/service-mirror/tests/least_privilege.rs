@@ -951,7 +951,7 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
     let link_world = async {
         let w = world(None).await;
         create_namespace(&w.env.lc, &w.env.ns).await;
-        let _ctl = w.controller(&[]);
+        let ctl = w.controller(&[]);
         w.export("web").await;
         let link = w.link_resource().await;
         eventually(
@@ -964,6 +964,25 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
             },
         )
         .await;
+        // The stale-remote task writes its condition under the same rights (`patch` on
+        // links/status, the Link read with `get` on links).
+        let reachable = Instant::now();
+        loop {
+            let l = w.links().get(&link).await.unwrap();
+            let conditions = l.status.map(|s| s.conditions).unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "RemoteReachable" && c.status == "True")
+            {
+                break;
+            }
+            assert!(
+                reachable.elapsed() < Duration::from_secs(20),
+                "no RemoteReachable=True in {conditions:?}: {:?}",
+                ctl.log_lines("RemoteReachable")
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     };
     futures::join!(secret_world, link_world);
 }

@@ -81,6 +81,23 @@ impl Outage {
         .unwrap()
     }
 
+    /// [`Outage::start`], paused (the new controller of a rotation).
+    fn start_paused(&self, env: &Env, config: LinkConfig) -> LinkController {
+        let deps = LinkDeps {
+            metrics: self.metrics.clone(),
+            link_secret: Some(self.link.clone()),
+            ..LinkDeps::default()
+        };
+        LinkController::start_paused(
+            env.lc.clone(),
+            self.remote.clone(),
+            env.link(),
+            config,
+            deps,
+        )
+        .unwrap()
+    }
+
     /// The state the metric says is current (exactly one series is 1).
     fn metric_state(&self, env: &Env) -> Option<String> {
         let text = self.metrics.encode();
@@ -688,4 +705,103 @@ async fn a_restart_during_an_outage_holds_the_deletes_of_an_empty_first_list() {
         listed.elapsed().as_secs_f64()
     );
     w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_during_an_outage_goes_stale_at_the_set_time_without_flapping() {
+    let env = Env::new("stale-restart").await;
+    let o = Outage::new(&env).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = o.start(&env, config(&env, 1, 3, 0), LinkDeps::default());
+    eventually("mirror ready", || async {
+        (routing(&env, "a").await == "ready").then_some(())
+    })
+    .await;
+    w.stop(false).await.unwrap();
+    // Restarted while the remote refuses every connection: the watcher retries its list
+    // with backoff (0.8 s doubling), and each retry begins with an `Init` event that
+    // came from no request.
+    o.proxy.cut().await.unwrap();
+    let t0 = Instant::now();
+    let w = o.start(&env, config(&env, 1, 3, 0), LinkDeps::default());
+    let mut seen = Vec::<String>::new();
+    let stale = loop {
+        let now = o.metric_state(&env).unwrap_or_default();
+        if !now.is_empty() && seen.last() != Some(&now) {
+            seen.push(now.clone());
+        }
+        if now == "stale" {
+            break t0.elapsed().as_secs_f64();
+        }
+        assert!(t0.elapsed() < secs(20), "never stale: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "measured: stale {stale:.2} s after a restart during an outage (set 3 s); states {seen:?}"
+    );
+    assert_eq!(
+        seen,
+        ["connected", "disconnected", "stale"],
+        "no way back to connected while the remote refuses"
+    );
+    assert!((3.0..4.5).contains(&stale), "{stale}");
+    assert_eq!(w.remote_state(), RemoteState::Stale);
+    o.proxy.restore().unwrap();
+    state_at(&o, &env, &w, "connected", Instant::now()).await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_paused_controller_shows_no_remote_state_until_it_resumes() {
+    let env = Env::new("stale-paused").await;
+    let o = Outage::new(&env).await;
+    o.proxy.cut().await.unwrap();
+    // The metric series of `{cluster}` is shared with the controller a rotation
+    // replaces: the paused one writes none, whatever its remote does (Disconnected
+    // after 1 s here).
+    let w = o.start_paused(&env, config(&env, 1, 0, 0));
+    let t0 = Instant::now();
+    while t0.elapsed() < secs(3) {
+        assert_eq!(o.metric_state(&env), None, "paused: no series");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w.remote_state(), RemoteState::Disconnected);
+    w.resume();
+    state_at(&o, &env, &w, "disconnected", Instant::now()).await;
+    o.proxy.restore().unwrap();
+    state_at(&o, &env, &w, "connected", Instant::now()).await;
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_deleted_links_remote_state_series_goes_with_it() {
+    use support::links::{LinkWorld, link};
+    let w = LinkWorld::new("stale-gone", &[], &[]).await;
+    let env = &w.env;
+    let name = env.cluster.clone();
+    let l = link(
+        &name,
+        &env.cluster,
+        &w.credentials(),
+        serde_json::json!({"gatewayAddress": "192.0.2.10"}),
+    );
+    w.links.create(&PostParams::default(), &l).await.unwrap();
+    let series = format!("service_mirror_remote_state{{cluster=\"{}\",", env.cluster);
+    let connected = format!("{series}state=\"connected\"}} 1");
+    eventually("the link's remote_state series", || async {
+        w.ctl
+            .metrics_text()
+            .await
+            .contains(&connected)
+            .then_some(())
+    })
+    .await;
+    // A Link's mirrors stay when it is deleted; its series must not (a `stale` 1 would
+    // be reported forever).
+    w.links.delete(&name, &Default::default()).await.unwrap();
+    eventually("the series removed with the Link", || async {
+        (!w.ctl.metrics_text().await.contains(&series)).then_some(())
+    })
+    .await;
 }

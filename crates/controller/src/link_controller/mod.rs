@@ -223,6 +223,7 @@ impl LinkController {
             remote.clone(),
             cancel.clone(),
         );
+        let writable = watch::Sender::new(!paused);
         tasks.push(tokio::spawn(remote_state::run(
             health,
             remote_state::Reporter {
@@ -235,6 +236,7 @@ impl LinkController {
                     .map(|(ns, _)| kube::Api::namespaced(local.clone(), ns)),
                 link_name: status_of.as_ref().map(|(_, name)| name.clone()),
                 leader: deps.leader.clone(),
+                writable: writable.subscribe(),
                 index: rec.index.clone(),
                 queue: rec.queue.clone(),
                 remote: kube::Api::all(remote),
@@ -254,7 +256,7 @@ impl LinkController {
             )));
         }
         let gate = workers::Gate {
-            writable: watch::Sender::new(!paused),
+            writable,
             leader: deps.leader.clone(),
             synced: synced.clone(),
         };

@@ -70,6 +70,8 @@ struct Inner {
     hold_until: Option<Instant>,
     /// A hold began or ended and is not reported yet.
     hold_news: Option<bool>,
+    /// A complete list is replacing the cache and its verdict is not known yet.
+    list_pending: bool,
 }
 
 /// What the watches know of the remote, and the state they lead to.
@@ -91,6 +93,7 @@ impl RemoteHealth {
                 outage_since_list: false,
                 hold_until: None,
                 hold_news: None,
+                list_pending: false,
             }),
             wake: Notify::new(),
         }
@@ -121,17 +124,27 @@ impl RemoteHealth {
     /// (cilium#47793); the next complete list, or the end of the hold, confirms it.
     pub(super) fn listed(&self, mirrors: usize, exported: usize) -> ListVerdict {
         let mut inner = self.inner.lock();
+        inner.list_pending = false;
         let after_outage = std::mem::take(&mut inner.outage_since_list);
-        if inner.hold_until.take().is_some() {
-            // The second complete list: whatever it says is trusted.
+        if inner.hold_until.is_some() && !after_outage {
+            // The second complete list, with no outage since the first: trusted.
+            inner.hold_until = None;
             inner.hold_news = Some(false);
             drop(inner);
             self.wake.notify_one();
             return ListVerdict::Trusted;
         }
         if !relist_untrusted(after_outage, mirrors, exported) {
+            if inner.hold_until.take().is_some() {
+                // A new outage, but this list exports mirrors: the hold has no reason.
+                inner.hold_news = Some(false);
+                drop(inner);
+                self.wake.notify_one();
+            }
             return ListVerdict::Trusted;
         }
+        // A first untrusted list, or one after a new outage since the held list (which
+        // confirms nothing): the hold starts again.
         inner.hold_until = Some(Instant::now() + relist_hold(&self.policy));
         inner.hold_news = Some(true);
         drop(inner);
@@ -139,12 +152,17 @@ impl RemoteHealth {
         ListVerdict::Held
     }
 
+    /// A complete list is about to replace the cache (before [`RemoteHealth::listed`]
+    /// says what it means): until then a worker that sees a Service missing from it
+    /// deletes nothing.
+    pub(super) fn list_arriving(&self) {
+        self.inner.lock().list_pending = true;
+    }
+
     /// Whether deletes of mirrors whose remote Service is missing are held now.
     pub(super) fn holding_deletes(&self) -> bool {
-        self.inner
-            .lock()
-            .hold_until
-            .is_some_and(|t| Instant::now() < t)
+        let inner = self.inner.lock();
+        inner.list_pending || inner.hold_until.is_some_and(|t| Instant::now() < t)
     }
 
     /// The state last published (what reconciles build endpoints from).
@@ -170,6 +188,9 @@ pub(super) struct Reporter {
     pub(super) link_name: Option<String>,
     /// Only the leader writes Events and conditions.
     pub(super) leader: Option<watch::Receiver<bool>>,
+    /// A paused controller (the new one of a rotation) writes no condition, Event or
+    /// metric: the one it replaces still reports the link.
+    pub(super) writable: watch::Receiver<bool>,
     pub(super) index: Arc<parking_lot::Mutex<Index>>,
     pub(super) queue: WorkQueue<ServiceKey>,
     /// The remote, for the check while the watch fails.
@@ -179,15 +200,12 @@ pub(super) struct Reporter {
 /// Keeps the state of `health` up to date until `cancel` fires.
 pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: CancellationToken) {
     let policy = health.policy;
-    r.metrics.remote_state(RemoteState::Connected);
-    if r.leading() {
-        let cluster = &r.cluster;
-        r.set_condition(
-            RemoteState::Connected,
-            &format!("watching the apiserver of cluster {cluster}"),
-        )
-        .await;
-    }
+    // Whether the current state is shown by the metric, and by the condition: shown
+    // again when the controller resumes or gains the leadership (a new leader corrects
+    // what the old one last wrote).
+    let (mut metric_shown, mut condition_shown) = (false, false);
+    let mut leader = r.leader.clone();
+    let mut writable = r.writable.clone();
     let mut last_check = Instant::now();
     // The check runs beside the timer: a remote that hangs must not delay a transition.
     let mut check: Option<tokio::task::JoinHandle<()>> = None;
@@ -197,6 +215,20 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         let before = std::mem::replace(&mut health.inner.lock().state, now);
         if before != now {
             r.transition(before, now, unanswered).await;
+            metric_shown = r.writable();
+            condition_shown = r.reporting();
+        }
+        if !r.writable() {
+            metric_shown = false;
+        } else if !metric_shown {
+            r.metrics.remote_state(now);
+            metric_shown = true;
+        }
+        if !r.reporting() {
+            condition_shown = false;
+        } else if !condition_shown {
+            r.set_condition(now, &r.note(None, now, unanswered)).await;
+            condition_shown = true;
         }
         let hold_news = health.inner.lock().hold_news.take();
         match hold_news {
@@ -240,6 +272,8 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
                 return;
             }
             _ = health.wake.notified() => {}
+            _ = changed(leader.as_mut()) => {}
+            _ = changed(Some(&mut writable)) => {}
             _ = tokio::time::sleep(sleep) => {}
         }
         let idle = check.as_ref().is_none_or(|c| c.is_finished());
@@ -252,6 +286,17 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
                 }
             }));
         }
+    }
+}
+
+/// Resolves when `rx` changes; never without one, or once its sender is gone.
+async fn changed(rx: Option<&mut watch::Receiver<bool>>) {
+    let changed = match rx {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await
     }
 }
 
@@ -269,6 +314,15 @@ impl Reporter {
         self.leader.as_ref().is_none_or(|l| *l.borrow())
     }
 
+    fn writable(&self) -> bool {
+        *self.writable.borrow()
+    }
+
+    /// Whether this controller writes the link's condition and Events.
+    fn reporting(&self) -> bool {
+        self.writable() && self.leading()
+    }
+
     /// Every key the link has: exported remote Services and local mirrors.
     fn requeue_all(&self) {
         let keys: Vec<ServiceKey> = {
@@ -282,36 +336,52 @@ impl Reporter {
         }
     }
 
-    async fn transition(&self, before: RemoteState, now: RemoteState, silent: Option<Duration>) {
+    /// What `now` means, entered from `before` (`None`: said again, not entered).
+    fn note(
+        &self,
+        before: Option<RemoteState>,
+        now: RemoteState,
+        silent: Option<Duration>,
+    ) -> String {
         let cluster = &self.cluster;
         let silent_s = silent.map_or(0, |d| d.as_secs());
-        let note = match now {
-            RemoteState::Connected => format!(
+        match (now, before) {
+            (RemoteState::Connected, None) => {
+                format!("watching the apiserver of cluster {cluster}")
+            }
+            (RemoteState::Connected, Some(before)) => format!(
                 "the apiserver of cluster {cluster} answers again (was {}): mirrors follow it",
                 before.label()
             ),
-            RemoteState::Disconnected => format!(
+            (RemoteState::Disconnected, _) => format!(
                 "the apiserver of cluster {cluster} has not answered for {silent_s} s (--remote-grace): mirrors kept as they are"
             ),
-            RemoteState::Stale => format!(
+            (RemoteState::Stale, _) => format!(
                 "the apiserver of cluster {cluster} has not answered for {silent_s} s (--stale-after): mirror endpoints turn not ready unless their gateway probe says alive"
             ),
-            RemoteState::Expired => format!(
+            (RemoteState::Expired, _) => format!(
                 "the apiserver of cluster {cluster} has not answered for {silent_s} s (--stale-delete-after): mirror endpoints emptied, Services kept"
             ),
-        };
+        }
+    }
+
+    async fn transition(&self, before: RemoteState, now: RemoteState, silent: Option<Duration>) {
+        let cluster = &self.cluster;
+        let note = self.note(Some(before), now, silent);
         match now {
             RemoteState::Connected => tracing::info!(%cluster, from = before.label(), "{note}"),
             _ => tracing::warn!(%cluster, from = before.label(), to = now.label(), "{note}"),
         }
-        self.metrics.remote_state(now);
+        if self.writable() {
+            self.metrics.remote_state(now);
+        }
         // Only data-changing states get Events (and the way back from them).
         let event = match now {
             RemoteState::Connected => before >= RemoteState::Stale,
             RemoteState::Disconnected => false,
             RemoteState::Stale | RemoteState::Expired => true,
         };
-        if self.leading() {
+        if self.reporting() {
             if let (true, Some(link), Some(reason)) = (event, &self.link_object, now.event_reason())
             {
                 match now {
@@ -343,7 +413,7 @@ impl Reporter {
         );
         tracing::warn!(%cluster, "{note}");
         self.metrics.relist_held();
-        if let (true, Some(link)) = (self.leading(), &self.link_object) {
+        if let (true, Some(link)) = (self.reporting(), &self.link_object) {
             self.writer
                 .record(link, "RemoteListHeld", "Mirror", note)
                 .await;
@@ -367,10 +437,12 @@ impl Reporter {
             "False"
         };
         for _ in 0..3 {
-            let current = match api.get_status(name).await {
+            // `get` on links: the installed Role grants no `get` on links/status.
+            let current = match api.get(name).await {
                 Ok(l) => l,
                 Err(e) => {
-                    tracing::debug!(link = %name, error = %e, "could not read the Link for its RemoteReachable condition");
+                    tracing::warn!(link = %name, error = %e, "could not read the Link for its RemoteReachable condition");
+                    self.metrics.error("remote_condition");
                     return;
                 }
             };
@@ -405,6 +477,7 @@ impl Reporter {
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => {
                     tracing::warn!(link = %name, error = %e, "could not write the Link's RemoteReachable condition");
+                    self.metrics.error("remote_condition");
                     return;
                 }
             }
@@ -453,6 +526,46 @@ mod tests {
         assert!(!h.holding_deletes());
         h.failed();
         assert_eq!(h.listed(0, 0), ListVerdict::Trusted, "no mirror to lose");
+    }
+
+    #[test]
+    fn deletes_are_held_while_a_list_replaces_the_cache_until_its_verdict() {
+        let h = RemoteHealth::new(policy());
+        h.list_arriving();
+        assert!(h.holding_deletes(), "the cache may be empty already");
+        assert_eq!(h.listed(3, 3), ListVerdict::Trusted);
+        assert!(!h.holding_deletes(), "trusted: deletes go on");
+        h.failed();
+        h.list_arriving();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held);
+        assert!(h.holding_deletes(), "held by the verdict from then on");
+    }
+
+    #[test]
+    fn a_list_after_a_new_outage_during_a_hold_confirms_nothing() {
+        let h = RemoteHealth::new(policy());
+        h.failed();
+        h.answered();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held);
+        h.failed();
+        h.answered();
+        assert_eq!(
+            h.listed(3, 0),
+            ListVerdict::Held,
+            "a new outage: held again"
+        );
+        assert!(h.holding_deletes());
+        assert_eq!(h.listed(3, 0), ListVerdict::Trusted, "the list after it");
+        assert!(!h.holding_deletes());
+        h.failed();
+        assert_eq!(h.listed(3, 0), ListVerdict::Held);
+        h.failed();
+        assert_eq!(
+            h.listed(3, 2),
+            ListVerdict::Trusted,
+            "a list exporting some"
+        );
+        assert!(!h.holding_deletes(), "the hold ends with it");
     }
 
     #[test]

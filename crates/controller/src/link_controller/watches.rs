@@ -93,16 +93,20 @@ impl RemoteEvents {
             api,
             config: watcher::Config::default(),
             strip,
-            store: self.remote.clone(),
+            store: RemoteStore(self.remote.clone(), self.health.clone()),
         };
         drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
     }
 
     fn on_event(&self, ev: &watcher::Event<Service>) {
-        self.connected.store(true, Ordering::SeqCst);
-        self.refused.store(0, Ordering::SeqCst);
-        self.metrics.remote_connected(true);
-        self.health.answered();
+        // kube's watcher yields `Init` before it sends the list (again after each failed
+        // list): only what came from the remote counts as an answer.
+        if !matches!(ev, watcher::Event::Init) {
+            self.connected.store(true, Ordering::SeqCst);
+            self.refused.store(0, Ordering::SeqCst);
+            self.metrics.remote_connected(true);
+            self.health.answered();
+        }
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
         }
@@ -172,6 +176,20 @@ impl RemoteEvents {
             let writer = self.report.writer.clone();
             tokio::spawn(async move { writer.record(&link, reason, "Watch", note).await });
         }
+    }
+}
+
+/// The remote Services cache, whose health hears of a complete list before the list
+/// replaces the cache: a worker between the two would see every Service gone with no
+/// hold yet.
+struct RemoteStore(Cache<Service>, Arc<RemoteHealth>);
+
+impl Store<Service> for RemoteStore {
+    fn apply(&mut self, ev: &watcher::Event<Service>) {
+        if matches!(ev, watcher::Event::InitDone) {
+            self.1.list_arriving();
+        }
+        self.0.apply(ev);
     }
 }
 

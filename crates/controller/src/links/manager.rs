@@ -374,46 +374,70 @@ impl Inner {
         }
         let status = if ready { "True" } else { "False" };
         let message: String = message.chars().take(1024).collect();
-        let current = link
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-        if current.is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
-        {
-            return;
-        }
-        let condition = Condition {
-            type_: "Ready".into(),
-            status: status.into(),
-            reason: reason.into(),
-            message,
-            observed_generation: link.metadata.generation,
-            last_transition_time: match current.filter(|c| c.status == status) {
-                Some(c) => c.last_transition_time.clone(),
-                None => Time(k8s_openapi::jiff::Timestamp::now()),
-            },
-        };
         let api: Api<LinkResource> = Api::namespaced(self.local.clone(), &self.opts.namespace);
-        // A merge patch replaces the whole list: the other conditions (the link
-        // controller's `RemoteReachable`) are written back as read.
-        let conditions = super::resource::with_condition(
-            link.status
-                .as_ref()
-                .map(|s| s.conditions.clone())
-                .unwrap_or_default(),
-            condition,
-        );
-        let body = serde_json::json!({"status": {"conditions": conditions}});
         let params = kube::api::PatchParams {
             field_manager: Some(crate::writer::FIELD_MANAGER.into()),
             ..Default::default()
         };
-        if let Err(e) = api
-            .patch_status(&link.name_any(), &params, &kube::api::Patch::Merge(&body))
-            .await
-        {
-            tracing::warn!(link = %link.name_any(), error = %e, "could not write the Link's Ready condition");
+        let name = link.name_any();
+        // First from the cached Link; a 409 (another writer, the link controller's
+        // `RemoteReachable`, came in between) reads it again: 3 tries.
+        let mut read = std::borrow::Cow::Borrowed(link);
+        for _ in 0..3 {
+            let link = read.as_ref();
+            let current = link
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+            if current
+                .is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
+            {
+                return;
+            }
+            let condition = Condition {
+                type_: "Ready".into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: message.clone(),
+                observed_generation: link.metadata.generation,
+                last_transition_time: match current.filter(|c| c.status == status) {
+                    Some(c) => c.last_transition_time.clone(),
+                    None => Time(k8s_openapi::jiff::Timestamp::now()),
+                },
+            };
+            // A merge patch replaces the whole list: the other conditions (the link
+            // controller's `RemoteReachable`) are written back as read, at the version
+            // read.
+            let conditions = super::resource::with_condition(
+                link.status
+                    .as_ref()
+                    .map(|s| s.conditions.clone())
+                    .unwrap_or_default(),
+                condition,
+            );
+            let body = serde_json::json!({
+                "metadata": { "resourceVersion": link.metadata.resource_version },
+                "status": { "conditions": conditions },
+            });
+            match api
+                .patch_status(&name, &params, &kube::api::Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => return,
+                Err(kube::Error::Api(s)) if s.code == 409 => match api.get(&name).await {
+                    Ok(fresh) => read = std::borrow::Cow::Owned(fresh),
+                    Err(e) => {
+                        tracing::warn!(link = %name, error = %e, "could not read the Link again for its Ready condition");
+                        return;
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(link = %name, error = %e, "could not write the Link's Ready condition");
+                    return;
+                }
+            }
         }
+        tracing::warn!(link = %name, "the Link's Ready condition lost 3 write races; left to the next pass");
     }
 
     /// Log + metric + Event for a refused or failing link source.
@@ -471,6 +495,9 @@ impl Inner {
         self.update_links_gauge();
         let cleanup = matches!(key, SourceKey::Secret(_));
         let stopped = a.controller.stop(cleanup).await;
+        // A Link's mirrors stay, but its series go with it (`remote_state` would
+        // otherwise say `stale` forever).
+        self.metrics().link.forget(&cluster);
         // Stopped first, so none of its member reports comes after this.
         if let Some(federation) = &self.opts.deps.federation {
             federation.link_removed(&cluster);
