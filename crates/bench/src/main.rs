@@ -12,6 +12,7 @@
 
 mod audit;
 mod baseline;
+mod headless;
 mod observe;
 mod process;
 mod remote;
@@ -101,6 +102,11 @@ struct Args {
     /// report adds the Link status bytes and writes.
     #[arg(long, value_enum, default_value_t = LinkSource::Secrets)]
     link_source: LinkSource,
+    /// Only the headless scenario, with this many pods: one remote headless Service
+    /// whose slices name a hostname per pod, mirrored with `--enable-headless-services`
+    /// (an endpoint mirror per pod), against the baseline writing the same objects.
+    #[arg(long)]
+    headless_pods: Option<usize>,
     /// Only the controller (no baseline, no ratios): for quick tuning runs.
     #[arg(long)]
     skip_baseline: bool,
@@ -197,6 +203,29 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
     let workdir = tempfile::Builder::new().prefix("bench-").tempdir()?;
     let policy = workdir.path().join("audit-policy.yaml");
     std::fs::write(&policy, audit::POLICY)?;
+    if let Some(pods) = args.headless_pods {
+        let result = headless::bench(headless::HeadlessRun {
+            pods,
+            controller: &controller,
+            controller_args: &args.controller_arg,
+            mode: args.endpoints_mode,
+            policy: &policy,
+            concurrency: if args.concurrency.len() == 1 {
+                args.concurrency[0]
+            } else {
+                64
+            },
+            workdir: workdir.path(),
+        })
+        .await?;
+        let json = serde_json::json!({
+            "schema": 1,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "machine": machine, "git": git_describe(), "headless": result,
+        });
+        std::fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
+        return Ok(());
+    }
 
     let cap = |k: usize| {
         if k > 1 {

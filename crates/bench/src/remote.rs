@@ -141,6 +141,11 @@ impl Remote {
         Ok(remote)
     }
 
+    /// An admin client of the remote.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Exported Services on the remote.
     pub(crate) fn len(&self) -> usize {
         self.http_ports.len()

@@ -64,3 +64,32 @@ fn smoke_run_mirrors_every_change_and_writes_nothing_when_idle() {
         "the controller warned: {rep}"
     );
 }
+
+#[test]
+fn headless_smoke_run_mirrors_every_pod_and_writes_nothing_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("headless.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--headless-pods", "30", "--concurrency", "8"])
+        .args(["--controller-bin", "self", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run the bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON results")).unwrap();
+    let h = &results["headless"];
+    assert_eq!(h["pods"], 30);
+    // 30 endpoint mirrors and the headless mirror, each a Service, Endpoints and a slice.
+    assert_eq!(h["baseline_objects"], 93, "{h}");
+    assert!(h["cold_mirror_writes"].as_u64().unwrap() >= 93, "{h}");
+    assert_eq!(h["idle_mirror_writes"], 0, "no write when idle: {h}");
+    for m in ["cold_sync_s", "baseline_s", "rss_peak_mib"] {
+        assert!(h[m].as_f64().is_some_and(f64::is_finite), "{m} measured: {h}");
+    }
+}
