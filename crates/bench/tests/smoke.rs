@@ -90,6 +90,9 @@ fn headless_smoke_run_mirrors_every_pod_and_writes_nothing_when_idle() {
     assert!(h["cold_mirror_writes"].as_u64().unwrap() >= 93, "{h}");
     assert_eq!(h["idle_mirror_writes"], 0, "no write when idle: {h}");
     for m in ["cold_sync_s", "baseline_s", "rss_peak_mib"] {
-        assert!(h[m].as_f64().is_some_and(f64::is_finite), "{m} measured: {h}");
+        assert!(
+            h[m].as_f64().is_some_and(f64::is_finite),
+            "{m} measured: {h}"
+        );
     }
 }

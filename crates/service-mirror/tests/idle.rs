@@ -8,12 +8,11 @@
 mod support;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use local_cluster::{LocalCluster, unique_namespace};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use support::controller::{Controller, link_secret, reader_kubeconfig};
+use support::controller::{Controller, link_secret, own_identity, reader_kubeconfig};
 use support::*;
 
 /// Longer than the 60 s gateway refresh and two 30 s expectation expiries.
@@ -49,33 +48,6 @@ fn writes_of(local: &LocalCluster, user: &str, from: usize) -> (Vec<String>, usi
     (writes, lines.len())
 }
 
-/// A ServiceAccount identity bound to cluster-admin, so its writes stand apart in the
-/// audit log from the test's and the apiserver's own.
-async fn identity(local: &LocalCluster, ns: &str, name: &str) -> local_cluster::Kubeconfig {
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(format!("{ns}-{name}")),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: name.into(),
-            namespace: Some(ns.into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(local.client().await.unwrap())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    local.service_account_kubeconfig(ns, name).await.unwrap()
-}
-
 #[tokio::test]
 async fn an_idle_leader_writes_nothing_but_its_lease_renewals_for_75_seconds() {
     let env = Env::new("idle75").await;
@@ -94,7 +66,7 @@ async fn an_idle_leader_writes_nothing_but_its_lease_renewals_for_75_seconds() {
         )
         .await
         .unwrap();
-    let id = identity(&env.local, &ctl_ns, "idle-replica").await;
+    let id = own_identity(&env.local, &ctl_ns, "idle-replica").await;
     let user = format!("system:serviceaccount:{ctl_ns}:idle-replica");
     let ctl = Controller::spawn_as(
         &id.path,
