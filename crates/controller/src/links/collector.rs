@@ -60,23 +60,6 @@ impl Collector {
                 r = leader.wait_for(|l| *l) => if r.is_err() { return None },
             }
         }
-        let mut linked = HashSet::new();
-        for l in self.links.state() {
-            linked.insert(l.spec.target_cluster_name.clone().unwrap_or_default());
-        }
-        for s in self.secrets.state() {
-            // A Secret without the annotation (a Link's credentials) names no cluster.
-            let Some(name) = s.annotations().get(LINK_CLUSTER_NAME_ANNOTATION).cloned() else {
-                continue;
-            };
-            if validate_cluster_name(&name).is_err() {
-                tracing::warn!(secret = %s.name_any(), "not collecting mirrors of unlinked clusters: a link Secret has no valid cluster name");
-                return None;
-            }
-            linked.insert(name);
-        }
-        // Only mirrors this controller made (annotated with its namespace), in namespaces it
-        // mirrors into: another controller's mirrors are never collected.
         let (ns, filter) = (self.namespace.clone(), self.namespaces.clone());
         let select: MirrorSelector = Arc::new(move |m: &ObjectMeta| {
             let made_here = m
@@ -105,6 +88,27 @@ impl Collector {
                 }
             }
         }
+        // Which clusters are linked is read after the mirrors are listed, not before: a
+        // link Secret created meanwhile starts a link whose first mirrors may be in the
+        // lists, and its cluster must count as linked (its Secret reached the store before
+        // its link started).
+        let mut linked = HashSet::new();
+        for l in self.links.state() {
+            linked.insert(l.spec.target_cluster_name.clone().unwrap_or_default());
+        }
+        for s in self.secrets.state() {
+            // A Secret without the annotation (a Link's credentials) names no cluster.
+            let Some(name) = s.annotations().get(LINK_CLUSTER_NAME_ANNOTATION).cloned() else {
+                continue;
+            };
+            if validate_cluster_name(&name).is_err() {
+                tracing::warn!(secret = %s.name_any(), "not collecting mirrors of unlinked clusters: a link Secret has no valid cluster name");
+                return None;
+            }
+            linked.insert(name);
+        }
+        // Only mirrors this controller made (annotated with its namespace), in namespaces it
+        // mirrors into: another controller's mirrors are never collected.
         let clusters = clusters
             .into_iter()
             .filter(|c| !linked.contains(c))

@@ -1076,6 +1076,14 @@ async fn collect_unlinked(inner: Arc<Inner>) {
         return;
     };
     for cluster in unlinked.clusters {
+        // Linked since the collector looked: its link owns these mirrors now.
+        let running = inner
+            .active()
+            .values()
+            .any(|a| a.spec.link().cluster_name == cluster);
+        if running {
+            continue;
+        }
         tracing::info!(%cluster, "deleting the mirrors of a cluster no link Secret names");
         inner.spawn_cleanup(&cluster, Some(unlinked.select.clone()));
     }
