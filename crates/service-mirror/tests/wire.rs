@@ -9,7 +9,6 @@ mod support;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Secret, Service, ServicePort,
-    ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -91,27 +90,7 @@ async fn east_service(east: &kube::Client, name: &str, node_ip: &str) {
 /// `ingress` are the Service's ingress addresses (`ip` among them; the Endpoints hold `ip`
 /// only: east's kube-proxy sends every ingress address to the gateway's own address).
 async fn east_gateway(east: &kube::Client, ip: &str, ingress: &[&str]) {
-    let svc = Service {
-        metadata: meta("gateway"),
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            ports: Some(ports(&[
-                ("mc-gateway", GATEWAY_PORT.into()),
-                ("mc-probe", PROBE_PORT.into()),
-            ])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<Service>::namespaced(east.clone(), "shop")
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
-    set_ingress(east, "shop", "gateway", ingress).await;
-    let ports = [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)];
-    publish_endpoints(east, "shop", "gateway", ip, &ports)
-        .await
-        .unwrap();
+    stand_in_gateway_service(east, "shop", ip, ingress).await;
 }
 
 /// The mirror's name on west.

@@ -8,14 +8,11 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kube::api::{Api, ObjectMeta, PostParams};
-use local_cluster::{
-    ClusterOptions, GATEWAY_PORT, LocalCluster, PROBE_PORT, publish_endpoints,
-    skip_without_data_plane,
-};
+use kube::api::{Api, PostParams};
+use local_cluster::{ClusterOptions, LocalCluster, skip_without_data_plane};
 use std::time::{Duration, Instant};
 use support::controller::{Controller, kubeconfig_with_rules, link_secret};
 use support::*;
@@ -38,30 +35,7 @@ async fn data_plane_cluster(name: &str) -> LocalCluster {
 /// East's gateway Service `shop/gateway` in front of the stand-in gateway at `ip` (as
 /// tests/wire.rs makes it: ingress and Endpoints at the gateway's address).
 async fn east_gateway(east: &kube::Client, ip: &str) {
-    let svc = Service {
-        metadata: ObjectMeta {
-            name: Some("gateway".into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".into()),
-            ports: Some(ports(&[
-                ("mc-gateway", GATEWAY_PORT.into()),
-                ("mc-probe", PROBE_PORT.into()),
-            ])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<Service>::namespaced(east.clone(), "shop")
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
-    set_ingress(east, "shop", "gateway", &[ip]).await;
-    let ports = [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)];
-    publish_endpoints(east, "shop", "gateway", ip, &ports)
-        .await
-        .unwrap();
+    stand_in_gateway_service(east, "shop", ip, &[ip]).await;
 }
 
 /// East's headless `shop/web`, exported through `shop/gateway`, and its EndpointSlice

@@ -9,12 +9,12 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{Secret, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use local_cluster::{
-    ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT,
-    Workload, publish_endpoints, skip_without_data_plane,
+    ClusterOptions, DataPlane, Gateway, HttpAnswer, LocalCluster, Workload, publish_endpoints,
+    skip_without_data_plane,
 };
 use std::time::{Duration, Instant};
 use support::controller::{Controller, link_secret, reader_kubeconfig};
@@ -38,13 +38,6 @@ async fn data_plane_cluster(name: &str) -> LocalCluster {
     )
     .await
     .unwrap_or_else(|e| panic!("start {name} with a data plane: {e}"))
-}
-
-fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.into()),
-        ..Default::default()
-    }
 }
 
 /// West and east with data planes, east's `shop/web` (port 80 → 8080) exported through
@@ -88,27 +81,7 @@ impl World {
             .await
             .unwrap();
         let gateway = ep.start_gateway("east").unwrap();
-        let gw = Service {
-            metadata: meta("gateway"),
-            spec: Some(ServiceSpec {
-                type_: Some("LoadBalancer".into()),
-                ports: Some(ports(&[
-                    ("mc-gateway", GATEWAY_PORT.into()),
-                    ("mc-probe", PROBE_PORT.into()),
-                ])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        Api::<Service>::namespaced(ec.clone(), "shop")
-            .create(&PostParams::default(), &gw)
-            .await
-            .unwrap();
-        set_ingress(&ec, "shop", "gateway", &[&east_ip]).await;
-        let gw_ports = [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)];
-        publish_endpoints(&ec, "shop", "gateway", &east_ip, &gw_ports)
-            .await
-            .unwrap();
+        stand_in_gateway_service(&ec, "shop", &east_ip, &[&east_ip]).await;
 
         let ctl_ns = local_cluster::unique_namespace("sm");
         create_namespace(&wc, &ctl_ns).await;

@@ -522,3 +522,41 @@ pub(crate) async fn wait_event(client: &Client, ns: &str, name: &str, reason: &s
     })
     .await
 }
+
+/// The gateway Service `ns/gateway` of a data-plane cluster in front of the stand-in
+/// gateway at `ip`: LoadBalancer with `mc-gateway` and `mc-probe`, `ingress` as its
+/// ingress addresses, and Endpoints at `ip` as a real gateway's pods would give it (the
+/// cluster's kube-proxy routes a LoadBalancer IP to the Service's endpoints and rejects
+/// it while there are none; it sends every ingress address to the gateway's own).
+pub(crate) async fn stand_in_gateway_service(
+    client: &Client,
+    ns: &str,
+    ip: &str,
+    ingress: &[&str],
+) {
+    use local_cluster::{GATEWAY_PORT, PROBE_PORT};
+    let svc = Service {
+        metadata: ObjectMeta {
+            name: Some("gateway".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(ports(&[
+                ("mc-gateway", GATEWAY_PORT.into()),
+                ("mc-probe", PROBE_PORT.into()),
+            ])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<Service>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    set_ingress(client, ns, "gateway", ingress).await;
+    let gw_ports = [("mc-gateway", GATEWAY_PORT), ("mc-probe", PROBE_PORT)];
+    local_cluster::publish_endpoints(client, ns, "gateway", ip, &gw_ports)
+        .await
+        .unwrap();
+}
