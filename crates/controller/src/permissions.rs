@@ -260,7 +260,12 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 pub async fn log_missing_permissions(client: kube::Client, namespace: String) {
     log_missing_required(&client, &namespace).await;
     log_missing_link_permissions(&client, &namespace).await;
+    // Said last, so that a reader of the log knows every missing permission is above.
+    tracing::info!("{PERMISSION_CHECK_DONE}");
 }
+
+/// The log line that ends the startup permission check.
+pub const PERMISSION_CHECK_DONE: &str = "startup permission check done";
 
 async fn log_missing_required(client: &kube::Client, namespace: &str) {
     let namespace = namespace.to_string();

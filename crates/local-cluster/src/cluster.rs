@@ -20,6 +20,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const START_ATTEMPTS: usize = 3;
+/// Restarts on the same port that found it taken: 10 attempts, 1 s apart.
+const RESTART_PORT_ATTEMPTS: usize = 10;
+
+/// Whether a failed apiserver start failed to bind its port.
+fn lost_its_port(e: &Error) -> bool {
+    matches!(e, Error::Start { log_tail, .. } if log_tail.contains("address already in use"))
+}
 
 /// Audit policy: metadata of every write, nothing else. Tests count writes with it.
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
@@ -337,9 +344,28 @@ impl LocalCluster {
         }
     }
 
-    /// Starts the apiserver again on the same port and waits until it is ready.
+    /// Starts the apiserver again on the same port and waits until it is ready. The port
+    /// was free while the old process held it, but between the kill and the restart any
+    /// process of the machine may bind it (an ephemeral client port, another test's
+    /// `free_port`): such holders go within seconds, so a restart that loses its port
+    /// retries (up to [`RESTART_PORT_ATTEMPTS`], 1 s apart) instead of failing the test.
+    /// Clients keep the URL, so moving to another port is not an option.
     pub async fn start_apiserver(&self) -> Result<()> {
-        self.spawn_apiserver().await
+        let mut attempt = 1;
+        loop {
+            match self.spawn_apiserver().await {
+                Err(e) if attempt < RESTART_PORT_ATTEMPTS && lost_its_port(&e) => {
+                    eprintln!(
+                        "local-cluster {}: apiserver port {} taken on restart (attempt {attempt}), retrying in 1 s",
+                        self.name,
+                        self.apiserver_port()
+                    );
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Writes a throw-away key to etcd and compacts its history up to that revision, so

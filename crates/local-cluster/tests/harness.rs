@@ -217,6 +217,42 @@ async fn apiserver_restart_keeps_data_and_clients_reconnect() {
 }
 
 #[tokio::test]
+async fn a_restart_that_finds_its_port_taken_retries_until_the_port_is_free() {
+    let cluster = LocalCluster::start("port-taken").await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let addr = cluster.apiserver_addr();
+    cluster.stop_apiserver();
+    // Another process takes the port while the apiserver is away, for 2.5 s.
+    let squatter = std::net::TcpListener::bind(addr).expect("the killed apiserver freed its port");
+    let held = Duration::from_millis(2500);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(held);
+        drop(squatter);
+    });
+    let restarted = Instant::now();
+    cluster
+        .start_apiserver()
+        .await
+        .expect("the restart retries once the port is free");
+    let took = restarted.elapsed();
+    release.join().unwrap();
+    eprintln!("restart with its port held {held:?}: ready in {took:?}");
+    assert!(
+        took >= held,
+        "it could not have bound before the port was free: {took:?}"
+    );
+    assert_eq!(
+        cluster.apiserver_addr(),
+        addr,
+        "same port: clients keep the URL"
+    );
+    Api::<Namespace>::all(client)
+        .list(&Default::default())
+        .await
+        .expect("the old client reconnects");
+}
+
+#[tokio::test]
 async fn dropping_the_handle_kills_both_processes_and_removes_the_directory() {
     let cluster = LocalCluster::start("dropped").await.unwrap();
     let pids = cluster.pids();

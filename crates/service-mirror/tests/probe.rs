@@ -358,5 +358,21 @@ async fn default_settings_detection_times() {
     println!(
         "default settings: gateway death -> not ready in {to_not_ready:.1?}; recovery -> ready in {to_ready:.1?}"
     );
+    // Not ready takes 3 consecutive failures: the first within one jittered period
+    // (3-3.3 s) of the death, two more periods after it, so 6-9.9 s plus the write; the
+    // lower bound proves the threshold is kept (one failure never flips it). Recovery is
+    // one success: at most one period. The upper bounds leave 5 s for a loaded machine.
+    assert!(
+        to_not_ready >= Duration::from_millis(5900),
+        "3 failures 3 s apart need 6 s, not {to_not_ready:?}"
+    );
+    assert!(
+        to_not_ready <= Duration::from_secs(15),
+        "3 probe periods plus margin: {to_not_ready:?}"
+    );
+    assert!(
+        to_ready <= Duration::from_millis(8300),
+        "one probe period plus margin: {to_ready:?}"
+    );
     w.stop(false).await.unwrap();
 }

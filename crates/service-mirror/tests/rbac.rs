@@ -309,8 +309,13 @@ async fn missing_one(local: &LocalCluster, permission: Permission) -> Duration {
         "{line}"
     );
     assert!(line.contains(&permission.verb) && line.contains(&permission.resource));
-    // Give the other answers time to be logged too: only this one is missing.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The check logs the local answers, then the Link ones: once its last line is
+    // there, every missing permission has been said.
+    ctl.wait_log(
+        &[service_mirror_controller::permissions::PERMISSION_CHECK_DONE],
+        Duration::from_secs(30),
+    )
+    .await;
     let lines = ctl.log_lines("missing permission:");
     assert_eq!(
         lines.len(),

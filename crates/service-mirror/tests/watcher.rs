@@ -728,7 +728,6 @@ async fn failing_writes_are_retried_with_backoff_without_deleting_the_mirror() {
     // Endpoints read-only again: updates that fail later keep the working mirror. The
     // port change updates the Service; the Endpoints update is forbidden and retried.
     sa_kubeconfig(&env.local, &sa_ns, "mirror", ENDPOINTS_READ_ONLY).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let before = env.local_write_attempts().len();
     env.patch_remote(
         "web",

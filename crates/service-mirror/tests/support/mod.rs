@@ -380,7 +380,7 @@ pub(crate) async fn sa_kubeconfig(
     };
     let admin = cluster.client().await.unwrap();
     let name = format!("sm-test-{ns}-{sa}");
-    let rules = rules
+    let policy = rules
         .iter()
         .flat_map(|(resources, verbs)| {
             resources.iter().map(move |r| {
@@ -399,7 +399,7 @@ pub(crate) async fn sa_kubeconfig(
             name: Some(name.clone()),
             ..Default::default()
         },
-        rules: Some(rules),
+        rules: Some(policy),
         ..Default::default()
     };
     let binding = ClusterRoleBinding {
@@ -424,11 +424,69 @@ pub(crate) async fn sa_kubeconfig(
         .patch(&name, &pp, &Patch::Apply(&role))
         .await
         .unwrap();
-    Api::<ClusterRoleBinding>::all(admin)
+    Api::<ClusterRoleBinding>::all(admin.clone())
         .patch(&name, &pp, &Patch::Apply(&binding))
         .await
         .unwrap();
+    rbac_in_effect(&admin, ns, sa, rules).await;
     cluster.service_account_kubeconfig(ns, sa).await.unwrap()
+}
+
+/// The verbs [`rbac_in_effect`] checks on every resource a rule names.
+const CHECKED_VERBS: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// Waits until the apiserver's authorizer answers for `sa` exactly as `rules` say: every
+/// granted (resource, verb) allowed and every other verb of those resources denied. The
+/// RBAC authorizer reads roles from an informer, so a role just written takes effect a
+/// moment later (tens of ms, more on a loaded machine); a fixed sleep either wastes time
+/// or, on a slow run, lets the test act under the old rights.
+async fn rbac_in_effect(admin: &Client, ns: &str, sa: &str, rules: Rules<'_>) {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let user = format!("system:serviceaccount:{ns}:{sa}");
+    let mut checks = Vec::new();
+    for (resources, _) in rules {
+        for r in *resources {
+            let (resource, group) = r.split_once('.').unwrap_or((r, ""));
+            let (resource, subresource) = resource
+                .split_once('/')
+                .map_or((resource, None), |(r, s)| (r, Some(s)));
+            for verb in CHECKED_VERBS {
+                let granted = rules
+                    .iter()
+                    .any(|(rs, vs)| rs.contains(r) && vs.iter().any(|v| v == verb || *v == "*"));
+                checks.push((group, resource, subresource, *verb, granted));
+            }
+        }
+    }
+    let reviews = Api::<SubjectAccessReview>::all(admin.clone());
+    eventually("RBAC rules in effect", || async {
+        for (group, resource, subresource, verb, granted) in &checks {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.clone()),
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(group.to_string()),
+                        resource: Some(resource.to_string()),
+                        subresource: subresource.map(str::to_string),
+                        verb: Some(verb.to_string()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let answer = reviews.create(&PostParams::default(), &review).await.ok()?;
+            if answer.status.map(|s| s.allowed) != Some(*granted) {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
 }
 
 /// A client of [`sa_kubeconfig`].
