@@ -149,7 +149,9 @@ struct World {
     monitor: std::sync::Arc<std::sync::Mutex<(Vec<String>, String)>>,
     monitor_task: tokio::task::JoinHandle<()>,
     /// Set by [`World::quiet`]: the monitor's task declares convergence while it holds.
-    quiet: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    quiet: tokio::sync::watch::Sender<bool>,
+    /// The monitor's task's answer: whether convergence is declared now.
+    quiet_taken: tokio::sync::watch::Receiver<bool>,
     gateway: Option<Gateway>,
     _workloads: Vec<Workload>,
     /// When the link Secret was created.
@@ -265,18 +267,19 @@ impl World {
         let monitor: std::sync::Arc<std::sync::Mutex<(Vec<String>, String)>> =
             std::sync::Arc::default();
         let seen = std::sync::Arc::clone(&monitor);
-        let quiet = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let quiet_now = std::sync::Arc::clone(&quiet);
+        let (quiet, quiet_now) = tokio::sync::watch::channel(false);
+        let (taken, quiet_taken) = tokio::sync::watch::channel(false);
         let monitor_task = tokio::spawn(async move {
             let mut was_quiet = false;
             loop {
-                let now_quiet = quiet_now.load(std::sync::atomic::Ordering::SeqCst);
+                let now_quiet = *quiet_now.borrow();
                 match (was_quiet, now_quiet) {
                     (false, true) => m.converged().await,
                     (true, false) => m.changing().await,
                     _ => m.poll().await,
                 }
                 was_quiet = now_quiet;
+                taken.send_replace(now_quiet);
                 let breaches = m.breaches().iter().map(|b| b.to_string()).collect();
                 let summary = format!(
                     "controller writes {:?}; unchecked deletes {:?}",
@@ -308,6 +311,7 @@ impl World {
             monitor,
             monitor_task,
             quiet,
+            quiet_taken,
             gateway: Some(gateway),
             _workloads: workloads,
             linked,
@@ -320,13 +324,21 @@ impl World {
     /// Declares the world converged for `window`: the controller must write nothing
     /// but Lease renewals meanwhile (the monitor's after-convergence rule).
     async fn quiet(&self, window: Duration) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.quiet.store(true, SeqCst);
-        // Two polls of the task (200 ms each) to take the declaration in first.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.quiet.send_replace(true);
+        self.monitor_took(true).await;
         tokio::time::sleep(window).await;
-        self.quiet.store(false, SeqCst);
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.quiet.send_replace(false);
+        self.monitor_took(false).await;
+    }
+
+    /// Waits until the monitor's task has taken in the declaration `quiet` (it polls every
+    /// 200 ms; 10 s is the bound on a loaded machine).
+    async fn monitor_took(&self, quiet: bool) {
+        let mut taken = self.quiet_taken.clone();
+        tokio::time::timeout(Duration::from_secs(10), taken.wait_for(|q| *q == quiet))
+            .await
+            .expect("the monitor takes in the declaration within 10 s")
+            .expect("the monitor's task runs");
     }
 
     fn wp(&self) -> &DataPlane {
