@@ -68,6 +68,18 @@ pub enum GatewayError {
     },
 }
 
+impl GatewayError {
+    /// A bounded name of the error, for metric labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            GatewayError::NotFound => "NotFound",
+            GatewayError::NoIngress => "NoIngress",
+            GatewayError::NoGatewayPort => "NoGatewayPort",
+            GatewayError::NoUsableIngress { .. } => "NoUsableIngress",
+        }
+    }
+}
+
 /// What a usable gateway Service offers, before hostnames are resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatewaySpec {

@@ -283,3 +283,139 @@ async fn an_address_in_a_built_in_denial_is_used_only_when_allowed_and_never_if_
     );
     w.stop(false).await.unwrap();
 }
+
+/// How many times `reason` was recorded about `ns/name`: the recorder folds a repeat
+/// into the first Event's series (its note stays the first one), so this sums the counts.
+async fn times_recorded(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+) -> (i32, Vec<String>) {
+    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason));
+    let mut times = 0;
+    let mut notes = Vec::new();
+    for e in events {
+        times += e.series.map_or(1, |s| s.count);
+        notes.push(e.note.unwrap_or_default());
+    }
+    (times, notes)
+}
+
+#[tokio::test]
+async fn an_unusable_gateway_is_reported_once_per_reason_not_per_mirror_and_again_on_relapse() {
+    let env = Env::new("gwunusable").await;
+    // Three mirrors wait for one gateway that does not exist yet.
+    for svc in ["a", "b", "c"] {
+        env.export(svc, "gw", &[("http", 80)]).await;
+    }
+    let link = link_ref(&env).await;
+    let metrics = Metrics::new();
+    let deps = LinkDeps {
+        metrics: metrics.clone(),
+        link_secret: Some(link.clone()),
+        ..LinkDeps::default()
+    };
+    let config = LinkConfig {
+        endpoint_refresh_period: Duration::from_millis(500),
+        ..env.config()
+    };
+    let w = env.watch_with(config, deps);
+    let (ns, name) = (
+        link.namespace.as_deref().unwrap(),
+        link.name.as_deref().unwrap(),
+    );
+    let count = |reason: &str| {
+        counter(
+            &metrics.encode(),
+            &format!(
+                "service_mirror_gateway_unusable_total{{cluster=\"{}\",reason=\"{reason}\"}} ",
+                env.cluster
+            ),
+        )
+    };
+    // Reported `n` times in all, by Events and by the counter of `reason`.
+    let lc = &env.lc;
+    let said = |n: i32, reason: &'static str, times: u64| {
+        let count = &count;
+        async move {
+            eventually(reason, || async {
+                let (recorded, notes) = times_recorded(lc, ns, name, "GatewayUnusable").await;
+                (recorded >= n && count(reason) >= times).then_some((recorded, notes))
+            })
+            .await
+        }
+    };
+
+    let (_, notes) = said(1, "NotFound", 1).await;
+    let gw = format!(
+        "gateway {}/gw of cluster {} is unusable",
+        env.ns, env.cluster
+    );
+    assert!(
+        notes[0].starts_with(&gw) && notes[0].contains("not found"),
+        "{notes:?}"
+    );
+    for svc in ["a", "b", "c"] {
+        let (_, ep) = env.mirror_until(svc, "mirrored", |_, _| true).await;
+        assert!(!has_subsets(&ep), "{svc}: kept without endpoints");
+    }
+    // Several refresh periods: still one report for three mirrors.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        times_recorded(&env.lc, ns, name, "GatewayUnusable").await.0,
+        1,
+        "once per gateway, not per mirror nor per reconcile"
+    );
+    assert_eq!(count("NotFound"), 1);
+
+    // Created without ingress, then given ingress but no mc-gateway port: each new
+    // reason is said once.
+    env.gateway("gw", 4143, &[]).await;
+    said(2, "NoIngress", 1).await;
+    let no_port = || serde_json::json!({"spec": {"ports": [{"name": "other", "port": 1234}]}});
+    env.patch_remote("gw", no_port()).await;
+    set_ingress(&env.rc, &env.ns, "gw", &["192.0.2.1"]).await;
+    said(3, "NoGatewayPort", 1).await;
+    let (_, ep) = env.mirror("a").await;
+    assert!(!has_subsets(&ep.unwrap()), "still no endpoints");
+
+    // Fixed: endpoints, no report. Broken again the same way: said again.
+    let fixed = serde_json::json!({"spec": {"ports": [{"name": "mc-gateway", "port": 4143}]}});
+    env.patch_remote("gw", fixed).await;
+    for svc in ["a", "b", "c"] {
+        env.mirror_until(svc, "endpoints once usable", |_, e| has_subsets(e))
+            .await;
+    }
+    assert_eq!(
+        times_recorded(&env.lc, ns, name, "GatewayUnusable").await.0,
+        3
+    );
+    env.patch_remote("gw", no_port()).await;
+    said(4, "NoGatewayPort", 2).await;
+    for svc in ["a", "b", "c"] {
+        env.mirror_until(svc, "endpoints emptied again", |_, e| !has_subsets(e))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        times_recorded(&env.lc, ns, name, "GatewayUnusable").await.0,
+        4
+    );
+    assert_eq!(
+        (
+            count("NotFound"),
+            count("NoIngress"),
+            count("NoGatewayPort")
+        ),
+        (1, 1, 2)
+    );
+    w.stop(false).await.unwrap();
+}

@@ -83,6 +83,9 @@ pub(crate) struct Resolution {
     /// Set once per gateway and set of refused addresses (not per reconcile): what the
     /// address policy refused, for a Warning Event on the link.
     pub(crate) refused_note: Option<String>,
+    /// Set once per gateway and reason it is unusable (missing, no ingress, no
+    /// `mc-gateway` port): for a Warning Event on the link.
+    pub(crate) unusable_note: Option<String>,
 }
 
 /// The gateways of one link.
@@ -96,6 +99,9 @@ pub(crate) struct Gateways {
     policy: AddressPolicy,
     /// The refusals last reported per gateway: a change is reported again.
     reported: Mutex<HashMap<GatewayRef, Vec<Refused>>>,
+    /// Why each unusable gateway was last reported unusable: said again only on a
+    /// change, so one missing gateway of 1,000 mirrors is one Event, not 1,000.
+    unusable: Mutex<HashMap<GatewayRef, GatewayError>>,
     metrics: Arc<Metrics>,
 }
 
@@ -119,6 +125,7 @@ impl Gateways {
             by_hostname: Mutex::default(),
             policy,
             reported: Mutex::default(),
+            unusable: Mutex::default(),
             metrics,
         };
         (gateways, changed)
@@ -133,18 +140,12 @@ impl Gateways {
         gw: &GatewayRef,
         source: Option<Result<GatewaySource, GatewayError>>,
     ) -> Resolution {
-        let cluster = &self.cluster;
         let source = match source {
-            None => {
-                tracing::warn!(%cluster, %key, gateway = %gw, "gateway not found; mirror kept without endpoints");
-                None
-            }
-            Some(Err(e)) => {
-                tracing::warn!(%cluster, %key, gateway = %gw, error = %e, "gateway unusable; mirror kept without endpoints");
-                None
-            }
-            Some(Ok(source)) => Some(source),
+            None => Err(GatewayError::NotFound),
+            Some(source) => source,
         };
+        let unusable_note = self.report_unusable(key, gw, source.as_ref().err());
+        let source = source.ok();
         let hostnames = source.as_ref().map(|s| s.hostnames()).unwrap_or_default();
         {
             let mut by_hostname = self.by_hostname.lock();
@@ -184,7 +185,38 @@ impl Gateways {
             gateway,
             retry_after,
             refused_note,
+            unusable_note,
         }
+    }
+
+    /// Reports `gw` unusable for `error` when that differs from its last report (a log
+    /// line, `gateway_unusable_total{reason}` and the returned Event note); a usable
+    /// gateway clears its report, so a relapse is said again.
+    fn report_unusable(
+        &self,
+        key: &ServiceKey,
+        gw: &GatewayRef,
+        error: Option<&GatewayError>,
+    ) -> Option<String> {
+        let cluster = &self.cluster;
+        let Some(error) = error else {
+            self.unusable.lock().remove(gw);
+            return None;
+        };
+        if self
+            .unusable
+            .lock()
+            .insert(gw.clone(), error.clone())
+            .as_ref()
+            == Some(error)
+        {
+            return None;
+        }
+        tracing::warn!(%cluster, %key, gateway = %gw, %error, "gateway unusable; its mirrors are kept without endpoints");
+        self.metrics.link.gateway_unusable(cluster, error.reason());
+        Some(format!(
+            "gateway {gw} of cluster {cluster} is unusable: {error}; its mirrors (first seen: {key}) are kept without endpoints until it is fixed"
+        ))
     }
 
     /// Reports the addresses of `gw` the policy refused, when they differ from the last
@@ -282,6 +314,7 @@ impl Gateways {
         by_hostname.retain(|gw| in_use.contains(gw));
         // Refusals of gateways no mirror uses are forgotten (reported again if used again).
         self.reported.lock().retain(|gw, _| in_use.contains(gw));
+        self.unusable.lock().retain(|gw, _| in_use.contains(gw));
         by_hostname.iter().cloned().collect()
     }
 }

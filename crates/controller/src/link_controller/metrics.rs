@@ -59,6 +59,9 @@ pub(crate) struct LinkFamilies {
     /// Gateway addresses refused by the address policy, counted once per gateway and
     /// refused set.
     pub(crate) gateway_addresses_refused: Family<RefusedLabels, Counter>,
+    /// Gateways found unusable (missing, no ingress, no `mc-gateway` port), counted once
+    /// per gateway and reason.
+    pub(crate) gateway_unusable: Family<RefusedLabels, Counter>,
     /// 1 for the current state of a link's remote (remote_state.rs), 0 for the others.
     pub(crate) remote_state: Family<StateLabels, Gauge>,
     /// Complete lists after an outage whose deletes were held (they would have deleted
@@ -80,7 +83,8 @@ pub(crate) struct StateLabels {
 pub(crate) struct RefusedLabels {
     /// The link's cluster name.
     pub(crate) cluster: String,
-    /// `configured_deny` or `default_deny`.
+    /// Why: `configured_deny` or `default_deny` (refused addresses); a `GatewayError` reason
+    /// (unusable gateways).
     pub(crate) reason: String,
 }
 
@@ -100,6 +104,7 @@ impl Default for LinkFamilies {
             link_status_bytes: Family::default(),
             link_status_truncated: Family::default(),
             gateway_addresses_refused: Family::default(),
+            gateway_unusable: Family::default(),
             remote_state: Family::default(),
             remote_lists_held: Family::default(),
         }
@@ -175,6 +180,11 @@ impl LinkFamilies {
             self.gateway_addresses_refused.clone(),
         );
         r.register(
+            "gateway_unusable",
+            "Gateways of mirrored Services found unusable, once per gateway and reason (NotFound, NoIngress, NoGatewayPort, NoUsableIngress)",
+            self.gateway_unusable.clone(),
+        );
+        r.register(
             "remote_state",
             "1 for the current state of a linked cluster's apiserver (connected, disconnected, stale, expired), 0 for the others",
             self.remote_state.clone(),
@@ -189,6 +199,16 @@ impl LinkFamilies {
     /// Counts a gateway address of link `cluster` refused by the address policy.
     pub(crate) fn gateway_address_refused(&self, cluster: &str, reason: &str) {
         self.gateway_addresses_refused
+            .get_or_create(&RefusedLabels {
+                cluster: cluster.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a gateway of link `cluster` found unusable for `reason`.
+    pub(crate) fn gateway_unusable(&self, cluster: &str, reason: &str) {
+        self.gateway_unusable
             .get_or_create(&RefusedLabels {
                 cluster: cluster.into(),
                 reason: reason.into(),

@@ -224,6 +224,11 @@ impl Reconciler {
                         .record(link, "GatewayAddressRefused", "Mirror", note.clone())
                         .await;
                 }
+                if let (Some(note), Some(link)) = (&resolution.unusable_note, &self.link_secret) {
+                    self.writer
+                        .record(link, "GatewayUnusable", "Mirror", note.clone())
+                        .await;
+                }
                 let mut gateway = resolution.gateway;
                 // A remote Service without a ready endpoint: Endpoints without subsets,
                 // as Linkerd makes them (failover tools read that as "remote empty").
