@@ -405,10 +405,18 @@ async fn an_unusable_gateway_is_reported_once_per_reason_not_per_mirror_and_agai
             .await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        times_recorded(&env.lc, ns, name, "GatewayUnusable").await.0,
-        4
-    );
+    let (times, notes) = times_recorded(&env.lc, ns, name, "GatewayUnusable").await;
+    assert_eq!(times, 4);
+    // One Event per distinct note (the relapse folds into its reason's Event): each
+    // reason is readable in `kubectl get events`, not only the first.
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    for says in [
+        "not found",
+        "no status.loadBalancer.ingress",
+        "no port named \"mc-gateway\"",
+    ] {
+        assert!(notes.iter().any(|n| n.contains(says)), "{says}: {notes:?}");
+    }
     assert_eq!(
         (
             count("NotFound"),

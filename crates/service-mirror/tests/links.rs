@@ -13,8 +13,8 @@ use std::time::Duration;
 use support::controller::link_secret;
 use support::links::{LinkWorld, remote_slice};
 use support::{
-    CONVERGE, annotation, create_namespace, events_on, has_subsets, ports, subset_ips,
-    subset_ports, wait_event,
+    CONVERGE, annotation, create_namespace, has_subsets, ports, subset_ips, subset_ports,
+    wait_event,
 };
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -611,11 +611,8 @@ async fn a_link_and_a_secret_naming_one_cluster_the_older_links_it() {
         after.metadata.uid, before.metadata.uid,
         "handed over, not recreated"
     );
-    let events = events_on(&w.env.lc, &w.ctl_ns, &cluster).await;
-    assert!(
-        events.iter().any(|(r, _)| r == "CredentialsRotated"),
-        "{events:?}"
-    );
+    // The Event is recorded after the handover's writes: waited for, not read once.
+    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "CredentialsRotated").await;
 }
 
 /// A mirror as Linkerd's service mirror makes it for a Link: the Service and Endpoints
