@@ -186,22 +186,32 @@ impl World {
 
     /// The spec of the Link of `cluster` on `remote` with its gateway at 192.0.2.`n`.
     fn spec(&self, cluster: &str, remote: &LocalCluster, n: u8) -> LinkSpec {
+        self.spec_with(cluster, remote, n, serde_json::json!({}))
+    }
+
+    /// [`World::spec`] with `extra` Link spec fields.
+    fn spec_with(
+        &self,
+        cluster: &str,
+        remote: &LocalCluster,
+        n: u8,
+        extra: serde_json::Value,
+    ) -> LinkSpec {
         let port = self
             .fakes
             .iter()
             .find(|f| f.addr.ip().to_string() == format!("127.0.0.{n}"));
         let probe_port = port.map_or(4191, |f| f.addr.port());
         let secret = format!("cluster-credentials-{cluster}");
-        let mut l = link(
-            cluster,
-            cluster,
-            &secret,
-            serde_json::json!({
-                "gatewayAddress": format!("192.0.2.{n}"),
-                "probeSpec": {"port": probe_port.to_string(), "path": "/ready",
-                    "period": "1s", "timeout": "1s", "failureThreshold": "2"},
-            }),
-        );
+        let mut fields = serde_json::json!({
+            "gatewayAddress": format!("192.0.2.{n}"),
+            "probeSpec": {"port": probe_port.to_string(), "path": "/ready",
+                "period": "1s", "timeout": "1s", "failureThreshold": "2"},
+        });
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            fields[k] = v;
+        }
+        let mut l = link(cluster, cluster, &secret, fields);
         l.metadata.namespace = Some(self.ctl_ns.clone());
         let mut creds = credentials_secret(&secret, &remote.admin_kubeconfig().yaml);
         creds.metadata.namespace = Some(self.ctl_ns.clone());
@@ -1020,5 +1030,79 @@ async fn a_deleted_link_that_never_connected_releases_its_federated_entries() {
     })
     .await;
     manager.shutdown().await;
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_link_controllers_unselected_member_leaves_and_its_kept_member_is_never_touched()
+{
+    let mut w = World::new("fedrotate").await;
+    w.fake(78).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "a", false).await;
+    w.member(&ec, "api", &[("http", 80)], "b", false).await;
+    let old = w
+        .start_link(&fed, &w.spec("east", &w.east, 78), &w.east, 100)
+        .await;
+    w.federated_until("web federated", "web", |s| {
+        remote_discovery(s) == Some("web@east")
+    })
+    .await;
+    let api = w
+        .federated_until("api federated", "api", |s| {
+            remote_discovery(s) == Some("api@east")
+        })
+        .await;
+    eventually("api's slice", || async {
+        (w.slices("api").await.len() == 1).then_some(())
+    })
+    .await;
+    let api_slice = w.slices("api").await.remove(0);
+
+    // The Link's federatedServiceSelector changes: the manager starts the new
+    // controller, waits for its sync, then stops the old one (links/manager.rs).
+    let spec = w.spec_with(
+        "east",
+        &w.east,
+        78,
+        serde_json::json!({"federatedServiceSelector": {"matchLabels": {MEMBER: "member", "app": "b"}}}),
+    );
+    let new = w.start_link(&fed, &spec, &w.east, 100).await;
+    new.wait_synced().await;
+    old.stop(false).await.unwrap();
+
+    // `web` no longer matches: it leaves (its last member: the Service goes) without a
+    // restart of the process.
+    eventually("web-federated deleted", || async {
+        w.federated("web").await.is_none().then_some(())
+    })
+    .await;
+    eventually("web's slices deleted", || async {
+        w.slices("web").await.is_empty().then_some(())
+    })
+    .await;
+    // `api` matches both selectors: never removed nor rewritten meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = w.federated("api").await.expect("api-federated stays");
+    assert_eq!(
+        after.metadata.resource_version,
+        api.metadata.resource_version
+    );
+    assert_eq!(remote_discovery(&after), Some("api@east"));
+    let slices = w.slices("api").await;
+    assert_eq!(slices.len(), 1);
+    assert_eq!(
+        slices[0].metadata.resource_version,
+        api_slice.metadata.resource_version
+    );
+    let api_writes: Vec<String> = w
+        .writes()
+        .into_iter()
+        .filter(|l| l.contains("api-federated") && !l.starts_with("create"))
+        .collect();
+    assert!(api_writes.is_empty(), "{api_writes:?}");
+    new.stop(false).await.unwrap();
     fed.stop().await;
 }

@@ -181,20 +181,48 @@ impl Worker {
 
     fn apply(&mut self, msg: Msg) {
         let keys = match msg {
-            Msg::Member { link, service } => self.index.remote_member(&link, *service),
-            Msg::Left { cluster, key } => self.index.remote_left(&cluster, &key),
-            Msg::Listing { cluster } => self.index.listing(&cluster),
+            Msg::Feed {
+                cluster,
+                generation,
+            } => {
+                self.index.accept(&cluster, generation);
+                Vec::new()
+            }
+            Msg::Member {
+                link,
+                generation,
+                service,
+            } => self.index.remote_member(&link, generation, *service),
+            Msg::Left {
+                cluster,
+                generation,
+                key,
+            } => self.index.remote_left(&cluster, generation, &key),
+            Msg::Listing {
+                cluster,
+                generation,
+            } => self.index.listing(&cluster, generation),
             // Once a cluster is no longer pending, our stored Services naming it are
             // planned again too (the index knows only keys with a member).
-            Msg::Listed { cluster } => {
+            Msg::Listed {
+                cluster,
+                generation,
+            } => {
                 let was_pending = self.index.pending().contains(&cluster);
-                self.index.listed(&cluster);
-                match was_pending {
-                    true => self.all_keys(),
-                    false => Vec::new(),
+                match self.index.listed(&cluster, generation) {
+                    Some(mut keys) if was_pending => {
+                        keys.extend(self.all_keys());
+                        keys
+                    }
+                    Some(keys) => keys,
+                    None => Vec::new(),
                 }
             }
-            Msg::Gateway { cluster, gateway } => self.index.gateway(&cluster, gateway),
+            Msg::Gateway {
+                cluster,
+                generation,
+                gateway,
+            } => self.index.gateway(&cluster, generation, gateway),
             Msg::LinkRemoved { cluster } => {
                 let mut keys = self.index.link_removed(&cluster);
                 keys.extend(self.all_keys());
