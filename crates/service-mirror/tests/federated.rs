@@ -646,6 +646,74 @@ async fn a_foreign_federated_service_is_never_adopted_or_changed() {
     fed.stop().await;
 }
 
+/// Create requests for `services/<name>` in the test namespace (any user, any answer).
+fn creates_of(w: &World, name: &str) -> usize {
+    let want = format!("create services/{name}");
+    writes_in(&w.local, &w.ns, false)
+        .into_iter()
+        .filter(|l| *l == want)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_federated_name_is_tried_once_reported_once_and_ours_follows_its_deletion() {
+    let mut w = World::new("fedtaken").await;
+    w.fake(79).await;
+    let foreign: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-federated", "namespace": w.ns, "labels": {"app": "theirs"}},
+        "spec": {"ports": [{"name": "http", "port": 81}]},
+    }))
+    .unwrap();
+    let api: Api<Service> = Api::namespaced(w.lc.clone(), &w.ns);
+    let foreign = api.create(&PostParams::default(), &foreign).await.unwrap();
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 79), &w.east, 100)
+        .await;
+    wait_event(&w.lc, &w.ns, "web-federated", "FederatedConflict").await;
+    // ~10 s: a retry loop (1, 2, 4, 8 s backoff) would create 4-5 times more.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let ours = creates_of(&w, "web-federated") - 1;
+    assert!((1..=2).contains(&ours), "creates by the controller: {ours}");
+    let events = events_on(&w.lc, &w.ns, "web-federated").await;
+    let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["FederatedConflict"],
+        "one Event, no MirrorConflict"
+    );
+    assert!(w.metric("service_mirror_federated_problems_total{reason=\"FederatedConflict\"} 1"));
+    assert!(
+        !w.metric("cluster=\"federated\""),
+        "no per-cluster series for the federation"
+    );
+    let now = api.get("web-federated").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version,
+        foreign.metadata.resource_version
+    );
+
+    // The foreign Service goes: ours is created (its watch plans the key again).
+    api.delete("web-federated", &DeleteParams::default())
+        .await
+        .unwrap();
+    let ours = w
+        .federated_until("ours created", "web", |s| {
+            remote_discovery(s) == Some("web@east") && s.metadata.uid != foreign.metadata.uid
+        })
+        .await;
+    assert_eq!(label(&ours.metadata, "app"), Some("east"));
+    eventually("its slice", || async {
+        (w.slices("web").await.len() == 1).then_some(())
+    })
+    .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_nothing() {
     let mut w = World::new("fedgw").await;

@@ -95,6 +95,9 @@ pub(crate) enum Msg {
     Leader(bool),
     /// Try a key again (after a failed write).
     Retry(ServiceKey),
+    /// The foreign Service holding `key`'s `<svc>-federated` name is there (`true`) or
+    /// gone (or ours now).
+    Foreign { key: ServiceKey, present: bool },
 }
 
 /// Settings of the federation.
