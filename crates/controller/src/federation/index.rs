@@ -13,6 +13,14 @@ use std::sync::Arc;
 /// Who a member belongs to: `None` is the local cluster.
 type Cluster = Option<String>;
 
+/// Whose a feed message is (see [`Index::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Current,
+    Candidate,
+    Old,
+}
+
 #[derive(Default)]
 pub(super) struct Index {
     members: BTreeMap<ServiceKey, BTreeMap<Cluster, Member>>,
@@ -21,6 +29,8 @@ pub(super) struct Index {
     /// Each remote cluster's newest feed generation, and whether its link was removed
     /// since (then that generation's late messages are dropped too).
     generations: BTreeMap<String, (Generation, bool)>,
+    /// The last gateway report of a cluster's candidate feed.
+    candidate_gateways: BTreeMap<String, (Generation, Option<MemberGateway>)>,
     gateways: BTreeMap<String, MemberGateway>,
     /// Linked clusters whose membership is not known yet.
     pending: BTreeSet<String>,
@@ -76,22 +86,28 @@ impl Index {
         }
     }
 
-    /// Whether a message of `cluster`'s feed `generation` counts: a newer generation
-    /// registers (the old feed's later messages are dropped from then on).
-    pub(super) fn accept(&mut self, cluster: &str, generation: Generation) -> bool {
+    /// What a message of `cluster`'s feed `generation` is: the current feed's, a
+    /// replacing feed's that has not completed its first list yet (a candidate: the
+    /// manager stops it again if it never syncs, and the current one goes on), or an
+    /// older feed's (dropped). A cluster's first feed, and the first after its link was
+    /// removed, is current at once.
+    fn verdict(&mut self, cluster: &str, generation: Generation) -> Verdict {
         match self.generations.get(cluster) {
-            Some((newest, removed))
-                if generation < *newest || (generation == *newest && *removed) =>
-            {
-                false
-            }
-            Some((newest, _)) if generation == *newest => true,
-            _ => {
+            Some((g, false)) if generation == *g => Verdict::Current,
+            Some((g, false)) if generation > *g => Verdict::Candidate,
+            Some((g, true)) if generation <= *g => Verdict::Old,
+            None | Some((_, true)) => {
                 self.generations
                     .insert(cluster.to_owned(), (generation, false));
-                true
+                Verdict::Current
             }
+            Some(_) => Verdict::Old,
         }
+    }
+
+    /// A feed of `cluster` starts.
+    pub(super) fn feed_started(&mut self, cluster: &str, generation: Generation) {
+        self.verdict(cluster, generation);
     }
 
     /// A remote member joined or changed.
@@ -104,7 +120,7 @@ impl Index {
         let Some(key) = ServiceKey::from_meta(&svc.metadata) else {
             return Vec::new();
         };
-        if !self.accept(&link.cluster, generation) {
+        if self.verdict(&link.cluster, generation) == Verdict::Old {
             return Vec::new();
         }
         self.member_generation
@@ -129,7 +145,7 @@ impl Index {
         generation: Generation,
         key: &ServiceKey,
     ) -> Vec<ServiceKey> {
-        if !self.accept(cluster, generation) {
+        if self.verdict(cluster, generation) == Verdict::Old {
             return Vec::new();
         }
         self.remove(key, &Some(cluster.to_owned()))
@@ -137,22 +153,36 @@ impl Index {
 
     /// A link (re)lists its remote Services: its membership is unknown until `listed`.
     pub(super) fn listing(&mut self, cluster: &str, generation: Generation) -> Vec<ServiceKey> {
-        if self.accept(cluster, generation) {
+        // A candidate's list does not make the cluster pending: the current feed's
+        // membership stands until the candidate's list is complete.
+        if self.verdict(cluster, generation) == Verdict::Current {
             self.pending.insert(cluster.to_owned());
         }
         Vec::new()
     }
 
     /// A link's list is complete (the leaves it implied came before): the cluster's
-    /// members announced only by older feeds leave (the list replaces them). `None`:
-    /// an old feed's, dropped.
+    /// members announced only by older feeds leave (the list replaces them). A
+    /// candidate's first complete list makes it the current feed (its gateway applies
+    /// from then on, the older feeds' messages are dropped). `None`: an old feed's.
     pub(super) fn listed(
         &mut self,
         cluster: &str,
         generation: Generation,
     ) -> Option<Vec<ServiceKey>> {
-        if !self.accept(cluster, generation) {
-            return None;
+        let mut keys = Vec::new();
+        match self.verdict(cluster, generation) {
+            Verdict::Old => return None,
+            Verdict::Current => {}
+            Verdict::Candidate => {
+                self.generations
+                    .insert(cluster.to_owned(), (generation, false));
+                if let Some((g, gw)) = self.candidate_gateways.remove(cluster)
+                    && g == generation
+                {
+                    keys.extend(self.gateway(cluster, generation, gw));
+                }
+            }
         }
         let older: Vec<ServiceKey> = self
             .member_generation
@@ -161,7 +191,7 @@ impl Index {
             .map(|((_, k), _)| k.clone())
             .collect();
         let c = Some(cluster.to_owned());
-        let mut keys: Vec<ServiceKey> = older.iter().flat_map(|k| self.remove(k, &c)).collect();
+        keys.extend(older.iter().flat_map(|k| self.remove(k, &c)));
         if self.pending.remove(cluster) {
             keys.extend(self.keys());
             keys.sort();
@@ -184,8 +214,15 @@ impl Index {
         generation: Generation,
         gw: Option<MemberGateway>,
     ) -> Vec<ServiceKey> {
-        if !self.accept(cluster, generation) {
-            return Vec::new();
+        match self.verdict(cluster, generation) {
+            Verdict::Old => return Vec::new(),
+            // Kept for when it becomes current (its reporter sends only changes).
+            Verdict::Candidate => {
+                self.candidate_gateways
+                    .insert(cluster.to_owned(), (generation, gw));
+                return Vec::new();
+            }
+            Verdict::Current => {}
         }
         let changed = match gw {
             Some(gw) => self.gateways.insert(cluster.to_owned(), gw.clone()) != Some(gw),
@@ -205,6 +242,7 @@ impl Index {
             self.remove(k, &c);
         }
         self.gateways.remove(cluster);
+        self.candidate_gateways.remove(cluster);
         self.links.remove(cluster);
         // The removed link's feed was stopped: anything it still sends is dropped.
         if let Some((_, removed)) = self.generations.get_mut(cluster) {
@@ -407,13 +445,20 @@ mod tests {
     }
 
     #[test]
-    fn an_old_feeds_late_gateway_and_member_reports_are_dropped_once_a_newer_one_registered() {
+    fn an_old_feeds_late_gateway_and_member_reports_are_dropped_once_a_newer_one_listed() {
         let mut i = Index::default();
+        i.feed_started("east", 1);
         i.remote_member(&link("east"), 1, svc("web"));
         i.gateway("east", 1, Some(gw("198.18.1.1")));
-        // The replacing controller's feed (generation 2) registers and reports.
-        assert!(i.accept("east", 2));
-        assert_eq!(i.gateway("east", 2, Some(gw("198.18.2.2"))), [key("web")]);
+        // The replacing controller's feed (generation 2) lists and reports its gateway:
+        // the current feed's stands until that list is complete.
+        i.feed_started("east", 2);
+        assert!(i.listing("east", 2).is_empty() && i.pending().is_empty());
+        i.remote_member(&link("east"), 2, svc("web"));
+        assert!(i.gateway("east", 2, Some(gw("198.18.2.2"))).is_empty());
+        assert_eq!(i.gateways()["east"], gw("198.18.1.1"));
+        assert_eq!(i.listed("east", 2), Some(vec![key("web")]));
+        assert_eq!(i.gateways()["east"], gw("198.18.2.2"));
         // The old reporter sends last: ignored, the new gateway stays.
         assert!(i.gateway("east", 1, Some(gw("198.18.1.1"))).is_empty());
         assert!(i.gateway("east", 1, None).is_empty());
@@ -442,11 +487,14 @@ mod tests {
         i.listed("east", 1);
         // Generation 2 lists: `api` again, `web` not. Until its list is complete,
         // nothing of generation 1 leaves.
-        assert!(i.accept("east", 2));
+        i.feed_started("east", 2);
         i.listing("east", 2);
-        assert!(i.pending().contains("east"));
         i.remote_member(&link("east"), 2, svc("api"));
-        assert_eq!(i.members(&key("web")).len(), 2, "kept while pending");
+        assert_eq!(
+            i.members(&key("web")).len(),
+            2,
+            "kept until the list is done"
+        );
         let keys = i.listed("east", 2).unwrap();
         assert!(keys.contains(&key("web")), "{keys:?}");
         assert!(i.pending().is_empty());
@@ -461,6 +509,27 @@ mod tests {
     }
 
     #[test]
+    fn a_replacing_feed_that_never_lists_leaves_the_current_one_in_charge() {
+        let mut i = Index::default();
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.listed("east", 1);
+        i.gateway("east", 1, Some(gw("198.18.1.1")));
+        // The new controller never syncs (the manager stops it again).
+        i.feed_started("east", 2);
+        i.listing("east", 2);
+        assert!(i.gateway("east", 2, None).is_empty());
+        assert!(i.pending().is_empty(), "not pending for a candidate");
+        // The old one goes on: its reports still count.
+        let moved = gw("198.18.9.9");
+        assert_eq!(i.gateway("east", 1, Some(moved.clone())), [key("web")]);
+        assert_eq!(i.gateways()["east"], moved);
+        assert_eq!(i.remote_left("east", 1, &key("web")), [key("web")]);
+        assert!(i.listing("east", 1).is_empty());
+        assert!(i.pending().contains("east"));
+        assert_eq!(i.listed("east", 1), Some(vec![]));
+    }
+
+    #[test]
     fn a_removed_links_late_reports_are_dropped_and_a_new_link_starts_afresh() {
         let mut i = Index::default();
         i.remote_member(&link("east"), 1, svc("web"));
@@ -468,7 +537,7 @@ mod tests {
         assert!(i.remote_member(&link("east"), 1, svc("web")).is_empty());
         assert!(i.gateway("east", 1, Some(gw("198.18.1.1"))).is_empty());
         assert!(i.members(&key("web")).is_empty() && i.gateways().is_empty());
-        assert!(i.accept("east", 3));
+        i.feed_started("east", 3);
         assert_eq!(i.remote_member(&link("east"), 3, svc("web")), [key("web")]);
     }
 }

@@ -191,7 +191,7 @@ impl Worker {
                 cluster,
                 generation,
             } => {
-                self.index.accept(&cluster, generation);
+                self.index.feed_started(&cluster, generation);
                 Vec::new()
             }
             Msg::Member {
