@@ -11,7 +11,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
+use local_cluster::{ClusterOptions, LocalCluster, TcpProxy, shared_cluster, unique_namespace};
 use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::federation::{Federation, FederationOptions};
 use service_mirror_controller::gateway::ProbeRedirect;
@@ -226,6 +226,18 @@ impl World {
         remote: &LocalCluster,
         age_s: i64,
     ) -> LinkController {
+        let rc = remote.client().await.unwrap();
+        self.start_link_with(fed, spec, rc, age_s)
+    }
+
+    /// [`World::start_link`] reaching its remote through `rc`.
+    fn start_link_with(
+        &self,
+        fed: &Running,
+        spec: &LinkSpec,
+        rc: Client,
+        age_s: i64,
+    ) -> LinkController {
         let base = LinkConfig {
             namespaces: service_mirror_core::NamespaceFilter::allow_only([self.ns.clone()]),
             ..LinkConfig::default()
@@ -238,7 +250,6 @@ impl World {
             name: Some(spec.link().cluster_name.clone()),
             ..Default::default()
         };
-        let rc = remote.client().await.unwrap();
         LinkController::start(
             self.lc.clone(),
             rc,
@@ -1172,5 +1183,126 @@ async fn a_replaced_link_controllers_unselected_member_leaves_and_its_kept_membe
         .collect();
     assert!(api_writes.is_empty(), "{api_writes:?}");
     new.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+fn ports_of(s: &Service) -> usize {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_clusters_entry_is_kept_while_the_other_clusters_changes_land() {
+    // west: a private remote without a watch cache, reached through a proxy the test
+    // cuts; its etcd compacted during the outage makes the watch list again (410), and
+    // that list, empty after the outage, is held: west is pending for the hold (30 s).
+    let opts = ClusterOptions {
+        extra_apiserver_args: vec!["--watch-cache=false".into()],
+        ..Default::default()
+    };
+    let west = Arc::new(LocalCluster::start_with("fed-pending", opts).await.unwrap());
+    let mut w = World::new("fedpend").await;
+    w.fake(82).await;
+    w.fake(83).await;
+    let westc = west.client().await.unwrap();
+    create_namespace(&westc, &w.ns).await;
+    let proxy = TcpProxy::start(west.apiserver_addr()).await.unwrap();
+    let via = west
+        .admin_kubeconfig_via(proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&westc, "web", &[("http", 80)], "west", false)
+        .await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 82), &w.east, 100)
+        .await;
+    let wl = w.start_link_with(&fed, &w.spec("west", &west, 83), via, 50);
+    w.federated_until("both", "web", |s| {
+        remote_discovery(s) == Some("web@east,web@west")
+    })
+    .await;
+    let west_slice = eventually("two ready slices", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 2 && v.iter().all(|s| s.2)).then(|| v[1].clone())
+    })
+    .await;
+    assert_eq!(west_slice.0, "west");
+
+    // Outage; west's member deleted meanwhile; back with an empty (held) list.
+    proxy.cut().await.unwrap();
+    eventually("outage seen", || async {
+        (!wl.status().remote_connected).then_some(())
+    })
+    .await;
+    Api::<Service>::namespaced(westc.clone(), &w.ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    west.compact_etcd().await.unwrap();
+    proxy.restore().unwrap();
+    eventually("west listed again", || async {
+        (wl.status().relists >= 1).then_some(())
+    })
+    .await;
+    let listed = std::time::Instant::now();
+
+    // east gains a port while west is pending: it lands within 10 s (well inside the
+    // hold), with west's entry and slice kept.
+    Api::<Service>::namespaced(ec.clone(), &w.ns)
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"ports": [
+                {"name": "http", "port": 80}, {"name": "grpc", "port": 90}]}})),
+        )
+        .await
+        .unwrap();
+    let patched = std::time::Instant::now();
+    let mut landed = None;
+    while patched.elapsed() < Duration::from_secs(10) {
+        let s = w.federated("web").await.expect("web-federated");
+        if ports_of(&s) == 2 {
+            landed = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let landed = landed.expect("east's new port landed while west was pending");
+    println!(
+        "measured: east's port landed {:.2} s after the patch, west pending",
+        patched.elapsed().as_secs_f64()
+    );
+    assert_eq!(remote_discovery(&landed), Some("web@east,web@west"));
+    let slices = slice_view(&w.slices("web").await);
+    assert!(
+        slices.contains(&west_slice),
+        "west's slice kept: {slices:?}"
+    );
+
+    // The hold ends with west still empty: its member leaves then, not before.
+    w.federated_until("west left after the hold", "web", |s| {
+        remote_discovery(s) == Some("web@east")
+    })
+    .await;
+    let left = listed.elapsed();
+    println!(
+        "measured: west's deleted member left {:.2} s after the held list (hold 30 s)",
+        left.as_secs_f64()
+    );
+    assert!(left >= Duration::from_secs(25), "left after {left:?}");
+    eventually("west's slice deleted", || async {
+        (w.slices("web").await.len() == 1).then_some(())
+    })
+    .await;
+    wl.stop(false).await.unwrap();
+    east.stop(false).await.unwrap();
     fed.stop().await;
 }
