@@ -298,18 +298,22 @@ impl LocalWriter {
         let existing = api.get_opt(&name).await?;
         match existing {
             Some(o) if !self.ours::<K>(o.meta()) => {
-                self.metrics
-                    .writer
-                    .ownership_conflicts
-                    .get_or_create(&ClusterLabels::of(&self.cluster))
-                    .inc();
                 let err = Error::OwnershipConflict {
                     kind: K::kind(&()).into_owned(),
                     namespace: ns,
                     name,
                     cluster: self.cluster.clone(),
                 };
-                self.report_conflict(&o, &err).await;
+                // The federation reports its conflicts itself (once per conflict, its
+                // own metric): no per-cluster series or Event for cluster "federated".
+                if self.federated.is_none() {
+                    self.metrics
+                        .writer
+                        .ownership_conflicts
+                        .get_or_create(&ClusterLabels::of(&self.cluster))
+                        .inc();
+                    self.report_conflict(&o, &err).await;
+                }
                 Err(err)
             }
             // Ours (the cache has not seen it yet) or gone again: the watch event that

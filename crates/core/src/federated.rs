@@ -329,12 +329,18 @@ pub fn desired_federated(
             }
         }
     }
-    // While a cluster of the stored annotation has not listed (a start, an unreachable
-    // remote), the Service is left as it is: it may give the metadata, and a restart
-    // must write nothing. Its slices still follow the gateways.
-    let service = match kept.is_empty() {
-        true => DesiredService::Present(Box::new(service)),
-        false => DesiredService::Keep,
+    // A cluster of the stored annotation that has not listed, and of which no member is
+    // known (a start: it may give the metadata or ports, and a restart must write
+    // nothing), leaves the Service as it is. A pending cluster whose last known member
+    // is here (a relist, a held list, a reconnect) takes part with that member, so the
+    // other clusters' changes land meanwhile. Slices still follow the gateways.
+    let known: BTreeSet<&str> = live.iter().filter_map(|m| m.cluster.as_deref()).collect();
+    let unknown = kept
+        .iter()
+        .any(|e| e.rsplit_once('@').is_some_and(|(_, c)| !known.contains(c)));
+    let service = match unknown {
+        false => DesiredService::Present(Box::new(service)),
+        true => DesiredService::Keep,
     };
     DesiredFederation {
         name,

@@ -705,3 +705,69 @@ fn entries_parse_table() {
         assert_eq!(got, want, "{input:?}");
     }
 }
+
+#[test]
+fn a_pending_cluster_with_a_known_member_does_not_freeze_the_others_changes() {
+    let mut north = web(Some("north"), at(2), "n");
+    north
+        .service
+        .spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .push(ServicePort {
+            name: Some("grpc".into()),
+            port: 90,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        });
+    let east = web(Some("east"), at(1), "e");
+    type Row<'a> = (&'a str, World, Option<&'a str>, Option<(&'a str, usize)>);
+    let table: Vec<Row> = vec![
+        (
+            "east pending with its last known member: north's new port lands, east's entry stays",
+            World::new(vec![east.clone(), north.clone()]).pending("east"),
+            Some("web@east,web@north"),
+            Some(("web@east,web@north", 2)),
+        ),
+        (
+            "east pending, its member known, its entry not stored yet: it joins",
+            World::new(vec![east.clone(), north.clone()]).pending("east"),
+            Some("web@north"),
+            Some(("web@east,web@north", 2)),
+        ),
+        (
+            "east pending and unknown (a start): the stored Service is kept",
+            World::new(vec![north.clone()]).pending("east"),
+            Some("web@east,web@north"),
+            None,
+        ),
+        (
+            "both pending, both known: planned",
+            World::new(vec![east.clone(), north.clone()])
+                .pending("east")
+                .pending("north"),
+            Some("web@east,web@north"),
+            Some(("web@east,web@north", 2)),
+        ),
+    ];
+    for (what, world, stored, want) in table {
+        let d = world.desired(stored);
+        match want {
+            None => assert_eq!(d.service, DesiredService::Keep, "{what}"),
+            Some((entries, ports)) => {
+                let s = service_of(&d);
+                assert_eq!(
+                    annotation(&s, REMOTE_DISCOVERY_ANNOTATION).as_deref(),
+                    Some(entries),
+                    "{what}"
+                );
+                let got = s.spec.as_ref().unwrap().ports.as_ref().unwrap().len();
+                assert_eq!(got, ports, "{what}");
+            }
+        }
+        assert!(d.untouched_slices.contains("east"), "{what}: slices left");
+    }
+}

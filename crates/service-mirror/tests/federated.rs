@@ -11,7 +11,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use local_cluster::{LocalCluster, shared_cluster, unique_namespace};
+use local_cluster::{ClusterOptions, LocalCluster, TcpProxy, shared_cluster, unique_namespace};
 use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::federation::{Federation, FederationOptions};
 use service_mirror_controller::gateway::ProbeRedirect;
@@ -186,22 +186,32 @@ impl World {
 
     /// The spec of the Link of `cluster` on `remote` with its gateway at 192.0.2.`n`.
     fn spec(&self, cluster: &str, remote: &LocalCluster, n: u8) -> LinkSpec {
+        self.spec_with(cluster, remote, n, serde_json::json!({}))
+    }
+
+    /// [`World::spec`] with `extra` Link spec fields.
+    fn spec_with(
+        &self,
+        cluster: &str,
+        remote: &LocalCluster,
+        n: u8,
+        extra: serde_json::Value,
+    ) -> LinkSpec {
         let port = self
             .fakes
             .iter()
             .find(|f| f.addr.ip().to_string() == format!("127.0.0.{n}"));
         let probe_port = port.map_or(4191, |f| f.addr.port());
         let secret = format!("cluster-credentials-{cluster}");
-        let mut l = link(
-            cluster,
-            cluster,
-            &secret,
-            serde_json::json!({
-                "gatewayAddress": format!("192.0.2.{n}"),
-                "probeSpec": {"port": probe_port.to_string(), "path": "/ready",
-                    "period": "1s", "timeout": "1s", "failureThreshold": "2"},
-            }),
-        );
+        let mut fields = serde_json::json!({
+            "gatewayAddress": format!("192.0.2.{n}"),
+            "probeSpec": {"port": probe_port.to_string(), "path": "/ready",
+                "period": "1s", "timeout": "1s", "failureThreshold": "2"},
+        });
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            fields[k] = v;
+        }
+        let mut l = link(cluster, cluster, &secret, fields);
         l.metadata.namespace = Some(self.ctl_ns.clone());
         let mut creds = credentials_secret(&secret, &remote.admin_kubeconfig().yaml);
         creds.metadata.namespace = Some(self.ctl_ns.clone());
@@ -216,6 +226,18 @@ impl World {
         remote: &LocalCluster,
         age_s: i64,
     ) -> LinkController {
+        let rc = remote.client().await.unwrap();
+        self.start_link_with(fed, spec, rc, age_s)
+    }
+
+    /// [`World::start_link`] reaching its remote through `rc`.
+    fn start_link_with(
+        &self,
+        fed: &Running,
+        spec: &LinkSpec,
+        rc: Client,
+        age_s: i64,
+    ) -> LinkController {
         let base = LinkConfig {
             namespaces: service_mirror_core::NamespaceFilter::allow_only([self.ns.clone()]),
             ..LinkConfig::default()
@@ -228,7 +250,6 @@ impl World {
             name: Some(spec.link().cluster_name.clone()),
             ..Default::default()
         };
-        let rc = remote.client().await.unwrap();
         LinkController::start(
             self.lc.clone(),
             rc,
@@ -636,6 +657,74 @@ async fn a_foreign_federated_service_is_never_adopted_or_changed() {
     fed.stop().await;
 }
 
+/// Create requests for `services/<name>` in the test namespace (any user, any answer).
+fn creates_of(w: &World, name: &str) -> usize {
+    let want = format!("create services/{name}");
+    writes_in(&w.local, &w.ns, false)
+        .into_iter()
+        .filter(|l| *l == want)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_federated_name_is_tried_once_reported_once_and_ours_follows_its_deletion() {
+    let mut w = World::new("fedtaken").await;
+    w.fake(79).await;
+    let foreign: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-federated", "namespace": w.ns, "labels": {"app": "theirs"}},
+        "spec": {"ports": [{"name": "http", "port": 81}]},
+    }))
+    .unwrap();
+    let api: Api<Service> = Api::namespaced(w.lc.clone(), &w.ns);
+    let foreign = api.create(&PostParams::default(), &foreign).await.unwrap();
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 79), &w.east, 100)
+        .await;
+    wait_event(&w.lc, &w.ns, "web-federated", "FederatedConflict").await;
+    // ~10 s: a retry loop (1, 2, 4, 8 s backoff) would create 4-5 times more.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let ours = creates_of(&w, "web-federated") - 1;
+    assert!((1..=2).contains(&ours), "creates by the controller: {ours}");
+    let events = events_on(&w.lc, &w.ns, "web-federated").await;
+    let reasons: Vec<&str> = events.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["FederatedConflict"],
+        "one Event, no MirrorConflict"
+    );
+    assert!(w.metric("service_mirror_federated_problems_total{reason=\"FederatedConflict\"} 1"));
+    assert!(
+        !w.metric("cluster=\"federated\""),
+        "no per-cluster series for the federation"
+    );
+    let now = api.get("web-federated").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version,
+        foreign.metadata.resource_version
+    );
+
+    // The foreign Service goes: ours is created (its watch plans the key again).
+    api.delete("web-federated", &DeleteParams::default())
+        .await
+        .unwrap();
+    let ours = w
+        .federated_until("ours created", "web", |s| {
+            remote_discovery(s) == Some("web@east") && s.metadata.uid != foreign.metadata.uid
+        })
+        .await;
+    assert_eq!(label(&ours.metadata, "app"), Some("east"));
+    eventually("its slice", || async {
+        (w.slices("web").await.len() == 1).then_some(())
+    })
+    .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_nothing() {
     let mut w = World::new("fedgw").await;
@@ -1020,5 +1109,200 @@ async fn a_deleted_link_that_never_connected_releases_its_federated_entries() {
     })
     .await;
     manager.shutdown().await;
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_link_controllers_unselected_member_leaves_and_its_kept_member_is_never_touched()
+{
+    let mut w = World::new("fedrotate").await;
+    w.fake(78).await;
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "a", false).await;
+    w.member(&ec, "api", &[("http", 80)], "b", false).await;
+    let old = w
+        .start_link(&fed, &w.spec("east", &w.east, 78), &w.east, 100)
+        .await;
+    w.federated_until("web federated", "web", |s| {
+        remote_discovery(s) == Some("web@east")
+    })
+    .await;
+    let api = w
+        .federated_until("api federated", "api", |s| {
+            remote_discovery(s) == Some("api@east")
+        })
+        .await;
+    eventually("api's slice", || async {
+        (w.slices("api").await.len() == 1).then_some(())
+    })
+    .await;
+    let api_slice = w.slices("api").await.remove(0);
+
+    // The Link's federatedServiceSelector changes: the manager starts the new
+    // controller, waits for its sync, then stops the old one (links/manager.rs).
+    let spec = w.spec_with(
+        "east",
+        &w.east,
+        78,
+        serde_json::json!({"federatedServiceSelector": {"matchLabels": {MEMBER: "member", "app": "b"}}}),
+    );
+    let new = w.start_link(&fed, &spec, &w.east, 100).await;
+    new.wait_synced().await;
+    old.stop(false).await.unwrap();
+
+    // `web` no longer matches: it leaves (its last member: the Service goes) without a
+    // restart of the process.
+    eventually("web-federated deleted", || async {
+        w.federated("web").await.is_none().then_some(())
+    })
+    .await;
+    eventually("web's slices deleted", || async {
+        w.slices("web").await.is_empty().then_some(())
+    })
+    .await;
+    // `api` matches both selectors: never removed nor rewritten meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = w.federated("api").await.expect("api-federated stays");
+    assert_eq!(
+        after.metadata.resource_version,
+        api.metadata.resource_version
+    );
+    assert_eq!(remote_discovery(&after), Some("api@east"));
+    let slices = w.slices("api").await;
+    assert_eq!(slices.len(), 1);
+    assert_eq!(
+        slices[0].metadata.resource_version,
+        api_slice.metadata.resource_version
+    );
+    let api_writes: Vec<String> = w
+        .writes()
+        .into_iter()
+        .filter(|l| l.contains("api-federated") && !l.starts_with("create"))
+        .collect();
+    assert!(api_writes.is_empty(), "{api_writes:?}");
+    new.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+fn ports_of(s: &Service) -> usize {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_clusters_entry_is_kept_while_the_other_clusters_changes_land() {
+    // west: a private remote without a watch cache, reached through a proxy the test
+    // cuts; its etcd compacted during the outage makes the watch list again (410), and
+    // that list, empty after the outage, is held: west is pending for the hold (30 s).
+    let opts = ClusterOptions {
+        extra_apiserver_args: vec!["--watch-cache=false".into()],
+        ..Default::default()
+    };
+    let west = Arc::new(LocalCluster::start_with("fed-pending", opts).await.unwrap());
+    let mut w = World::new("fedpend").await;
+    w.fake(82).await;
+    w.fake(83).await;
+    let westc = west.client().await.unwrap();
+    create_namespace(&westc, &w.ns).await;
+    let proxy = TcpProxy::start(west.apiserver_addr()).await.unwrap();
+    let via = west
+        .admin_kubeconfig_via(proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&westc, "web", &[("http", 80)], "west", false)
+        .await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 82), &w.east, 100)
+        .await;
+    let wl = w.start_link_with(&fed, &w.spec("west", &west, 83), via, 50);
+    w.federated_until("both", "web", |s| {
+        remote_discovery(s) == Some("web@east,web@west")
+    })
+    .await;
+    let west_slice = eventually("two ready slices", || async {
+        let v = slice_view(&w.slices("web").await);
+        (v.len() == 2 && v.iter().all(|s| s.2)).then(|| v[1].clone())
+    })
+    .await;
+    assert_eq!(west_slice.0, "west");
+
+    // Outage; west's member deleted meanwhile; back with an empty (held) list.
+    proxy.cut().await.unwrap();
+    eventually("outage seen", || async {
+        (!wl.status().remote_connected).then_some(())
+    })
+    .await;
+    Api::<Service>::namespaced(westc.clone(), &w.ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    west.compact_etcd().await.unwrap();
+    proxy.restore().unwrap();
+    eventually("west listed again", || async {
+        (wl.status().relists >= 1).then_some(())
+    })
+    .await;
+    let listed = std::time::Instant::now();
+
+    // east gains a port while west is pending: it lands within 10 s (well inside the
+    // hold), with west's entry and slice kept.
+    Api::<Service>::namespaced(ec.clone(), &w.ns)
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"ports": [
+                {"name": "http", "port": 80}, {"name": "grpc", "port": 90}]}})),
+        )
+        .await
+        .unwrap();
+    let patched = std::time::Instant::now();
+    let mut landed = None;
+    while patched.elapsed() < Duration::from_secs(10) {
+        let s = w.federated("web").await.expect("web-federated");
+        if ports_of(&s) == 2 {
+            landed = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let landed = landed.expect("east's new port landed while west was pending");
+    println!(
+        "measured: east's port landed {:.2} s after the patch, west pending",
+        patched.elapsed().as_secs_f64()
+    );
+    assert_eq!(remote_discovery(&landed), Some("web@east,web@west"));
+    let slices = slice_view(&w.slices("web").await);
+    assert!(
+        slices.contains(&west_slice),
+        "west's slice kept: {slices:?}"
+    );
+
+    // The hold ends with west still empty: its member leaves then, not before.
+    w.federated_until("west left after the hold", "web", |s| {
+        remote_discovery(s) == Some("web@east")
+    })
+    .await;
+    let left = listed.elapsed();
+    println!(
+        "measured: west's deleted member left {:.2} s after the held list (hold 30 s)",
+        left.as_secs_f64()
+    );
+    assert!(left >= Duration::from_secs(25), "left after {left:?}");
+    eventually("west's slice deleted", || async {
+        (w.slices("web").await.len() == 1).then_some(())
+    })
+    .await;
+    wl.stop(false).await.unwrap();
+    east.stop(false).await.unwrap();
     fed.stop().await;
 }

@@ -37,6 +37,8 @@ pub struct LinkIdentity {
 pub struct LinkFeed {
     pub(super) tx: mpsc::UnboundedSender<Msg>,
     pub(super) id: Arc<LinkIdentity>,
+    /// This feed's generation (see [`super::Generation`]).
+    pub(super) generation: super::Generation,
     pub(super) selector: Selector,
     /// The link's mirrored namespaces (`--namespace-allow/deny`): members outside are
     /// not members.
@@ -68,6 +70,23 @@ pub(super) struct FeedState {
     held: Option<(u64, BTreeSet<ServiceKey>)>,
     /// The number of the last hold (a timer ends only its own hold).
     holds: u64,
+}
+
+impl FeedState {
+    /// The state a replacing feed of the same cluster starts from: the members
+    /// announced, and whether a list since would follow an outage (a held list too).
+    pub(super) fn successor(&self) -> FeedState {
+        FeedState {
+            announced: self.announced.clone(),
+            outage_since_list: self.outage_since_list || self.held.is_some(),
+            ..FeedState::default()
+        }
+    }
+
+    /// Whether a member is announced.
+    pub(super) fn has_announced(&self) -> bool {
+        !self.announced.is_empty()
+    }
 }
 
 impl LinkFeed {
@@ -118,6 +137,7 @@ impl LinkFeed {
                 state.listing = Some(BTreeSet::new());
                 self.send(Msg::Listing {
                     cluster: self.id.cluster.clone(),
+                    generation: self.generation,
                 });
             }
             watcher::Event::InitApply(svc) => {
@@ -205,6 +225,7 @@ impl LinkFeed {
         state.announced.retain(|k| seen.contains(k));
         self.send(Msg::Listed {
             cluster: self.id.cluster.clone(),
+            generation: self.generation,
         });
     }
 
@@ -225,6 +246,7 @@ impl LinkFeed {
     pub fn gateway(&self, gateway: Option<MemberGateway>) {
         self.send(Msg::Gateway {
             cluster: self.id.cluster.clone(),
+            generation: self.generation,
             gateway,
         });
     }
@@ -232,6 +254,7 @@ impl LinkFeed {
     fn joined(&self, svc: &Service) -> Msg {
         Msg::Member {
             link: self.id.clone(),
+            generation: self.generation,
             service: Box::new(svc.clone()),
         }
     }
@@ -239,6 +262,7 @@ impl LinkFeed {
     fn left(&self, key: ServiceKey) -> Msg {
         Msg::Left {
             cluster: self.id.cluster.clone(),
+            generation: self.generation,
             key,
         }
     }
@@ -318,6 +342,7 @@ mod tests {
                 exclusions: Default::default(),
                 link: None,
             }),
+            generation: 1,
             selector,
             namespaces: NamespaceFilter {
                 allow: vec![],

@@ -2,6 +2,7 @@
 //! members (from the local watch), each member cluster's gateway, and which clusters
 //! have not listed yet. Each change returns the `<namespace>/<svc>` keys to plan again.
 
+use super::Generation;
 use super::feed::LinkIdentity;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use service_mirror_core::ServiceKey;
@@ -12,9 +13,24 @@ use std::sync::Arc;
 /// Who a member belongs to: `None` is the local cluster.
 type Cluster = Option<String>;
 
+/// Whose a feed message is (see [`Index::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Current,
+    Candidate,
+    Old,
+}
+
 #[derive(Default)]
 pub(super) struct Index {
     members: BTreeMap<ServiceKey, BTreeMap<Cluster, Member>>,
+    /// The feed generation that last announced each remote member.
+    member_generation: BTreeMap<(String, ServiceKey), Generation>,
+    /// Each remote cluster's newest feed generation, and whether its link was removed
+    /// since (then that generation's late messages are dropped too).
+    generations: BTreeMap<String, (Generation, bool)>,
+    /// The last gateway report of a cluster's candidate feed.
+    candidate_gateways: BTreeMap<String, (Generation, Option<MemberGateway>)>,
     gateways: BTreeMap<String, MemberGateway>,
     /// Linked clusters whose membership is not known yet.
     pending: BTreeSet<String>,
@@ -54,6 +70,9 @@ impl Index {
     }
 
     fn remove(&mut self, key: &ServiceKey, cluster: &Cluster) -> Vec<ServiceKey> {
+        if let Some(c) = cluster {
+            self.member_generation.remove(&(c.clone(), key.clone()));
+        }
         let Some(slot) = self.members.get_mut(key) else {
             return Vec::new();
         };
@@ -67,15 +86,45 @@ impl Index {
         }
     }
 
+    /// What a message of `cluster`'s feed `generation` is: the current feed's, a
+    /// replacing feed's that has not completed its first list yet (a candidate: the
+    /// manager stops it again if it never syncs, and the current one goes on), or an
+    /// older feed's (dropped). A cluster's first feed, and the first after its link was
+    /// removed, is current at once.
+    fn verdict(&mut self, cluster: &str, generation: Generation) -> Verdict {
+        match self.generations.get(cluster) {
+            Some((g, false)) if generation == *g => Verdict::Current,
+            Some((g, false)) if generation > *g => Verdict::Candidate,
+            Some((g, true)) if generation <= *g => Verdict::Old,
+            None | Some((_, true)) => {
+                self.generations
+                    .insert(cluster.to_owned(), (generation, false));
+                Verdict::Current
+            }
+            Some(_) => Verdict::Old,
+        }
+    }
+
+    /// A feed of `cluster` starts.
+    pub(super) fn feed_started(&mut self, cluster: &str, generation: Generation) {
+        self.verdict(cluster, generation);
+    }
+
     /// A remote member joined or changed.
     pub(super) fn remote_member(
         &mut self,
         link: &Arc<LinkIdentity>,
+        generation: Generation,
         svc: Service,
     ) -> Vec<ServiceKey> {
         let Some(key) = ServiceKey::from_meta(&svc.metadata) else {
             return Vec::new();
         };
+        if self.verdict(&link.cluster, generation) == Verdict::Old {
+            return Vec::new();
+        }
+        self.member_generation
+            .insert((link.cluster.clone(), key.clone()), generation);
         if let Some(r) = &link.link {
             self.links.insert(link.cluster.clone(), r.clone());
         }
@@ -90,22 +139,65 @@ impl Index {
     }
 
     /// A remote member left.
-    pub(super) fn remote_left(&mut self, cluster: &str, key: &ServiceKey) -> Vec<ServiceKey> {
+    pub(super) fn remote_left(
+        &mut self,
+        cluster: &str,
+        generation: Generation,
+        key: &ServiceKey,
+    ) -> Vec<ServiceKey> {
+        if self.verdict(cluster, generation) == Verdict::Old {
+            return Vec::new();
+        }
         self.remove(key, &Some(cluster.to_owned()))
     }
 
     /// A link (re)lists its remote Services: its membership is unknown until `listed`.
-    pub(super) fn listing(&mut self, cluster: &str) -> Vec<ServiceKey> {
-        self.pending.insert(cluster.to_owned());
+    pub(super) fn listing(&mut self, cluster: &str, generation: Generation) -> Vec<ServiceKey> {
+        // A candidate's list does not make the cluster pending: the current feed's
+        // membership stands until the candidate's list is complete.
+        if self.verdict(cluster, generation) == Verdict::Current {
+            self.pending.insert(cluster.to_owned());
+        }
         Vec::new()
     }
 
-    /// A link's list is complete (the leaves it implied came before).
-    pub(super) fn listed(&mut self, cluster: &str) -> Vec<ServiceKey> {
-        match self.pending.remove(cluster) {
-            true => self.keys(),
-            false => Vec::new(),
+    /// A link's list is complete (the leaves it implied came before): the cluster's
+    /// members announced only by older feeds leave (the list replaces them). A
+    /// candidate's first complete list makes it the current feed (its gateway applies
+    /// from then on, the older feeds' messages are dropped). `None`: an old feed's.
+    pub(super) fn listed(
+        &mut self,
+        cluster: &str,
+        generation: Generation,
+    ) -> Option<Vec<ServiceKey>> {
+        let mut keys = Vec::new();
+        match self.verdict(cluster, generation) {
+            Verdict::Old => return None,
+            Verdict::Current => {}
+            Verdict::Candidate => {
+                self.generations
+                    .insert(cluster.to_owned(), (generation, false));
+                if let Some((g, gw)) = self.candidate_gateways.remove(cluster)
+                    && g == generation
+                {
+                    keys.extend(self.gateway(cluster, generation, gw));
+                }
+            }
         }
+        let older: Vec<ServiceKey> = self
+            .member_generation
+            .iter()
+            .filter(|((c, _), g)| c == cluster && **g < generation)
+            .map(|((_, k), _)| k.clone())
+            .collect();
+        let c = Some(cluster.to_owned());
+        keys.extend(older.iter().flat_map(|k| self.remove(k, &c)));
+        if self.pending.remove(cluster) {
+            keys.extend(self.keys());
+            keys.sort();
+            keys.dedup();
+        }
+        Some(keys)
     }
 
     /// The link manager's first list: these clusters are linked, pending until listed.
@@ -116,7 +208,22 @@ impl Index {
     }
 
     /// A link's gateway changed.
-    pub(super) fn gateway(&mut self, cluster: &str, gw: Option<MemberGateway>) -> Vec<ServiceKey> {
+    pub(super) fn gateway(
+        &mut self,
+        cluster: &str,
+        generation: Generation,
+        gw: Option<MemberGateway>,
+    ) -> Vec<ServiceKey> {
+        match self.verdict(cluster, generation) {
+            Verdict::Old => return Vec::new(),
+            // Kept for when it becomes current (its reporter sends only changes).
+            Verdict::Candidate => {
+                self.candidate_gateways
+                    .insert(cluster.to_owned(), (generation, gw));
+                return Vec::new();
+            }
+            Verdict::Current => {}
+        }
         let changed = match gw {
             Some(gw) => self.gateways.insert(cluster.to_owned(), gw.clone()) != Some(gw),
             None => self.gateways.remove(cluster).is_some(),
@@ -135,7 +242,12 @@ impl Index {
             self.remove(k, &c);
         }
         self.gateways.remove(cluster);
+        self.candidate_gateways.remove(cluster);
         self.links.remove(cluster);
+        // The removed link's feed was stopped: anything it still sends is dropped.
+        if let Some((_, removed)) = self.generations.get_mut(cluster) {
+            *removed = true;
+        }
         let was_pending = self.pending.remove(cluster);
         let mut keys = keys;
         if was_pending {
@@ -257,37 +369,37 @@ mod tests {
     #[test]
     fn same_member_twice_changes_nothing() {
         let mut i = Index::default();
-        assert_eq!(i.remote_member(&link("east"), svc("web")), [key("web")]);
-        assert!(i.remote_member(&link("east"), svc("web")).is_empty());
+        assert_eq!(i.remote_member(&link("east"), 1, svc("web")), [key("web")]);
+        assert!(i.remote_member(&link("east"), 1, svc("web")).is_empty());
         assert_eq!(i.members(&key("web")).len(), 1);
     }
 
     #[test]
     fn members_from_several_clusters_and_local_share_a_key() {
         let mut i = Index::default();
-        i.remote_member(&link("east"), svc("web"));
-        i.remote_member(&link("north"), svc("web"));
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.remote_member(&link("north"), 1, svc("web"));
         i.local_member(key("web"), Some(svc("web")));
         assert_eq!(i.members(&key("web")).len(), 3);
-        assert_eq!(i.remote_left("east", &key("web")), [key("web")]);
-        assert!(i.remote_left("east", &key("web")).is_empty());
+        assert_eq!(i.remote_left("east", 1, &key("web")), [key("web")]);
+        assert!(i.remote_left("east", 1, &key("web")).is_empty());
         assert_eq!(i.members(&key("web")).len(), 2);
     }
 
     #[test]
     fn gateway_change_queues_only_that_clusters_keys() {
         let mut i = Index::default();
-        i.remote_member(&link("east"), svc("web"));
-        i.remote_member(&link("north"), svc("api"));
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.remote_member(&link("north"), 1, svc("api"));
         let gw = MemberGateway {
             addresses: vec!["198.18.1.1".parse().unwrap()],
             port: 4143,
             identity: None,
             alive: true,
         };
-        assert_eq!(i.gateway("east", Some(gw.clone())), [key("web")]);
-        assert!(i.gateway("east", Some(gw)).is_empty(), "unchanged");
-        assert_eq!(i.gateway("east", None), [key("web")]);
+        assert_eq!(i.gateway("east", 1, Some(gw.clone())), [key("web")]);
+        assert!(i.gateway("east", 1, Some(gw)).is_empty(), "unchanged");
+        assert_eq!(i.gateway("east", 1, None), [key("web")]);
     }
 
     #[test]
@@ -299,10 +411,10 @@ mod tests {
         i.local_listing();
         i.local_listed();
         assert!(i.ready());
-        i.remote_member(&link("east"), svc("web"));
-        assert_eq!(i.listed("east"), [key("web")]);
+        i.remote_member(&link("east"), 1, svc("web"));
+        assert_eq!(i.listed("east", 1), Some(vec![key("web")]));
         assert!(i.pending().is_empty());
-        i.listing("east");
+        i.listing("east", 1);
         assert!(i.pending().contains("east"), "a relist is pending again");
         assert_eq!(i.link_removed("east"), [key("web")]);
         assert!(i.members(&key("web")).is_empty() && i.pending().is_empty());
@@ -315,11 +427,117 @@ mod tests {
         i.local_member(key("web"), Some(svc("web")));
         i.local_member(key("api"), Some(svc("api")));
         i.local_listed();
-        i.remote_member(&link("east"), svc("db"));
+        i.remote_member(&link("east"), 1, svc("db"));
         i.local_listing();
         i.local_member(key("web"), Some(svc("web")));
         assert_eq!(i.local_listed(), [key("api")]);
         assert_eq!(i.members(&key("web")).len(), 1);
         assert_eq!(i.members(&key("db")).len(), 1, "remote members stay");
+    }
+
+    fn gw(ip: &str) -> MemberGateway {
+        MemberGateway {
+            addresses: vec![ip.parse().unwrap()],
+            port: 4143,
+            identity: None,
+            alive: true,
+        }
+    }
+
+    #[test]
+    fn an_old_feeds_late_gateway_and_member_reports_are_dropped_once_a_newer_one_listed() {
+        let mut i = Index::default();
+        i.feed_started("east", 1);
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.gateway("east", 1, Some(gw("198.18.1.1")));
+        // The replacing controller's feed (generation 2) lists and reports its gateway:
+        // the current feed's stands until that list is complete.
+        i.feed_started("east", 2);
+        assert!(i.listing("east", 2).is_empty() && i.pending().is_empty());
+        i.remote_member(&link("east"), 2, svc("web"));
+        assert!(i.gateway("east", 2, Some(gw("198.18.2.2"))).is_empty());
+        assert_eq!(i.gateways()["east"], gw("198.18.1.1"));
+        assert_eq!(i.listed("east", 2), Some(vec![key("web")]));
+        assert_eq!(i.gateways()["east"], gw("198.18.2.2"));
+        // The old reporter sends last: ignored, the new gateway stays.
+        assert!(i.gateway("east", 1, Some(gw("198.18.1.1"))).is_empty());
+        assert!(i.gateway("east", 1, None).is_empty());
+        assert_eq!(i.gateways()["east"], gw("198.18.2.2"));
+        // Old member reports change nothing either.
+        assert!(i.remote_member(&link("east"), 1, svc("api")).is_empty());
+        assert!(i.remote_left("east", 1, &key("web")).is_empty());
+        assert!(i.listing("east", 1).is_empty() && i.pending().is_empty());
+        assert_eq!(i.listed("east", 1), None);
+        assert!(i.members(&key("api")).is_empty());
+        assert_eq!(i.members(&key("web")).len(), 1);
+        // Other clusters are not affected by east's generations.
+        assert_eq!(
+            i.gateway("north", 1, Some(gw("198.18.3.3"))),
+            Vec::<ServiceKey>::new()
+        );
+        assert!(i.gateways().contains_key("north"));
+    }
+
+    #[test]
+    fn a_new_feeds_first_complete_list_replaces_the_clusters_older_members() {
+        let mut i = Index::default();
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.remote_member(&link("east"), 1, svc("api"));
+        i.remote_member(&link("north"), 1, svc("web"));
+        i.listed("east", 1);
+        // Generation 2 lists: `api` again, `web` not. Until its list is complete,
+        // nothing of generation 1 leaves.
+        i.feed_started("east", 2);
+        i.listing("east", 2);
+        i.remote_member(&link("east"), 2, svc("api"));
+        assert_eq!(
+            i.members(&key("web")).len(),
+            2,
+            "kept until the list is done"
+        );
+        let keys = i.listed("east", 2).unwrap();
+        assert!(keys.contains(&key("web")), "{keys:?}");
+        assert!(i.pending().is_empty());
+        let web = i.members(&key("web"));
+        assert_eq!(web.len(), 1);
+        assert_eq!(
+            web[0].cluster.as_deref(),
+            Some("north"),
+            "other clusters stay"
+        );
+        assert_eq!(i.members(&key("api")).len(), 1, "re-announced: stays");
+    }
+
+    #[test]
+    fn a_replacing_feed_that_never_lists_leaves_the_current_one_in_charge() {
+        let mut i = Index::default();
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.listed("east", 1);
+        i.gateway("east", 1, Some(gw("198.18.1.1")));
+        // The new controller never syncs (the manager stops it again).
+        i.feed_started("east", 2);
+        i.listing("east", 2);
+        assert!(i.gateway("east", 2, None).is_empty());
+        assert!(i.pending().is_empty(), "not pending for a candidate");
+        // The old one goes on: its reports still count.
+        let moved = gw("198.18.9.9");
+        assert_eq!(i.gateway("east", 1, Some(moved.clone())), [key("web")]);
+        assert_eq!(i.gateways()["east"], moved);
+        assert_eq!(i.remote_left("east", 1, &key("web")), [key("web")]);
+        assert!(i.listing("east", 1).is_empty());
+        assert!(i.pending().contains("east"));
+        assert_eq!(i.listed("east", 1), Some(vec![]));
+    }
+
+    #[test]
+    fn a_removed_links_late_reports_are_dropped_and_a_new_link_starts_afresh() {
+        let mut i = Index::default();
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.link_removed("east");
+        assert!(i.remote_member(&link("east"), 1, svc("web")).is_empty());
+        assert!(i.gateway("east", 1, Some(gw("198.18.1.1"))).is_empty());
+        assert!(i.members(&key("web")).is_empty() && i.gateways().is_empty());
+        i.feed_started("east", 3);
+        assert_eq!(i.remote_member(&link("east"), 3, svc("web")), [key("web")]);
     }
 }

@@ -32,23 +32,46 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// The number of a link feed: a link controller replaced (new selector, namespaces or
+/// credentials) gets a new feed with a higher one, so the index can drop what the old
+/// one still sends during the overlap and replace the cluster's older members at the new
+/// feed's first complete list.
+pub(crate) type Generation = u64;
+
 /// What the federation's worker is told.
 #[derive(Debug)]
 pub(crate) enum Msg {
+    /// A new feed of `cluster` starts (sent before any of its messages).
+    Feed {
+        cluster: String,
+        generation: Generation,
+    },
     /// A remote member joined or changed.
     Member {
         link: Arc<LinkIdentity>,
+        generation: Generation,
         service: Box<Service>,
     },
     /// A remote member left (deleted, or no longer selected, or not in a complete list).
-    Left { cluster: String, key: ServiceKey },
+    Left {
+        cluster: String,
+        generation: Generation,
+        key: ServiceKey,
+    },
     /// A link (re)lists: its membership is unknown until `Listed`.
-    Listing { cluster: String },
+    Listing {
+        cluster: String,
+        generation: Generation,
+    },
     /// A link's list is complete.
-    Listed { cluster: String },
+    Listed {
+        cluster: String,
+        generation: Generation,
+    },
     /// A link's gateway as resolved and probed.
     Gateway {
         cluster: String,
+        generation: Generation,
         gateway: Option<MemberGateway>,
     },
     /// A link was removed: its members leave.
@@ -72,6 +95,9 @@ pub(crate) enum Msg {
     Leader(bool),
     /// Try a key again (after a failed write).
     Retry(ServiceKey),
+    /// The foreign Service holding `key`'s `<svc>-federated` name is there (`true`) or
+    /// gone (or ours now).
+    Foreign { key: ServiceKey, present: bool },
 }
 
 /// Settings of the federation.
@@ -90,6 +116,14 @@ pub struct FederationOptions {
 #[derive(Clone)]
 pub struct Federation {
     tx: mpsc::UnboundedSender<Msg>,
+    /// The last feed generation handed out (process-wide, so always increasing).
+    generations: Arc<std::sync::atomic::AtomicU64>,
+    /// The newest feed's state of each cluster: a replacing feed starts from it.
+    feeds: Arc<
+        parking_lot::Mutex<
+            std::collections::BTreeMap<String, Arc<parking_lot::Mutex<feed::FeedState>>>,
+        >,
+    >,
 }
 
 impl std::fmt::Debug for Federation {
@@ -111,7 +145,12 @@ impl Federation {
         let (stored, mut tasks) = watches::spawn(&local, &opts, &tx, &cancel);
         let worker = worker::Worker::new(local, recorder, metrics, &opts, stored, tx.clone());
         tasks.push(tokio::spawn(worker.run(rx, cancel)));
-        (Self { tx }, tasks)
+        let federation = Self {
+            tx,
+            generations: Arc::default(),
+            feeds: Arc::default(),
+        };
+        (federation, tasks)
     }
 
     /// The feed of one link controller: its members are the remote Services `selector`
@@ -122,19 +161,45 @@ impl Federation {
         selector: Selector,
         namespaces: NamespaceFilter,
     ) -> LinkFeed {
+        let generation = 1 + self
+            .generations
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // A replacing feed starts from what the old one announced: members its first
+        // list lacks leave at that list's end, and an untrusted (empty, after an
+        // outage) list is held as the old feed would have held it.
+        let state = {
+            let mut feeds = self.feeds.lock();
+            let seeded = feeds
+                .get(&id.cluster)
+                .map(|old| old.lock().successor())
+                .unwrap_or_default();
+            let state = Arc::new(parking_lot::Mutex::new(seeded));
+            feeds.insert(id.cluster.clone(), state.clone());
+            state
+        };
+        let in_use = Arc::new(std::sync::atomic::AtomicBool::new(
+            state.lock().has_announced(),
+        ));
+        let _ = self.tx.send(Msg::Feed {
+            cluster: id.cluster.clone(),
+            generation,
+        });
         LinkFeed {
             tx: self.tx.clone(),
             id: Arc::new(id),
+            generation,
             selector,
             namespaces,
-            state: Arc::default(),
-            in_use: Arc::default(),
+            state,
+            in_use,
             hold: std::time::Duration::from_secs(30),
         }
     }
 
     /// The link of `cluster` was removed: its members leave their federated Services.
     pub fn link_removed(&self, cluster: &str) {
+        // A later link of that cluster starts afresh.
+        self.feeds.lock().remove(cluster);
         let _ = self.tx.send(Msg::LinkRemoved {
             cluster: cluster.to_owned(),
         });

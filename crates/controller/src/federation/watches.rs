@@ -144,6 +144,48 @@ async fn watch_stored<K>(
     drive(watch, cancel, on_event, on_error).await
 }
 
+/// Watches the one Service `namespace/name` that holds `key`'s federated name without
+/// our mark: tells the worker whether it is still there (foreign), so that no create is
+/// tried (each would be a 409) until it changes or goes.
+pub(super) async fn watch_foreign(
+    client: Client,
+    key: ServiceKey,
+    name: String,
+    controller_namespace: String,
+    tx: mpsc::UnboundedSender<Msg>,
+    cancel: CancellationToken,
+) {
+    let watch = Watch {
+        api: Api::<Service>::namespaced(client, &key.namespace),
+        config: watcher::Config::default().fields(&format!("metadata.name={name}")),
+        strip: strip::<Service>,
+        store: NoStore,
+    };
+    let mut listed = false;
+    let on_event = |ev: &watcher::Event<Service>| {
+        let present = match ev {
+            watcher::Event::Init => {
+                listed = false;
+                return;
+            }
+            watcher::Event::InitApply(s) | watcher::Event::Apply(s) => {
+                listed = true;
+                !service_mirror_core::is_owned_federated(&s.metadata, &controller_namespace)
+            }
+            watcher::Event::Delete(_) => false,
+            // An empty list: gone.
+            watcher::Event::InitDone if !listed => false,
+            watcher::Event::InitDone => return,
+        };
+        let _ = tx.send(Msg::Foreign {
+            key: key.clone(),
+            present,
+        });
+    };
+    let on_error = |e: &watcher::Error| tracing::warn!(error = %e, "foreign federated Service watch failed; retrying with backoff");
+    drive(watch, cancel, on_event, on_error).await
+}
+
 async fn local_members(
     api: Api<Service>,
     selector: String,

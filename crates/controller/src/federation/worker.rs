@@ -53,6 +53,10 @@ pub(super) struct Worker {
     refused: BTreeMap<ServiceKey, Vec<(String, MemberRefusal)>>,
     conflicts: BTreeMap<ServiceKey, Vec<String>>,
     foreign: BTreeSet<ServiceKey>,
+    /// Keys whose `<svc>-federated` name a foreign Service holds: no write until its
+    /// watch (the token stops it) says it changed to ours or went.
+    blocked: BTreeMap<ServiceKey, (bool, CancellationToken)>,
+    client: Client,
     /// Keys whose federated Service is desired.
     present: BTreeSet<ServiceKey>,
 }
@@ -83,6 +87,8 @@ impl Worker {
             slices_listed: false,
             leading: opts.leader.as_ref().is_none_or(|l| *l.borrow()),
             leader: opts.leader.clone(),
+            blocked: BTreeMap::new(),
+            client: local.clone(),
             writer: LocalWriter::federated(
                 local,
                 &opts.controller_namespace,
@@ -181,20 +187,48 @@ impl Worker {
 
     fn apply(&mut self, msg: Msg) {
         let keys = match msg {
-            Msg::Member { link, service } => self.index.remote_member(&link, *service),
-            Msg::Left { cluster, key } => self.index.remote_left(&cluster, &key),
-            Msg::Listing { cluster } => self.index.listing(&cluster),
+            Msg::Feed {
+                cluster,
+                generation,
+            } => {
+                self.index.feed_started(&cluster, generation);
+                Vec::new()
+            }
+            Msg::Member {
+                link,
+                generation,
+                service,
+            } => self.index.remote_member(&link, generation, *service),
+            Msg::Left {
+                cluster,
+                generation,
+                key,
+            } => self.index.remote_left(&cluster, generation, &key),
+            Msg::Listing {
+                cluster,
+                generation,
+            } => self.index.listing(&cluster, generation),
             // Once a cluster is no longer pending, our stored Services naming it are
             // planned again too (the index knows only keys with a member).
-            Msg::Listed { cluster } => {
+            Msg::Listed {
+                cluster,
+                generation,
+            } => {
                 let was_pending = self.index.pending().contains(&cluster);
-                self.index.listed(&cluster);
-                match was_pending {
-                    true => self.all_keys(),
-                    false => Vec::new(),
+                match self.index.listed(&cluster, generation) {
+                    Some(mut keys) if was_pending => {
+                        keys.extend(self.all_keys());
+                        keys
+                    }
+                    Some(keys) => keys,
+                    None => Vec::new(),
                 }
             }
-            Msg::Gateway { cluster, gateway } => self.index.gateway(&cluster, gateway),
+            Msg::Gateway {
+                cluster,
+                generation,
+                gateway,
+            } => self.index.gateway(&cluster, generation, gateway),
             Msg::LinkRemoved { cluster } => {
                 let mut keys = self.index.link_removed(&cluster);
                 keys.extend(self.all_keys());
@@ -223,8 +257,46 @@ impl Worker {
                 }
             }
             Msg::Retry(key) => vec![key],
+            Msg::Foreign { key, present } => match present {
+                true => {
+                    if let Some((p, _)) = self.blocked.get_mut(&key) {
+                        *p = true;
+                    }
+                    Vec::new()
+                }
+                // Gone (or ours now): planned again, the create may go ahead.
+                false => {
+                    self.unblock(&key);
+                    vec![key]
+                }
+            },
         };
         self.dirty.extend(keys);
+    }
+
+    /// The foreign Service holding `key`'s name is gone: stop watching it.
+    fn unblock(&mut self, key: &ServiceKey) {
+        if let Some((_, cancel)) = self.blocked.remove(key) {
+            cancel.cancel();
+        }
+    }
+
+    /// A create of `key`'s `name` found a foreign Service: watched from now on, no
+    /// write tried until it changes or goes.
+    fn block(&mut self, key: &ServiceKey, name: &str) {
+        if self.blocked.contains_key(key) {
+            return;
+        }
+        let cancel = CancellationToken::new();
+        tokio::spawn(super::watches::watch_foreign(
+            self.client.clone(),
+            key.clone(),
+            name.to_owned(),
+            self.namespace.clone(),
+            self.tx.clone(),
+            cancel.clone(),
+        ));
+        self.blocked.insert(key.clone(), (true, cancel));
     }
 
     fn retry_later(&mut self, key: &ServiceKey) {
@@ -287,9 +359,17 @@ impl Worker {
             .collect();
         let plan = plan_federated(&desired, stored.as_deref(), &slices, &ns);
         match desired.service {
-            DesiredService::Absent => self.present.remove(key),
+            DesiredService::Absent => {
+                // Nothing to create: the foreign Service no longer matters.
+                self.unblock(key);
+                self.present.remove(key)
+            }
             _ => self.present.insert(key.clone()),
         };
+        if self.blocked.get(key).is_some_and(|(present, _)| *present) {
+            // Reported once when found; the foreign Service's watch plans again.
+            return;
+        }
         if plan.foreign {
             let foreign = stored.as_deref().map(|s| s.metadata.clone());
             self.report_foreign(key, &name, foreign.is_some()).await;
@@ -306,9 +386,11 @@ impl Worker {
                 Ok(Applied::Done) => {}
                 // The watch event bringing the newer version plans the key again.
                 Ok(Applied::Stale) => return,
+                // A foreign Service holds the name (our store sees only ours): no retry
+                // loop; its watch plans the key again when it changes or goes.
                 Err(Error::OwnershipConflict { .. }) => {
                     self.report_foreign(key, &name, true).await;
-                    self.retry_later(key);
+                    self.block(key, &name);
                     return;
                 }
                 Err(e) => {
