@@ -936,3 +936,67 @@ async fn an_expired_remote_reconnects_on_a_complete_list_not_on_the_first_answer
     );
     w.stop(true).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_replica_that_becomes_leader_while_the_remote_is_stale_asserts_it_without_a_transition() {
+    let env = Env::new("stale-leader").await;
+    let o = Outage::new(&env).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    // The old leader makes the mirror, then goes away before the remote does.
+    let old = o.start(&env, config(&env, 1, 3, 10), LinkDeps::default());
+    eventually("mirror ready", || async {
+        (routing(&env, "a").await == "ready").then_some(())
+    })
+    .await;
+    // The other replica: warm caches and its own state, no writes.
+    let (lead, leader) = tokio::sync::watch::channel(false);
+    let deps = LinkDeps {
+        metrics: Metrics::new(),
+        link_secret: Some(o.link.clone()),
+        leader: Some(leader),
+        ..LinkDeps::default()
+    };
+    let replica = LinkController::start(
+        env.lc.clone(),
+        o.remote.clone(),
+        env.link(),
+        config(&env, 1, 3, 10),
+        deps,
+    )
+    .unwrap();
+    eventually("the replica synced", || async {
+        replica.status().remote_synced.then_some(())
+    })
+    .await;
+    old.stop(false).await.unwrap();
+    let t0 = Instant::now();
+    o.proxy.cut().await.unwrap();
+    eventually("the replica sees Stale", || async {
+        (replica.remote_state() == RemoteState::Stale).then_some(())
+    })
+    .await;
+    // A follower writes nothing: the mirror stays as the old leader left it.
+    for _ in 0..5 {
+        assert_eq!(routing(&env, "a").await, "ready", "the follower wrote");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let handed = Instant::now();
+    lead.send(true).unwrap();
+    eventually("the new leader asserts Stale", || async {
+        (routing(&env, "a").await == "not_ready").then_some(())
+    })
+    .await;
+    let asserted = handed.elapsed().as_secs_f64();
+    assert_eq!(
+        replica.remote_state(),
+        RemoteState::Stale,
+        "no new transition came (Expired is at 10 s, now {:.2} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "measured: the new leader made Stale endpoints not ready {asserted:.2} s after it gained the leadership"
+    );
+    assert!(asserted < 3.0, "{asserted}");
+    replica.stop(false).await.unwrap();
+}
