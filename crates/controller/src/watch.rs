@@ -52,6 +52,29 @@ pub(crate) fn keep_all<K>(_: &mut K) {}
 pub(crate) async fn drive<K, S>(
     watch: Watch<K, S>,
     cancel: CancellationToken,
+    on_event: impl FnMut(&watcher::Event<K>),
+    on_error: impl FnMut(&watcher::Error),
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    S: Store<K>,
+{
+    drive_restartable(
+        watch,
+        cancel,
+        &tokio::sync::Notify::new(),
+        on_event,
+        on_error,
+    )
+    .await
+}
+
+/// [`drive`], with a watcher started afresh (a complete list first) each time `restart`
+/// is notified: kube's watcher resumes a failed watch from its resource version, and a
+/// resumed watch lists nothing.
+pub(crate) async fn drive_restartable<K, S>(
+    watch: Watch<K, S>,
+    cancel: CancellationToken,
+    restart: &tokio::sync::Notify,
     mut on_event: impl FnMut(&watcher::Event<K>),
     mut on_error: impl FnMut(&watcher::Error),
 ) where
@@ -64,11 +87,19 @@ pub(crate) async fn drive<K, S>(
         strip,
         mut store,
     } = watch;
-    let stream = watcher(api, config).default_backoff();
-    futures::pin_mut!(stream);
+    let start = || {
+        watcher(api.clone(), config.clone())
+            .default_backoff()
+            .boxed()
+    };
+    let mut stream = start();
     loop {
         let ev = tokio::select! {
             _ = cancel.cancelled() => return,
+            _ = restart.notified() => {
+                stream = start();
+                continue;
+            }
             ev = stream.next() => ev,
         };
         match ev {

@@ -805,3 +805,198 @@ async fn a_deleted_links_remote_state_series_goes_with_it() {
     })
     .await;
 }
+
+/// How many times the link listed its remote Services again (after the first list).
+fn relists(o: &Outage, env: &Env) -> u64 {
+    let label = format!("cluster=\"{}\"", env.cluster);
+    o.metrics
+        .encode()
+        .lines()
+        .filter(|l| l.contains("remote_relists") && l.contains(&label) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .next()
+        .unwrap_or(0)
+}
+
+/// Services the link may get and list, and watch too if `watch`.
+const LIST_ONLY: Rules<'static> = &[(&["services"], &["get", "list"])];
+const LIST_WATCH: Rules<'static> = &[(&["services"], &["get", "list", "watch"])];
+
+/// Every state the metric says over `d`, polled every 100 ms.
+async fn states_during(o: &Outage, env: &Env, d: Duration) -> Vec<String> {
+    let end = Instant::now() + d;
+    let mut seen = Vec::new();
+    while Instant::now() < end {
+        if let Some(s) = o.metric_state(env)
+            && seen.last() != Some(&s)
+        {
+            seen.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_remote_that_answers_list_but_refuses_watch_goes_disconnected_then_stale_at_the_set_times()
+ {
+    let env = Env::new("stale-nowatch").await;
+    let mut o = Outage::new(&env).await;
+    // RBAC with list and no watch: the link's first list works, every watch is 403.
+    o.remote = sa_kubeconfig(&env.remote, "sm-nowatch", "linker", LIST_ONLY)
+        .await
+        .client()
+        .await
+        .unwrap();
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let t0 = Instant::now();
+    let w = o.start(&env, config(&env, 1, 3, 0), LinkDeps::default());
+    eventually("mirror from the first list", || async {
+        (routing(&env, "a").await != "mixed" && uid(&env, "a").await.is_some()).then_some(())
+    })
+    .await;
+    let disconnected = state_at(&o, &env, &w, "disconnected", t0).await;
+    let stale = state_at(&o, &env, &w, "stale", t0).await;
+    eventually("Stale: endpoints not ready", || async {
+        (routing(&env, "a").await == "not_ready").then_some(())
+    })
+    .await;
+    // A dozen checks (every 250 ms) answer the LIST: none reconnects the link.
+    let after = states_during(&o, &env, secs(3)).await;
+    println!(
+        "measured: list-only remote disconnected {disconnected:.2} s, stale {stale:.2} s after the start; set 1/3 s; states after: {after:?}"
+    );
+    // The clock starts at the first refused watch, right after the first list.
+    assert!((1.0..2.5).contains(&disconnected), "{disconnected}");
+    assert!((3.0..4.5).contains(&stale), "{stale}");
+    assert_eq!(after, ["stale"], "a LIST does not reconnect a broken watch");
+    let ns = o.link.namespace.as_deref().unwrap();
+    let name = o.link.name.as_deref().unwrap();
+    let events = events_on(&env.lc, ns, name).await;
+    let (_, note) = events
+        .iter()
+        .find(|(r, _)| r == "RemoteStale")
+        .expect("a RemoteStale Event");
+    assert!(
+        note.contains("answers a list, its watch fails"),
+        "the Event says the apiserver answers: {note}"
+    );
+    w.stop(true).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_expired_remote_reconnects_on_a_complete_list_not_on_the_first_answer() {
+    let env = Env::new("stale-relist").await;
+    let mut o = Outage::new(&env).await;
+    let (ns, sa) = ("sm-relist", "linker");
+    o.remote = sa_kubeconfig(&env.remote, ns, sa, LIST_WATCH)
+        .await
+        .via(o.proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let w = o.start(&env, config(&env, 1, 2, 3), LinkDeps::default());
+    eventually("mirror ready", || async {
+        (routing(&env, "a").await == "ready").then_some(())
+    })
+    .await;
+    let t0 = Instant::now();
+    o.proxy.cut().await.unwrap();
+    state_at(&o, &env, &w, "expired", t0).await;
+    eventually("Expired: endpoints empty", || async {
+        (routing(&env, "a").await == "empty").then_some(())
+    })
+    .await;
+    // The remote comes back answering lists, its watch still refused.
+    sa_kubeconfig(&env.remote, ns, sa, LIST_ONLY).await;
+    let before = relists(&o, &env);
+    o.proxy.restore().unwrap();
+    let during = states_during(&o, &env, secs(3)).await;
+    assert_eq!(during, ["expired"], "an answer is not a complete list");
+    assert_eq!(routing(&env, "a").await, "empty", "nothing restored yet");
+    // The watch works again: the remote watch lists afresh, then reconnects.
+    let t1 = Instant::now();
+    sa_kubeconfig(&env.remote, ns, sa, LIST_WATCH).await;
+    let connected = state_at(&o, &env, &w, "connected", t1).await;
+    let listed = relists(&o, &env);
+    assert!(
+        listed > before,
+        "Connected only after a complete list ({before} → {listed} relists)"
+    );
+    eventually("recovered: endpoints ready", || async {
+        (routing(&env, "a").await == "ready").then_some(())
+    })
+    .await;
+    println!(
+        "measured: connected {connected:.2} s after watch was granted again, relists {before} → {listed}"
+    );
+    w.stop(true).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replica_that_becomes_leader_while_the_remote_is_stale_asserts_it_without_a_transition() {
+    let env = Env::new("stale-leader").await;
+    let o = Outage::new(&env).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    // The old leader makes the mirror, then goes away before the remote does.
+    let old = o.start(&env, config(&env, 1, 3, 10), LinkDeps::default());
+    eventually("mirror ready", || async {
+        (routing(&env, "a").await == "ready").then_some(())
+    })
+    .await;
+    // The other replica: warm caches and its own state, no writes.
+    let (lead, leader) = tokio::sync::watch::channel(false);
+    let deps = LinkDeps {
+        metrics: Metrics::new(),
+        link_secret: Some(o.link.clone()),
+        leader: Some(leader),
+        ..LinkDeps::default()
+    };
+    let replica = LinkController::start(
+        env.lc.clone(),
+        o.remote.clone(),
+        env.link(),
+        config(&env, 1, 3, 10),
+        deps,
+    )
+    .unwrap();
+    eventually("the replica synced", || async {
+        replica.status().remote_synced.then_some(())
+    })
+    .await;
+    old.stop(false).await.unwrap();
+    let t0 = Instant::now();
+    o.proxy.cut().await.unwrap();
+    eventually("the replica sees Stale", || async {
+        (replica.remote_state() == RemoteState::Stale).then_some(())
+    })
+    .await;
+    // A follower writes nothing: the mirror stays as the old leader left it.
+    for _ in 0..5 {
+        assert_eq!(routing(&env, "a").await, "ready", "the follower wrote");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let handed = Instant::now();
+    lead.send(true).unwrap();
+    eventually("the new leader asserts Stale", || async {
+        (routing(&env, "a").await == "not_ready").then_some(())
+    })
+    .await;
+    let asserted = handed.elapsed().as_secs_f64();
+    assert_eq!(
+        replica.remote_state(),
+        RemoteState::Stale,
+        "no new transition came (Expired is at 10 s, now {:.2} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "measured: the new leader made Stale endpoints not ready {asserted:.2} s after it gained the leadership"
+    );
+    assert!(asserted < 3.0, "{asserted}");
+    replica.stop(false).await.unwrap();
+}

@@ -1,18 +1,24 @@
 //! The state of a link's remote apiserver (core `remote_state`: Connected →
 //! Disconnected → Stale → Expired) kept up to date, and its transitions reported.
 //!
-//! The remote watch reports what it sees ([`RemoteHealth::answered`],
+//! The remote watch reports what it sees ([`RemoteHealth::watch_event`],
 //! [`RemoteHealth::failed`], [`RemoteHealth::listed`], no I/O); one task per link
-//! ([`run`]) turns the time since the remote last answered into a state, with a timer so
+//! ([`run`]) turns the time since the watch last worked into a state, with a timer so
 //! that a silent remote moves on without any watch event, and on each change sets the
 //! metric, the Link's `RemoteReachable` condition, an Event on the link object, and
 //! queues the link's keys once. Reconciles read the published state
 //! ([`RemoteHealth::state`]) as one input of the desired endpoints.
 //!
-//! A watch that resumes after an outage (kube's watcher keeps its resource version)
-//! yields no event until something changes, so "answered again" cannot wait for one:
-//! while the watch fails, the task asks the remote itself (a one-item LIST of
-//! Services, the watch's own permission) every [`check_period`].
+//! "Answers" means the WATCH works: a complete list from the watch, or a watch event.
+//! A remote that allows list but refuses or breaks watch (RBAC without `watch`, a proxy
+//! cutting watches) answers a LIST while its mirrors go stale, so a LIST alone is only
+//! information (logged, and in the condition's message). A watch that resumes after an
+//! outage (kube's watcher keeps its resource version) yields no event until something
+//! changes, so while the watch fails the task asks the remote itself every
+//! [`check_period`]: a one-item LIST of Services, then a 1 s WATCH from its version;
+//! when the watch holds, the remote watch starts afresh, and its first complete list
+//! reconnects the link (from Stale or Expired, watch events alone do not: endpoints
+//! come back from a complete list, not from a cache as old as the outage).
 
 use super::WorkQueue;
 use super::index::Index;
@@ -72,6 +78,8 @@ struct Inner {
     hold_news: Option<bool>,
     /// A complete list is replacing the cache and its verdict is not known yet.
     list_pending: bool,
+    /// The remote answers a LIST but its watch fails, and why (the last check).
+    watch_failing: Option<String>,
 }
 
 /// What the watches know of the remote, and the state they lead to.
@@ -80,6 +88,8 @@ pub(crate) struct RemoteHealth {
     policy: StalePolicy,
     inner: Mutex<Inner>,
     wake: Notify,
+    /// Notified when the remote watch should start afresh (a complete list).
+    pub(super) relist: Notify,
 }
 
 impl RemoteHealth {
@@ -94,16 +104,54 @@ impl RemoteHealth {
                 hold_until: None,
                 hold_news: None,
                 list_pending: false,
+                watch_failing: None,
             }),
             wake: Notify::new(),
+            relist: Notify::new(),
         }
     }
 
-    /// The remote answered (a watch event, or the task's check).
-    pub(super) fn answered(&self) {
-        let was_silent = self.inner.lock().silent_since.take().is_some();
+    /// The watch works again: the clock stops and the state is published anew.
+    fn answered(&self) {
+        let mut inner = self.inner.lock();
+        inner.watch_failing = None;
+        let was_silent = inner.silent_since.take().is_some();
+        drop(inner);
         if was_silent {
             self.wake.notify_one();
+        }
+    }
+
+    /// A watch event (not of a list) arrived: the watch works. Before Stale it answers;
+    /// from Stale on, endpoints come back only from a complete list, which it asks for.
+    pub(super) fn watch_event(&self) {
+        let (silent, state) = {
+            let inner = self.inner.lock();
+            (inner.silent_since.is_some(), inner.state)
+        };
+        if !silent {
+            return;
+        }
+        match state {
+            RemoteState::Connected | RemoteState::Disconnected => self.answered(),
+            RemoteState::Stale | RemoteState::Expired => self.relist.notify_one(),
+        }
+    }
+
+    /// The task's check: the remote's watch holds (a complete list is asked for), or it
+    /// answers a LIST while its watch fails with `reason` (the clock goes on).
+    fn checked(&self, watch: Result<(), String>) {
+        match watch {
+            Ok(()) => {
+                let mut inner = self.inner.lock();
+                inner.watch_failing = None;
+                // The watch listed meanwhile (the clock stopped): a second list now
+                // would confirm a held one with no reason.
+                if inner.silent_since.is_some() {
+                    self.relist.notify_one();
+                }
+            }
+            Err(reason) => self.inner.lock().watch_failing = Some(reason),
         }
     }
 
@@ -122,7 +170,9 @@ impl RemoteHealth {
     /// A complete list of the remote arrived, exporting `exported` Services while the
     /// link has `mirrors`. A list after an outage that would delete every mirror is held
     /// (cilium#47793); the next complete list, or the end of the hold, confirms it.
+    /// A complete list is an answer: the clock stops.
     pub(super) fn listed(&self, mirrors: usize, exported: usize) -> ListVerdict {
+        self.answered();
         let mut inner = self.inner.lock();
         inner.list_pending = false;
         let after_outage = std::mem::take(&mut inner.outage_since_list);
@@ -214,7 +264,9 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         let now = policy.state(unanswered);
         let before = std::mem::replace(&mut health.inner.lock().state, now);
         if before != now {
-            r.transition(before, now, unanswered).await;
+            let failing = health.inner.lock().watch_failing.clone();
+            r.transition(before, now, unanswered, failing.as_deref())
+                .await;
             metric_shown = r.writable();
             condition_shown = r.reporting();
         }
@@ -227,7 +279,9 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         if !r.reporting() {
             condition_shown = false;
         } else if !condition_shown {
-            r.set_condition(now, &r.note(None, now, unanswered)).await;
+            let failing = health.inner.lock().watch_failing.clone();
+            r.set_condition(now, &r.note(None, now, unanswered, failing.as_deref()))
+                .await;
             condition_shown = true;
         }
         let hold_news = health.inner.lock().hold_news.take();
@@ -279,11 +333,19 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
         let idle = check.as_ref().is_none_or(|c| c.is_finished());
         if idle && health.unanswered().is_some() && last_check.elapsed() >= check_period(&policy) {
             last_check = Instant::now();
-            let (remote, health) = (r.remote.clone(), health.clone());
+            let (remote, health, cluster) = (r.remote.clone(), health.clone(), r.cluster.clone());
             check = Some(tokio::spawn(async move {
-                if answers(&remote).await {
-                    health.answered();
+                let Some(watch) = watch_holds(&remote).await else {
+                    return;
+                };
+                if let Err(reason) = &watch {
+                    // Said once per reason: a LIST answers, so this is not an outage of
+                    // the apiserver but of its watch.
+                    if health.inner.lock().watch_failing.as_ref() != Some(reason) {
+                        tracing::warn!(%cluster, %reason, "the remote apiserver answers a list of services but its watch fails: mirrors go stale as if it did not answer");
+                    }
                 }
+                health.checked(watch);
             }));
         }
     }
@@ -300,13 +362,46 @@ async fn changed(rx: Option<&mut watch::Receiver<bool>>) {
     }
 }
 
-/// Whether the remote answers a one-item LIST of Services within 5 s.
-async fn answers(remote: &Api<Service>) -> bool {
+/// How long the check's WATCH must hold (the apiserver ends it cleanly then).
+const WATCH_PROBE: u32 = 1;
+
+/// Whether the remote's watch of Services works: `None` if it does not answer a
+/// one-item LIST within 5 s; else whether a WATCH from the list's version holds for
+/// [`WATCH_PROBE`] s and ends cleanly (`Err`: why not), within 5 s more.
+async fn watch_holds(remote: &Api<Service>) -> Option<Result<(), String>> {
+    use futures::TryStreamExt;
+    let five = Duration::from_secs(5);
     let lp = ListParams::default().limit(1);
-    matches!(
-        tokio::time::timeout(Duration::from_secs(5), remote.list_metadata(&lp)).await,
-        Ok(Ok(_))
-    )
+    let list = match tokio::time::timeout(five, remote.list_metadata(&lp)).await {
+        Ok(Ok(l)) => l,
+        _ => return None,
+    };
+    let version = list.metadata.resource_version.unwrap_or_default();
+    let wp = kube::api::WatchParams::default().timeout(WATCH_PROBE);
+    let watch = async {
+        let started = Instant::now();
+        let stream = remote
+            .watch_metadata(&wp, &version)
+            .await
+            .map_err(|e| e.to_string())?;
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.try_next().await.map_err(|e| e.to_string())? {
+            if let kube::api::WatchEvent::Error(e) = ev {
+                return Err(format!("watch error: {e}"));
+            }
+        }
+        // A proxy closing watches may end them cleanly, but early.
+        match started.elapsed() {
+            d if d < Duration::from_millis(900) => {
+                Err(format!("the watch ended after {} ms", d.as_millis()))
+            }
+            _ => Ok(()),
+        }
+    };
+    Some(match tokio::time::timeout(five, watch).await {
+        Ok(r) => r,
+        Err(_) => Err("the watch did not end within 5 s".into()),
+    })
 }
 
 impl Reporter {
@@ -342,10 +437,11 @@ impl Reporter {
         before: Option<RemoteState>,
         now: RemoteState,
         silent: Option<Duration>,
+        watch_failing: Option<&str>,
     ) -> String {
         let cluster = &self.cluster;
         let silent_s = silent.map_or(0, |d| d.as_secs());
-        match (now, before) {
+        let note = match (now, before) {
             (RemoteState::Connected, None) => {
                 format!("watching the apiserver of cluster {cluster}")
             }
@@ -362,12 +458,24 @@ impl Reporter {
             (RemoteState::Expired, _) => format!(
                 "the apiserver of cluster {cluster} has not answered for {silent_s} s (--stale-delete-after): mirror endpoints emptied, Services kept"
             ),
+        };
+        match watch_failing.filter(|_| now != RemoteState::Connected) {
+            Some(reason) => {
+                format!("{note} (the apiserver answers a list, its watch fails: {reason})")
+            }
+            None => note,
         }
     }
 
-    async fn transition(&self, before: RemoteState, now: RemoteState, silent: Option<Duration>) {
+    async fn transition(
+        &self,
+        before: RemoteState,
+        now: RemoteState,
+        silent: Option<Duration>,
+        watch_failing: Option<&str>,
+    ) {
         let cluster = &self.cluster;
-        let note = self.note(Some(before), now, silent);
+        let note = self.note(Some(before), now, silent, watch_failing);
         match now {
             RemoteState::Connected => tracing::info!(%cluster, from = before.label(), "{note}"),
             _ => tracing::warn!(%cluster, from = before.label(), to = now.label(), "{note}"),
@@ -566,6 +674,30 @@ mod tests {
             "a list exporting some"
         );
         assert!(!h.holding_deletes(), "the hold ends with it");
+    }
+
+    #[test]
+    fn from_stale_only_a_complete_list_reconnects_and_a_watch_event_asks_for_one() {
+        let h = RemoteHealth::new(policy());
+        h.failed();
+        h.inner.lock().state = RemoteState::Disconnected;
+        h.watch_event();
+        assert_eq!(h.unanswered(), None, "Disconnected: a watch event answers");
+        for state in [RemoteState::Stale, RemoteState::Expired] {
+            h.failed();
+            h.inner.lock().state = state;
+            h.watch_event();
+            assert!(
+                h.unanswered().is_some(),
+                "{state:?}: an event is not a list"
+            );
+            h.checked(Err("403".into()));
+            assert!(h.unanswered().is_some(), "{state:?}: a LIST is not a watch");
+            assert_eq!(h.inner.lock().watch_failing.as_deref(), Some("403"));
+            h.listed(1, 1);
+            assert_eq!(h.unanswered(), None, "{state:?}: a complete list answers");
+            assert_eq!(h.inner.lock().watch_failing, None);
+        }
     }
 
     #[test]

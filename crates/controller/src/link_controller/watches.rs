@@ -15,7 +15,7 @@ use super::reconcile::Reconciler;
 use super::remote_state::RemoteHealth;
 use super::strip::{strip_managed_fields, strip_remote, strip_remote_keeping_metadata};
 use super::{Synced, WorkQueue};
-use crate::watch::{Store, Watch, drive, keep_all};
+use crate::watch::{Store, Watch, drive, drive_restartable, keep_all};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
@@ -95,7 +95,9 @@ impl RemoteEvents {
             strip,
             store: RemoteStore(self.remote.clone(), self.health.clone()),
         };
-        drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
+        let health = self.health.clone();
+        let (on_event, on_error) = (|ev: &_| self.on_event(ev), |e: &_| self.on_error(e));
+        drive_restartable(watch, cancel, &health.relist, on_event, on_error).await
     }
 
     fn on_event(&self, ev: &watcher::Event<Service>) {
@@ -105,7 +107,10 @@ impl RemoteEvents {
             self.connected.store(true, Ordering::SeqCst);
             self.refused.store(0, Ordering::SeqCst);
             self.metrics.remote_connected(true);
-            self.health.answered();
+        }
+        // The watch works: an event of the watch (a list counts once complete, below).
+        if matches!(ev, watcher::Event::Apply(_) | watcher::Event::Delete(_)) {
+            self.health.watch_event();
         }
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
