@@ -815,6 +815,80 @@ async fn without_a_complete_list_of_the_remote_slices_no_endpoint_mirror_is_dele
     w.stop(false).await.unwrap();
 }
 
+/// A local reference for Events of the link (the link Secret's, not created: Events
+/// about it are recorded all the same).
+async fn link_ref(env: &Env) -> k8s_openapi::api::core::v1::ObjectReference {
+    let ns = local_cluster::unique_namespace("headless-ctl");
+    create_namespace(&env.lc, &ns).await;
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Secret".into()),
+        name: Some(format!("cluster-credentials-{}", env.cluster)),
+        namespace: Some(ns),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn without_endpointslices_read_a_new_headless_remote_gets_a_cluster_ip_mirror_said_once_per_link()
+ {
+    let env = Env::new("headless-noslices").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    export_headless(&env, "web").await;
+    export_headless(&env, "db").await;
+    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    remote_slice(&env, "db", "db-abc", &[ready("db-0")]).await;
+    // What `service-mirror allow` grants, without endpointslices (an older `allow`).
+    let services_only: &[(&[&str], &[&str])] = &[(&["services"], &["list", "watch"])];
+    let remote = sa_client(&env.remote, &env.ns, "no-slices", services_only).await;
+    let link = link_ref(&env).await;
+    let metrics = service_mirror_controller::metrics::Metrics::new();
+    let w = LinkController::start(
+        env.lc.clone(),
+        remote,
+        env.link(),
+        headless(&env, EndpointsMode::Endpoints),
+        LinkDeps {
+            link_secret: Some(link.clone()),
+            metrics: metrics.clone(),
+            ..LinkDeps::default()
+        },
+    )
+    .unwrap();
+    for svc in ["web", "db"] {
+        env.mirror_until(svc, "a ClusterIP mirror through the gateway", |s, e| {
+            cluster_ip(s) != "None" && subset_ips(e) == ["192.0.2.1"]
+        })
+        .await;
+    }
+    let ns = link.namespace.as_deref().unwrap();
+    let name = link.name.as_deref().unwrap();
+    wait_event(&env.lc, ns, name, "HeadlessSlicesUnavailable").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let said = events_on(&env.lc, ns, name)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "HeadlessSlicesUnavailable")
+        .count();
+    assert_eq!(said, 1, "one Event per link, not per headless service");
+    assert!(
+        metrics
+            .encode()
+            .contains("kind=\"headless_slices_unavailable\""),
+        "counted"
+    );
+    assert_eq!(
+        local_services(&env)
+            .await
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        names(&env, &["db", "web"]),
+        "no endpoint mirror without hostnames"
+    );
+    w.stop(false).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_links_headless_remote_reads_hostnames_and_readiness_from_one_slice_watch() {
     use service_mirror_controller::links::{link_config, parse_link};

@@ -255,6 +255,7 @@ impl Reconciler {
                         g.refused_hostnames = refused;
                     }
                     Some(false) => {
+                        self.report_slices_unavailable(key, svc).await;
                         g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
                     }
                 }
@@ -377,7 +378,26 @@ impl Reconciler {
             return Some(false);
         };
         let hostnames = hostnames.lock();
+        // The mirror there is, if ours.
+        let mirror = || {
+            self.local_services
+                .get(
+                    &ObjectRef::new(&mirror_name(&key.name, &self.link.cluster_name))
+                        .within(&key.namespace),
+                )
+                .filter(|m| is_owned(&m.metadata, &self.link.cluster_name))
+        };
         if !hostnames.listed() {
+            // The remote refuses the slice watch (403: `allow` without endpointslices;
+            // 404: no discovery.k8s.io/v1): no hostnames will come. A headless mirror is
+            // kept as it is (neither its endpoint mirrors deleted nor flipped); any other
+            // gets the ClusterIP mirror through the gateway, as with the flag off.
+            if hostnames.unavailable() {
+                return match mirror().is_some_and(|m| is_headless(&m)) {
+                    true => None,
+                    false => Some(false),
+                };
+            }
             return None;
         }
         Some(match shape(&hostnames.slices(key)) {
@@ -385,15 +405,32 @@ impl Reconciler {
             Shape::ClusterIp => false,
             // No mirror yet: headless (a StatefulSet starting has no address yet, and
             // would otherwise flip once its pods come).
-            Shape::Keep => self
-                .local_services
-                .get(
-                    &ObjectRef::new(&mirror_name(&key.name, &self.link.cluster_name))
-                        .within(&key.namespace),
-                )
-                .filter(|m| is_owned(&m.metadata, &self.link.cluster_name))
-                .is_none_or(|m| is_headless(&m)),
+            Shape::Keep => mirror().is_none_or(|m| is_headless(&m)),
         })
+    }
+
+    /// A headless remote `svc` planned as a ClusterIP mirror because the remote refuses
+    /// the slice watch: said once per link (log, metric, Event on the link Secret).
+    async fn report_slices_unavailable(&self, key: &ServiceKey, svc: &Service) {
+        let first = is_headless(svc)
+            && self
+                .hostnames
+                .as_ref()
+                .is_some_and(|h| h.lock().take_unavailable_report());
+        if !first {
+            return;
+        }
+        let cluster = &self.link.cluster_name;
+        let note = format!(
+            "the credentials of cluster {cluster} may not list and watch endpointslices (or the remote does not serve discovery.k8s.io/v1): headless services such as {key} get ClusterIP mirrors through the gateway, without per-pod DNS; existing headless mirrors are kept as they are. Grant it with `service-mirror allow`"
+        );
+        tracing::warn!(%cluster, %key, "{note}");
+        self.metrics.error("headless_slices_unavailable");
+        if let Some(link) = &self.link_secret {
+            self.writer
+                .record(link, "HeadlessSlicesUnavailable", "Mirror", note)
+                .await;
+        }
     }
 
     /// The headless mirror of `svc`, its endpoint mirrors, and the refused hostnames.
