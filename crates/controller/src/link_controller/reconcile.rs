@@ -8,7 +8,7 @@ use super::expect::{Expectations, LocalObject};
 use super::hostnames::RemoteHostnames;
 use super::index::Index;
 use super::keys::{endpoints_key, service_key, slice_key};
-use super::limit::{Admission, MirrorLimit};
+use super::limit::{Admission, Members, MirrorLimit, admitted_members};
 use super::link_status::{Observed, StatusBook};
 use super::metrics::LinkMetrics;
 use super::readiness::RemoteReadiness;
@@ -137,7 +137,10 @@ fn observed(g: &Gathered) -> Option<Observed> {
 impl Reconciler {
     /// Brings the local mirror of `key` to its desired state.
     pub(super) async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome> {
-        let gathered = self.gather(key).await;
+        let mut gathered = self.gather(key).await;
+        // A headless key with mirrors took its slots here (only its new endpoint
+        // mirrors beyond the limit refused); any other is admitted in `apply`.
+        let admitted = self.admit_members(key, &mut gathered).await;
         let decision = decide(key, &self.link.cluster_name, &gathered);
         let observed = self.status.as_ref().and_then(|_| observed(&gathered));
         let fingerprint = updates(&decision)
@@ -155,7 +158,9 @@ impl Reconciler {
         if gathered.desired.is_none() {
             self.contention.forget(key);
         }
-        let result = self.apply(key, decision, fingerprint, slots).await;
+        let result = self
+            .apply(key, decision, fingerprint, (!admitted).then_some(slots))
+            .await;
         if let (Some(book), Some(observed)) = (&self.status, observed) {
             book.observe(
                 key,
@@ -171,6 +176,34 @@ impl Reconciler {
             );
         }
         result
+    }
+
+    /// The mirror limit for a headless key that has mirrors: its existing objects keep
+    /// being written however many pods it grows to; new endpoint mirrors beyond the
+    /// limit are left out of `g` (name order, the same each pass) and refused as over
+    /// the limit. True when the key's slots were taken here.
+    async fn admit_members(&self, key: &ServiceKey, g: &mut Gathered) -> bool {
+        let Some(members) = g.members.as_mut().filter(|_| !g.pending) else {
+            return false;
+        };
+        match self.limit.admit_members(key, 1 + members.len()) {
+            None => false,
+            Some(Members::All) => true,
+            Some(Members::Part { allowed, first }) => {
+                let existing: BTreeSet<&str> = g
+                    .services
+                    .iter()
+                    .filter_map(|s| s.metadata.name.as_deref())
+                    .collect();
+                let wanted = members.len();
+                *members =
+                    admitted_members(std::mem::take(members), |n| existing.contains(n), allowed);
+                let cluster = &self.link.cluster_name;
+                tracing::debug!(%cluster, %key, wanted, admitted = members.len(), "mirror limit reached: new endpoint mirrors refused");
+                self.refuse_over_limit(key, first, true).await;
+                true
+            }
+        }
     }
 
     /// Reads what the decision needs: the remote Service and its export decision, the
@@ -600,7 +633,7 @@ impl Reconciler {
         key: &ServiceKey,
         decision: Decision,
         fingerprint: Option<u64>,
-        slots: usize,
+        slots: Option<usize>,
     ) -> Result<Outcome> {
         let cluster = &self.link.cluster_name;
         let writes = match decision {
@@ -651,8 +684,12 @@ impl Reconciler {
                 self.mirroring_waits.lock().remove(key);
             }
         }
-        if admit && let Admission::Refused { first } = self.limit.admit(key, slots) {
-            self.refuse_over_limit(key, first).await;
+        // `slots`: None when the key's slots are taken already (`admit_members`).
+        if admit
+            && let Some(slots) = slots
+            && let Admission::Refused { first } = self.limit.admit(key, slots)
+        {
+            self.refuse_over_limit(key, first, false).await;
             return Ok(Outcome::Done);
         } else if release_slot {
             self.release_slot(key);
@@ -809,8 +846,9 @@ impl Reconciler {
 
     /// Reports a mirror refused because the link holds its limit: every refusal is logged
     /// at debug and counted, the first after none also at warn and as an Event on the link
-    /// Secret. The key is looked at again when a slot frees.
-    async fn refuse_over_limit(&self, key: &ServiceKey, first: bool) {
+    /// Secret. The key is looked at again when a slot frees. `partly`: a headless key
+    /// whose existing mirrors are kept and written, only its new endpoint mirrors refused.
+    async fn refuse_over_limit(&self, key: &ServiceKey, first: bool, partly: bool) {
         let cluster = &self.link.cluster_name;
         let max = self.limit.max().unwrap_or_default();
         self.metrics.error("mirror_limit");
@@ -818,9 +856,14 @@ impl Reconciler {
         if !first {
             return;
         }
-        let note = format!(
-            "cluster {cluster} exports more services than the limit of {max} mirrors per link (--max-mirrors-per-link): {key} and any further ones are not mirrored until mirrors go; existing mirrors are kept"
-        );
+        let note = match partly {
+            false => format!(
+                "cluster {cluster} exports more services than the limit of {max} mirrors per link (--max-mirrors-per-link): {key} and any further ones are not mirrored until mirrors go; existing mirrors are kept"
+            ),
+            true => format!(
+                "cluster {cluster} exports more services than the limit of {max} mirrors per link (--max-mirrors-per-link): new pods of headless service {key} get no endpoint mirror until mirrors go; its existing mirrors are kept and updated"
+            ),
+        };
         tracing::warn!(%cluster, %key, max, "{note}");
         if let Some(secret) = &self.link_secret {
             self.writer
