@@ -675,6 +675,65 @@ async fn endpoint_mirrors_count_against_the_mirror_limit() {
 }
 
 #[tokio::test]
+async fn a_headless_mirror_grown_past_the_limit_keeps_updating_its_mirrors_and_creates_no_more() {
+    let env = Env::new("headless-limit-grow").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    export_headless(&env, "web").await;
+    // Limit N = 4: the parent and N - 1 = 3 pods fill it.
+    let hosts: Vec<String> = (0..9).map(|i| format!("web-{i}")).collect();
+    let pods = |n: usize| -> Vec<Pod> { hosts[..n].iter().map(|h| ready(h)).collect() };
+    remote_slice(&env, "web", "web-abc", &pods(3)).await;
+    let mode = EndpointsMode::Both;
+    let w = start(
+        &env,
+        LinkConfig {
+            max_mirrors: Some(4),
+            ..headless(&env, mode)
+        },
+    );
+    let members = ["web-0", "web-1", "web-2"];
+    let set = set_until(
+        &env,
+        mode,
+        &names(&env, &["web", "web-0", "web-1", "web-2"]),
+        &members,
+    )
+    .await;
+    // Grows to N + 5 = 9 pods: refused beyond the limit...
+    remote_slice(&env, "web", "web-abc", &pods(9)).await;
+    eventually("web refused in part", || async {
+        (w.status().refused == 1).then_some(())
+    })
+    .await;
+    // ...then the gateway moves: every existing endpoint mirror follows.
+    set_ingress(&env.rc, &env.ns, "gw", &["192.0.2.2"]).await;
+    for m in members {
+        env.mirror_until(m, "the endpoint mirror follows the gateway", |_, e| {
+            subset_ips(e) == ["192.0.2.2"]
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = local_services(&env).await;
+    assert_eq!(
+        now.keys().collect::<Vec<_>>(),
+        set.keys().collect::<Vec<_>>(),
+        "no new mirror beyond the limit, none deleted"
+    );
+    for (name, s) in &now {
+        assert_eq!(uid(s), uid(&set[name]), "{name} kept");
+    }
+    let hosts_now: Vec<String> = parent_hosts(&env, mode, &env.mirror_name("web"))
+        .await
+        .into_iter()
+        .map(|(h, _)| h)
+        .collect();
+    assert_eq!(hosts_now, members, "the parent lists the pods it had");
+    assert_eq!(w.status().refused, 1, "still refused in part");
+    w.stop(false).await.unwrap();
+}
+
+#[tokio::test]
 async fn not_ready_pods_get_endpoint_mirrors_when_the_remote_publishes_not_ready_addresses() {
     let env = Env::new("headless-pnr").await;
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
@@ -812,6 +871,80 @@ async fn without_a_complete_list_of_the_remote_slices_no_endpoint_mirror_is_dele
     for (name, s) in &after {
         assert_eq!(uid(s), uid(&set[name]), "{name} kept");
     }
+    w.stop(false).await.unwrap();
+}
+
+/// A local reference for Events of the link (the link Secret's, not created: Events
+/// about it are recorded all the same).
+async fn link_ref(env: &Env) -> k8s_openapi::api::core::v1::ObjectReference {
+    let ns = local_cluster::unique_namespace("headless-ctl");
+    create_namespace(&env.lc, &ns).await;
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Secret".into()),
+        name: Some(format!("cluster-credentials-{}", env.cluster)),
+        namespace: Some(ns),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn without_endpointslices_read_a_new_headless_remote_gets_a_cluster_ip_mirror_said_once_per_link()
+ {
+    let env = Env::new("headless-noslices").await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    export_headless(&env, "web").await;
+    export_headless(&env, "db").await;
+    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    remote_slice(&env, "db", "db-abc", &[ready("db-0")]).await;
+    // What `service-mirror allow` grants, without endpointslices (an older `allow`).
+    let services_only: &[(&[&str], &[&str])] = &[(&["services"], &["list", "watch"])];
+    let remote = sa_client(&env.remote, &env.ns, "no-slices", services_only).await;
+    let link = link_ref(&env).await;
+    let metrics = service_mirror_controller::metrics::Metrics::new();
+    let w = LinkController::start(
+        env.lc.clone(),
+        remote,
+        env.link(),
+        headless(&env, EndpointsMode::Endpoints),
+        LinkDeps {
+            link_secret: Some(link.clone()),
+            metrics: metrics.clone(),
+            ..LinkDeps::default()
+        },
+    )
+    .unwrap();
+    for svc in ["web", "db"] {
+        env.mirror_until(svc, "a ClusterIP mirror through the gateway", |s, e| {
+            cluster_ip(s) != "None" && subset_ips(e) == ["192.0.2.1"]
+        })
+        .await;
+    }
+    let ns = link.namespace.as_deref().unwrap();
+    let name = link.name.as_deref().unwrap();
+    wait_event(&env.lc, ns, name, "HeadlessSlicesUnavailable").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let said = events_on(&env.lc, ns, name)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "HeadlessSlicesUnavailable")
+        .count();
+    assert_eq!(said, 1, "one Event per link, not per headless service");
+    assert!(
+        metrics
+            .encode()
+            .contains("kind=\"headless_slices_unavailable\""),
+        "counted"
+    );
+    assert_eq!(
+        local_services(&env)
+            .await
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        names(&env, &["db", "web"]),
+        "no endpoint mirror without hostnames"
+    );
     w.stop(false).await.unwrap();
 }
 

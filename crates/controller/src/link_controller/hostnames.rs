@@ -29,6 +29,8 @@ pub(crate) struct RemoteHostnames {
     changed: Vec<ServiceKey>,
     /// The remote refused the slice watch (said once until a list succeeds).
     unavailable: bool,
+    /// The refusal was reported as an Event (once per refusal episode of the link).
+    unavailable_reported: bool,
 }
 
 /// What is kept of `slice`: `None` when it has no `kubernetes.io/service-name` or no
@@ -126,10 +128,22 @@ impl RemoteHostnames {
         self.listed
     }
 
-    /// The remote refused the watch: true the first time (to say so once). Headless
-    /// remotes then wait (nothing is deleted) until a list succeeds.
+    /// The remote refused the watch: true the first time (to say so once). Until a
+    /// list succeeds, a headless remote with a headless mirror keeps it as it is
+    /// (nothing deleted), one without gets a ClusterIP mirror (see reconcile.rs).
     pub(crate) fn set_unavailable(&mut self) -> bool {
         !std::mem::replace(&mut self.unavailable, true)
+    }
+
+    /// The remote refused the watch and no list has succeeded since.
+    pub(crate) fn unavailable(&self) -> bool {
+        self.unavailable && !self.listed
+    }
+
+    /// True once per refusal episode while [`RemoteHostnames::unavailable`]: the
+    /// link-wide Event is recorded once, not once per headless key.
+    pub(crate) fn take_unavailable_report(&mut self) -> bool {
+        self.unavailable() && !std::mem::replace(&mut self.unavailable_reported, true)
     }
 
     /// The headless slices of `key`, sorted by name.
@@ -167,6 +181,7 @@ impl RemoteHostnames {
     /// changed.
     pub(crate) fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
         self.unavailable = false;
+        self.unavailable_reported = false;
         match ev {
             watcher::Event::Apply(s) => self.upsert(s),
             watcher::Event::Delete(s) => {
@@ -326,6 +341,21 @@ mod tests {
         h.apply(&watcher::Event::Apply(slice("b", true, one)));
         assert!(h.slices(&key()).is_empty());
         assert!(h.take_changed().is_empty());
+    }
+
+    #[test]
+    fn a_refused_watch_is_reported_once_until_a_list_succeeds() {
+        let mut h = RemoteHostnames::new(false, NamespaceFilter::default());
+        assert!(!h.unavailable() && !h.take_unavailable_report());
+        assert!(h.set_unavailable(), "said once");
+        assert!(!h.set_unavailable());
+        assert!(h.unavailable());
+        assert!(h.take_unavailable_report(), "one Event per link");
+        assert!(!h.take_unavailable_report());
+        h.apply(&watcher::Event::Init);
+        h.apply(&watcher::Event::InitDone);
+        assert!(!h.unavailable() && h.listed());
+        assert!(!h.take_unavailable_report());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! a key refused for lack of a slot is looked at again when a slot frees.
 
 use parking_lot::Mutex;
-use service_mirror_core::ServiceKey;
+use service_mirror_core::{DesiredMirror, ServiceKey};
 use std::collections::{BTreeSet, HashMap};
 
 /// What [`MirrorLimit::admit`] decided.
@@ -25,6 +25,19 @@ struct Slots {
     total: usize,
     /// Ordered, so keys are admitted again in a stable order as slots free.
     refused: BTreeSet<ServiceKey>,
+    /// Headless keys with mirrors whose new endpoint mirrors are refused (see
+    /// [`MirrorLimit::admit_members`]); a local event's `hold` does not end this.
+    partial: BTreeSet<ServiceKey>,
+}
+
+/// What [`MirrorLimit::admit_members`] decided for a key that has mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Members {
+    /// Every wanted Service fits: the key holds that many slots.
+    All,
+    /// Only `allowed` Services (at least those it holds) fit; `first` is true for the
+    /// key's first such refusal since it last fitted.
+    Part { allowed: usize, first: bool },
 }
 
 /// Slots for mirrors of one link: at most `max` keys hold one, unless more already had
@@ -99,28 +112,73 @@ impl MirrorLimit {
         Admission::Refused { first }
     }
 
+    /// May `key`, which holds slots (a headless mirror exists), have `wanted` Services?
+    /// Unlike [`MirrorLimit::admit`], not all or nothing: its existing mirrors keep
+    /// being written, only new ones beyond the limit are refused (the key stays refused,
+    /// so a freed slot wakes it). `None`: the key holds no slot, see `admit`.
+    pub(super) fn admit_members(&self, key: &ServiceKey, wanted: usize) -> Option<Members> {
+        let mut s = self.slots();
+        let had = s.held.get(key).copied().filter(|h| *h > 0)?;
+        let free = self
+            .max
+            .map_or(usize::MAX, |max| max.saturating_sub(s.total - had));
+        if wanted <= free.max(had) {
+            s.set(key, wanted.max(1));
+            s.refused.remove(key);
+            s.partial.remove(key);
+            return Some(Members::All);
+        }
+        let allowed = free.max(had);
+        s.set(key, allowed);
+        s.refused.insert(key.clone());
+        let first = s.partial.insert(key.clone());
+        Some(Members::Part { allowed, first })
+    }
+
     /// `key` has no mirror and wants none: its slots (or refusal) go. Returns the
     /// refused keys to look at again, as many as there are free slots; they stay
     /// refused until one of them is admitted.
     pub(super) fn release(&self, key: &ServiceKey) -> Vec<ServiceKey> {
         let mut s = self.slots();
         s.refused.remove(key);
+        s.partial.remove(key);
         s.set(key, 0);
         let free = self
             .max
             .map_or(usize::MAX, |max| max.saturating_sub(s.total));
-        s.refused.iter().take(free).cloned().collect()
+        let waiting: BTreeSet<&ServiceKey> = s.refused.iter().chain(&s.partial).collect();
+        waiting.into_iter().take(free).cloned().collect()
     }
 
-    /// Whether `key` is refused for lack of a slot now.
+    /// Whether `key` is refused for lack of a slot now (wholly, or its new endpoint
+    /// mirrors).
     pub(super) fn is_refused(&self, key: &ServiceKey) -> bool {
-        self.slots().refused.contains(key)
+        let s = self.slots();
+        s.refused.contains(key) || s.partial.contains(key)
     }
 
-    /// Exported keys currently refused for lack of a slot.
+    /// Exported keys currently refused for lack of a slot (wholly or in part).
     pub(super) fn refused(&self) -> usize {
-        self.slots().refused.len()
+        let s = self.slots();
+        s.refused.union(&s.partial).count()
     }
+}
+
+/// The members a headless key partly admitted may have with `allowed` Services in all:
+/// every one whose Service `exists` (they keep being updated), then new ones in name
+/// order up to `allowed` with the parent. The same choice on every pass: no churn.
+pub(super) fn admitted_members(
+    members: Vec<DesiredMirror>,
+    exists: impl Fn(&str) -> bool,
+    allowed: usize,
+) -> Vec<DesiredMirror> {
+    let name = |d: &DesiredMirror| d.service.metadata.name.clone().unwrap_or_default();
+    let (mut kept, mut new): (Vec<_>, Vec<_>) = members.into_iter().partition(|d| exists(&name(d)));
+    new.sort_by_key(name);
+    let room = allowed.saturating_sub(1 + kept.len());
+    kept.extend(new.into_iter().take(room));
+    kept.sort_by_key(name);
+    kept
 }
 
 #[cfg(test)]
@@ -225,6 +283,100 @@ mod tests {
         // A release frees every slot of the key.
         assert_eq!(l.release(&k("db")), vec![]);
         assert_eq!(l.admit(&k("x"), 2), Admission::Admitted);
+    }
+
+    #[test]
+    fn a_headless_key_with_mirrors_keeps_them_and_is_refused_only_its_new_ones() {
+        let l = MirrorLimit::new(Some(5));
+        assert_eq!(l.admit_members(&k("web"), 3), None, "no slot held: admit");
+        l.hold(&k("web"), 3);
+        l.hold(&k("db"), 1);
+        // (wanted, decision, refused keys) in order: web grows past the limit, shrinks.
+        let table = [
+            (4, Members::All, 0),
+            (
+                9,
+                Members::Part {
+                    allowed: 4,
+                    first: true,
+                },
+                1,
+            ),
+            (
+                9,
+                Members::Part {
+                    allowed: 4,
+                    first: false,
+                },
+                1,
+            ),
+            (4, Members::All, 0),
+            (2, Members::All, 0),
+            (
+                7,
+                Members::Part {
+                    allowed: 4,
+                    first: true,
+                },
+                1,
+            ),
+        ];
+        for (i, (wanted, want, refused)) in table.into_iter().enumerate() {
+            assert_eq!(l.admit_members(&k("web"), wanted), Some(want), "step {i}");
+            assert_eq!(l.refused(), refused, "step {i}");
+        }
+        // A local event re-counting web's Services does not end the partial refusal.
+        l.hold(&k("web"), 4);
+        assert!(l.is_refused(&k("web")));
+        assert_eq!(l.refused(), 1);
+        // db goes: its slot wakes web, which then fits.
+        assert_eq!(l.release(&k("db")), vec![k("web")]);
+        assert_eq!(l.admit_members(&k("web"), 5), Some(Members::All));
+        assert!(!l.is_refused(&k("web")));
+    }
+
+    fn member(name: &str) -> DesiredMirror {
+        let mut d = DesiredMirror {
+            service: Default::default(),
+            endpoints: Default::default(),
+            has_endpoints: true,
+            ownership: Default::default(),
+        };
+        d.service.metadata.name = Some(name.into());
+        d
+    }
+
+    #[test]
+    fn a_partly_admitted_set_keeps_every_existing_member_and_the_first_new_ones_by_name() {
+        let names = |v: Vec<DesiredMirror>| -> Vec<String> {
+            v.into_iter()
+                .filter_map(|d| d.service.metadata.name)
+                .collect()
+        };
+        let members = || ["e", "a", "d", "b", "c"].map(member).to_vec();
+        let exists = |n: &str| n == "d" || n == "e";
+        // (allowed with the parent, kept)
+        let table: [(usize, &[&str]); 5] = [
+            (0, &["d", "e"]),
+            (3, &["d", "e"]),
+            (4, &["a", "d", "e"]),
+            (5, &["a", "b", "d", "e"]),
+            (9, &["a", "b", "c", "d", "e"]),
+        ];
+        for (allowed, want) in table {
+            assert_eq!(
+                names(admitted_members(members(), exists, allowed)),
+                want,
+                "{allowed}"
+            );
+            let mut reversed = members();
+            reversed.reverse();
+            assert_eq!(
+                names(admitted_members(reversed, exists, allowed)),
+                want,
+                "{allowed}: the order given does not matter"
+            );
+        }
     }
 
     #[test]

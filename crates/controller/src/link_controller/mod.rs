@@ -208,6 +208,7 @@ impl LinkController {
             link_secret: deps.link_secret.clone(),
             metrics: metrics.clone(),
             health: health.clone(),
+            member_writes: config.workers,
             link,
         });
         let mut tasks = watches::spawn(

@@ -8,7 +8,7 @@ use super::expect::{Expectations, LocalObject};
 use super::hostnames::RemoteHostnames;
 use super::index::Index;
 use super::keys::{endpoints_key, service_key, slice_key};
-use super::limit::{Admission, MirrorLimit};
+use super::limit::{Admission, Members, MirrorLimit, admitted_members};
 use super::link_status::{Observed, StatusBook};
 use super::metrics::LinkMetrics;
 use super::readiness::RemoteReadiness;
@@ -17,6 +17,7 @@ use super::{Outcome, Synced, WorkQueue};
 use crate::error::{Error, Result};
 use crate::gateway::{GatewaySource, Gateways, Resolution};
 use crate::writer::{Applied, CreateLimit, LocalWriter};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
@@ -86,6 +87,65 @@ pub(super) struct Reconciler {
     pub(super) metrics: LinkMetrics,
     /// The state of the remote apiserver (stale-remote policy).
     pub(super) health: Arc<RemoteHealth>,
+    /// How many mirrors of one headless set are written at once (the link's
+    /// `--workers`): serial, 1,000 pods took 2.59x the reference writer.
+    pub(super) member_writes: usize,
+}
+
+/// What [`Reconciler::write_in_order`] did.
+#[derive(Debug, Default)]
+struct Written {
+    /// A write was stale: the rest of its group was not made.
+    stale: bool,
+    /// The uid of the first Service created.
+    created_uid: Option<String>,
+    /// Every Service created: (name, uid).
+    created: Vec<(String, String)>,
+}
+
+fn is_delete(a: &Action) -> bool {
+    matches!(
+        a,
+        Action::DeleteService { .. }
+            | Action::DeleteEndpoints { .. }
+            | Action::DeleteEndpointSlice { .. }
+    )
+}
+
+/// A headless set's writes by mirror, each mirror's in the plan's order (Service before
+/// Endpoints and slices), so the mirrors can be written concurrently; the deletes last,
+/// in one group in the plan's order. A plan of one mirror is one group.
+fn by_mirror(actions: &[Action]) -> Vec<Vec<&Action>> {
+    use service_mirror_core::labels::SERVICE_NAME_LABEL;
+    let mut groups: Vec<Vec<&Action>> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
+    let mut deletes = Vec::new();
+    for a in actions {
+        let name = match a {
+            Action::CreateService(s) | Action::UpdateService(s) => s.metadata.name.as_deref(),
+            Action::CreateEndpoints(e) | Action::UpdateEndpoints(e) => e.metadata.name.as_deref(),
+            Action::CreateEndpointSlice(e) | Action::UpdateEndpointSlice(e) => e
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .or(e.metadata.name.as_ref())
+                .map(String::as_str),
+            _ => {
+                deletes.push(a);
+                continue;
+            }
+        };
+        let i = *at.entry(name.unwrap_or_default()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(a);
+    }
+    if !deletes.is_empty() {
+        groups.push(deletes);
+    }
+    groups
 }
 
 /// Whether a decision updates objects in the plan's own order (a gateway move's
@@ -137,7 +197,10 @@ fn observed(g: &Gathered) -> Option<Observed> {
 impl Reconciler {
     /// Brings the local mirror of `key` to its desired state.
     pub(super) async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome> {
-        let gathered = self.gather(key).await;
+        let mut gathered = self.gather(key).await;
+        // A headless key with mirrors took its slots here (only its new endpoint
+        // mirrors beyond the limit refused); any other is admitted in `apply`.
+        let admitted = self.admit_members(key, &mut gathered).await;
         let decision = decide(key, &self.link.cluster_name, &gathered);
         let observed = self.status.as_ref().and_then(|_| observed(&gathered));
         let fingerprint = updates(&decision)
@@ -155,7 +218,16 @@ impl Reconciler {
         if gathered.desired.is_none() {
             self.contention.forget(key);
         }
-        let result = self.apply(key, decision, fingerprint, slots).await;
+        let set = gathered.members.is_some();
+        let result = self
+            .apply(
+                key,
+                decision,
+                fingerprint,
+                (!admitted).then_some(slots),
+                set,
+            )
+            .await;
         if let (Some(book), Some(observed)) = (&self.status, observed) {
             book.observe(
                 key,
@@ -171,6 +243,34 @@ impl Reconciler {
             );
         }
         result
+    }
+
+    /// The mirror limit for a headless key that has mirrors: its existing objects keep
+    /// being written however many pods it grows to; new endpoint mirrors beyond the
+    /// limit are left out of `g` (name order, the same each pass) and refused as over
+    /// the limit. True when the key's slots were taken here.
+    async fn admit_members(&self, key: &ServiceKey, g: &mut Gathered) -> bool {
+        let Some(members) = g.members.as_mut().filter(|_| !g.pending) else {
+            return false;
+        };
+        match self.limit.admit_members(key, 1 + members.len()) {
+            None => false,
+            Some(Members::All) => true,
+            Some(Members::Part { allowed, first }) => {
+                let existing: BTreeSet<&str> = g
+                    .services
+                    .iter()
+                    .filter_map(|s| s.metadata.name.as_deref())
+                    .collect();
+                let wanted = members.len();
+                *members =
+                    admitted_members(std::mem::take(members), |n| existing.contains(n), allowed);
+                let cluster = &self.link.cluster_name;
+                tracing::debug!(%cluster, %key, wanted, admitted = members.len(), "mirror limit reached: new endpoint mirrors refused");
+                self.refuse_over_limit(key, first, true).await;
+                true
+            }
+        }
     }
 
     /// Reads what the decision needs: the remote Service and its export decision, the
@@ -260,6 +360,7 @@ impl Reconciler {
                         g.refused_hostnames = refused;
                     }
                     Some(false) => {
+                        self.report_slices_unavailable(key, svc).await;
                         g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
                     }
                 }
@@ -382,7 +483,26 @@ impl Reconciler {
             return Some(false);
         };
         let hostnames = hostnames.lock();
+        // The mirror there is, if ours.
+        let mirror = || {
+            self.local_services
+                .get(
+                    &ObjectRef::new(&mirror_name(&key.name, &self.link.cluster_name))
+                        .within(&key.namespace),
+                )
+                .filter(|m| is_owned(&m.metadata, &self.link.cluster_name))
+        };
         if !hostnames.listed() {
+            // The remote refuses the slice watch (403: `allow` without endpointslices;
+            // 404: no discovery.k8s.io/v1): no hostnames will come. A headless mirror is
+            // kept as it is (neither its endpoint mirrors deleted nor flipped); any other
+            // gets the ClusterIP mirror through the gateway, as with the flag off.
+            if hostnames.unavailable() {
+                return match mirror().is_some_and(|m| is_headless(&m)) {
+                    true => None,
+                    false => Some(false),
+                };
+            }
             return None;
         }
         Some(match shape(&hostnames.slices(key)) {
@@ -390,15 +510,32 @@ impl Reconciler {
             Shape::ClusterIp => false,
             // No mirror yet: headless (a StatefulSet starting has no address yet, and
             // would otherwise flip once its pods come).
-            Shape::Keep => self
-                .local_services
-                .get(
-                    &ObjectRef::new(&mirror_name(&key.name, &self.link.cluster_name))
-                        .within(&key.namespace),
-                )
-                .filter(|m| is_owned(&m.metadata, &self.link.cluster_name))
-                .is_none_or(|m| is_headless(&m)),
+            Shape::Keep => mirror().is_none_or(|m| is_headless(&m)),
         })
+    }
+
+    /// A headless remote `svc` planned as a ClusterIP mirror because the remote refuses
+    /// the slice watch: said once per link (log, metric, Event on the link Secret).
+    async fn report_slices_unavailable(&self, key: &ServiceKey, svc: &Service) {
+        let first = is_headless(svc)
+            && self
+                .hostnames
+                .as_ref()
+                .is_some_and(|h| h.lock().take_unavailable_report());
+        if !first {
+            return;
+        }
+        let cluster = &self.link.cluster_name;
+        let note = format!(
+            "the credentials of cluster {cluster} may not list and watch endpointslices (or the remote does not serve discovery.k8s.io/v1): headless services such as {key} get ClusterIP mirrors through the gateway, without per-pod DNS; existing headless mirrors are kept as they are. Grant it with `service-mirror allow`"
+        );
+        tracing::warn!(%cluster, %key, "{note}");
+        self.metrics.error("headless_slices_unavailable");
+        if let Some(link) = &self.link_secret {
+            self.writer
+                .record(link, "HeadlessSlicesUnavailable", "Mirror", note)
+                .await;
+        }
     }
 
     /// The headless mirror of `svc`, its endpoint mirrors, and the refused hostnames.
@@ -560,7 +697,8 @@ impl Reconciler {
         }
     }
 
-    /// Carries out a decision.
+    /// Carries out a decision (`set`: of a headless set, whose mirrors are written
+    /// concurrently).
     /// `fingerprint`: of the desired state the plan's updates write towards, recorded for
     /// the contention check once every write of the plan is made (a stale write is none).
     async fn apply(
@@ -568,7 +706,8 @@ impl Reconciler {
         key: &ServiceKey,
         decision: Decision,
         fingerprint: Option<u64>,
-        slots: usize,
+        slots: Option<usize>,
+        set: bool,
     ) -> Result<Outcome> {
         let cluster = &self.link.cluster_name;
         let writes = match decision {
@@ -619,8 +758,12 @@ impl Reconciler {
                 self.mirroring_waits.lock().remove(key);
             }
         }
-        if admit && let Admission::Refused { first } = self.limit.admit(key, slots) {
-            self.refuse_over_limit(key, first).await;
+        // `slots`: None when the key's slots are taken already (`admit_members`).
+        if admit
+            && let Some(slots) = slots
+            && let Admission::Refused { first } = self.limit.admit(key, slots)
+        {
+            self.refuse_over_limit(key, first, false).await;
             return Ok(Outcome::Done);
         } else if release_slot {
             self.release_slot(key);
@@ -670,21 +813,42 @@ impl Reconciler {
         // A headless set's new Services: name -> uid.
         let mut created: HashMap<String, String> = HashMap::new();
         let mut stale = false;
-        for action in &actions {
-            tracing::debug!(%cluster, %key, ?action, "writing");
-            let (applied, uid) = self.execute_returning_uid(action).await?;
-            if applied == Applied::Stale {
-                // Keep the plan's order (Service before Endpoints): the watch event that
-                // brings the newer version queues this key again.
-                stale = true;
-                break;
+        // A headless set's mirrors are written concurrently, each in the plan's order, and
+        // its deletes after them (see `by_mirror`); any other plan in its own order. A
+        // pod joins the parent's endpoints only once its endpoint mirror is cached with a
+        // ClusterIP, so the parent never waits for this pass's creates.
+        let groups = match set {
+            true => by_mirror(&actions),
+            false => vec![actions.iter().collect()],
+        };
+        let (writes, deletes) = match (set, groups.last()) {
+            (true, Some(last)) if last.iter().all(|a| is_delete(a)) => {
+                let mut groups = groups;
+                let deletes = groups.pop();
+                (groups, deletes)
             }
-            if let (Action::CreateService(s), Some(uid)) = (action, &uid)
-                && !slices_of_new_members.is_empty()
-            {
-                created.insert(s.name_any(), uid.clone());
+            _ => (groups, None),
+        };
+        // Made first, not in the stream: a closure in a stream of a spawned future fails
+        // the Send check (rust-lang/rust#102211).
+        let writes: Vec<_> = writes
+            .into_iter()
+            .map(|group| self.write_in_order(key, group))
+            .collect();
+        let results: Vec<Result<Written>> = futures::stream::iter(writes)
+            .buffer_unordered(self.member_writes.max(1))
+            .collect()
+            .await;
+        let mut results = results.into_iter().collect::<Result<Vec<_>>>()?;
+        if let Some(deletes) = deletes.filter(|_| !results.iter().any(|r| r.stale)) {
+            results.push(self.write_in_order(key, deletes).await?);
+        }
+        for r in results {
+            stale |= r.stale;
+            created_uid = created_uid.or(r.created_uid);
+            if !slices_of_new_members.is_empty() {
+                created.extend(r.created);
             }
-            created_uid = created_uid.or(uid);
         }
         if let (false, Some(fp)) = (stale, fingerprint) {
             self.contention.written(key, fp);
@@ -705,26 +869,61 @@ impl Reconciler {
         // The same for each new mirror of a headless set (measured: 1,000 pods in `both`
         // mode wrote their last slice 34 s after the start with a second pass, see
         // docs/operations.md).
-        'members: for d in &slices_of_new_members {
-            let Some(uid) = d
+        // Concurrently per mirror, as above.
+        let mut member_slices = Vec::new();
+        for d in &slices_of_new_members {
+            if let Some(uid) = d
                 .service
                 .metadata
                 .name
                 .as_ref()
                 .and_then(|n| created.get(n))
-            else {
-                continue;
-            };
-            for slice in desired_slices(d, uid) {
-                let action = Action::CreateEndpointSlice(slice);
-                tracing::debug!(%cluster, %key, ?action, "writing");
-                if self.execute(&action).await? == Applied::Stale {
-                    continue 'members;
-                }
+            {
+                member_slices.push(self.write_slices(key, d, uid));
             }
         }
+        let results: Vec<Result<()>> = futures::stream::iter(member_slices)
+            .buffer_unordered(self.member_writes.max(1))
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<Vec<()>>>()?;
         self.record_all(over_capacity).await;
         Ok(done)
+    }
+
+    /// Writes `group` in its order, stopping at the first stale write.
+    async fn write_in_order(&self, key: &ServiceKey, group: Vec<&Action>) -> Result<Written> {
+        let cluster = &self.link.cluster_name;
+        let mut out = Written::default();
+        for action in group {
+            tracing::debug!(%cluster, %key, ?action, "writing");
+            let (applied, uid) = self.execute_returning_uid(action).await?;
+            if applied == Applied::Stale {
+                // Keep the plan's order (Service before Endpoints): the watch event that
+                // brings the newer version queues this key again.
+                out.stale = true;
+                break;
+            }
+            if let (Action::CreateService(s), Some(uid)) = (action, &uid) {
+                out.created.push((s.name_any(), uid.clone()));
+            }
+            out.created_uid = out.created_uid.or(uid);
+        }
+        Ok(out)
+    }
+
+    /// Creates the slices of the new mirror `d` (Service uid `uid`), stopping at a stale
+    /// write.
+    async fn write_slices(&self, key: &ServiceKey, d: &DesiredMirror, uid: &str) -> Result<()> {
+        let cluster = &self.link.cluster_name;
+        for slice in desired_slices(d, uid) {
+            let action = Action::CreateEndpointSlice(slice);
+            tracing::debug!(%cluster, %key, ?action, "writing");
+            if self.execute(&action).await? == Applied::Stale {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Frees the mirror-limit slot of `key` (which has no mirror and creates none) and
@@ -777,8 +976,9 @@ impl Reconciler {
 
     /// Reports a mirror refused because the link holds its limit: every refusal is logged
     /// at debug and counted, the first after none also at warn and as an Event on the link
-    /// Secret. The key is looked at again when a slot frees.
-    async fn refuse_over_limit(&self, key: &ServiceKey, first: bool) {
+    /// Secret. The key is looked at again when a slot frees. `partly`: a headless key
+    /// whose existing mirrors are kept and written, only its new endpoint mirrors refused.
+    async fn refuse_over_limit(&self, key: &ServiceKey, first: bool, partly: bool) {
         let cluster = &self.link.cluster_name;
         let max = self.limit.max().unwrap_or_default();
         self.metrics.error("mirror_limit");
@@ -786,9 +986,14 @@ impl Reconciler {
         if !first {
             return;
         }
-        let note = format!(
-            "cluster {cluster} exports more services than the limit of {max} mirrors per link (--max-mirrors-per-link): {key} and any further ones are not mirrored until mirrors go; existing mirrors are kept"
-        );
+        let note = match partly {
+            false => format!(
+                "cluster {cluster} exports more services than the limit of {max} mirrors per link (--max-mirrors-per-link): {key} and any further ones are not mirrored until mirrors go; existing mirrors are kept"
+            ),
+            true => format!(
+                "cluster {cluster} exports more services than the limit of {max} mirrors per link (--max-mirrors-per-link): new pods of headless service {key} get no endpoint mirror until mirrors go; its existing mirrors are kept and updated"
+            ),
+        };
         tracing::warn!(%cluster, %key, max, "{note}");
         if let Some(secret) = &self.link_secret {
             self.writer

@@ -263,7 +263,12 @@ impl RemoteSliceEvents {
             && let Some(h) = &self.hostnames
             && h.lock().set_unavailable()
         {
-            tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: headless services are not mirrored until they may (existing mirrors kept; grant it with `service-mirror allow`)");
+            tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: new headless services get ClusterIP mirrors through the gateway, existing headless mirrors are kept as they are (grant it with `service-mirror allow`)");
+            // Headless keys waited for the slices' list: they are planned without it now.
+            let keys: Vec<ServiceKey> = self.index.lock().exported().cloned().collect();
+            for k in keys {
+                self.queue.add(k);
+            }
         }
         if forbidden
             && let Some(readiness) = &self.readiness
