@@ -1000,3 +1000,112 @@ async fn a_replica_that_becomes_leader_while_the_remote_is_stale_asserts_it_with
     assert!(asserted < 3.0, "{asserted}");
     replica.stop(false).await.unwrap();
 }
+
+/// The (hostname, ip) addresses of the headless mirror of `remote`, sorted.
+async fn headless_addresses(env: &Env, remote: &str) -> Vec<(String, String)> {
+    let ep = env
+        .local_endpoints()
+        .get_opt(&env.mirror_name(remote))
+        .await
+        .unwrap();
+    let mut out: Vec<(String, String)> = ep
+        .iter()
+        .flat_map(|e| e.subsets.iter().flatten())
+        .flat_map(|s| s.addresses.iter().flatten())
+        .map(|a| (a.hostname.clone().unwrap_or_default(), a.ip.clone()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn an_empty_slice_relist_after_an_outage_keeps_headless_addresses_until_the_hold_ends() {
+    // A private remote without a watch cache, whose etcd the test compacts: the slice
+    // watch's resume point is gone (HTTP 410) and it lists again, finding no slice
+    // while the Service is still there (so only the slice watch's relist is empty).
+    let opts = ClusterOptions {
+        extra_apiserver_args: vec!["--watch-cache=false".into()],
+        ..Default::default()
+    };
+    let remote = Arc::new(
+        LocalCluster::start_with("stale-slices", opts)
+            .await
+            .unwrap(),
+    );
+    let local = local_cluster::shared_cluster("local").await.unwrap();
+    let env = Env::on(remote.clone(), local, "stale-slices").await;
+    let o = Outage::new(&env).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    let mut svc = exported("web", &env.ns, "gw", &[("http", 80)]);
+    svc.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    // A headless slice, hand-written (no kube-controller-manager runs here).
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-abc", "namespace": env.ns, "labels": {
+            "kubernetes.io/service-name": "web",
+            "service.kubernetes.io/headless": "",
+            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": ["192.0.2.10"], "conditions": {"ready": true}, "hostname": "web-0"},
+            {"addresses": ["192.0.2.11"], "conditions": {"ready": true}, "hostname": "web-1"},
+        ],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }))
+    .unwrap();
+    let slices = Api::<EndpointSlice>::namespaced(env.rc.clone(), &env.ns);
+    slices.create(&PostParams::default(), &slice).await.unwrap();
+    let config = LinkConfig {
+        enable_headless_services: true,
+        ..config(&env, 1, 0, 0)
+    };
+    let w = o.start(&env, config, LinkDeps::default());
+    let before = eventually("headless mirror with both hostnames", || async {
+        let a = headless_addresses(&env, "web").await;
+        (a.len() == 2).then_some(a)
+    })
+    .await;
+    let relists = w.status().relists;
+    o.proxy.cut().await.unwrap();
+    eventually("outage seen", || async {
+        (!w.status().remote_connected).then_some(())
+    })
+    .await;
+    slices.delete("web-abc", &Default::default()).await.unwrap();
+    remote.compact_etcd().await.unwrap();
+    o.proxy.restore().unwrap();
+    eventually("the remote is listed again", || async {
+        (w.status().relists > relists).then_some(())
+    })
+    .await;
+    let listed = Instant::now();
+    // Held: the headless mirror keeps its addresses (and its endpoint mirrors) for the
+    // hold (5 s, the floor, from the slice relist, which comes near the Services').
+    while listed.elapsed() < Duration::from_millis(3500) {
+        assert_eq!(headless_addresses(&env, "web").await, before, "held");
+        for host in ["web-0", "web-1"] {
+            let m = service_mirror_core::mirror_name(host, &env.cluster);
+            assert!(
+                env.local_services().get_opt(&m).await.unwrap().is_some(),
+                "{m} held"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The hold runs out with the remote still without a slice: it was the truth.
+    eventually("the headless mirror follows the empty list", || async {
+        headless_addresses(&env, "web")
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    println!(
+        "measured: headless addresses emptied {:.2} s after the relist (hold 5 s)",
+        listed.elapsed().as_secs_f64()
+    );
+    w.stop(false).await.unwrap();
+}

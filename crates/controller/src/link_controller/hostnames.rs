@@ -18,6 +18,8 @@ type Slices = HashMap<ServiceKey, HashMap<String, RemoteHeadlessSlice>>;
 #[derive(Debug, Default)]
 pub(crate) struct RemoteHostnames {
     slices: Slices,
+    /// The table readers see while an empty relist is held (see watches.rs).
+    held: Option<Slices>,
     /// A relist in progress (between `Init` and `InitDone`).
     relisting: Option<Slices>,
     listed: bool,
@@ -146,10 +148,36 @@ impl RemoteHostnames {
         self.unavailable() && !std::mem::replace(&mut self.unavailable_reported, true)
     }
 
+    /// An empty relist after an outage would empty the table: until [`Self::release`],
+    /// readers keep seeing the table as it was (false if there was nothing to keep).
+    pub(crate) fn hold_if_emptied(&mut self) -> bool {
+        // A held table counts as kept: an empty list after a new outage holds again.
+        let emptied = self.relisting.as_ref().is_none_or(|r| r.is_empty())
+            && (self.held.is_some() || !self.slices.is_empty());
+        if emptied && self.held.is_none() {
+            self.held = Some(self.slices.clone());
+        }
+        emptied
+    }
+
+    /// Ends a hold: the keys whose view changed.
+    pub(crate) fn release(&mut self) -> Vec<ServiceKey> {
+        let Some(old) = self.held.take() else {
+            return Vec::new();
+        };
+        let keys: BTreeSet<&ServiceKey> = old.keys().chain(self.slices.keys()).collect();
+        keys.into_iter()
+            .filter(|k| old.get(*k) != self.slices.get(*k))
+            .cloned()
+            .collect()
+    }
+
     /// The headless slices of `key`, sorted by name.
     pub(crate) fn slices(&self, key: &ServiceKey) -> Vec<RemoteHeadlessSlice> {
         let mut out: Vec<RemoteHeadlessSlice> = self
-            .slices
+            .held
+            .as_ref()
+            .unwrap_or(&self.slices)
             .get(key)
             .map(|s| s.values().cloned().collect())
             .unwrap_or_default();

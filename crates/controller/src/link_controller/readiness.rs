@@ -27,6 +27,8 @@ pub(crate) struct RemoteReadiness {
     unavailable: bool,
     /// Keys whose readiness the last event changed.
     changed: Vec<ServiceKey>,
+    /// The table readers see while an empty relist is held (see watches.rs).
+    held: Option<Slices>,
 }
 
 /// The key of the Service a slice belongs to; None for a slice without the label.
@@ -79,7 +81,31 @@ impl RemoteReadiness {
 
     /// Whether `key` has a ready endpoint in the remote (true when unknown).
     pub(crate) fn ready(&self, key: &ServiceKey) -> bool {
-        self.unavailable || any_ready(&self.slices, key)
+        self.unavailable || any_ready(self.held.as_ref().unwrap_or(&self.slices), key)
+    }
+
+    /// An empty relist after an outage would empty the table: until [`Self::release`],
+    /// readers keep seeing the table as it was (false if there was nothing to keep).
+    pub(crate) fn hold_if_emptied(&mut self) -> bool {
+        // A held table counts as kept: an empty list after a new outage holds again.
+        let emptied = self.relisting.as_ref().is_none_or(|r| r.is_empty())
+            && (self.held.is_some() || !self.slices.is_empty());
+        if emptied && self.held.is_none() {
+            self.held = Some(self.slices.clone());
+        }
+        emptied
+    }
+
+    /// Ends a hold: the keys whose view changed.
+    pub(crate) fn release(&mut self) -> Vec<ServiceKey> {
+        let Some(old) = self.held.take() else {
+            return Vec::new();
+        };
+        let keys: BTreeSet<&ServiceKey> = old.keys().chain(self.slices.keys()).collect();
+        keys.into_iter()
+            .filter(|k| old.get(*k) != self.slices.get(*k))
+            .cloned()
+            .collect()
     }
 
     /// The remote refused the watch: count every Service as ready from now on.

@@ -215,6 +215,11 @@ impl RemoteHealth {
         inner.list_pending || inner.hold_until.is_some_and(|t| Instant::now() < t)
     }
 
+    /// How long an empty list after an outage is held (the slice watch's too).
+    pub(super) fn relist_hold(&self) -> Duration {
+        relist_hold(&self.policy)
+    }
+
     /// The state last published (what reconciles build endpoints from).
     pub(crate) fn state(&self) -> RemoteState {
         self.inner.lock().state

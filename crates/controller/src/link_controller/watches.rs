@@ -206,20 +206,58 @@ pub(super) struct RemoteSliceEvents {
     pub(super) hostnames: Option<Arc<Mutex<RemoteHostnames>>>,
     pub(super) index: Arc<Mutex<Index>>,
     pub(super) queue: WorkQueue<ServiceKey>,
+    /// For the length of the hold of an empty relist.
+    pub(super) health: Arc<RemoteHealth>,
+    /// The slice watch failed since its last complete list.
+    pub(super) outage: Arc<AtomicBool>,
+    /// The number of the hold of an empty relist in force (0: none).
+    pub(super) held: Arc<AtomicU64>,
+    /// The hold whose timer runs.
+    pub(super) timed: AtomicU64,
 }
 
-/// The readiness and hostname tables as the watch driver's store.
-struct ReadinessStore(
-    Option<Arc<Mutex<RemoteReadiness>>>,
-    Option<Arc<Mutex<RemoteHostnames>>>,
-);
+/// The readiness and hostname tables as the watch driver's store. A complete list
+/// after an outage that empties a table is held as the Services' list is
+/// (remote_state.rs): readers keep the previous table until a second complete list or
+/// the end of the hold, else Endpoints lose their subsets and headless mirrors their
+/// addresses on a list an apiserver that is recovering may give (cilium#47793).
+struct ReadinessStore {
+    readiness: Option<Arc<Mutex<RemoteReadiness>>>,
+    hostnames: Option<Arc<Mutex<RemoteHostnames>>>,
+    outage: Arc<AtomicBool>,
+    held: Arc<AtomicU64>,
+    /// The number of the last hold (each hold has its own timer).
+    holds: u64,
+}
 
 impl Store<EndpointSlice> for ReadinessStore {
     fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
-        if let Some(r) = &self.0 {
+        if matches!(ev, watcher::Event::InitDone) {
+            let after_outage = self.outage.swap(false, Ordering::SeqCst);
+            // Either table emptied: both keep their view (one list, one verdict).
+            let emptied = after_outage
+                && (self
+                    .readiness
+                    .as_ref()
+                    .is_some_and(|r| r.lock().hold_if_emptied())
+                    | self
+                        .hostnames
+                        .as_ref()
+                        .is_some_and(|h| h.lock().hold_if_emptied()));
+            match emptied {
+                // A new hold (one after a new outage starts again).
+                true => {
+                    self.holds += 1;
+                    self.held.swap(self.holds, Ordering::SeqCst)
+                }
+                // Not empty, or a second list with no outage since: trusted.
+                false => self.held.swap(0, Ordering::SeqCst),
+            };
+        }
+        if let Some(r) = &self.readiness {
             r.lock().apply(ev);
         }
-        if let Some(h) = &self.1 {
+        if let Some(h) = &self.hostnames {
             h.lock().apply(ev);
         }
     }
@@ -232,7 +270,13 @@ impl RemoteSliceEvents {
             api,
             config: watcher::Config::default(),
             strip: keep_all,
-            store: ReadinessStore(self.readiness.clone(), self.hostnames.clone()),
+            store: ReadinessStore {
+                readiness: self.readiness.clone(),
+                hostnames: self.hostnames.clone(),
+                outage: self.outage.clone(),
+                held: self.held.clone(),
+                holds: 0,
+            },
         };
         drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
     }
@@ -249,13 +293,38 @@ impl RemoteSliceEvents {
         if matches!(ev, watcher::Event::InitDone) {
             // Gateway mirrors wait for this list (their endpoints depend on it).
             keys.extend(self.index.lock().exported().cloned());
+            match self.held.load(Ordering::SeqCst) {
+                0 => keys.extend(release(&self.readiness, &self.hostnames)),
+                hold if self.timed.swap(hold, Ordering::SeqCst) != hold => self.hold_started(hold),
+                _ => {}
+            }
         }
         for k in keys {
             self.queue.add(k);
         }
     }
 
+    /// Hold number `hold` began: it ends when it runs out unless a list ended it.
+    fn hold_started(&self, hold: u64) {
+        let wait = self.health.relist_hold();
+        tracing::warn!(cluster = %self.cluster, hold_s = wait.as_secs(), "remote endpointslices listed empty after an outage: the previous readiness and hostnames are kept until a second complete list or the end of the hold");
+        let (held, queue) = (self.held.clone(), self.queue.clone());
+        let (readiness, hostnames) = (self.readiness.clone(), self.hostnames.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if held
+                .compare_exchange(hold, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                for k in release(&readiness, &hostnames) {
+                    queue.add(k);
+                }
+            }
+        });
+    }
+
     fn on_error(&self, e: &watcher::Error) {
+        self.outage.store(true, Ordering::SeqCst);
         // Forbidden (credentials from before Links), or not served (a remote without
         // discovery.k8s.io/v1): readiness cannot be known, so it is not waited for.
         let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403 || s.code == 404);
@@ -283,6 +352,21 @@ impl RemoteSliceEvents {
             tracing::debug!(cluster = %self.cluster, error = %e, "remote endpointslice watch failed; retrying with backoff");
         }
     }
+}
+
+/// Ends a hold of both tables: the keys whose view changed.
+fn release(
+    readiness: &Option<Arc<Mutex<RemoteReadiness>>>,
+    hostnames: &Option<Arc<Mutex<RemoteHostnames>>>,
+) -> Vec<ServiceKey> {
+    let mut keys = readiness
+        .as_ref()
+        .map(|r| r.lock().release())
+        .unwrap_or_default();
+    if let Some(h) = hostnames {
+        keys.extend(h.lock().release());
+    }
+    keys
 }
 
 /// What the local watches update.
@@ -414,6 +498,10 @@ pub(super) fn spawn(
             hostnames: rec.hostnames.clone(),
             index: rec.index.clone(),
             queue: rec.queue.clone(),
+            health: rec.health.clone(),
+            outage: Arc::default(),
+            held: Arc::default(),
+            timed: AtomicU64::new(0),
         });
     let local_events = LocalEvents {
         local_services: rec.local_services.clone(),
