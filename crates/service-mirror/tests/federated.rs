@@ -1410,3 +1410,58 @@ async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_
     east.stop(false).await.unwrap();
     fed.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
+    let mut w = World::new("fedlost").await;
+    w.fake(74).await;
+    let (leader, rx) = tokio::sync::watch::channel(false);
+    let fed = w.federation_led(Some(rx));
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    // 300 members: a batch of ~600 writes (Service + slice each), seconds long here.
+    const N: usize = 300;
+    for i in 0..N {
+        w.member(&ec, &format!("m{i:03}"), &[("http", 80)], "east", false)
+            .await;
+    }
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 74), &w.east, 100)
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(w.writes().is_empty(), "a follower writes nothing");
+    leader.send_replace(true);
+    eventually("the batch started", || async {
+        (w.writes().len() >= 10).then_some(())
+    })
+    .await;
+    leader.send_replace(false);
+    // A request already sent may complete; none starts after (1 s covers it on loopback).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let at_loss = w.writes();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let later = w.writes();
+    println!("writes at the loss: {} of {}", at_loss.len(), 2 * N);
+    assert_eq!(
+        later.len(),
+        at_loss.len(),
+        "writes after the loss: {:?}",
+        &later[at_loss.len()..]
+    );
+    assert!(
+        at_loss.len() < 2 * N,
+        "lost mid-batch ({} of {} writes)",
+        at_loss.len(),
+        2 * N
+    );
+    // Leading again: the rest of the batch lands.
+    leader.send_replace(true);
+    eventually("every member federated", || async {
+        let api: Api<Service> = Api::namespaced(w.lc.clone(), &w.ns);
+        let n = api.list(&ListParams::default()).await.unwrap().items.len();
+        (n >= N).then_some(())
+    })
+    .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
