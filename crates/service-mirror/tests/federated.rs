@@ -16,7 +16,7 @@ use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::federation::{Federation, FederationOptions};
 use service_mirror_controller::gateway::ProbeRedirect;
 use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
-use service_mirror_controller::links::{LinkSpec, link_config, parse_link};
+use service_mirror_controller::links::{LinkResource, LinkSpec, link_config, parse_link};
 use service_mirror_controller::metrics::Metrics;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -1303,6 +1303,165 @@ async fn a_pending_clusters_entry_is_kept_while_the_other_clusters_changes_land(
     })
     .await;
     wl.stop(false).await.unwrap();
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+/// The Link `east`'s `federatedServices` entries (all controllers'), as
+/// `(controllerName, remote name, reason, localRef name)`.
+async fn federated_status(w: &World) -> Vec<(String, String, String, Option<String>)> {
+    let links: Api<LinkResource> = Api::namespaced(w.lc.clone(), &w.ctl_ns);
+    let link = links.get("east").await.unwrap();
+    let mut out: Vec<_> = link
+        .status
+        .unwrap_or_default()
+        .federated_services
+        .into_iter()
+        .map(|s| {
+            let c = &s.conditions[0];
+            (
+                s.controller_name.clone(),
+                s.remote_ref.name.clone(),
+                c.reason.clone(),
+                c.local_ref.as_ref().map(|r| r.name.clone()),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_entries() {
+    let mut w = World::new("fedstatus").await;
+    support::links::link_crd(&w.local).await;
+    w.fake(69).await;
+    // The Link object the status is written on, with another controller's entry.
+    let mut l = link(
+        "east",
+        "east",
+        "cluster-credentials-east",
+        serde_json::json!({}),
+    );
+    l.metadata.namespace = Some(w.ctl_ns.clone());
+    let links: Api<LinkResource> = Api::namespaced(w.lc.clone(), &w.ctl_ns);
+    links.create(&PostParams::default(), &l).await.unwrap();
+    let theirs = serde_json::json!({"controllerName": "linkerd.io/service-mirror",
+        "remoteRef": {"group": "", "kind": "Service", "name": "old", "namespace": w.ns},
+        "conditions": [{"type": "Mirrored", "status": "True", "reason": "Mirrored",
+            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "localRef": {"group": "", "kind": "Service", "name": "old-federated", "namespace": w.ns}}]});
+    links
+        .patch_status(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"federatedServices": [theirs]}})),
+        )
+        .await
+        .unwrap();
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    w.member(&ec, "db", &[("pg", 5432)], "east", true).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 69), &w.east, 100)
+        .await;
+    let ours = "service-mirror.linkerd.io/service-mirror".to_owned();
+    let other = (
+        "linkerd.io/service-mirror".to_owned(),
+        "old".to_owned(),
+        "Mirrored".to_owned(),
+        Some("old-federated".to_owned()),
+    );
+    let want = vec![
+        other.clone(),
+        (ours.clone(), "db".into(), "InvalidService".into(), None),
+        (
+            ours.clone(),
+            "web".into(),
+            "Mirrored".into(),
+            Some("web-federated".into()),
+        ),
+    ];
+    eventually(
+        "web Mirrored and db InvalidService in federatedServices",
+        || async { (federated_status(&w).await == want).then_some(()) },
+    )
+    .await;
+
+    // web leaves the federation (label removed): its entry goes, the others stay.
+    Api::<Service>::namespaced(ec.clone(), &w.ns)
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {MEMBER: null}}})),
+        )
+        .await
+        .unwrap();
+    let want = vec![
+        other.clone(),
+        (ours.clone(), "db".into(), "InvalidService".into(), None),
+    ];
+    eventually("web's entry removed", || async {
+        (federated_status(&w).await == want).then_some(())
+    })
+    .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
+    let mut w = World::new("fedlost").await;
+    w.fake(74).await;
+    let (leader, rx) = tokio::sync::watch::channel(false);
+    let fed = w.federation_led(Some(rx));
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    // 300 members: a batch of ~600 writes (Service + slice each), seconds long here.
+    const N: usize = 300;
+    for i in 0..N {
+        w.member(&ec, &format!("m{i:03}"), &[("http", 80)], "east", false)
+            .await;
+    }
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 74), &w.east, 100)
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(w.writes().is_empty(), "a follower writes nothing");
+    leader.send_replace(true);
+    eventually("the batch started", || async {
+        (w.writes().len() >= 10).then_some(())
+    })
+    .await;
+    leader.send_replace(false);
+    // A request already sent may complete; none starts after (1 s covers it on loopback).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let at_loss = w.writes();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let later = w.writes();
+    println!("writes at the loss: {} of {}", at_loss.len(), 2 * N);
+    assert_eq!(
+        later.len(),
+        at_loss.len(),
+        "writes after the loss: {:?}",
+        &later[at_loss.len()..]
+    );
+    assert!(
+        at_loss.len() < 2 * N,
+        "lost mid-batch ({} of {} writes)",
+        at_loss.len(),
+        2 * N
+    );
+    // Leading again: the rest of the batch lands.
+    leader.send_replace(true);
+    eventually("every member federated", || async {
+        let api: Api<Service> = Api::namespaced(w.lc.clone(), &w.ns);
+        let n = api.list(&ListParams::default()).await.unwrap().items.len();
+        (n >= N).then_some(())
+    })
+    .await;
     east.stop(false).await.unwrap();
     fed.stop().await;
 }

@@ -74,6 +74,11 @@ pub(crate) enum Msg {
         generation: Generation,
         gateway: Option<MemberGateway>,
     },
+    /// A link's status book: its federated members' entries are recorded there.
+    StatusBook {
+        cluster: String,
+        book: Arc<crate::link_controller::link_status::StatusBook>,
+    },
     /// A link was removed: its members leave.
     LinkRemoved { cluster: String },
     /// The link manager's first list: these clusters are linked.
@@ -194,6 +199,19 @@ impl Federation {
             in_use,
             hold: std::time::Duration::from_secs(30),
         }
+    }
+
+    /// The Link of `cluster` shows its federated members in its status through `book`
+    /// (a replacing controller's book replaces the old one).
+    pub(crate) fn report_status(
+        &self,
+        cluster: &str,
+        book: Arc<crate::link_controller::link_status::StatusBook>,
+    ) {
+        let _ = self.tx.send(Msg::StatusBook {
+            cluster: cluster.to_owned(),
+            book,
+        });
     }
 
     /// The link of `cluster` was removed: its members leave their federated Services.

@@ -9,6 +9,7 @@ use super::watches::{Stored, key_of_service};
 use super::{FederationOptions, Msg};
 use crate::error::Error;
 use crate::events::EventRecorder;
+use crate::link_controller::link_status::{Observed, StatusBook};
 use crate::metrics::Metrics;
 use crate::writer::{Applied, LocalWriter};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -18,7 +19,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::federated::{
-    DesiredService, FederationInput, MemberRefusal, desired_federated, federated_name,
+    DesiredService, FederationInput, Member, MemberRefusal, desired_federated, federated_name,
     plan_federated,
 };
 use service_mirror_core::is_owned_federated;
@@ -59,6 +60,10 @@ pub(super) struct Worker {
     client: Client,
     /// Keys whose federated Service is desired.
     present: BTreeSet<ServiceKey>,
+    /// Each Link's status book (its `federatedServices`), by cluster.
+    books: BTreeMap<String, Arc<StatusBook>>,
+    /// The clusters each key has a status entry in (to remove it when a member leaves).
+    entries: BTreeMap<ServiceKey, BTreeSet<String>>,
 }
 
 fn service_ref(namespace: &str, name: &str) -> ObjectReference {
@@ -105,6 +110,8 @@ impl Worker {
             conflicts: BTreeMap::new(),
             foreign: BTreeSet::new(),
             present: BTreeSet::new(),
+            books: BTreeMap::new(),
+            entries: BTreeMap::new(),
         }
     }
 
@@ -229,7 +236,16 @@ impl Worker {
                 generation,
                 gateway,
             } => self.index.gateway(&cluster, generation, gateway),
+            // A new book starts empty: every key is recorded in it again.
+            Msg::StatusBook { cluster, book } => {
+                self.books.insert(cluster.clone(), book);
+                for clusters in self.entries.values_mut() {
+                    clusters.remove(&cluster);
+                }
+                self.all_keys()
+            }
             Msg::LinkRemoved { cluster } => {
+                self.books.remove(&cluster);
                 let mut keys = self.index.link_removed(&cluster);
                 keys.extend(self.all_keys());
                 keys
@@ -366,7 +382,9 @@ impl Worker {
             }
             _ => self.present.insert(key.clone()),
         };
-        if self.blocked.get(key).is_some_and(|(present, _)| *present) {
+        let blocked = self.blocked.get(key).is_some_and(|(present, _)| *present);
+        self.record_status(key, &members, &desired.refused, blocked || plan.foreign);
+        if blocked {
             // Reported once when found; the foreign Service's watch plans again.
             return;
         }
@@ -389,6 +407,7 @@ impl Worker {
                 // A foreign Service holds the name (our store sees only ours): no retry
                 // loop; its watch plans the key again when it changes or goes.
                 Err(Error::OwnershipConflict { .. }) => {
+                    self.record_status(key, &members, &desired.refused, true);
                     self.report_foreign(key, &name, true).await;
                     self.block(key, &name);
                     return;
@@ -405,6 +424,51 @@ impl Worker {
         self.foreign.remove(key);
         if !plan.actions.is_empty() {
             tracing::info!(%key, federated = %name, writes = plan.actions.len(), "federated service written");
+        }
+    }
+
+    /// Records `key`'s remote members in their Links' status books: `Mirrored` (into
+    /// `<svc>-federated`), `InvalidService` (refused), `Error` (the name is held by a
+    /// foreign Service); a cluster no longer a member loses its entry. The books' writers
+    /// write only while leader, only on a change.
+    fn record_status(
+        &mut self,
+        key: &ServiceKey,
+        members: &[Member],
+        refused: &[(String, MemberRefusal)],
+        foreign: bool,
+    ) {
+        let name = federated_name(&key.name);
+        let mut now = BTreeSet::new();
+        for member in members {
+            let Some(cluster) = &member.cluster else {
+                continue;
+            };
+            let Some(book) = self.books.get(cluster) else {
+                continue;
+            };
+            let id = member.id();
+            let observed = match refused.iter().find(|(m, _)| *m == id) {
+                Some((_, why)) => Observed::Invalid(why.detail().to_owned()),
+                None if foreign => Observed::Error(format!(
+                    "Service {}/{name} exists and is not this controller's federated Service",
+                    key.namespace
+                )),
+                None => Observed::Mirrored {
+                    local: name.clone(),
+                },
+            };
+            book.observe_federated(key, observed);
+            now.insert(cluster.clone());
+        }
+        let before = match now.is_empty() {
+            true => self.entries.remove(key),
+            false => self.entries.insert(key.clone(), now.clone()),
+        };
+        for gone in before.unwrap_or_default().difference(&now) {
+            if let Some(book) = self.books.get(gone) {
+                book.observe_federated(key, Observed::Gone);
+            }
         }
     }
 

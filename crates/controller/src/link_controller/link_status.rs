@@ -62,6 +62,8 @@ struct Entry {
 #[derive(Debug, Default)]
 pub(crate) struct StatusBook {
     entries: Mutex<BTreeMap<ServiceKey, Entry>>,
+    /// The link's federated members (`federatedServices`), recorded by the federation.
+    federated: Mutex<BTreeMap<ServiceKey, Entry>>,
     changed: Notify,
 }
 
@@ -69,7 +71,22 @@ impl StatusBook {
     /// Records what a reconcile of `key` found; the writer is woken only on a change,
     /// so an idle link writes nothing.
     pub(crate) fn observe(&self, key: &ServiceKey, observed: Observed) {
-        let mut entries = self.entries.lock();
+        self.record(&self.entries, key, observed);
+    }
+
+    /// Records what the federation found for the link's federated member `key`
+    /// (`Mirrored` into `<svc>-federated`, `InvalidService`, `Error`); same rules.
+    pub(crate) fn observe_federated(&self, key: &ServiceKey, observed: Observed) {
+        self.record(&self.federated, key, observed);
+    }
+
+    fn record(
+        &self,
+        entries: &Mutex<BTreeMap<ServiceKey, Entry>>,
+        key: &ServiceKey,
+        observed: Observed,
+    ) {
+        let mut entries = entries.lock();
         let changed = match observed {
             Observed::Gone => entries.remove(key).is_some(),
             observed => match entries.get(key) {
@@ -89,26 +106,47 @@ impl StatusBook {
 
     /// Our entries, failures first then by key, within `budget` bytes of JSON; and how
     /// many were left out.
+    #[cfg(test)]
     pub(crate) fn render(&self, budget: usize) -> (Vec<LinkServiceStatus>, usize) {
-        let entries = self.entries.lock();
-        let (failing, mirrored): (Vec<_>, Vec<_>) = entries
-            .iter()
-            .partition(|(_, e)| !matches!(e.observed, Observed::Mirrored { .. }));
-        let mut out = Vec::new();
-        let mut bytes = 0;
-        let mut left_out = 0;
-        for (key, entry) in failing.into_iter().chain(mirrored) {
-            let status = service_status(key, entry);
-            let size = serde_json::to_vec(&status).map_or(0, |v| v.len() + 1);
-            if bytes + size > budget {
-                left_out += 1;
-                continue;
-            }
-            bytes += size;
-            out.push(status);
-        }
-        (out, left_out)
+        render(&self.entries.lock(), budget)
     }
+
+    /// Both lists (`mirrorServices`, `federatedServices`) within `budget` bytes
+    /// together, the mirrored ones first; and how many entries were left out.
+    pub(crate) fn render_all(&self, budget: usize) -> (Rendered, usize) {
+        let (mirror, left) = render(&self.entries.lock(), budget);
+        let used: usize = mirror
+            .iter()
+            .map(|s| serde_json::to_vec(s).map_or(0, |v| v.len() + 1))
+            .sum();
+        let (federated, left_fed) = render(&self.federated.lock(), budget.saturating_sub(used));
+        ((mirror, federated), left + left_fed)
+    }
+}
+
+/// A link's rendered `mirrorServices` and `federatedServices` (ours only).
+pub(crate) type Rendered = (Vec<LinkServiceStatus>, Vec<LinkServiceStatus>);
+
+/// `entries` failures first then by key, within `budget` bytes of JSON; and how many
+/// were left out.
+fn render(entries: &BTreeMap<ServiceKey, Entry>, budget: usize) -> (Vec<LinkServiceStatus>, usize) {
+    let (failing, mirrored): (Vec<_>, Vec<_>) = entries
+        .iter()
+        .partition(|(_, e)| !matches!(e.observed, Observed::Mirrored { .. }));
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    let mut left_out = 0;
+    for (key, entry) in failing.into_iter().chain(mirrored) {
+        let status = service_status(key, entry);
+        let size = serde_json::to_vec(&status).map_or(0, |v| v.len() + 1);
+        if bytes + size > budget {
+            left_out += 1;
+            continue;
+        }
+        bytes += size;
+        out.push(status);
+    }
+    (out, left_out)
 }
 
 fn bounded(message: &str) -> String {
@@ -169,7 +207,7 @@ pub(super) async fn write_status(
     metrics: super::metrics::LinkMetrics,
     cancel: CancellationToken,
 ) {
-    let mut written: Option<Vec<LinkServiceStatus>> = None;
+    let mut written: Option<Rendered> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -183,7 +221,7 @@ pub(super) async fn write_status(
         if !gate.wait_open(&cancel).await {
             return;
         }
-        let (ours, left_out) = book.render(MAX_STATUS_BYTES);
+        let (ours, left_out) = book.render_all(MAX_STATUS_BYTES);
         if written.as_ref() == Some(&ours) {
             continue;
         }
@@ -207,33 +245,32 @@ pub(super) async fn write_status(
     }
 }
 
-/// Replaces our entries of the Link's `mirrorServices`, keeping other controllers'
-/// (read first: a merge patch replaces a list whole). Returns the bytes sent.
-async fn patch(
-    api: &Api<LinkResource>,
-    name: &str,
-    ours: &[LinkServiceStatus],
-) -> kube::Result<usize> {
+/// Replaces our entries of the Link's `mirrorServices` and `federatedServices`, keeping
+/// other controllers' (read first: a merge patch replaces a list whole). Returns the
+/// bytes sent.
+async fn patch(api: &Api<LinkResource>, name: &str, ours: &Rendered) -> kube::Result<usize> {
     // The object, not its `status` subresource: the same body, under `get links`
     // (a `get` on `links/status` is a permission of its own that the Role does not grant).
     let current = api.get(name).await?;
     let version = current.metadata.resource_version.clone();
-    let (mine, mut services): (Vec<LinkServiceStatus>, Vec<LinkServiceStatus>) = current
-        .status
-        .map(|s| s.mirror_services)
-        .unwrap_or_default()
-        .into_iter()
-        .partition(|s| s.controller_name == CONTROLLER_NAME);
+    let status = current.status.unwrap_or_default();
+    let split = |list: Vec<LinkServiceStatus>| -> (Vec<_>, Vec<_>) {
+        list.into_iter()
+            .partition(|s| s.controller_name == CONTROLLER_NAME)
+    };
+    let (mine, mut services) = split(status.mirror_services);
+    let (mine_fed, mut federated) = split(status.federated_services);
     // Already there (restored after someone else rewrote the list, or unchanged).
-    if mine == ours {
+    if mine == ours.0 && mine_fed == ours.1 {
         return Ok(0);
     }
-    services.extend(ours.iter().cloned());
+    services.extend(ours.0.iter().cloned());
+    federated.extend(ours.1.iter().cloned());
     // With the version read: a write of another controller in between fails this one
     // (409), and the loop writes again on top of it rather than dropping its entries.
     let body = serde_json::json!({
         "metadata": { "resourceVersion": version },
-        "status": { "mirrorServices": services },
+        "status": { "mirrorServices": services, "federatedServices": federated },
     });
     let bytes = serde_json::to_vec(&body).map_or(0, |b| b.len());
     let params = PatchParams::apply(crate::writer::FIELD_MANAGER);
@@ -351,6 +388,40 @@ mod tests {
         assert!(list[0].conditions[0].message.chars().count() <= MAX_MESSAGE_CHARS);
         book.observe(&key("web"), Observed::Gone);
         assert!(book.render(MAX_STATUS_BYTES).0.is_empty());
+    }
+
+    #[test]
+    fn federated_entries_are_a_list_of_their_own_sharing_the_budget() {
+        let book = StatusBook::default();
+        let mirrored = Observed::Mirrored {
+            local: "web-east".into(),
+        };
+        book.observe(&key("web"), mirrored);
+        let federated = Observed::Mirrored {
+            local: "web-federated".into(),
+        };
+        book.observe_federated(&key("web"), federated.clone());
+        book.observe_federated(&key("db"), Observed::Invalid("headless".into()));
+        let ((m, f), left_out) = book.render_all(MAX_STATUS_BYTES);
+        assert_eq!((m.len(), f.len(), left_out), (1, 2, 0));
+        assert_eq!(
+            f[0].conditions[0].reason, "InvalidService",
+            "failures first"
+        );
+        let local = f[1].conditions[0].local_ref.as_ref().unwrap();
+        assert_eq!(local.name, "web-federated");
+        // The mirror list fills the budget first; the federated entries are counted.
+        let size = serde_json::to_vec(&m[0]).unwrap().len() + 1;
+        let ((m, f), left_out) = book.render_all(size);
+        assert_eq!((m.len(), f.len(), left_out), (1, 0, 2));
+        // A member that leaves loses its entry; an unchanged one keeps its time.
+        let before = book.render_all(MAX_STATUS_BYTES).0;
+        book.observe_federated(&key("web"), federated);
+        assert_eq!(book.render_all(MAX_STATUS_BYTES).0, before);
+        book.observe_federated(&key("db"), Observed::Gone);
+        let ((_, f), _) = book.render_all(MAX_STATUS_BYTES);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].remote_ref.name, "web");
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod hostnames;
 mod index;
 mod keys;
 mod limit;
-mod link_status;
+pub(crate) mod link_status;
 pub(crate) mod metrics;
 mod options;
 mod queue;
@@ -155,6 +155,10 @@ impl LinkController {
         let status = status_of
             .as_ref()
             .map(|_| Arc::new(link_status::StatusBook::default()));
+        // Its federated members' entries (`federatedServices`) come from the federation.
+        if let (Some(fed), Some(book), Some(_)) = (&deps.federation, &status, &feed) {
+            fed.report_status(&cluster, book.clone());
+        }
         let (synced_tx, synced) =
             watch::channel(Synced::new(!config.endpoints_mode.writes_slices()));
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();
