@@ -613,7 +613,13 @@ async fn members_leaving_shrink_the_annotation_and_the_last_one_deletes_the_serv
         w.slices("web").await.is_empty().then_some(())
     })
     .await;
-    assert!(w.metric("service_mirror_federated_services 0"));
+    // The gauge is set after the batch's writes: waited for, not read once (a read
+    // right after the delete was seen failed once under load).
+    eventually("gauge at 0", || async {
+        w.metric("service_mirror_federated_services 0")
+            .then_some(())
+    })
+    .await;
     east.stop(false).await.unwrap();
     north.stop(false).await.unwrap();
     fed.stop().await;
@@ -721,6 +727,62 @@ async fn a_foreign_federated_name_is_tried_once_reported_once_and_ours_follows_i
         (w.slices("web").await.len() == 1).then_some(())
     })
     .await;
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_slice_holding_a_federated_slice_name_is_retried_with_backoff_not_looped() {
+    let mut w = World::new("fedslice").await;
+    w.fake(78).await;
+    // Someone else's slice holds the name of east's federated slice.
+    let taken = "web-federated-east-ipv4-0";
+    let foreign: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": taken, "namespace": w.ns,
+            "labels": {"kubernetes.io/service-name": "theirs"}},
+        "addressType": "IPv4",
+        "endpoints": [],
+    }))
+    .unwrap();
+    let slices: Api<EndpointSlice> = Api::namespaced(w.lc.clone(), &w.ns);
+    let foreign = slices
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let fed = w.federation();
+    fed.federation.expect(vec![]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    let east = w
+        .start_link(&fed, &w.spec("east", &w.east, 78), &w.east, 100)
+        .await;
+    // Our Service is created; its slice create meets the foreign one.
+    w.federated_until("ours created", "web", |s| {
+        remote_discovery(s) == Some("web@east")
+    })
+    .await;
+    // ~10 s: backoff (1, 2, 4, 8 s) makes a handful of attempts; a block that its own
+    // Service's watch lifts at once made hundreds.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let attempts = writes_in(&w.local, &w.ns, false)
+        .into_iter()
+        .filter(|l| l.starts_with("create endpointslices"))
+        .count();
+    assert!((1..=8).contains(&attempts), "slice creates: {attempts}");
+    let reasons: Vec<String> = events_on(&w.lc, &w.ns, "web-federated")
+        .await
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    assert!(
+        !reasons.iter().any(|r| r == "FederatedConflict"),
+        "our Service is not called foreign: {reasons:?}"
+    );
+    let now = slices.get(taken).await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, foreign.metadata.resource_version,
+        "the foreign slice untouched"
+    );
     east.stop(false).await.unwrap();
     fed.stop().await;
 }

@@ -17,13 +17,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use service_mirror_core::ServiceKey;
 use service_mirror_core::federated::{
     DesiredService, FederationInput, Member, MemberRefusal, desired_federated, federated_name,
     plan_federated,
 };
 use service_mirror_core::is_owned_federated;
 use service_mirror_core::labels::{REMOTE_DISCOVERY_ANNOTATION, SERVICE_NAME_LABEL};
+use service_mirror_core::{Action, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -405,8 +405,13 @@ impl Worker {
                 // The watch event bringing the newer version plans the key again.
                 Ok(Applied::Stale) => return,
                 // A foreign Service holds the name (our store sees only ours): no retry
-                // loop; its watch plans the key again when it changes or goes.
-                Err(Error::OwnershipConflict { .. }) => {
+                // loop; its watch plans the key again when it changes or goes. Only a
+                // Service create blocks: that watch follows the Service, so a slice
+                // held by someone else would unblock at once and loop; it is retried
+                // with backoff below instead.
+                Err(Error::OwnershipConflict { .. })
+                    if matches!(action, Action::CreateService(_)) =>
+                {
                     self.record_status(key, &members, &desired.refused, true);
                     self.report_foreign(key, &name, true).await;
                     self.block(key, &name);

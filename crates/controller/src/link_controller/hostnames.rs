@@ -208,8 +208,13 @@ impl RemoteHostnames {
     /// Applies one watch event; [`RemoteHostnames::take_changed`] then says which keys
     /// changed.
     pub(crate) fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
-        self.unavailable = false;
-        self.unavailable_reported = false;
+        // kube's watcher sends `Init` before every list attempt, also each retry of a
+        // refused one: only what a list or watch returned says the remote answers (else
+        // the once-per-link report came again at every retry, ~30 s apart).
+        if !matches!(ev, watcher::Event::Init) {
+            self.unavailable = false;
+            self.unavailable_reported = false;
+        }
         match ev {
             watcher::Event::Apply(s) => self.upsert(s),
             watcher::Event::Delete(s) => {
@@ -380,7 +385,10 @@ mod tests {
         assert!(h.unavailable());
         assert!(h.take_unavailable_report(), "one Event per link");
         assert!(!h.take_unavailable_report());
+        // A retry starts (kube sends Init before each list attempt) and is refused again.
         h.apply(&watcher::Event::Init);
+        assert!(!h.set_unavailable(), "a retry is not a new refusal");
+        assert!(h.unavailable() && !h.take_unavailable_report());
         h.apply(&watcher::Event::InitDone);
         assert!(!h.unavailable() && h.listed());
         assert!(!h.take_unavailable_report());

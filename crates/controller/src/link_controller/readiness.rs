@@ -116,7 +116,11 @@ impl RemoteReadiness {
     /// Applies one watch event; [`RemoteReadiness::take_changed`] then says which keys
     /// changed.
     pub(crate) fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
-        self.unavailable = false;
+        // `Init` comes before every list attempt, also each retry of a refused one: not
+        // an answer (a refusal is said once, not at each retry).
+        if !matches!(ev, watcher::Event::Init) {
+            self.unavailable = false;
+        }
         match ev {
             watcher::Event::Apply(s) | watcher::Event::Delete(s) => {
                 let Some((key, _)) = slice_owner(s) else {

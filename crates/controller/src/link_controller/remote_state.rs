@@ -80,6 +80,8 @@ struct Inner {
     list_pending: bool,
     /// The remote answers a LIST but its watch fails, and why (the last check).
     watch_failing: Option<String>,
+    /// A fresh list was asked of the remote watch and has neither completed nor failed.
+    relist_requested: bool,
 }
 
 /// What the watches know of the remote, and the state they lead to.
@@ -105,6 +107,7 @@ impl RemoteHealth {
                 hold_news: None,
                 list_pending: false,
                 watch_failing: None,
+                relist_requested: false,
             }),
             wake: Notify::new(),
             relist: Notify::new(),
@@ -134,7 +137,19 @@ impl RemoteHealth {
         }
         match state {
             RemoteState::Connected | RemoteState::Disconnected => self.answered(),
-            RemoteState::Stale | RemoteState::Expired => self.relist.notify_one(),
+            RemoteState::Stale | RemoteState::Expired => self.request_relist(),
+        }
+    }
+
+    /// Asks the remote watch for a fresh complete list, once until it lists or fails: a
+    /// second request would restart the watch and abort the list under way, and a list
+    /// longer than the check period (thousands of Services, a slow link) would then
+    /// never complete.
+    fn request_relist(&self) {
+        let mut inner = self.inner.lock();
+        if !std::mem::replace(&mut inner.relist_requested, true) {
+            drop(inner);
+            self.relist.notify_one();
         }
     }
 
@@ -147,8 +162,10 @@ impl RemoteHealth {
                 inner.watch_failing = None;
                 // The watch listed meanwhile (the clock stopped): a second list now
                 // would confirm a held one with no reason.
-                if inner.silent_since.is_some() {
-                    self.relist.notify_one();
+                let silent = inner.silent_since.is_some();
+                drop(inner);
+                if silent {
+                    self.request_relist();
                 }
             }
             Err(reason) => self.inner.lock().watch_failing = Some(reason),
@@ -160,6 +177,8 @@ impl RemoteHealth {
     pub(super) fn failed(&self) {
         let mut inner = self.inner.lock();
         inner.outage_since_list = true;
+        // The requested list (if any) failed: the next check may ask again.
+        inner.relist_requested = false;
         if inner.silent_since.is_none() {
             inner.silent_since = Some(Instant::now());
             drop(inner);
@@ -175,6 +194,7 @@ impl RemoteHealth {
         self.answered();
         let mut inner = self.inner.lock();
         inner.list_pending = false;
+        inner.relist_requested = false;
         let after_outage = std::mem::take(&mut inner.outage_since_list);
         if inner.hold_until.is_some() && !after_outage {
             // The second complete list, with no outage since the first: trusted.
@@ -703,6 +723,37 @@ mod tests {
             assert_eq!(h.unanswered(), None, "{state:?}: a complete list answers");
             assert_eq!(h.inner.lock().watch_failing, None);
         }
+    }
+
+    /// Whether a fresh list was asked for since the last look (consumes the request).
+    fn asked(h: &RemoteHealth) -> bool {
+        use futures::FutureExt;
+        h.relist.notified().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_list_under_way_is_never_restarted_by_later_checks_or_events() {
+        let h = RemoteHealth::new(policy());
+        h.failed();
+        h.checked(Ok(()));
+        assert!(asked(&h), "a passing check asks for a list");
+        // The list takes longer than several check periods: it is not aborted.
+        for _ in 0..5 {
+            h.checked(Ok(()));
+            assert!(!asked(&h), "asked once until it lists or fails");
+        }
+        h.inner.lock().state = RemoteState::Stale;
+        h.watch_event();
+        assert!(!asked(&h), "nor by a watch event");
+        // The list failed: the next check asks again.
+        h.failed();
+        h.checked(Ok(()));
+        assert!(asked(&h), "after a failure, asked again");
+        h.listed(1, 1);
+        assert_eq!(h.unanswered(), None);
+        h.failed();
+        h.checked(Ok(()));
+        assert!(asked(&h), "after a list, a new outage asks again");
     }
 
     #[test]
