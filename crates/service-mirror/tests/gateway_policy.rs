@@ -284,27 +284,21 @@ async fn an_address_in_a_built_in_denial_is_used_only_when_allowed_and_never_if_
     w.stop(false).await.unwrap();
 }
 
-/// How many times `reason` was recorded about `ns/name`: the recorder folds a repeat
-/// into the first Event's series (its note stays the first one), so this sums the counts.
+/// How many times `reason` was recorded about `ns/name` (each note is an Event whose
+/// repeats fold into its series, so this sums the counts), and the notes.
 async fn times_recorded(
     client: &kube::Client,
     ns: &str,
     name: &str,
     reason: &str,
 ) -> (i32, Vec<String>) {
-    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .filter(|e| e.reason.as_deref() == Some(reason));
     let mut times = 0;
     let mut notes = Vec::new();
-    for e in events {
-        times += e.series.map_or(1, |s| s.count);
-        notes.push(e.note.unwrap_or_default());
+    for e in events_about(client, ns, name).await {
+        if e.reason.as_deref() == Some(reason) {
+            times += e.series.map_or(1, |s| s.count);
+            notes.push(e.note.unwrap_or_default());
+        }
     }
     (times, notes)
 }

@@ -556,8 +556,12 @@ pub(crate) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str>
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-/// (reason, note) of every Event in `ns` about the object named `name`.
-pub(crate) async fn events_on(client: &Client, ns: &str, name: &str) -> Vec<(String, String)> {
+/// Every Event in `ns` about the object named `name`.
+pub(crate) async fn events_about(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
     Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
         .list(&Default::default())
         .await
@@ -565,6 +569,14 @@ pub(crate) async fn events_on(client: &Client, ns: &str, name: &str) -> Vec<(Str
         .items
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+/// (reason, note) of every Event in `ns` about the object named `name`.
+pub(crate) async fn events_on(client: &Client, ns: &str, name: &str) -> Vec<(String, String)> {
+    events_about(client, ns, name)
+        .await
+        .into_iter()
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect()
 }
