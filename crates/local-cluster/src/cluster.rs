@@ -20,6 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const START_ATTEMPTS: usize = 3;
+/// Keys of [`LocalCluster::fill_etcd`]'s filler values.
+const FILL_PREFIX: &str = "/local-cluster/fill/";
 /// Restarts on the same port that found it taken: 10 attempts, 1 s apart.
 const RESTART_PORT_ATTEMPTS: usize = 10;
 
@@ -51,6 +53,9 @@ pub struct ClusterOptions {
     /// (nftables) and CoreDNS, and kube-controller-manager's EndpointSlice controllers.
     /// Needs root; the service CIDR then defaults to a `198.18.<n>.0/24` of its own.
     pub data_plane: bool,
+    /// etcd's `--quota-backend-bytes`: with a small quota, [`LocalCluster::fill_etcd`]
+    /// reaches etcd's NOSPACE alarm within a few seconds. `None`: etcd's default (2 GiB).
+    pub etcd_quota_bytes: Option<u64>,
 }
 
 /// A running local cluster. Dropping it kills both processes and removes its directory.
@@ -60,6 +65,7 @@ pub struct LocalCluster {
     binaries: Binaries,
     service_cidr: String,
     extra_apiserver_args: Vec<String>,
+    etcd_quota_bytes: Option<u64>,
     etcd_port: u16,
     apiserver_port: Mutex<u16>,
     admin: Mutex<Kubeconfig>,
@@ -104,7 +110,7 @@ impl LocalCluster {
         std::fs::write(dir.path().join("audit-policy.yaml"), AUDIT_POLICY)?;
         std::fs::create_dir_all(dir.path().join("etcd"))?;
 
-        let (etcd, etcd_port) = start_etcd(&binaries, dir.path()).await?;
+        let (etcd, etcd_port) = start_etcd(&binaries, dir.path(), opts.etcd_quota_bytes).await?;
         let mut cluster = Self {
             name: name.to_string(),
             binaries,
@@ -116,6 +122,7 @@ impl LocalCluster {
                 }
             }),
             extra_apiserver_args: opts.extra_apiserver_args,
+            etcd_quota_bytes: opts.etcd_quota_bytes,
             etcd_port,
             apiserver_port: Mutex::new(0),
             admin: Mutex::new(Kubeconfig {
@@ -394,6 +401,82 @@ impl LocalCluster {
         Ok(revision)
     }
 
+    /// Writes 512 KiB values under `/local-cluster/fill/` until etcd refuses a write for
+    /// lack of space (its NOSPACE alarm: from then on the apiserver's writes fail with
+    /// `etcdserver: mvcc: database space exceeded` and only reads and deletes work);
+    /// returns how many values it wrote. Start the cluster with a small
+    /// [`ClusterOptions::etcd_quota_bytes`]: at most `quota / 512 KiB + 64` writes are
+    /// tried, then an error says the quota was never reached.
+    pub async fn fill_etcd(&self) -> Result<u32> {
+        use base64::Engine;
+        const VALUE: usize = 512 * 1024;
+        let limit = self.etcd_quota_bytes.unwrap_or(2 << 30) / VALUE as u64 + 64;
+        let value = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; VALUE]);
+        for n in 0..limit as u32 {
+            let key =
+                base64::engine::general_purpose::STANDARD.encode(format!("{FILL_PREFIX}{n:08}"));
+            let answer = etcd_post(
+                self.etcd_port,
+                "/v3/kv/put",
+                &format!(r#"{{"key":"{key}","value":"{value}"}}"#),
+            )
+            .await?;
+            if answer.to_string().contains("space exceeded") {
+                return Ok(n);
+            }
+        }
+        Err(Error::Kubeconfig(format!(
+            "etcd took {limit} values of {VALUE} bytes without running out of space"
+        )))
+    }
+
+    /// Undoes [`LocalCluster::fill_etcd`]: deletes the filler, compacts and defragments
+    /// (etcd's file keeps its size until then) and disarms every NOSPACE alarm, so that
+    /// writes are accepted again.
+    pub async fn free_etcd_space(&self) -> Result<()> {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        // The range end of a prefix: its last byte plus one ('/' + 1 = '0').
+        let end = format!("{}0", FILL_PREFIX.trim_end_matches('/'));
+        let deleted = etcd_post(
+            self.etcd_port,
+            "/v3/kv/deleterange",
+            &format!(
+                r#"{{"key":"{}","range_end":"{}"}}"#,
+                b64(FILL_PREFIX),
+                b64(&end)
+            ),
+        )
+        .await?;
+        let revision = deleted["header"]["revision"]
+            .as_str()
+            .ok_or_else(|| Error::Kubeconfig(format!("etcd deleterange answered {deleted}")))?
+            .to_string();
+        etcd_post(
+            self.etcd_port,
+            "/v3/kv/compaction",
+            &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+        )
+        .await?;
+        etcd_post(self.etcd_port, "/v3/maintenance/defragment", "{}").await?;
+        let alarms = etcd_post(
+            self.etcd_port,
+            "/v3/maintenance/alarm",
+            r#"{"action":"GET","alarm":"NONE"}"#,
+        )
+        .await?;
+        for alarm in alarms["alarms"].as_array().into_iter().flatten() {
+            let member = alarm["memberID"].as_str().unwrap_or("0");
+            etcd_post(
+                self.etcd_port,
+                "/v3/maintenance/alarm",
+                &format!(r#"{{"action":"DEACTIVATE","memberID":"{member}","alarm":"NOSPACE"}}"#),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Kills all processes now (also done on drop).
     pub fn stop(&self) {
         self.stop_apiserver();
@@ -547,11 +630,15 @@ fn ignore_exists<T>(r: kube::Result<T>) -> Result<()> {
 }
 
 /// Starts etcd on free ports, retrying on a lost port race; waits for `/health`.
-async fn start_etcd(binaries: &Binaries, dir: &Path) -> Result<(Process, u16)> {
+async fn start_etcd(
+    binaries: &Binaries,
+    dir: &Path,
+    quota_bytes: Option<u64>,
+) -> Result<(Process, u16)> {
     let mut last = None;
     for _ in 0..START_ATTEMPTS {
         let (client, peer) = (free_port()?, free_port()?);
-        let args = vec![
+        let mut args = vec![
             format!("--data-dir={}", dir.join("etcd").display()),
             format!("--listen-client-urls=http://127.0.0.1:{client}"),
             format!("--advertise-client-urls=http://127.0.0.1:{client}"),
@@ -561,6 +648,9 @@ async fn start_etcd(binaries: &Binaries, dir: &Path) -> Result<(Process, u16)> {
             "--unsafe-no-fsync=true".into(),
             "--log-level=warn".into(),
         ];
+        if let Some(bytes) = quota_bytes {
+            args.push(format!("--quota-backend-bytes={bytes}"));
+        }
         let mut p = Process::spawn("etcd", &binaries.etcd, &args, &dir.join("etcd.log"))?;
         let deadline = Instant::now() + ETCD_READY_TIMEOUT;
         let outcome = loop {

@@ -343,3 +343,44 @@ async fn without_watch_cache_compaction_expires_older_watch_resume_points() {
     };
     assert!(expired.contains("410"), "{expired}");
 }
+
+#[tokio::test]
+async fn a_filled_etcd_refuses_the_apiservers_writes_until_its_space_is_freed() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let opts = local_cluster::ClusterOptions {
+        etcd_quota_bytes: Some(32 << 20),
+        ..Default::default()
+    };
+    let cluster = LocalCluster::start_with("nospace", opts).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let ns = unique_namespace("nospace");
+    create_namespace(&client, &ns).await;
+    // A ConfigMap: a Service's create would first try every address of the service
+    // CIDR (the allocator's IPAddress creates fail too: minutes for a /16).
+    let maps = Api::<ConfigMap>::namespaced(client, &ns);
+    let map = |name: &str| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let written = cluster.fill_etcd().await.unwrap();
+    // 32 MiB of quota, the apiserver's own data included: about 60 values of 512 KiB.
+    assert!((20..=80).contains(&written), "{written} values filled etcd");
+    let refused = maps
+        .create(&PostParams::default(), &map("refused"))
+        .await
+        .expect_err("a write to a full etcd");
+    assert!(
+        refused.to_string().contains("database space exceeded"),
+        "{refused}"
+    );
+    cluster.free_etcd_space().await.unwrap();
+    maps.create(&PostParams::default(), &map("accepted"))
+        .await
+        .expect("a write once the space is freed");
+    // Freed for good: filling works again from the start.
+    assert!(cluster.fill_etcd().await.unwrap() >= 20);
+    cluster.free_etcd_space().await.unwrap();
+}
