@@ -9,6 +9,9 @@
 //! with kube-proxy and CoreDNS, and kube-controller-manager's EndpointSlice controllers:
 //! see [`DataPlane`] and docs/data-plane.md.
 //!
+//! Between a client and an apiserver, a [`TcpProxy`] cuts and restores connectivity, and
+//! a [`FaultProxy`] injects HTTP faults (error statuses, latency, stalled connections).
+//!
 //! Processes die with their handle, and with the process that started them (parent-death
 //! signal); working directories of dead processes are swept on the next start.
 

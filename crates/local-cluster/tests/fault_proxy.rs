@@ -179,6 +179,53 @@ async fn status_429_answers_new_requests_like_the_apiserver_and_spares_open_watc
         .unwrap();
 }
 
+#[tokio::test]
+async fn status_500_refuses_writes_unforwarded_and_the_connection_serves_on() {
+    let cluster = cluster().await;
+    let proxy = FaultProxy::start(&cluster, 6).await.unwrap();
+    let ns = unique_namespace("fp-500");
+    let direct = cluster.client().await.unwrap();
+    ensure_namespace(&direct, &ns).await.unwrap();
+    let kubeconfig = cluster.admin_kubeconfig_via(proxy.addr()).unwrap();
+    let config_maps: Api<ConfigMap> =
+        Api::namespaced(client_without_retries(&kubeconfig).await, &ns);
+    config_maps.list(&ListParams::default()).await.unwrap();
+    let accepted = proxy.accepted();
+
+    proxy.status(500, 100);
+    for i in 0..3 {
+        let refused = config_maps
+            .create(&PostParams::default(), &config_map(&format!("refused-{i}")))
+            .await
+            .expect_err("every write gets 500");
+        let kube::Error::Api(status) = refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(
+            (status.code, status.reason.as_str()),
+            (500, "InternalError")
+        );
+    }
+    proxy.pass();
+    config_maps
+        .create(&PostParams::default(), &config_map("passed"))
+        .await
+        .unwrap();
+    let names: Vec<_> = Api::<ConfigMap>::namespaced(direct, &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|name| name != "kube-root-ca.crt")
+        .collect();
+    assert_eq!(names, ["passed"], "no refused write reached the apiserver");
+    // The request bodies were read: the client kept its one connection.
+    assert_eq!(proxy.accepted(), accepted);
+    assert_eq!(proxy.faulted(), 3);
+}
+
 /// The outcome (fault code or 200) of 40 gets through a fresh proxy seeded `seed`.
 async fn outcomes_at_503_half(cluster: &LocalCluster, seed: u64) -> Vec<u16> {
     let proxy = FaultProxy::start(cluster, seed).await.unwrap();
@@ -325,4 +372,16 @@ async fn cut_refuses_at_once_and_restore_serves_on_the_same_port() {
         .get("default")
         .await
         .expect("the same client works again");
+
+    // A cut also drops stalled connections, and a stall outlives cut and restore.
+    proxy.stall();
+    let stalled = tokio::time::timeout(Duration::from_secs(1), namespaces.get("default")).await;
+    assert!(stalled.is_err(), "{stalled:?}");
+    assert!(proxy.open_connections() >= 1);
+    proxy.cut().await.unwrap();
+    assert_eq!(proxy.open_connections(), 0, "stalled connections dropped");
+    proxy.restore().unwrap();
+    assert_eq!(proxy.fault(), Fault::Stall);
+    proxy.pass();
+    namespaces.get("default").await.unwrap();
 }
