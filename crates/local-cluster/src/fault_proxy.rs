@@ -587,6 +587,12 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_can_be_shared_across_tasks() {
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<FaultProxy>();
+    }
+
+    #[test]
     fn status_answers_look_like_the_apiservers() {
         let r = status_response(429);
         assert_eq!(r.status(), 429);

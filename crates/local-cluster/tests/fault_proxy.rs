@@ -385,3 +385,24 @@ async fn cut_refuses_at_once_and_restore_serves_on_the_same_port() {
     proxy.pass();
     namespaces.get("default").await.unwrap();
 }
+
+#[tokio::test]
+async fn an_away_apiserver_fails_requests_at_once_and_is_reached_again_when_back() {
+    let cluster = LocalCluster::start("fp-away").await.unwrap();
+    let proxy = FaultProxy::start(&cluster, 7).await.unwrap();
+    let kubeconfig = cluster.admin_kubeconfig_via(proxy.addr()).unwrap();
+    let namespaces: Api<Namespace> = Api::all(client_without_retries(&kubeconfig).await);
+    namespaces.get("default").await.unwrap();
+
+    cluster.stop_apiserver();
+    let away = tokio::time::timeout(Duration::from_secs(5), namespaces.get("default"))
+        .await
+        .expect("no hang while the apiserver is away");
+    assert!(away.is_err(), "{away:?}");
+
+    cluster.start_apiserver().await.unwrap();
+    namespaces
+        .get("default")
+        .await
+        .expect("the proxy reconnects to the restarted apiserver");
+}
