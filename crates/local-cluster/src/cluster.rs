@@ -196,6 +196,11 @@ impl LocalCluster {
         &self.pki.ca_cert
     }
 
+    /// The cluster's certificates and keys (the fault proxy serves and connects with them).
+    pub(crate) fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
     /// The admin (`system:masters`) kubeconfig.
     pub fn admin_kubeconfig(&self) -> Kubeconfig {
         self.admin.lock().clone()

@@ -9,6 +9,9 @@
 //! with kube-proxy and CoreDNS, and kube-controller-manager's EndpointSlice controllers:
 //! see [`DataPlane`] and docs/data-plane.md.
 //!
+//! Between a client and an apiserver, a [`TcpProxy`] cuts and restores connectivity, and
+//! a [`FaultProxy`] injects HTTP faults (error statuses, latency, stalled connections).
+//!
 //! Processes die with their handle, and with the process that started them (parent-death
 //! signal); working directories of dead processes are swept on the next start.
 
@@ -18,6 +21,7 @@ mod certs;
 mod cluster;
 mod data_plane;
 mod endpoints;
+mod fault_proxy;
 mod kubeconfig;
 mod ports;
 mod process;
@@ -36,6 +40,7 @@ pub use data_plane::{
     skip_without_data_plane,
 };
 pub use endpoints::publish_endpoints;
+pub use fault_proxy::{Fault, FaultProxy};
 pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
 pub use process::spawn_tied;
 pub use proxy::TcpProxy;
@@ -78,6 +83,9 @@ pub enum Error {
     /// A Secret handed to [`LocalCluster::fill_token_secret`] cannot be filled.
     #[error("token secret: {0}")]
     TokenSecret(String),
+    /// A [`FaultProxy`] could not set up its TLS from the cluster's certificates.
+    #[error("fault proxy: {0}")]
+    FaultProxy(String),
 }
 
 /// Result alias of this crate.
