@@ -4,10 +4,8 @@
 //! 10 s, `gateway::resolve::RETRY_FAILED_AFTER`: DNS answers are not load to back off
 //! from.)
 //!
-//! kube's own watcher backoff (`WatchStreamExt::default_backoff`, 0.8 s doubling to 30 s
-//! with jitter, reset after two quiet minutes) is kept on the watch streams, in
-//! [`crate::watch`]: it lives inside the stream, resets itself when the watch recovers,
-//! and its numbers are what every kube-rs controller uses against an apiserver.
+//! The watch loops use it too, through [`crate::watch::WatchBackoff`] (kube's numbers:
+//! 0.8 s doubling to 30 s, started over after two minutes without an error).
 
 use std::time::Duration;
 
@@ -45,7 +43,7 @@ impl Backoff {
     }
 
     /// `base` doubling up to `cap`, with no fast phase.
-    pub fn doubling(base: Duration, cap: Duration) -> Self {
+    pub const fn doubling(base: Duration, cap: Duration) -> Self {
         Self {
             base,
             fast_retries: 0,

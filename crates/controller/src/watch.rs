@@ -1,20 +1,57 @@
-//! The one way this controller loops over a watch: a kube watcher stream with kube's
-//! backoff, stopped by a cancellation token; each event is stripped, applied to a
-//! store, then handed to a callback; errors go to another callback (logs, metrics).
+//! The one way this controller loops over a watch: a kube watcher stream, stopped by a
+//! cancellation token; each event is stripped, applied to a store, then handed to a
+//! callback; errors go to another callback (logs, metrics), then the loop waits
+//! ([`WatchBackoff`]) before the watcher tries again.
 //!
-//! The backoff on the stream is kube's `default_backoff` (0.8 s doubling to 30 s with
-//! jitter, reset after two quiet minutes), not [`crate::backoff::Backoff`]: it lives
-//! inside the stream and resets itself when the watch recovers, which is what a watch
-//! of an apiserver wants; our `Backoff` schedules per-key retries of the work queues.
+//! Not kube's `default_backoff`: its `StreamBackoff` resets on every `Ok` item, and the
+//! watcher yields `Ok(Event::Init)` before each list attempt, so after a failed list the
+//! delay went back to 0.8 s every time: a watch refused for good (a missing CRD, a 403,
+//! a remote answering 429 or 500) was retried about once a second forever (measured: 247
+//! `list links` in 300 s without the Link CRD).
 
 use futures::StreamExt;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// The delays between a watch's failed attempts: 0.8 s doubling to 30 s (kube's
+/// numbers), back to 0.8 s once an error comes more than two minutes after the previous
+/// one (a watch that worked that long failed afresh).
+#[derive(Debug, Default)]
+pub(crate) struct WatchBackoff {
+    failures: u32,
+    last: Option<Instant>,
+}
+
+impl WatchBackoff {
+    const SCHEDULE: crate::backoff::Backoff =
+        crate::backoff::Backoff::doubling(Duration::from_millis(800), Duration::from_secs(30));
+    /// Errors further apart than this start the schedule over.
+    const RESET_AFTER: Duration = Duration::from_secs(120);
+
+    /// An error at `now`: how long to wait before the next attempt.
+    pub(crate) fn failed(&mut self, now: Instant) -> Duration {
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) > Self::RESET_AFTER)
+        {
+            self.failures = 0;
+        }
+        self.last = Some(now);
+        self.failures += 1;
+        Self::SCHEDULE.delay(self.failures)
+    }
+
+    /// The watch was started afresh on purpose: the next error waits the least.
+    pub(crate) fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
 
 /// Where the driver applies each event before the callback sees it.
 pub(crate) trait Store<K> {
@@ -87,17 +124,29 @@ pub(crate) async fn drive_restartable<K, S>(
         strip,
         mut store,
     } = watch;
-    let start = || {
-        watcher(api.clone(), config.clone())
-            .default_backoff()
-            .boxed()
-    };
+    let start = || watcher(api.clone(), config.clone()).boxed();
     let mut stream = start();
+    let mut backoff = WatchBackoff::default();
+    let mut wait = None;
     loop {
+        // After an error: wait (kube's watcher retries at once), still stoppable and
+        // restartable.
+        if let Some(delay) = wait.take() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = restart.notified() => {
+                    stream = start();
+                    backoff.reset();
+                    continue;
+                }
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
         let ev = tokio::select! {
             _ = cancel.cancelled() => return,
             _ = restart.notified() => {
                 stream = start();
+                backoff.reset();
                 continue;
             }
             ev = stream.next() => ev,
@@ -113,8 +162,55 @@ pub(crate) async fn drive_restartable<K, S>(
                 store.apply(&ev);
                 on_event(&ev);
             }
-            Some(Err(e)) => on_error(&e),
+            Some(Err(e)) => {
+                on_error(&e);
+                wait = Some(backoff.failed(Instant::now()));
+            }
             None => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(d: Duration) -> f64 {
+        d.as_secs_f64()
+    }
+
+    #[test]
+    fn repeated_failures_double_from_0_8_s_to_30_s() {
+        let mut b = WatchBackoff::default();
+        let t = Instant::now();
+        let delays: Vec<f64> = (0..8)
+            .map(|i| secs(b.failed(t + Duration::from_secs(i))))
+            .collect();
+        assert_eq!(delays, [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]);
+    }
+
+    #[test]
+    fn an_error_two_minutes_after_the_last_starts_over_and_a_closer_one_does_not() {
+        let mut b = WatchBackoff::default();
+        let t = Instant::now();
+        for i in 0..5 {
+            b.failed(t + Duration::from_secs(i));
+        }
+        // 119 s later: still failing, the schedule goes on.
+        assert_eq!(secs(b.failed(t + Duration::from_secs(123))), 25.6);
+        // More than 120 s after that error: a fresh failure.
+        assert_eq!(secs(b.failed(t + Duration::from_secs(244))), 0.8);
+        assert_eq!(secs(b.failed(t + Duration::from_secs(245))), 1.6);
+    }
+
+    #[test]
+    fn a_restart_on_purpose_starts_over() {
+        let mut b = WatchBackoff::default();
+        let t = Instant::now();
+        for _ in 0..6 {
+            b.failed(t);
+        }
+        b.reset();
+        assert_eq!(secs(b.failed(t)), 0.8);
     }
 }

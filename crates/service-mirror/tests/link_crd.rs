@@ -398,3 +398,50 @@ async fn without_the_link_crd_the_link_permissions_are_not_asked_for() {
     );
     assert!(ctl.running());
 }
+
+/// Without the Link CRD, the Links watch fails with 404 for good until someone installs
+/// it: it is retried with a doubling delay (0.8 s to 30 s), not once a second forever.
+/// kube's stream backoff reset itself on the `Init` event the watcher yields before each
+/// list, so every retry waited 0.8 s (measured before the fix: 247 lists in 300 s).
+#[tokio::test]
+async fn a_missing_link_crd_is_asked_for_with_a_doubling_delay_not_every_second() {
+    init_tracing();
+    let local = shared_cluster("no-link-crd")
+        .await
+        .expect("a cluster of its own");
+    let ns = unique_namespace("link-crd-backoff");
+    let docs = install_documents(&ns, &["--link-crd=false"]);
+    let kc = install(&local, &ns, &docs).await;
+    let user = format!(
+        "system:serviceaccount:{ns}:{}",
+        rbac_support::SERVICE_ACCOUNT
+    );
+    let ctl = RunningController::spawn_as(&kc.path, &ns, &[], &[]);
+    ctl.wait_log(
+        &["the Link CRD (links.multicluster.linkerd.io) is not installed"],
+        Duration::from_secs(15),
+    )
+    .await;
+    let window = Duration::from_secs(20);
+    tokio::time::sleep(window.saturating_sub(ctl.started.elapsed())).await;
+    // Counted by the controller's own client metrics: its only lists answered 404 are
+    // the Links' (the harness's audit policy logs writes only).
+    let metrics = ctl.metrics().await;
+    let lists: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("service_mirror_kube_requests_total{")
+                && l.contains("client=\"local\"")
+                && l.contains("verb=\"list\"")
+                && l.contains("code=\"404\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let lists = lists as usize;
+    eprintln!("list links in the first {window:?}: {lists}");
+    // Tries at 0, 0.8, 2.4, 5.6, 12 s (then 24.8 s): 5, a slow start allowing one more.
+    assert!(
+        (3..=6).contains(&lists),
+        "{lists} lists of links in {window:?}: not a doubling delay"
+    );
+}
