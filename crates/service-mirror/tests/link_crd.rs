@@ -412,10 +412,6 @@ async fn a_missing_link_crd_is_asked_for_with_a_doubling_delay_not_every_second(
     let ns = unique_namespace("link-crd-backoff");
     let docs = install_documents(&ns, &["--link-crd=false"]);
     let kc = install(&local, &ns, &docs).await;
-    let user = format!(
-        "system:serviceaccount:{ns}:{}",
-        rbac_support::SERVICE_ACCOUNT
-    );
     let ctl = RunningController::spawn_as(&kc.path, &ns, &[], &[]);
     ctl.wait_log(
         &["the Link CRD (links.multicluster.linkerd.io) is not installed"],
