@@ -43,7 +43,12 @@ impl Controller {
         let log = dir.path().join("controller.log");
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_service-mirror"));
+        // Worktrees sharing one target dir overwrite each other's binary: a copy of
+        // this tree's may be named instead.
+        let bin = std::env::var_os("SM_TEST_BINARY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_service-mirror").into());
+        let mut cmd = Command::new(bin);
         for (key, _) in std::env::vars_os() {
             let k = key.to_string_lossy();
             if k.starts_with("SERVICE_MIRROR_") || k == "KUBECONFIG" {
