@@ -258,6 +258,39 @@ async fn invalid_names_ports_and_huge_port_and_ingress_lists_keep_every_mirror()
     // Time for the reconciles of the invalid ones to fail and retry.
     tokio::time::sleep(Duration::from_secs(5)).await;
     w.survives("invalid names and ports").await;
+    // What became of each (for RELIABILITY.md): mirrors made, Events said.
+    let suffix = format!("-{}", w.cluster);
+    let mirrors: Vec<String> = w
+        .env
+        .local_services()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .filter(|n| n.ends_with(&suffix))
+        .map(|n| n.chars().take(40).collect())
+        .collect();
+    let events: Vec<String> =
+        kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.env.lc.clone(), &ns)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .map(|e| {
+                let about = e.regarding.and_then(|r| r.name).unwrap_or_default();
+                let note: String = e.note.unwrap_or_default().chars().take(160).collect();
+                format!(
+                    "{}: {} ({note})",
+                    about.chars().take(40).collect::<String>(),
+                    e.reason.unwrap_or_default()
+                )
+            })
+            .collect();
+    eprintln!("hostile mirrors: {mirrors:?}\nwarning events in {ns}: {events:#?}");
 }
 
 #[tokio::test]
