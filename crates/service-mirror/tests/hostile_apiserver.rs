@@ -351,6 +351,25 @@ async fn a_500k_item_paginated_list_hits_the_cache_cap_and_changes_no_mirror() {
     let metrics = w.ctl.metrics().await;
     assert!(w.metric_has(&metrics, "RemoteTooLarge"), "{metrics}");
     w.survives("a 500,000-item list").await;
+
+    // The list is tried again after the backoff (1 min) and refused again: said once.
+    let cluster = w.cluster.clone();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while w
+        .ctl
+        .log_lines("remote services over the cache cap")
+        .iter()
+        .filter(|l| l.contains(&cluster))
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no second try within 180 s");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let events = events_on(&w.env.lc, &w.ctl_ns, "hostile").await;
+    let said = events.iter().filter(|(r, _)| r == "RemoteTooLarge").count();
+    assert_eq!(said, 1, "one Event across retries: {events:?}");
+    w.survives("a 500,000-item list, refused again").await;
 }
 
 #[tokio::test]
