@@ -111,6 +111,21 @@ pub fn build(
     Ok(builder.with_layer(&metrics.layer(client)).build())
 }
 
+/// [`build`] for a link's remote: each response body also fails past `max_frame`
+/// bytes without a newline (see frame_limit.rs; the local apiserver is trusted).
+pub fn build_remote(
+    config: kube::Config,
+    client: &str,
+    metrics: &ClientMetrics,
+    max_frame: usize,
+) -> kube::Result<kube::Client> {
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(builder
+        .with_layer(&crate::frame_limit::FrameLimitLayer::new(max_frame))
+        .with_layer(&metrics.layer(client))
+        .build())
+}
+
 /// The Kubernetes verb of a request, from its method and query.
 fn verb<B>(req: &http::Request<B>) -> &'static str {
     let query = req.uri().query().unwrap_or_default();

@@ -16,6 +16,7 @@ pub mod cli;
 pub mod error;
 pub mod events;
 pub mod federation;
+pub mod frame_limit;
 pub mod gateway;
 pub mod kube_client;
 pub mod leader;

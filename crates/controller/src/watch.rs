@@ -8,6 +8,11 @@
 //! delay went back to 0.8 s every time: a watch refused for good (a missing CRD, a 403,
 //! a remote answering 429 or 500) was retried about once a second forever (measured: 247
 //! `list links` in 300 s without the Link CRD).
+//!
+//! A store may refuse an event (a capped cache: cache.rs): the watch then stops, says
+//! so once to a third callback, and starts afresh (a complete list) after a long
+//! backoff, 1 min doubling to 10 min: a remote too large now is likely too large in a
+//! second, and each try lists it all again.
 
 use futures::StreamExt;
 use kube::Resource;
@@ -53,10 +58,31 @@ impl WatchBackoff {
     }
 }
 
+/// An event a store refused because it would pass its cap in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OverCap {
+    /// The cap, in bytes.
+    pub(crate) cap: usize,
+    /// What the store would have held with the event's object, in bytes.
+    pub(crate) would_hold: usize,
+}
+
+/// First wait after a refusal; it doubles up to [`REFUSED_BACKOFF_MAX`].
+const REFUSED_BACKOFF_MIN: Duration = Duration::from_secs(60);
+/// Longest wait after a refusal.
+const REFUSED_BACKOFF_MAX: Duration = Duration::from_secs(600);
+
 /// Where the driver applies each event before the callback sees it.
 pub(crate) trait Store<K> {
     /// Applies one watch event.
     fn apply(&mut self, ev: &watcher::Event<K>);
+
+    /// [`Store::apply`], which a capped store may refuse (nothing changed but a list
+    /// in progress dropped). Stores without a cap never refuse.
+    fn try_apply(&mut self, ev: &watcher::Event<K>) -> Result<(), OverCap> {
+        self.apply(ev);
+        Ok(())
+    }
 }
 
 impl<K> Store<K> for Writer<K>
@@ -101,19 +127,22 @@ pub(crate) async fn drive<K, S>(
         &tokio::sync::Notify::new(),
         on_event,
         on_error,
+        |_, _| {},
     )
     .await
 }
 
 /// [`drive`], with a watcher started afresh (a complete list first) each time `restart`
 /// is notified: kube's watcher resumes a failed watch from its resource version, and a
-/// resumed watch lists nothing.
+/// resumed watch lists nothing. An event the store refuses goes to `on_refused` (not
+/// to `on_event`) and stops the watch until a backoff passes (see above).
 pub(crate) async fn drive_restartable<K, S>(
     watch: Watch<K, S>,
     cancel: CancellationToken,
     restart: &tokio::sync::Notify,
     mut on_event: impl FnMut(&watcher::Event<K>),
     mut on_error: impl FnMut(&watcher::Error),
+    mut on_refused: impl FnMut(&OverCap, Duration),
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     S: Store<K>,
@@ -128,6 +157,7 @@ pub(crate) async fn drive_restartable<K, S>(
     let mut stream = start();
     let mut backoff = WatchBackoff::default();
     let mut wait = None;
+    let mut refused_wait = REFUSED_BACKOFF_MIN;
     loop {
         // After an error: wait (kube's watcher retries at once), still stoppable and
         // restartable.
@@ -159,7 +189,24 @@ pub(crate) async fn drive_restartable<K, S>(
                     | watcher::Event::InitApply(o) => strip(o),
                     watcher::Event::Init | watcher::Event::InitDone => {}
                 }
-                store.apply(&ev);
+                if let Err(over) = store.try_apply(&ev) {
+                    on_refused(&over, refused_wait);
+                    // Dropping the stream ends its requests: the list stops here.
+                    drop(std::mem::replace(
+                        &mut stream,
+                        futures::stream::pending().boxed(),
+                    ));
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(refused_wait) => {}
+                    }
+                    refused_wait = (refused_wait * 2).min(REFUSED_BACKOFF_MAX);
+                    stream = start();
+                    continue;
+                }
+                if matches!(ev, watcher::Event::InitDone) {
+                    refused_wait = REFUSED_BACKOFF_MIN;
+                }
                 on_event(&ev);
             }
             Some(Err(e)) => {

@@ -51,6 +51,17 @@ pub struct RunArgs {
         default_value_t = 10_000
     )]
     max_mirrors_per_link: usize,
+    /// Most bytes a response of a remote apiserver may carry without a line break (a
+    /// list page is one line, a watch event one line): past it the response is dropped
+    /// and the link reports `RemoteResponseTooLarge` (0: no limit).
+    #[arg(long, env = "SERVICE_MIRROR_MAX_REMOTE_RESPONSE_BYTES", default_value_t = crate::frame_limit::DEFAULT_MAX_RESPONSE_BYTES)]
+    max_remote_response_bytes: usize,
+    /// Most bytes of remote Services one link caches, a relist in progress included:
+    /// past it the list is dropped, mirrors stay as they are, the link reports
+    /// `RemoteTooLarge` and lists again after a backoff (1 min doubling to 10 min)
+    /// (0: no limit).
+    #[arg(long, env = "SERVICE_MIRROR_MAX_REMOTE_CACHE_BYTES", default_value_t = crate::link_controller::DEFAULT_MAX_REMOTE_CACHE_BYTES)]
+    max_remote_cache_bytes: usize,
     /// Which endpoint objects mirrors carry: `endpoints` (kube-controller-manager mirrors
     /// them into EndpointSlices), `endpointslices` (ours only), or `both` (our slices, and
     /// Endpoints labelled skip-mirror for tools that read them).
@@ -235,6 +246,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             probe_timeout: args.probe_timeout,
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
+            max_remote_response_bytes: args.max_remote_response_bytes,
+            max_remote_cache_bytes: (args.max_remote_cache_bytes > 0)
+                .then_some(args.max_remote_cache_bytes),
             endpoints_mode: args.endpoints_mode,
             enable_headless_services: args.enable_headless_services,
             headless_hostname_from_target_ref: args.headless_hostname_from_target_ref,

@@ -8,7 +8,14 @@
 //! memory. Objects are read once per reconcile of their key, and decoding one takes a
 //! few microseconds, next to the milliseconds of the write it leads to. The JSON is
 //! lossless: an update still PUTs the whole cached object with our changes.
+//!
+//! The remote Services cache has a cap in bytes (`--max-remote-cache-bytes`): a remote
+//! is untrusted, and one listing 300,000 Services would otherwise grow the one process
+//! past its memory limit, killing every link with it. An object that would pass the
+//! cap is refused: a list in progress is dropped, the last complete content stays (no
+//! mirror changes because of it), and the caller stops the watch (watches.rs).
 
+use crate::watch::OverCap;
 use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -22,16 +29,42 @@ use std::sync::Arc;
 type Key = (String, String);
 type Objects = HashMap<Key, Box<[u8]>>;
 
+/// The default of `--max-remote-cache-bytes`: 48 MiB per link. A stripped exported
+/// Service costs about 450 bytes here (JSON, key, map slot: measured below), so 48 MiB
+/// holds about 110,000 remote Services, eleven times Kubernetes' tested 10,000 per
+/// cluster. A link's cache never passes it, a relist in progress included (both lists
+/// are in memory until the new one completes), so a remote relists whole up to about
+/// 55,000 Services: tests/scale.rs's 50,000 (45 MB while relisting) fit, which 32 MiB
+/// would refuse. Measured (tests/hostile_apiserver.rs, debug build, a remote listing
+/// 500,000 Services beside a second, small link): refused at the 48 MiB cap the process
+/// peaked at 120 MiB of RSS, at a 32 MiB cap at 104 MiB; about one byte of RSS per
+/// cached byte over a ~72 MiB base (the process, a list page being decoded). By that
+/// slope three links at their cap come to about 215 MiB, under the install's 256 MiB.
+pub const DEFAULT_MAX_REMOTE_CACHE_BYTES: usize = 48 << 20;
+
+/// What an entry costs besides its JSON: the key's two strings and a map slot
+/// (measured with the allocator's rounding: about 64 bytes plus the names).
+const ENTRY_OVERHEAD: usize = 64;
+
+fn entry_bytes(key: &Key, json: &[u8]) -> usize {
+    ENTRY_OVERHEAD + key.0.len() + key.1.len() + json.len()
+}
+
 #[derive(Default)]
 struct State {
     objects: Objects,
     /// Objects of a (re)list in progress; they replace `objects` when it completes.
     listing: Objects,
+    /// Bytes of `objects` and of `listing` (see `entry_bytes`).
+    objects_bytes: usize,
+    listing_bytes: usize,
 }
 
 /// A cache of objects of kind `K` by namespace and name. Cheap to clone (shared).
 pub(crate) struct Cache<K> {
     state: Arc<RwLock<State>>,
+    /// Most bytes `objects` and `listing` hold together (`None`: no cap).
+    cap: Option<usize>,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -39,6 +72,7 @@ impl<K> Clone for Cache<K> {
     fn clone(&self) -> Self {
         Self {
             state: self.state.clone(),
+            cap: self.cap,
             _kind: PhantomData,
         }
     }
@@ -48,8 +82,26 @@ impl<K> Default for Cache<K> {
     fn default() -> Self {
         Self {
             state: Arc::default(),
+            cap: None,
             _kind: PhantomData,
         }
+    }
+}
+
+impl<K> Cache<K> {
+    /// An empty cache that refuses objects past `cap` bytes (`None`: no cap).
+    pub(crate) fn with_cap(cap: Option<usize>) -> Self {
+        Self {
+            cap,
+            ..Self::default()
+        }
+    }
+
+    /// The bytes held, a list in progress included.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        let state = self.state.read();
+        state.objects_bytes + state.listing_bytes
     }
 }
 
@@ -124,26 +176,56 @@ where
     /// Applies a watch event, with the semantics of kube's reflector store: a list
     /// (`Init` .. `InitDone`) replaces the whole content when it completes.
     pub(crate) fn apply_watcher_event(&self, event: &watcher::Event<K>) {
+        // An uncapped cache never refuses; a capped one is fed by `try_apply`.
+        let _ = self.try_apply(event);
+    }
+
+    /// [`Cache::apply_watcher_event`], refusing an object that would take the cache
+    /// past its cap: the object is not stored, a list in progress is dropped, and the
+    /// last complete content stays as it was.
+    pub(crate) fn try_apply(&self, event: &watcher::Event<K>) -> Result<(), OverCap> {
+        let mut state = self.write();
+        let state = &mut *state;
         match event {
-            watcher::Event::Apply(obj) => {
-                if let Some(bytes) = Self::encode(obj) {
-                    self.write().objects.insert(key_of(obj), bytes);
+            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+                let Some(bytes) = Self::encode(obj) else {
+                    return Ok(());
+                };
+                let key = key_of(obj);
+                let total = state.objects_bytes + state.listing_bytes;
+                let (map, held) = match event {
+                    watcher::Event::InitApply(_) => (&mut state.listing, &mut state.listing_bytes),
+                    _ => (&mut state.objects, &mut state.objects_bytes),
+                };
+                let replaced = map.get(&key).map_or(0, |old| entry_bytes(&key, old));
+                let added = entry_bytes(&key, &bytes);
+                let would_hold = total - replaced + added;
+                if let Some(cap) = self.cap
+                    && would_hold > cap
+                {
+                    state.listing = Objects::new();
+                    state.listing_bytes = 0;
+                    return Err(OverCap { cap, would_hold });
                 }
+                map.insert(key, bytes);
+                *held = *held - replaced + added;
             }
             watcher::Event::Delete(obj) => {
-                self.write().objects.remove(&key_of(obj));
-            }
-            watcher::Event::Init => self.write().listing = Objects::new(),
-            watcher::Event::InitApply(obj) => {
-                if let Some(bytes) = Self::encode(obj) {
-                    self.write().listing.insert(key_of(obj), bytes);
+                let key = key_of(obj);
+                if let Some(old) = state.objects.remove(&key) {
+                    state.objects_bytes -= entry_bytes(&key, &old);
                 }
             }
+            watcher::Event::Init => {
+                state.listing = Objects::new();
+                state.listing_bytes = 0;
+            }
             watcher::Event::InitDone => {
-                let mut state = self.write();
                 state.objects = std::mem::take(&mut state.listing);
+                state.objects_bytes = std::mem::take(&mut state.listing_bytes);
             }
         }
+        Ok(())
     }
 }
 
@@ -153,6 +235,10 @@ where
 {
     fn apply(&mut self, ev: &watcher::Event<K>) {
         self.apply_watcher_event(ev);
+    }
+
+    fn try_apply(&mut self, ev: &watcher::Event<K>) -> Result<(), OverCap> {
+        Cache::try_apply(self, ev)
     }
 }
 
@@ -200,5 +286,83 @@ mod tests {
         let mut names = Vec::new();
         cache.for_each(|s| names.push(s.metadata.name.clone()));
         assert_eq!(names, vec![Some("new".to_string())]);
+    }
+
+    #[test]
+    fn a_stripped_exported_service_costs_a_few_hundred_bytes() {
+        // As a real apiserver lists an exported Service (tests/scale.rs's shape).
+        let mut svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "s04999", "namespace": "scale-1234567890-0", "resourceVersion": "1234567",
+                "uid": "0b6f3c55-8e4a-4a1e-9a3c-3f2b8c1d2e4f", "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {"mirror.linkerd.io/gateway-name": "gw", "mirror.linkerd.io/gateway-ns": "scale-1234567890-0"},
+                "managedFields": [{"manager": "scale", "operation": "Update", "apiVersion": "v1",
+                    "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"clusterIP": "None", "clusterIPs": ["None"], "type": "ClusterIP", "sessionAffinity": "None",
+                "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "internalTrafficPolicy": "Cluster",
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 80}]},
+            "status": {"loadBalancer": {}}
+        }))
+        .unwrap();
+        super::super::strip::strip_remote(&mut svc);
+        let cache = Cache::<Service>::default();
+        cache.apply_watcher_event(&watcher::Event::Apply(svc));
+        // The default cap's doc comment counts on this (measured: 446).
+        assert!(
+            (400..=500).contains(&cache.bytes()),
+            "{} bytes",
+            cache.bytes()
+        );
+    }
+
+    #[test]
+    fn a_capped_cache_refuses_past_the_cap_and_keeps_its_last_complete_content() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let one = {
+            let c = Cache::<Service>::default();
+            c.apply_watcher_event(&Apply(svc("ns", "s0", "1")));
+            c.bytes()
+        };
+        // Room for three objects, a list in progress included.
+        let cache = Cache::<Service>::with_cap(Some(3 * one));
+        for ev in [
+            Init,
+            InitApply(svc("ns", "s0", "1")),
+            InitApply(svc("ns", "s1", "1")),
+            InitDone,
+        ] {
+            cache.try_apply(&ev).unwrap();
+        }
+        assert_eq!((cache.len(), cache.bytes()), (2, 2 * one));
+        // A relist: the two listed so far and the two kept would be four.
+        cache.try_apply(&Init).unwrap();
+        cache.try_apply(&InitApply(svc("ns", "s0", "2"))).unwrap();
+        let refused = cache
+            .try_apply(&InitApply(svc("ns", "s1", "2")))
+            .unwrap_err();
+        assert_eq!(
+            refused,
+            OverCap {
+                cap: 3 * one,
+                would_hold: 4 * one
+            }
+        );
+        // The list in progress is dropped; the complete content is untouched.
+        assert_eq!((cache.len(), cache.bytes()), (2, 2 * one));
+        let kept = cache.get(&ObjectRef::new("s0").within("ns")).unwrap();
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("1"));
+        // A watch event: a replacement costs nothing new, a fourth object is refused.
+        cache.try_apply(&Apply(svc("ns", "s1", "3"))).unwrap();
+        cache.try_apply(&Apply(svc("ns", "s2", "1"))).unwrap();
+        assert!(cache.try_apply(&Apply(svc("ns", "s3", "1"))).is_err());
+        assert_eq!(cache.len(), 3);
+        cache.try_apply(&Delete(svc("ns", "s2", "1"))).unwrap();
+        assert_eq!(cache.bytes(), 2 * one);
+        // Uncapped caches (the local ones) never refuse.
+        let uncapped = Cache::<Service>::default();
+        for i in 0..100 {
+            uncapped
+                .try_apply(&Apply(svc("ns", &format!("s{i}"), "1")))
+                .unwrap();
+        }
     }
 }

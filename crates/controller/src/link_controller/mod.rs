@@ -29,6 +29,7 @@ mod strip;
 mod watches;
 mod workers;
 
+pub use cache::DEFAULT_MAX_REMOTE_CACHE_BYTES;
 pub use link_status::CONTROLLER_NAME;
 pub use options::{LinkConfig, LinkDeps};
 pub(crate) use queue::{Outcome, WorkQueue};
@@ -191,7 +192,7 @@ impl LinkController {
                 )))
             }),
             refused_hostnames: Default::default(),
-            remote: cache::Cache::default(),
+            remote: cache::Cache::with_cap(config.max_remote_cache_bytes),
             local_services: cache::Cache::default(),
             local_endpoints: cache::Cache::default(),
             local_slices: cache::Cache::default(),

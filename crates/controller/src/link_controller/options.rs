@@ -56,6 +56,12 @@ pub struct LinkConfig {
     /// A headless Service's address without `hostname` takes its `targetRef.name`
     /// (`--headless-hostname-from-target-ref`, Linkerd #10916).
     pub headless_hostname_from_target_ref: bool,
+    /// Most bytes a response of the remote may carry without a newline
+    /// (`--max-remote-response-bytes`; 0: no limit): see frame_limit.rs.
+    pub max_remote_response_bytes: usize,
+    /// Most bytes of the remote Services cache, a list in progress included
+    /// (`--max-remote-cache-bytes`; `None`: no limit): see cache.rs.
+    pub max_remote_cache_bytes: Option<usize>,
 }
 
 impl Default for LinkConfig {
@@ -77,6 +83,8 @@ impl Default for LinkConfig {
             federated_selector: None,
             enable_headless_services: false,
             headless_hostname_from_target_ref: false,
+            max_remote_response_bytes: crate::frame_limit::DEFAULT_MAX_RESPONSE_BYTES,
+            max_remote_cache_bytes: Some(super::cache::DEFAULT_MAX_REMOTE_CACHE_BYTES),
         }
     }
 }

@@ -403,16 +403,19 @@ async fn watch_holds(remote: &Api<Service>) -> Option<Result<(), String>> {
     };
     let version = list.metadata.resource_version.unwrap_or_default();
     let wp = kube::api::WatchParams::default().timeout(WATCH_PROBE);
+    // The reason carries the remote's text (a Status message of any size, logged and in
+    // the condition): bounded and cleaned as every remote text.
+    let text = |e: &dyn std::fmt::Display| crate::links::sanitize_remote_text(&e.to_string());
     let watch = async {
         let started = Instant::now();
         let stream = remote
             .watch_metadata(&wp, &version)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| text(&e))?;
         futures::pin_mut!(stream);
-        while let Some(ev) = stream.try_next().await.map_err(|e| e.to_string())? {
+        while let Some(ev) = stream.try_next().await.map_err(|e| text(&e))? {
             if let kube::api::WatchEvent::Error(e) = ev {
-                return Err(format!("watch error: {e}"));
+                return Err(format!("watch error: {}", text(&e)));
             }
         }
         // A proxy closing watches may end them cleanly, but early.

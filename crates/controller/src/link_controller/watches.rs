@@ -15,7 +15,7 @@ use super::reconcile::Reconciler;
 use super::remote_state::RemoteHealth;
 use super::strip::{strip_managed_fields, strip_remote, strip_remote_keeping_metadata};
 use super::{Synced, WorkQueue};
-use crate::watch::{Store, Watch, drive, drive_restartable, keep_all};
+use crate::watch::{OverCap, Store, Watch, drive, drive_restartable, keep_all};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
@@ -53,6 +53,9 @@ pub(super) struct RemoteEvents {
     pub(super) health: Arc<RemoteHealth>,
     /// The link's mirrors (how many a list would delete).
     pub(super) local_services: Cache<Service>,
+    /// A refusal of the remote's size (the cache cap, or a response over the frame
+    /// limit) was said since the remote's last complete list: said once per link.
+    pub(super) too_large: AtomicBool,
     /// This link's feed of federated members, if any.
     pub(super) federation: Option<crate::federation::LinkFeed>,
 }
@@ -97,7 +100,45 @@ impl RemoteEvents {
         };
         let health = self.health.clone();
         let (on_event, on_error) = (|ev: &_| self.on_event(ev), |e: &_| self.on_error(e));
-        drive_restartable(watch, cancel, &health.relist, on_event, on_error).await
+        let on_refused = |over: &OverCap, wait| self.over_cap(over, wait);
+        drive_restartable(
+            watch,
+            cancel,
+            &health.relist,
+            on_event,
+            on_error,
+            on_refused,
+        )
+        .await
+    }
+
+    /// The remote Services would pass the cache cap: the list in progress was dropped,
+    /// the last complete content (and so every mirror) stays, and the watch is tried
+    /// again after `wait`. Said once until a complete list fits.
+    fn over_cap(&self, over: &OverCap, wait: std::time::Duration) {
+        let cluster = &self.cluster;
+        let services = self.remote.len();
+        tracing::debug!(%cluster, cap = over.cap, would_hold = over.would_hold, wait_s = wait.as_secs(), "remote services over the cache cap");
+        if self.too_large.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let note = format!(
+            "the remote services of cluster {cluster} would take more than the cache cap of {} bytes of this link (--max-remote-cache-bytes): the list was dropped, mirrors stay exactly as they were ({services} remote services kept from the last complete list), and the remote is listed again after a backoff starting at {} s",
+            over.cap,
+            wait.as_secs()
+        );
+        self.said_too_large("RemoteTooLarge", note);
+    }
+
+    /// Says a refusal of the remote's size: a warning, the reason counted (by link),
+    /// a Warning Event on the link object.
+    fn said_too_large(&self, reason: &'static str, note: String) {
+        tracing::warn!(cluster = %self.cluster, reason, "{note}");
+        if let Some(link) = self.report.link.clone() {
+            self.metrics.link_refused(&link, reason);
+            let writer = self.report.writer.clone();
+            tokio::spawn(async move { writer.record(&link, reason, "Watch", note).await });
+        }
     }
 
     fn on_event(&self, ev: &watcher::Event<Service>) {
@@ -114,6 +155,10 @@ impl RemoteEvents {
         }
         if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
             self.metrics.remote_synced_now();
+        }
+        // A complete list fits again: a later refusal is news.
+        if matches!(ev, watcher::Event::InitDone) {
+            self.too_large.store(false, Ordering::SeqCst);
         }
         if let Some(feed) = &self.federation {
             feed.remote_event(ev);
@@ -148,12 +193,23 @@ impl RemoteEvents {
             feed.failed();
         }
         if self.connected.swap(false, Ordering::SeqCst) {
-            tracing::warn!(cluster = %self.cluster, error = %e, "remote watch failed; retrying with backoff, mirrors kept");
+            // The error carries the remote's text (a Status message of any size):
+            // bounded and cleaned as every remote text.
+            let error = crate::links::sanitize_remote_text(&e.to_string());
+            tracing::warn!(cluster = %self.cluster, %error, "remote watch failed; retrying with backoff, mirrors kept");
         }
         if let Some(code) = refusal(e)
             && self.refused.swap(code, Ordering::SeqCst) != code
         {
             self.refused_now(code);
+        }
+        if crate::frame_limit::is_frame_too_large(e) && !self.too_large.swap(true, Ordering::SeqCst)
+        {
+            let note = format!(
+                "the remote apiserver of cluster {} sent a response with more bytes without a line break than the limit (--max-remote-response-bytes): it was dropped unread, mirrors are kept as they are and the watch is retried with backoff",
+                self.cluster
+            );
+            self.said_too_large("RemoteResponseTooLarge", note);
         }
     }
 
@@ -191,10 +247,15 @@ struct RemoteStore(Cache<Service>, Arc<RemoteHealth>);
 
 impl Store<Service> for RemoteStore {
     fn apply(&mut self, ev: &watcher::Event<Service>) {
+        let _ = self.try_apply(ev);
+    }
+
+    fn try_apply(&mut self, ev: &watcher::Event<Service>) -> Result<(), OverCap> {
         if matches!(ev, watcher::Event::InitDone) {
             self.1.list_arriving();
         }
-        self.0.apply(ev);
+        // InitDone adds nothing: only an object is ever refused, before its list ends.
+        self.0.try_apply(ev)
     }
 }
 
@@ -489,6 +550,7 @@ pub(super) fn spawn(
         refused: AtomicU16::new(0),
         health: rec.health.clone(),
         local_services: rec.local_services.clone(),
+        too_large: AtomicBool::new(false),
         federation: shared.federation,
     };
     let slice_events =

@@ -11,17 +11,23 @@ use std::time::Duration;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Builds a client for the link (its requests counted in `metrics` under the link's
-/// cluster name) and checks it may list Services on the remote. The kubeconfig is
+/// cluster name, each response body bounded to `max_frame` bytes a line: see
+/// frame_limit.rs) and checks it may list Services on the remote. The kubeconfig is
 /// checked again here, where the client is built, whatever the caller checked.
-pub async fn connect(spec: &LinkSpec, metrics: &ClientMetrics) -> Result<kube::Client, LinkError> {
+pub async fn connect(
+    spec: &LinkSpec,
+    metrics: &ClientMetrics,
+    max_frame: usize,
+) -> Result<kube::Client, LinkError> {
     let kc = spec.checked_kubeconfig()?;
     let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .map_err(|e| LinkError::InvalidKubeconfig(redact(&e.to_string())))?;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(295));
-    let client = crate::kube_client::build(config, &spec.link().cluster_name, metrics)
-        .map_err(|e| classify(&e))?;
+    let client =
+        crate::kube_client::build_remote(config, &spec.link().cluster_name, metrics, max_frame)
+            .map_err(|e| classify(&e))?;
     let api = Api::<Service>::all(client.clone());
     let lp = ListParams::default().limit(1);
     match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await {
@@ -111,7 +117,7 @@ current-context: east
     #[tokio::test]
     async fn connect_checks_again_and_refuses_a_spec_that_skipped_the_parse() {
         let unsafe_spec = LinkSpec::unchecked_for_tests(Link::new("east", None), KUBECONFIG);
-        let err = connect(&unsafe_spec, &ClientMetrics::default())
+        let err = connect(&unsafe_spec, &ClientMetrics::default(), 1 << 20)
             .await
             .err()
             .expect("refused");
@@ -121,7 +127,7 @@ current-context: east
             "    token: t",
         );
         let insecure_spec = LinkSpec::unchecked_for_tests(Link::new("east", None), &insecure);
-        let err = connect(&insecure_spec, &ClientMetrics::default())
+        let err = connect(&insecure_spec, &ClientMetrics::default(), 1 << 20)
             .await
             .err()
             .expect("refused");

@@ -815,7 +815,13 @@ impl Inner {
         // A background cleanup of an earlier link of this cluster must not delete the
         // mirrors of this one.
         self.cleanups.cancel(&cluster);
-        let client = match connect(&spec, &self.metrics().client).await {
+        let client = match connect(
+            &spec,
+            &self.metrics().client,
+            self.opts.config.max_remote_response_bytes,
+        )
+        .await
+        {
             Ok(c) => {
                 self.failing.lock().remove(key);
                 self.failing_clusters.lock().remove(key);
@@ -874,7 +880,13 @@ impl Inner {
     /// before the old stops, so no mirror is deleted or flaps.
     async fn rotate(&self, key: &SourceKey, source: &SourceObject<'_>, spec: LinkSpec) -> Outcome {
         let cluster = spec.link().cluster_name.clone();
-        let client = match connect(&spec, &self.metrics().client).await {
+        let client = match connect(
+            &spec,
+            &self.metrics().client,
+            self.opts.config.max_remote_response_bytes,
+        )
+        .await
+        {
             Ok(c) => c,
             Err(e) => {
                 self.report(source, &e).await;

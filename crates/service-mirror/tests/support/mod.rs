@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod controller;
+pub(crate) mod hostile_apiserver;
 pub(crate) mod links;
 pub(crate) mod resolver;
 

@@ -50,10 +50,14 @@ async fn crd_state(client: &kube::Client) -> anyhow::Result<CrdState> {
 }
 
 async fn probe(spec: &LinkSpec) -> Result<(), String> {
-    connect(spec, &ClientMetrics::default())
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string())
+    connect(
+        spec,
+        &ClientMetrics::default(),
+        crate::frame_limit::DEFAULT_MAX_RESPONSE_BYTES,
+    )
+    .await
+    .map(drop)
+    .map_err(|e| e.to_string())
 }
 
 /// Links and link Secrets of `namespace`, parsed and (when parsed) connected to.
