@@ -6,10 +6,12 @@
 //! annotations; Linkerd's `Link` resources select by label, through the Link's one
 //! gateway.
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::gateway::{GatewayRef, exported_gateway};
 use super::namespaces::NamespaceFilter;
+use super::naming::is_dns1123_label;
 use super::selector::Selector;
 
 /// How a remote Service says it is exported.
@@ -47,6 +49,14 @@ pub struct ExportPolicy {
 pub enum Refusal {
     /// No ports: a ClusterIP mirror Service needs at least one.
     NoPorts,
+    /// A name or namespace the local apiserver would refuse (a real remote validates
+    /// them, a hostile one need not): its mirror could never be created.
+    InvalidName,
+    /// A port the local apiserver would refuse: a number outside 1-65535, a protocol
+    /// other than TCP, UDP and SCTP, a name that is no DNS-1123 label or is used twice,
+    /// an unnamed port among several, a target port that is neither 1-65535 nor a
+    /// port name.
+    InvalidPorts,
 }
 
 impl Refusal {
@@ -54,6 +64,19 @@ impl Refusal {
     pub fn reason(self) -> &'static str {
         match self {
             Refusal::NoPorts => "unmirrorable",
+            Refusal::InvalidName => "invalid_name",
+            Refusal::InvalidPorts => "invalid_ports",
+        }
+    }
+
+    /// What an operator reads (no remote text in it).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Refusal::NoPorts => "the Service has no ports",
+            Refusal::InvalidName => "its name or namespace is not a valid Kubernetes name",
+            Refusal::InvalidPorts => {
+                "a port is invalid (number outside 1-65535, unknown protocol, bad or repeated name, unnamed among several, or bad target port)"
+            }
         }
     }
 }
@@ -103,11 +126,11 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
         } => {
             let labels = service.metadata.labels.as_ref();
             if remote_discovery.matches(labels) {
-                return match has_ports(service) {
-                    true => ExportDecision::RemoteDiscovery,
-                    false => ExportDecision::Refused {
+                return match refusal(service) {
+                    None => ExportDecision::RemoteDiscovery,
+                    Some(reason) => ExportDecision::Refused {
                         gateway: gateway.clone(),
-                        reason: Refusal::NoPorts,
+                        reason,
                     },
                 };
             }
@@ -117,22 +140,76 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
     let Some(gateway) = gateway else {
         return ExportDecision::NotExported;
     };
-    if has_ports(service) {
-        ExportDecision::Mirror(gateway)
-    } else {
-        ExportDecision::Refused {
-            gateway,
-            reason: Refusal::NoPorts,
-        }
+    match refusal(service) {
+        None => ExportDecision::Mirror(gateway),
+        Some(reason) => ExportDecision::Refused { gateway, reason },
     }
 }
 
-fn has_ports(service: &Service) -> bool {
-    service
+/// Why an exported `service` cannot be mirrored, if it cannot.
+fn refusal(service: &Service) -> Option<Refusal> {
+    let ports = service
         .spec
         .as_ref()
-        .and_then(|s| s.ports.as_ref())
-        .is_some_and(|p| !p.is_empty())
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default();
+    if ports.is_empty() {
+        return Some(Refusal::NoPorts);
+    }
+    let name = service.metadata.name.as_deref().unwrap_or_default();
+    let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
+    if !is_service_name(name) || !is_dns1123_label(namespace) {
+        return Some(Refusal::InvalidName);
+    }
+    (!ports_valid(ports)).then_some(Refusal::InvalidPorts)
+}
+
+/// A Service name as the apiserver validates it: a DNS-1035 label (at most 63
+/// characters; [`crate::mirror_name`] shortens the mirror's name when the cluster
+/// suffix makes it longer).
+fn is_service_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// The rules the apiserver applies to a Service's ports (the mirror copies name,
+/// protocol, port and target port).
+fn ports_valid(ports: &[ServicePort]) -> bool {
+    let mut names = std::collections::BTreeSet::new();
+    ports.iter().all(|p| {
+        let named = match p.name.as_deref().filter(|n| !n.is_empty()) {
+            Some(n) => is_dns1123_label(n) && names.insert(n),
+            None => ports.len() == 1,
+        };
+        let target = match &p.target_port {
+            None => true,
+            Some(IntOrString::Int(t)) => (0..=65535).contains(t),
+            Some(IntOrString::String(t)) => is_port_name(t),
+        };
+        named
+            && (1..=65535).contains(&p.port)
+            && target
+            && matches!(p.protocol.as_deref(), None | Some("TCP" | "UDP" | "SCTP"))
+    })
+}
+
+/// An IANA service name, as a named target port must be: at most 15 characters of
+/// lowercase letters, digits and single inner `-`, with at least one letter.
+fn is_port_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 15
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().any(u8::is_ascii_lowercase)
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+        && !name.contains("--")
 }
 
 #[cfg(test)]
@@ -162,6 +239,8 @@ mod tests {
                 ports: ports.map(|n| {
                     (0..n)
                         .map(|i| ServicePort {
+                            // Several ports must be named (the apiserver's rule).
+                            name: (n > 1).then(|| format!("p{i}")),
                             port: 80 + i as i32,
                             ..ServicePort::default()
                         })
@@ -486,5 +565,135 @@ mod tests {
             Some(&link_gw())
         );
         assert_eq!(ExportRule::default(), ExportRule::GatewayAnnotations);
+    }
+
+    fn exported_with(name: &str, ns: &str, ports: serde_json::Value) -> Service {
+        let mut s: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"ports": ports},
+        }))
+        .unwrap();
+        s.metadata.annotations = Some(
+            EXPORTED
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        s
+    }
+
+    #[test]
+    fn what_a_hostile_remote_sends_and_an_apiserver_would_refuse_is_refused_by_its_reason() {
+        use serde_json::json;
+        let http = json!([{"name": "http", "port": 80}]);
+        let (long, too_long, long_ns) = ("a".repeat(63), "a".repeat(64), "s".repeat(64));
+        let cases = [
+            // (name, namespace, ports, refusal)
+            ("web", "shop", http.clone(), None),
+            ("w", "shop", json!([{"port": 8080}]), None),
+            (long.as_str(), "shop", http.clone(), None),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 80, "protocol": "UDP"}, {"name": "b", "port": 80, "protocol": "SCTP"}]),
+                None,
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 80, "targetPort": "http-alt"}, {"name": "b", "port": 81, "targetPort": 9000}]),
+                None,
+            ),
+            ("web", "shop", json!([]), Some(Refusal::NoPorts)),
+            (
+                "ünïcødé-☃",
+                "shop",
+                http.clone(),
+                Some(Refusal::InvalidName),
+            ),
+            ("Web", "shop", http.clone(), Some(Refusal::InvalidName)),
+            ("1web", "shop", http.clone(), Some(Refusal::InvalidName)),
+            ("web-", "shop", http.clone(), Some(Refusal::InvalidName)),
+            (
+                too_long.as_str(),
+                "shop",
+                http.clone(),
+                Some(Refusal::InvalidName),
+            ),
+            ("web", "Shop", http.clone(), Some(Refusal::InvalidName)),
+            (
+                "web",
+                long_ns.as_str(),
+                http.clone(),
+                Some(Refusal::InvalidName),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 0}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 70000}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 80}, {"name": "a", "port": 81}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"port": 80}, {"port": 81}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "HTTP", "port": 80}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 80, "protocol": "ICMP"}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 80, "targetPort": 70000}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 80, "targetPort": "a-very-long-port-name"}]),
+                Some(Refusal::InvalidPorts),
+            ),
+            (
+                "web",
+                "shop",
+                json!([{"name": "a", "port": 80, "targetPort": "8080"}]),
+                Some(Refusal::InvalidPorts),
+            ),
+        ];
+        let policy = ExportPolicy::default();
+        let gw = GatewayRef::new("mc", "gw");
+        for (name, ns, ports, want) in cases {
+            let got = export_decision(&exported_with(name, ns, ports.clone()), &policy);
+            let want = match want {
+                None => ExportDecision::Mirror(gw.clone()),
+                Some(reason) => ExportDecision::Refused {
+                    gateway: gw.clone(),
+                    reason,
+                },
+            };
+            assert_eq!(got, want, "{name} in {ns} with {ports}");
+        }
     }
 }

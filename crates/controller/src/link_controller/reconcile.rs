@@ -26,7 +26,7 @@ use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use service_mirror_core::{
     Action, EndpointsMode, ExportDecision, ExportPolicy, ExportRule, Link,
-    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Refusal, RemoteState, Route, ServiceKey, desired_mirror,
+    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, RemoteState, Route, ServiceKey, desired_mirror,
     desired_slices, export_decision, is_mirrored_slice, mirrored_slice_selector,
     mirroring_overflow, remote_discovery_mirror, slice_routes, stale_effect, stale_gateway,
 };
@@ -180,9 +180,7 @@ fn observed(g: &Gathered) -> Option<Observed> {
         return None;
     }
     Some(match &g.export {
-        Some(ExportDecision::Refused { reason, .. }) => Observed::Invalid(match reason {
-            Refusal::NoPorts => "the Service has no ports".into(),
-        }),
+        Some(ExportDecision::Refused { reason, .. }) => Observed::Invalid(reason.describe().into()),
         Some(ExportDecision::Mirror(_) | ExportDecision::RemoteDiscovery) => Observed::Mirrored {
             local: g
                 .desired
@@ -717,8 +715,20 @@ impl Reconciler {
                 release_slot,
             } => {
                 // Refuse it visibly and touch nothing: an existing mirror stays as it was.
-                tracing::warn!(%cluster, %key, reason = reason.reason(), "exported service cannot be mirrored (it has no ports)");
+                // The key's text comes from the remote (a hostile one sends what an
+                // apiserver would refuse): bounded and cleaned before it is said.
+                let service = crate::links::sanitize_remote_text(&key.to_string());
+                tracing::warn!(%cluster, %service, reason = reason.reason(), "exported service cannot be mirrored: {}", reason.describe());
                 self.metrics.error(reason.reason());
+                if let Some(link) = &self.link_secret {
+                    let note = format!(
+                        "exported service {service} of cluster {cluster} is not mirrored: {}",
+                        reason.describe()
+                    );
+                    self.writer
+                        .record(link, "InvalidService", "Mirror", note)
+                        .await;
+                }
                 if release_slot {
                     self.release_slot(key);
                 }
