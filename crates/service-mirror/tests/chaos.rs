@@ -542,7 +542,8 @@ async fn chaos_converges_and_keeps_every_invariant() {
     let mut monitor = Monitor::new(
         local.audit_log(),
         Remit {
-            user: format!("system:serviceaccount:{CTL_NS}:{CTL_SA}"),
+            users: vec![format!("system:serviceaccount:{CTL_NS}:{CTL_SA}")],
+            leader_lease: None,
             controller_namespace: CTL_NS.into(),
             clusters: remotes.iter().map(|r| r.name.clone()).collect(),
             namespaces: NamespaceFilter::allow_only(NAMESPACES),

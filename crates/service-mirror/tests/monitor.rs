@@ -76,7 +76,8 @@ async fn the_monitor_reports_each_kind_of_breach_by_the_controllers_identity_and
     let mut m = Monitor::new(
         cluster.audit_log(),
         Remit {
-            user: "system:serviceaccount:sm:ctl".into(),
+            users: vec!["system:serviceaccount:sm:ctl".into()],
+            leader_lease: None,
             controller_namespace: "sm".into(),
             clusters: vec!["self".into()],
             namespaces: NamespaceFilter::allow_only(["a", "sm"]),
