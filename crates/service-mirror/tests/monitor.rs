@@ -31,6 +31,7 @@ fn kinds(m: &Monitor) -> Vec<&'static str> {
             Breach::OutsideRemit(_) => "outside remit",
             Breach::DeletedWhileExported(..) => "deleted while exported",
             Breach::AfterConvergence(_) => "after convergence",
+            Breach::TwoWriters(..) => "two writers",
         })
         .collect()
 }
