@@ -130,7 +130,7 @@ pub(crate) struct Seen {
 /// What to do after reading the Lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
-    /// No Lease: create it, held by us.
+    /// No Lease: create it unheld (then take it: every term begins with a patch).
     Create,
     /// We hold it: renew it.
     Renew,
@@ -376,6 +376,8 @@ impl Campaign {
                         _ => {
                             let sent = Instant::now();
                             match self.write(step, lease).await {
+                                // Created unheld: take it on the next read, at once.
+                                Ok(()) if step == Step::Create => Instant::now(),
                                 Ok(()) => {
                                     self.term.set(Some(term_end(sent, d)));
                                     failures = 0;
@@ -410,7 +412,9 @@ impl Campaign {
         }
     }
 
-    /// Creates, renews or takes the Lease (`lease`: as read).
+    /// Creates (unheld), renews or takes the Lease (`lease`: as read). One way in, the
+    /// resourceVersion-preconditioned patch: two replicas racing on a new Lease both
+    /// create or conflict, then one patch wins.
     async fn write(&mut self, step: Step, lease: Option<Lease>) -> kube::Result<()> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let written = match (step, lease) {
@@ -421,10 +425,6 @@ impl Campaign {
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
-                        holder_identity: Some(self.opts.identity.clone()),
-                        lease_duration_seconds: Some(self.secs()),
-                        acquire_time: Some(now.clone()),
-                        renew_time: Some(now),
                         lease_transitions: Some(0),
                         ..LeaseSpec::default()
                     }),
