@@ -194,7 +194,9 @@ impl Term {
     fn set(&self, end: Option<Instant>) {
         let mut held = self.end.lock();
         *held = end;
-        self.say(end.is_some());
+        // A renewal answered after its term already ended (a pause mid-request) is no
+        // transition to leading.
+        self.say(may_write(end, Instant::now()));
         drop(held);
         self.moved.notify_one();
     }
