@@ -753,13 +753,18 @@ mod tests {
         };
         term.set(Some(Instant::now() + secs(60.0)));
         assert!(l.leading_and_update());
-        // A term that ended (a resumed process): the flag still says true, the clock no.
-        term.set(Some(Instant::now() - secs(1.0)));
+        // The clock passed the end (a resumed process; the same as moving the end back):
+        // the flag still says true, the clock no.
+        *term.end.lock() = Some(Instant::now() - secs(1.0));
         assert!(*l.said.borrow());
         assert!(!l.leading());
         // The expiry task's flip is a transition followers see.
         term.expire(Instant::now());
         l.changed().await.unwrap();
         assert!(!l.leading_and_update());
+        // A renewal answered after its term already ended is no transition.
+        term.set(Some(Instant::now() - secs(1.0)));
+        assert!(!*l.said.borrow());
+        assert!(!l.leading());
     }
 }
