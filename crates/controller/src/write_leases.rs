@@ -9,9 +9,11 @@
 //! with [`OWNER_LABEL`]; any other (Linkerd's own controller electing on the same name)
 //! is never written, and reported once, since two controllers would write that link.
 //! Every write carries the resourceVersion last seen, so a replica that lost the
-//! leadership cannot overwrite the new leader's claim. Losing the leadership (and
-//! shutting down) releases the Leases (holder `""`, as client-go releases); an unlinked
-//! cluster's Lease is deleted.
+//! leadership cannot overwrite the new leader's claim, and each write first reads the
+//! clock-bounded leadership (`leader.rs`): a replica whose term ended writes nothing.
+//! Shutting down while leading releases the Leases (holder `""`, as client-go
+//! releases); losing the leadership only forgets them (the new leader takes them); an
+//! unlinked cluster's Lease is deleted.
 
 use crate::backoff::Backoff;
 use crate::metrics::Metrics;
@@ -26,7 +28,6 @@ use service_mirror_core::labels::CLUSTER_NAME_LABEL;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -110,6 +111,8 @@ struct WriteLeases {
     foreign: BTreeSet<String>,
     /// Failed attempts and when to try again, by cluster.
     failing: BTreeMap<String, (u32, Instant)>,
+    /// Read before each write: a replica whose leadership ended writes nothing.
+    leader: Option<crate::leader::Leadership>,
 }
 
 /// Holds the write Leases while `leader` says so (always without election), for the
@@ -117,7 +120,7 @@ struct WriteLeases {
 pub fn spawn(
     client: kube::Client,
     opts: WriteLeaseOptions,
-    mut leader: Option<watch::Receiver<bool>>,
+    mut leader: Option<crate::leader::Leadership>,
     links: Arc<dyn Fn() -> LinkSet + Send + Sync>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -129,14 +132,17 @@ pub fn spawn(
         held: BTreeMap::new(),
         foreign: BTreeSet::new(),
         failing: BTreeMap::new(),
+        leader: leader.clone(),
     };
     tokio::spawn(async move {
         loop {
-            let leading = leader.as_mut().is_none_or(|l| *l.borrow_and_update());
+            let leading = leader.as_mut().is_none_or(|l| l.leading_and_update());
             if leading {
                 w.step(&links()).await;
             } else {
-                w.release_all().await;
+                // Not released: the leadership ended, so another replica may hold these
+                // already, and a replica that is not the leader writes nothing.
+                w.forget_all();
             }
             let changed = async {
                 match leader.as_mut() {
@@ -159,6 +165,17 @@ pub fn spawn(
 }
 
 impl WriteLeases {
+    fn may_write(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| l.leading())
+    }
+
+    /// Drops what is held without writing (the leadership ended).
+    fn forget_all(&mut self) {
+        self.held.clear();
+        self.foreign.clear();
+        self.failing.clear();
+    }
+
     fn renew_every(&self) -> Duration {
         self.opts.duration.mul_f64(2.0 / 3.0)
     }
@@ -233,6 +250,9 @@ impl WriteLeases {
             Ok(l) => l,
             Err(e) => return self.failed(cluster, "read", &e),
         };
+        if !self.may_write() {
+            return;
+        }
         let (verb, result) = match existing {
             None => {
                 let lease = Lease {
@@ -297,6 +317,9 @@ impl WriteLeases {
     }
 
     async fn renew(&mut self, cluster: &str) {
+        if !self.may_write() {
+            return;
+        }
         let Some(held) = self.held.get_mut(cluster) else {
             return;
         };
@@ -325,6 +348,9 @@ impl WriteLeases {
     }
 
     async fn delete(&mut self, cluster: &str) {
+        if !self.may_write() {
+            return;
+        }
         let Some(held) = self.held.remove(cluster) else {
             return;
         };
@@ -347,9 +373,12 @@ impl WriteLeases {
     }
 
     /// Gives every held Lease up (holder `""`, duration 1 s, as client-go releases), each
-    /// only if unchanged since our last write.
+    /// only if unchanged since our last write, and only while still leading.
     async fn release_all(&mut self) {
         for (cluster, held) in std::mem::take(&mut self.held) {
+            if !self.may_write() {
+                continue;
+            }
             let mut lease = held.lease;
             if let Some(spec) = lease.spec.as_mut() {
                 spec.holder_identity = Some(String::new());

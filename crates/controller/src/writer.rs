@@ -105,6 +105,8 @@ pub struct LocalWriter {
     /// Set for the federation's writer: objects are ours by the federated mark of
     /// this controller namespace (`is_owned_federated`), not by a cluster's labels.
     federated: Option<String>,
+    /// Leader election: mirrors are written only while leading, read at each write.
+    leader: Option<crate::leader::Leadership>,
 }
 
 impl std::fmt::Debug for LocalWriter {
@@ -169,6 +171,7 @@ impl LocalWriter {
             metrics,
             create_namespaces: true,
             federated: None,
+            leader: None,
         }
     }
 
@@ -188,6 +191,7 @@ impl LocalWriter {
             metrics,
             create_namespaces: false,
             federated: Some(controller_namespace.to_owned()),
+            leader: None,
         }
     }
 
@@ -206,6 +210,18 @@ impl LocalWriter {
         self
     }
 
+    /// The same writer, writing only while `leader` says so (`None`: always): each
+    /// write checks the clock-bounded leadership the moment before it is sent, and is
+    /// skipped as [`Applied::Stale`] otherwise (the next leader reconciles every key).
+    pub fn led_by(mut self, leader: Option<crate::leader::Leadership>) -> Self {
+        self.leader = leader;
+        self
+    }
+
+    fn leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| l.leading())
+    }
+
     fn post_params() -> PostParams {
         PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -217,6 +233,9 @@ impl LocalWriter {
     /// the cache the plan was made from: the rest of the plan is skipped, and the watch
     /// event bringing that version queues the key again.
     pub async fn execute(&self, action: &Action) -> Result<Applied> {
+        if !self.leading() {
+            return Ok(Applied::Stale);
+        }
         match action {
             Action::CreateService(s) => self.create(s).await,
             Action::UpdateService(s) => self.update(s).await,
@@ -257,6 +276,9 @@ impl LocalWriter {
     /// Creates a mirror Service, as [`LocalWriter::execute`] does, and gives the uid the
     /// apiserver assigned when it was created now: its slices name it as their owner.
     pub async fn create_service(&self, svc: &Service) -> Result<(Applied, Option<String>)> {
+        if !self.leading() {
+            return Ok((Applied::Stale, None));
+        }
         self.create_returning_uid(svc).await
     }
 

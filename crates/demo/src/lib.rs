@@ -582,7 +582,7 @@ fn merge(v: serde_json::Value) -> Patch<serde_json::Value> {
 
 fn controller_options(
     metrics: Arc<Metrics>,
-    leader: tokio::sync::watch::Receiver<bool>,
+    leader: service_mirror_controller::leader::Leadership,
 ) -> LinkManagerOptions {
     LinkManagerOptions {
         namespace: DEFAULT_NAMESPACE.into(),

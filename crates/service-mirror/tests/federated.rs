@@ -143,7 +143,10 @@ impl World {
     }
 
     /// The federation, writing only while `leader` says true (`None`: always).
-    fn federation_led(&self, leader: Option<tokio::sync::watch::Receiver<bool>>) -> Running {
+    fn federation_led(
+        &self,
+        leader: Option<service_mirror_controller::leader::Leadership>,
+    ) -> Running {
         let cancel = CancellationToken::new();
         let (federation, tasks) = Federation::start(
             self.lc.clone(),
@@ -878,7 +881,7 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
 async fn the_federation_writes_only_while_leader() {
     let mut w = World::new("fedleader").await;
     w.fake(73).await;
-    let (leader, rx) = tokio::sync::watch::channel(false);
+    let (leader, rx) = service_mirror_controller::leader::Leadership::manual(false);
     let fed = w.federation_led(Some(rx));
     fed.federation.expect(vec![]);
     let ec = w.client(&w.east).await;
@@ -1477,7 +1480,7 @@ async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_
 async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
     let mut w = World::new("fedlost").await;
     w.fake(74).await;
-    let (leader, rx) = tokio::sync::watch::channel(false);
+    let (leader, rx) = service_mirror_controller::leader::Leadership::manual(false);
     let fed = w.federation_led(Some(rx));
     fed.federation.expect(vec![]);
     let ec = w.client(&w.east).await;

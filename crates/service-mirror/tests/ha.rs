@@ -6,6 +6,8 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use local_cluster::{LocalCluster, unique_namespace};
+use service_mirror_core::NamespaceFilter;
+use service_mirror_testkit::monitor::{AuditWrite, Breach, Monitor, Remit};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use support::controller::{Controller, link_secret, reader_kubeconfig};
@@ -159,4 +161,165 @@ async fn one_replica_writes_and_the_other_takes_over_when_it_dies() {
         .map(|s| env.mirror_name(s))
         .collect();
     assert_eq!(names, want);
+}
+
+/// Sends `signal` to the controller process.
+fn signal(c: &Controller, signal: i32) {
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(c.child.id() as i32, signal) }, 0);
+}
+
+/// One step of remote churn: a new export `c{i}`, and `a`'s port changed to `8000 + i`.
+async fn churn(env: &Env, i: i32) {
+    env.export(&format!("c{i}"), "gw", &[("http", 80)]).await;
+    env.patch_remote(
+        "a",
+        serde_json::json!({"spec": {"ports": [{"name": "http", "port": 8000 + i, "protocol": "TCP"}]}}),
+    )
+    .await;
+}
+
+/// The leader Lease's name (`run --lease-name` default).
+const LEADER_LEASE: &str = "service-mirror";
+
+#[tokio::test]
+async fn a_leader_stopped_past_its_lease_writes_nothing_after_resuming_while_another_leads() {
+    const LEASE_SECS: u64 = 3;
+    let env = Env::new("ha-stop").await;
+    env.gateway("gw", 4143, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    let ctl_ns = unique_namespace("ha-stop-sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    Api::<Secret>::namespaced(env.lc.clone(), &ctl_ns)
+        .create(
+            &PostParams::default(),
+            &link_secret("link", Some(&env.cluster), Some(&kc.yaml)),
+        )
+        .await
+        .unwrap();
+    let lease = format!("{LEASE_SECS}s");
+    let flags = [
+        "--namespace-allow",
+        env.ns.as_str(),
+        "--lease-duration",
+        lease.as_str(),
+    ];
+    let user = |name: &str| format!("system:serviceaccount:{ctl_ns}:{name}");
+    let mut monitor = Monitor::new(
+        env.local.audit_log(),
+        Remit {
+            users: vec![user("replica-a"), user("replica-b")],
+            leader_lease: Some(LEADER_LEASE.into()),
+            controller_namespace: ctl_ns.clone(),
+            clusters: vec![env.cluster.clone()],
+            namespaces: NamespaceFilter::allow_only([env.ns.as_str()]),
+        },
+        vec![],
+    );
+    let id_a = replica_identity(&env.local, &ctl_ns, "replica-a").await;
+    let id_b = replica_identity(&env.local, &ctl_ns, "replica-b").await;
+    let a = Controller::spawn_as(&id_a.path, &ctl_ns, &flags, &[("POD_NAME", "replica-a")]);
+    a.wait_ready().await;
+    env.mirror_until("a", "mirrored by the first replica", |_, e| has_subsets(e))
+        .await;
+    let b = Controller::spawn_as(&id_b.path, &ctl_ns, &flags, &[("POD_NAME", "replica-b")]);
+    b.wait_ready().await;
+    let (paused, other, paused_user, other_user) = if is_leader(&a).await {
+        (&a, &b, user("replica-a"), user("replica-b"))
+    } else {
+        (&b, &a, user("replica-b"), user("replica-a"))
+    };
+    monitor.poll().await;
+    assert_eq!(monitor.holder.as_deref(), Some(paused_user.as_str()));
+
+    // The leader stops (SIGSTOP) while the remote churns; the other replica takes over.
+    signal(paused, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let mut i = 0;
+    let took_over = loop {
+        i += 1;
+        churn(&env, i).await;
+        monitor.poll().await;
+        if monitor.holder.as_deref() == Some(other_user.as_str()) {
+            break stopped.elapsed();
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(8 * LEASE_SECS),
+            "no takeover"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    env.mirror_until(
+        &format!("c{i}"),
+        "the churn mirrored by the new leader",
+        |_, e| has_subsets(e),
+    )
+    .await;
+    // Stopped for more than two lease durations, the remote changing all along.
+    while stopped.elapsed() < Duration::from_secs(2 * LEASE_SECS + 1) {
+        i += 1;
+        churn(&env, i).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    signal(paused, libc::SIGCONT);
+    let resumed = Instant::now();
+    println!(
+        "stopped {:.1?}; the other replica wrote the leader Lease {took_over:.1?} after the stop (lease {LEASE_SECS} s)",
+        resumed - stopped
+    );
+    // The resumed replica wakes to buffered watch events and expired timers.
+    while resumed.elapsed() < Duration::from_secs(4) {
+        i += 1;
+        churn(&env, i).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let last = i;
+    env.mirror_until("a", "the last port change mirrored", |s, e| {
+        service_ports(s) == [(Some("http".into()), 8000 + last)] && has_subsets(e)
+    })
+    .await;
+    for i in 1..=last {
+        env.mirror_until(&format!("c{i}"), "every export mirrored", |_, e| {
+            has_subsets(e)
+        })
+        .await;
+    }
+    assert!(is_leader(other).await, "the other replica still leads");
+    assert!(!is_leader(paused).await, "the resumed replica follows");
+
+    // From the audit log: not one write attempt (any status) by the resumed replica
+    // while the other held the leader Lease.
+    monitor.poll().await;
+    let two: Vec<String> = monitor
+        .breaches()
+        .iter()
+        .filter(|b| matches!(b, Breach::TwoWriters(..)))
+        .map(|b| b.to_string())
+        .collect();
+    let succeeded = monitor
+        .breaches()
+        .iter()
+        .filter(|b| matches!(b, Breach::TwoWriters(w, _) if (200..300).contains(&w.code)))
+        .count();
+    println!(
+        "write attempts by the resumed replica while the other led: {} ({succeeded} succeeded)",
+        two.len()
+    );
+    assert!(two.is_empty(), "two writers:\n{}", two.join("\n"));
+    let log = std::fs::read_to_string(env.local.audit_log()).unwrap();
+    let writes: Vec<AuditWrite> = log.lines().filter_map(AuditWrite::parse).collect();
+    let by = |u: &str| writes.iter().filter(|w| w.user == u).count();
+    let campaign = writes
+        .iter()
+        .filter(|w| w.user == paused_user && w.resource == "leases" && w.name == LEADER_LEASE)
+        .count();
+    println!(
+        "{} replicas' writes in the audit log: {} by the resumed one ({campaign} to the leader Lease), {} by the new leader; {} s of churn ({last} steps)",
+        by(&paused_user) + by(&other_user),
+        by(&paused_user),
+        by(&other_user),
+        stopped.elapsed().as_secs()
+    );
+    assert_eq!(monitor.holder.as_deref(), Some(other_user.as_str()));
 }

@@ -31,6 +31,7 @@ fn kinds(m: &Monitor) -> Vec<&'static str> {
             Breach::OutsideRemit(_) => "outside remit",
             Breach::DeletedWhileExported(..) => "deleted while exported",
             Breach::AfterConvergence(_) => "after convergence",
+            Breach::TwoWriters(..) => "two writers",
         })
         .collect()
 }
@@ -76,7 +77,8 @@ async fn the_monitor_reports_each_kind_of_breach_by_the_controllers_identity_and
     let mut m = Monitor::new(
         cluster.audit_log(),
         Remit {
-            user: "system:serviceaccount:sm:ctl".into(),
+            users: vec!["system:serviceaccount:sm:ctl".into()],
+            leader_lease: None,
             controller_namespace: "sm".into(),
             clusters: vec!["self".into()],
             namespaces: NamespaceFilter::allow_only(["a", "sm"]),

@@ -950,7 +950,7 @@ async fn a_replica_that_becomes_leader_while_the_remote_is_stale_asserts_it_with
     })
     .await;
     // The other replica: warm caches and its own state, no writes.
-    let (lead, leader) = tokio::sync::watch::channel(false);
+    let (lead, leader) = service_mirror_controller::leader::Leadership::manual(false);
     let deps = LinkDeps {
         metrics: Metrics::new(),
         link_secret: Some(o.link.clone()),

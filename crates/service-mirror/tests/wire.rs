@@ -254,7 +254,8 @@ impl World {
         let mut m = Monitor::new(
             west.audit_log(),
             Remit {
-                user: format!("system:serviceaccount:{ctl_ns}:service-mirror"),
+                users: vec![format!("system:serviceaccount:{ctl_ns}:service-mirror")],
+                leader_lease: None,
                 controller_namespace: ctl_ns.clone(),
                 clusters: vec!["east".into()],
                 namespaces: NamespaceFilter::allow_only(["shop"]),

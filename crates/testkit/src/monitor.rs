@@ -24,7 +24,10 @@
 //! slices are judged for ownership only: switching `--endpoints-mode` removes them
 //! rightly while the remote stays exported, and the oracle reports a missing one. Any write
 //! attempt other than a Lease renewal between [`Monitor::converged`] and
-//! [`Monitor::changing`] is [`Breach::AfterConvergence`].
+//! [`Monitor::changing`] is [`Breach::AfterConvergence`]. With several replicas
+//! ([`Remit::users`]) and [`Remit::leader_lease`] set: the holder is the last replica
+//! whose write to the leader Lease succeeded, and any state write attempt (any status)
+//! by another replica while it holds it is [`Breach::TwoWriters`].
 //!
 //! Not seen: writes by other identities (the test's own, kube-controller-manager's),
 //! reads, and the content of a write (the policy logs metadata only, so ownership is
@@ -138,6 +141,9 @@ pub enum Breach {
     DeletedWhileExported(AuditWrite, String),
     /// A write after a declared convergence point.
     AfterConvergence(AuditWrite),
+    /// A write attempt (failed ones too) by a replica while another (named) held the
+    /// leader Lease.
+    TwoWriters(AuditWrite, String),
 }
 
 impl fmt::Display for Breach {
@@ -149,6 +155,9 @@ impl fmt::Display for Breach {
                 write!(f, "mirror deleted while its remote is exported: {w}: {why}")
             }
             Self::AfterConvergence(w) => write!(f, "write after convergence: {w}"),
+            Self::TwoWriters(w, holder) => {
+                write!(f, "write by {} while {holder} leads: {w}", w.user)
+            }
         }
     }
 }
@@ -156,8 +165,12 @@ impl fmt::Display for Breach {
 /// What the controller is allowed to touch.
 #[derive(Clone, Debug)]
 pub struct Remit {
-    /// The controller's `user.username` (`system:serviceaccount:<ns>:<name>`).
-    pub user: String,
+    /// Each replica's `user.username` (`system:serviceaccount:<ns>:<name>`): all
+    /// their writes are judged.
+    pub users: Vec<String>,
+    /// The leader Lease's name (in the controller's namespace), with several replicas:
+    /// while one holds it, another's write is [`Breach::TwoWriters`].
+    pub leader_lease: Option<String>,
     /// Its own namespace (Leases).
     pub controller_namespace: String,
     /// Linked cluster names (mirror name suffixes).
@@ -273,6 +286,8 @@ pub struct Monitor {
     /// Deletes of mirrors the uid rule could not check (remote unreadable, name
     /// hashed), as `namespace/name`.
     pub unchecked_deletes: Vec<String>,
+    /// The last replica with a successful write to the leader Lease.
+    pub holder: Option<String>,
 }
 
 impl Monitor {
@@ -289,6 +304,7 @@ impl Monitor {
             breaches: Vec::new(),
             seen: BTreeMap::new(),
             unchecked_deletes: Vec::new(),
+            holder: None,
         }
     }
 
@@ -379,7 +395,7 @@ impl Monitor {
             let Some(w) = AuditWrite::parse(&line) else {
                 continue;
             };
-            if w.user != self.remit.user {
+            if !self.remit.users.contains(&w.user) {
                 continue;
             }
             self.record(w).await;
@@ -390,6 +406,9 @@ impl Monitor {
     pub async fn record(&mut self, w: AuditWrite) {
         if is_question(&w) {
             return;
+        }
+        if let Some(b) = self.two_writers(&w) {
+            self.breaches.push(b);
         }
         *self
             .seen
@@ -410,6 +429,30 @@ impl Monitor {
         {
             self.breaches.push(Breach::DeletedWhileExported(w, why));
         }
+    }
+
+    /// The single-writer rule: the holder is the last replica with a successful write
+    /// to the leader Lease (a campaign, always allowed); a state write attempt by any
+    /// other replica meanwhile, whatever its status, is a breach. Events are reports,
+    /// not state: not judged here.
+    fn two_writers(&mut self, w: &AuditWrite) -> Option<Breach> {
+        let lease = self.remit.leader_lease.as_ref()?;
+        let leases = w.group == "coordination.k8s.io" && w.resource == "leases";
+        if leases && w.namespace == self.remit.controller_namespace && w.name == *lease {
+            if w.ok() {
+                self.holder = Some(w.user.clone());
+            }
+            return None;
+        }
+        let state = leases
+            || matches!(
+                (w.group.as_str(), w.resource.as_str()),
+                ("", "services" | "endpoints" | "namespaces")
+                    | ("discovery.k8s.io", "endpointslices")
+                    | ("multicluster.linkerd.io", "links")
+            );
+        let holder = self.holder.as_ref()?;
+        (state && *holder != w.user).then(|| Breach::TwoWriters(w.clone(), holder.clone()))
     }
 
     /// Why deleting mirror `w` broke uid stability, if it did.
@@ -459,7 +502,8 @@ mod tests {
 
     fn remit() -> Remit {
         Remit {
-            user: "system:serviceaccount:sm:ctl".into(),
+            users: vec!["system:serviceaccount:sm:ctl".into()],
+            leader_lease: None,
             controller_namespace: "sm".into(),
             clusters: vec!["east".into(), "west".into()],
             namespaces: NamespaceFilter::allow_only(["a", "b"]),
@@ -481,7 +525,7 @@ mod tests {
             namespace: ns.into(),
             name: name.into(),
             code,
-            user: remit().user,
+            user: remit().users[0].clone(),
             time: None,
         }
     }
@@ -670,5 +714,100 @@ mod tests {
         block_on(m.poll());
         assert_eq!(m.breaches().len(), 5);
         assert!(matches!(m.breaches()[4], Breach::NotOwned(_)));
+    }
+
+    #[test]
+    fn a_replica_writing_while_another_holds_the_leader_lease_is_two_writers() {
+        let (a, b) = ("system:serviceaccount:sm:a", "system:serviceaccount:sm:b");
+        let by = |user: &str, mut w: AuditWrite| {
+            w.user = user.into();
+            w
+        };
+        let mut r = remit();
+        r.users = vec![a.into(), b.into()];
+        r.leader_lease = Some("service-mirror".into());
+        let mut m = Monitor::new(PathBuf::from("/nonexistent"), r, vec![]);
+        let lease = |code| {
+            w(
+                "patch",
+                "leases.coordination.k8s.io",
+                "sm",
+                "service-mirror",
+                code,
+            )
+        };
+        // Before anyone holds the Lease nothing is judged; a leads, and writes freely.
+        block_on(m.record(by(b, w("create", "services", "a", "x-east", 201))));
+        block_on(m.record(by(a, lease(201))));
+        block_on(m.record(by(a, w("create", "services", "a", "api-east", 201))));
+        // b campaigns (refused, and that is allowed), then writes: failed or not, a breach.
+        block_on(m.record(by(b, lease(409))));
+        block_on(m.record(by(b, w("update", "endpoints", "a", "api-east", 409))));
+        block_on(m.record(by(
+            b,
+            w(
+                "patch",
+                "endpointslices.discovery.k8s.io",
+                "a",
+                "api-east-ipv4-0",
+                200,
+            ),
+        )));
+        block_on(m.record(by(
+            b,
+            w(
+                "update",
+                "leases.coordination.k8s.io",
+                "sm",
+                "service-mirror-write-east",
+                200,
+            ),
+        )));
+        block_on(m.record(by(
+            b,
+            w(
+                "patch",
+                "links.multicluster.linkerd.io/status",
+                "sm",
+                "east",
+                200,
+            ),
+        )));
+        // Events are reports: not judged by this rule.
+        block_on(m.record(by(b, w("create", "events", "a", "e", 201))));
+        let two: Vec<&Breach> = m
+            .breaches()
+            .iter()
+            .filter(|x| matches!(x, Breach::TwoWriters(..)))
+            .collect();
+        assert_eq!(two.len(), 4, "{two:?}");
+        assert!(
+            two.iter()
+                .all(|x| matches!(x, Breach::TwoWriters(w, h) if w.user == b && h == a))
+        );
+        // b takes the Lease: now a's writes are the breach, b's are not.
+        block_on(m.record(by(b, lease(200))));
+        block_on(m.record(by(b, w("update", "services", "a", "api-east", 200))));
+        block_on(m.record(by(a, w("delete", "services", "a", "api-east", 404))));
+        assert_eq!(m.holder.as_deref(), Some(b));
+        let last = m.breaches().last().unwrap();
+        assert!(
+            matches!(last, Breach::TwoWriters(w, h) if w.user == a && h == b),
+            "{last}"
+        );
+        assert_eq!(
+            m.breaches()
+                .iter()
+                .filter(|x| matches!(x, Breach::TwoWriters(..)))
+                .count(),
+            5
+        );
+        // Without a leader Lease named, the rule is off.
+        let mut r = remit();
+        r.users = vec![a.into(), b.into()];
+        let mut m = Monitor::new(PathBuf::from("/nonexistent"), r, vec![]);
+        block_on(m.record(by(a, lease(200))));
+        block_on(m.record(by(b, w("create", "services", "a", "api-east", 201))));
+        assert!(m.breaches().is_empty(), "{:?}", m.breaches());
     }
 }

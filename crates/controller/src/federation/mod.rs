@@ -28,7 +28,7 @@ use kube::Client;
 use service_mirror_core::federated::MemberGateway;
 use service_mirror_core::{NamespaceFilter, ResourceStyle, Selector, ServiceKey};
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -114,7 +114,7 @@ pub struct FederationOptions {
     /// members).
     pub local_selector: Option<String>,
     /// Writes only while this says true (leader election); `None`: always.
-    pub leader: Option<watch::Receiver<bool>>,
+    pub leader: Option<crate::leader::Leadership>,
 }
 
 /// A handle on the running federation (clones share it).

@@ -27,7 +27,7 @@ use service_mirror_core::{Action, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// First retry of a failed write; doubles up to [`MAX_RETRY`].
@@ -41,7 +41,7 @@ pub(super) struct Worker {
     /// Both stores listed once.
     services_listed: bool,
     slices_listed: bool,
-    leader: Option<watch::Receiver<bool>>,
+    leader: Option<crate::leader::Leadership>,
     leading: bool,
     writer: LocalWriter,
     recorder: EventRecorder,
@@ -90,7 +90,7 @@ impl Worker {
             stored,
             services_listed: false,
             slices_listed: false,
-            leading: opts.leader.as_ref().is_none_or(|l| *l.borrow()),
+            leading: opts.leader.as_ref().is_none_or(|l| l.leading()),
             leader: opts.leader.clone(),
             blocked: BTreeMap::new(),
             client: local.clone(),
@@ -99,7 +99,8 @@ impl Worker {
                 &opts.controller_namespace,
                 metrics.clone(),
                 recorder.clone(),
-            ),
+            )
+            .led_by(opts.leader.clone()),
             recorder,
             metrics,
             namespace: opts.controller_namespace.clone(),
@@ -128,7 +129,7 @@ impl Worker {
                         _ = cancel.cancelled() => return,
                         changed = leader.changed() => if changed.is_err() { return },
                     }
-                    let now = *leader.borrow_and_update();
+                    let now = leader.leading_and_update();
                     let _ = tx.send(Msg::Leader(now));
                 }
             });
@@ -172,7 +173,7 @@ impl Worker {
 
     /// What the election says now (not the last `Leader` message handled).
     fn still_leading(&self) -> bool {
-        self.leader.as_ref().is_none_or(|l| *l.borrow())
+        self.leader.as_ref().is_none_or(|l| l.leading())
     }
 
     fn may_write(&self) -> bool {

@@ -225,8 +225,10 @@ pub(super) async fn write_status(
         if written.as_ref() == Some(&ours) {
             continue;
         }
-        match patch(&api, &name, &ours).await {
-            Ok(bytes) => {
+        match patch(&api, &name, &ours, &gate).await {
+            // Closed between the read and the write (leadership ended): again once open.
+            Ok(None) => book.changed.notify_one(),
+            Ok(Some(bytes)) => {
                 if bytes > 0 {
                     metrics.status_written(bytes, left_out);
                 }
@@ -247,8 +249,13 @@ pub(super) async fn write_status(
 
 /// Replaces our entries of the Link's `mirrorServices` and `federatedServices`, keeping
 /// other controllers' (read first: a merge patch replaces a list whole). Returns the
-/// bytes sent.
-async fn patch(api: &Api<LinkResource>, name: &str, ours: &Rendered) -> kube::Result<usize> {
+/// bytes sent, `None` when `gate` closed before the write.
+async fn patch(
+    api: &Api<LinkResource>,
+    name: &str,
+    ours: &Rendered,
+    gate: &Gate,
+) -> kube::Result<Option<usize>> {
     // The object, not its `status` subresource: the same body, under `get links`
     // (a `get` on `links/status` is a permission of its own that the Role does not grant).
     let current = api.get(name).await?;
@@ -262,7 +269,7 @@ async fn patch(api: &Api<LinkResource>, name: &str, ours: &Rendered) -> kube::Re
     let (mine_fed, mut federated) = split(status.federated_services);
     // Already there (restored after someone else rewrote the list, or unchanged).
     if mine == ours.0 && mine_fed == ours.1 {
-        return Ok(0);
+        return Ok(Some(0));
     }
     services.extend(ours.0.iter().cloned());
     federated.extend(ours.1.iter().cloned());
@@ -278,9 +285,13 @@ async fn patch(api: &Api<LinkResource>, name: &str, ours: &Rendered) -> kube::Re
         force: false,
         ..params
     };
+    // Checked at the last moment: the read may have waited out a pause (SIGSTOP).
+    if !gate.open_now() {
+        return Ok(None);
+    }
     api.patch_status(name, &params, &Patch::Merge(&body))
         .await?;
-    Ok(bytes)
+    Ok(Some(bytes))
 }
 
 #[cfg(test)]

@@ -173,7 +173,8 @@ impl LinkController {
                     .clone()
                     .unwrap_or_else(|| EventRecorder::new(local.clone(), None)),
             )
-            .creating_namespaces(config.create_namespaces),
+            .creating_namespaces(config.create_namespaces)
+            .led_by(deps.leader.clone()),
             export: ExportPolicy {
                 namespaces: config.namespaces.clone(),
                 rule: config.export_rule.clone(),

@@ -100,7 +100,7 @@ pub struct LinkDeps {
     pub probe_redirect: Option<ProbeRedirect>,
     /// When set, the controller writes only while this says true (leader election);
     /// caches stay warm meanwhile, and every key is looked at again when it turns true.
-    pub leader: Option<tokio::sync::watch::Receiver<bool>>,
+    pub leader: Option<crate::leader::Leadership>,
     /// Bounds the reconciles that create mirrors; clones share it.
     pub create_limit: crate::writer::CreateLimit,
     /// The link Secret, where link-wide Events (the mirror limit) are recorded.

@@ -262,7 +262,7 @@ pub(super) struct Reporter {
     pub(super) link_status: Option<Api<LinkResource>>,
     pub(super) link_name: Option<String>,
     /// Only the leader writes Events and conditions.
-    pub(super) leader: Option<watch::Receiver<bool>>,
+    pub(super) leader: Option<crate::leader::Leadership>,
     /// A paused controller (the new one of a rotation) writes no condition, Event or
     /// metric: the one it replaces still reports the link.
     pub(super) writable: watch::Receiver<bool>,
@@ -351,7 +351,7 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
                 return;
             }
             _ = health.wake.notified() => {}
-            _ = changed(leader.as_mut()) => {}
+            _ = leader_changed(leader.as_mut()) => {}
             _ = changed(Some(&mut writable)) => {}
             _ = tokio::time::sleep(sleep) => {}
         }
@@ -380,6 +380,17 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
 async fn changed(rx: Option<&mut watch::Receiver<bool>>) {
     let changed = match rx {
         Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await
+    }
+}
+
+/// Resolves on a leadership transition; never without election, or once it is gone.
+async fn leader_changed(l: Option<&mut crate::leader::Leadership>) {
+    let changed = match l {
+        Some(l) => l.changed().await.is_ok(),
         None => false,
     };
     if !changed {
@@ -434,7 +445,7 @@ async fn watch_holds(remote: &Api<Service>) -> Option<Result<(), String>> {
 
 impl Reporter {
     fn leading(&self) -> bool {
-        self.leader.as_ref().is_none_or(|l| *l.borrow())
+        self.leader.as_ref().is_none_or(|l| l.leading())
     }
 
     fn writable(&self) -> bool {

@@ -21,7 +21,7 @@ pub(super) fn spawn(
     gate: &Gate,
     verdicts: mpsc::UnboundedReceiver<GatewayRef>,
     config: &LinkConfig,
-    leader: Option<watch::Receiver<bool>>,
+    leader: Option<crate::leader::Leadership>,
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
@@ -64,14 +64,14 @@ pub(super) struct Gate {
     /// False while the controller is paused (a rotated link syncing before it takes over).
     pub(super) writable: watch::Sender<bool>,
     /// Leader election, if any.
-    pub(super) leader: Option<watch::Receiver<bool>>,
+    pub(super) leader: Option<crate::leader::Leadership>,
     pub(super) synced: watch::Receiver<Synced>,
 }
 
 impl Gate {
     /// Not paused, and leader if elected.
-    fn open_now(&self) -> bool {
-        *self.writable.borrow() && self.leader.as_ref().is_none_or(|l| *l.borrow())
+    pub(super) fn open_now(&self) -> bool {
+        *self.writable.borrow() && self.leader.as_ref().is_none_or(|l| l.leading())
     }
 
     /// Waits until this link may write: local caches listed (reconciling against caches
@@ -85,7 +85,7 @@ impl Gate {
             own.borrow_and_update();
             let local_synced = synced.borrow_and_update().local();
             if let Some(l) = &mut leader {
-                l.borrow_and_update();
+                l.leading_and_update();
             }
             if self.open_now() && local_synced {
                 return true;
@@ -101,9 +101,13 @@ impl Gate {
 }
 
 /// The next change of an optional watch; never, without one or once its sender is gone.
-async fn changed(rx: &mut Option<watch::Receiver<bool>>) {
+async fn changed(rx: &mut Option<crate::leader::Leadership>) {
     match rx {
-        Some(rx) => next_change(rx).await,
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await
+            }
+        }
         None => std::future::pending().await,
     }
 }
@@ -181,7 +185,7 @@ pub(super) fn reset_slots(index: &Mutex<Index>, limit: &MirrorLimit) {
 /// another replica (or none) was writing.
 pub(super) async fn follow_leader(
     rec: Arc<Reconciler>,
-    mut leader: watch::Receiver<bool>,
+    mut leader: crate::leader::Leadership,
     cancel: CancellationToken,
 ) {
     loop {
@@ -189,7 +193,7 @@ pub(super) async fn follow_leader(
             _ = cancel.cancelled() => return,
             changed = leader.changed() => if changed.is_err() { return },
         }
-        if *leader.borrow_and_update() {
+        if leader.leading_and_update() {
             reset_slots(&rec.index, &rec.limit);
             let keys: Vec<ServiceKey> = {
                 let index = rec.index.lock();

@@ -36,7 +36,7 @@ pub(super) struct Collector {
     /// The local namespaces this controller mirrors into.
     pub(super) namespaces: NamespaceFilter,
     /// When set, the collector waits until this replica leads.
-    pub(super) leader: Option<tokio::sync::watch::Receiver<bool>>,
+    pub(super) leader: Option<crate::leader::Leadership>,
     /// Ends the wait for leadership.
     pub(super) cancel: CancellationToken,
 }
@@ -57,7 +57,7 @@ impl Collector {
         if let Some(mut leader) = self.leader.clone() {
             tokio::select! {
                 _ = self.cancel.cancelled() => return None,
-                r = leader.wait_for(|l| *l) => if r.is_err() { return None },
+                r = leader.wait_leading() => if r.is_err() { return None },
             }
         }
         let (ns, filter) = (self.namespace.clone(), self.namespaces.clone());

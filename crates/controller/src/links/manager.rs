@@ -369,7 +369,7 @@ impl Inner {
     async fn set_ready(&self, link: &LinkResource, ready: bool, reason: &str, message: &str) {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
         // Only the leader writes (a follower's view of a remote may differ).
-        if !self.opts.deps.leader.as_ref().is_none_or(|l| *l.borrow()) {
+        if !self.opts.deps.leader.as_ref().is_none_or(|l| l.leading()) {
             return;
         }
         let status = if ready { "True" } else { "False" };

@@ -326,7 +326,13 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
     let mut monitor = Monitor::new(
         local.audit_log(),
         Remit {
-            user: format!("system:serviceaccount:{CTL_NS}:{}", REPLICA_SAS[0]),
+            users: REPLICA_SAS
+                .iter()
+                .map(|sa| format!("system:serviceaccount:{CTL_NS}:{sa}"))
+                .collect(),
+            // The default `--lease-name`: while one replica holds it, a write attempt
+            // by the other is a breach (a paused leader that resumes, say).
+            leader_lease: Some("service-mirror".into()),
             controller_namespace: CTL_NS.into(),
             clusters: remotes.iter().map(|r| r.name.clone()).collect(),
             namespaces: NamespaceFilter::allow_only(NAMESPACES),
