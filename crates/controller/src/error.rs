@@ -28,6 +28,9 @@ pub enum Error {
     /// skipped until the namespace exists.
     #[error("namespace {0} does not exist locally; the mirror is skipped until it does")]
     MissingNamespace(String),
+    /// A write this replica may not make: another replica leads (it makes it).
+    #[error("this replica does not lead; the leader writes")]
+    NotLeader,
 }
 
 impl Error {
@@ -47,6 +50,7 @@ impl Error {
             Error::OwnershipConflict { .. } => "ownership_conflict",
             Error::InvalidLink(_) => "invalid_link",
             Error::MissingNamespace(_) => "missing_namespace",
+            Error::NotLeader => "not_leader",
         }
     }
 }

@@ -497,6 +497,11 @@ impl LocalWriter {
             .filter(|m| K::ours(m, &self.cluster) && only.is_none_or(|f| f(m)))
             .collect();
         for m in &mine {
+            // Every replica stops a link that goes; only the leader deletes its mirrors
+            // (a follower's cleanup waits to lead: links/cleanup.rs).
+            if !self.leading() {
+                return Err(Error::NotLeader);
+            }
             let (ns, name) = (
                 m.namespace.as_deref().unwrap_or_default(),
                 m.name.as_deref().unwrap_or_default(),

@@ -219,11 +219,11 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_resuming_while_ano
     );
     let id_a = replica_identity(&env.local, &ctl_ns, "replica-a").await;
     let id_b = replica_identity(&env.local, &ctl_ns, "replica-b").await;
-    let a = Controller::spawn_as(&id_a.path, &ctl_ns, &flags, &[("POD_NAME", "replica-a")]);
+    let mut a = Controller::spawn_as(&id_a.path, &ctl_ns, &flags, &[("POD_NAME", "replica-a")]);
     a.wait_ready().await;
     env.mirror_until("a", "mirrored by the first replica", |_, e| has_subsets(e))
         .await;
-    let b = Controller::spawn_as(&id_b.path, &ctl_ns, &flags, &[("POD_NAME", "replica-b")]);
+    let mut b = Controller::spawn_as(&id_b.path, &ctl_ns, &flags, &[("POD_NAME", "replica-b")]);
     b.wait_ready().await;
     let (paused, other, paused_user, other_user) = if is_leader(&a).await {
         (&a, &b, user("replica-a"), user("replica-b"))
@@ -322,4 +322,62 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_resuming_while_ano
         stopped.elapsed().as_secs()
     );
     assert_eq!(monitor.holder.as_deref(), Some(other_user.as_str()));
+}
+
+/// Every replica stops a link whose Secret goes, but only the leader deletes its
+/// mirrors: before, the follower deleted them too (two writers; seen by the chaos
+/// suite's monitor as `TwoWriters` on `RecreateLinkSecret`).
+#[tokio::test]
+async fn only_the_leader_deletes_the_mirrors_of_an_unlinked_cluster() {
+    let env = Env::new("ha-unlink").await;
+    env.gateway("gw", 4143, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    env.export("b", "gw", &[("http", 80)]).await;
+    let ctl_ns = unique_namespace("ha-unlink-sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    let secrets = Api::<Secret>::namespaced(env.lc.clone(), &ctl_ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &link_secret("link", Some(&env.cluster), Some(&kc.yaml)),
+        )
+        .await
+        .unwrap();
+    let flags = [
+        "--namespace-allow",
+        env.ns.as_str(),
+        "--lease-duration",
+        LEASE,
+    ];
+    let id_a = replica_identity(&env.local, &ctl_ns, "replica-a").await;
+    let id_b = replica_identity(&env.local, &ctl_ns, "replica-b").await;
+    let mut a = Controller::spawn_as(&id_a.path, &ctl_ns, &flags, &[("POD_NAME", "replica-a")]);
+    let mut b = Controller::spawn_as(&id_b.path, &ctl_ns, &flags, &[("POD_NAME", "replica-b")]);
+    a.wait_ready().await;
+    b.wait_ready().await;
+    for s in ["a", "b"] {
+        env.mirror_until(s, "mirrored", |_, e| has_subsets(e)).await;
+    }
+    // Both replicas run the link (warm caches) before it goes.
+    for c in [&a, &b] {
+        c.wait_log(&["remote services synced"], Duration::from_secs(30))
+            .await;
+    }
+    secrets.delete("link", &Default::default()).await.unwrap();
+    for s in ["a", "b"] {
+        env.mirror_gone(s).await;
+    }
+    // Both have stopped the link by now; give a follower's cleanup time to act.
+    for c in [&a, &b] {
+        c.wait_log(&["unlinked"], Duration::from_secs(30)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let wrote = writers(&env.local, &env.ns);
+    assert_eq!(
+        wrote.len(),
+        1,
+        "one replica created and deleted the mirrors: {wrote:?}"
+    );
+    assert!(a.running() && b.running(), "both replicas still run");
 }

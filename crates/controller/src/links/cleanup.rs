@@ -1,8 +1,11 @@
 //! Background deletion of an unlinked cluster's mirrors: retried until it succeeds, so
 //! mirrors never outlive their link, and cancelled when the cluster is linked again
-//! (a new link of the cluster owns those mirrors from then on).
+//! (a new link of the cluster owns those mirrors from then on). A replica that does not
+//! lead waits until it does: the leader deletes them meanwhile, and finds nothing left
+//! to delete if it ever leads; should the leader die first, it finishes the job.
 
 use crate::backoff::Backoff;
+use crate::leader::Leadership;
 use crate::writer::{LocalWriter, MirrorSelector};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -24,6 +27,7 @@ impl Cleanups {
         cluster: &str,
         writer: LocalWriter,
         only: Option<MirrorSelector>,
+        leader: Option<Leadership>,
         parent: &CancellationToken,
     ) {
         let cancel = parent.child_token();
@@ -33,6 +37,12 @@ impl Cleanups {
         tokio::spawn(async move {
             let backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
             for failures in 1.. {
+                if let Some(mut leader) = leader.clone() {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        r = leader.wait_leading() => if r.is_err() { return },
+                    }
+                }
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     r = writer.delete_mirrors_in(only.as_ref()) => if r.is_ok() { return },

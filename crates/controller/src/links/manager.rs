@@ -502,11 +502,19 @@ impl Inner {
         if let Some(federation) = &self.opts.deps.federation {
             federation.link_removed(&cluster);
         }
-        if let Err(e) = stopped {
-            // Keep trying in the background: the mirrors must not outlive the link. A
-            // new link of the same cluster cancels this (see `link`).
-            tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
-            self.spawn_cleanup(&cluster, None);
+        match stopped {
+            Ok(()) => {}
+            // The leader deletes them; this replica does if it comes to lead first.
+            Err(crate::error::Error::NotLeader) => {
+                tracing::debug!(%cluster, "unlinked on a replica that does not lead: the leader deletes the mirrors");
+                self.spawn_cleanup(&cluster, None);
+            }
+            Err(e) => {
+                // Keep trying in the background: the mirrors must not outlive the link.
+                // A new link of the same cluster cancels this (see `link`).
+                tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
+                self.spawn_cleanup(&cluster, None);
+            }
         }
         match cleanup {
             true => tracing::info!(%cluster, source = %key, "unlinked"),
@@ -519,13 +527,16 @@ impl Inner {
     /// Deletes every mirror of `cluster` in the background until it succeeds, unless the
     /// cluster is linked again first.
     fn spawn_cleanup(&self, cluster: &str, only: Option<MirrorSelector>) {
+        let leader = self.opts.deps.leader.clone();
         let writer = LocalWriter::with_recorder(
             self.local.clone(),
             cluster,
             self.opts.deps.metrics.clone(),
             self.recorder.clone(),
-        );
-        self.cleanups.spawn(cluster, writer, only, &self.cancel);
+        )
+        .led_by(leader.clone());
+        self.cleanups
+            .spawn(cluster, writer, only, leader, &self.cancel);
     }
 
     /// Every source object that validly links `cluster`, oldest first (creation time,
