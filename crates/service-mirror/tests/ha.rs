@@ -219,11 +219,11 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_resuming_while_ano
     );
     let id_a = replica_identity(&env.local, &ctl_ns, "replica-a").await;
     let id_b = replica_identity(&env.local, &ctl_ns, "replica-b").await;
-    let mut a = Controller::spawn_as(&id_a.path, &ctl_ns, &flags, &[("POD_NAME", "replica-a")]);
+    let a = Controller::spawn_as(&id_a.path, &ctl_ns, &flags, &[("POD_NAME", "replica-a")]);
     a.wait_ready().await;
     env.mirror_until("a", "mirrored by the first replica", |_, e| has_subsets(e))
         .await;
-    let mut b = Controller::spawn_as(&id_b.path, &ctl_ns, &flags, &[("POD_NAME", "replica-b")]);
+    let b = Controller::spawn_as(&id_b.path, &ctl_ns, &flags, &[("POD_NAME", "replica-b")]);
     b.wait_ready().await;
     let (paused, other, paused_user, other_user) = if is_leader(&a).await {
         (&a, &b, user("replica-a"), user("replica-b"))
