@@ -462,6 +462,16 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
         }
         // Churn stopped, every fault undone: the world must converge.
         chaos.replicas.wait_ready().await;
+        let clusters: Vec<String> = chaos.remotes.iter().map(|r| r.name.clone()).collect();
+        assert!(
+            chaos
+                .replicas
+                .wait_connected(&clusters, CONVERGE_BOUND)
+                .await,
+            "{}: a replica did not connect to every remote within {CONVERGE_BOUND:?}; logs:\n{}",
+            context(&chaos),
+            chaos.replicas.tails(40)
+        );
         let t0 = Instant::now();
         loop {
             chaos.monitor.poll().await;

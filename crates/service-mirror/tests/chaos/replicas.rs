@@ -158,6 +158,38 @@ impl Replicas {
         }
     }
 
+    /// Waits (at most `within`) until every running, unpaused process has a connected
+    /// watch of each of `clusters` (`service_mirror_remote_connected 1`): a replica
+    /// restarted late in a round, or one whose retries of a fault ran long, has then
+    /// linked and said so (its `Linked` Event) before the world is called converged.
+    /// False if one has not.
+    pub(crate) async fn wait_connected(&self, clusters: &[String], within: Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            let mut all = true;
+            for r in &self.list {
+                let (Some(c), false) = (&r.process, r.paused) else {
+                    continue;
+                };
+                let page = c.metrics().await;
+                all &= clusters.iter().all(|cluster| {
+                    page.lines().any(|l| {
+                        l.starts_with("service_mirror_remote_connected{")
+                            && l.contains(&format!("cluster=\"{cluster}\""))
+                            && l.ends_with(" 1")
+                    })
+                });
+            }
+            if all {
+                return true;
+            }
+            if start.elapsed() > within {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Every process that ever ran: no log holds a panic, and every retired one ended
     /// as the test ended it (SIGKILL: signal 9 and nothing else). Returns how many
     /// processes were judged.
