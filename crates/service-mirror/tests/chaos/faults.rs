@@ -239,6 +239,7 @@ impl Chaos {
             }
             Fault::RestartLocalApiserver => {
                 self.local.stop_apiserver();
+                self.local_down = true;
                 Some(Undo::StartLocalApiserver)
             }
             Fault::CompactRemoteEtcd => {
@@ -261,6 +262,7 @@ impl Chaos {
             Fault::LocalEtcdNoSpace => {
                 let n = self.local.fill_etcd().await.expect("fill the local etcd");
                 eprintln!("  local etcd full after {n} values of 512 KiB");
+                self.etcd_full = true;
                 Some(Undo::FreeEtcd)
             }
             Fault::RemotePartition => {
@@ -411,8 +413,14 @@ impl Chaos {
         self.remotes[i].proxy_busy = true;
     }
 
-    /// Undoes a lasting fault.
-    pub(crate) async fn end(&mut self, active: Active) {
+    /// Undoes a lasting fault; gives it back when its undo needs the local apiserver
+    /// while another fault holds it down or its etcd full (tried again next tick).
+    pub(crate) async fn end(&mut self, active: Active) -> Option<Active> {
+        let needs_writes = matches!(active.undo, Undo::RecreateSecret(_));
+        let needs_reads = needs_writes || matches!(active.undo, Undo::DeleteForeign(..));
+        if (needs_reads && self.local_down) || (needs_writes && self.etcd_full) {
+            return Some(active);
+        }
         if !matches!(active.undo, Undo::Nothing) {
             eprintln!("  {:?} undone", active.fault);
         }
@@ -423,10 +431,16 @@ impl Chaos {
                 .start_apiserver()
                 .await
                 .expect("restart remote"),
-            Undo::StartLocalApiserver => self.local.start_apiserver().await.expect("restart local"),
+            Undo::StartLocalApiserver => {
+                self.local.start_apiserver().await.expect("restart local");
+                self.local_down = false;
+            }
             Undo::Respawn(i) => self.replicas.spawn(i),
             Undo::Continue(i) => self.replicas.pause(i, false),
-            Undo::FreeEtcd => self.local.free_etcd_space().await.expect("free etcd space"),
+            Undo::FreeEtcd => {
+                self.local.free_etcd_space().await.expect("free etcd space");
+                self.etcd_full = false;
+            }
             Undo::RestoreRemote(i) => {
                 self.remotes[i].proxy.restore().expect("restore");
                 self.remotes[i].proxy_busy = false;
@@ -470,6 +484,7 @@ impl Chaos {
                 self.monitor.released("services", &ns, &name).await;
             }
         }
+        None
     }
 
     /// Someone else edits one field of a mirror Service, owned or not: owned ones

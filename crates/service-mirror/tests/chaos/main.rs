@@ -110,6 +110,10 @@ pub(crate) struct Chaos {
     pub(crate) lc: Client,
     pub(crate) local_proxy: FaultProxy,
     pub(crate) local_proxy_busy: bool,
+    /// A fault holds the local apiserver down.
+    pub(crate) local_down: bool,
+    /// A fault keeps the local etcd full (writes fail).
+    pub(crate) etcd_full: bool,
     pub(crate) remotes: Vec<Linked>,
     pub(crate) replicas: Replicas,
     pub(crate) lease: Duration,
@@ -375,6 +379,8 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
         lc: lc.clone(),
         local_proxy,
         local_proxy_busy: false,
+        local_down: false,
+        etcd_full: false,
         remotes,
         replicas,
         lease: LEASE,
@@ -429,7 +435,9 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
                 active.into_iter().partition(|f| f.until <= tick);
             active = holding;
             for f in due {
-                chaos.end(f).await;
+                if let Some(later) = chaos.end(f).await {
+                    active.push(later);
+                }
             }
             let mut starting = Vec::new();
             if !begun_first && tick >= a {
