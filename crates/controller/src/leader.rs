@@ -352,13 +352,25 @@ impl Campaign {
         let mut seen: Option<Seen> = None;
         let mut failures = 0u32;
         loop {
-            let next = match self.api.get_opt(&self.opts.lease_name).await {
+            // Each request is bounded (a stalled apiserver must not hold up the
+            // campaign past a renewal) and gives way to shutdown.
+            let bound = renew_every(d);
+            let read = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                r = tokio::time::timeout(bound, self.api.get_opt(&self.opts.lease_name)) => r,
+            };
+            let next = match read.map_err(|_| format!("no answer within {bound:?}")) {
+                Ok(Err(e)) => {
+                    failures += 1;
+                    self.failed("read", &e, failures);
+                    Instant::now() + retry_after(d)
+                }
                 Err(e) => {
                     failures += 1;
                     self.failed("read", &e, failures);
                     Instant::now() + retry_after(d)
                 }
-                Ok(lease) => {
+                Ok(Ok(lease)) => {
                     let record = lease.as_ref().map(Record::of);
                     let (step, remember) = decide(
                         record.as_ref(),
@@ -377,7 +389,21 @@ impl Campaign {
                         }
                         _ => {
                             let sent = Instant::now();
-                            match self.write(step, lease).await {
+                            let write = tokio::select! {
+                                _ = shutdown.cancelled() => break,
+                                r = tokio::time::timeout(bound, self.write(step, lease)) => r,
+                            };
+                            let Ok(write) = write else {
+                                failures += 1;
+                                let e = format!("no answer within {bound:?}");
+                                self.failed("write", &e, failures);
+                                tokio::select! {
+                                    _ = shutdown.cancelled() => break,
+                                    _ = tokio::time::sleep(retry_after(d)) => {}
+                                }
+                                continue;
+                            };
+                            match write {
                                 // Created unheld: take it on the next read, at once.
                                 Ok(()) if step == Step::Create => Instant::now(),
                                 Ok(()) => {
@@ -405,10 +431,11 @@ impl Campaign {
                 _ = tokio::time::sleep_until(next.into()) => {}
             }
         }
-        self.release().await;
+        // Bounded: a stalled apiserver must not keep the process from exiting.
+        let _ = tokio::time::timeout(renew_every(d), self.release()).await;
     }
 
-    fn failed(&self, what: &str, e: &kube::Error, failures: u32) {
+    fn failed(&self, what: &str, e: &dyn std::fmt::Display, failures: u32) {
         if failures == 1 || failures.is_power_of_two() {
             tracing::error!(lease = %self.opts.lease_name, namespace = %self.opts.namespace, failures, error = %e, "cannot {what} the leader-election Lease; writing only until the current term ends");
         }

@@ -61,9 +61,11 @@ impl WatchBackoff {
 /// An event a store refused because it would pass its cap in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OverCap {
-    /// The cap, in bytes.
+    /// The cap, in bytes (a list may take half: the other half holds the last
+    /// complete list while a new one arrives).
     pub(crate) cap: usize,
-    /// What the store would have held with the event's object, in bytes.
+    /// What the list (complete or in progress) would have held with the event's
+    /// object, in bytes.
     pub(crate) would_hold: usize,
 }
 
@@ -196,8 +198,10 @@ pub(crate) async fn drive_restartable<K, S>(
                         &mut stream,
                         futures::stream::pending().boxed(),
                     ));
+                    // A restart asked meanwhile (the liveness check) lists at once.
                     tokio::select! {
                         _ = cancel.cancelled() => return,
+                        _ = restart.notified() => backoff.reset(),
                         _ = tokio::time::sleep(refused_wait) => {}
                     }
                     refused_wait = (refused_wait * 2).min(REFUSED_BACKOFF_MAX);

@@ -178,9 +178,11 @@ fn is_service_name(name: &str) -> bool {
 }
 
 /// The rules the apiserver applies to a Service's ports (the mirror copies name,
-/// protocol, port and target port).
+/// protocol, port and target port; an empty protocol or target port is unset, as the
+/// mirror defaults them).
 fn ports_valid(ports: &[ServicePort]) -> bool {
     let mut names = std::collections::BTreeSet::new();
+    let mut numbers = std::collections::BTreeSet::new();
     ports.iter().all(|p| {
         let named = match p.name.as_deref().filter(|n| !n.is_empty()) {
             Some(n) => is_dns1123_label(n) && names.insert(n),
@@ -189,12 +191,15 @@ fn ports_valid(ports: &[ServicePort]) -> bool {
         let target = match &p.target_port {
             None => true,
             Some(IntOrString::Int(t)) => (0..=65535).contains(t),
-            Some(IntOrString::String(t)) => is_port_name(t),
+            Some(IntOrString::String(t)) => t.is_empty() || is_port_name(t),
         };
+        let protocol = p.protocol.as_deref().filter(|p| !p.is_empty());
         named
             && (1..=65535).contains(&p.port)
             && target
-            && matches!(p.protocol.as_deref(), None | Some("TCP" | "UDP" | "SCTP"))
+            && matches!(protocol, None | Some("TCP" | "UDP" | "SCTP"))
+            // One port number once per protocol.
+            && numbers.insert((protocol.unwrap_or("TCP"), p.port))
     })
 }
 

@@ -132,8 +132,9 @@ pub struct RunArgs {
     /// Event. Secret links always create it, as the 2020 mirror did.
     #[arg(long, env = "SERVICE_MIRROR_ENABLE_NAMESPACE_CREATION", default_value_t = false, action = clap::ArgAction::Set)]
     enable_namespace_creation: bool,
-    /// How long the Lease lasts without renewal (renewed a third of it before expiry).
-    #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    /// How long the Lease lasts without renewal, 1 s to 1 h (renewed every third of
+    /// it; the holder writes for at most four fifths of it after each renewal).
+    #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
     lease_duration: Duration,
     /// Gateway addresses never used, whatever `--gateway-address-allow` says
     /// (comma-separated CIDRs): add the local cluster's service and pod CIDRs.
@@ -182,13 +183,30 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = EndpointsMode> 
     )
 }
 
+/// A lease duration: 0 s would renew in a tight loop and never lead, and the Lease
+/// stores whole seconds in an i32.
+fn parse_lease_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
+        Ok(d)
+    } else {
+        Err(format!("{s} is outside 1s..1h"))
+    }
+}
+
 /// Runs the controller until SIGTERM or SIGINT.
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_format)?;
     let stale_policy =
         StalePolicy::new(args.remote_grace, args.stale_after, args.stale_delete_after)?;
     let metrics = Metrics::new();
-    let config = super::client::config_from(args.kubeconfig.as_ref(), None).await?;
+    let mut config = super::client::config_from(args.kubeconfig.as_ref(), None).await?;
+    // No resends inside a request: kube's default retries a 429/503/504 up to 15 times
+    // for minutes, after the leadership check that let the write go (a write could land
+    // after the term ended, under the next leader). A failed write is retried by its
+    // key's requeue, which checks the term again. Bounded like the remote clients.
+    config.default_retry = false;
+    config.read_timeout = Some(Duration::from_secs(295));
     let local = crate::kube_client::build(config, "local", &metrics.client)?;
     crate::permissions::spawn_startup_check(&local, &args.namespace);
     // Read once: the leader identity and the Events' reporting instance.

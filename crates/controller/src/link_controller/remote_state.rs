@@ -92,12 +92,16 @@ pub(crate) struct RemoteHealth {
     wake: Notify,
     /// Notified when the remote watch should start afresh (a complete list).
     pub(super) relist: Notify,
+    /// The remote is refused for its size (reason, note) until a list fits: the Link's
+    /// `RemoteReachable` condition says so instead of the state.
+    refusal: Mutex<Option<(&'static str, String)>>,
 }
 
 impl RemoteHealth {
     /// A remote that answers, under `policy`.
     pub(super) fn new(policy: StalePolicy) -> Self {
         Self {
+            refusal: Mutex::new(None),
             policy,
             inner: Mutex::new(Inner {
                 silent_since: None,
@@ -192,6 +196,9 @@ impl RemoteHealth {
     /// A complete list is an answer: the clock stops.
     pub(super) fn listed(&self, mirrors: usize, exported: usize) -> ListVerdict {
         self.answered();
+        if self.refusal.lock().take().is_some() {
+            self.wake.notify_one();
+        }
         let mut inner = self.inner.lock();
         inner.list_pending = false;
         inner.relist_requested = false;
@@ -227,6 +234,13 @@ impl RemoteHealth {
     /// deletes nothing.
     pub(super) fn list_arriving(&self) {
         self.inner.lock().list_pending = true;
+    }
+
+    /// The remote is refused for its size (`RemoteTooLarge`, `RemoteResponseTooLarge`):
+    /// said on a Link's condition until a complete list fits.
+    pub(super) fn refused(&self, reason: &'static str, note: String) {
+        *self.refusal.lock() = Some((reason, note));
+        self.wake.notify_one();
     }
 
     /// Whether deletes of mirrors whose remote Service is missing are held now.
@@ -279,6 +293,7 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
     // again when the controller resumes or gains the leadership (a new leader corrects
     // what the old one last wrote).
     let (mut metric_shown, mut condition_shown) = (false, false);
+    let mut refusal_shown: Option<(&'static str, String)> = None;
     let mut leader = r.leader.clone();
     let mut writable = r.writable.clone();
     let mut last_check = Instant::now();
@@ -308,6 +323,22 @@ pub(super) async fn run(health: Arc<RemoteHealth>, r: Reporter, cancel: Cancella
             r.set_condition(now, &r.note(None, now, unanswered, failing.as_deref()))
                 .await;
             condition_shown = true;
+        }
+        // A size refusal replaces the state on the condition while it lasts; the state
+        // comes back with the list that fits.
+        let refusal = health.refusal.lock().clone();
+        if !r.reporting() {
+            refusal_shown = None;
+        } else if refusal != refusal_shown {
+            match &refusal {
+                Some((reason, note)) => r.write_condition("False", reason, note).await,
+                None => {
+                    let failing = health.inner.lock().watch_failing.clone();
+                    let note = r.note(None, now, unanswered, failing.as_deref());
+                    r.set_condition(now, &note).await;
+                }
+            }
+            refusal_shown = refusal;
         }
         let hold_news = health.inner.lock().hold_news.take();
         match hold_news {
@@ -575,13 +606,18 @@ impl Reporter {
     /// Sets the Link's `RemoteReachable` condition, keeping every other condition (a
     /// merge patch replaces the whole list); with the version read, retried on 409.
     async fn set_condition(&self, state: RemoteState, note: &str) {
-        let (Some(api), Some(name)) = (&self.link_status, &self.link_name) else {
-            return;
-        };
         let status = if state == RemoteState::Connected {
             "True"
         } else {
             "False"
+        };
+        self.write_condition(status, state.reason(), note).await;
+    }
+
+    /// Writes `RemoteReachable` as given (see [`Reporter::set_condition`]).
+    async fn write_condition(&self, status: &str, reason: &str, note: &str) {
+        let (Some(api), Some(name)) = (&self.link_status, &self.link_name) else {
+            return;
         };
         for _ in 0..3 {
             // `get` on links: the installed Role grants no `get` on links/status.
@@ -596,13 +632,13 @@ impl Reporter {
             let conditions = current.status.map(|s| s.conditions).unwrap_or_default();
             let old = conditions.iter().find(|c| c.type_ == CONDITION_TYPE);
             // Unchanged (a restarted link controller): not written again.
-            if old.is_some_and(|c| c.status == status && c.reason == state.reason()) {
+            if old.is_some_and(|c| c.status == status && c.reason == reason) {
                 return;
             }
             let condition = Condition {
                 type_: CONDITION_TYPE.into(),
                 status: status.into(),
-                reason: state.reason().into(),
+                reason: reason.into(),
                 message: note.chars().take(1024).collect(),
                 observed_generation: current.metadata.generation,
                 last_transition_time: match old.filter(|c| c.status == status) {

@@ -123,7 +123,7 @@ impl RemoteEvents {
             return;
         }
         let note = format!(
-            "the remote services of cluster {cluster} would take more than the cache cap of {} bytes of this link (--max-remote-cache-bytes): the list was dropped, mirrors stay exactly as they were ({services} remote services kept from the last complete list), and the remote is listed again after a backoff starting at {} s",
+            "a list of the remote services of cluster {cluster} would take more than half the cache cap of {} bytes of this link (--max-remote-cache-bytes; the other half keeps the last complete list while a new one arrives): the list was dropped, mirrors stay exactly as they were ({services} remote services kept from the last complete list), and the remote is listed again after a backoff starting at {} s",
             over.cap,
             wait.as_secs()
         );
@@ -134,6 +134,7 @@ impl RemoteEvents {
     /// a Warning Event on the link object.
     fn said_too_large(&self, reason: &'static str, note: String) {
         tracing::warn!(cluster = %self.cluster, reason, "{note}");
+        self.health.refused(reason, note.clone());
         if let Some(link) = self.report.link.clone() {
             self.metrics.link_refused(&link, reason);
             let writer = self.report.writer.clone();
