@@ -420,12 +420,19 @@ impl LocalCluster {
         for n in 0..limit as u32 {
             let key =
                 base64::engine::general_purpose::STANDARD.encode(format!("{FILL_PREFIX}{n:08}"));
-            let answer = etcd_post(
-                self.etcd_port,
-                "/v3/kv/put",
-                &format!(r#"{{"key":"{key}","value":"{value}"}}"#),
-            )
-            .await?;
+            let body = format!(r#"{{"key":"{key}","value":"{value}"}}"#);
+            // A put may find its connection closed with no answer on a loaded machine:
+            // tried again, 5 times at most.
+            let mut tries = 0;
+            let answer = loop {
+                tries += 1;
+                match etcd_post(self.etcd_port, "/v3/kv/put", &body).await {
+                    Err(_) if tries < 5 => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    answer => break answer?,
+                }
+            };
             if answer.to_string().contains("space exceeded") {
                 return Ok(n);
             }

@@ -260,7 +260,16 @@ impl Chaos {
                 Some(Undo::Nothing)
             }
             Fault::LocalEtcdNoSpace => {
-                let n = self.local.fill_etcd().await.expect("fill the local etcd");
+                let n = match self.local.fill_etcd().await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // The harness's own request failed, not the controller: drawn
+                        // again later, after the filler written so far is removed.
+                        eprintln!("  filling etcd failed: {e}");
+                        self.local.free_etcd_space().await.expect("free etcd space");
+                        return None;
+                    }
+                };
                 eprintln!("  local etcd full after {n} values of 512 KiB");
                 self.etcd_full = true;
                 Some(Undo::FreeEtcd)
