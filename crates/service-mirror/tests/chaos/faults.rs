@@ -3,7 +3,7 @@
 
 use crate::churn::{Rng, some_mirror};
 use crate::support::controller::link_secret;
-use crate::{CTL_NS, Chaos, REMOTE_SA, SA_NS, secret_name, token_of};
+use crate::{CTL_NS, Chaos, REMOTE_SA, REPLICA_SAS, SA_NS, secret_name, token_of};
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use service_mirror_testkit::{Edit, Kind};
@@ -445,7 +445,12 @@ impl Chaos {
                 self.local_down = false;
             }
             Undo::Respawn(i) => self.replicas.spawn(i),
-            Undo::Continue(i) => self.replicas.pause(i, false),
+            Undo::Continue(i) => {
+                // Declared first: what lands from the moment it runs again is judged.
+                let user = format!("system:serviceaccount:{CTL_NS}:{}", REPLICA_SAS[i]);
+                self.monitor.resumed(&user).await;
+                self.replicas.pause(i, false);
+            }
             Undo::FreeEtcd => {
                 self.local.free_etcd_space().await.expect("free etcd space");
                 self.etcd_full = false;

@@ -70,7 +70,7 @@ const CHURN_TICKS: usize = 8;
 const QUIET: Duration = Duration::from_secs(3);
 /// The replicas' ServiceAccounts: the one `install` makes, and a second one bound by
 /// the same roles (each replica shows up under its own name in the audit log).
-const REPLICA_SAS: [&str; 2] = ["service-mirror", "service-mirror-b"];
+pub(crate) const REPLICA_SAS: [&str; 2] = ["service-mirror", "service-mirror-b"];
 /// etcd quota of the local cluster: filled within a few seconds, and far above what
 /// the run stores otherwise (a few MiB).
 const ETCD_QUOTA: u64 = 48 << 20;
@@ -571,7 +571,7 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
     eprintln!(
         "chaos seed {seed}: {} rounds, {total} faults injected {:?}, skipped {skipped:?}, \
          convergence p50 {:?} p90 {:?} max {:?}, violations 0, breaches 0 (writes judged {:?}, \
-         unchecked deletes {:?}), {} processes judged (0 panics, 0 crashes), requests faulted \
+         unchecked deletes {:?}, writes in flight when a leader was stopped {}), {} processes judged (0 panics, 0 crashes), requests faulted \
          by the proxies: local {}, remotes {:?}, total {:?}",
         convergence.len(),
         chaos.injected,
@@ -580,6 +580,7 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
         sorted.last().copied().unwrap_or_default(),
         chaos.monitor.seen,
         chaos.monitor.unchecked_deletes,
+        chaos.monitor.in_flight_after_resume.len(),
         processes,
         chaos.local_proxy.faulted(),
         chaos
