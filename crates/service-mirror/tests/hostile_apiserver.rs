@@ -116,17 +116,6 @@ async fn world(prefix: &str, extra: &[&str]) -> World {
     }
 }
 
-/// Peak resident memory of a process, in MiB.
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
-    kib / 1024.0
-}
-
 impl World {
     /// The invariants of every case.
     async fn survives(&mut self, case: &str) {

@@ -38,17 +38,6 @@ fn writes(metrics: &str) -> u64 {
         .sum()
 }
 
-/// Peak resident memory of a process, in MiB.
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
-    kib / 1024.0
-}
-
 /// The last lines of a log, for a failure message.
 fn log_tail(log: &str) -> String {
     let lines: Vec<_> = log.lines().collect();

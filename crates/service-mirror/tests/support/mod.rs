@@ -261,6 +261,17 @@ pub(crate) fn writes_in(cluster: &LocalCluster, ns: &str, successful_only: bool)
         .collect()
 }
 
+/// Peak resident memory of a process, in MiB.
+pub(crate) fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
 pub(crate) async fn create_namespace(client: &Client, ns: &str) {
     local_cluster::ensure_namespace(client, ns)
         .await
