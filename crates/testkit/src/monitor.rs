@@ -7,7 +7,7 @@
 //!
 //! | resource | verbs | which objects |
 //! |---|---|---|
-//! | services, endpoints | create, update, patch, delete | a mirror name (`<name>-<linked cluster>`) in an allowed namespace, not declared foreign |
+//! | services, endpoints | create, update, patch, delete | a mirror name (`<name>-<linked cluster>`) in an allowed namespace, not declared foreign (a declaration ends where the log shows the object deleted; a create that succeeded touched nothing foreign) |
 //! | endpointslices (discovery.k8s.io) | same | `<mirror name>-ipv4-<n>` / `-ipv6-<n>` in an allowed namespace |
 //! | namespaces | create | an allowed namespace |
 //! | leases (coordination.k8s.io) | create, update, patch, delete | in the controller's namespace (leader Lease, per-link write Leases deleted with their link) |
@@ -240,7 +240,10 @@ pub fn judge(
             writes
                 && w.subresource.is_empty()
                 && mirror_of(remit, &w.name).is_some()
-                && !foreign.contains(&(w.resource.clone(), w.namespace.clone(), w.name.clone()))
+                // A create that succeeded found no object under that name: it touched
+                // nothing foreign.
+                && (w.verb == "create"
+                    || !foreign.contains(&(w.resource.clone(), w.namespace.clone(), w.name.clone())))
         }
         ("discovery.k8s.io", "endpointslices") => {
             writes && slice_mirror(&w.name).is_some_and(|m| mirror_of(remit, m).is_some())
@@ -335,20 +338,12 @@ impl Monitor {
 
     /// Declares `resource` (`services`, `endpoints`) `namespace/name` not the
     /// controller's (taken over by someone else, or never a mirror): from now on a
-    /// successful write to it is a breach. Reads the log first, so that earlier writes
-    /// are judged without it.
+    /// successful write to it is a breach, until the log shows it deleted. Reads the
+    /// log first, so that earlier writes are judged without it.
     pub async fn foreign(&mut self, resource: &str, namespace: &str, name: &str) {
         self.poll().await;
         self.foreign
             .insert((resource.into(), namespace.into(), name.into()));
-    }
-
-    /// Ends a [`Monitor::foreign`] declaration (the test deleted that object: the
-    /// controller may create its mirror under that name again).
-    pub async fn released(&mut self, resource: &str, namespace: &str, name: &str) {
-        self.poll().await;
-        self.foreign
-            .remove(&(resource.into(), namespace.into(), name.into()));
     }
 
     /// Declares that the test removed (or re-created) the link of `cluster`: deletes of
@@ -420,10 +415,17 @@ impl Monitor {
             let Some(w) = AuditWrite::parse(&line) else {
                 continue;
             };
-            if !self.remit.users.contains(&w.user) {
-                continue;
+            if self.remit.users.contains(&w.user) {
+                self.record(w.clone()).await;
             }
-            self.record(w).await;
+            // A foreign object ends with its deletion, by whoever, at its place in the
+            // log: the controller may create its mirror under that name again (the test
+            // deletes the object and the controller recreates it within ~0.1 s, before
+            // any later call of the test could say so).
+            if w.verb == "delete" && w.ok() {
+                self.foreign
+                    .remove(&(w.resource.clone(), w.namespace.clone(), w.name.clone()));
+            }
         }
     }
 
@@ -612,12 +614,16 @@ mod tests {
             ),
             // A refused write changed nothing.
             w("update", "services", "a", "web-east", 409),
+            // A create that succeeded found the name free: the foreign object was gone.
+            w("create", "services", "a", "web-east", 201),
         ];
         for a in &allowed {
             assert_eq!(judge(&remit(), &foreign, a), None, "{a}");
         }
         let not_owned = [
             w("update", "services", "a", "web-east", 200),
+            w("patch", "services", "a", "web-east", 200),
+            w("delete", "services", "a", "web-east", 200),
             w("update", "services", "a", "kubernetes", 200),
             w("update", "services", "a", "api-south", 200),
             w("create", "secrets", "sm", "s", 201),
@@ -739,17 +745,35 @@ mod tests {
         block_on(m.foreign("services", "a", "api-east"));
         block_on(m.record(w("update", "services", "a", "api-east", 200)));
         assert!(matches!(m.breaches()[3], Breach::NotOwned(_)));
+        // It stays foreign until the log shows it deleted, by whoever: then the
+        // controller's mirror under that name, and its updates, are its own again.
+        let by_test = |mut w: AuditWrite| {
+            w.user = "admin".into();
+            w
+        };
+        let (_d4, gone) = log_with(&[
+            w("update", "services", "a", "api-east", 200),
+            by_test(w("delete", "services", "a", "api-east", 200)),
+            w("create", "services", "a", "api-east", 201),
+            w("update", "services", "a", "api-east", 200),
+        ]);
+        std::io::Write::write_all(&mut append, &std::fs::read(&gone).unwrap()).unwrap();
+        block_on(m.poll());
+        assert_eq!(m.breaches().len(), 5, "{:?}", m.breaches());
+        assert!(matches!(m.breaches()[4], Breach::NotOwned(_)));
+        block_on(m.record(w("update", "services", "a", "api-east", 200)));
+        assert_eq!(m.breaches().len(), 5, "{:?}", m.breaches());
         // A partial last line waits for its end.
         std::io::Write::write_all(&mut append, b"{\"stage\":\"ResponseComplete\"").unwrap();
         block_on(m.poll());
-        assert_eq!(m.breaches().len(), 4);
+        assert_eq!(m.breaches().len(), 5);
         // A rotated (shorter) log is read from its start.
         drop(append);
         let (_d3, rotated) = log_with(&[w("create", "configmaps", "a", "c", 201)]);
         std::fs::copy(&rotated, &path).unwrap();
         block_on(m.poll());
-        assert_eq!(m.breaches().len(), 5);
-        assert!(matches!(m.breaches()[4], Breach::NotOwned(_)));
+        assert_eq!(m.breaches().len(), 6);
+        assert!(matches!(m.breaches()[5], Breach::NotOwned(_)));
     }
 
     #[test]

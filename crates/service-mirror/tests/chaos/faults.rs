@@ -494,8 +494,9 @@ impl Chaos {
                     !labels.contains_key("mirror.linkerd.io/mirrored-service"),
                     "the controller put its labels back on foreign {ns}/{name}"
                 );
+                // The monitor ends the foreign declaration where the log shows this
+                // delete (the controller recreates its mirror within ~0.1 s).
                 let _ = api.delete(&name, &DeleteParams::default()).await;
-                self.monitor.released("services", &ns, &name).await;
             }
         }
         None
