@@ -153,7 +153,13 @@ fn main() -> std::process::ExitCode {
         runtime().and_then(|rt| rt.block_on(command.run()))
     } else {
         let args = Args::parse();
-        runtime().and_then(|rt| rt.block_on(bench(args)))
+        runtime().and_then(|rt| {
+            let result = rt.block_on(bench(args));
+            // Dropping a runtime waits without end for blocking tasks still running;
+            // the results are written by now.
+            rt.shutdown_timeout(std::time::Duration::from_secs(10));
+            result
+        })
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

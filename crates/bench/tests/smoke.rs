@@ -2,7 +2,47 @@
 //! working in CI. Correctness only, never time: every phase reaches every wanted
 //! state (the bench fails otherwise) and the controller writes nothing while idle.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest a smoke run may take: each takes ~20 s on an idle 2-core machine. A run
+/// past it is killed (its clusters and controller die with it: they are tied to it by
+/// the parent-death signal) and the test fails with what the bench printed, instead of
+/// holding CI until its own limit (a CI run once stopped at 5,400 s with the headless
+/// smoke run "running for over 60 seconds" as its last line).
+const DEADLINE: Duration = Duration::from_secs(600);
+
+/// Runs the bench with `args`, its output in files under `dir`; returns whether it
+/// succeeded, its stdout and its stderr. Panics with both once past [`DEADLINE`].
+fn run_bench(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("run the bench");
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the bench ran past {DEADLINE:?} and was killed\n--- stdout\n{}\n--- stderr\n{}",
+                read(&out),
+                read(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    (status.success(), read(&out), read(&err))
+}
 
 #[test]
 fn smoke_run_mirrors_every_change_and_writes_nothing_when_idle() {
@@ -10,16 +50,24 @@ fn smoke_run_mirrors_every_change_and_writes_nothing_when_idle() {
     let json = dir.path().join("bench.json");
     // `self`: this (debug) bench executable runs the controller, as `service-mirror run`
     // does, in a process of its own; no cargo build from within the test.
-    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(["--services", "100", "--clusters", "1", "--repetitions", "1"])
-        .args(["--smoke", "--controller-bin", "self", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run the bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (ok, stdout, stderr) = run_bench(
+        dir.path(),
+        &[
+            "--services",
+            "100",
+            "--clusters",
+            "1",
+            "--repetitions",
+            "1",
+            "--smoke",
+            "--controller-bin",
+            "self",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
     assert!(
-        out.status.success(),
+        ok,
         "bench failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
     assert!(stdout.contains("| 100 x 1 |"), "a results table: {stdout}");
@@ -80,16 +128,21 @@ fn smoke_run_mirrors_every_change_and_writes_nothing_when_idle() {
 fn headless_smoke_run_mirrors_every_pod_and_writes_nothing_when_idle() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("headless.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(["--headless-pods", "30", "--concurrency", "8"])
-        .args(["--controller-bin", "self", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run the bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (ok, stdout, stderr) = run_bench(
+        dir.path(),
+        &[
+            "--headless-pods",
+            "30",
+            "--concurrency",
+            "8",
+            "--controller-bin",
+            "self",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
     assert!(
-        out.status.success(),
+        ok,
         "bench failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
     let results: serde_json::Value =

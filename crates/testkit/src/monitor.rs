@@ -27,7 +27,8 @@
 //! [`Monitor::changing`] is [`Breach::AfterConvergence`]. With several replicas
 //! ([`Remit::users`]) and [`Remit::leader_lease`] set: the holder is the last replica
 //! whose write to the leader Lease succeeded, and any state write attempt (any status)
-//! by another replica while it holds it is [`Breach::TwoWriters`].
+//! by another replica while it holds it is [`Breach::TwoWriters`], unless the apiserver
+//! received it before the holder's takeover (in flight at the handover, counted apart).
 //!
 //! Not seen: writes by other identities (the test's own, kube-controller-manager's),
 //! reads, and the content of a write (the policy logs metadata only, so ownership is
@@ -76,6 +77,8 @@ pub struct AuditWrite {
     pub user: String,
     /// `stageTimestamp`.
     pub time: Option<Timestamp>,
+    /// `requestReceivedTimestamp`.
+    pub received: Option<Timestamp>,
 }
 
 impl AuditWrite {
@@ -97,6 +100,9 @@ impl AuditWrite {
             code: e["responseStatus"]["code"].as_i64().unwrap_or(0),
             user: s(&e["user"]["username"]),
             time: e["stageTimestamp"].as_str().and_then(|t| t.parse().ok()),
+            received: e["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse().ok()),
         })
     }
 
@@ -126,7 +132,11 @@ impl fmt::Display for AuditWrite {
             self.name,
             self.code,
             self.time.map(|t| t.to_string()).unwrap_or_default()
-        )
+        )?;
+        match self.received {
+            Some(r) => write!(f, " (received {r})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -291,12 +301,21 @@ pub struct Monitor {
     pub unchecked_deletes: Vec<String>,
     /// The last replica with a successful write to the leader Lease.
     pub holder: Option<String>,
+    /// When the apiserver received the Lease write that made [`Monitor::holder`] the
+    /// holder.
+    holder_since: Option<Timestamp>,
     /// When each replica the test stopped (SIGSTOP) was continued.
     resumed: BTreeMap<String, Timestamp>,
     /// Writes of a continued replica that landed within [`IN_FLIGHT`] of its
     /// continuation while another replica led: requests already on their way when it
     /// was stopped (see [`Monitor::resumed`]), counted apart from the breaches.
     pub in_flight_after_resume: Vec<String>,
+    /// Writes of a replica that the apiserver received before another replica's
+    /// takeover of the leader Lease was received, but that completed after it: sent
+    /// while the writer still led, held in the apiserver or etcd (a defragmentation
+    /// blocks etcd for a while) past the handover. Counted apart from the breaches, for
+    /// the same reason as [`Monitor::in_flight_after_resume`].
+    pub in_flight_at_handover: Vec<String>,
 }
 
 /// How long after a stopped replica is continued its writes count as having been on
@@ -322,8 +341,10 @@ impl Monitor {
             seen: BTreeMap::new(),
             unchecked_deletes: Vec::new(),
             holder: None,
+            holder_since: None,
             resumed: BTreeMap::new(),
             in_flight_after_resume: Vec::new(),
+            in_flight_at_handover: Vec::new(),
         }
     }
 
@@ -466,8 +487,9 @@ impl Monitor {
         let lease = self.remit.leader_lease.as_ref()?;
         let leases = w.group == "coordination.k8s.io" && w.resource == "leases";
         if leases && w.namespace == self.remit.controller_namespace && w.name == *lease {
-            if w.ok() {
+            if w.ok() && self.holder.as_ref() != Some(&w.user) {
                 self.holder = Some(w.user.clone());
+                self.holder_since = w.received;
             }
             return None;
         }
@@ -488,6 +510,12 @@ impl Monitor {
         };
         if in_flight {
             self.in_flight_after_resume.push(w.to_string());
+            return None;
+        }
+        if let (Some(sent), Some(since)) = (w.received, self.holder_since)
+            && sent < since
+        {
+            self.in_flight_at_handover.push(w.to_string());
             return None;
         }
         Some(Breach::TwoWriters(w.clone(), holder.clone()))
@@ -565,6 +593,7 @@ mod tests {
             code,
             user: remit().users[0].clone(),
             time: None,
+            received: None,
         }
     }
 
@@ -869,6 +898,46 @@ mod tests {
         block_on(m.record(by(a, lease(200))));
         block_on(m.record(by(b, w("create", "services", "a", "api-east", 201))));
         assert!(m.breaches().is_empty(), "{:?}", m.breaches());
+    }
+
+    #[test]
+    fn a_write_received_before_the_takeover_is_in_flight_and_one_received_after_is_two_writers() {
+        let (a, b) = ("system:serviceaccount:sm:a", "system:serviceaccount:sm:b");
+        let t0 = Timestamp::now();
+        let at = |user: &str, mut w: AuditWrite, received: i64, done: i64| {
+            w.user = user.into();
+            w.received = Some(t0 + SignedDuration::from_millis(received));
+            w.time = Some(t0 + SignedDuration::from_millis(done));
+            w
+        };
+        let mut r = remit();
+        r.users = vec![a.into(), b.into()];
+        r.leader_lease = Some("service-mirror".into());
+        let mut m = Monitor::new(PathBuf::from("/nonexistent"), r, vec![]);
+        let lease = w(
+            "update",
+            "leases.coordination.k8s.io",
+            "sm",
+            "service-mirror",
+            200,
+        );
+        let create = w("create", "services", "a", "api-east", 201);
+        block_on(m.record(at(a, lease.clone(), 0, 5)));
+        // b takes over at 3,000 ms; a's create, sent at 2,000 ms while a led, was held
+        // by etcd and completed after the takeover: in flight, not a breach.
+        block_on(m.record(at(b, lease.clone(), 3000, 4000)));
+        block_on(m.record(at(a, create.clone(), 2000, 4100)));
+        assert!(m.breaches().is_empty(), "{:?}", m.breaches());
+        assert_eq!(m.in_flight_at_handover.len(), 1);
+        // b's own renewal does not move the handover; a write a sent after it is.
+        block_on(m.record(at(b, lease, 5000, 5005)));
+        block_on(m.record(at(a, create, 3500, 5100)));
+        assert!(
+            matches!(m.breaches(), [Breach::TwoWriters(w, h)] if w.user == a && h == b),
+            "{:?}",
+            m.breaches()
+        );
+        assert_eq!(m.in_flight_at_handover.len(), 1);
     }
 
     #[test]

@@ -570,17 +570,19 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
     let total: u32 = chaos.injected.values().sum();
     eprintln!(
         "chaos seed {seed}: {} rounds, {total} faults injected {:?}, skipped {skipped:?}, \
-         convergence p50 {:?} p90 {:?} max {:?}, violations 0, breaches 0 (writes judged {:?}, \
-         unchecked deletes {:?}, writes in flight when a leader was stopped {}), {} processes judged (0 panics, 0 crashes), requests faulted \
+         convergence p50 {:?} p90 {:?} p99 {:?} max {:?}, violations 0, breaches 0 (writes judged {:?}, \
+         unchecked deletes {:?}, writes in flight when a leader was stopped {}, at a handover {}), {} processes judged (0 panics, 0 crashes), requests faulted \
          by the proxies: local {}, remotes {:?}, total {:?}",
         convergence.len(),
         chaos.injected,
         percentile(&sorted, 0.5),
         percentile(&sorted, 0.9),
+        percentile(&sorted, 0.99),
         sorted.last().copied().unwrap_or_default(),
         chaos.monitor.seen,
         chaos.monitor.unchecked_deletes,
         chaos.monitor.in_flight_after_resume.len(),
+        chaos.monitor.in_flight_at_handover.len(),
         processes,
         chaos.local_proxy.faulted(),
         chaos
