@@ -367,6 +367,15 @@ impl Monitor {
             .insert((resource.into(), namespace.into(), name.into()));
     }
 
+    /// Ends a [`Monitor::foreign`] declaration of an object that still exists (the
+    /// object's deletion ends it by itself). Reads the log first, so that earlier writes
+    /// are judged with it.
+    pub async fn released(&mut self, resource: &str, namespace: &str, name: &str) {
+        self.poll().await;
+        self.foreign
+            .remove(&(resource.into(), namespace.into(), name.into()));
+    }
+
     /// Declares that the test removed (or re-created) the link of `cluster`: deletes of
     /// its mirrors are expected until the next [`Monitor::converged`].
     pub fn link_removed(&mut self, cluster: &str) {
