@@ -159,12 +159,16 @@ pub enum Breach {
 impl fmt::Display for Breach {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NotOwned(w) => write!(f, "write to a non-owned object: {w}"),
-            Self::OutsideRemit(w) => write!(f, "write outside the allowed namespaces: {w}"),
-            Self::DeletedWhileExported(w, why) => {
-                write!(f, "mirror deleted while its remote is exported: {w}: {why}")
+            Self::NotOwned(w) => write!(f, "write to a non-owned object by {}: {w}", w.user),
+            Self::OutsideRemit(w) => {
+                write!(f, "write outside the allowed namespaces by {}: {w}", w.user)
             }
-            Self::AfterConvergence(w) => write!(f, "write after convergence: {w}"),
+            Self::DeletedWhileExported(w, why) => write!(
+                f,
+                "mirror deleted while its remote is exported by {}: {w}: {why}",
+                w.user
+            ),
+            Self::AfterConvergence(w) => write!(f, "write after convergence by {}: {w}", w.user),
             Self::TwoWriters(w, holder) => {
                 write!(f, "write by {} while {holder} leads: {w}", w.user)
             }

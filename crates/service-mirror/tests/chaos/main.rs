@@ -45,6 +45,7 @@ use service_mirror_core::NamespaceFilter;
 use service_mirror_testkit::monitor::{Monitor, Remit, WatchedRemote};
 use service_mirror_testkit::{Baseline, Edits, EndpointsMode, Remote, World, check_with_edits};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use support::controller::{link_secret, service_mirror};
 #[allow(unused_imports)]
@@ -188,6 +189,24 @@ async fn allow_and_link(remote: &LocalCluster, name: &str, via: std::net::Socket
     let secret: Secret = serde_json::from_value(value).unwrap();
     let yaml = String::from_utf8(secret.data.as_ref().unwrap()["kubeconfig"].0.clone()).unwrap();
     local_cluster::with_server(&yaml, &format!("https://{via}")).unwrap()
+}
+
+/// Copies every replica's log and the local audit log to a folder of the target dir
+/// that outlives the run (the clusters' folders go with the test); returns where, with
+/// the tails of the replicas' logs.
+fn keep_evidence(chaos: &Chaos, seed: u64, round: usize) -> String {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{seed}-round-{round}"));
+    let _ = std::fs::create_dir_all(&dir);
+    for (i, log) in chaos.replicas.logs().iter().enumerate() {
+        let _ = std::fs::write(dir.join(format!("replica-process-{i}.log")), log);
+    }
+    let _ = std::fs::copy(chaos.local.audit_log(), dir.join("audit.log"));
+    format!(
+        "evidence kept in {}\nreplica logs:\n{}",
+        dir.display(),
+        chaos.replicas.tails(40)
+    )
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -505,7 +524,11 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
         // the oracle still hold at the end of the quiet window.
         chaos.monitor.converged().await;
         tokio::time::sleep(QUIET).await;
-        let ctx = context(&chaos);
+        let mut ctx = context(&chaos);
+        chaos.monitor.poll().await;
+        if !chaos.monitor.breaches().is_empty() {
+            ctx = format!("{ctx}\n{}", keep_evidence(&chaos, seed, round));
+        }
         chaos.monitor.assert_clean(&ctx).await;
         let after =
             check_with_edits(&world, &baseline, EndpointsMode::default(), &chaos.edits).await;
