@@ -27,6 +27,7 @@ pub mod federated;
 pub mod gateway;
 pub mod headless;
 pub mod labels;
+pub mod mcs;
 pub mod metadata;
 pub mod namespaces;
 pub mod naming;

@@ -1,0 +1,348 @@
+//! The Multi-Cluster Services API's merge rules (KEP-1645, "Constraints and Conflict
+//! Resolution"): from the ServiceExports of one namespace/name as every cluster of the
+//! set holds them (each with its own Service), the ServiceImport that every cluster,
+//! the exporters included, holds, and the conditions each export carries.
+//!
+//! Each cluster's controller computes this from what it reads over its links (a full
+//! mesh) and writes only its own cluster's objects, so every cluster must reach the same
+//! answer from the same exports: the result depends on the set of exports, never on
+//! their order, and precedence goes to the oldest export (`creationTimestamp`, then the
+//! cluster name, so that two exports of one second stay ordered the same everywhere).
+//!
+//! A property that cannot merge is taken from the oldest export and raises a `Conflict`
+//! on every export (the KEP's rule; Lighthouse once set it on the newer export only,
+//! submariner-io/lighthouse#1831). Ports merge as a union by name: a name whose protocol
+//! or number differs keeps the oldest export's, a port whose protocol and number another
+//! name already holds is left out, and any export whose ports differ from the union
+//! raises `PortConflict`.
+
+use k8s_openapi::api::core::v1::{Service, SessionAffinityConfig};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The API group of ServiceExport and ServiceImport.
+pub const GROUP: &str = "multicluster.x-k8s.io";
+/// Label of an imported EndpointSlice (and of the ServiceImport's objects): the
+/// imported Service's name.
+pub const SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";
+/// Label of an imported EndpointSlice: the cluster its endpoints come from.
+pub const SOURCE_CLUSTER_LABEL: &str = "multicluster.kubernetes.io/source-cluster";
+
+/// One cluster's ServiceExport of a namespace/name, with what it exports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterExport {
+    /// The cluster holding the ServiceExport.
+    pub cluster: String,
+    /// The ServiceExport's `creationTimestamp`.
+    pub created: Timestamp,
+    /// `spec.exportedLabels`: the labels the ServiceImport carries.
+    pub exported_labels: BTreeMap<String, String>,
+    /// `spec.exportedAnnotations`: the annotations the ServiceImport carries.
+    pub exported_annotations: BTreeMap<String, String>,
+    /// The Service of the same namespace/name in that cluster, if there is one.
+    pub service: Option<Service>,
+}
+
+/// The `Valid` condition of a ServiceExport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Validity {
+    /// Its Service exists and can be exported.
+    Valid,
+    /// No Service of that namespace/name in its cluster.
+    NoService,
+    /// An ExternalName Service: nothing to import (the KEP leaves it out).
+    InvalidServiceType,
+}
+
+impl Validity {
+    /// Of `export`.
+    pub fn of(export: &ClusterExport) -> Self {
+        match &export.service {
+            None => Self::NoService,
+            Some(s) if service_type(s) == Some("ExternalName") => Self::InvalidServiceType,
+            Some(_) => Self::Valid,
+        }
+    }
+
+    /// The condition's status.
+    pub fn is_valid(self) -> bool {
+        self == Self::Valid
+    }
+
+    /// The condition's reason (the KEP's words).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Valid => "Valid",
+            Self::NoService => "NoService",
+            Self::InvalidServiceType => "InvalidServiceType",
+        }
+    }
+}
+
+/// `ServiceImport.spec.type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportType {
+    /// One virtual IP for the whole set (ClusterIP, NodePort and LoadBalancer exports).
+    ClusterSetIp,
+    /// No virtual IP: DNS names the endpoints (`clusterIP: None`).
+    Headless,
+}
+
+impl ImportType {
+    /// Of a Service that can be exported.
+    pub fn of(service: &Service) -> Self {
+        let none = service.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
+        if none {
+            Self::Headless
+        } else {
+            Self::ClusterSetIp
+        }
+    }
+
+    /// As the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClusterSetIp => "ClusterSetIP",
+            Self::Headless => "Headless",
+        }
+    }
+}
+
+/// A port of a ServiceImport: a Service port without `targetPort` or `nodePort`
+/// (those belong to each cluster; mcs-api#93, cilium#36735).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ImportPort {
+    /// Its name (`""`: the one port of a single-port Service).
+    pub name: String,
+    /// `TCP`, `UDP` or `SCTP` (`TCP` when the Service left it out).
+    pub protocol: String,
+    /// The port number.
+    pub port: i32,
+    /// `appProtocol`, if given.
+    pub app_protocol: Option<String>,
+}
+
+/// A property that differs between exports, each with the KEP's reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Conflict {
+    /// `PortConflict`.
+    Port,
+    /// `TypeConflict`: headless and not.
+    Type,
+    /// `SessionAffinityConflict`.
+    SessionAffinity,
+    /// `SessionAffinityConfigConflict`.
+    SessionAffinityConfig,
+    /// `LabelsConflict`: different `exportedLabels`.
+    Labels,
+    /// `AnnotationsConflict`: different `exportedAnnotations`.
+    Annotations,
+    /// `InternalTrafficPolicyConflict`.
+    InternalTrafficPolicy,
+    /// `TrafficDistributionConflict`.
+    TrafficDistribution,
+    /// `IPFamilyConflict`.
+    IpFamily,
+}
+
+impl Conflict {
+    /// The KEP's reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Port => "PortConflict",
+            Self::Type => "TypeConflict",
+            Self::SessionAffinity => "SessionAffinityConflict",
+            Self::SessionAffinityConfig => "SessionAffinityConfigConflict",
+            Self::Labels => "LabelsConflict",
+            Self::Annotations => "AnnotationsConflict",
+            Self::InternalTrafficPolicy => "InternalTrafficPolicyConflict",
+            Self::TrafficDistribution => "TrafficDistributionConflict",
+            Self::IpFamily => "IPFamilyConflict",
+        }
+    }
+}
+
+/// The reason of the `Conflict` condition for `conflicts`: `NoConflicts` (status
+/// False), else their reasons joined by commas in a fixed order (status True).
+pub fn conflict_reason(conflicts: &BTreeSet<Conflict>) -> String {
+    if conflicts.is_empty() {
+        return "NoConflicts".into();
+    }
+    conflicts
+        .iter()
+        .map(|c| c.reason())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What a ServiceImport carries besides its IPs (those are the derived local Service's
+/// ClusterIPs, known only once that Service exists).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportSpec {
+    /// `spec.type`.
+    pub type_: ImportType,
+    /// `spec.ports`: the union, oldest export first.
+    pub ports: Vec<ImportPort>,
+    /// `spec.sessionAffinity`.
+    pub session_affinity: Option<String>,
+    /// `spec.sessionAffinityConfig`.
+    pub session_affinity_config: Option<SessionAffinityConfig>,
+    /// `spec.internalTrafficPolicy`.
+    pub internal_traffic_policy: Option<String>,
+    /// `spec.trafficDistribution`.
+    pub traffic_distribution: Option<String>,
+    /// `spec.ipFamilies` of the oldest export's Service.
+    pub ip_families: Vec<String>,
+    /// The oldest export's `exportedLabels`.
+    pub labels: BTreeMap<String, String>,
+    /// The oldest export's `exportedAnnotations`.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The merge of every export of one namespace/name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Merge {
+    /// The ServiceImport every cluster holds; None when no export is valid (no
+    /// ServiceImport anywhere: an existing one goes).
+    pub import: Option<ImportSpec>,
+    /// The clusters whose export is valid, by name (`status.clusters`).
+    pub clusters: Vec<String>,
+    /// The `Conflict` condition of every valid export (empty: `NoConflicts`).
+    pub conflicts: BTreeSet<Conflict>,
+}
+
+/// Merges the exports of one namespace/name from every cluster (at most one each; the
+/// order does not matter).
+pub fn merge(exports: &[ClusterExport]) -> Merge {
+    let mut valid: Vec<(&ClusterExport, &Service)> = exports
+        .iter()
+        .filter(|e| Validity::of(e).is_valid())
+        .filter_map(|e| e.service.as_ref().map(|s| (e, s)))
+        .collect();
+    valid.sort_by(|a, b| (a.0.created, &a.0.cluster).cmp(&(b.0.created, &b.0.cluster)));
+    let mut clusters: Vec<String> = valid.iter().map(|(e, _)| e.cluster.clone()).collect();
+    clusters.sort();
+    clusters.dedup();
+    let Some(&(oldest, oldest_svc)) = valid.first() else {
+        return Merge {
+            import: None,
+            clusters,
+            conflicts: BTreeSet::new(),
+        };
+    };
+    let spec = |s: &Service| s.spec.clone().unwrap_or_default();
+    let first = spec(oldest_svc);
+    let mut conflicts = BTreeSet::new();
+    let mut differs = |conflict: Conflict, same: bool| {
+        if !same {
+            conflicts.insert(conflict);
+        }
+    };
+    for &(e, s) in &valid[1..] {
+        let other = spec(s);
+        differs(
+            Conflict::Type,
+            ImportType::of(s) == ImportType::of(oldest_svc),
+        );
+        differs(
+            Conflict::SessionAffinity,
+            affinity(&other.session_affinity) == affinity(&first.session_affinity),
+        );
+        differs(
+            Conflict::SessionAffinityConfig,
+            other.session_affinity_config == first.session_affinity_config,
+        );
+        differs(
+            Conflict::InternalTrafficPolicy,
+            other.internal_traffic_policy == first.internal_traffic_policy,
+        );
+        differs(
+            Conflict::TrafficDistribution,
+            other.traffic_distribution == first.traffic_distribution,
+        );
+        differs(
+            Conflict::IpFamily,
+            other.ip_families.as_deref().unwrap_or_default()
+                == first.ip_families.as_deref().unwrap_or_default(),
+        );
+        differs(
+            Conflict::Labels,
+            e.exported_labels == oldest.exported_labels,
+        );
+        differs(
+            Conflict::Annotations,
+            e.exported_annotations == oldest.exported_annotations,
+        );
+    }
+    let ports = union_of_ports(valid.iter().map(|(_, s)| import_ports(s)));
+    let union: BTreeSet<&ImportPort> = ports.iter().collect();
+    if valid
+        .iter()
+        .any(|(_, s)| import_ports(s).iter().collect::<BTreeSet<_>>() != union)
+    {
+        conflicts.insert(Conflict::Port);
+    }
+    Merge {
+        import: Some(ImportSpec {
+            type_: ImportType::of(oldest_svc),
+            ports,
+            session_affinity: first.session_affinity.clone(),
+            session_affinity_config: first.session_affinity_config.clone(),
+            internal_traffic_policy: first.internal_traffic_policy.clone(),
+            traffic_distribution: first.traffic_distribution.clone(),
+            ip_families: first.ip_families.clone().unwrap_or_default(),
+            labels: oldest.exported_labels.clone(),
+            annotations: oldest.exported_annotations.clone(),
+        }),
+        clusters,
+        conflicts,
+    }
+}
+
+/// The ports of `service` as a ServiceImport lists them.
+pub fn import_ports(service: &Service) -> Vec<ImportPort> {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| ImportPort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            port: p.port,
+            app_protocol: p.app_protocol.clone(),
+        })
+        .collect()
+}
+
+/// The union of port lists, oldest first: a name keeps its first definition, and a
+/// port whose protocol and number an earlier name holds is left out (a Service cannot
+/// serve one protocol and number under two names).
+fn union_of_ports(lists: impl Iterator<Item = Vec<ImportPort>>) -> Vec<ImportPort> {
+    let mut union: Vec<ImportPort> = Vec::new();
+    for list in lists {
+        for p in list {
+            let taken = union
+                .iter()
+                .any(|u| u.name == p.name || (u.protocol == p.protocol && u.port == p.port));
+            if !taken {
+                union.push(p);
+            }
+        }
+    }
+    union
+}
+
+/// `sessionAffinity` as the apiserver defaults it (`None` when left out).
+fn affinity(a: &Option<String>) -> &str {
+    a.as_deref().unwrap_or("None")
+}
+
+fn service_type(s: &Service) -> Option<&str> {
+    s.spec.as_ref().and_then(|s| s.type_.as_deref())
+}
+
+#[cfg(test)]
+#[path = "mcs_tests.rs"]
+mod tests;
