@@ -23,6 +23,7 @@ pub mod leader;
 pub mod link_controller;
 pub mod links;
 pub mod logging;
+pub mod mcs;
 pub mod metrics;
 pub mod permissions;
 pub(crate) mod watch;
