@@ -16,7 +16,7 @@
 //! name already holds is left out, and any export whose ports differ from the union
 //! raises `PortConflict`.
 
-use k8s_openapi::api::core::v1::{Service, SessionAffinityConfig};
+use k8s_openapi::api::core::v1::{Service, ServiceSpec, SessionAffinityConfig};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -233,46 +233,41 @@ pub fn merge(exports: &[ClusterExport]) -> Merge {
     let spec = |s: &Service| s.spec.clone().unwrap_or_default();
     let first = spec(oldest_svc);
     let mut conflicts = BTreeSet::new();
-    let mut differs = |conflict: Conflict, same: bool| {
-        if !same {
-            conflicts.insert(conflict);
-        }
-    };
     for &(e, s) in &valid[1..] {
         let other = spec(s);
-        differs(
-            Conflict::Type,
-            ImportType::of(s) == ImportType::of(oldest_svc),
-        );
-        differs(
-            Conflict::SessionAffinity,
-            affinity(&other.session_affinity) == affinity(&first.session_affinity),
-        );
-        differs(
-            Conflict::SessionAffinityConfig,
-            other.session_affinity_config == first.session_affinity_config,
-        );
-        differs(
-            Conflict::InternalTrafficPolicy,
-            other.internal_traffic_policy == first.internal_traffic_policy,
-        );
-        differs(
-            Conflict::TrafficDistribution,
-            other.traffic_distribution == first.traffic_distribution,
-        );
-        differs(
-            Conflict::IpFamily,
-            other.ip_families.as_deref().unwrap_or_default()
-                == first.ip_families.as_deref().unwrap_or_default(),
-        );
-        differs(
-            Conflict::Labels,
-            e.exported_labels == oldest.exported_labels,
-        );
-        differs(
-            Conflict::Annotations,
-            e.exported_annotations == oldest.exported_annotations,
-        );
+        let families = |s: &ServiceSpec| s.ip_families.clone().unwrap_or_default();
+        let same = [
+            (
+                Conflict::Type,
+                ImportType::of(s) == ImportType::of(oldest_svc),
+            ),
+            (
+                Conflict::SessionAffinity,
+                affinity(&other.session_affinity) == affinity(&first.session_affinity),
+            ),
+            (
+                Conflict::SessionAffinityConfig,
+                other.session_affinity_config == first.session_affinity_config,
+            ),
+            (
+                Conflict::InternalTrafficPolicy,
+                other.internal_traffic_policy == first.internal_traffic_policy,
+            ),
+            (
+                Conflict::TrafficDistribution,
+                other.traffic_distribution == first.traffic_distribution,
+            ),
+            (Conflict::IpFamily, families(&other) == families(&first)),
+            (
+                Conflict::Labels,
+                e.exported_labels == oldest.exported_labels,
+            ),
+            (
+                Conflict::Annotations,
+                e.exported_annotations == oldest.exported_annotations,
+            ),
+        ];
+        conflicts.extend(same.into_iter().filter(|(_, same)| !same).map(|(c, _)| c));
     }
     let ports = union_of_ports(valid.iter().map(|(_, s)| import_ports(s)));
     let union: BTreeSet<&ImportPort> = ports.iter().collect();
