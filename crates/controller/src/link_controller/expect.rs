@@ -69,12 +69,20 @@ impl Expectations {
             .is_some_and(|(replaced, _)| replaced.as_deref() != version)
         {
             pending.remove(&key);
+            tracing::debug!(?kind, %ns, %name, ?version, "write seen in the cache");
         }
     }
 
     /// A relist of `kind` replaced its cache: nothing of it is pending any more.
     pub(crate) fn relisted(&self, kind: LocalObject) {
-        self.lock().retain(|k, _| k.0 != kind);
+        let mut pending = self.lock();
+        let before = pending.len();
+        pending.retain(|k, _| k.0 != kind);
+        tracing::debug!(
+            ?kind,
+            forgotten = before - pending.len(),
+            "local cache relisted: pending writes forgotten"
+        );
     }
 
     /// Whether a write to `ns/name` has not reached the cache yet.

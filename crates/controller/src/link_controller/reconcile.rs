@@ -200,6 +200,18 @@ impl Reconciler {
         // mirrors beyond the limit refused); any other is admitted in `apply`.
         let admitted = self.admit_members(key, &mut gathered).await;
         let decision = decide(key, &self.link.cluster_name, &gathered);
+        if let Decision::Write(w) = &decision
+            && w.create_permit
+        {
+            tracing::debug!(
+                cluster = %self.link.cluster_name,
+                %key,
+                services = gathered.services.len(),
+                endpoints = gathered.endpoints.len(),
+                slices = gathered.slices.len(),
+                "the plan creates what the caches do not hold"
+            );
+        }
         let observed = self.status.as_ref().and_then(|_| observed(&gathered));
         let fingerprint = updates(&decision)
             .then(|| fingerprint(gathered.desired.as_ref(), gathered.members.as_deref()));

@@ -470,7 +470,10 @@ impl LocalEvents {
         };
         match ev {
             watcher::Event::Apply(o) => observed(o, o.meta().resource_version.as_deref()),
-            watcher::Event::Delete(o) => observed(o, None),
+            watcher::Event::Delete(o) => {
+                tracing::debug!(kind = %K::kind(&()), ns = ?o.namespace(), name = %o.name_any(), "local object deleted");
+                observed(o, None)
+            }
             watcher::Event::InitDone => self.expectations.relisted(K::OBJECT),
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
