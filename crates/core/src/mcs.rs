@@ -17,6 +17,7 @@
 //! raises `PortConflict`.
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec, SessionAffinityConfig};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -292,6 +293,104 @@ pub fn merge(exports: &[ClusterExport]) -> Merge {
         clusters,
         conflicts,
     }
+}
+
+/// One condition of a ServiceExport's status, without its transition time (see
+/// [`with_transition_times`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportCondition {
+    /// `Valid`, `Ready` or `Conflict`.
+    pub type_: &'static str,
+    /// `True` or `False`.
+    pub status: bool,
+    /// The KEP's reason.
+    pub reason: String,
+    /// For people.
+    pub message: String,
+}
+
+/// The conditions the exporting cluster writes on its ServiceExport of `cluster`, from
+/// its validity and the merge of every export of the name: `Valid`; `Ready` (True,
+/// `Exported`, once valid: the merge is what every cluster imports; False, `Failed`,
+/// otherwise); `Conflict` (valid exports only: the same on every export).
+pub fn export_conditions(validity: Validity, merge: &Merge) -> Vec<ExportCondition> {
+    let valid = validity.is_valid();
+    let mut conditions = vec![
+        ExportCondition {
+            type_: "Valid",
+            status: valid,
+            reason: validity.reason().into(),
+            message: match validity {
+                Validity::Valid => "the Service can be exported".into(),
+                Validity::NoService => "no Service of this name in this namespace".into(),
+                Validity::InvalidServiceType => "an ExternalName Service cannot be exported".into(),
+            },
+        },
+        ExportCondition {
+            type_: "Ready",
+            status: valid,
+            reason: if valid { "Exported" } else { "Failed" }.into(),
+            message: if valid {
+                format!("imported from {} cluster(s)", merge.clusters.len())
+            } else {
+                "not exported: see the Valid condition".into()
+            },
+        },
+    ];
+    if valid {
+        conditions.push(ExportCondition {
+            type_: "Conflict",
+            status: !merge.conflicts.is_empty(),
+            reason: conflict_reason(&merge.conflicts),
+            message: match merge.conflicts.is_empty() {
+                true => "every export of this name agrees".into(),
+                false => format!(
+                    "the exports of this name differ ({}): the oldest export's value is imported",
+                    conflict_reason(&merge.conflicts)
+                ),
+            },
+        });
+    }
+    conditions
+}
+
+/// `desired` as `metav1.Condition`s at `now`, keeping the transition time of each
+/// condition of `current` whose status is unchanged (the API's rule: the time says when
+/// the status last changed, not when it was last written); returns None when `current`
+/// already says exactly that, so an unchanged export writes nothing.
+pub fn with_transition_times(
+    current: &[Condition],
+    desired: &[ExportCondition],
+    now: Timestamp,
+) -> Option<Vec<Condition>> {
+    let next: Vec<Condition> = desired
+        .iter()
+        .map(|d| {
+            let status = if d.status { "True" } else { "False" };
+            let since = current
+                .iter()
+                .find(|c| c.type_ == d.type_ && c.status == status)
+                .map_or(Time(now), |c| c.last_transition_time.clone());
+            Condition {
+                type_: d.type_.into(),
+                status: status.into(),
+                reason: d.reason.clone(),
+                message: d.message.clone(),
+                last_transition_time: since,
+                observed_generation: None,
+            }
+        })
+        .collect();
+    let same = next.len() == current.len()
+        && next.iter().all(|n| {
+            current.iter().any(|c| {
+                c.type_ == n.type_
+                    && c.status == n.status
+                    && c.reason == n.reason
+                    && c.message == n.message
+            })
+        });
+    (!same).then_some(next)
 }
 
 /// The ports of `service` as a ServiceImport lists them.

@@ -439,3 +439,80 @@ fn import_ports_drop_target_and_node_ports_and_keep_app_protocol() {
         }]
     );
 }
+
+fn condition(m: &[ExportCondition], type_: &str) -> (bool, String) {
+    let c = m.iter().find(|c| c.type_ == type_).expect(type_);
+    (c.status, c.reason.clone())
+}
+
+#[test]
+fn a_valid_export_is_valid_ready_and_says_whether_it_conflicts() {
+    let m = merge(&[export("east", 1, Some(hello()))]);
+    let c = export_conditions(Validity::Valid, &m);
+    assert_eq!(condition(&c, "Valid"), (true, "Valid".into()));
+    assert_eq!(condition(&c, "Ready"), (true, "Exported".into()));
+    assert_eq!(condition(&c, "Conflict"), (false, "NoConflicts".into()));
+    let second = with(hello(), |s| s.ports = Some(vec![port("tcp", "TCP", 43)]));
+    let m = merge(&[
+        export("east", 1, Some(hello())),
+        export("west", 2, Some(second)),
+    ]);
+    // The conditions depend on the merge alone: the older export and the newer one
+    // carry the same Conflict.
+    let c = export_conditions(Validity::Valid, &m);
+    assert_eq!(condition(&c, "Conflict"), (true, "PortConflict".into()));
+    assert_eq!(condition(&c, "Ready"), (true, "Exported".into()));
+}
+
+#[test]
+fn an_invalid_export_is_neither_valid_nor_ready_and_has_no_conflict_condition() {
+    for (validity, reason) in [
+        (Validity::NoService, "NoService"),
+        (Validity::InvalidServiceType, "InvalidServiceType"),
+    ] {
+        let c = export_conditions(validity, &merge(&[]));
+        assert_eq!(condition(&c, "Valid"), (false, reason.into()));
+        assert_eq!(condition(&c, "Ready"), (false, "Failed".into()));
+        assert!(c.iter().all(|c| c.type_ != "Conflict"), "{c:?}");
+    }
+}
+
+#[test]
+fn transition_times_move_only_with_the_status_and_an_unchanged_status_writes_nothing() {
+    let t = |s: i64| Timestamp::from_second(s).unwrap();
+    let m = merge(&[export("east", 1, Some(hello()))]);
+    let desired = export_conditions(Validity::Valid, &m);
+    let first = with_transition_times(&[], &desired, t(100)).expect("a first write");
+    assert_eq!(first.len(), 3);
+    assert!(first.iter().all(|c| c.last_transition_time.0 == t(100)));
+    // The same conditions later: nothing to write.
+    assert_eq!(with_transition_times(&first, &desired, t(200)), None);
+    // A conflict appears: only Conflict's time moves.
+    let second = with(hello(), |s| s.ports = Some(vec![port("tcp", "TCP", 43)]));
+    let m = merge(&[
+        export("east", 1, Some(hello())),
+        export("west", 2, Some(second)),
+    ]);
+    let next = with_transition_times(&first, &export_conditions(Validity::Valid, &m), t(300))
+        .expect("Conflict changed");
+    for c in &next {
+        let want = if c.type_ == "Conflict" {
+            t(300)
+        } else {
+            t(100)
+        };
+        assert_eq!(c.last_transition_time.0, want, "{}", c.type_);
+    }
+    // The Service goes: Valid and Ready turn False now, Conflict is gone.
+    let gone = with_transition_times(
+        &next,
+        &export_conditions(Validity::NoService, &merge(&[])),
+        t(400),
+    )
+    .expect("Valid changed");
+    assert_eq!(gone.len(), 2);
+    assert!(
+        gone.iter()
+            .all(|c| c.status == "False" && c.last_transition_time.0 == t(400))
+    );
+}
