@@ -252,7 +252,8 @@ pub fn merge(exports: &[ClusterExport]) -> Merge {
             ),
             (
                 Conflict::InternalTrafficPolicy,
-                other.internal_traffic_policy == first.internal_traffic_policy,
+                traffic_policy(&other.internal_traffic_policy)
+                    == traffic_policy(&first.internal_traffic_policy),
             ),
             (
                 Conflict::TrafficDistribution,
@@ -354,15 +355,24 @@ pub fn export_conditions(validity: Validity, merge: &Merge) -> Vec<ExportConditi
     conditions
 }
 
+/// The condition types [`export_conditions`] writes; others on an export are left as
+/// they are.
+pub const EXPORT_CONDITION_TYPES: [&str; 3] = ["Valid", "Ready", "Conflict"];
+
 /// `desired` as `metav1.Condition`s at `now`, keeping the transition time of each
 /// condition of `current` whose status is unchanged (the API's rule: the time says when
-/// the status last changed, not when it was last written); returns None when `current`
-/// already says exactly that, so an unchanged export writes nothing.
+/// the status last changed, not when it was last written), and every condition of a
+/// type not ours; returns None when `current` already says exactly that, so an
+/// unchanged export writes nothing.
 pub fn with_transition_times(
     current: &[Condition],
     desired: &[ExportCondition],
     now: Timestamp,
 ) -> Option<Vec<Condition>> {
+    let theirs = current
+        .iter()
+        .filter(|c| !EXPORT_CONDITION_TYPES.contains(&c.type_.as_str()))
+        .cloned();
     let next: Vec<Condition> = desired
         .iter()
         .map(|d| {
@@ -380,6 +390,7 @@ pub fn with_transition_times(
                 observed_generation: None,
             }
         })
+        .chain(theirs)
         .collect();
     let same = next.len() == current.len()
         && next.iter().all(|n| {
@@ -431,6 +442,11 @@ fn union_of_ports(lists: impl Iterator<Item = Vec<ImportPort>>) -> Vec<ImportPor
 /// `sessionAffinity` as the apiserver defaults it (`None` when left out).
 fn affinity(a: &Option<String>) -> &str {
     a.as_deref().unwrap_or("None")
+}
+
+/// `internalTrafficPolicy` as the apiserver defaults it (`Cluster` when left out).
+fn traffic_policy(p: &Option<String>) -> &str {
+    p.as_deref().unwrap_or("Cluster")
 }
 
 fn service_type(s: &Service) -> Option<&str> {

@@ -3,6 +3,7 @@
 
 use super::*;
 use k8s_openapi::api::core::v1::{ClientIPConfig, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// A port `name/protocol/number`.
 fn port(name: &str, protocol: &str, number: i32) -> ServicePort {
@@ -335,6 +336,41 @@ fn each_differing_property_raises_its_own_conflict_and_the_oldest_wins() {
 }
 
 #[test]
+fn a_left_out_internal_traffic_policy_equals_cluster() {
+    let unset = with(hello(), |s| s.internal_traffic_policy = None);
+    let cluster = with(hello(), |s| {
+        s.internal_traffic_policy = Some("Cluster".into())
+    });
+    let m = merge(&[
+        export("east", 1, Some(unset)),
+        export("west", 2, Some(cluster)),
+    ]);
+    assert_eq!(reasons(&m), "NoConflicts");
+}
+
+#[test]
+fn the_same_port_name_with_another_app_protocol_conflicts() {
+    let h2c = with(hello(), |s| {
+        s.ports = Some(vec![
+            ServicePort {
+                app_protocol: Some("kubernetes.io/h2c".into()),
+                ..port("tcp", "TCP", 42)
+            },
+            port("udp", "UDP", 42),
+        ]);
+    });
+    let m = merge(&[
+        export("east", 1, Some(hello())),
+        export("west", 2, Some(h2c)),
+    ]);
+    assert_eq!(reasons(&m), "PortConflict");
+    assert_eq!(
+        m.import.as_ref().unwrap().ports,
+        [ip("tcp", "TCP", 42), ip("udp", "UDP", 42)]
+    );
+}
+
+#[test]
 fn a_left_out_session_affinity_equals_none() {
     let unset = with(hello(), |s| {
         s.session_affinity = None;
@@ -511,6 +547,27 @@ fn transition_times_move_only_with_the_status_and_an_unchanged_status_writes_not
     )
     .expect("Valid changed");
     assert_eq!(gone.len(), 2);
+    // A condition of a type that is not ours stays as it is.
+    let mut theirs = first.clone();
+    theirs.push(Condition {
+        type_: "example.com/Audited".into(),
+        status: "True".into(),
+        reason: "Seen".into(),
+        message: String::new(),
+        last_transition_time: Time(t(50)),
+        observed_generation: None,
+    });
+    assert_eq!(with_transition_times(&theirs, &desired, t(500)), None);
+    let kept = with_transition_times(
+        &theirs,
+        &export_conditions(Validity::NoService, &merge(&[])),
+        t(500),
+    )
+    .unwrap();
+    assert!(
+        kept.iter()
+            .any(|c| c.type_ == "example.com/Audited" && c.last_transition_time.0 == t(50))
+    );
     assert!(
         gone.iter()
             .all(|c| c.status == "False" && c.last_transition_time.0 == t(400))

@@ -75,14 +75,19 @@ impl Expectations {
 
     /// A relist of `kind` replaced its cache: nothing of it is pending any more.
     pub(crate) fn relisted(&self, kind: LocalObject) {
-        let mut pending = self.lock();
-        let before = pending.len();
-        pending.retain(|k, _| k.0 != kind);
-        tracing::debug!(
-            ?kind,
-            forgotten = before - pending.len(),
-            "local cache relisted: pending writes forgotten"
-        );
+        let forgotten = {
+            let mut pending = self.lock();
+            let before = pending.len();
+            pending.retain(|k, _| k.0 != kind);
+            before - pending.len()
+        };
+        if forgotten > 0 {
+            tracing::debug!(
+                ?kind,
+                forgotten,
+                "local cache relisted: pending writes forgotten"
+            );
+        }
     }
 
     /// Whether a write to `ns/name` has not reached the cache yet.
