@@ -535,6 +535,63 @@ async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
     );
 }
 
+/// A name held for long enough that the key's retries have backed off to 16 s (after
+/// the first failure at t0: 5, 10, 20 ms, then t0+1, +3, +7, +15, +31 s) comes back
+/// within the 5 s read recheck of `blocked.rs` once freed at t0+17 s, not at the retry
+/// of t0+31 s: the label-selected watches see nothing of the holder's delete.
+#[tokio::test]
+async fn a_mirror_name_freed_after_a_long_conflict_is_mirrored_within_the_recheck() {
+    let env = Env::new("freed").await;
+    create_namespace(&env.lc, &env.ns).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    let foreign = Service {
+        metadata: kube::api::ObjectMeta {
+            name: Some(env.mirror_name("held")),
+            labels: Some([("app".to_string(), "mine".to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+            ports: Some(ports(&[("x", 1)])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    env.local_services()
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    env.export("held", "gw", &[("http", 80)]).await;
+    let w = env.watch();
+    let events: Api<Event> = Api::namespaced(env.lc.clone(), &env.ns);
+    eventually("conflict event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("MirrorConflict"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(17)).await;
+    env.local_services()
+        .delete(&env.mirror_name("held"), &DeleteParams::default())
+        .await
+        .unwrap();
+    let freed = std::time::Instant::now();
+    env.mirror_until("held", "mirror after the long conflict", |s, _| {
+        label(&s.metadata, "mirror.linkerd.io/cluster-name") == Some(env.cluster.as_str())
+    })
+    .await;
+    let took = freed.elapsed();
+    eprintln!("mirrored {took:?} after the name was freed");
+    // The recheck runs every 5 s; the next retry comes about 14 s after the delete
+    // (measured: 14.2 s without the recheck, 2.9 s with it). A generous bound for a loaded 2-core
+    // machine, still under the backoff's.
+    assert!(took < Duration::from_secs(9), "took {took:?}");
+    w.stop(true).await.unwrap();
+}
+
 trait StatusExt {
     fn status_failing(
         &self,

@@ -26,6 +26,18 @@ pub(crate) enum LocalObject {
     EndpointSlice,
 }
 
+impl LocalObject {
+    /// Of a Kubernetes kind name (`Service`, `Endpoints`, `EndpointSlice`).
+    pub(crate) fn of_kind(kind: &str) -> Option<Self> {
+        match kind {
+            "Service" => Some(Self::Service),
+            "Endpoints" => Some(Self::Endpoints),
+            "EndpointSlice" => Some(Self::EndpointSlice),
+            _ => None,
+        }
+    }
+}
+
 type Key = (LocalObject, String, String);
 
 /// Pending writes by object: the state each write replaced (a resourceVersion, or

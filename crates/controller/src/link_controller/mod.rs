@@ -9,6 +9,7 @@
 //! writer carry out the difference. Nothing is written when nothing differs. Gateways
 //! (addresses, probes) are the [`crate::gateway`] component's. See docs/architecture.md.
 
+mod blocked;
 mod cache;
 mod contention;
 mod decide;
@@ -204,6 +205,7 @@ impl LinkController {
             synced: synced.clone(),
             gateways: Arc::new(gateways),
             expectations: Arc::default(),
+            blocked: Arc::default(),
             endpoints_first: Default::default(),
             limit: Arc::new(limit::MirrorLimit::new(config.max_mirrors)),
             queue: WorkQueue::new(

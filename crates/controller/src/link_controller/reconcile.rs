@@ -73,6 +73,8 @@ pub(super) struct Reconciler {
     pub(super) gateways: Arc<Gateways>,
     /// Our writes the local caches have not shown yet.
     pub(super) expectations: Arc<Expectations>,
+    /// Mirror names someone else's object holds, read again until free.
+    pub(super) blocked: Arc<super::blocked::Blocked>,
     /// Keys whose Endpoints were written ahead of their Service (see decide.rs), with
     /// the resourceVersion of the Endpoints that write replaced.
     pub(super) endpoints_first: Mutex<HashMap<ServiceKey, Vec<String>>>,

@@ -38,6 +38,12 @@ pub(super) fn spawn(
             rec.queue.clone(),
             cancel.clone(),
         )),
+        tokio::spawn(super::blocked::recheck(
+            rec.blocked.clone(),
+            rec.local.clone(),
+            rec.queue.clone(),
+            cancel.clone(),
+        )),
     ];
     for _ in 0..config.workers.max(1) {
         let work = worker(
@@ -155,6 +161,15 @@ pub(super) async fn worker(
                 if let crate::error::Error::MissingNamespace(ns) = &e {
                     rec.missing_namespace(&key, ns).await;
                 }
+                if let crate::error::Error::OwnershipConflict {
+                    kind,
+                    namespace,
+                    name,
+                    ..
+                } = &e
+                {
+                    rec.blocked.hold(&key, kind, namespace, name);
+                }
                 if failures > requeue_limit {
                     tracing::warn!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying slowly");
                 } else {
@@ -163,6 +178,7 @@ pub(super) async fn worker(
                 continue;
             }
         };
+        rec.blocked.clear(&key);
         queue.done(key, outcome);
     }
 }
