@@ -33,6 +33,25 @@ async fn world(prefix: &str, extra: &[&str]) -> (Env, String, Controller, LinkSe
     (env, ctl_ns, ctl, secrets)
 }
 
+/// Waits until the controller counts no rotation in progress: exactly 0, so a count
+/// that was never raised (-1) or never lowered (1) fails.
+async fn no_rotation_in_progress(ctl: &Controller) {
+    let mut last = String::new();
+    for _ in 0..50 {
+        let page = ctl.metrics().await;
+        last = page
+            .lines()
+            .find(|l| l.starts_with("service_mirror_link_rotations_in_progress "))
+            .unwrap_or_default()
+            .to_owned();
+        if last == "service_mirror_link_rotations_in_progress 0" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("a rotation still counted after it ended: {last:?}");
+}
+
 /// Replaces the kubeconfig the link Secret holds.
 async fn rotate_to(secrets: &LinkSecrets, kc: &Kubeconfig) {
     let mut s: Secret = secrets.get(LINK).await.unwrap();
@@ -119,6 +138,7 @@ async fn after_a_rotation_the_revoked_old_token_is_never_used_and_updates_keep_f
     let new = reader_kubeconfig(&env.remote, &env.ns, "reader-b").await;
     rotate_to(&secrets, &new).await;
     wait_event(&env.lc, &ctl_ns, LINK, "CredentialsRotated").await;
+    no_rotation_in_progress(&ctl).await;
     revoke(&env, "reader-a").await;
     revoked(&old).await;
     // Every connection is made anew; a client still holding the old token would now be
@@ -221,7 +241,7 @@ async fn a_revoked_token_without_replacement_is_reported_and_every_mirror_is_kep
 #[tokio::test]
 async fn a_rotation_slower_than_the_rotation_timeout_keeps_the_old_credentials_mirroring() {
     // No sync (remote and local lists) completes within 1 ms.
-    let (env, ctl_ns, _ctl, secrets) = world("rottimeout", &["--rotation-timeout", "1ms"]).await;
+    let (env, ctl_ns, ctl, secrets) = world("rottimeout", &["--rotation-timeout", "1ms"]).await;
     let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
     secrets.link(LINK, Some(&env.cluster), Some(&kc.yaml)).await;
     env.mirror_until("web", "mirrored", |_, e| has_subsets(e))
@@ -232,6 +252,7 @@ async fn a_rotation_slower_than_the_rotation_timeout_keeps_the_old_credentials_m
     rotate_to(&secrets, &new).await;
     let note = wait_event(&env.lc, &ctl_ns, LINK, "RotationTimeout").await;
     eprintln!("RotationTimeout: {note}");
+    no_rotation_in_progress(&ctl).await;
     env.export("api", "gw", &[("http", 80)]).await;
     env.mirror_until("api", "the old link still mirrors", |_, e| has_subsets(e))
         .await;

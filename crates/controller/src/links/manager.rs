@@ -891,6 +891,7 @@ impl Inner {
     /// before the old stops, so no mirror is deleted or flaps.
     async fn rotate(&self, key: &SourceKey, source: &SourceObject<'_>, spec: LinkSpec) -> Outcome {
         let cluster = spec.link().cluster_name.clone();
+        let _counted = RotationInProgress::start(&self.metrics().links.rotations_in_progress);
         let client = match connect(
             &spec,
             &self.metrics().client,
@@ -1116,5 +1117,22 @@ async fn worker(inner: Arc<Inner>) {
     while let Some(key) = inner.queue.next().await {
         let outcome = inner.reconcile(&key).await;
         inner.queue.done(key, outcome);
+    }
+}
+
+/// A rotation counted in `service_mirror_link_rotations_in_progress` while it lives
+/// (until `rotate` returns, whichever way).
+struct RotationInProgress(prometheus_client::metrics::gauge::Gauge);
+
+impl RotationInProgress {
+    fn start(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for RotationInProgress {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

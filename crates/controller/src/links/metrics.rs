@@ -33,6 +33,9 @@ pub(crate) struct LinksFamilies {
     pub(crate) link_resource_errors: Family<LinkResourceErrorLabels, Counter>,
     /// Remote clusters being watched.
     pub(crate) links: Gauge,
+    /// Links whose new credentials or settings are syncing (the running link keeps
+    /// mirroring until they have, or the rotation times out).
+    pub(crate) rotations_in_progress: Gauge,
 }
 
 impl LinksFamilies {
@@ -49,5 +52,10 @@ impl LinksFamilies {
             self.link_resource_errors.clone(),
         );
         r.register("links", "Remote clusters being watched", self.links.clone());
+        r.register(
+            "link_rotations_in_progress",
+            "Links whose new credentials or settings are syncing before they take over",
+            self.rotations_in_progress.clone(),
+        );
     }
 }

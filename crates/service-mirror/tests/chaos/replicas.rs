@@ -161,8 +161,9 @@ impl Replicas {
     /// Waits (at most `within`) until every running, unpaused process has a connected
     /// watch of each of `clusters` (`service_mirror_remote_connected 1`): a replica
     /// restarted late in a round, or one whose retries of a fault ran long, has then
-    /// linked and said so (its `Linked` Event) before the world is called converged.
-    /// False if one has not.
+    /// linked and said so (its `Linked` Event) before the world is called converged;
+    /// and no link rotation is still syncing (it says `CredentialsRotated` when it takes
+    /// over: long run seed 7 round 397, after a partition). False if one has not.
     pub(crate) async fn wait_connected(&self, clusters: &[String], within: Duration) -> bool {
         let start = std::time::Instant::now();
         loop {
@@ -179,6 +180,11 @@ impl Replicas {
                             && l.ends_with(" 1")
                     })
                 });
+                // A rotation still syncing reports when it takes over (an Event):
+                // not converged until it has.
+                all &= page
+                    .lines()
+                    .any(|l| l == "service_mirror_link_rotations_in_progress 0");
             }
             if all {
                 return true;
