@@ -7,7 +7,7 @@ use crate::{CTL_NS, Chaos, REMOTE_SA, REPLICA_SAS, SA_NS, secret_name, token_of}
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use service_mirror_testkit::{Edit, Kind};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One tick of a round.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
@@ -397,6 +397,8 @@ impl Chaos {
                     .via(r.proxy.addr())
                     .expect("kubeconfig via the proxy");
                 let data = link_secret("x", None, Some(&kc.yaml)).data;
+                // Taken before the patch: an Event of the rotation comes after it.
+                let (at, at_instant) = (k8s_openapi::jiff::Timestamp::now(), Instant::now());
                 Api::<Secret>::namespaced(self.lc.clone(), CTL_NS)
                     .patch(
                         &secret_name(&r.name),
@@ -406,6 +408,8 @@ impl Chaos {
                     .await
                     .ok()?;
                 self.tokens.push(token_of(&kc.yaml));
+                self.rotated
+                    .push((secret_name(&self.remotes[remote].name), at, at_instant));
                 self.remotes[remote].kubeconfig = kc.yaml;
                 Some(Undo::Nothing)
             }

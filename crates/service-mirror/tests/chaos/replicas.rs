@@ -73,6 +73,15 @@ impl Replicas {
         r.paused = false;
     }
 
+    /// The identity of each running, unpaused replica and when its process started.
+    pub(crate) fn running(&self) -> Vec<(String, std::time::Instant)> {
+        self.list
+            .iter()
+            .filter(|r| !r.paused)
+            .filter_map(|r| r.process.as_ref().map(|c| (r.identity.clone(), c.started)))
+            .collect()
+    }
+
     /// Indexes of the slots whose process runs (paused or not).
     pub(crate) fn up(&self) -> Vec<usize> {
         (0..self.list.len())
