@@ -430,16 +430,12 @@ async fn stop_with_cleanup_deletes_every_mirror_and_without_keeps_them() {
     }
 }
 
-#[tokio::test]
-async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
-    let env = Env::new("owner").await;
-    create_namespace(&env.lc, &env.ns).await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    env.export("taken", "gw", &[("http", 80)]).await;
-    // Someone else's Service holds the mirror's name.
+/// Creates someone else's Service (no mirror labels) holding the name of `remote`'s
+/// mirror.
+async fn foreign_holder(env: &Env, remote: &str) -> Service {
     let foreign = Service {
         metadata: kube::api::ObjectMeta {
-            name: Some(env.mirror_name("taken")),
+            name: Some(env.mirror_name(remote)),
             labels: Some([("app".to_string(), "mine".to_string())].into()),
             ..Default::default()
         },
@@ -449,11 +445,35 @@ async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
         }),
         ..Default::default()
     };
-    let foreign = env
-        .local_services()
+    env.local_services()
         .create(&PostParams::default(), &foreign)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Waits for the `MirrorConflict` Event of the world's namespace.
+async fn conflict_event(env: &Env) -> Event {
+    let events: Api<Event> = Api::namespaced(env.lc.clone(), &env.ns);
+    eventually("conflict event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("MirrorConflict"))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
+    let env = Env::new("owner").await;
+    create_namespace(&env.lc, &env.ns).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    env.export("taken", "gw", &[("http", 80)]).await;
+    // Someone else's Service holds the mirror's name.
+    let foreign = foreign_holder(&env, "taken").await;
     // A mirror of another cluster in the same namespace.
     let mut other = exported("other-svc-x", &env.ns, "gw", &[("http", 80)]);
     other.metadata.annotations = Some(
@@ -483,17 +503,7 @@ async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
         .unwrap();
 
     let w = env.watch();
-    let events: Api<Event> = Api::namespaced(env.lc.clone(), &env.ns);
-    let event = eventually("conflict event", || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("MirrorConflict"))
-    })
-    .await;
+    let event = conflict_event(&env).await;
     assert_eq!(event.regarding.unwrap().name, foreign.metadata.name);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let now = env
@@ -544,35 +554,10 @@ async fn a_mirror_name_freed_after_a_long_conflict_is_mirrored_within_the_rechec
     let env = Env::new("freed").await;
     create_namespace(&env.lc, &env.ns).await;
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    let foreign = Service {
-        metadata: kube::api::ObjectMeta {
-            name: Some(env.mirror_name("held")),
-            labels: Some([("app".to_string(), "mine".to_string())].into()),
-            ..Default::default()
-        },
-        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
-            ports: Some(ports(&[("x", 1)])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    env.local_services()
-        .create(&PostParams::default(), &foreign)
-        .await
-        .unwrap();
+    foreign_holder(&env, "held").await;
     env.export("held", "gw", &[("http", 80)]).await;
     let w = env.watch();
-    let events: Api<Event> = Api::namespaced(env.lc.clone(), &env.ns);
-    eventually("conflict event", || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("MirrorConflict"))
-    })
-    .await;
+    conflict_event(&env).await;
     tokio::time::sleep(Duration::from_secs(17)).await;
     env.local_services()
         .delete(&env.mirror_name("held"), &DeleteParams::default())
