@@ -75,20 +75,25 @@ impl Blocked {
 /// Whether `kind` `ns/name` exists (an error counts as existing: looked at next time).
 async fn exists(local: &kube::Client, (kind, ns, name): &Name) -> bool {
     let found = match kind {
-        LocalObject::Service => Api::<Service>::namespaced(local.clone(), ns)
-            .get_metadata_opt(name)
-            .await
-            .map(|o| o.is_some()),
-        LocalObject::Endpoints => Api::<Endpoints>::namespaced(local.clone(), ns)
-            .get_metadata_opt(name)
-            .await
-            .map(|o| o.is_some()),
-        LocalObject::EndpointSlice => Api::<EndpointSlice>::namespaced(local.clone(), ns)
-            .get_metadata_opt(name)
-            .await
-            .map(|o| o.is_some()),
+        LocalObject::Service => exists_as::<Service>(local, ns, name).await,
+        LocalObject::Endpoints => exists_as::<Endpoints>(local, ns, name).await,
+        LocalObject::EndpointSlice => exists_as::<EndpointSlice>(local, ns, name).await,
     };
     found.unwrap_or(true)
+}
+
+/// One metadata GET of a `K` named `ns/name`.
+async fn exists_as<K>(local: &kube::Client, ns: &str, name: &str) -> kube::Result<bool>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(local.clone(), ns)
+        .get_metadata_opt(name)
+        .await
+        .map(|o| o.is_some())
 }
 
 /// Every [`RECHECK`], reads each held name; queues the key of each one gone.
