@@ -18,6 +18,7 @@ use crate::kube_client::ClientMetrics;
 use crate::leader::LeaderFamilies;
 use crate::link_controller::metrics::LinkFamilies;
 use crate::links::metrics::LinksFamilies;
+use crate::mcs::metrics::McsFamilies;
 use crate::write_leases::WriteLeaseFamilies;
 use crate::writer::WriterFamilies;
 
@@ -56,6 +57,8 @@ pub struct Metrics {
     pub(crate) write_leases: WriteLeaseFamilies,
     /// Federated Services.
     pub(crate) federation: FederationFamilies,
+    /// The Multi-Cluster Services API's exports.
+    pub(crate) mcs: McsFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -70,6 +73,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let (link, gateway, writer, leader, links, client, write_leases) = Default::default();
         let federation = FederationFamilies::default();
+        let mcs = McsFamilies::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -81,6 +85,7 @@ impl Metrics {
                 client,
                 write_leases,
                 federation,
+                mcs,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -91,6 +96,7 @@ impl Metrics {
             m.client.register(prefixed);
             m.write_leases.register(prefixed);
             m.federation.register(prefixed);
+            m.mcs.register(prefixed);
             m.registry = registry;
             m
         };

@@ -232,6 +232,9 @@ impl LinkController {
             remote.clone(),
             cancel.clone(),
         );
+        if let Some(mcs) = &deps.mcs {
+            tasks.extend(mcs.link(&cluster, &remote, &cancel));
+        }
         let writable = watch::Sender::new(!paused);
         tasks.push(tokio::spawn(remote_state::run(
             health,

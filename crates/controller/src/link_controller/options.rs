@@ -113,6 +113,9 @@ pub struct LinkDeps {
     pub federation: Option<crate::federation::Federation>,
     /// The link source's creation time (the oldest Link gives federated metadata).
     pub link_created: Option<k8s_openapi::jiff::Timestamp>,
+    /// The process's MCS component, which reads this link's ServiceExports while the
+    /// link runs (`None`: MCS off).
+    pub mcs: Option<crate::mcs::Mcs>,
 }
 
 impl Default for LinkDeps {
@@ -127,6 +130,7 @@ impl Default for LinkDeps {
             recorder: None,
             federation: None,
             link_created: None,
+            mcs: None,
         }
     }
 }

@@ -1,6 +1,32 @@
 //! The Multi-Cluster Services API (KEP-1645, `multicluster.x-k8s.io`): its CRDs as we
-//! install them. The merge of exports across the cluster set is pure and lives in
-//! `service_mirror_core::mcs`.
+//! install them, and ONE process-wide component that reads the ServiceExports of the
+//! local cluster and of every linked one (a full mesh: each cluster's controller reads
+//! the others over its links) and writes the conditions of the local exports. The
+//! merge of exports across the cluster set is pure and lives in
+//! `service_mirror_core::mcs`; we never write to a remote cluster.
+//!
+//! Files: `resource.rs` (the ServiceExport type), `watches.rs` (one cluster's exports
+//! and Services), `index.rs` (every cluster's, fed by those watches), `worker.rs`
+//! (judge, write the status, report), `metrics.rs`.
+
+mod index;
+pub(crate) mod metrics;
+pub mod resource;
+mod watches;
+mod worker;
+
+use crate::events::EventRecorder;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use kube::runtime::watcher;
+use resource::ServiceExport;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// The ServiceExport CRD (v1alpha1 and v1beta1 served, v1beta1 stored).
 pub const SERVICE_EXPORT_CRD_YAML: &str = include_str!("serviceexport-crd.yaml");
@@ -14,3 +40,128 @@ pub const SERVICE_IMPORT_CRD_NAME: &str = "serviceimports.multicluster.x-k8s.io"
 pub const VERSION: &str = "v1beta1";
 /// Every served version: the same schema, no conversion.
 pub const SERVED_VERSIONS: [&str; 2] = ["v1alpha1", "v1beta1"];
+
+/// What the worker is told.
+#[derive(Debug)]
+enum Msg {
+    /// A feed of `cluster` starts (sent before any of its events).
+    Feed {
+        cluster: Arc<str>,
+        generation: index::Generation,
+    },
+    /// A ServiceExport watch event of `cluster`.
+    Export {
+        cluster: Arc<str>,
+        generation: index::Generation,
+        event: Box<watcher::Event<ServiceExport>>,
+    },
+    /// A Service watch event of `cluster`.
+    Service {
+        cluster: Arc<str>,
+        generation: index::Generation,
+        event: Box<watcher::Event<Service>>,
+    },
+    /// The feed `generation` of `cluster` ended (its link stopped): its exports leave,
+    /// unless a newer feed replaced it.
+    Ended {
+        cluster: Arc<str>,
+        generation: index::Generation,
+    },
+}
+
+/// Settings of the MCS component.
+#[derive(Debug, Clone)]
+pub struct McsOptions {
+    /// This cluster's name in the cluster set (the name its peers' links give it): it
+    /// orders exports of one creation second and names this cluster in conditions.
+    pub cluster_name: String,
+    /// Writes only while this says true (leader election); `None`: always.
+    pub leader: Option<Leadership>,
+    /// The namespaces whose exports are read (the links' `--namespace-allow/deny`).
+    pub namespaces: service_mirror_core::NamespaceFilter,
+}
+
+/// A handle on the running MCS component (clones share it).
+#[derive(Clone)]
+pub struct Mcs {
+    tx: mpsc::UnboundedSender<Msg>,
+    metrics: Arc<Metrics>,
+    /// The last feed generation handed out (process-wide, so always increasing; the
+    /// local feed is 0).
+    generations: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Mcs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Mcs")
+    }
+}
+
+impl Mcs {
+    /// Starts the component: the local watches and the worker, until `cancel`.
+    pub fn start(
+        local: Client,
+        recorder: EventRecorder,
+        metrics: Arc<Metrics>,
+        opts: McsOptions,
+        cancel: CancellationToken,
+    ) -> (Self, Vec<JoinHandle<()>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let feed = watches::Feed {
+            cluster: opts.cluster_name.as_str().into(),
+            generation: 0,
+            tx: tx.clone(),
+            metrics: metrics.clone(),
+        };
+        let mut tasks = watches::spawn(&local, feed, &cancel);
+        let worker = worker::Worker::new(
+            local,
+            recorder,
+            metrics.clone(),
+            opts.leader,
+            &opts.cluster_name,
+            opts.namespaces,
+        );
+        tasks.push(tokio::spawn(worker.run(rx, cancel)));
+        let mcs = Self {
+            tx,
+            metrics,
+            generations: Arc::default(),
+        };
+        (mcs, tasks)
+    }
+
+    /// Reads the exports of linked cluster `cluster` through `remote` until `cancel`
+    /// (the link controller's), when they leave the merge: a newer call for the same
+    /// cluster (a link restarted with new credentials) replaces this one, whose objects
+    /// stay until the newer one's lists are complete.
+    pub fn link(
+        &self,
+        cluster: &str,
+        remote: &Client,
+        cancel: &CancellationToken,
+    ) -> Vec<JoinHandle<()>> {
+        let generation = 1 + self.generations.fetch_add(1, Ordering::SeqCst);
+        let cluster: Arc<str> = cluster.into();
+        let _ = self.tx.send(Msg::Feed {
+            cluster: cluster.clone(),
+            generation,
+        });
+        let feed = watches::Feed {
+            cluster: cluster.clone(),
+            generation,
+            tx: self.tx.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let mut tasks = watches::spawn(remote, feed, cancel);
+        let (tx, cancel) = (self.tx.clone(), cancel.clone());
+        tasks.push(tokio::spawn(async move {
+            cancel.cancelled().await;
+            let _ = tx.send(Msg::Ended {
+                cluster,
+                generation,
+            });
+        }));
+        tasks
+    }
+}

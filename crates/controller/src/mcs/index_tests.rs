@@ -1,0 +1,344 @@
+//! The export index, fed watch events and read back.
+
+use super::*;
+use k8s_openapi::api::core::v1::ServicePort;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+fn export(name: &str, created: &str) -> ServiceExport {
+    ServiceExport {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("shop".into()),
+            uid: Some(format!("uid-{name}")),
+            creation_timestamp: Some(Time(created.parse().unwrap())),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn service(name: &str, port: i32) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("shop".into()),
+            resource_version: Some("1".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("10.0.0.1".into()),
+            selector: Some(BTreeMap::from([("app".into(), name.into())])),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn key(name: &str) -> ServiceKey {
+    ServiceKey::new("shop", name)
+}
+
+fn keys(names: &[&str]) -> Changed {
+    names.iter().map(|n| key(n)).collect()
+}
+
+const T0: &str = "2026-12-02T10:00:00Z";
+const T1: &str = "2026-12-02T10:00:01Z";
+
+/// Lists `exports` and `services` of `cluster` (generation `g`) completely; returns the
+/// keys the second list's end changed.
+fn list(
+    index: &mut ExportIndex,
+    cluster: &str,
+    g: Generation,
+    exports: &[ServiceExport],
+    services: &[Service],
+) -> Changed {
+    index.export_event(cluster, g, &Event::Init);
+    for e in exports {
+        index.export_event(cluster, g, &Event::InitApply(e.clone()));
+    }
+    index.export_event(cluster, g, &Event::InitDone);
+    index.service_event(cluster, g, &Event::Init);
+    for s in services {
+        index.service_event(cluster, g, &Event::InitApply(s.clone()));
+    }
+    index.service_event(cluster, g, &Event::InitDone)
+}
+
+fn clusters_of(index: &ExportIndex, name: &str) -> Vec<String> {
+    index
+        .exports(&key(name))
+        .into_iter()
+        .map(|e| e.cluster)
+        .collect()
+}
+
+#[test]
+fn a_cluster_counts_only_once_both_its_lists_are_complete_and_then_every_export_is_judged() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    assert!(index.feed("east", 1, now));
+    let g = 1;
+    index.export_event("east", g, &Event::Init);
+    index.export_event("east", g, &Event::InitApply(export("hello", T0)));
+    index.export_event("east", g, &Event::InitApply(export("lonely", T0)));
+    index.export_event("east", g, &Event::InitDone);
+    assert!(
+        clusters_of(&index, "hello").is_empty(),
+        "services not listed"
+    );
+    assert_eq!(index.unlisted(), vec!["east"]);
+    index.service_event("east", g, &Event::Init);
+    index.service_event("east", g, &Event::InitApply(service("hello", 80)));
+    let changed = index.service_event("east", g, &Event::InitDone);
+    // `lonely` has no Service: judged too (it may have counted as valid before).
+    assert_eq!(changed, keys(&["hello", "lonely"]));
+    assert_eq!(clusters_of(&index, "hello"), vec!["east"]);
+    let lonely = index.exports(&key("lonely"));
+    assert_eq!(lonely.len(), 1);
+    assert!(lonely[0].service.is_none());
+    assert!(index.unlisted().is_empty());
+}
+
+#[test]
+fn a_relist_keeps_every_object_until_it_completes_then_drops_what_it_lacks() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    index.feed("east", 1, now);
+    list(
+        &mut index,
+        "east",
+        1,
+        &[export("a", T0), export("b", T0)],
+        &[service("a", 80), service("b", 80)],
+    );
+    // The watch restarts: a new list in progress holds nothing yet.
+    assert!(index.export_event("east", 1, &Event::Init).is_empty());
+    let again = index.export_event("east", 1, &Event::InitApply(export("a", T0)));
+    assert!(again.is_empty(), "an unchanged export changes nothing");
+    assert_eq!(
+        clusters_of(&index, "b"),
+        vec!["east"],
+        "kept during the list"
+    );
+    let done = index.export_event("east", 1, &Event::InitDone);
+    assert_eq!(done, keys(&["b"]));
+    assert!(clusters_of(&index, "b").is_empty());
+    assert_eq!(clusters_of(&index, "a"), vec!["east"]);
+}
+
+#[test]
+fn an_older_feed_is_refused_and_its_late_events_change_nothing() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    assert!(index.feed("east", 2, now));
+    assert!(!index.feed("east", 1, now), "older");
+    assert!(!index.feed("east", 2, now), "the same");
+    let stale = list(
+        &mut index,
+        "east",
+        1,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    assert!(stale.is_empty());
+    assert!(clusters_of(&index, "a").is_empty());
+    // The newer feed's objects count; a third feed keeps them until its own lists end.
+    list(
+        &mut index,
+        "east",
+        2,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    assert!(index.feed("east", 3, now));
+    assert_eq!(clusters_of(&index, "a"), vec!["east"]);
+    let changed = list(&mut index, "east", 3, &[], &[service("a", 80)]);
+    assert!(
+        changed.is_empty(),
+        "the export left at the exports' list end"
+    );
+    assert!(clusters_of(&index, "a").is_empty());
+}
+
+#[test]
+fn only_what_the_merge_reads_of_a_service_judges_its_export_again() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    list(
+        &mut index,
+        "west",
+        0,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    let mut moved = service("a", 80);
+    let spec = moved.spec.as_mut().unwrap();
+    spec.cluster_ip = Some("10.0.0.9".into());
+    spec.selector = None;
+    moved.metadata.resource_version = Some("2".into());
+    moved.metadata.labels = Some(BTreeMap::from([("x".into(), "y".into())]));
+    let table: Vec<(&str, Service, Changed)> = vec![
+        ("address, selector, labels", moved, keys(&[])),
+        ("a port", service("a", 81), keys(&["a"])),
+        ("a Service nobody exports", service("b", 80), keys(&[])),
+        (
+            "headless",
+            {
+                let mut s = service("a", 81);
+                s.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+                s
+            },
+            keys(&["a"]),
+        ),
+    ];
+    for (what, svc, want) in table {
+        assert_eq!(
+            index.service_event("west", 0, &Event::Apply(svc)),
+            want,
+            "{what}"
+        );
+    }
+    let gone = index.service_event("west", 0, &Event::Delete(service("a", 81)));
+    assert_eq!(gone, keys(&["a"]));
+    assert!(index.exports(&key("a"))[0].service.is_none());
+}
+
+#[test]
+fn an_export_or_service_being_deleted_counts_as_gone() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    list(
+        &mut index,
+        "west",
+        0,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    let mut deleting = service("a", 80);
+    deleting.metadata.deletion_timestamp = Some(Time(T1.parse().unwrap()));
+    assert_eq!(
+        index.service_event("west", 0, &Event::Apply(deleting)),
+        keys(&["a"])
+    );
+    assert!(index.exports(&key("a"))[0].service.is_none());
+    let mut leaving = export("a", T0);
+    leaving.metadata.deletion_timestamp = Some(Time(T1.parse().unwrap()));
+    assert_eq!(
+        index.export_event("west", 0, &Event::Apply(leaving)),
+        keys(&["a"])
+    );
+    assert!(index.exports(&key("a")).is_empty());
+    assert!(index.local_export(&key("a")).is_none());
+}
+
+#[test]
+fn only_the_local_export_keeps_its_object_and_the_order_of_exports_is_by_cluster() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    index.feed("east", 1, now);
+    list(
+        &mut index,
+        "west",
+        0,
+        &[export("a", T1)],
+        &[service("a", 80)],
+    );
+    list(
+        &mut index,
+        "east",
+        1,
+        &[export("a", T0)],
+        &[service("a", 81)],
+    );
+    let local = index.local_export(&key("a")).expect("local export");
+    assert_eq!(local.metadata.uid.as_deref(), Some("uid-a"));
+    let exports = index.exports(&key("a"));
+    let seen: Vec<(&str, Timestamp)> = exports
+        .iter()
+        .map(|e| (e.cluster.as_str(), e.created))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![("east", T0.parse().unwrap()), ("west", T1.parse().unwrap())]
+    );
+    assert_eq!(index.local_keys(), vec![key("a")]);
+}
+
+#[test]
+fn an_ended_feed_takes_its_exports_unless_replaced_and_the_local_cluster_stays() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    index.feed("east", 1, now);
+    list(
+        &mut index,
+        "west",
+        0,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    list(
+        &mut index,
+        "east",
+        1,
+        &[export("a", T0), export("b", T0)],
+        &[],
+    );
+    assert!(index.feed("east", 2, now));
+    assert!(
+        index.remove("east", 1).is_empty(),
+        "replaced: the newer feed stays"
+    );
+    assert_eq!(clusters_of(&index, "a"), vec!["east", "west"]);
+    assert_eq!(index.remove("east", 2), keys(&["a", "b"]));
+    assert_eq!(clusters_of(&index, "a"), vec!["west"]);
+    assert!(index.remove("west", 0).is_empty());
+    assert_eq!(clusters_of(&index, "a"), vec!["west"]);
+    // A link of that cluster made again starts from generation 1 afresh.
+    assert!(index.feed("east", 1, now));
+}
+
+#[test]
+fn an_unlisted_cluster_holds_judgements_for_at_most_the_hold() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    assert_eq!(
+        index.held_until(now),
+        Some(now + LIST_HOLD),
+        "local unlisted"
+    );
+    list(&mut index, "west", 0, &[], &[]);
+    assert!(index.local_listed());
+    assert_eq!(index.held_until(now), None);
+    let later = now + Duration::from_secs(10);
+    index.feed("east", 1, later);
+    assert_eq!(index.held_until(later), Some(later + LIST_HOLD));
+    assert_eq!(index.held_until(later + LIST_HOLD), None, "the hold ended");
+    list(&mut index, "east", 1, &[], &[]);
+    assert_eq!(index.held_until(later), None);
+}
+
+#[test]
+fn exports_and_services_of_a_namespace_not_allowed_are_never_read() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::allow_only(["shop"]), now);
+    let mut elsewhere = export("a", T0);
+    elsewhere.metadata.namespace = Some("kube-system".into());
+    let mut svc = service("a", 80);
+    svc.metadata.namespace = Some("kube-system".into());
+    let changed = list(&mut index, "west", 0, &[elsewhere, export("b", T0)], &[svc]);
+    assert_eq!(changed, keys(&["b"]));
+    assert_eq!(index.local_keys(), vec![key("b")]);
+    assert!(
+        index
+            .exports(&ServiceKey::new("kube-system", "a"))
+            .is_empty()
+    );
+}

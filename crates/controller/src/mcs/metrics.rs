@@ -1,0 +1,64 @@
+//! The MCS component's metric families (bounded labels: a state, an outcome, a reason
+//! or a linked cluster, never a Service name).
+
+use crate::metrics::ClusterLabels;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The verdict on local exports.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StateLabels {
+    /// `Exported`, `Conflict`, `NoService` or `InvalidServiceType`.
+    pub(crate) state: String,
+}
+
+/// One label of a family: `outcome` or `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OutcomeLabels {
+    /// What happened.
+    pub(crate) outcome: String,
+}
+
+/// The MCS families.
+#[derive(Debug, Default)]
+pub(crate) struct McsFamilies {
+    /// Local ServiceExports by verdict.
+    pub(crate) exports: Family<StateLabels, Gauge>,
+    /// Status writes of local ServiceExports by outcome.
+    pub(crate) status_writes: Family<OutcomeLabels, Counter>,
+    /// Failed ServiceExport and Service watches, by cluster (the local one included).
+    pub(crate) watch_errors: Family<ClusterLabels, Counter>,
+}
+
+impl McsFamilies {
+    /// Registers the families (under the registry's prefix).
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "mcs_exports",
+            "Local ServiceExports by verdict (Exported, Conflict, NoService, InvalidServiceType)",
+            self.exports.clone(),
+        );
+        r.register(
+            "mcs_export_status_writes",
+            "Status writes of local ServiceExports by outcome (applied, gone, recreated, owned_by_another, refused, failed)",
+            self.status_writes.clone(),
+        );
+        r.register(
+            "mcs_watch_errors",
+            "Failed ServiceExport or Service watches of the MCS component, by cluster",
+            self.watch_errors.clone(),
+        );
+    }
+
+    /// Counts one status write's outcome.
+    pub(crate) fn wrote(&self, outcome: &str) {
+        self.status_writes
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,112 @@
+//! The watches of one cluster's ServiceExports and Services (the local cluster's, or a
+//! linked one's through its link's client). Each event becomes a [`Msg`] for the
+//! worker, which alone holds the index.
+
+use super::Msg;
+use super::index::Generation;
+use super::resource::ServiceExport;
+use crate::metrics::{ClusterLabels, Metrics};
+use crate::watch::{Store, Watch, drive};
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::watcher;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The index keeps what it needs; the watch keeps nothing.
+struct NoStore;
+
+impl<K> Store<K> for NoStore {
+    fn apply(&mut self, _: &watcher::Event<K>) {}
+}
+
+fn strip_export(e: &mut ServiceExport) {
+    e.metadata.managed_fields = None;
+    e.metadata.annotations = None;
+    e.metadata.labels = None;
+}
+
+/// The index reads a Service's spec only (see `index.rs`): the rest is not sent.
+fn strip_service(s: &mut Service) {
+    s.metadata.managed_fields = None;
+    s.metadata.annotations = None;
+    s.metadata.labels = None;
+    s.status = None;
+}
+
+/// One cluster's feed: where its events go.
+#[derive(Clone)]
+pub(super) struct Feed {
+    pub(super) cluster: Arc<str>,
+    pub(super) generation: Generation,
+    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+/// Starts the two watches of `client`'s cluster.
+pub(super) fn spawn(
+    client: &Client,
+    feed: Feed,
+    cancel: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    vec![
+        tokio::spawn(watch_exports(
+            Api::all(client.clone()),
+            feed.clone(),
+            cancel.clone(),
+        )),
+        tokio::spawn(watch_services(
+            Api::all(client.clone()),
+            feed,
+            cancel.clone(),
+        )),
+    ]
+}
+
+fn on_error<'a>(feed: &'a Feed, kind: &'static str) -> impl FnMut(&watcher::Error) + 'a {
+    move |e| {
+        feed.metrics
+            .mcs
+            .watch_errors
+            .get_or_create(&ClusterLabels::of(&feed.cluster))
+            .inc();
+        tracing::warn!(cluster = %feed.cluster, kind, error = %e, "MCS watch failed; its exports count as none until it lists; retrying with backoff");
+    }
+}
+
+async fn watch_exports(api: Api<ServiceExport>, feed: Feed, cancel: CancellationToken) {
+    let watch = Watch {
+        api,
+        config: watcher::Config::default(),
+        strip: strip_export,
+        store: NoStore,
+    };
+    let on_event = |ev: &watcher::Event<ServiceExport>| {
+        let _ = feed.tx.send(Msg::Export {
+            cluster: feed.cluster.clone(),
+            generation: feed.generation,
+            event: Box::new(ev.clone()),
+        });
+    };
+    drive(watch, cancel, on_event, on_error(&feed, "ServiceExport")).await
+}
+
+async fn watch_services(api: Api<Service>, feed: Feed, cancel: CancellationToken) {
+    let watch = Watch {
+        api,
+        config: watcher::Config::default(),
+        strip: strip_service,
+        store: NoStore,
+    };
+    let on_event = |ev: &watcher::Event<Service>| {
+        let _ = feed.tx.send(Msg::Service {
+            cluster: feed.cluster.clone(),
+            generation: feed.generation,
+            event: Box::new(ev.clone()),
+        });
+    };
+    drive(watch, cancel, on_event, on_error(&feed, "Service")).await
+}

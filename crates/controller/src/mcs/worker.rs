@@ -1,0 +1,422 @@
+//! The MCS worker: holds the export index, judges each local ServiceExport against the
+//! exports of the same name in every listed cluster (`service_mirror_core::mcs`), and
+//! applies its conditions to the export's status, only while leader.
+//!
+//! One status write per change: the conditions are compared with the export as the
+//! cache holds it (transition times kept where the status did not change), and a write
+//! is not repeated while the cache still shows the export as it was before that write.
+
+use super::Msg;
+use super::index::{Changed, ExportIndex};
+use super::resource::{ServiceExport, status_apply};
+use crate::backoff::Backoff;
+use crate::events::EventRecorder;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::writer::FIELD_MANAGER;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Client, Resource};
+use service_mirror_core::ServiceKey;
+use service_mirror_core::mcs::{
+    EXPORT_CONDITION_TYPES, Merge, Validity, conflict_reason, export_conditions, merge,
+    with_transition_times,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Retries of a failed status write: 1 s doubling to 1 min.
+const RETRY: Backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
+
+/// What a local export was last judged to be (for Events and the gauge).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Valid, no conflict.
+    Exported,
+    /// Valid, with these conflicts (the KEP's reasons, comma-joined).
+    Conflict(String),
+    /// Not valid: `NoService` or `InvalidServiceType`.
+    Invalid(&'static str),
+}
+
+impl Verdict {
+    fn of(validity: Validity, merge: &Merge) -> Self {
+        match (validity.is_valid(), merge.conflicts.is_empty()) {
+            (false, _) => Self::Invalid(validity.reason()),
+            (true, true) => Self::Exported,
+            (true, false) => Self::Conflict(conflict_reason(&merge.conflicts)),
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        match self {
+            Self::Exported => "Exported",
+            Self::Conflict(_) => "Conflict",
+            Self::Invalid(reason) => reason,
+        }
+    }
+}
+
+/// How a status write ended, and what follows.
+enum Outcome {
+    /// Applied (or nothing to apply).
+    Done,
+    /// Not to be retried: the export's next change judges it again.
+    Dropped,
+    /// Retried with backoff.
+    Retry,
+}
+
+pub(super) struct Worker {
+    client: Client,
+    recorder: EventRecorder,
+    metrics: Arc<Metrics>,
+    leader: Option<Leadership>,
+    index: ExportIndex,
+    /// Keys to judge.
+    dirty: BTreeSet<ServiceKey>,
+    /// Failed writes: when to try again, and how many failed.
+    retries: BTreeMap<ServiceKey, (Instant, u32)>,
+    /// The resourceVersion a key's export had in the cache when we last changed its
+    /// status: while the cache still shows it, our write has not come back yet.
+    written: BTreeMap<ServiceKey, String>,
+    /// The last verdict of each local export (uid, verdict): a new problem is told once.
+    verdicts: BTreeMap<ServiceKey, (Option<String>, Verdict)>,
+    /// The unlisted clusters last logged (a change is logged once).
+    unlisted: Vec<String>,
+}
+
+impl Worker {
+    pub(super) fn new(
+        client: Client,
+        recorder: EventRecorder,
+        metrics: Arc<Metrics>,
+        leader: Option<Leadership>,
+        local_cluster: &str,
+        namespaces: service_mirror_core::NamespaceFilter,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            metrics,
+            leader,
+            index: ExportIndex::new(local_cluster, namespaces, std::time::Instant::now()),
+            dirty: BTreeSet::new(),
+            retries: BTreeMap::new(),
+            written: BTreeMap::new(),
+            verdicts: BTreeMap::new(),
+            unlisted: Vec::new(),
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Msg>,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            let wake = self.next_wake();
+            let mut leader = self.leader.clone();
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { return };
+                    self.handle(msg);
+                    // Everything already queued first: one judgement per key per batch.
+                    while let Ok(msg) = rx.try_recv() {
+                        self.handle(msg);
+                    }
+                }
+                () = leader_changed(leader.as_mut()) => {
+                    // Its predecessor may have left anything: every export is judged.
+                    self.dirty.extend(self.index.local_keys());
+                    self.leader = leader;
+                }
+                () = sleep_until(wake) => {}
+            }
+            self.flush().await;
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        let now = std::time::Instant::now();
+        let changed: Changed = match msg {
+            Msg::Feed {
+                cluster,
+                generation,
+            } => {
+                self.index.feed(&cluster, generation, now);
+                Changed::new()
+            }
+            Msg::Export {
+                cluster,
+                generation,
+                event,
+            } => self.index.export_event(&cluster, generation, &event),
+            Msg::Service {
+                cluster,
+                generation,
+                event,
+            } => self.index.service_event(&cluster, generation, &event),
+            Msg::Ended {
+                cluster,
+                generation,
+            } => self.index.remove(&cluster, generation),
+        };
+        self.dirty.extend(changed);
+    }
+
+    /// When to look again without a message: a retry due, or a hold ending.
+    fn next_wake(&self) -> Option<Instant> {
+        let hold = self
+            .index
+            .held_until(std::time::Instant::now())
+            .map(Instant::from_std);
+        self.retries.values().map(|(at, _)| *at).chain(hold).min()
+    }
+
+    fn leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(Leadership::leading)
+    }
+
+    /// Judges every dirty key and every retry due, unless the view is incomplete.
+    async fn flush(&mut self) {
+        let now = Instant::now();
+        if !self.index.local_listed() || self.index.held_until(now.into_std()).is_some() {
+            return;
+        }
+        let unlisted: Vec<String> = self
+            .index
+            .unlisted()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        if unlisted != self.unlisted {
+            if !unlisted.is_empty() {
+                tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed");
+            }
+            self.unlisted = unlisted;
+        }
+        let due: Vec<ServiceKey> = self
+            .retries
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.dirty.extend(due);
+        let keys = std::mem::take(&mut self.dirty);
+        for key in keys {
+            if !self.leading() {
+                // The next leader judges everything; so do we if we lead again.
+                self.retries.clear();
+                break;
+            }
+            let failures = self.retries.get(&key).map_or(0, |(_, n)| *n);
+            if failures > 0 && self.retries[&key].0 > now {
+                continue; // judged when due
+            }
+            match self.judge(&key).await {
+                Outcome::Done | Outcome::Dropped => {
+                    self.retries.remove(&key);
+                }
+                Outcome::Retry => {
+                    let next = failures + 1;
+                    self.retries
+                        .insert(key, (Instant::now() + RETRY.delay(next), next));
+                }
+            }
+        }
+        self.count();
+    }
+
+    /// The gauge of local exports by verdict.
+    fn count(&self) {
+        let mut by_state: BTreeMap<&str, i64> = [
+            "Exported",
+            "Conflict",
+            Validity::NoService.reason(),
+            Validity::InvalidServiceType.reason(),
+        ]
+        .into_iter()
+        .map(|s| (s, 0))
+        .collect();
+        for (_, verdict) in self.verdicts.values() {
+            *by_state.entry(verdict.state()).or_default() += 1;
+        }
+        for (state, n) in by_state {
+            self.metrics
+                .mcs
+                .exports
+                .get_or_create(&super::metrics::StateLabels {
+                    state: state.into(),
+                })
+                .set(n);
+        }
+    }
+
+    async fn judge(&mut self, key: &ServiceKey) -> Outcome {
+        let Some(export) = self.index.local_export(key).cloned() else {
+            self.verdicts.remove(key);
+            self.written.remove(key);
+            return Outcome::Done;
+        };
+        let exports = self.index.exports(key);
+        let Some(local) = exports.iter().find(|e| e.cluster == self.index.local()) else {
+            return Outcome::Done;
+        };
+        let validity = Validity::of(local);
+        let merged = merge(&exports);
+        let verdict = Verdict::of(validity, &merged);
+        self.report(&export, key, &verdict, &merged).await;
+        if self.written.get(key) == export.metadata.resource_version.as_ref() {
+            return Outcome::Done; // our last write has not come back yet
+        }
+        let desired = export_conditions(validity, &merged);
+        let Some(all) = with_transition_times(export.conditions(), &desired, Timestamp::now())
+        else {
+            return Outcome::Done;
+        };
+        let ours: Vec<Condition> = all
+            .into_iter()
+            .filter(|c| EXPORT_CONDITION_TYPES.contains(&c.type_.as_str()))
+            .collect();
+        self.write(key, &export, &ours).await
+    }
+
+    /// Applies `conditions` to the status of `export`.
+    async fn write(
+        &mut self,
+        key: &ServiceKey,
+        export: &ServiceExport,
+        conditions: &[Condition],
+    ) -> Outcome {
+        let api: Api<ServiceExport> = Api::namespaced(self.client.clone(), &key.namespace);
+        let params = PatchParams::apply(FIELD_MANAGER);
+        let body = Patch::Apply(status_apply(export, conditions));
+        let before = export.metadata.resource_version.clone();
+        let (outcome, result) = match api.patch_status(&key.name, &params, &body).await {
+            Ok(after) => {
+                if after.metadata.resource_version != before
+                    && let Some(rv) = before
+                {
+                    self.written.insert(key.clone(), rv);
+                }
+                ("applied", Outcome::Done)
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => ("gone", Outcome::Dropped),
+            Err(kube::Error::Api(e)) if e.code == 409 && e.message.contains("UID") => {
+                // Deleted and made again: the watch brings the new one.
+                ("recreated", Outcome::Dropped)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                // Another field manager owns one of these conditions: never forced.
+                self.tell(
+                    export,
+                    EventType::Warning,
+                    "ExportConditionsOwned",
+                    format!(
+                        "another writer owns this ServiceExport's {} conditions; not overwritten: {}",
+                        EXPORT_CONDITION_TYPES.join("/"),
+                        crate::links::sanitize_remote_text(&e.message)
+                    ),
+                )
+                .await;
+                ("owned_by_another", Outcome::Dropped)
+            }
+            Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
+                self.tell(
+                    export,
+                    EventType::Warning,
+                    "ExportStatusRefused",
+                    format!(
+                        "the apiserver refused this ServiceExport's conditions: {}",
+                        crate::links::sanitize_remote_text(&e.message)
+                    ),
+                )
+                .await;
+                ("refused", Outcome::Dropped)
+            }
+            Err(e) => {
+                tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
+                ("failed", Outcome::Retry)
+            }
+        };
+        self.metrics.mcs.wrote(outcome);
+        result
+    }
+
+    /// A new problem of an export (or its end) is told once: an Event on the export.
+    async fn report(
+        &mut self,
+        export: &ServiceExport,
+        key: &ServiceKey,
+        verdict: &Verdict,
+        merged: &Merge,
+    ) {
+        let uid = export.metadata.uid.clone();
+        let was = self
+            .verdicts
+            .insert(key.clone(), (uid.clone(), verdict.clone()));
+        if was.as_ref() == Some(&(uid, verdict.clone())) || !self.leading() {
+            return;
+        }
+        let (type_, reason, note) = match verdict {
+            Verdict::Invalid(reason) => (
+                EventType::Warning,
+                "ExportInvalid",
+                format!("{reason}: not exported; see its Valid condition"),
+            ),
+            Verdict::Conflict(reasons) => (
+                EventType::Warning,
+                "ExportConflict",
+                format!(
+                    "{reasons}: the exports of this name in clusters {} differ; the oldest export's value is imported",
+                    merged.clusters.join(", ")
+                ),
+            ),
+            // Back to normal after a problem: said; a first clean verdict is not.
+            Verdict::Exported if was.is_some() => (
+                EventType::Normal,
+                "Exported",
+                format!(
+                    "exported, with no conflict, from clusters {}",
+                    merged.clusters.join(", ")
+                ),
+            ),
+            Verdict::Exported => return,
+        };
+        self.tell(export, type_, reason, note).await;
+    }
+
+    async fn tell(&self, export: &ServiceExport, type_: EventType, reason: &str, note: String) {
+        let mut reference: ObjectReference = export.object_ref(&());
+        reference.resource_version = None;
+        self.recorder
+            .publish(&reference, type_, reason, "Export", note)
+            .await;
+    }
+}
+
+/// The next leadership change; never, without an election (or once it is gone).
+async fn leader_changed(leader: Option<&mut Leadership>) {
+    if let Some(l) = leader
+        && l.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
