@@ -26,6 +26,7 @@ use service_mirror_core::NamespaceFilter;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use support::controller::{Controller, LinkSecrets};
 use support::{create_namespace, events_about, eventually, init_tracing};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -525,4 +526,79 @@ async fn conditions_another_writer_owns_are_never_overwritten_and_that_is_report
     assert_eq!(all.len(), 1, "nothing of ours added: {all:?}");
     assert_eq!(all[0].message, "another controller's");
     west.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_controller_processes_linked_both_ways_judge_each_others_exports() {
+    let w = World::new("mcs-bin").await;
+    let (west_cluster, east_cluster) = (
+        shared_cluster("mcs-west").await.unwrap(),
+        shared_cluster("mcs-east").await.unwrap(),
+    );
+    let ctl = unique_namespace("mcsctl");
+    create_namespace(&w.west, &ctl).await;
+    create_namespace(&w.east, &ctl).await;
+    LinkSecrets::new(&w.west, &ctl)
+        .link(
+            "east",
+            Some("east"),
+            Some(&east_cluster.admin_kubeconfig().yaml),
+        )
+        .await;
+    LinkSecrets::new(&w.east, &ctl)
+        .link(
+            "west",
+            Some("west"),
+            Some(&west_cluster.admin_kubeconfig().yaml),
+        )
+        .await;
+    // Only this test's namespace: the apiservers are shared with the other tests.
+    let flags = |name: &'static str| ["--mcs-cluster-name", name, "--namespace-allow"];
+    let west = Controller::spawn(
+        &west_cluster,
+        &ctl,
+        &[&flags("west")[..], &[&w.ns]].concat(),
+    );
+    let east = Controller::spawn(
+        &east_cluster,
+        &ctl,
+        &[&flags("east")[..], &[&w.ns]].concat(),
+    );
+    w.service(
+        "west",
+        "hello",
+        clusterip(serde_json::json!([tcp("http", 80)])),
+    )
+    .await;
+    w.service(
+        "east",
+        "hello",
+        clusterip(serde_json::json!([tcp("http", 8080)])),
+    )
+    .await;
+    w.export("west", "hello").await;
+    w.export("east", "hello").await;
+    for c in ["west", "east"] {
+        w.until(c, "hello", &in_conflict("PortConflict")).await;
+    }
+    w.service(
+        "east",
+        "hello",
+        clusterip(serde_json::json!([tcp("http", 80)])),
+    )
+    .await;
+    for c in ["west", "east"] {
+        w.until(c, "hello", &exported()).await;
+    }
+    for (c, controller) in [("west", &west), ("east", &east)] {
+        let text = controller.metrics().await;
+        assert!(
+            text.contains(r#"service_mirror_mcs_exports{state="Exported"} 1"#),
+            "{c}: {text}"
+        );
+        assert!(
+            !text.contains("service_mirror_mcs_watch_errors_total{"),
+            "{c}: no failed watch: {text}"
+        );
+    }
 }

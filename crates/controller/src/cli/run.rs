@@ -164,6 +164,12 @@ pub struct RunArgs {
         default_value = service_mirror_core::labels::DEFAULT_FEDERATED_SELECTOR
     )]
     federated_service_selector: String,
+    /// This cluster's name in the Multi-Cluster Services cluster set (the name its
+    /// peers' links give it). Set: the ServiceExports of this cluster and of every
+    /// linked one are read and the local exports' conditions written (needs the
+    /// ServiceExport CRD); empty: MCS off.
+    #[arg(long, env = "SERVICE_MIRROR_MCS_CLUSTER_NAME", default_value = "")]
+    mcs_cluster_name: String,
 }
 
 /// One `--gateway-address-deny/allow` value: comma-separated CIDRs, blanks and empty
@@ -229,6 +235,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.leader.leading.set(1);
         (None, None)
     };
+    let namespaces = NamespaceFilter {
+        allow: args
+            .namespace_allow
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect(),
+        deny: args
+            .namespace_deny
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect(),
+    };
     let (federation, federation_tasks) = crate::federation::Federation::start(
         local.clone(),
         recorder.clone(),
@@ -240,6 +258,25 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     );
+    let (mcs, mcs_tasks) = match args.mcs_cluster_name.trim() {
+        "" => (None, Vec::new()),
+        name => {
+            service_mirror_core::validate_cluster_name(name)
+                .map_err(|e| anyhow::anyhow!("--mcs-cluster-name: {e}"))?;
+            let (mcs, tasks) = crate::mcs::Mcs::start(
+                local.clone(),
+                recorder.clone(),
+                metrics.clone(),
+                crate::mcs::McsOptions {
+                    cluster_name: name.to_owned(),
+                    leader: leader.clone(),
+                    namespaces: namespaces.clone(),
+                },
+                shutdown.clone(),
+            );
+            (Some(mcs), tasks)
+        }
+    };
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
         workers: 4,
@@ -249,18 +286,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             workers: args.workers,
             requeue_limit: args.event_requeue_limit,
             endpoint_refresh_period: args.endpoint_refresh_period,
-            namespaces: NamespaceFilter {
-                allow: args
-                    .namespace_allow
-                    .into_iter()
-                    .filter(|s| !s.is_empty())
-                    .collect(),
-                deny: args
-                    .namespace_deny
-                    .into_iter()
-                    .filter(|s| !s.is_empty())
-                    .collect(),
-            },
+            namespaces,
             probe_timeout: args.probe_timeout,
             probe_failure_threshold: args.probe_failure_threshold,
             max_mirrors: (args.max_mirrors_per_link > 0).then_some(args.max_mirrors_per_link),
@@ -283,6 +309,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             leader: leader.clone(),
             federation: Some(federation),
+            mcs,
             ..LinkDeps::default()
         },
     };
@@ -341,7 +368,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::time::timeout(Duration::from_secs(10), manager.shutdown())
         .await
         .map_err(|_| anyhow::anyhow!("shutdown took longer than 10 s"))?;
-    for task in federation_tasks {
+    for task in federation_tasks.into_iter().chain(mcs_tasks) {
         let _ = task.await;
     }
     if let Some(election) = election {
