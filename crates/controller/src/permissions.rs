@@ -15,6 +15,8 @@
 //! | `coordination.k8s.io` `leases` (controller namespace only) | get, create, update, patch, delete | leader election (HA: get, create, patch); the per-link write Leases `service-mirror-write-<cluster>` (get, create, update; `delete`: on unlink, only those labelled ours); no Lease is listed or watched |
 //! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]; `get`: the status writer reads the Link's current status first) |
 //! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
+//! | `multicluster.x-k8s.io` `serviceexports` (all namespaces) | list, watch | the MCS component's reader of local ServiceExports ([`MCS_RULES`]; with `--mcs-cluster-name` only) |
+//! | `multicluster.x-k8s.io` `serviceexports/status` (all namespaces) | patch | the local exports' `Valid`, `Ready` and `Conflict` conditions (server-side apply) |
 //!
 //! The `Link` credentials Secrets are covered by the `secrets` rule: same namespace,
 //! same type (`mirror.linkerd.io/remote-kubeconfig`), only without the cluster-name
@@ -110,6 +112,23 @@ pub const LINK_RULES: &[Rule] = &[
     },
 ];
 
+/// Rules of the Multi-Cluster Services API, granted cluster-wide (in the same
+/// ClusterRole as [`CLUSTER_RULES`]: exports live in any namespace) but needed only
+/// with `--mcs-cluster-name`, so checked only then. Services are read under
+/// [`CLUSTER_RULES`].
+pub const MCS_RULES: &[Rule] = &[
+    Rule {
+        group: service_mirror_core::mcs::GROUP,
+        resources: &["serviceexports"],
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        group: service_mirror_core::mcs::GROUP,
+        resources: &["serviceexports/status"],
+        verbs: &["patch"],
+    },
+];
+
 /// One permission: a verb on a resource, cluster-wide or in one namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Permission {
@@ -163,6 +182,33 @@ pub fn required_permissions(namespace: &str) -> Vec<Permission> {
 /// resources, so checked only where their CRD is served.
 pub fn link_permissions(namespace: &str) -> Vec<Permission> {
     expand(LINK_RULES, Some(namespace)).collect()
+}
+
+/// The permissions of [`MCS_RULES`]: needed only with `--mcs-cluster-name`.
+pub fn mcs_permissions() -> Vec<Permission> {
+    expand(MCS_RULES, None).collect()
+}
+
+/// Which of [`mcs_permissions`] the client's identity lacks.
+pub async fn missing_mcs_permissions(client: &kube::Client) -> kube::Result<Vec<String>> {
+    missing_of(client, mcs_permissions()).await
+}
+
+/// Whether the local apiserver serves the ServiceExport resource (v1beta1).
+pub async fn service_export_api_served(client: &kube::Client) -> kube::Result<bool> {
+    let version = format!(
+        "{}/{}",
+        service_mirror_core::mcs::GROUP,
+        crate::mcs::VERSION
+    );
+    match client.list_api_group_resources(&version).await {
+        Ok(list) => Ok(list
+            .resources
+            .iter()
+            .any(|r| r.name == crate::mcs::resource::SERVICE_EXPORT_PLURAL)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether the local apiserver serves the `Link` resource (its CRD is installed and
@@ -257,9 +303,13 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// one as an error. Never fails: a review that cannot be made is a warning, and the
 /// controller runs on either way (its reconciles then report the API's refusals).
 /// The Link permissions are checked only where the Link CRD is served.
-pub async fn log_missing_permissions(client: kube::Client, namespace: String) {
+/// With `mcs`, the MCS permissions and the ServiceExport CRD are checked too.
+pub async fn log_missing_permissions(client: kube::Client, namespace: String, mcs: bool) {
     log_missing_required(&client, &namespace).await;
     log_missing_link_permissions(&client, &namespace).await;
+    if mcs {
+        log_missing_mcs(&client).await;
+    }
     // Said last, so that a reader of the log knows every missing permission is above.
     tracing::info!("{PERMISSION_CHECK_DONE}");
 }
@@ -338,12 +388,53 @@ async fn log_missing_link_permissions(client: &kube::Client, namespace: &str) {
     }
 }
 
+/// With `--mcs-cluster-name`: the CRD must be served and its permissions granted, or no
+/// export gets its conditions (the mirrors are unaffected).
+async fn log_missing_mcs(client: &kube::Client) {
+    let check = async {
+        if !service_export_api_served(client).await? {
+            return Ok(None);
+        }
+        missing_mcs_permissions(client).await.map(Some)
+    };
+    match tokio::time::timeout(CHECK_TIMEOUT, check).await {
+        Ok(Ok(None)) => tracing::error!(
+            crd = crate::mcs::SERVICE_EXPORT_CRD_NAME,
+            "--mcs-cluster-name is set but the ServiceExport CRD is not served: no export is read until it is (install it with `service-mirror install`)"
+        ),
+        Ok(Ok(Some(missing))) if missing.is_empty() => {
+            tracing::info!(
+                checked = mcs_permissions().len(),
+                "MCS permissions checked: all granted"
+            );
+        }
+        Ok(Ok(Some(missing))) => {
+            for permission in &missing {
+                tracing::error!(
+                    %permission,
+                    "missing permission: {permission}: ServiceExports get no conditions without it (mirrors are unaffected; grant the ClusterRole printed by `service-mirror install`)"
+                );
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not check the MCS permissions; running anyway");
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_s = CHECK_TIMEOUT.as_secs(),
+                "could not check the MCS permissions in time; running anyway"
+            );
+        }
+    }
+}
+
 /// Runs [`log_missing_permissions`] in the background, so that a slow or unreachable
 /// API server never delays the admin server or the controller.
-pub fn spawn_startup_check(client: &kube::Client, namespace: &str) {
+pub fn spawn_startup_check(client: &kube::Client, namespace: &str, mcs: bool) {
     tokio::spawn(log_missing_permissions(
         client.clone(),
         namespace.to_string(),
+        mcs,
     ));
 }
 

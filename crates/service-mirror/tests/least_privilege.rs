@@ -24,9 +24,11 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use local_cluster::{apply_yaml, client_from_yaml, unique_namespace};
 use rbac_support::{RunningController, apply_documents, install, install_documents, remove_verb};
 use service_mirror_controller::links::LinkResource;
+use service_mirror_controller::mcs::resource::ServiceExport as ServiceExportObject;
+use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
 use service_mirror_controller::permissions::{
-    Permission, is_allowed, link_permissions, missing_link_permissions, missing_permissions,
-    required_permissions,
+    Permission, is_allowed, link_permissions, mcs_permissions, missing_link_permissions,
+    missing_mcs_permissions, missing_permissions, required_permissions,
 };
 use std::time::{Duration, Instant};
 use support::controller::service_mirror;
@@ -56,6 +58,8 @@ enum Scope {
     Link,
     /// `allow`'s ClusterRole on the remote cluster.
     Remote,
+    /// `install`'s ClusterRole, the MCS rules (`MCS_RULES`; with `--mcs-cluster-name`).
+    Mcs,
 }
 
 /// What a case does once the RBAC minus its verb is installed.
@@ -106,6 +110,12 @@ enum Step {
     /// A remote Service without a ready endpoint: its mirror gets the gateway's
     /// endpoints anyway (readiness unknown).
     RemoteSlices,
+    /// A local ServiceExport (made before the start; after it, for `watch`): it never
+    /// gets its conditions.
+    McsLocal,
+    /// A remote ServiceExport that conflicts, made once the local one is judged: the
+    /// local one never says Conflict.
+    McsRemote,
 }
 
 /// One row of the removal table.
@@ -216,6 +226,16 @@ const CASES: &[Case] = &[
         "a mirror of a Service with no ready endpoint gets the gateway's endpoints"),
     case(Remote, "discovery.k8s.io", "endpointslices", "watch", RemoteSlices,
         "a mirror of a Service with no ready endpoint gets the gateway's endpoints"),
+    case(Remote, "multicluster.x-k8s.io", "serviceexports", "list", McsRemote,
+        "the remote's conflicting export never raises Conflict on the local one"),
+    case(Remote, "multicluster.x-k8s.io", "serviceexports", "watch", McsRemote,
+        "the remote's conflicting export never raises Conflict on the local one"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceexports", "list", McsLocal,
+        "a local ServiceExport gets no conditions"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceexports", "watch", McsLocal,
+        "a ServiceExport made after the start gets no conditions"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceexports/status", "patch", McsLocal,
+        "a local ServiceExport gets no conditions"),
 ];
 
 impl Case {
@@ -225,6 +245,7 @@ impl Case {
             Namespace => "namespace",
             Link => "link",
             Remote => "remote",
+            Mcs => "mcs",
         };
         let group = if self.group.is_empty() {
             String::new()
@@ -240,7 +261,7 @@ impl Case {
             verb: self.verb.into(),
             group: self.group.into(),
             resource: self.resource.into(),
-            namespace: (self.scope != Cluster).then(|| ns.to_string()),
+            namespace: (!matches!(self.scope, Cluster | Mcs)).then(|| ns.to_string()),
         })
     }
 }
@@ -264,7 +285,7 @@ async fn world(case: Option<&Case>) -> World {
     let scope = case.map(|c| c.scope);
     let removed = case.and_then(|c| c.permission(&ctl_ns));
     if let Some(p) = &removed {
-        let kind = if scope == Some(Cluster) {
+        let kind = if matches!(scope, Some(Cluster | Mcs)) {
             "ClusterRole"
         } else {
             "Role"
@@ -274,20 +295,22 @@ async fn world(case: Option<&Case>) -> World {
     let kc = install(&env.local, &ctl_ns, &docs).await;
     link_crd(&env.local).await;
     let client = kc.client().await.unwrap();
-    let (want_required, want_link) = match &removed {
-        Some(p) if scope == Some(Link) => (vec![], vec![p.to_string()]),
-        Some(p) => (vec![p.to_string()], vec![]),
-        None => (vec![], vec![]),
+    let (want_required, want_link, want_mcs) = match &removed {
+        Some(p) if scope == Some(Link) => (vec![], vec![p.to_string()], vec![]),
+        Some(p) if scope == Some(Mcs) => (vec![], vec![], vec![p.to_string()]),
+        Some(p) => (vec![p.to_string()], vec![], vec![]),
+        None => (vec![], vec![], vec![]),
     };
     eventually(
         &format!("local RBAC of {ctl_ns} misses {removed:?}"),
         || {
             let (client, ns) = (client.clone(), ctl_ns.clone());
-            let (r, l) = (want_required.clone(), want_link.clone());
+            let (r, l, m) = (want_required.clone(), want_link.clone(), want_mcs.clone());
             async move {
                 let required = missing_permissions(&client, &ns).await.ok()?;
                 let link = missing_link_permissions(&client, &ns).await.ok()?;
-                (required == r && link == l).then_some(())
+                let mcs = missing_mcs_permissions(&client).await.ok()?;
+                (required == r && link == l && mcs == m).then_some(())
             }
         },
     )
@@ -322,7 +345,11 @@ async fn allow(env: &Env, case: Option<&Case>) -> String {
         .unwrap();
     let kubeconfig = linked_kubeconfig(env, &rns);
     let remote = client_from_yaml(&kubeconfig).await.unwrap();
-    for (group, resource) in [("", "services"), ("discovery.k8s.io", "endpointslices")] {
+    for (group, resource) in [
+        ("", "services"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("multicluster.x-k8s.io", "serviceexports"),
+    ] {
         for verb in ["list", "watch"] {
             let p = Permission {
                 verb: verb.into(),
@@ -483,6 +510,46 @@ impl World {
             .into_iter()
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .collect()
+    }
+
+    /// The MCS CRDs served on the remote too (`install` put them on the local one).
+    async fn mcs_crds_on_remote(&self) {
+        for yaml in [SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML] {
+            apply_yaml(&self.env.rc, yaml).await.unwrap();
+        }
+        let exports: Api<ServiceExportObject> = Api::all(self.env.rc.clone());
+        eventually("ServiceExports served on the remote", || async {
+            exports.list(&Default::default()).await.ok()
+        })
+        .await;
+    }
+
+    /// A Service `name` with port `port` and its ServiceExport in `client`'s cluster.
+    async fn mcs_export(&self, client: &kube::Client, name: &str, port: i32) {
+        let svc = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": self.env.ns},
+            "spec": {"selector": {"app": name},
+                     "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}});
+        let export = serde_json::json!({
+            "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+            "metadata": {"name": name, "namespace": self.env.ns}});
+        apply_yaml(client, &svc.to_string()).await.unwrap();
+        apply_yaml(client, &export.to_string()).await.unwrap();
+    }
+
+    /// (type, status, reason) of the local export's conditions.
+    async fn mcs_conditions(&self, name: &str) -> Vec<(String, String, String)> {
+        Api::<ServiceExportObject>::namespaced(self.env.lc.clone(), &self.env.ns)
+            .get_opt(name)
+            .await
+            .unwrap()
+            .map(|e| {
+                e.conditions()
+                    .iter()
+                    .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     async fn write_lease(&self) -> Option<Lease> {
@@ -779,6 +846,52 @@ async fn run(case: &Case) -> Result<String, String> {
             .await;
             line
         }
+        McsLocal => {
+            w.mcs_crds_on_remote().await;
+            let early = verb != "watch";
+            if early {
+                w.mcs_export(&env.lc, "web", 80).await;
+            }
+            let ctl = w.controller(&["--mcs-cluster-name", "here"]);
+            w.link_secret().await;
+            let line = refusal(&ctl, verb, resource).await?;
+            if !early {
+                w.mcs_export(&env.lc, "web", 80).await;
+            }
+            tokio::time::sleep(SETTLE).await;
+            let conditions = w.mcs_conditions("web").await;
+            check(conditions.is_empty(), || {
+                format!("conditions written: {conditions:?}")
+            })?;
+            line
+        }
+        McsRemote => {
+            w.mcs_crds_on_remote().await;
+            w.mcs_export(&env.lc, "web", 80).await;
+            let ctl = w.controller(&["--mcs-cluster-name", "here"]);
+            w.link_secret().await;
+            let line = refusal(&ctl, verb, resource).await?;
+            // Judged without the remote (after the 30 s hold, when it cannot list).
+            let judged = Instant::now();
+            loop {
+                let c = w.mcs_conditions("web").await;
+                if c.iter().any(|c| c.0 == "Conflict") {
+                    break;
+                }
+                if judged.elapsed() > REFUSAL_WITHIN {
+                    return Err(format!("the local export was never judged: {c:?}"));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            w.mcs_export(&env.rc, "web", 81).await;
+            tokio::time::sleep(SETTLE).await;
+            let conditions = w.mcs_conditions("web").await;
+            check(
+                conditions.contains(&("Conflict".into(), "False".into(), "NoConflicts".into())),
+                || format!("the remote export counted: {conditions:?}"),
+            )?;
+            line
+        }
     };
     Ok(line)
 }
@@ -819,6 +932,11 @@ fn the_cases_are_exactly_the_granted_verbs() {
             link_permissions("ns")
                 .into_iter()
                 .map(|p| (Link, p.group, p.resource, p.verb)),
+        )
+        .chain(
+            mcs_permissions()
+                .into_iter()
+                .map(|p| (Mcs, p.group, p.resource, p.verb)),
         )
         .collect();
     for rule in remote_access_rules() {
@@ -895,7 +1013,8 @@ fn trim(line: &str) -> String {
 /// The steps whose success no other test shows under the installed RBAC, with nothing
 /// removed: a repeated Event becomes a series (`patch events`), the write Lease is
 /// renewed (`update leases`), a Link's status gets its Ready condition and its
-/// `mirrorServices` entry (`patch links/status` after `get links`).
+/// `mirrorServices` entry (`patch links/status` after `get links`), a ServiceExport
+/// gets its conditions, Conflict from a remote export made after the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_verb_granted_the_same_steps_succeed() {
     init_tracing();
@@ -984,5 +1103,29 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
-    futures::join!(secret_world, link_world);
+    // MCS: the local export is judged against the remote's (list, watch on both sides)
+    // and its conditions written (`patch serviceexports/status`).
+    let mcs_world = async {
+        let w = world(None).await;
+        create_namespace(&w.env.lc, &w.env.ns).await;
+        w.mcs_crds_on_remote().await;
+        w.mcs_export(&w.env.lc, "web", 80).await;
+        let _ctl = w.controller(&["--mcs-cluster-name", "here"]);
+        w.link_secret().await;
+        eventually("the local export says Exported", || async {
+            let c = w.mcs_conditions("web").await;
+            c.contains(&("Ready".into(), "True".into(), "Exported".into()))
+                .then_some(())
+        })
+        .await;
+        // Made after the start: the remote watch brings it.
+        w.mcs_export(&w.env.rc, "web", 81).await;
+        eventually("the local export says PortConflict", || async {
+            let c = w.mcs_conditions("web").await;
+            c.contains(&("Conflict".into(), "True".into(), "PortConflict".into()))
+                .then_some(())
+        })
+        .await;
+    };
+    futures::join!(secret_world, link_world, mcs_world);
 }

@@ -63,8 +63,9 @@ pub fn cluster_role_name(namespace: &str, service_account: &str) -> String {
 }
 
 /// The only permissions a mirror needs on a remote cluster: list and watch its Services,
-/// and its EndpointSlices (a `Link`'s mirrors follow whether the remote Service has
-/// ready endpoints, as Linkerd's do; Secret links never read them). No `get`: the
+/// its EndpointSlices (a `Link`'s mirrors follow whether the remote Service has
+/// ready endpoints, as Linkerd's do; Secret links never read them), and its
+/// ServiceExports (read where the local controller runs with `--mcs-cluster-name`). No `get`: the
 /// controller reads the remote through its watches only (tests/least_privilege.rs).
 pub fn remote_access_rules() -> Vec<PolicyRule> {
     vec![
@@ -77,6 +78,12 @@ pub fn remote_access_rules() -> Vec<PolicyRule> {
         PolicyRule {
             api_groups: Some(vec!["discovery.k8s.io".into()]),
             resources: Some(vec!["endpointslices".into()]),
+            verbs: vec!["list".into(), "watch".into()],
+            ..Default::default()
+        },
+        PolicyRule {
+            api_groups: Some(vec![service_mirror_core::mcs::GROUP.into()]),
+            resources: Some(vec!["serviceexports".into()]),
             verbs: vec!["list".into(), "watch".into()],
             ..Default::default()
         },
@@ -212,7 +219,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_role_allows_only_reading_services_and_endpointslices() {
+    fn cluster_role_allows_only_reading_services_endpointslices_and_serviceexports() {
         let docs = allow_manifests("mc", "reader");
         let role = by_kind(&docs, "ClusterRole");
         assert_eq!(role["apiVersion"], "rbac.authorization.k8s.io/v1");
@@ -220,7 +227,8 @@ mod tests {
             role["rules"],
             json!([
                 {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"]},
-                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceexports"], "verbs": ["list", "watch"]}
             ])
         );
         assert!(role.get("aggregationRule").is_none());

@@ -5,7 +5,9 @@
 //! ```
 //!
 //! It prints, in apply order: the `links.multicluster.linkerd.io` CRD (Linkerd's `Link`;
-//! `--link-crd=false` leaves it out where Linkerd's own is installed), the Namespace,
+//! `--link-crd=false` leaves it out where Linkerd's own is installed), the
+//! `serviceexports` and `serviceimports.multicluster.x-k8s.io` CRDs of the
+//! Multi-Cluster Services API (`--mcs-crds=false` leaves them out), the Namespace,
 //! the ServiceAccount `service-mirror`, a ClusterRole and its ClusterRoleBinding with
 //! the cluster-wide permissions, a Role and its RoleBinding with the permissions
 //! limited to the controller's namespace (Link permissions included; all from
@@ -16,7 +18,7 @@ use super::allow::check_names;
 use super::args::OutputArgs;
 use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::links::LINK_CRD_YAML;
-use crate::permissions::{CLUSTER_RULES, LINK_RULES, NAMESPACE_RULES, Rule};
+use crate::permissions::{CLUSTER_RULES, LINK_RULES, MCS_RULES, NAMESPACE_RULES, Rule};
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -80,6 +82,10 @@ pub struct InstallArgs {
     /// ours would take its fields over.
     #[arg(long, env = "SERVICE_MIRROR_LINK_CRD", default_value_t = true, action = clap::ArgAction::Set)]
     pub link_crd: bool,
+    /// Print the CRDs of the Multi-Cluster Services API (ServiceExport, ServiceImport;
+    /// multicluster.x-k8s.io). `false` where another implementation installed them.
+    #[arg(long, env = "SERVICE_MIRROR_MCS_CRDS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub mcs_crds: bool,
     /// How the manifests are printed.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -273,8 +279,20 @@ fn deployment(namespace: &str, ha: bool, image: &str) -> Deployment {
 
 /// The `Link` CRD, from its YAML (anchors expanded), with install's labels added.
 pub(crate) fn link_crd() -> serde_json::Value {
+    crd(LINK_CRD_YAML)
+}
+
+/// The ServiceExport and ServiceImport CRDs, as [`link_crd`].
+pub(crate) fn mcs_crds() -> [serde_json::Value; 2] {
+    [
+        crd(crate::mcs::SERVICE_EXPORT_CRD_YAML),
+        crd(crate::mcs::SERVICE_IMPORT_CRD_YAML),
+    ]
+}
+
+fn crd(yaml: &str) -> serde_json::Value {
     let mut crd: serde_json::Value =
-        serde_saphyr::from_str(LINK_CRD_YAML).expect("the embedded Link CRD is valid YAML");
+        serde_saphyr::from_str(yaml).expect("an embedded CRD is valid YAML");
     let crd_labels = crd["metadata"]
         .as_object_mut()
         .expect("the CRD has metadata")
@@ -296,6 +314,8 @@ pub(crate) struct Install<'a> {
     pub image: &'a str,
     /// Whether the Link CRD is printed.
     pub link_crd: bool,
+    /// Whether the MCS CRDs are printed.
+    pub mcs_crds: bool,
 }
 
 /// The local-side manifests, in apply order: the Link CRD (unless left out), Namespace,
@@ -307,6 +327,7 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
         ha,
         image,
         link_crd: with_crd,
+        mcs_crds: with_mcs_crds,
     } = *install;
     let cluster_role = cluster_role_name(namespace);
     let ns = Namespace {
@@ -319,7 +340,13 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
     };
     let cr = ClusterRole {
         metadata: meta(&cluster_role, None),
-        rules: Some(policy_rules(CLUSTER_RULES)),
+        // MCS permissions even without our CRDs: another implementation's may be there.
+        rules: Some(
+            policy_rules(CLUSTER_RULES)
+                .into_iter()
+                .chain(policy_rules(MCS_RULES))
+                .collect(),
+        ),
         ..Default::default()
     };
     let crb = ClusterRoleBinding {
@@ -350,6 +377,9 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
     let to_value =
         |r: serde_json::Result<serde_json::Value>| r.expect("Kubernetes objects serialise to JSON");
     let mut docs: Vec<serde_json::Value> = with_crd.then(link_crd).into_iter().collect();
+    if with_mcs_crds {
+        docs.extend(mcs_crds());
+    }
     docs.extend([
         to_value(serde_json::to_value(ns)),
         to_value(serde_json::to_value(sa)),
@@ -390,6 +420,7 @@ pub(crate) fn run(args: InstallArgs) -> anyhow::Result<()> {
         ha: args.ha,
         image: &args.image,
         link_crd: args.link_crd,
+        mcs_crds: args.mcs_crds,
     };
     args.output
         .print(&install_manifests(&install))
@@ -410,6 +441,7 @@ mod tests {
             ha,
             image: IMAGE,
             link_crd: true,
+            mcs_crds: true,
         })
     }
 
@@ -434,6 +466,8 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let base = [
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
@@ -477,6 +511,10 @@ mod tests {
                  "verbs": ["create"]},
                 {"apiGroups": ["events.k8s.io"], "resources": ["events"],
                  "verbs": ["create", "patch"]},
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceexports"],
+                 "verbs": ["list", "watch"]},
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceexports/status"],
+                 "verbs": ["patch"]},
             ])
         );
         assert!(role.get("aggregationRule").is_none());
@@ -503,7 +541,7 @@ mod tests {
     }
 
     #[test]
-    fn the_link_crd_comes_first_and_can_be_left_out_keeping_the_link_rules() {
+    fn the_crds_come_first_and_each_can_be_left_out_keeping_their_rules() {
         let with = manifests("mc", false);
         assert_eq!(with[0]["kind"], "CustomResourceDefinition");
         assert_eq!(with[0]["metadata"]["name"], "links.multicluster.linkerd.io");
@@ -516,13 +554,33 @@ mod tests {
             ha: false,
             image: IMAGE,
             link_crd: false,
+            mcs_crds: false,
         });
         assert!(
             !without
                 .iter()
                 .any(|d| d["kind"] == "CustomResourceDefinition")
         );
-        assert_eq!(&with[1..], &without[..], "nothing else differs");
+        assert_eq!(&with[3..], &without[..], "nothing else differs");
+        let mcs_only = install_manifests(&Install {
+            namespace: "mc",
+            ha: false,
+            image: IMAGE,
+            link_crd: false,
+            mcs_crds: true,
+        });
+        let names: Vec<&str> = mcs_only[..2]
+            .iter()
+            .map(|d| d["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "serviceexports.multicluster.x-k8s.io",
+                "serviceimports.multicluster.x-k8s.io"
+            ]
+        );
+        assert_eq!(&mcs_only[2..], &without[..], "the same RBAC either way");
     }
 
     #[test]

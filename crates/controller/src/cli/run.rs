@@ -214,7 +214,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     config.default_retry = false;
     config.read_timeout = Some(Duration::from_secs(295));
     let local = crate::kube_client::build(config, "local", &metrics.client)?;
-    crate::permissions::spawn_startup_check(&local, &args.namespace);
+    crate::permissions::spawn_startup_check(
+        &local,
+        &args.namespace,
+        !args.mcs_cluster_name.trim().is_empty(),
+    );
     // Read once: the leader identity and the Events' reporting instance.
     let pod_name = std::env::var("POD_NAME").ok();
     let recorder = EventRecorder::new(local.clone(), pod_name.clone());

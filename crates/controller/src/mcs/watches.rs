@@ -73,7 +73,9 @@ fn on_error<'a>(feed: &'a Feed, kind: &'static str) -> impl FnMut(&watcher::Erro
             .watch_errors
             .get_or_create(&ClusterLabels::of(&feed.cluster))
             .inc();
-        tracing::warn!(cluster = %feed.cluster, kind, error = %e, "MCS watch failed; its exports count as none until it lists; retrying with backoff");
+        // A linked cluster's error carries its text: bounded and cleaned as every remote text.
+        let error = crate::links::sanitize_remote_text(&e.to_string());
+        tracing::warn!(cluster = %feed.cluster, kind, %error, "MCS watch failed; retrying with backoff (a cluster that never listed counts as exporting nothing)");
     }
 }
 
