@@ -311,7 +311,7 @@ async fn the_installed_role_grants_the_link_permissions_and_they_are_reported_ap
     // A Role without them: only the Link permissions are missing, never the required.
     let ns = unique_namespace("link-crd-norbac");
     let mut docs = install_documents(&ns, &["--link-crd=false"]);
-    assert!(!docs.iter().any(|d| d["kind"] == "CustomResourceDefinition"));
+    assert!(!docs.iter().any(|d| d["metadata"]["name"] == LINK_CRD_NAME));
     for p in link_permissions(&ns) {
         remove_verb(&mut docs, "Role", &p.group, &p.resource, &p.verb);
     }
