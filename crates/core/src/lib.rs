@@ -28,6 +28,7 @@ pub mod gateway;
 pub mod headless;
 pub mod labels;
 pub mod mcs;
+pub mod mcs_derived;
 pub mod metadata;
 pub mod namespaces;
 pub mod naming;
