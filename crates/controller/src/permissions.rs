@@ -349,80 +349,75 @@ async fn log_missing_required(client: &kube::Client, namespace: &str) {
 /// The optional part: without the CRD there is nothing to check (Secret links only);
 /// with it, a missing permission breaks Link links and nothing else.
 async fn log_missing_link_permissions(client: &kube::Client, namespace: &str) {
-    let check = async {
-        if !link_api_served(client).await? {
-            return Ok(None);
-        }
-        missing_link_permissions(client, namespace).await.map(Some)
-    };
-    match tokio::time::timeout(CHECK_TIMEOUT, check).await {
-        Ok(Ok(None)) => {
+    log_missing_optional(
+        "Link",
+        link_api_served(client),
+        missing_link_permissions(client, namespace),
+        link_permissions(namespace).len(),
+        || {
             tracing::info!(
                 crd = crate::links::LINK_CRD_NAME,
                 "the Link CRD is not installed: links come from Secrets only"
-            );
-        }
-        Ok(Ok(Some(missing))) if missing.is_empty() => {
-            tracing::info!(
-                checked = link_permissions(namespace).len(),
-                "Link permissions checked: all granted"
-            );
-        }
-        Ok(Ok(Some(missing))) => {
-            for permission in &missing {
-                tracing::error!(
-                    %permission,
-                    "missing permission: {permission}: Link resources cannot be served without it (Secret links are unaffected; grant the Role printed by `service-mirror install`)"
-                );
-            }
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "could not check the Link permissions; running anyway");
-        }
-        Err(_) => {
-            tracing::warn!(
-                timeout_s = CHECK_TIMEOUT.as_secs(),
-                "could not check the Link permissions in time; running anyway"
-            );
-        }
-    }
+            )
+        },
+        "Link resources cannot be served without it (Secret links are unaffected; grant the Role printed by `service-mirror install`)",
+    )
+    .await
 }
 
 /// With `--mcs-cluster-name`: the CRD must be served and its permissions granted, or no
 /// export gets its conditions (the mirrors are unaffected).
 async fn log_missing_mcs(client: &kube::Client) {
+    log_missing_optional(
+        "MCS",
+        service_export_api_served(client),
+        missing_mcs_permissions(client),
+        mcs_permissions().len(),
+        || {
+            tracing::error!(
+                crd = crate::mcs::SERVICE_EXPORT_CRD_NAME,
+                "--mcs-cluster-name is set but the ServiceExport CRD is not served: no export is read until it is (install it with `service-mirror install`)"
+            )
+        },
+        "ServiceExports get no conditions without it (mirrors are unaffected; grant the ClusterRole printed by `service-mirror install`)",
+    )
+    .await
+}
+
+/// The check of an optional group of permissions (`what`): asked only where its API is
+/// `served` (else `absent` says so), each `missing` one logged as an error saying
+/// what it breaks (`effect`); never fails.
+async fn log_missing_optional(
+    what: &str,
+    served: impl std::future::Future<Output = kube::Result<bool>>,
+    missing: impl std::future::Future<Output = kube::Result<Vec<String>>>,
+    checked: usize,
+    absent: impl FnOnce(),
+    effect: &str,
+) {
     let check = async {
-        if !service_export_api_served(client).await? {
+        if !served.await? {
             return Ok(None);
         }
-        missing_mcs_permissions(client).await.map(Some)
+        missing.await.map(Some)
     };
     match tokio::time::timeout(CHECK_TIMEOUT, check).await {
-        Ok(Ok(None)) => tracing::error!(
-            crd = crate::mcs::SERVICE_EXPORT_CRD_NAME,
-            "--mcs-cluster-name is set but the ServiceExport CRD is not served: no export is read until it is (install it with `service-mirror install`)"
-        ),
+        Ok(Ok(None)) => absent(),
         Ok(Ok(Some(missing))) if missing.is_empty() => {
-            tracing::info!(
-                checked = mcs_permissions().len(),
-                "MCS permissions checked: all granted"
-            );
+            tracing::info!(checked, "{what} permissions checked: all granted");
         }
         Ok(Ok(Some(missing))) => {
             for permission in &missing {
-                tracing::error!(
-                    %permission,
-                    "missing permission: {permission}: ServiceExports get no conditions without it (mirrors are unaffected; grant the ClusterRole printed by `service-mirror install`)"
-                );
+                tracing::error!(%permission, "missing permission: {permission}: {effect}");
             }
         }
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "could not check the MCS permissions; running anyway");
+            tracing::warn!(error = %e, "could not check the {what} permissions; running anyway");
         }
         Err(_) => {
             tracing::warn!(
                 timeout_s = CHECK_TIMEOUT.as_secs(),
-                "could not check the MCS permissions in time; running anyway"
+                "could not check the {what} permissions in time; running anyway"
             );
         }
     }

@@ -863,6 +863,11 @@ async fn run(case: &Case) -> Result<String, String> {
             check(conditions.is_empty(), || {
                 format!("conditions written: {conditions:?}")
             })?;
+            // The startup check named it (MCS permissions are asked only with the flag).
+            let named = format!("missing permission: {verb} {resource}.multicluster.x-k8s.io");
+            check(!ctl.log_lines(&named).is_empty(), || {
+                format!("no {named:?} in the log")
+            })?;
             line
         }
         McsRemote => {

@@ -65,6 +65,7 @@ fn invalid(reason: &str) -> Conditions {
 
 /// One cluster's running component.
 struct Running {
+    mcs: Mcs,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
     /// The link to the other cluster: cancelled alone, its exports leave.
@@ -79,6 +80,15 @@ impl Running {
         for t in self.tasks {
             let _ = t.await;
         }
+    }
+
+    /// Waits until the metrics hold `series` (updated after the write or Event a test
+    /// sees in the API).
+    async fn metric(&self, series: &str) {
+        eventually(&format!("metric {series}"), || async {
+            self.metrics.encode().contains(series).then_some(())
+        })
+        .await
     }
 
     fn writes(&self, outcome: &str) -> u64 {
@@ -157,6 +167,7 @@ impl World {
         let link = CancellationToken::new();
         tasks.extend(mcs.link(other_name, other, &link));
         Running {
+            mcs,
             metrics,
             cancel,
             link,
@@ -184,6 +195,39 @@ impl World {
         )
         .await
         .unwrap();
+    }
+
+    /// A ClusterIP Service `name` with one TCP port `http`/`port`.
+    async fn serve(&self, cluster: &str, name: &str, port: i32) {
+        self.service(
+            cluster,
+            name,
+            clusterip(serde_json::json!([tcp("http", port)])),
+        )
+        .await
+    }
+
+    /// A condition `type_` of `manager` (not us) on the export's status.
+    async fn their_condition(
+        &self,
+        cluster: &str,
+        name: &str,
+        manager: &str,
+        type_: &str,
+        message: &str,
+    ) {
+        let theirs = serde_json::json!({
+            "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+            "metadata": {"name": name},
+            "status": {"conditions": [{
+                "type": type_, "status": "True", "reason": "Theirs",
+                "message": message, "lastTransitionTime": "2026-12-01T00:00:00Z",
+            }]},
+        });
+        self.exports(cluster)
+            .patch_status(name, &PatchParams::apply(manager), &Patch::Apply(theirs))
+            .await
+            .unwrap();
     }
 
     async fn export(&self, cluster: &str, name: &str) {
@@ -250,12 +294,7 @@ async fn an_export_is_invalid_without_its_service_valid_once_it_comes_and_never_
     let (west, east) = (w.start("west", None), w.start("east", None));
     w.export("west", "lonely").await;
     w.until("west", "lonely", &invalid("NoService")).await;
-    w.service(
-        "west",
-        "lonely",
-        clusterip(serde_json::json!([tcp("http", 80)])),
-    )
-    .await;
+    w.serve("west", "lonely", 80).await;
     w.until("west", "lonely", &exported()).await;
     w.service(
         "west",
@@ -276,13 +315,12 @@ async fn an_export_is_invalid_without_its_service_valid_once_it_comes_and_never_
         },
     )
     .await;
-    let text = west.metrics.encode();
     for series in [
         r#"service_mirror_mcs_exports{state="InvalidServiceType"} 1"#,
         r#"service_mirror_mcs_exports{state="Exported"} 1"#,
         r#"service_mirror_mcs_exports{state="NoService"} 0"#,
     ] {
-        assert!(text.contains(series), "{series} in:\n{text}");
+        west.metric(series).await;
     }
     // The Service goes: invalid again, nothing else touched.
     Api::<Service>::namespaced(w.west.clone(), &w.ns)
@@ -303,19 +341,9 @@ async fn exports_that_differ_across_clusters_raise_conflict_on_both_until_they_a
     let w = World::new("mcs-conflict").await;
     let (west, east) = (w.start("west", None), w.start("east", None));
     // Ports: one name, two numbers.
-    w.service(
-        "west",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
-    )
-    .await;
+    w.serve("west", "hello", 80).await;
     w.export("west", "hello").await;
-    w.service(
-        "east",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 8080)])),
-    )
-    .await;
+    w.serve("east", "hello", 8080).await;
     w.export("east", "hello").await;
     // Headless in one cluster only.
     w.service(
@@ -357,12 +385,9 @@ async fn exports_that_differ_across_clusters_raise_conflict_on_both_until_they_a
     }
     // They agree: the conflict ends on both, its transition time moves.
     let before = w.conditions("west", "hello").await;
-    w.service(
-        "east",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
-    )
-    .await;
+    // Transition times have whole seconds: a Valid time reset would show.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    w.serve("east", "hello", 80).await;
     for c in ["west", "east"] {
         w.until(c, "hello", &exported()).await;
     }
@@ -394,35 +419,17 @@ async fn exports_that_differ_across_clusters_raise_conflict_on_both_until_they_a
 async fn a_link_that_ends_takes_its_exports_out_of_the_merge_and_other_writers_conditions_stay() {
     let w = World::new("mcs-link").await;
     // Someone else's condition on the export, written before ours.
-    w.service(
+    w.serve("west", "hello", 80).await;
+    w.export("west", "hello").await;
+    w.their_condition(
         "west",
         "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
+        "someone-else",
+        "example.com/Audited",
+        "by someone else",
     )
     .await;
-    w.export("west", "hello").await;
-    let theirs = serde_json::json!({
-        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
-        "metadata": {"name": "hello"},
-        "status": {"conditions": [{
-            "type": "example.com/Audited", "status": "True", "reason": "Audited",
-            "message": "by someone else", "lastTransitionTime": "2026-12-01T00:00:00Z",
-        }]},
-    });
-    w.exports("west")
-        .patch_status(
-            "hello",
-            &PatchParams::apply("someone-else"),
-            &Patch::Apply(theirs),
-        )
-        .await
-        .unwrap();
-    w.service(
-        "east",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 81)])),
-    )
-    .await;
+    w.serve("east", "hello", 81).await;
     w.export("east", "hello").await;
     let (west, east) = (w.start("west", None), w.start("east", None));
     let all = w.until("west", "hello", &in_conflict("PortConflict")).await;
@@ -450,35 +457,38 @@ async fn a_link_that_ends_takes_its_exports_out_of_the_merge_and_other_writers_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_are_written_only_while_leader_and_an_unchanged_world_writes_nothing() {
     let w = World::new("mcs-leader").await;
-    w.service(
-        "west",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
-    )
-    .await;
+    w.serve("west", "hello", 80).await;
     w.export("west", "hello").await;
     let (switch, leadership) = Leadership::manual(false);
     let west = w.start("west", Some(leadership));
-    // Both lists take well under a second here; 3 s not leading writes nothing.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Both clusters listed, then a while not leading: nothing written.
+    west.metric("service_mirror_mcs_clusters_listed 2").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(w.conditions("west", "hello").await.is_empty());
     assert_eq!(west.writes("applied"), 0);
     switch.send_replace(true);
     w.until("west", "hello", &exported()).await;
+    west.metric(r#"service_mirror_mcs_export_status_writes_total{outcome="applied"} 1"#)
+        .await;
     let written = west.writes("applied");
     assert_eq!(written, 1, "one write: the three conditions at once");
-    // Idle: nothing changes, nothing is written, whatever the other clusters do with
-    // names nobody exports here.
+    // Idle: what the merge does not read changes (a label, the selector), and another
+    // cluster makes a Service nobody exports here: nothing judged, nothing written.
+    Api::<Service>::namespaced(w.west.clone(), &w.ns)
+        .patch(
+            "hello",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"touched": "yes"}},
+                "spec": {"selector": {"app": "other"}},
+            })),
+        )
+        .await
+        .unwrap();
     w.service(
         "east",
         "unrelated",
         clusterip(serde_json::json!([tcp("x", 1)])),
-    )
-    .await;
-    w.service(
-        "west",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
     )
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -490,29 +500,16 @@ async fn conditions_are_written_only_while_leader_and_an_unchanged_world_writes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_another_writer_owns_are_never_overwritten_and_that_is_reported() {
     let w = World::new("mcs-owned").await;
-    w.service(
+    w.serve("west", "hello", 80).await;
+    w.export("west", "hello").await;
+    w.their_condition(
         "west",
         "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
+        "other-mcs",
+        "Valid",
+        "another controller's",
     )
     .await;
-    w.export("west", "hello").await;
-    let theirs = serde_json::json!({
-        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
-        "metadata": {"name": "hello"},
-        "status": {"conditions": [{
-            "type": "Valid", "status": "True", "reason": "Valid",
-            "message": "another controller's", "lastTransitionTime": "2026-12-01T00:00:00Z",
-        }]},
-    });
-    w.exports("west")
-        .patch_status(
-            "hello",
-            &PatchParams::apply("other-mcs"),
-            &Patch::Apply(theirs),
-        )
-        .await
-        .unwrap();
     let west = w.start("west", None);
     eventually("an ExportConditionsOwned Event", || async {
         w.our_events("west", "hello")
@@ -521,7 +518,8 @@ async fn conditions_another_writer_owns_are_never_overwritten_and_that_is_report
             .then_some(())
     })
     .await;
-    assert!(west.writes("owned_by_another") >= 1);
+    west.metric(r#"service_mirror_mcs_export_status_writes_total{outcome="owned_by_another"} 1"#)
+        .await;
     let all = w.conditions("west", "hello").await;
     assert_eq!(all.len(), 1, "nothing of ours added: {all:?}");
     assert_eq!(all[0].message, "another controller's");
@@ -564,29 +562,14 @@ async fn two_controller_processes_linked_both_ways_judge_each_others_exports() {
         &ctl,
         &[&flags("east")[..], &[&w.ns]].concat(),
     );
-    w.service(
-        "west",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
-    )
-    .await;
-    w.service(
-        "east",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 8080)])),
-    )
-    .await;
+    w.serve("west", "hello", 80).await;
+    w.serve("east", "hello", 8080).await;
     w.export("west", "hello").await;
     w.export("east", "hello").await;
     for c in ["west", "east"] {
         w.until(c, "hello", &in_conflict("PortConflict")).await;
     }
-    w.service(
-        "east",
-        "hello",
-        clusterip(serde_json::json!([tcp("http", 80)])),
-    )
-    .await;
+    w.serve("east", "hello", 80).await;
     for c in ["west", "east"] {
         w.until(c, "hello", &exported()).await;
     }
@@ -601,4 +584,32 @@ async fn two_controller_processes_linked_both_ways_judge_each_others_exports() {
             "{c}: no failed watch: {text}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_link_that_stops_leaves_the_running_links_exports_counted() {
+    let w = World::new("mcs-rotate").await;
+    w.serve("west", "hello", 80).await;
+    w.export("west", "hello").await;
+    w.serve("east", "hello", 81).await;
+    w.export("east", "hello").await;
+    let west = w.start("west", None);
+    w.until("west", "hello", &in_conflict("PortConflict")).await;
+    // A rotation that times out: a second link of east starts, lists, and stops.
+    let replacement = CancellationToken::new();
+    let tasks = west.mcs.link("east", &w.east, &replacement);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    replacement.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.until("west", "hello", &in_conflict("PortConflict")).await;
+    // The first link still feeds: east agreeing ends the conflict.
+    w.serve("east", "hello", 80).await;
+    w.until("west", "hello", &exported()).await;
+    // A link named like this cluster is refused: nothing of it is read.
+    let own = CancellationToken::new();
+    assert!(west.mcs.link("west", &w.east, &own).is_empty());
+    west.stop().await;
 }

@@ -117,10 +117,9 @@ pub(super) struct ExportEntry {
     pub(super) object: Option<ServiceExport>,
 }
 
-/// One cluster's view.
+/// One feed's view of a cluster.
 #[derive(Debug)]
 struct ClusterView {
-    generation: Generation,
     /// When its feed started: the end of its [`LIST_HOLD`].
     since: Instant,
     exports: Listed<ExportEntry>,
@@ -128,9 +127,8 @@ struct ClusterView {
 }
 
 impl ClusterView {
-    fn new(generation: Generation, since: Instant) -> Self {
+    fn new(since: Instant) -> Self {
         Self {
-            generation,
             since,
             exports: Listed::default(),
             services: Listed::default(),
@@ -141,12 +139,36 @@ impl ClusterView {
         self.exports.listed && self.services.listed
     }
 
-    /// Its exports count from the moment both lists are complete: each may change a
-    /// verdict.
-    fn now_listed(&self, was: bool, changed: &mut Changed) {
-        if !was && self.listed() {
-            changed.extend(self.exports.items.keys().cloned());
-        }
+    fn keys(&self) -> impl Iterator<Item = ServiceKey> + '_ {
+        self.exports.items.keys().cloned()
+    }
+}
+
+/// A cluster's views, one per live feed: a link being replaced (new credentials) runs
+/// beside its successor until one of them stops, and either may be the one that stays
+/// (a rotation that times out keeps the old link). The newest listed view counts.
+#[derive(Debug, Default)]
+struct Feeds(BTreeMap<Generation, ClusterView>);
+
+impl Feeds {
+    /// The view that counts: the newest listed one.
+    fn effective(&self) -> Option<&ClusterView> {
+        self.0.values().rev().find(|v| v.listed())
+    }
+
+    fn effective_generation(&self) -> Option<Generation> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(_, v)| v.listed())
+            .map(|(g, _)| *g)
+    }
+
+    /// The keys of the view that counts.
+    fn keys(&self) -> Changed {
+        self.effective()
+            .map(|v| v.keys().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -156,7 +178,7 @@ pub(super) struct ExportIndex {
     local: String,
     /// Exports of other namespaces are not read (as the links mirror no Service there).
     namespaces: NamespaceFilter,
-    clusters: BTreeMap<String, ClusterView>,
+    clusters: BTreeMap<String, Feeds>,
 }
 
 fn export_meta(e: &ServiceExport) -> &ObjectMeta {
@@ -236,7 +258,10 @@ impl ExportIndex {
         Self {
             local: local.into(),
             namespaces,
-            clusters: BTreeMap::from([(local.to_owned(), ClusterView::new(0, now))]),
+            clusters: BTreeMap::from([(
+                local.to_owned(),
+                Feeds(BTreeMap::from([(0, ClusterView::new(now))])),
+            )]),
         }
     }
 
@@ -245,21 +270,19 @@ impl ExportIndex {
         &self.local
     }
 
-    /// A feed of `cluster` starts at `now`: a newer generation replaces the older
-    /// one's (whose objects stay until the new lists complete); an older one is refused.
+    /// A feed of `cluster` starts at `now`. Refused for the local cluster (a link named
+    /// like this cluster: its exports would pass for ours) and for a generation not
+    /// newer than every live one.
     pub(super) fn feed(&mut self, cluster: &str, generation: Generation, now: Instant) -> bool {
-        match self.clusters.get_mut(cluster) {
-            Some(view) if view.generation >= generation => false,
-            Some(view) => {
-                view.generation = generation;
-                true
-            }
-            None => {
-                self.clusters
-                    .insert(cluster.into(), ClusterView::new(generation, now));
-                true
-            }
+        if cluster == self.local {
+            return false;
         }
+        let feeds = self.clusters.entry(cluster.to_owned()).or_default();
+        if feeds.0.keys().next_back().is_some_and(|g| *g >= generation) {
+            return false;
+        }
+        feeds.0.insert(generation, ClusterView::new(now));
+        true
     }
 
     /// Whether `ev` is of an allowed namespace (list markers are).
@@ -273,11 +296,36 @@ impl ExportIndex {
         }
     }
 
-    /// The view of `cluster` at `generation`, if that feed is current.
-    fn current(&mut self, cluster: &str, generation: Generation) -> Option<&mut ClusterView> {
-        self.clusters
-            .get_mut(cluster)
-            .filter(|v| v.generation == generation)
+    /// Applies one event to the view of `cluster` at `generation`: the keys it changed
+    /// (every key of the views that stop or start counting when the effective view
+    /// moves).
+    fn apply(
+        &mut self,
+        cluster: &str,
+        generation: Generation,
+        event: impl FnOnce(&mut ClusterView) -> Changed,
+    ) -> Changed {
+        let Some(feeds) = self.clusters.get_mut(cluster) else {
+            return Changed::new();
+        };
+        let before = feeds.effective_generation();
+        let Some(view) = feeds.0.get_mut(&generation) else {
+            return Changed::new();
+        };
+        let was = view.listed();
+        let mut changed = event(view);
+        if !was && view.listed() {
+            // Its exports count from the moment both lists are complete: each may
+            // change a verdict.
+            changed.extend(view.keys());
+        }
+        if feeds.effective_generation() != before {
+            if let Some(old) = before.and_then(|g| feeds.0.get(&g)) {
+                changed.extend(old.keys());
+            }
+            changed.extend(feeds.keys());
+        }
+        changed
     }
 
     /// A ServiceExport watch event of `cluster`.
@@ -290,14 +338,10 @@ impl ExportIndex {
         if !self.allows(ev, export_meta) {
             return Changed::new();
         }
-        let local = cluster == self.local;
-        let Some(view) = self.current(cluster, generation) else {
-            return Changed::new();
-        };
-        let was = view.listed();
-        let mut changed = view.exports.apply(ev, export_meta, keep_export(local));
-        view.now_listed(was, &mut changed);
-        changed
+        let keep = keep_export(cluster == self.local);
+        self.apply(cluster, generation, |view| {
+            view.exports.apply(ev, export_meta, keep)
+        })
     }
 
     /// A Service watch event of `cluster`.
@@ -310,38 +354,54 @@ impl ExportIndex {
         if !self.allows(ev, service_meta) {
             return Changed::new();
         }
-        let Some(view) = self.current(cluster, generation) else {
-            return Changed::new();
-        };
-        let was = view.listed();
-        let mut changed: Changed = view
-            .services
-            .apply(ev, service_meta, keep_service)
-            .into_iter()
-            // A Service matters only where it is exported.
-            .filter(|k| view.exports.items.contains_key(k))
-            .collect();
-        view.now_listed(was, &mut changed);
-        changed
+        self.apply(cluster, generation, |view| {
+            let exports = &view.exports.items;
+            view.services
+                .apply(ev, service_meta, keep_service)
+                .into_iter()
+                // A Service matters only where it is exported.
+                .filter(|k| exports.contains_key(k))
+                .collect()
+        })
     }
 
-    /// The feed `generation` of `cluster` ended: unless a newer one replaced it, the
-    /// cluster's exports leave.
+    /// The feed `generation` of `cluster` ended: its view goes; if it was the one that
+    /// counted, its keys are judged again (with the next newest listed view's, if any).
     pub(super) fn remove(&mut self, cluster: &str, generation: Generation) -> Changed {
-        if cluster == self.local
-            || self.clusters.get(cluster).map(|v| v.generation) != Some(generation)
-        {
+        if cluster == self.local {
             return Changed::new();
         }
-        self.clusters
-            .remove(cluster)
-            .map(|v| v.exports.items.into_keys().collect())
-            .unwrap_or_default()
+        let Some(feeds) = self.clusters.get_mut(cluster) else {
+            return Changed::new();
+        };
+        let before = feeds.effective_generation();
+        let Some(gone) = feeds.0.remove(&generation) else {
+            return Changed::new();
+        };
+        let mut changed = Changed::new();
+        if before == Some(generation) {
+            changed.extend(gone.keys());
+            changed.extend(feeds.keys());
+        }
+        if feeds.0.is_empty() {
+            self.clusters.remove(cluster);
+        }
+        changed
     }
 
     /// Whether the local lists are complete.
     pub(super) fn local_listed(&self) -> bool {
-        self.clusters.get(&self.local).is_some_and(|v| v.listed())
+        self.clusters
+            .get(&self.local)
+            .is_some_and(|f| f.effective().is_some())
+    }
+
+    /// How many clusters count (their lists complete), the local one included.
+    pub(super) fn listed_count(&self) -> usize {
+        self.clusters
+            .values()
+            .filter(|f| f.effective().is_some())
+            .count()
     }
 
     /// The end of the latest hold of a linked cluster not yet listed, if one still
@@ -349,8 +409,10 @@ impl ExportIndex {
     pub(super) fn held_until(&self, now: Instant) -> Option<Instant> {
         self.clusters
             .values()
-            .filter(|v| !v.listed())
-            .map(|v| v.since + LIST_HOLD)
+            .filter(|f| f.effective().is_none())
+            // From its first live feed: a replacement does not extend the hold.
+            .filter_map(|f| f.0.values().map(|v| v.since).min())
+            .map(|since| since + LIST_HOLD)
             .filter(|end| *end > now)
             .max()
     }
@@ -359,35 +421,33 @@ impl ExportIndex {
     pub(super) fn unlisted(&self) -> Vec<&str> {
         self.clusters
             .iter()
-            .filter(|(name, v)| **name != self.local && !v.listed())
+            .filter(|(name, f)| **name != self.local && f.effective().is_none())
             .map(|(name, _)| name.as_str())
             .collect()
     }
 
     /// The local export of `key`, if any.
     pub(super) fn local_export(&self, key: &ServiceKey) -> Option<&ServiceExport> {
-        self.clusters
-            .get(&self.local)?
-            .exports
-            .items
-            .get(key)?
-            .object
-            .as_ref()
+        self.local_view()?.exports.items.get(key)?.object.as_ref()
     }
 
     /// Every local export's key.
     pub(super) fn local_keys(&self) -> Vec<ServiceKey> {
-        self.clusters
-            .get(&self.local)
-            .map(|v| v.exports.items.keys().cloned().collect())
+        self.local_view()
+            .map(|v| v.keys().collect())
             .unwrap_or_default()
+    }
+
+    /// The local cluster's one view (listed or not).
+    fn local_view(&self) -> Option<&ClusterView> {
+        self.clusters.get(&self.local)?.0.get(&0)
     }
 
     /// The exports of `key` in every listed cluster, each with its Service.
     pub(super) fn exports(&self, key: &ServiceKey) -> Vec<ClusterExport> {
         self.clusters
             .iter()
-            .filter(|(_, v)| v.listed())
+            .filter_map(|(cluster, f)| Some((cluster, f.effective()?)))
             .filter_map(|(cluster, v)| {
                 let e = v.exports.items.get(key)?;
                 Some(ClusterExport {

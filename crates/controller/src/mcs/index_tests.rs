@@ -150,7 +150,7 @@ fn an_older_feed_is_refused_and_its_late_events_change_nothing() {
     );
     assert!(stale.is_empty());
     assert!(clusters_of(&index, "a").is_empty());
-    // The newer feed's objects count; a third feed keeps them until its own lists end.
+    // The newer feed's objects count; a third feed's count once its lists end.
     list(
         &mut index,
         "east",
@@ -161,11 +161,61 @@ fn an_older_feed_is_refused_and_its_late_events_change_nothing() {
     assert!(index.feed("east", 3, now));
     assert_eq!(clusters_of(&index, "a"), vec!["east"]);
     let changed = list(&mut index, "east", 3, &[], &[service("a", 80)]);
-    assert!(
-        changed.is_empty(),
-        "the export left at the exports' list end"
+    assert_eq!(
+        changed,
+        keys(&["a"]),
+        "the export left when feed 3 took over"
     );
     assert!(clusters_of(&index, "a").is_empty());
+    // Feed 2 ending changes nothing: it no longer counted.
+    assert!(index.remove("east", 2).is_empty());
+}
+
+#[test]
+fn a_replacement_that_stops_first_leaves_the_running_feed_counting() {
+    // A rotation that times out: the new link listed, then stopped; the old one runs.
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    index.feed("east", 1, now);
+    list(
+        &mut index,
+        "east",
+        1,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    index.feed("east", 2, now);
+    list(
+        &mut index,
+        "east",
+        2,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    assert_eq!(index.remove("east", 2), keys(&["a"]), "feed 1 counts again");
+    assert_eq!(clusters_of(&index, "a"), vec!["east"]);
+    // Feed 1's events still count.
+    let added = index.export_event("east", 1, &Event::Apply(export("b", T0)));
+    assert_eq!(added, keys(&["b"]));
+    assert_eq!(clusters_of(&index, "b"), vec!["east"]);
+}
+
+#[test]
+fn a_link_named_like_the_local_cluster_never_feeds_it() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    list(
+        &mut index,
+        "west",
+        0,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    assert!(!index.feed("west", 1, now));
+    let foreign = list(&mut index, "west", 1, &[export("x", T0)], &[]);
+    assert!(foreign.is_empty());
+    assert_eq!(index.local_keys(), vec![key("a")]);
+    assert!(index.local_export(&key("x")).is_none());
 }
 
 #[test]
@@ -291,10 +341,18 @@ fn an_ended_feed_takes_its_exports_unless_replaced_and_the_local_cluster_stays()
         &[export("a", T0), export("b", T0)],
         &[],
     );
+    // A successful rotation: the new feed lists, then the old one ends.
     assert!(index.feed("east", 2, now));
+    list(
+        &mut index,
+        "east",
+        2,
+        &[export("a", T0), export("b", T0)],
+        &[],
+    );
     assert!(
         index.remove("east", 1).is_empty(),
-        "replaced: the newer feed stays"
+        "replaced: the newer feed counts"
     );
     assert_eq!(clusters_of(&index, "a"), vec!["east", "west"]);
     assert_eq!(index.remove("east", 2), keys(&["a", "b"]));
@@ -321,8 +379,12 @@ fn an_unlisted_cluster_holds_judgements_for_at_most_the_hold() {
     index.feed("east", 1, later);
     assert_eq!(index.held_until(later), Some(later + LIST_HOLD));
     assert_eq!(index.held_until(later + LIST_HOLD), None, "the hold ended");
+    // A replacement feed does not extend the hold.
+    index.feed("east", 2, later + Duration::from_secs(20));
+    assert_eq!(index.held_until(later), Some(later + LIST_HOLD));
     list(&mut index, "east", 1, &[], &[]);
     assert_eq!(index.held_until(later), None);
+    assert_eq!(index.listed_count(), 2);
 }
 
 #[test]

@@ -25,12 +25,14 @@ pub(crate) struct OutcomeLabels {
 /// The MCS families.
 #[derive(Debug, Default)]
 pub(crate) struct McsFamilies {
-    /// Local ServiceExports by verdict.
+    /// Local ServiceExports by verdict (set by the leader: a follower judges nothing).
     pub(crate) exports: Family<StateLabels, Gauge>,
     /// Status writes of local ServiceExports by outcome.
     pub(crate) status_writes: Family<OutcomeLabels, Counter>,
     /// Failed ServiceExport and Service watches, by cluster (the local one included).
     pub(crate) watch_errors: Family<ClusterLabels, Counter>,
+    /// Clusters whose exports count (both lists complete), the local one included.
+    pub(crate) clusters_listed: Gauge,
 }
 
 impl McsFamilies {
@@ -43,8 +45,13 @@ impl McsFamilies {
         );
         r.register(
             "mcs_export_status_writes",
-            "Status writes of local ServiceExports by outcome (applied, gone, recreated, owned_by_another, refused, failed)",
+            "Status writes of local ServiceExports by outcome (applied, gone, stale, owned_by_another, refused, failed)",
             self.status_writes.clone(),
+        );
+        r.register(
+            "mcs_clusters_listed",
+            "Clusters whose ServiceExports and Services are listed and count in the merge, the local one included",
+            self.clusters_listed.clone(),
         );
         r.register(
             "mcs_watch_errors",

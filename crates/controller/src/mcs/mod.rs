@@ -85,6 +85,8 @@ pub struct McsOptions {
 #[derive(Clone)]
 pub struct Mcs {
     tx: mpsc::UnboundedSender<Msg>,
+    /// This cluster's name: no link may feed it.
+    local: Arc<str>,
     metrics: Arc<Metrics>,
     /// The last feed generation handed out (process-wide, so always increasing; the
     /// local feed is 0).
@@ -125,6 +127,7 @@ impl Mcs {
         tasks.push(tokio::spawn(worker.run(rx, cancel)));
         let mcs = Self {
             tx,
+            local: opts.cluster_name.as_str().into(),
             metrics,
             generations: Arc::default(),
         };
@@ -141,6 +144,11 @@ impl Mcs {
         remote: &Client,
         cancel: &CancellationToken,
     ) -> Vec<JoinHandle<()>> {
+        if *cluster == *self.local {
+            // Its exports would pass for this cluster's own: never read.
+            tracing::error!(%cluster, "a link names this cluster's own --mcs-cluster-name: its ServiceExports are not read");
+            return Vec::new();
+        }
         let generation = 1 + self.generations.fetch_add(1, Ordering::SeqCst);
         let cluster: Arc<str> = cluster.into();
         let _ = self.tx.send(Msg::Feed {

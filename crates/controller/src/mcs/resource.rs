@@ -91,7 +91,9 @@ impl kube::Resource for ServiceExport {
 
 /// The server-side apply body of an export's status: only our condition types, so
 /// that the apiserver keeps every other writer's (the list is a map keyed by type),
-/// with the uid as a precondition (a re-created export is not the one we judged).
+/// with the resourceVersion the judgement was made on as a precondition (a 409 if the
+/// export changed or was made again since). Not the uid: a status write takes the
+/// stored object's metadata, so a uid in the body is no precondition.
 pub fn status_apply(export: &ServiceExport, conditions: &[Condition]) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": format!("{GROUP}/{}", super::VERSION),
@@ -99,7 +101,7 @@ pub fn status_apply(export: &ServiceExport, conditions: &[Condition]) -> serde_j
         "metadata": {
             "name": export.metadata.name,
             "namespace": export.metadata.namespace,
-            "uid": export.metadata.uid,
+            "resourceVersion": export.metadata.resource_version,
         },
         "status": { "conditions": conditions },
     })
@@ -134,19 +136,20 @@ mod tests {
     }
 
     #[test]
-    fn the_status_body_names_the_uid_and_only_the_given_conditions() {
+    fn the_status_body_names_the_resource_version_and_only_the_given_conditions() {
         let export = ServiceExport {
             metadata: ObjectMeta {
                 name: Some("hello".into()),
                 namespace: Some("shop".into()),
-                uid: Some("u-1".into()),
+                resource_version: Some("42".into()),
                 ..Default::default()
             },
             ..Default::default()
         };
         let body = status_apply(&export, &[]);
         assert_eq!(body["apiVersion"], "multicluster.x-k8s.io/v1beta1");
-        assert_eq!(body["metadata"]["uid"], "u-1");
+        assert_eq!(body["metadata"]["resourceVersion"], "42");
+        assert!(body["metadata"].get("uid").is_none());
         assert_eq!(body["status"]["conditions"], serde_json::json!([]));
         assert!(body.get("spec").is_none(), "status only: {body}");
     }

@@ -133,6 +133,10 @@ impl Worker {
                     while let Ok(msg) = rx.try_recv() {
                         self.handle(msg);
                     }
+                    self.metrics
+                        .mcs
+                        .clusters_listed
+                        .set(self.index.listed_count() as i64);
                 }
                 () = leader_changed(leader.as_mut()) => {
                     // Its predecessor may have left anything: every export is judged.
@@ -173,13 +177,20 @@ impl Worker {
         self.dirty.extend(changed);
     }
 
-    /// When to look again without a message: a retry due, or a hold ending.
+    /// When to look again without a message: the end of a hold (nothing is judged
+    /// before it: a retry due then would only spin), else a retry due, or in a second
+    /// if keys wait for a leadership that came back without a change being said.
     fn next_wake(&self) -> Option<Instant> {
-        let hold = self
-            .index
-            .held_until(std::time::Instant::now())
-            .map(Instant::from_std);
-        self.retries.values().map(|(at, _)| *at).chain(hold).min()
+        if let Some(hold) = self.index.held_until(std::time::Instant::now()) {
+            return Some(Instant::from_std(hold));
+        }
+        let waiting = (!self.dirty.is_empty() && !self.leading())
+            .then(|| Instant::now() + Duration::from_secs(1));
+        self.retries
+            .values()
+            .map(|(at, _)| *at)
+            .chain(waiting)
+            .min()
     }
 
     fn leading(&self) -> bool {
@@ -211,11 +222,13 @@ impl Worker {
             .map(|(k, _)| k.clone())
             .collect();
         self.dirty.extend(due);
-        let keys = std::mem::take(&mut self.dirty);
-        for key in keys {
+        let mut keys = std::mem::take(&mut self.dirty).into_iter();
+        while let Some(key) = keys.next() {
             if !self.leading() {
-                // The next leader judges everything; so do we if we lead again.
-                self.retries.clear();
+                // Kept for when we lead again (the term may end by its deadline with no
+                // change said, and come back the same way).
+                self.dirty.insert(key);
+                self.dirty.extend(keys);
                 break;
             }
             let failures = self.retries.get(&key).map_or(0, |(_, n)| *n);
@@ -311,9 +324,10 @@ impl Worker {
                 ("applied", Outcome::Done)
             }
             Err(kube::Error::Api(e)) if e.code == 404 => ("gone", Outcome::Dropped),
-            Err(kube::Error::Api(e)) if e.code == 409 && e.message.contains("UID") => {
-                // Deleted and made again: the watch brings the new one.
-                ("recreated", Outcome::Dropped)
+            Err(kube::Error::Api(e)) if e.code == 409 && !e.message.starts_with("Apply failed") => {
+                // The resourceVersion precondition: the export changed (or was made
+                // again) since the cache showed it; its watch event judges it again.
+                ("stale", Outcome::Dropped)
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 // Another field manager owns one of these conditions: never forced.
@@ -360,11 +374,14 @@ impl Worker {
         verdict: &Verdict,
         merged: &Merge,
     ) {
+        if !self.leading() {
+            return; // told by the leader, or by us once we lead
+        }
         let uid = export.metadata.uid.clone();
         let was = self
             .verdicts
             .insert(key.clone(), (uid.clone(), verdict.clone()));
-        if was.as_ref() == Some(&(uid, verdict.clone())) || !self.leading() {
+        if was.as_ref() == Some(&(uid, verdict.clone())) {
             return;
         }
         let (type_, reason, note) = match verdict {
