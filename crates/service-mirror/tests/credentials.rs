@@ -35,8 +35,11 @@ async fn world(prefix: &str, extra: &[&str]) -> (Env, String, Controller, LinkSe
 
 /// Waits until the controller counts no rotation in progress: exactly 0, so a count
 /// that was never raised (-1) or never lowered (1) fails.
-async fn no_rotation_in_progress(ctl: &Controller) {
+/// No rotation counted as in progress, and at least one ended with `outcome` (counted
+/// before the gauge drops, so read together; a timed-out rotation is tried again).
+async fn no_rotation_in_progress(ctl: &Controller, outcome: &str) {
     let mut last = String::new();
+    let ended = format!("service_mirror_link_rotations_total{{outcome=\"{outcome}\"}} ");
     for _ in 0..50 {
         let page = ctl.metrics().await;
         last = page
@@ -45,6 +48,12 @@ async fn no_rotation_in_progress(ctl: &Controller) {
             .unwrap_or_default()
             .to_owned();
         if last == "service_mirror_link_rotations_in_progress 0" {
+            let n: u64 = page
+                .lines()
+                .find_map(|l| l.strip_prefix(&ended))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            assert!(n >= 1, "{ended}>= 1 in:\n{page}");
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -138,7 +147,7 @@ async fn after_a_rotation_the_revoked_old_token_is_never_used_and_updates_keep_f
     let new = reader_kubeconfig(&env.remote, &env.ns, "reader-b").await;
     rotate_to(&secrets, &new).await;
     wait_event(&env.lc, &ctl_ns, LINK, "CredentialsRotated").await;
-    no_rotation_in_progress(&ctl).await;
+    no_rotation_in_progress(&ctl, "rotated").await;
     revoke(&env, "reader-a").await;
     revoked(&old).await;
     // Every connection is made anew; a client still holding the old token would now be
@@ -252,7 +261,7 @@ async fn a_rotation_slower_than_the_rotation_timeout_keeps_the_old_credentials_m
     rotate_to(&secrets, &new).await;
     let note = wait_event(&env.lc, &ctl_ns, LINK, "RotationTimeout").await;
     eprintln!("RotationTimeout: {note}");
-    no_rotation_in_progress(&ctl).await;
+    no_rotation_in_progress(&ctl, "timeout").await;
     env.export("api", "gw", &[("http", 80)]).await;
     env.mirror_until("api", "the old link still mirrors", |_, e| has_subsets(e))
         .await;

@@ -932,6 +932,7 @@ impl Inner {
             }
             _ = tokio::time::sleep(self.opts.rotation_timeout) => {
                 let _ = new.stop(false).await;
+                self.metrics().links.rotation_ended("timeout");
                 self.report(
                     source,
                     &LinkError::RotationTimeout(self.opts.rotation_timeout.as_secs()),
@@ -953,6 +954,7 @@ impl Inner {
             },
         );
         tracing::info!(%cluster, source = %key, "link restarted with new credentials or settings");
+        self.metrics().links.rotation_ended("rotated");
         self.ready(source, &cluster).await;
         self.event(
             source,

@@ -24,6 +24,13 @@ pub(crate) struct LinkResourceErrorLabels {
     pub(crate) reason: String,
 }
 
+/// Labels of ended rotations.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RotationLabels {
+    /// `rotated` (the new credentials took over) or `timeout` (the old ones stay).
+    pub(crate) outcome: String,
+}
+
 /// The link manager's families.
 #[derive(Debug, Default)]
 pub(crate) struct LinksFamilies {
@@ -36,6 +43,10 @@ pub(crate) struct LinksFamilies {
     /// Links whose new credentials or settings are syncing (the running link keeps
     /// mirroring until they have, or the rotation times out).
     pub(crate) rotations_in_progress: Gauge,
+    /// Rotations ended, by outcome: counted before `rotations_in_progress` drops, and
+    /// whether or not their Event could be recorded (an apiserver answering 429 drops
+    /// it).
+    pub(crate) rotations: Family<RotationLabels, Counter>,
 }
 
 impl LinksFamilies {
@@ -57,5 +68,19 @@ impl LinksFamilies {
             "Links whose new credentials or settings are syncing before they take over",
             self.rotations_in_progress.clone(),
         );
+        r.register(
+            "link_rotations",
+            "Link rotations ended, by outcome (rotated: the new credentials took over; timeout: the old ones stay)",
+            self.rotations.clone(),
+        );
+    }
+
+    /// Counts one ended rotation.
+    pub(crate) fn rotation_ended(&self, outcome: &str) {
+        self.rotations
+            .get_or_create(&RotationLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::churn::{Rng, some_mirror};
 use crate::support::controller::link_secret;
-use crate::{CTL_NS, Chaos, REMOTE_SA, REPLICA_SAS, SA_NS, secret_name, token_of};
+use crate::{CTL_NS, Chaos, REMOTE_SA, REPLICA_SAS, Rotation, SA_NS, secret_name, token_of};
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use service_mirror_testkit::{Edit, Kind};
@@ -397,8 +397,10 @@ impl Chaos {
                     .via(r.proxy.addr())
                     .expect("kubeconfig via the proxy");
                 let data = link_secret("x", None, Some(&kc.yaml)).data;
-                // Taken before the patch: an Event of the rotation comes after it.
+                // Taken before the patch: an Event of the rotation comes after it, and
+                // each replica's count of ended rotations grows past these.
                 let (at, at_instant) = (k8s_openapi::jiff::Timestamp::now(), Instant::now());
+                let before = self.replicas.rotations_ended().await;
                 Api::<Secret>::namespaced(self.lc.clone(), CTL_NS)
                     .patch(
                         &secret_name(&r.name),
@@ -408,8 +410,12 @@ impl Chaos {
                     .await
                     .ok()?;
                 self.tokens.push(token_of(&kc.yaml));
-                self.rotated
-                    .push((secret_name(&self.remotes[remote].name), at, at_instant));
+                self.rotated.push(Rotation {
+                    secret: secret_name(&self.remotes[remote].name),
+                    at,
+                    at_instant,
+                    before,
+                });
                 self.remotes[remote].kubeconfig = kc.yaml;
                 Some(Undo::Nothing)
             }

@@ -245,6 +245,25 @@ impl Replicas {
             .collect()
     }
 
+    /// Rotations each running, unpaused process has ended (`service_mirror_link_rotations_total`,
+    /// every outcome), with its identity and start.
+    pub(crate) async fn rotations_ended(&self) -> Vec<(String, std::time::Instant, u64)> {
+        let mut out = Vec::new();
+        for r in &self.list {
+            if let (Some(c), false) = (&r.process, r.paused) {
+                let n = c
+                    .metrics()
+                    .await
+                    .lines()
+                    .filter(|l| l.starts_with("service_mirror_link_rotations_total{"))
+                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+                    .sum();
+                out.push((r.identity.clone(), c.started, n));
+            }
+        }
+        out
+    }
+
     /// Metrics of every running, unpaused process.
     pub(crate) async fn metrics(&self) -> Vec<String> {
         let mut pages = Vec::new();
