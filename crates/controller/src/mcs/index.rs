@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// The number of a cluster's feed: a link controller replaced (new credentials) starts
-/// a new feed; the older one's late events are dropped.
+/// a new feed, which runs beside the older one until either ends (see [`Feeds`]).
 pub(super) type Generation = u64;
 
 /// How long an unlisted linked cluster holds every judgement: a remote that cannot list
