@@ -196,34 +196,40 @@ pub async fn missing_mcs_permissions(client: &kube::Client) -> kube::Result<Vec<
 
 /// Whether the local apiserver serves the ServiceExport resource (v1beta1).
 pub async fn service_export_api_served(client: &kube::Client) -> kube::Result<bool> {
-    let version = format!(
-        "{}/{}",
+    api_served(
+        client,
         service_mirror_core::mcs::GROUP,
-        crate::mcs::VERSION
-    );
-    match client.list_api_group_resources(&version).await {
-        Ok(list) => Ok(list
-            .resources
-            .iter()
-            .any(|r| r.name == crate::mcs::resource::SERVICE_EXPORT_PLURAL)),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    }
+        crate::mcs::VERSION,
+        crate::mcs::resource::SERVICE_EXPORT_PLURAL,
+    )
+    .await
 }
 
 /// Whether the local apiserver serves the `Link` resource (its CRD is installed and
-/// established), asked through discovery, which every authenticated identity may read.
+/// established).
 pub async fn link_api_served(client: &kube::Client) -> kube::Result<bool> {
-    let version = format!(
-        "{}/{}",
+    api_served(
+        client,
         crate::links::LINK_GROUP,
-        crate::links::LINK_VERSION
-    );
-    match client.list_api_group_resources(&version).await {
-        Ok(list) => Ok(list
-            .resources
-            .iter()
-            .any(|r| r.name == crate::links::LINK_PLURAL)),
+        crate::links::LINK_VERSION,
+        crate::links::LINK_PLURAL,
+    )
+    .await
+}
+
+/// Whether `plural` of `group/version` is served, asked through discovery, which every
+/// authenticated identity may read (a group not served at all is a 404: false).
+async fn api_served(
+    client: &kube::Client,
+    group: &str,
+    version: &str,
+    plural: &str,
+) -> kube::Result<bool> {
+    match client
+        .list_api_group_resources(&format!("{group}/{version}"))
+        .await
+    {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(e),
     }

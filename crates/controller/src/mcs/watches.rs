@@ -53,13 +53,27 @@ pub(super) fn spawn(
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     vec![
-        tokio::spawn(watch_exports(
-            Api::all(client.clone()),
+        tokio::spawn(watch_kind(
+            Api::<ServiceExport>::all(client.clone()),
+            strip_export,
+            |cluster, generation, event| Msg::Export {
+                cluster,
+                generation,
+                event,
+            },
+            "ServiceExport",
             feed.clone(),
             cancel.clone(),
         )),
-        tokio::spawn(watch_services(
-            Api::all(client.clone()),
+        tokio::spawn(watch_kind(
+            Api::<Service>::all(client.clone()),
+            strip_service,
+            |cluster, generation, event| Msg::Service {
+                cluster,
+                generation,
+                event,
+            },
+            "Service",
             feed,
             cancel.clone(),
         )),
@@ -79,36 +93,29 @@ fn on_error<'a>(feed: &'a Feed, kind: &'static str) -> impl FnMut(&watcher::Erro
     }
 }
 
-async fn watch_exports(api: Api<ServiceExport>, feed: Feed, cancel: CancellationToken) {
+/// One watch of `api`, each event sent as the message `msg` makes of it.
+async fn watch_kind<K>(
+    api: Api<K>,
+    strip: fn(&mut K),
+    msg: fn(Arc<str>, Generation, Box<watcher::Event<K>>) -> Msg,
+    kind: &'static str,
+    feed: Feed,
+    cancel: CancellationToken,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let watch = Watch {
         api,
         config: watcher::Config::default(),
-        strip: strip_export,
+        strip,
         store: NoStore,
     };
-    let on_event = |ev: &watcher::Event<ServiceExport>| {
-        let _ = feed.tx.send(Msg::Export {
-            cluster: feed.cluster.clone(),
-            generation: feed.generation,
-            event: Box::new(ev.clone()),
-        });
+    let on_event = |ev: &watcher::Event<K>| {
+        let _ = feed.tx.send(msg(
+            feed.cluster.clone(),
+            feed.generation,
+            Box::new(ev.clone()),
+        ));
     };
-    drive(watch, cancel, on_event, on_error(&feed, "ServiceExport")).await
-}
-
-async fn watch_services(api: Api<Service>, feed: Feed, cancel: CancellationToken) {
-    let watch = Watch {
-        api,
-        config: watcher::Config::default(),
-        strip: strip_service,
-        store: NoStore,
-    };
-    let on_event = |ev: &watcher::Event<Service>| {
-        let _ = feed.tx.send(Msg::Service {
-            cluster: feed.cluster.clone(),
-            generation: feed.generation,
-            event: Box::new(ev.clone()),
-        });
-    };
-    drive(watch, cancel, on_event, on_error(&feed, "Service")).await
+    drive(watch, cancel, on_event, on_error(&feed, kind)).await
 }
