@@ -666,3 +666,82 @@ async fn mirrors_of_a_link_removed_while_down_are_collected_at_start() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(env.local_services().get_opt(&kept).await.unwrap().is_some());
 }
+
+/// A link Secret deleted and re-created while the controller's watch is held back
+/// reaches it as a delete and a re-create back to back: the link goes on with the new
+/// Secret and no mirror is deleted (the chaos suite's run 10, round 366, saw three live
+/// mirrors deleted and re-created when a reconcile fell between the two events).
+#[tokio::test]
+async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
+    let env = Env::new("relink").await;
+    env.gateway("gw", GW, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let proxy = local_cluster::FaultProxy::start(&env.local, 1)
+        .await
+        .unwrap();
+    let via = env.local.admin_kubeconfig_via(proxy.addr()).unwrap();
+    let ctl_ns = unique_namespace("relink-sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+    let mut ctl = Controller::spawn_as(&via.path, &ctl_ns, &["--namespace-allow", &env.ns], &[]);
+    ctl.wait_ready().await;
+    let secrets = LinkSecrets::new(&env.lc, &ctl_ns);
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    secrets
+        .link("link", Some(&env.cluster), Some(&kc.yaml))
+        .await;
+    let (svc, _) = env
+        .mirror_until("web", "mirrored", |_, e| has_subsets(e))
+        .await;
+    let uid = svc.metadata.uid;
+    let mirror = env.mirror_name("web");
+    let deletes = |w: &Vec<String>| -> Vec<String> {
+        w.iter()
+            .filter(|w| w.starts_with("delete") && w.contains(&mirror))
+            .cloned()
+            .collect()
+    };
+
+    // Each round: the controller's connections stall, the Secret goes and comes back
+    // with another cluster domain, and the stall ends. The new domain in the mirror
+    // shows that both events were handled (they arrive in order).
+    for round in 0..4 {
+        let domain = format!("round{round}.example");
+        let mut secret = link_secret("link", Some(&env.cluster), Some(&kc.yaml));
+        secret.metadata.annotations.get_or_insert_default().insert(
+            "mirror.linkerd.io/remote-cluster-domain".into(),
+            domain.clone(),
+        );
+        proxy.stall();
+        secrets.unlink("link").await;
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.pass();
+        let (svc, _) = env
+            .mirror_until("web", "the re-created Secret's domain", |s, _| {
+                annotation(&s.metadata, "mirror.linkerd.io/remote-svc-fq-name")
+                    .is_some_and(|f| f.ends_with(&format!(".svc.{domain}")))
+            })
+            .await;
+        assert_eq!(svc.metadata.uid, uid, "round {round}: the same mirror");
+        let deleted = deletes(&env.local_writes());
+        assert!(
+            deleted.is_empty(),
+            "round {round}: a mirror deleted while its link Secret exists: {deleted:?}\n{}",
+            ctl.log_lines("link")
+                .iter()
+                .rev()
+                .take(20)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    println!(
+        "reconciles that found the Secret gone from the cache but on the apiserver: {}",
+        ctl.log_lines("the watch is behind").len()
+    );
+    assert!(ctl.running());
+}

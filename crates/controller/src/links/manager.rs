@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::watch::{Watch, drive, keep_all};
 use crate::writer::{LocalWriter, MirrorSelector};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
@@ -88,6 +88,11 @@ impl LinkSources {
 
 /// How long a new Link may wait for its credentials Secret before it is reported.
 const CREDENTIALS_GRACE: Duration = Duration::from_secs(2);
+
+/// When a link Secret the cache lost but the apiserver still holds is looked at again:
+/// by then the lagging watch has usually delivered the re-create (one list per second
+/// per such Secret while it lags).
+const WATCH_BEHIND_RECHECK: Duration = Duration::from_secs(1);
 
 /// An object created within the last [`CREDENTIALS_GRACE`] (per its creation time).
 fn young(meta: &kube::api::ObjectMeta) -> bool {
@@ -638,6 +643,26 @@ impl Inner {
             return Outcome::Done;
         };
         let next = self.successor(key, &cluster);
+        // Unlinking a Secret deletes its mirrors: the cache alone does not decide it. A
+        // watch that resumes from an old resourceVersion delivers a delete and a
+        // re-create back to back, and a reconcile between the two finds no Secret in
+        // the cache while the apiserver holds one again (chaos run 10, round 366: three
+        // live mirrors deleted and re-created 0.1 s later).
+        if next.is_none()
+            && let SourceKey::Secret(name) = key
+        {
+            match self.secret_exists(name).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(%cluster, secret = %name, "link Secret gone from the cache but not from the apiserver (the watch is behind): mirrors kept");
+                    return Outcome::RequeueAfter(WATCH_BEHIND_RECHECK);
+                }
+                Err(e) => {
+                    tracing::warn!(%cluster, secret = %name, error = %e, "cannot confirm that the link Secret is gone: mirrors kept; retrying");
+                    return Outcome::Failed;
+                }
+            }
+        }
         let stopped = {
             let mut active = self.active();
             let mut claims = self.claims();
@@ -671,6 +696,16 @@ impl Inner {
             (None, None) => {}
         }
         Outcome::Done
+    }
+
+    /// Whether the apiserver holds link Secret `name` now (a quorum list by name and
+    /// type, metadata only: the install grants Secrets list, not get).
+    async fn secret_exists(&self, name: &str) -> kube::Result<bool> {
+        let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.opts.namespace);
+        let params = ListParams::default()
+            .fields(&format!("metadata.name={name},type={LINK_SECRET_TYPE}"))
+            .limit(1);
+        Ok(!api.list_metadata(&params).await?.items.is_empty())
     }
 
     /// Queues every source object and every running link.
