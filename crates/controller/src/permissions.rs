@@ -17,6 +17,11 @@
 //! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
 //! | `multicluster.x-k8s.io` `serviceexports` (all namespaces) | list, watch | the MCS component's reader of local ServiceExports ([`MCS_RULES`]; with `--mcs-cluster-name` only) |
 //! | `multicluster.x-k8s.io` `serviceexports/status` (all namespaces) | patch | the local exports' `Valid`, `Ready` and `Conflict` conditions (server-side apply) |
+//! | `multicluster.x-k8s.io` `serviceimports` (all namespaces) | list, watch, create, update, delete | the local ServiceImports: cached (all, so a foreign one is seen and left alone), created, replaced with the cached resourceVersion, deleted with the last export (uid and resourceVersion preconditions) |
+//! | `multicluster.x-k8s.io` `serviceimports/status` (all namespaces) | patch | an import's `status.clusters` (a merge patch with the resourceVersion) |
+
+//!
+//! The derived Services of the imports are Services: the `services` rule covers them.
 //!
 //! The `Link` credentials Secrets are covered by the `secrets` rule: same namespace,
 //! same type (`mirror.linkerd.io/remote-kubeconfig`), only without the cluster-name
@@ -125,6 +130,16 @@ pub const MCS_RULES: &[Rule] = &[
     Rule {
         group: service_mirror_core::mcs::GROUP,
         resources: &["serviceexports/status"],
+        verbs: &["patch"],
+    },
+    Rule {
+        group: service_mirror_core::mcs::GROUP,
+        resources: &["serviceimports"],
+        verbs: &["list", "watch", "create", "update", "delete"],
+    },
+    Rule {
+        group: service_mirror_core::mcs::GROUP,
+        resources: &["serviceimports/status"],
         verbs: &["patch"],
     },
 ];

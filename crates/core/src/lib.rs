@@ -29,6 +29,7 @@ pub mod headless;
 pub mod labels;
 pub mod mcs;
 pub mod mcs_derived;
+pub mod mcs_import;
 pub mod metadata;
 pub mod namespaces;
 pub mod naming;

@@ -116,6 +116,10 @@ enum Step {
     /// A remote ServiceExport that conflicts, made once the local one is judged: the
     /// local one never says Conflict.
     McsRemote,
+    /// A local export's ServiceImport: never made (`list`, `create`), never follows a
+    /// port change (`watch`, `update`), never gets `status.clusters` (`patch` on the
+    /// status), or outlives the export (`delete`).
+    McsImport,
 }
 
 /// One row of the removal table.
@@ -236,6 +240,18 @@ const CASES: &[Case] = &[
         "a ServiceExport made after the start gets no conditions"),
     case(Mcs, "multicluster.x-k8s.io", "serviceexports/status", "patch", McsLocal,
         "a local ServiceExport gets no conditions"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceimports", "list", McsImport,
+        "a judged export makes no ServiceImport"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceimports", "watch", McsImport,
+        "the import keeps the old port after the exported Service's changes"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceimports", "create", McsImport,
+        "a judged export makes no ServiceImport"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceimports", "update", McsImport,
+        "the import keeps the old port after the exported Service's changes"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceimports", "delete", McsImport,
+        "the import outlives its only export"),
+    case(Mcs, "multicluster.x-k8s.io", "serviceimports/status", "patch", McsImport,
+        "the import never lists its exporting cluster"),
 ];
 
 impl Case {
@@ -535,6 +551,41 @@ impl World {
             "metadata": {"name": name, "namespace": self.env.ns}});
         apply_yaml(client, &svc.to_string()).await.unwrap();
         apply_yaml(client, &export.to_string()).await.unwrap();
+    }
+
+    /// The local ServiceImport `name`, as JSON.
+    async fn mcs_import(&self, name: &str) -> Option<serde_json::Value> {
+        let resource = kube::api::ApiResource {
+            group: "multicluster.x-k8s.io".into(),
+            version: "v1beta1".into(),
+            api_version: "multicluster.x-k8s.io/v1beta1".into(),
+            kind: "ServiceImport".into(),
+            plural: "serviceimports".into(),
+        };
+        let api: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(self.env.lc.clone(), &self.env.ns, &resource);
+        let o = api.get_opt(name).await.unwrap()?;
+        Some(serde_json::to_value(o).unwrap())
+    }
+
+    /// Waits (within [`REFUSAL_WITHIN`]) until the local import `name` says `ok`.
+    async fn mcs_import_until(
+        &self,
+        name: &str,
+        what: &str,
+        ok: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<serde_json::Value, String> {
+        let start = Instant::now();
+        loop {
+            let i = self.mcs_import(name).await;
+            if let Some(i) = i.filter(|i| ok(i)) {
+                return Ok(i);
+            }
+            if start.elapsed() > REFUSAL_WITHIN {
+                return Err(format!("the import never {what}"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// (type, status, reason) of the local export's conditions.
@@ -870,6 +921,65 @@ async fn run(case: &Case) -> Result<String, String> {
             })?;
             line
         }
+        McsImport => {
+            w.mcs_crds_on_remote().await;
+            w.mcs_export(&env.lc, "web", 80).await;
+            let ctl = w.controller(&["--mcs-cluster-name", "here"]);
+            w.link_secret().await;
+            let port = |i: &serde_json::Value| i["spec"]["ports"][0]["port"].as_i64();
+            match (resource, verb) {
+                ("serviceimports", "list" | "create") => {
+                    let line = refusal(&ctl, verb, resource).await?;
+                    // Judged (conditions written), yet no import.
+                    let start = Instant::now();
+                    while w.mcs_conditions("web").await.is_empty() {
+                        if start.elapsed() > REFUSAL_WITHIN {
+                            return Err("the export was never judged".into());
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    tokio::time::sleep(SETTLE).await;
+                    let i = w.mcs_import("web").await;
+                    check(i.is_none(), || format!("an import was made: {i:?}"))?;
+                    line
+                }
+                ("serviceimports", "watch" | "update") => {
+                    w.mcs_import_until("web", "showed port 80", |i| port(i) == Some(80))
+                        .await?;
+                    w.mcs_export(&env.lc, "web", 81).await;
+                    let line = refusal(&ctl, verb, resource).await?;
+                    tokio::time::sleep(SETTLE).await;
+                    let i = w.mcs_import("web").await;
+                    check(i.as_ref().and_then(port) == Some(80), || {
+                        format!("the import followed the change: {i:?}")
+                    })?;
+                    line
+                }
+                ("serviceimports", "delete") => {
+                    w.mcs_import_until("web", "existed", |_| true).await?;
+                    Api::<ServiceExportObject>::namespaced(env.lc.clone(), &env.ns)
+                        .delete("web", &DeleteParams::default())
+                        .await
+                        .unwrap();
+                    let line = refusal(&ctl, verb, resource).await?;
+                    tokio::time::sleep(SETTLE).await;
+                    let i = w.mcs_import("web").await;
+                    check(i.is_some(), || "the import was deleted".into())?;
+                    line
+                }
+                _ => {
+                    let line = refusal(&ctl, verb, resource).await?;
+                    tokio::time::sleep(SETTLE).await;
+                    let i = w.mcs_import("web").await;
+                    let clusters = i.as_ref().map(|i| i["status"]["clusters"].clone());
+                    check(
+                        i.is_some() && clusters.as_ref().is_none_or(|c| c.is_null()),
+                        || format!("import {i:?}, clusters {clusters:?}"),
+                    )?;
+                    line
+                }
+            }
+        }
         McsRemote => {
             w.mcs_crds_on_remote().await;
             w.mcs_export(&env.lc, "web", 80).await;
@@ -1131,6 +1241,26 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
                 .then_some(())
         })
         .await;
+        // The import: both clusters, the older export's port, a ClusterSetIP.
+        let mut both = vec![w.env.cluster.clone(), "here".to_string()];
+        both.sort();
+        w.mcs_import_until("web", "listed both clusters with a ClusterSetIP", |i| {
+            let clusters: Vec<String> = i["status"]["clusters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["cluster"].as_str().map(str::to_string))
+                .collect();
+            let mut sorted = clusters.clone();
+            sorted.sort();
+            sorted == both
+                && i["spec"]["type"] == "ClusterSetIP"
+                && i["spec"]["ips"]
+                    .as_array()
+                    .is_some_and(|ips| ips.len() == 1)
+        })
+        .await
+        .unwrap();
     };
     futures::join!(secret_world, link_world, mcs_world);
 }

@@ -515,6 +515,10 @@ mod tests {
                  "verbs": ["list", "watch"]},
                 {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceexports/status"],
                  "verbs": ["patch"]},
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceimports"],
+                 "verbs": ["list", "watch", "create", "update", "delete"]},
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceimports/status"],
+                 "verbs": ["patch"]},
             ])
         );
         assert!(role.get("aggregationRule").is_none());

@@ -275,6 +275,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
                     cluster_name: name.to_owned(),
                     leader: leader.clone(),
                     namespaces: namespaces.clone(),
+                    controller_namespace: args.namespace.clone(),
                 },
                 shutdown.clone(),
             );

@@ -32,12 +32,13 @@ pub(super) type Changed = BTreeSet<ServiceKey>;
 
 /// Objects of one kind in one cluster, by key.
 #[derive(Debug)]
-struct Listed<T> {
-    items: BTreeMap<ServiceKey, T>,
+pub(super) struct Listed<T> {
+    /// The objects of the last complete list, updated by events since.
+    pub(super) items: BTreeMap<ServiceKey, T>,
     /// The keys the list in progress has delivered (`None`: no list in progress).
     listing: Option<BTreeSet<ServiceKey>>,
     /// A complete list has arrived.
-    listed: bool,
+    pub(super) listed: bool,
 }
 
 impl<T> Default for Listed<T> {
@@ -51,18 +52,19 @@ impl<T> Default for Listed<T> {
 }
 
 impl<T: PartialEq> Listed<T> {
-    /// Applies `ev`, each object made by `keep` (None: not stored, as if deleted).
-    fn apply<K>(
+    /// Applies `ev`, each object under the key `key` gives it (None: not stored) made by
+    /// `keep` (None: not stored, as if deleted).
+    pub(super) fn apply<K>(
         &mut self,
         ev: &Event<K>,
-        meta: fn(&K) -> &ObjectMeta,
-        keep: fn(&K) -> Option<T>,
+        key: impl Fn(&K) -> Option<ServiceKey>,
+        keep: impl Fn(&K) -> Option<T>,
     ) -> Changed {
         let mut changed = Changed::new();
         match ev {
             Event::Init => self.listing = Some(BTreeSet::new()),
             Event::InitApply(o) | Event::Apply(o) => {
-                let Some(key) = ServiceKey::from_meta(meta(o)) else {
+                let Some(key) = key(o) else {
                     return changed;
                 };
                 if let (Event::InitApply(_), Some(seen)) = (ev, self.listing.as_mut()) {
@@ -78,7 +80,7 @@ impl<T: PartialEq> Listed<T> {
                 }
             }
             Event::Delete(o) => {
-                if let Some(key) = ServiceKey::from_meta(meta(o))
+                if let Some(key) = key(o)
                     && self.items.remove(&key).is_some()
                 {
                     changed.insert(key);
@@ -340,7 +342,8 @@ impl ExportIndex {
         }
         let keep = keep_export(cluster == self.local);
         self.apply(cluster, generation, |view| {
-            view.exports.apply(ev, export_meta, keep)
+            view.exports
+                .apply(ev, |e| ServiceKey::from_meta(&e.metadata), keep)
         })
     }
 
@@ -357,7 +360,7 @@ impl ExportIndex {
         self.apply(cluster, generation, |view| {
             let exports = &view.exports.items;
             view.services
-                .apply(ev, service_meta, keep_service)
+                .apply(ev, |s| ServiceKey::from_meta(&s.metadata), keep_service)
                 .into_iter()
                 // A Service matters only where it is exported.
                 .filter(|k| exports.contains_key(k))
@@ -424,6 +427,11 @@ impl ExportIndex {
             .filter(|(name, f)| **name != self.local && f.effective().is_none())
             .map(|(name, _)| name.as_str())
             .collect()
+    }
+
+    /// Every key exported in a cluster that counts.
+    pub(super) fn keys(&self) -> Changed {
+        self.clusters.values().flat_map(Feeds::keys).collect()
     }
 
     /// The local export of `key`, if any.

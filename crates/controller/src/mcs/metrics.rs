@@ -22,6 +22,15 @@ pub(crate) struct OutcomeLabels {
     pub(crate) outcome: String,
 }
 
+/// What a ServiceImport-side write was of, and how it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ImportWriteLabels {
+    /// `service_import`, `service_import_status` or `derived_service`.
+    pub(crate) kind: String,
+    /// What happened.
+    pub(crate) outcome: String,
+}
+
 /// The MCS families.
 #[derive(Debug, Default)]
 pub(crate) struct McsFamilies {
@@ -29,6 +38,8 @@ pub(crate) struct McsFamilies {
     pub(crate) exports: Family<StateLabels, Gauge>,
     /// Status writes of local ServiceExports by outcome.
     pub(crate) status_writes: Family<OutcomeLabels, Counter>,
+    /// Writes of local ServiceImports and derived Services by kind and outcome.
+    pub(crate) import_writes: Family<ImportWriteLabels, Counter>,
     /// Failed ServiceExport and Service watches, by cluster (the local one included).
     pub(crate) watch_errors: Family<ClusterLabels, Counter>,
     /// Clusters whose exports count (both lists complete), the local one included.
@@ -49,6 +60,11 @@ impl McsFamilies {
             self.status_writes.clone(),
         );
         r.register(
+            "mcs_import_writes",
+            "Writes of local ServiceImports, their status and derived Services, by kind and outcome (created, updated, deleted, stale, gone, no_namespace, foreign, refused, failed)",
+            self.import_writes.clone(),
+        );
+        r.register(
             "mcs_clusters_listed",
             "Clusters whose ServiceExports and Services are listed and count in the merge, the local one included",
             self.clusters_listed.clone(),
@@ -64,6 +80,16 @@ impl McsFamilies {
     pub(crate) fn wrote(&self, outcome: &str) {
         self.status_writes
             .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one import-side write's outcome.
+    pub(crate) fn import_wrote(&self, kind: &str, outcome: &str) {
+        self.import_writes
+            .get_or_create(&ImportWriteLabels {
+                kind: kind.into(),
                 outcome: outcome.into(),
             })
             .inc();

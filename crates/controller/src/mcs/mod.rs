@@ -9,6 +9,7 @@
 //! and Services), `index.rs` (every cluster's, fed by those watches), `worker.rs`
 //! (judge, write the status, report), `metrics.rs`.
 
+mod imports;
 mod index;
 pub(crate) mod metrics;
 pub mod resource;
@@ -21,7 +22,7 @@ use crate::metrics::Metrics;
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
 use kube::runtime::watcher;
-use resource::ServiceExport;
+use resource::{ServiceExport, ServiceImport};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -67,6 +68,10 @@ enum Msg {
         cluster: Arc<str>,
         generation: index::Generation,
     },
+    /// A watch event of the local ServiceImports.
+    Import(Box<watcher::Event<ServiceImport>>),
+    /// A watch event of our local derived Services.
+    Derived(Box<watcher::Event<Service>>),
 }
 
 /// Settings of the MCS component.
@@ -79,6 +84,8 @@ pub struct McsOptions {
     pub leader: Option<Leadership>,
     /// The namespaces whose exports are read (the links' `--namespace-allow/deny`).
     pub namespaces: service_mirror_core::NamespaceFilter,
+    /// The controller's namespace: our imports and derived Services carry it.
+    pub controller_namespace: String,
 }
 
 /// A handle on the running MCS component (clones share it).
@@ -115,7 +122,15 @@ impl Mcs {
             tx: tx.clone(),
             metrics: metrics.clone(),
         };
-        let mut tasks = watches::spawn(&local, feed, &cancel);
+        let mut tasks = watches::spawn(&local, feed.clone(), &cancel);
+        tasks.extend(watches::spawn_imports(&local, feed, &cancel));
+        let imports = imports::Imports::new(
+            local.clone(),
+            recorder.clone(),
+            metrics.clone(),
+            &opts.controller_namespace,
+            opts.namespaces.clone(),
+        );
         let worker = worker::Worker::new(
             local,
             recorder,
@@ -123,6 +138,7 @@ impl Mcs {
             opts.leader,
             &opts.cluster_name,
             opts.namespaces,
+            imports,
         );
         tasks.push(tokio::spawn(worker.run(rx, cancel)));
         let mcs = Self {

@@ -89,6 +89,108 @@ impl kube::Resource for ServiceExport {
     }
 }
 
+/// Kind of the import resource.
+pub const SERVICE_IMPORT_KIND: &str = "ServiceImport";
+/// Plural (resource) name of the import resource, as in RBAC rules.
+pub const SERVICE_IMPORT_PLURAL: &str = "serviceimports";
+
+/// A ServiceImport: a Service of the cluster set, as this cluster imports it. Every
+/// field optional on read (a foreign one may say anything); written whole by us.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceImport {
+    /// `multicluster.x-k8s.io/v1beta1` when we write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `ServiceImport` when we write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Standard metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The imported Service.
+    #[serde(default)]
+    pub spec: ServiceImportSpec,
+    /// The exporting clusters (a subresource: written apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+
+/// `spec` of a ServiceImport.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceImportSpec {
+    /// `ClusterSetIP` or `Headless`.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    /// The ports, without targetPort.
+    pub ports: Vec<ServiceImportPort>,
+    /// The cluster-set IPs (the derived Service's ClusterIPs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<String>,
+    /// The families of `ips`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ip_families: Vec<String>,
+    /// `None` or `ClientIP`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<String>,
+    /// The ClientIP timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_affinity_config: Option<k8s_openapi::api::core::v1::SessionAffinityConfig>,
+    /// `Cluster` or `Local`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub internal_traffic_policy: Option<String>,
+    /// E.g. `PreferClose`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_distribution: Option<String>,
+}
+
+/// A port of a ServiceImport.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceImportPort {
+    /// The port's name (none for the one port of a single-port Service).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `TCP`, `UDP` or `SCTP`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// `appProtocol`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_protocol: Option<String>,
+    /// The port number.
+    pub port: i32,
+}
+
+impl kube::Resource for ServiceImport {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        SERVICE_IMPORT_KIND.into()
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        GROUP.into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        super::VERSION.into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        SERVICE_IMPORT_PLURAL.into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// The server-side apply body of an export's status: only our condition types, so
 /// that the apiserver keeps every other writer's (the list is a map keyed by type),
 /// with the resourceVersion the judgement was made on as a precondition (a 409 if the

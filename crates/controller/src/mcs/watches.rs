@@ -4,7 +4,7 @@
 
 use super::Msg;
 use super::index::Generation;
-use super::resource::ServiceExport;
+use super::resource::{ServiceExport, ServiceImport};
 use crate::metrics::{ClusterLabels, Metrics};
 use crate::watch::{Store, Watch, drive};
 use k8s_openapi::api::core::v1::Service;
@@ -62,6 +62,7 @@ pub(super) fn spawn(
                 event,
             },
             "ServiceExport",
+            watcher::Config::default(),
             feed.clone(),
             cancel.clone(),
         )),
@@ -74,6 +75,45 @@ pub(super) fn spawn(
                 event,
             },
             "Service",
+            watcher::Config::default(),
+            feed,
+            cancel.clone(),
+        )),
+    ]
+}
+
+fn strip_import(i: &mut ServiceImport) {
+    i.metadata.managed_fields = None;
+}
+
+fn strip_derived(s: &mut Service) {
+    s.metadata.managed_fields = None;
+}
+
+/// Starts the watches of the local cluster's ServiceImports (all: a foreign one must be
+/// seen) and of our derived Services (by label).
+pub(super) fn spawn_imports(
+    client: &Client,
+    feed: Feed,
+    cancel: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    use service_mirror_core::mcs_derived::{DERIVED_LABEL, DERIVED_VALUE};
+    vec![
+        tokio::spawn(watch_kind(
+            Api::<ServiceImport>::all(client.clone()),
+            strip_import,
+            |_, _, event| Msg::Import(event),
+            "ServiceImport",
+            watcher::Config::default(),
+            feed.clone(),
+            cancel.clone(),
+        )),
+        tokio::spawn(watch_kind(
+            Api::<Service>::all(client.clone()),
+            strip_derived,
+            |_, _, event| Msg::Derived(event),
+            "derived Service",
+            watcher::Config::default().labels(&format!("{DERIVED_LABEL}={DERIVED_VALUE}")),
             feed,
             cancel.clone(),
         )),
@@ -99,6 +139,7 @@ async fn watch_kind<K>(
     strip: fn(&mut K),
     msg: fn(Arc<str>, Generation, Box<watcher::Event<K>>) -> Msg,
     kind: &'static str,
+    config: watcher::Config,
     feed: Feed,
     cancel: CancellationToken,
 ) where
@@ -106,7 +147,7 @@ async fn watch_kind<K>(
 {
     let watch = Watch {
         api,
-        config: watcher::Config::default(),
+        config,
         strip,
         store: NoStore,
     };

@@ -1,12 +1,14 @@
 //! The MCS worker: holds the export index, judges each local ServiceExport against the
 //! exports of the same name in every listed cluster (`service_mirror_core::mcs`), and
-//! applies its conditions to the export's status, only while leader.
+//! applies its conditions to the export's status; then brings the name's local
+//! ServiceImport and derived Service to the merge (`imports.rs`). Only while leader.
 //!
 //! One status write per change: the conditions are compared with the export as the
 //! cache holds it (transition times kept where the status did not change), and a write
 //! is not repeated while the cache still shows the export as it was before that write.
 
 use super::Msg;
+use super::imports::Imports;
 use super::index::{Changed, ExportIndex};
 use super::resource::{ServiceExport, status_apply};
 use crate::backoff::Backoff;
@@ -64,11 +66,12 @@ impl Verdict {
     }
 }
 
-/// How a status write ended, and what follows.
-enum Outcome {
+/// How a write ended, and what follows (ordered: the worse of two counts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Outcome {
     /// Applied (or nothing to apply).
     Done,
-    /// Not to be retried: the export's next change judges it again.
+    /// Not to be retried: the object's next change judges it again.
     Dropped,
     /// Retried with backoff.
     Retry,
@@ -85,12 +88,17 @@ pub(super) struct Worker {
     /// Failed writes: when to try again, and how many failed.
     retries: BTreeMap<ServiceKey, (Instant, u32)>,
     /// The resourceVersion a key's export had in the cache when we last changed its
-    /// status: while the cache still shows it, our write has not come back yet.
+    /// status, or when a write was refused for good (another's conditions, invalid):
+    /// while the cache still shows it, nothing is written again (our write has not
+    /// come back yet, or would be refused again; an import-side event re-judges a key
+    /// too).
     written: BTreeMap<ServiceKey, String>,
     /// The last verdict of each local export (uid, verdict): a new problem is told once.
     verdicts: BTreeMap<ServiceKey, (Option<String>, Verdict)>,
     /// The unlisted clusters last logged (a change is logged once).
     unlisted: Vec<String>,
+    /// The local ServiceImports and derived Services, and their writer.
+    imports: Imports,
 }
 
 impl Worker {
@@ -101,6 +109,7 @@ impl Worker {
         leader: Option<Leadership>,
         local_cluster: &str,
         namespaces: service_mirror_core::NamespaceFilter,
+        imports: Imports,
     ) -> Self {
         Self {
             client,
@@ -113,6 +122,7 @@ impl Worker {
             written: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             unlisted: Vec::new(),
+            imports,
         }
     }
 
@@ -139,8 +149,10 @@ impl Worker {
                         .set(self.index.listed_count() as i64);
                 }
                 () = leader_changed(leader.as_mut()) => {
-                    // Its predecessor may have left anything: every export is judged.
+                    // Its predecessor may have left anything: every name is judged.
+                    self.dirty.extend(self.index.keys());
                     self.dirty.extend(self.index.local_keys());
+                    self.dirty.extend(self.imports.keys());
                     self.leader = leader;
                 }
                 () = sleep_until(wake) => {}
@@ -173,8 +185,27 @@ impl Worker {
                 cluster,
                 generation,
             } => self.index.remove(&cluster, generation),
+            Msg::Import(event) => {
+                let was = self.imports.listed();
+                let changed = self.imports.import_event(&event);
+                self.imports_listed(was, changed)
+            }
+            Msg::Derived(event) => {
+                let was = self.imports.listed();
+                let changed = self.imports.derived_event(&event);
+                self.imports_listed(was, changed)
+            }
         };
         self.dirty.extend(changed);
+    }
+
+    /// `changed`, and every name once both local import lists are in (imports wait
+    /// for them).
+    fn imports_listed(&self, was: bool, mut changed: Changed) -> Changed {
+        if !was && self.imports.listed() {
+            changed.extend(self.index.keys());
+        }
+        changed
     }
 
     /// When to look again without a message: the end of a hold (nothing is judged
@@ -211,8 +242,10 @@ impl Worker {
             .collect();
         if unlisted != self.unlisted {
             if !unlisted.is_empty() {
-                tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed");
+                tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (no ServiceImport is deleted meanwhile)");
             }
+            // Imports kept while a cluster was unlisted are looked at again.
+            self.dirty.extend(self.imports.keys());
             self.unlisted = unlisted;
         }
         let due: Vec<ServiceKey> = self
@@ -274,24 +307,42 @@ impl Worker {
         }
     }
 
+    /// Judges the name `key`: the local export's conditions, then the local import.
     async fn judge(&mut self, key: &ServiceKey) -> Outcome {
+        let exports = self.index.exports(key);
+        let merged = merge(&exports);
+        let status = self.judge_export(key, &exports, &merged).await;
+        // No export left anywhere deletes the import only if every cluster counts.
+        if !self.imports.listed() {
+            return status; // the import is looked at once both local lists are in
+        }
+        let may_delete = self.index.unlisted().is_empty();
+        let import = self.imports.sync(key, &merged, may_delete).await;
+        status.max(import)
+    }
+
+    /// The conditions of the local export of `key`, if there is one.
+    async fn judge_export(
+        &mut self,
+        key: &ServiceKey,
+        exports: &[service_mirror_core::mcs::ClusterExport],
+        merged: &Merge,
+    ) -> Outcome {
         let Some(export) = self.index.local_export(key).cloned() else {
             self.verdicts.remove(key);
             self.written.remove(key);
             return Outcome::Done;
         };
-        let exports = self.index.exports(key);
         let Some(local) = exports.iter().find(|e| e.cluster == self.index.local()) else {
             return Outcome::Done;
         };
         let validity = Validity::of(local);
-        let merged = merge(&exports);
-        let verdict = Verdict::of(validity, &merged);
-        self.report(&export, key, &verdict, &merged).await;
+        let verdict = Verdict::of(validity, merged);
+        self.report(&export, key, &verdict, merged).await;
         if self.written.get(key) == export.metadata.resource_version.as_ref() {
-            return Outcome::Done; // our last write has not come back yet
+            return Outcome::Done; // our last write has not come back yet, or was refused
         }
-        let desired = export_conditions(validity, &merged);
+        let desired = export_conditions(validity, merged);
         let Some(all) = with_transition_times(export.conditions(), &desired, Timestamp::now())
         else {
             return Outcome::Done;
@@ -342,6 +393,9 @@ impl Worker {
                     ),
                 )
                 .await;
+                if let Some(rv) = before.clone() {
+                    self.written.insert(key.clone(), rv);
+                }
                 ("owned_by_another", Outcome::Dropped)
             }
             Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
@@ -355,6 +409,9 @@ impl Worker {
                     ),
                 )
                 .await;
+                if let Some(rv) = before.clone() {
+                    self.written.insert(key.clone(), rv);
+                }
                 ("refused", Outcome::Dropped)
             }
             Err(e) => {

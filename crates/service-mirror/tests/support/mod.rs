@@ -5,6 +5,7 @@
 pub(crate) mod controller;
 pub(crate) mod hostile_apiserver;
 pub(crate) mod links;
+pub(crate) mod mcs;
 pub(crate) mod resolver;
 
 use k8s_openapi::api::core::v1::{

@@ -1,0 +1,650 @@
+//! The import side of the MCS component: in this cluster, one ServiceImport per
+//! namespace/name that some cluster of the set validly exports (the exporters
+//! included), and its derived Service, whose ClusterIPs are the import's `ips`. Both
+//! are deleted with the last export. Fed by the watches of the local ServiceImports
+//! (all of them: a foreign one must be seen to be left alone) and of our derived
+//! Services (by label).
+//!
+//! Ownership: only a ServiceImport with our mark and controller namespace
+//! (`core::mcs_import::is_owned_import`) and a derived Service with ours
+//! (`core::mcs_derived::is_owned_derived`) is written or deleted, and only as the cache
+//! holds it (resourceVersion on a replace, uid and resourceVersion on a delete).
+//! Missing namespaces are not created (the KEP's rule): the write is retried with
+//! backoff until the namespace exists.
+//!
+//! While a linked cluster has not listed, an import without any export left is kept:
+//! the unlisted cluster may export it, and a lost cluster's imports go only once every
+//! cluster counts again.
+
+use super::index::{Changed, Listed};
+use super::resource::{ServiceImport, ServiceImportPort, ServiceImportSpec};
+use super::worker::Outcome;
+use crate::events::EventRecorder;
+use crate::metrics::Metrics;
+use crate::writer::FIELD_MANAGER;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::EventType;
+use kube::runtime::watcher::Event;
+use kube::{Client, Resource};
+use service_mirror_core::mcs::{ImportPort, ImportSpec, ImportType, Merge, SERVICE_NAME_LABEL};
+use service_mirror_core::mcs_derived::{
+    DerivedAction, derived_action, derived_service_name, desired_derived_service, import_ips,
+    is_owned_derived,
+};
+use service_mirror_core::mcs_import::{
+    ImportAction, ImportObject, desired_import, import_action, is_owned_import,
+};
+use service_mirror_core::{NamespaceFilter, ServiceKey};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The local imports and derived Services, and their writer.
+pub(super) struct Imports {
+    client: Client,
+    recorder: EventRecorder,
+    metrics: Arc<Metrics>,
+    controller_namespace: String,
+    namespaces: NamespaceFilter,
+    /// Every ServiceImport of the allowed namespaces, ours or not, by its key.
+    imports: Listed<ServiceImport>,
+    /// Our derived Services, by the key of their import.
+    derived: Listed<Service>,
+    /// The foreign object last reported for a key (its uid): told once.
+    told: BTreeMap<ServiceKey, Option<String>>,
+}
+
+/// Which object a write was of (a metric label).
+#[derive(Clone, Copy)]
+enum Kind {
+    Import,
+    ImportStatus,
+    Derived,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Import => "service_import",
+            Self::ImportStatus => "service_import_status",
+            Self::Derived => "derived_service",
+        }
+    }
+}
+
+impl Imports {
+    pub(super) fn new(
+        client: Client,
+        recorder: EventRecorder,
+        metrics: Arc<Metrics>,
+        controller_namespace: &str,
+        namespaces: NamespaceFilter,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            metrics,
+            controller_namespace: controller_namespace.into(),
+            namespaces,
+            imports: Listed::default(),
+            derived: Listed::default(),
+            told: BTreeMap::new(),
+        }
+    }
+
+    /// A ServiceImport watch event: the keys it changed.
+    pub(super) fn import_event(&mut self, ev: &Event<ServiceImport>) -> Changed {
+        let namespaces = &self.namespaces;
+        self.imports.apply(
+            ev,
+            |i| ServiceKey::from_meta(&i.metadata).filter(|k| namespaces.allows(&k.namespace)),
+            |i| Some(i.clone()),
+        )
+    }
+
+    /// A derived-Service watch event: the keys (of their imports) it changed. One not
+    /// named as its import's derived Service is not ours to keep.
+    pub(super) fn derived_event(&mut self, ev: &Event<Service>) -> Changed {
+        let namespaces = &self.namespaces;
+        self.derived.apply(
+            ev,
+            |s| {
+                let ns = s.metadata.namespace.as_deref()?;
+                let import = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+                let key = ServiceKey::new(ns, import);
+                (namespaces.allows(ns)
+                    && s.metadata.name.as_deref() == Some(&derived_service_name(&key)))
+                .then_some(key)
+            },
+            |s| Some(s.clone()),
+        )
+    }
+
+    /// Whether both local lists are complete (nothing is written before).
+    pub(super) fn listed(&self) -> bool {
+        self.imports.listed && self.derived.listed
+    }
+
+    /// The keys of every local import and derived Service (to look at them all again).
+    pub(super) fn keys(&self) -> Changed {
+        self.imports
+            .items
+            .keys()
+            .chain(self.derived.items.keys())
+            .cloned()
+            .collect()
+    }
+
+    /// Brings the import of `key` and its derived Service to `merged` (`may_delete`:
+    /// every linked cluster counts, so no export means none anywhere).
+    pub(super) async fn sync(
+        &mut self,
+        key: &ServiceKey,
+        merged: &Merge,
+        may_delete: bool,
+    ) -> Outcome {
+        let Some(spec) = merged.import.as_ref() else {
+            return match may_delete {
+                true => self.remove(key).await,
+                false => Outcome::Done,
+            };
+        };
+        let ips = match self.sync_derived(key, spec).await {
+            Ok(ips) => ips,
+            Err(outcome) => return outcome,
+        };
+        self.sync_import(key, spec, &merged.clusters, ips).await
+    }
+
+    /// The derived Service of `key` as `spec` says: its ClusterIPs (none if headless,
+    /// or if another's Service holds the name).
+    async fn sync_derived(
+        &mut self,
+        key: &ServiceKey,
+        spec: &ImportSpec,
+    ) -> Result<Vec<String>, Outcome> {
+        let desired = desired_derived_service(key, spec, &self.controller_namespace);
+        let name = derived_service_name(key);
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let current = self.derived.items.get(key).cloned();
+        let Some(current) = current else {
+            return self.create_derived(key, &api, &params, &desired).await;
+        };
+        if !is_owned_derived(&current.metadata, &key.name, &self.controller_namespace) {
+            self.foreign(
+                key,
+                &current.metadata,
+                Kind::Derived,
+                "DerivedServiceNameTaken",
+            )
+            .await;
+            return Ok(Vec::new());
+        }
+        match derived_action(&current, &desired) {
+            DerivedAction::Nothing => Ok(import_ips(&current)),
+            DerivedAction::Update(next) => match api.replace(&name, &params, &next).await {
+                Ok(stored) => {
+                    self.wrote(Kind::Derived, "updated");
+                    Ok(import_ips(&stored))
+                }
+                Err(e) => Err(self.failed(Kind::Derived, key, &e)),
+            },
+            DerivedAction::Recreate => {
+                // Headless and not cannot change in place: the ClusterSetIP changes.
+                let delete = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: current.metadata.uid.clone(),
+                        resource_version: current.metadata.resource_version.clone(),
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&name, &delete).await {
+                    Ok(_) => self.wrote(Kind::Derived, "deleted"),
+                    Err(e) => return Err(self.failed(Kind::Derived, key, &e)),
+                }
+                self.create_derived(key, &api, &params, &desired).await
+            }
+        }
+    }
+
+    async fn create_derived(
+        &mut self,
+        key: &ServiceKey,
+        api: &Api<Service>,
+        params: &PostParams,
+        desired: &Service,
+    ) -> Result<Vec<String>, Outcome> {
+        match api.create(params, desired).await {
+            Ok(stored) => {
+                self.wrote(Kind::Derived, "created");
+                Ok(import_ips(&stored))
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                // Ours, and our watch has not shown it yet (its event judges again), or
+                // someone else's Service holds the name: never touched.
+                let name = derived_service_name(key);
+                match api.get_opt(&name).await {
+                    Ok(Some(s))
+                        if !is_owned_derived(
+                            &s.metadata,
+                            &key.name,
+                            &self.controller_namespace,
+                        ) =>
+                    {
+                        self.foreign(key, &s.metadata, Kind::Derived, "DerivedServiceNameTaken")
+                            .await;
+                        Ok(Vec::new())
+                    }
+                    Ok(_) => {
+                        self.wrote(Kind::Derived, "stale");
+                        Err(Outcome::Dropped)
+                    }
+                    Err(e) => Err(self.failed(Kind::Derived, key, &e)),
+                }
+            }
+            Err(e) => Err(self.failed(Kind::Derived, key, &e)),
+        }
+    }
+
+    /// The ServiceImport of `key` as `spec`, `clusters` and `ips` say.
+    async fn sync_import(
+        &mut self,
+        key: &ServiceKey,
+        spec: &ImportSpec,
+        clusters: &[String],
+        ips: Vec<String>,
+    ) -> Outcome {
+        let desired = desired_import(key, spec, clusters, ips, &self.controller_namespace);
+        let current = self.imports.items.get(key).cloned();
+        let owned = current.as_ref().is_some_and(|c| self.owns(c));
+        let view = current.as_ref().map(view_of);
+        let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let (write_spec, write_status) = match import_action(view.as_ref(), owned, &desired) {
+            ImportAction::Nothing => return Outcome::Done,
+            ImportAction::Foreign => {
+                let meta = current.map(|c| c.metadata).unwrap_or_default();
+                self.foreign(key, &meta, Kind::Import, "ImportOwnedByAnother")
+                    .await;
+                return Outcome::Done;
+            }
+            ImportAction::Create => {
+                let body = import_object(key, &desired, None);
+                match api.create(&params, &body).await {
+                    Ok(stored) => {
+                        self.wrote(Kind::Import, "created");
+                        let rv = stored.metadata.resource_version.clone();
+                        return self.write_status(key, &api, rv, &desired.clusters).await;
+                    }
+                    // Made meanwhile (ours not yet seen, or another's): its event
+                    // judges it again.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        self.wrote(Kind::Import, "stale");
+                        return Outcome::Dropped;
+                    }
+                    Err(e) => return self.failed(Kind::Import, key, &e),
+                }
+            }
+            ImportAction::Update { spec, status } => (spec, status),
+        };
+        let Some(current) = current else {
+            return Outcome::Done;
+        };
+        let mut rv = current.metadata.resource_version.clone();
+        if write_spec {
+            let body = import_object(key, &desired, Some(&current));
+            match api.replace(&key.name, &params, &body).await {
+                Ok(stored) => {
+                    self.wrote(Kind::Import, "updated");
+                    rv = stored.metadata.resource_version;
+                }
+                Err(e) => return self.failed(Kind::Import, key, &e),
+            }
+        }
+        match write_status {
+            true => self.write_status(key, &api, rv, &desired.clusters).await,
+            false => Outcome::Done,
+        }
+    }
+
+    /// `status.clusters` of the import `key`, at resourceVersion `rv` (a merge patch:
+    /// the list is replaced whole).
+    async fn write_status(
+        &mut self,
+        key: &ServiceKey,
+        api: &Api<ServiceImport>,
+        rv: Option<String>,
+        clusters: &[String],
+    ) -> Outcome {
+        let body = serde_json::json!({
+            "metadata": {"resourceVersion": rv},
+            "status": {"clusters": clusters.iter().map(|c| serde_json::json!({"cluster": c})).collect::<Vec<_>>()},
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api
+            .patch_status(&key.name, &params, &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => {
+                self.wrote(Kind::ImportStatus, "updated");
+                Outcome::Done
+            }
+            Err(e) => self.failed(Kind::ImportStatus, key, &e),
+        }
+    }
+
+    /// No export of `key` anywhere: our import and derived Service go (as cached).
+    async fn remove(&mut self, key: &ServiceKey) -> Outcome {
+        if let Some(import) = self.imports.items.get(key).cloned()
+            && self.owns(&import)
+        {
+            let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
+            match api
+                .delete(&key.name, &delete_params(&import.metadata))
+                .await
+            {
+                Ok(_) => self.wrote(Kind::Import, "deleted"),
+                Err(e) => return self.failed(Kind::Import, key, &e),
+            }
+        }
+        if let Some(derived) = self.derived.items.get(key).cloned()
+            && is_owned_derived(&derived.metadata, &key.name, &self.controller_namespace)
+        {
+            let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
+            let name = derived_service_name(key);
+            match api.delete(&name, &delete_params(&derived.metadata)).await {
+                Ok(_) => self.wrote(Kind::Derived, "deleted"),
+                Err(e) => return self.failed(Kind::Derived, key, &e),
+            }
+        }
+        self.told.remove(key);
+        Outcome::Done
+    }
+
+    fn owns(&self, import: &ServiceImport) -> bool {
+        is_owned_import(
+            import.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+            import
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap_or(&BTreeMap::new()),
+            &self.controller_namespace,
+        )
+    }
+
+    /// A write failed: counted, and what follows.
+    fn failed(&mut self, kind: Kind, key: &ServiceKey, e: &kube::Error) -> Outcome {
+        let (outcome, next) = match e {
+            // Changed or deleted since the cache showed it: its event judges it again.
+            kube::Error::Api(s) if s.code == 409 => ("stale", Outcome::Dropped),
+            kube::Error::Api(s) if s.code == 404 && s.message.contains("namespaces") => {
+                // Not created: the KEP leaves namespaces to their owners.
+                tracing::info!(import = %key, "namespace missing: no ServiceImport until it exists (retried with backoff)");
+                ("no_namespace", Outcome::Retry)
+            }
+            kube::Error::Api(s) if s.code == 404 => ("gone", Outcome::Dropped),
+            kube::Error::Api(s) if s.code == 400 || s.code == 422 => {
+                tracing::warn!(import = %key, kind = kind.label(), error = %crate::links::sanitize_remote_text(&s.message), "the apiserver refused a ServiceImport write");
+                ("refused", Outcome::Dropped)
+            }
+            e => {
+                tracing::warn!(import = %key, kind = kind.label(), error = %e, "ServiceImport write failed; retrying with backoff");
+                ("failed", Outcome::Retry)
+            }
+        };
+        self.wrote(kind, outcome);
+        next
+    }
+
+    fn wrote(&self, kind: Kind, outcome: &str) {
+        self.metrics.mcs.import_wrote(kind.label(), outcome);
+    }
+
+    /// Someone else's object where ours would be: a Warning Event on it, once per object.
+    async fn foreign(&mut self, key: &ServiceKey, meta: &ObjectMeta, kind: Kind, reason: &str) {
+        self.wrote(kind, "foreign");
+        if self.told.get(key) == Some(&meta.uid) {
+            return;
+        }
+        self.told.insert(key.clone(), meta.uid.clone());
+        let (api_version, kind_name) = match kind {
+            Kind::Derived => ("v1".to_string(), "Service"),
+            Kind::Import | Kind::ImportStatus => (
+                format!("{}/{}", service_mirror_core::mcs::GROUP, super::VERSION),
+                "ServiceImport",
+            ),
+        };
+        let reference = ObjectReference {
+            api_version: Some(api_version),
+            kind: Some(kind_name.into()),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            ..Default::default()
+        };
+        let note = match kind {
+            Kind::Derived => format!(
+                "this Service holds the name of the derived Service of ServiceImport {key} and is not ours: not changed; the import has no ips"
+            ),
+            _ => format!(
+                "this ServiceImport is not ours (no {} label for controller namespace {}): not changed; the cluster set's {key} is not imported here",
+                service_mirror_core::mcs_import::IMPORT_LABEL,
+                self.controller_namespace
+            ),
+        };
+        tracing::warn!(import = %key, reason, "{note}");
+        self.recorder
+            .publish(&reference, EventType::Warning, reason, "Import", note)
+            .await;
+    }
+}
+
+/// A delete of exactly the object the cache holds.
+fn delete_params(meta: &ObjectMeta) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A stored ServiceImport as the core compares it.
+fn view_of(i: &ServiceImport) -> ImportObject {
+    let mut clusters: Vec<String> = i
+        .status
+        .as_ref()
+        .and_then(|s| s.get("clusters"))
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("cluster")?.as_str().map(str::to_string))
+        .collect();
+    clusters.sort();
+    let spec = &i.spec;
+    ImportObject {
+        labels: i.metadata.labels.clone().unwrap_or_default(),
+        annotations: i.metadata.annotations.clone().unwrap_or_default(),
+        type_: match spec.type_.as_deref() {
+            Some("ClusterSetIP") => Some(ImportType::ClusterSetIp),
+            Some("Headless") => Some(ImportType::Headless),
+            _ => None,
+        },
+        ports: spec
+            .ports
+            .iter()
+            .map(|p| ImportPort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                port: p.port,
+                app_protocol: p.app_protocol.clone(),
+            })
+            .collect(),
+        ips: spec.ips.clone(),
+        ip_families: spec.ip_families.clone(),
+        session_affinity: spec.session_affinity.clone(),
+        session_affinity_config: spec.session_affinity_config.clone(),
+        internal_traffic_policy: spec.internal_traffic_policy.clone(),
+        traffic_distribution: spec.traffic_distribution.clone(),
+        clusters,
+    }
+}
+
+/// The ServiceImport object for `desired` (status apart); over `base`, the stored one,
+/// its metadata kept but for our labels and annotations (its resourceVersion is the
+/// precondition of the replace).
+fn import_object(
+    key: &ServiceKey,
+    desired: &ImportObject,
+    base: Option<&ServiceImport>,
+) -> ServiceImport {
+    let metadata = match base {
+        Some(b) => ObjectMeta {
+            labels: Some(desired.labels.clone()),
+            annotations: Some(desired.annotations.clone()),
+            managed_fields: None,
+            ..b.metadata.clone()
+        },
+        None => ObjectMeta {
+            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.clone()),
+            labels: Some(desired.labels.clone()),
+            annotations: Some(desired.annotations.clone()),
+            ..Default::default()
+        },
+    };
+    ServiceImport {
+        api_version: Some(format!(
+            "{}/{}",
+            service_mirror_core::mcs::GROUP,
+            super::VERSION
+        )),
+        kind: Some(ServiceImport::kind(&()).into_owned()),
+        metadata,
+        spec: ServiceImportSpec {
+            type_: desired.type_.map(|t| t.as_str().to_string()),
+            ports: desired
+                .ports
+                .iter()
+                .map(|p| ServiceImportPort {
+                    name: (!p.name.is_empty()).then(|| p.name.clone()),
+                    protocol: Some(p.protocol.clone()),
+                    app_protocol: p.app_protocol.clone(),
+                    port: p.port,
+                })
+                .collect(),
+            ips: desired.ips.clone(),
+            ip_families: desired.ip_families.clone(),
+            session_affinity: desired.session_affinity.clone(),
+            session_affinity_config: desired.session_affinity_config.clone(),
+            internal_traffic_policy: desired.internal_traffic_policy.clone(),
+            traffic_distribution: desired.traffic_distribution.clone(),
+        },
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use service_mirror_core::mcs::ImportSpec;
+
+    fn spec() -> ImportSpec {
+        ImportSpec {
+            type_: ImportType::ClusterSetIp,
+            ports: vec![
+                ImportPort {
+                    name: "http".into(),
+                    protocol: "TCP".into(),
+                    port: 80,
+                    app_protocol: Some("http".into()),
+                },
+                ImportPort {
+                    name: String::new(),
+                    protocol: "UDP".into(),
+                    port: 53,
+                    app_protocol: None,
+                },
+            ],
+            session_affinity: Some("None".into()),
+            session_affinity_config: None,
+            internal_traffic_policy: Some("Cluster".into()),
+            traffic_distribution: None,
+            ip_families: vec!["IPv4".into()],
+            labels: BTreeMap::from([("team".into(), "shop".into())]),
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn an_import_we_write_reads_back_as_what_we_wanted() {
+        let key = ServiceKey::new("shop", "hello");
+        let desired = desired_import(
+            &key,
+            &spec(),
+            &["west".into()],
+            vec!["10.96.0.9".into()],
+            "sm",
+        );
+        let mut stored: ServiceImport = serde_json::from_value(
+            serde_json::to_value(import_object(&key, &desired, None)).unwrap(),
+        )
+        .unwrap();
+        stored.status = Some(serde_json::json!({"clusters": [{"cluster": "west"}]}));
+        assert_eq!(view_of(&stored), desired);
+        assert!(is_owned_import(
+            stored.metadata.labels.as_ref().unwrap(),
+            stored.metadata.annotations.as_ref().unwrap(),
+            "sm"
+        ));
+    }
+
+    #[test]
+    fn the_body_is_the_api_object_with_no_status() {
+        let key = ServiceKey::new("shop", "hello");
+        let desired = desired_import(&key, &spec(), &["west".into()], vec![], "sm");
+        let body = serde_json::to_value(import_object(&key, &desired, None)).unwrap();
+        assert_eq!(body["apiVersion"], "multicluster.x-k8s.io/v1beta1");
+        assert_eq!(body["kind"], "ServiceImport");
+        assert_eq!(body["spec"]["type"], "ClusterSetIP");
+        assert_eq!(body["spec"]["ports"][0]["appProtocol"], "http");
+        assert!(body["spec"]["ports"][1].get("name").is_none());
+        assert!(body["spec"].get("ips").is_none(), "none yet: {body}");
+        assert!(body.get("status").is_none());
+    }
+
+    #[test]
+    fn a_replace_keeps_the_stored_metadata_but_our_labels_and_annotations() {
+        let key = ServiceKey::new("shop", "hello");
+        let desired = desired_import(&key, &spec(), &[], vec![], "sm");
+        let base = ServiceImport {
+            metadata: ObjectMeta {
+                name: Some("hello".into()),
+                namespace: Some("shop".into()),
+                uid: Some("u1".into()),
+                resource_version: Some("41".into()),
+                labels: Some(BTreeMap::from([("stale".into(), "1".into())])),
+                finalizers: Some(vec!["x/y".into()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let body = import_object(&key, &desired, Some(&base));
+        assert_eq!(body.metadata.resource_version.as_deref(), Some("41"));
+        assert_eq!(body.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(body.metadata.finalizers, base.metadata.finalizers);
+        assert_eq!(body.metadata.labels, Some(desired.labels.clone()));
+    }
+}

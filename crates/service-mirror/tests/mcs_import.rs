@@ -1,0 +1,409 @@
+//! ServiceImports and their derived Services (KEP-1645 "Importing Services"; issue 17
+//! point 3) on real apiservers, in the two-cluster world of `support/mcs.rs`. Each
+//! expected import is written out from the KEP and read as plain JSON, never computed
+//! with the core.
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+use support::mcs::*;
+use support::{create_namespace, eventually};
+
+const BOTH: [&str; 2] = ["west", "east"];
+
+fn cs(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+fn port(name: &str, protocol: &str, port: i64) -> (String, String, i64) {
+    (name.into(), protocol.into(), port)
+}
+
+/// The import's one IP is an IPv4 address that is the ClusterIP of the derived Service
+/// the import names, and that Service is ours (labels) with the import's ports.
+async fn check_derived(w: &World, cluster: &str, name: &str, import: &Imported) {
+    let ips = import.ips();
+    assert_eq!(ips.len(), 1, "{cluster}/{name}: one IP per family: {ips:?}");
+    ips[0]
+        .parse::<Ipv4Addr>()
+        .unwrap_or_else(|e| panic!("{cluster}/{name}: {ips:?} is no IPv4 address: {e}"));
+    let derived = w.derived(cluster, name).await;
+    assert_eq!(derived.len(), 1, "{cluster}/{name}: one derived Service");
+    let d = &derived[0];
+    assert_eq!(
+        d.metadata.name,
+        import.derived_name(),
+        "the annotation names it"
+    );
+    let spec = d.spec.as_ref().unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some(ips[0].as_str()));
+    assert!(spec.selector.is_none(), "selects no pod of this cluster");
+    let ports: Vec<(String, String, i64)> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default(),
+                p.protocol.clone().unwrap_or_default(),
+                i64::from(p.port),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        import.ports(),
+        "the derived Service serves the import's ports"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_exists_in_every_cluster_while_one_exports_and_goes_with_the_last() {
+    let w = World::new("mcs-imp").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    // The conformance suite's Service: TCP and UDP on one number.
+    let ports = serde_json::json!([
+        tcp("tcp", 42),
+        {"name": "udp", "port": 42, "protocol": "UDP"},
+    ]);
+    w.service("west", "hello", clusterip(ports.clone())).await;
+    w.export("west", "hello").await;
+    let want_ports = vec![port("tcp", "TCP", 42), port("udp", "UDP", 42)];
+    for c in BOTH {
+        let i = w
+            .import_until(c, "hello", "ClusterSetIP from west", |i| {
+                i.type_() == "ClusterSetIP" && !i.ips().is_empty() && i.clusters() == cs(&["west"])
+            })
+            .await;
+        assert_eq!(i.ports(), want_ports, "{c}");
+        assert!(
+            !i.has_target_port(),
+            "{c}: an import's ports have no targetPort"
+        );
+        check_derived(&w, c, "hello", &i).await;
+    }
+    // A second exporter: both clusters list it.
+    w.service("east", "hello", clusterip(ports)).await;
+    w.export("east", "hello").await;
+    for c in BOTH {
+        w.import_until(c, "hello", "exported by both", |i| {
+            i.clusters() == cs(&["east", "west"])
+        })
+        .await;
+    }
+    // Converged: nothing is written again while nothing changes.
+    let versions = || async {
+        let mut v = Vec::new();
+        for c in BOTH {
+            let i = w.imports(c).get("hello").await.unwrap();
+            v.push(i.metadata.resource_version);
+            for d in w.derived(c, "hello").await {
+                v.push(d.metadata.resource_version);
+            }
+        }
+        v
+    };
+    let settled = versions().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        versions().await,
+        settled,
+        "an unchanged world writes nothing"
+    );
+    // The first goes: the import stays, with one cluster; its IP does not change.
+    let before = w.imports("west").get("hello").await.unwrap();
+    w.exports("west")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    for c in BOTH {
+        w.import_until(c, "hello", "exported by east alone", |i| {
+            i.clusters() == cs(&["east"])
+        })
+        .await;
+    }
+    let after = Imported::read(&w.imports("west").get("hello").await.unwrap());
+    assert_eq!(
+        after.ips(),
+        Imported::read(&before).ips(),
+        "the ClusterSetIP stays"
+    );
+    // The last goes: no import and no derived Service anywhere.
+    w.exports("east")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    for c in BOTH {
+        w.import_gone(c, "hello").await;
+    }
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_traffic_policy_and_distribution_are_imported_and_served() {
+    let w = World::new("mcs-imp-affinity").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    w.service(
+        "west",
+        "sticky",
+        serde_json::json!({
+            "selector": {"app": "x"},
+            "ports": [tcp("http", 80)],
+            "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 300}},
+            "internalTrafficPolicy": "Local",
+            "trafficDistribution": "PreferClose",
+        }),
+    )
+    .await;
+    w.export("west", "sticky").await;
+    for c in BOTH {
+        let i = w
+            .import_until(c, "sticky", "imported", |i| !i.ips().is_empty())
+            .await;
+        let spec = i.spec();
+        assert_eq!(spec["sessionAffinity"], "ClientIP", "{c}");
+        assert_eq!(
+            spec["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"],
+            300
+        );
+        assert_eq!(spec["internalTrafficPolicy"], "Local");
+        assert_eq!(spec["trafficDistribution"], "PreferClose");
+        assert_eq!(spec["ipFamilies"], serde_json::json!(["IPv4"]));
+        let d = w.derived(c, "sticky").await.remove(0);
+        let ds = d.spec.unwrap();
+        assert_eq!(ds.session_affinity.as_deref(), Some("ClientIP"));
+        assert_eq!(
+            ds.session_affinity_config
+                .and_then(|a| a.client_ip)
+                .and_then(|c| c.timeout_seconds),
+            Some(300)
+        );
+        assert_eq!(ds.internal_traffic_policy.as_deref(), Some("Local"));
+        assert_eq!(ds.traffic_distribution.as_deref(), Some("PreferClose"));
+    }
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headless_imports_have_no_ips_external_name_imports_nothing_and_mixed_headlessness_is_clusterset_ip()
+ {
+    let w = World::new("mcs-imp-types").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    let headless = serde_json::json!({"clusterIP": "None", "selector": {"app": "x"}, "ports": [tcp("db", 5432)]});
+    w.service("west", "db", headless.clone()).await;
+    w.export("west", "db").await;
+    w.service(
+        "west",
+        "outside",
+        serde_json::json!({"type": "ExternalName", "externalName": "example.invalid"}),
+    )
+    .await;
+    w.export("west", "outside").await;
+    // Oldest (west) not headless, newer (east) headless: ClusterSetIP.
+    w.service(
+        "west",
+        "mixed",
+        clusterip(serde_json::json!([tcp("db", 5432)])),
+    )
+    .await;
+    w.export("west", "mixed").await;
+    w.until("west", "mixed", &exported()).await;
+    // creationTimestamp has whole seconds (a tie goes to the first cluster name, east).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    w.service("east", "mixed", headless).await;
+    w.export("east", "mixed").await;
+    for c in BOTH {
+        let i = w
+            .import_until(c, "db", "Headless", |i| i.type_() == "Headless")
+            .await;
+        assert!(i.ips().is_empty(), "{c}: a headless import has no ips");
+        let derived = w.derived(c, "db").await;
+        assert_eq!(
+            derived[0].spec.as_ref().unwrap().cluster_ip.as_deref(),
+            Some("None"),
+            "{c}: the derived Service is headless"
+        );
+        let i = w
+            .import_until(c, "mixed", "ClusterSetIP from both", |i| {
+                i.clusters() == cs(&["east", "west"])
+            })
+            .await;
+        assert_eq!(i.type_(), "ClusterSetIP", "{c}: the oldest export's type");
+        check_derived(&w, c, "mixed", &i).await;
+        w.until(c, "mixed", &in_conflict("TypeConflict")).await;
+    }
+    w.until("west", "outside", &invalid("InvalidServiceType"))
+        .await;
+    for c in BOTH {
+        assert!(
+            w.imports(c).get_opt("outside").await.unwrap().is_none(),
+            "{c}: an ExternalName export imports nothing"
+        );
+    }
+    // The exporter's Service stops being headless: the derived Service is made again.
+    let api: Api<Service> = Api::namespaced(w.client("west").clone(), &w.ns);
+    api.delete("db", &DeleteParams::default()).await.unwrap();
+    eventually("west's Service db gone", || async {
+        api.get_opt("db").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    w.service(
+        "west",
+        "db",
+        clusterip(serde_json::json!([tcp("db", 5432)])),
+    )
+    .await;
+    for c in BOTH {
+        let i = w
+            .import_until(c, "db", "ClusterSetIP now", |i| {
+                i.type_() == "ClusterSetIP" && !i.ips().is_empty()
+            })
+            .await;
+        check_derived(&w, c, "db", &i).await;
+    }
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_ports_import_the_union_with_the_oldest_exports_numbers() {
+    let w = World::new("mcs-imp-ports").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    w.serve("west", "hello", 80).await;
+    w.export("west", "hello").await;
+    w.until("west", "hello", &exported()).await;
+    // creationTimestamp has whole seconds (a tie goes to the first cluster name, east).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Newer: the same name on another number, and an SCTP port.
+    w.service(
+        "east",
+        "hello",
+        clusterip(serde_json::json!([
+            tcp("http", 8080),
+            {"name": "sctp", "port": 9000, "protocol": "SCTP"},
+        ])),
+    )
+    .await;
+    w.export("east", "hello").await;
+    for c in BOTH {
+        w.until(c, "hello", &in_conflict("PortConflict")).await;
+        let i = w
+            .import_until(c, "hello", "the union", |i| i.ports().len() == 2)
+            .await;
+        assert_eq!(
+            i.ports(),
+            vec![port("http", "TCP", 80), port("sctp", "SCTP", 9000)],
+            "{c}: http keeps the oldest export's number"
+        );
+        check_derived(&w, c, "hello", &i).await;
+    }
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_service_import_is_never_touched_and_is_reported() {
+    let w = World::new("mcs-imp-foreign").await;
+    let theirs: serde_json::Value = serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
+        "metadata": {"name": "hello", "labels": {"team": "other"}},
+        "spec": {"type": "ClusterSetIP", "ports": [{"port": 1, "protocol": "TCP"}]},
+    });
+    let theirs: kube::api::DynamicObject = serde_json::from_value(theirs).unwrap();
+    let created = w
+        .imports("east")
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    w.serve("west", "hello", 80).await;
+    w.export("west", "hello").await;
+    w.import_until("west", "hello", "imported where none was", |i| {
+        !i.ips().is_empty()
+    })
+    .await;
+    eventually("ImportOwnedByAnother on east's import", || async {
+        w.our_events("east", "hello")
+            .await
+            .contains(&"ImportOwnedByAnother".to_string())
+            .then_some(())
+    })
+    .await;
+    east.metric(
+        r#"service_mirror_mcs_import_writes_total{kind="service_import",outcome="foreign"}"#,
+    )
+    .await;
+    // The export goes: west's import goes, east's foreign one stays as it was.
+    w.exports("west")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.import_gone("west", "hello").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = w.imports("east").get("hello").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, created.metadata.resource_version,
+        "the foreign import was never written"
+    );
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_namespace_is_not_created_and_the_import_comes_once_it_exists() {
+    let w = World::new("mcs-imp-ns").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    let only = w.west_only();
+    create_namespace(&w.west, &only).await;
+    let exports = w.exports_in("west", &only);
+    let svcs: Api<Service> = Api::namespaced(w.west.clone(), &only);
+    svcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "hello"},
+            "spec": {"selector": {"app": "x"}, "ports": [{"name": "http", "port": 80}]},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    exports
+        .patch(
+            "hello",
+            &PatchParams::apply("test"),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+                "metadata": {"name": "hello"},
+            })),
+        )
+        .await
+        .unwrap();
+    let west_imports = w.imports_in("west", &only);
+    eventually("west imports it", || async {
+        west_imports.get_opt("hello").await.unwrap()
+    })
+    .await;
+    east.metric(
+        r#"service_mirror_mcs_import_writes_total{kind="derived_service",outcome="no_namespace"}"#,
+    )
+    .await;
+    let namespaces: Api<Namespace> = Api::all(w.east.clone());
+    assert!(
+        namespaces.get_opt(&only).await.unwrap().is_none(),
+        "east's namespace was not created"
+    );
+    create_namespace(&w.east, &only).await;
+    let east_imports = w.imports_in("east", &only);
+    eventually("east imports it once the namespace exists", || async {
+        east_imports.get_opt("hello").await.unwrap()
+    })
+    .await;
+    west.stop().await;
+    east.stop().await;
+}
