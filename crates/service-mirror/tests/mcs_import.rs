@@ -407,3 +407,65 @@ async fn a_missing_namespace_is_not_created_and_the_import_comes_once_it_exists(
     west.stop().await;
     east.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_holding_the_derived_name_is_never_touched_and_the_import_has_no_ips() {
+    let w = World::new("mcs-imp-taken").await;
+    let west = w.start("west", None);
+    w.serve("west", "hello", 80).await;
+    w.export("west", "hello").await;
+    let i = w
+        .import_until("west", "hello", "imported in west", |i| !i.ips().is_empty())
+        .await;
+    // The same namespace/name derives the same name in east: someone's Service has it.
+    let name = i
+        .derived_name()
+        .expect("the import names its derived Service");
+    let api: Api<Service> = Api::namespaced(w.east.clone(), &w.ns);
+    let theirs: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"team": "other"}},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"name": "x", "port": 1}]},
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &theirs).await.unwrap();
+    let east = w.start("east", None);
+    let i = w
+        .import_until("east", "hello", "imported in east", |i| {
+            i.clusters() == cs(&["west"])
+        })
+        .await;
+    assert!(i.ips().is_empty(), "no ClusterSetIP from another's Service");
+    eventually("DerivedServiceNameTaken on the Service", || async {
+        w.our_events("east", &name)
+            .await
+            .contains(&"DerivedServiceNameTaken".to_string())
+            .then_some(())
+    })
+    .await;
+    east.metric(
+        r#"service_mirror_mcs_import_writes_total{kind="derived_service",outcome="foreign"}"#,
+    )
+    .await;
+    // The export goes: east's import goes, the Service stays as it was.
+    w.exports("west")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("east's import gone", || async {
+        w.imports("east")
+            .get_opt("hello")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let now = api.get(&name).await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, created.metadata.resource_version,
+        "the Service holding the name was never written"
+    );
+    west.stop().await;
+    east.stop().await;
+}
