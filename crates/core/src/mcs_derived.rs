@@ -77,6 +77,9 @@ pub fn desired_derived_service(
     controller_namespace: &str,
 ) -> Service {
     let headless = spec.type_ == ImportType::Headless;
+    // The families are this cluster's, not the exporter's (an IPv6 exporter must not
+    // make an IPv4-only cluster refuse the Service): only the policy follows the
+    // exporter, and the import's `ipFamilies` are read back from the stored Service.
     let ip_family_policy = match spec.ip_families.len() {
         0 => None,
         1 => Some("SingleStack".to_string()),
@@ -117,7 +120,6 @@ pub fn desired_derived_service(
             session_affinity_config: spec.session_affinity_config.clone(),
             internal_traffic_policy: spec.internal_traffic_policy.clone(),
             traffic_distribution: spec.traffic_distribution.clone(),
-            ip_families: (!spec.ip_families.is_empty()).then(|| spec.ip_families.clone()),
             ip_family_policy,
             ..Default::default()
         }),

@@ -6,10 +6,12 @@
 //! without them belongs to another controller (or a person) and is never changed or
 //! deleted: [`import_action`] says [`ImportAction::Foreign`] and the caller reports it.
 //!
-//! The whole object is ours: labels and annotations are the oldest export's
-//! `exportedLabels`/`exportedAnnotations` plus our marks, so a label the exporters drop
-//! leaves the import too. Spec and status are compared apart, since each is its own
-//! write (the status is a subresource).
+//! Its spec and status are ours. Of its labels and annotations only ours are compared
+//! (the oldest export's `exportedLabels`/`exportedAnnotations` plus our marks): another
+//! writer's (a webhook's, a person's) stay, since fighting them would write on every
+//! event (a webhook adding a label on each write would loop). So a label the exporters
+//! drop stays on the import until it is made again. Spec and status are compared apart,
+//! since each is its own write (the status is a subresource).
 
 use crate::ServiceKey;
 use crate::labels::CONTROLLER_NAMESPACE_ANNOTATION;
@@ -51,13 +53,20 @@ pub struct ImportObject {
 }
 
 impl ImportObject {
-    /// Everything but the status.
-    fn without_status(&self) -> Self {
+    /// The spec alone.
+    fn spec_only(&self) -> Self {
         Self {
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
             clusters: Vec::new(),
             ..self.clone()
         }
     }
+}
+
+/// Whether every entry of `ours` is in `stored` with the same value.
+fn holds(stored: &BTreeMap<String, String>, ours: &BTreeMap<String, String>) -> bool {
+    ours.iter().all(|(k, v)| stored.get(k) == Some(v))
 }
 
 /// The ServiceImport of `key` with `spec`, the exporting `clusters` and `ips` (the
@@ -120,7 +129,7 @@ pub enum ImportAction {
     Create,
     /// Ours: replace the object (`spec`) and/or write the status (`status`).
     Update {
-        /// Labels, annotations or spec differ.
+        /// The spec, or one of our labels or annotations, differs.
         spec: bool,
         /// `status.clusters` differs.
         status: bool,
@@ -142,7 +151,9 @@ pub fn import_action(
     if !owned {
         return ImportAction::Foreign;
     }
-    let spec = current.without_status() != desired.without_status();
+    let spec = current.spec_only() != desired.spec_only()
+        || !holds(&current.labels, &desired.labels)
+        || !holds(&current.annotations, &desired.annotations);
     let status = current.clusters != desired.clusters;
     match (spec, status) {
         (false, false) => ImportAction::Nothing,

@@ -262,9 +262,27 @@ fn the_action_depends_on_what_differs() {
             },
         ),
         (
-            "an exported label gone from the exports (still on the import)",
+            "another writer's label and annotation (or an exported label since dropped)",
             Box::new(|o| {
                 o.labels.insert("old".into(), "1".into());
+                o.annotations.insert("webhook".into(), "1".into());
+            }),
+            ImportAction::Nothing,
+        ),
+        (
+            "an exported label changed",
+            Box::new(|o| {
+                o.labels.insert("team".into(), "other".into());
+            }),
+            ImportAction::Update {
+                spec: true,
+                status: false,
+            },
+        ),
+        (
+            "our mark removed",
+            Box::new(|o| {
+                o.annotations.remove(DERIVED_SERVICE_ANNOTATION);
             }),
             ImportAction::Update {
                 spec: true,

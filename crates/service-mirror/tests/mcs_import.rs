@@ -107,11 +107,41 @@ async fn an_import_exists_in_every_cluster_while_one_exports_and_goes_with_the_l
         v
     };
     let settled = versions().await;
+    let writes = |r: &Running| {
+        r.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("service_mirror_mcs_import_writes_total{"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let counted = (writes(&west), writes(&east));
+    // Another writer annotates west's import: judged again, nothing to write (its
+    // annotation stays; ours are all there).
+    let patch = serde_json::json!({"metadata": {"annotations": {"team": "x"}}});
+    w.imports("west")
+        .patch("hello", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut now = versions().await;
+    now[0] = settled[0].clone(); // the annotation's own write
+    assert_eq!(now, settled, "an unchanged world writes nothing");
     assert_eq!(
-        versions().await,
-        settled,
-        "an unchanged world writes nothing"
+        (writes(&west), writes(&east)),
+        counted,
+        "no write attempted"
+    );
+    let annotated = w.imports("west").get("hello").await.unwrap();
+    assert_eq!(
+        annotated
+            .metadata
+            .annotations
+            .unwrap()
+            .get("team")
+            .map(String::as_str),
+        Some("x"),
+        "another writer's annotation stays"
     );
     // The first goes: the import stays, with one cluster; its IP does not change.
     let before = w.imports("west").get("hello").await.unwrap();
@@ -246,26 +276,33 @@ async fn headless_imports_have_no_ips_external_name_imports_nothing_and_mixed_he
             "{c}: an ExternalName export imports nothing"
         );
     }
-    // The exporter's Service stops being headless: the derived Service is made again.
-    let api: Api<Service> = Api::namespaced(w.client("west").clone(), &w.ns);
-    api.delete("db", &DeleteParams::default()).await.unwrap();
-    eventually("west's Service db gone", || async {
-        api.get_opt("db").await.unwrap().is_none().then_some(())
-    })
-    .await;
-    w.service(
-        "west",
-        "db",
-        clusterip(serde_json::json!([tcp("db", 5432)])),
-    )
-    .await;
+    // The oldest export (west's ClusterIP) goes: east's headless one decides, and the
+    // derived Service is made again headless (a ClusterIP cannot change in place),
+    // under the same import.
+    let mut kept = Vec::new();
     for c in BOTH {
+        let import = w.imports(c).get("mixed").await.unwrap();
+        let derived = w.derived(c, "mixed").await.remove(0);
+        kept.push((c, import.metadata.uid, derived.metadata.uid));
+    }
+    w.exports("west")
+        .delete("mixed", &DeleteParams::default())
+        .await
+        .unwrap();
+    for (c, import_uid, derived_uid) in kept {
         let i = w
-            .import_until(c, "db", "ClusterSetIP now", |i| {
-                i.type_() == "ClusterSetIP" && !i.ips().is_empty()
+            .import_until(c, "mixed", "Headless from east alone", |i| {
+                i.type_() == "Headless" && i.clusters() == cs(&["east"])
             })
             .await;
-        check_derived(&w, c, "db", &i).await;
+        assert!(i.ips().is_empty(), "{c}");
+        assert_eq!(i.object.metadata.uid, import_uid, "{c}: the same import");
+        let derived = eventually(&format!("{c}: the derived Service headless"), || async {
+            let d = w.derived(c, "mixed").await.pop()?;
+            (d.spec.as_ref()?.cluster_ip.as_deref() == Some("None")).then_some(d)
+        })
+        .await;
+        assert_ne!(derived.metadata.uid, derived_uid, "{c}: made again");
     }
     west.stop().await;
     east.stop().await;
@@ -339,6 +376,10 @@ async fn a_foreign_service_import_is_never_touched_and_is_reported() {
         r#"service_mirror_mcs_import_writes_total{kind="service_import",outcome="foreign"}"#,
     )
     .await;
+    assert!(
+        w.derived("east", "hello").await.is_empty(),
+        "no derived Service for a name not imported here"
+    );
     // The export goes: west's import goes, east's foreign one stays as it was.
     w.exports("west")
         .delete("hello", &DeleteParams::default())
@@ -466,6 +507,45 @@ async fn a_service_holding_the_derived_name_is_never_touched_and_the_import_has_
         now.metadata.resource_version, created.metadata.resource_version,
         "the Service holding the name was never written"
     );
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_remote_only_imports_until_their_cluster_is_known_gone() {
+    let w = World::new("mcs-imp-restart").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    w.serve("east", "hello", 80).await;
+    w.export("east", "hello").await;
+    let before = w
+        .import_until("west", "hello", "imported from east", |i| {
+            i.clusters() == cs(&["east"]) && !i.ips().is_empty()
+        })
+        .await;
+    west.stop().await;
+    // Restarted with its link not running yet: west sees no export of hello at all.
+    let west = w.start_unlinked("west", None);
+    west.metric("service_mirror_mcs_clusters_listed 1").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let same = |what: &str, now: Option<kube::api::DynamicObject>| {
+        let now = now.unwrap_or_else(|| panic!("{what}: the import was deleted"));
+        assert_eq!(now.metadata.uid, before.object.metadata.uid, "{what}");
+        assert_eq!(Imported::read(&now).ips(), before.ips(), "{what}");
+    };
+    same(
+        "before the links",
+        w.imports("west").get_opt("hello").await.unwrap(),
+    );
+    // The link sources are listed and name east: its link is coming, still kept.
+    west.mcs.expect(["east".to_string()].into());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    same(
+        "east named",
+        w.imports("west").get_opt("hello").await.unwrap(),
+    );
+    // East's link is removed for good: the import goes with its derived Service.
+    west.mcs.link_removed("east");
+    w.import_gone("west", "hello").await;
     west.stop().await;
     east.stop().await;
 }

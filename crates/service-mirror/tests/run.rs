@@ -739,9 +739,13 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
                 .join("\n")
         );
     }
-    println!(
-        "reconciles that found the Secret gone from the cache but on the apiserver: {}",
-        ctl.log_lines("the watch is behind").len()
+    let behind = ctl.log_lines("the watch is behind").len();
+    println!("reconciles that found the Secret gone from the cache but on the apiserver: {behind}");
+    // The stall must have produced what it is for (4 of 4 rounds when written): else
+    // this test proves nothing about the fix.
+    assert!(
+        behind > 0,
+        "no reconcile fell between the delete and the re-create"
     );
     assert!(ctl.running());
 }

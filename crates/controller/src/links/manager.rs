@@ -186,6 +186,8 @@ struct Inner {
     links_known: AtomicBool,
     /// The federation was told which clusters are linked (once the Links are known).
     federation_expected: AtomicBool,
+    /// The MCS component has been told which clusters the sources name.
+    mcs_expected: AtomicBool,
     active: Mutex<HashMap<SourceKey, Active>>,
     /// cluster name -> the source that links it.
     claims: Mutex<HashMap<String, SourceKey>>,
@@ -230,6 +232,7 @@ impl LinkManager {
             links_synced: AtomicBool::new(!links_enabled),
             links_known: AtomicBool::new(!links_enabled),
             federation_expected: AtomicBool::new(false),
+            mcs_expected: AtomicBool::new(false),
             active: Mutex::default(),
             claims: Mutex::default(),
             failing: Mutex::default(),
@@ -507,6 +510,9 @@ impl Inner {
         if let Some(federation) = &self.opts.deps.federation {
             federation.link_removed(&cluster);
         }
+        if let Some(mcs) = &self.opts.deps.mcs {
+            mcs.link_removed(&cluster);
+        }
         match stopped {
             Ok(()) => {}
             // The leader deletes them; this replica does if it comes to lead first.
@@ -636,20 +642,30 @@ impl Inner {
             let failed = self.failing_clusters.lock().remove(key);
             if let Some(cluster) = failed
                 && !self.claims().contains_key(&cluster)
-                && let Some(federation) = &self.opts.deps.federation
             {
-                federation.link_removed(&cluster);
+                if let Some(federation) = &self.opts.deps.federation {
+                    federation.link_removed(&cluster);
+                }
+                if let Some(mcs) = &self.opts.deps.mcs {
+                    mcs.link_removed(&cluster);
+                }
             }
             return Outcome::Done;
         };
         let next = self.successor(key, &cluster);
-        // Unlinking a Secret deletes its mirrors: the cache alone does not decide it. A
+        // Unlinking a Secret the cache lost deletes its mirrors: the cache alone does not
+        // decide it (one the cache holds, turned into a Link's credentials, is gone as a
+        // source whatever the apiserver says). A
         // watch that resumes from an old resourceVersion delivers a delete and a
         // re-create back to back, and a reconcile between the two finds no Secret in
         // the cache while the apiserver holds one again (chaos run 10, round 366: three
         // live mirrors deleted and re-created 0.1 s later).
         if next.is_none()
             && let SourceKey::Secret(name) = key
+            && self
+                .secrets
+                .get(&ObjectRef::new(name).within(&self.opts.namespace))
+                .is_none()
         {
             match self.secret_exists(name).await {
                 Ok(false) => {}
@@ -1106,6 +1122,30 @@ impl Inner {
                 .map(|spec| spec.link().cluster_name.clone())
                 .collect();
             federation.expect(clusters);
+        }
+        // The same for the MCS imports, with every source kind: a cluster none names is
+        // gone. Not while the Links are unknown (their clusters would look gone).
+        if self.links_known.load(Ordering::SeqCst)
+            && !self.mcs_expected.swap(true, Ordering::SeqCst)
+            && let Some(mcs) = &self.opts.deps.mcs
+        {
+            let mut clusters: std::collections::BTreeSet<String> = self
+                .links
+                .state()
+                .iter()
+                .filter_map(|l| self.parse(l).ok())
+                .map(|spec| spec.link().cluster_name.clone())
+                .collect();
+            if self.opts.sources.secrets() {
+                clusters.extend(
+                    self.secrets
+                        .state()
+                        .iter()
+                        .filter_map(|s| parse_link_secret(s).ok())
+                        .map(|spec| spec.link().cluster_name.clone()),
+                );
+            }
+            mcs.expect(clusters);
         }
         if first && self.opts.collect_unlinked {
             match self.links_known.load(Ordering::SeqCst) {

@@ -12,14 +12,20 @@
 //! Missing namespaces are not created (the KEP's rule): the write is retried with
 //! backoff until the namespace exists.
 //!
-//! While a linked cluster has not listed, an import without any export left is kept:
-//! the unlisted cluster may export it, and a lost cluster's imports go only once every
-//! cluster counts again.
+//! An import with no export left goes only if each cluster its status lists either
+//! counts now (its lists are in, and it no longer exports the name) or is known gone
+//! (its link removed, or named by no link source once those were listed): after a
+//! restart, a link not yet running (or failing) must not look like a cluster that
+//! stopped exporting, or every remote-only import would be deleted and made again with
+//! a new ClusterSetIP. A lost cluster's imports thus stay until its link is removed.
+//!
+//! Only the leader writes: leadership is checked before each write, not once per name.
 
 use super::index::{Changed, Listed};
 use super::resource::{ServiceImport, ServiceImportPort, ServiceImportSpec};
 use super::worker::Outcome;
 use crate::events::EventRecorder;
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::writer::FIELD_MANAGER;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
@@ -50,8 +56,10 @@ pub(super) struct Imports {
     imports: Listed<ServiceImport>,
     /// Our derived Services, by the key of their import.
     derived: Listed<Service>,
-    /// The foreign object last reported for a key (its uid): told once.
-    told: BTreeMap<ServiceKey, Option<String>>,
+    /// The foreign object last reported for a key and kind (its uid): told once.
+    told: BTreeMap<(ServiceKey, &'static str), Option<String>>,
+    /// Writes only while this says true; `None`: always.
+    leader: Option<Leadership>,
 }
 
 /// Which object a write was of (a metric label).
@@ -79,8 +87,10 @@ impl Imports {
         metrics: Arc<Metrics>,
         controller_namespace: &str,
         namespaces: NamespaceFilter,
+        leader: Option<Leadership>,
     ) -> Self {
         Self {
+            leader,
             client,
             recorder,
             metrics,
@@ -135,34 +145,48 @@ impl Imports {
             .collect()
     }
 
-    /// Brings the import of `key` and its derived Service to `merged` (`may_delete`:
-    /// every linked cluster counts, so no export means none anywhere).
+    /// Brings the import of `key` and its derived Service to `merged` (`settled`: a
+    /// cluster counts now or is known gone, see the module's doc).
     pub(super) async fn sync(
         &mut self,
         key: &ServiceKey,
         merged: &Merge,
-        may_delete: bool,
+        settled: &(dyn Fn(&str) -> bool + Sync),
     ) -> Outcome {
+        if let Some(theirs) = self.imports.items.get(key).filter(|i| !self.owns(i)) {
+            // Another's import of the name: never touched, and no derived Service of
+            // ours serves a name not imported here.
+            let meta = theirs.metadata.clone();
+            self.foreign(key, &meta, Kind::Import, "ImportOwnedByAnother")
+                .await;
+            return self.remove_derived(key).await;
+        }
         let Some(spec) = merged.import.as_ref() else {
-            return match may_delete {
-                true => self.remove(key).await,
-                false => Outcome::Done,
-            };
+            return self.remove(key, settled).await;
         };
-        let ips = match self.sync_derived(key, spec).await {
-            Ok(ips) => ips,
+        let (ips, families) = match self.sync_derived(key, spec).await {
+            Ok(found) => found,
             Err(outcome) => return outcome,
         };
-        self.sync_import(key, spec, &merged.clusters, ips).await
+        let mut spec = spec.clone();
+        if let Some(families) = families {
+            spec.ip_families = families; // this cluster's, as the derived Service has them
+        }
+        self.sync_import(key, &spec, &merged.clusters, ips).await
+    }
+
+    /// Whether this replica may write now.
+    fn leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(Leadership::leading)
     }
 
     /// The derived Service of `key` as `spec` says: its ClusterIPs (none if headless,
-    /// or if another's Service holds the name).
+    /// or if another's Service holds the name) and IP families (if known).
     async fn sync_derived(
         &mut self,
         key: &ServiceKey,
         spec: &ImportSpec,
-    ) -> Result<Vec<String>, Outcome> {
+    ) -> Result<Found, Outcome> {
         let desired = desired_derived_service(key, spec, &self.controller_namespace);
         let name = derived_service_name(key);
         let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
@@ -182,14 +206,18 @@ impl Imports {
                 "DerivedServiceNameTaken",
             )
             .await;
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
-        match derived_action(&current, &desired) {
-            DerivedAction::Nothing => Ok(import_ips(&current)),
+        let action = derived_action(&current, &desired);
+        if action != DerivedAction::Nothing && !self.leading() {
+            return Err(Outcome::Retry);
+        }
+        match action {
+            DerivedAction::Nothing => Ok(addresses(&current)),
             DerivedAction::Update(next) => match api.replace(&name, &params, &next).await {
                 Ok(stored) => {
                     self.wrote(Kind::Derived, "updated");
-                    Ok(import_ips(&stored))
+                    Ok(addresses(&stored))
                 }
                 Err(e) => Err(self.failed(Kind::Derived, key, &e)),
             },
@@ -217,11 +245,14 @@ impl Imports {
         api: &Api<Service>,
         params: &PostParams,
         desired: &Service,
-    ) -> Result<Vec<String>, Outcome> {
+    ) -> Result<Found, Outcome> {
+        if !self.leading() {
+            return Err(Outcome::Retry);
+        }
         match api.create(params, desired).await {
             Ok(stored) => {
                 self.wrote(Kind::Derived, "created");
-                Ok(import_ips(&stored))
+                Ok(addresses(&stored))
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 // Ours, and our watch has not shown it yet (its event judges again), or
@@ -237,7 +268,7 @@ impl Imports {
                     {
                         self.foreign(key, &s.metadata, Kind::Derived, "DerivedServiceNameTaken")
                             .await;
-                        Ok(Vec::new())
+                        Ok((Vec::new(), None))
                     }
                     Ok(_) => {
                         self.wrote(Kind::Derived, "stale");
@@ -267,7 +298,11 @@ impl Imports {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let (write_spec, write_status) = match import_action(view.as_ref(), owned, &desired) {
+        let action = import_action(view.as_ref(), owned, &desired);
+        if !matches!(action, ImportAction::Nothing | ImportAction::Foreign) && !self.leading() {
+            return Outcome::Retry;
+        }
+        let (write_spec, write_status) = match action {
             ImportAction::Nothing => return Outcome::Done,
             ImportAction::Foreign => {
                 let meta = current.map(|c| c.metadata).unwrap_or_default();
@@ -331,6 +366,9 @@ impl Imports {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
+        if !self.leading() {
+            return Outcome::Retry;
+        }
         match api
             .patch_status(&key.name, &params, &Patch::Merge(&body))
             .await
@@ -343,11 +381,28 @@ impl Imports {
         }
     }
 
-    /// No export of `key` anywhere: our import and derived Service go (as cached).
-    async fn remove(&mut self, key: &ServiceKey) -> Outcome {
-        if let Some(import) = self.imports.items.get(key).cloned()
-            && self.owns(&import)
-        {
+    /// No export of `key` anywhere: our import and derived Service go (as cached), if
+    /// every cluster the import lists is `settled`.
+    async fn remove(
+        &mut self,
+        key: &ServiceKey,
+        settled: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Outcome {
+        if let Some(import) = self.imports.items.get(key).cloned() {
+            let unsettled: Vec<String> = view_of(&import)
+                .clusters
+                .into_iter()
+                .filter(|c| !settled(c))
+                .collect();
+            if !unsettled.is_empty() {
+                // Kept: those clusters may export it still (judged again when they list
+                // or their links go).
+                tracing::debug!(import = %key, clusters = ?unsettled, "no export seen, but clusters it lists are not listed: import kept");
+                return Outcome::Done;
+            }
+            if !self.leading() {
+                return Outcome::Retry;
+            }
             let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
             match api
                 .delete(&key.name, &delete_params(&import.metadata))
@@ -357,18 +412,30 @@ impl Imports {
                 Err(e) => return self.failed(Kind::Import, key, &e),
             }
         }
-        if let Some(derived) = self.derived.items.get(key).cloned()
-            && is_owned_derived(&derived.metadata, &key.name, &self.controller_namespace)
-        {
-            let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
-            let name = derived_service_name(key);
-            match api.delete(&name, &delete_params(&derived.metadata)).await {
-                Ok(_) => self.wrote(Kind::Derived, "deleted"),
-                Err(e) => return self.failed(Kind::Derived, key, &e),
-            }
+        self.told.retain(|(k, _), _| k != key);
+        self.remove_derived(key).await
+    }
+
+    /// Our derived Service of `key`, if the cache holds one, goes.
+    async fn remove_derived(&mut self, key: &ServiceKey) -> Outcome {
+        let Some(derived) = self.derived.items.get(key).cloned() else {
+            return Outcome::Done;
+        };
+        if !is_owned_derived(&derived.metadata, &key.name, &self.controller_namespace) {
+            return Outcome::Done;
         }
-        self.told.remove(key);
-        Outcome::Done
+        if !self.leading() {
+            return Outcome::Retry;
+        }
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
+        let name = derived_service_name(key);
+        match api.delete(&name, &delete_params(&derived.metadata)).await {
+            Ok(_) => {
+                self.wrote(Kind::Derived, "deleted");
+                Outcome::Done
+            }
+            Err(e) => self.failed(Kind::Derived, key, &e),
+        }
     }
 
     fn owns(&self, import: &ServiceImport) -> bool {
@@ -413,11 +480,13 @@ impl Imports {
 
     /// Someone else's object where ours would be: a Warning Event on it, once per object.
     async fn foreign(&mut self, key: &ServiceKey, meta: &ObjectMeta, kind: Kind, reason: &str) {
-        self.wrote(kind, "foreign");
-        if self.told.get(key) == Some(&meta.uid) {
+        let told = (key.clone(), kind.label());
+        if self.told.get(&told) == Some(&meta.uid) {
             return;
         }
-        self.told.insert(key.clone(), meta.uid.clone());
+        self.told.insert(told, meta.uid.clone());
+        // Counted once per object, as the Event: nothing is written.
+        self.wrote(kind, "foreign");
         let (api_version, kind_name) = match kind {
             Kind::Derived => ("v1".to_string(), "Service"),
             Kind::Import | Kind::ImportStatus => (
@@ -448,6 +517,15 @@ impl Imports {
             .publish(&reference, EventType::Warning, reason, "Import", note)
             .await;
     }
+}
+
+/// A derived Service's ClusterIPs, and its IP families if set.
+type Found = (Vec<String>, Option<Vec<String>>);
+
+/// A derived Service's ClusterIPs and IP families, as stored.
+fn addresses(derived: &Service) -> Found {
+    let families = derived.spec.as_ref().and_then(|s| s.ip_families.clone());
+    (import_ips(derived), families)
 }
 
 /// A delete of exactly the object the cache holds.
@@ -510,10 +588,16 @@ fn import_object(
     desired: &ImportObject,
     base: Option<&ServiceImport>,
 ) -> ServiceImport {
+    let merged = |theirs: &Option<BTreeMap<String, String>>, ours: &BTreeMap<String, String>| {
+        let mut all = theirs.clone().unwrap_or_default();
+        all.extend(ours.clone());
+        Some(all)
+    };
     let metadata = match base {
+        // Another writer's labels and annotations stay (see core::mcs_import).
         Some(b) => ObjectMeta {
-            labels: Some(desired.labels.clone()),
-            annotations: Some(desired.annotations.clone()),
+            labels: merged(&b.metadata.labels, &desired.labels),
+            annotations: merged(&b.metadata.annotations, &desired.annotations),
             managed_fields: None,
             ..b.metadata.clone()
         },
@@ -626,7 +710,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replace_keeps_the_stored_metadata_but_our_labels_and_annotations() {
+    fn a_replace_keeps_the_stored_metadata_and_sets_our_labels_and_annotations() {
         let key = ServiceKey::new("shop", "hello");
         let desired = desired_import(&key, &spec(), &[], vec![], "sm");
         let base = ServiceImport {
@@ -645,6 +729,8 @@ mod tests {
         assert_eq!(body.metadata.resource_version.as_deref(), Some("41"));
         assert_eq!(body.metadata.uid.as_deref(), Some("u1"));
         assert_eq!(body.metadata.finalizers, base.metadata.finalizers);
-        assert_eq!(body.metadata.labels, Some(desired.labels.clone()));
+        let mut want = desired.labels.clone();
+        want.insert("stale".into(), "1".into());
+        assert_eq!(body.metadata.labels, Some(want), "theirs kept, ours set");
     }
 }

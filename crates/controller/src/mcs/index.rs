@@ -429,6 +429,18 @@ impl ExportIndex {
             .collect()
     }
 
+    /// Whether `cluster` counts (a feed of it has listed).
+    pub(super) fn counts(&self, cluster: &str) -> bool {
+        self.clusters
+            .get(cluster)
+            .is_some_and(|f| f.effective().is_some())
+    }
+
+    /// Whether a feed of `cluster` runs (listed or not).
+    pub(super) fn has_feed(&self, cluster: &str) -> bool {
+        self.clusters.contains_key(cluster)
+    }
+
     /// Every key exported in a cluster that counts.
     pub(super) fn keys(&self) -> Changed {
         self.clusters.values().flat_map(Feeds::keys).collect()

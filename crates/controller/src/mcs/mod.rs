@@ -68,6 +68,10 @@ enum Msg {
         cluster: Arc<str>,
         generation: index::Generation,
     },
+    /// The clusters the link sources name, once they are first listed.
+    Expect(std::collections::BTreeSet<String>),
+    /// The link of `cluster` was removed (no other source links it).
+    Removed(String),
     /// A watch event of the local ServiceImports.
     Import(Box<watcher::Event<ServiceImport>>),
     /// A watch event of our local derived Services.
@@ -130,6 +134,7 @@ impl Mcs {
             metrics.clone(),
             &opts.controller_namespace,
             opts.namespaces.clone(),
+            opts.leader.clone(),
         );
         let worker = worker::Worker::new(
             local,
@@ -148,6 +153,19 @@ impl Mcs {
             generations: Arc::default(),
         };
         (mcs, tasks)
+    }
+
+    /// The clusters the link sources name, once the sources are first listed: a
+    /// cluster an import lists that is none of them and has no link is gone (its
+    /// imports may go with their last export), one of them waits for its link.
+    pub fn expect(&self, clusters: std::collections::BTreeSet<String>) {
+        let _ = self.tx.send(Msg::Expect(clusters));
+    }
+
+    /// The link of `cluster` was removed and no other source links it: the imports it
+    /// held up may go.
+    pub fn link_removed(&self, cluster: &str) {
+        let _ = self.tx.send(Msg::Removed(cluster.into()));
     }
 
     /// Reads the exports of linked cluster `cluster` through `remote` until `cancel`

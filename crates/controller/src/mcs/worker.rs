@@ -99,6 +99,10 @@ pub(super) struct Worker {
     unlisted: Vec<String>,
     /// The local ServiceImports and derived Services, and their writer.
     imports: Imports,
+    /// The clusters the link sources named when first listed (`None`: not yet).
+    expected: Option<BTreeSet<String>>,
+    /// Clusters whose link was removed since (a new feed takes one out).
+    removed: BTreeSet<String>,
 }
 
 impl Worker {
@@ -123,6 +127,8 @@ impl Worker {
             verdicts: BTreeMap::new(),
             unlisted: Vec::new(),
             imports,
+            expected: None,
+            removed: BTreeSet::new(),
         }
     }
 
@@ -169,7 +175,16 @@ impl Worker {
                 generation,
             } => {
                 self.index.feed(&cluster, generation, now);
+                self.removed.remove(&*cluster);
                 Changed::new()
+            }
+            Msg::Expect(clusters) => {
+                self.expected = Some(clusters);
+                self.imports.keys()
+            }
+            Msg::Removed(cluster) => {
+                self.removed.insert(cluster);
+                self.imports.keys()
             }
             Msg::Export {
                 cluster,
@@ -204,6 +219,7 @@ impl Worker {
     fn imports_listed(&self, was: bool, mut changed: Changed) -> Changed {
         if !was && self.imports.listed() {
             changed.extend(self.index.keys());
+            changed.extend(self.imports.keys());
         }
         changed
     }
@@ -316,8 +332,15 @@ impl Worker {
         if !self.imports.listed() {
             return status; // the import is looked at once both local lists are in
         }
-        let may_delete = self.index.unlisted().is_empty();
-        let import = self.imports.sync(key, &merged, may_delete).await;
+        let (index, expected, removed) = (&self.index, &self.expected, &self.removed);
+        // A cluster an import lists counts now, or is known gone (module doc of
+        // imports.rs): else its import is kept.
+        let settled = |c: &str| {
+            index.counts(c)
+                || (!index.has_feed(c)
+                    && (removed.contains(c) || expected.as_ref().is_some_and(|e| !e.contains(c))))
+        };
+        let import = self.imports.sync(key, &merged, &settled).await;
         status.max(import)
     }
 

@@ -141,13 +141,25 @@ impl World {
 
     /// The component of `cluster` (`"west"` or `"east"`), linked to the other.
     pub(crate) fn start(&self, cluster: &str, leader: Option<Leadership>) -> Running {
-        let (local, other, other_name) = match cluster {
-            "west" => (&self.west, &self.east, "east"),
-            _ => (&self.east, &self.west, "west"),
+        let running = self.start_unlinked(cluster, leader);
+        let other = match cluster {
+            "west" => ("east", &self.east),
+            _ => ("west", &self.west),
         };
+        let tasks = running.mcs.link(other.0, other.1, &running.link);
+        Running {
+            tasks: running.tasks.into_iter().chain(tasks).collect(),
+            ..running
+        }
+    }
+
+    /// The component of `cluster` with no link yet (as while a restarted controller's
+    /// link manager lists its sources and connects).
+    pub(crate) fn start_unlinked(&self, cluster: &str, leader: Option<Leadership>) -> Running {
+        let local = self.client(cluster);
         let metrics = Metrics::new();
         let cancel = CancellationToken::new();
-        let (mcs, mut tasks) = Mcs::start(
+        let (mcs, tasks) = Mcs::start(
             local.clone(),
             EventRecorder::new(local.clone(), None),
             metrics.clone(),
@@ -160,7 +172,6 @@ impl World {
             cancel.clone(),
         );
         let link = CancellationToken::new();
-        tasks.extend(mcs.link(other_name, other, &link));
         Running {
             mcs,
             metrics,
