@@ -1100,6 +1100,16 @@ async fn watch_links(
 }
 
 impl Inner {
+    /// The clusters the valid Links name.
+    fn clusters_of_links(&self) -> std::collections::BTreeSet<String> {
+        self.links
+            .state()
+            .iter()
+            .filter_map(|l| self.parse(l).ok())
+            .map(|spec| spec.link().cluster_name.clone())
+            .collect()
+    }
+
     /// A source listed (`first`: for the first time): every source is looked at again,
     /// and once both are listed the first time, unlinked mirrors are collected.
     fn listed_once(self: &Arc<Self>, first: bool) {
@@ -1114,14 +1124,7 @@ impl Inner {
             && let Some(federation) = &self.opts.deps.federation
         {
             // Clusters a valid Link names: their federated entries wait for their lists.
-            let clusters = self
-                .links
-                .state()
-                .iter()
-                .filter_map(|l| self.parse(l).ok())
-                .map(|spec| spec.link().cluster_name.clone())
-                .collect();
-            federation.expect(clusters);
+            federation.expect(self.clusters_of_links().into_iter().collect());
         }
         // The same for the MCS imports, with every source kind: a cluster none names is
         // gone. Not while the Links are unknown (their clusters would look gone).
@@ -1129,13 +1132,7 @@ impl Inner {
             && !self.mcs_expected.swap(true, Ordering::SeqCst)
             && let Some(mcs) = &self.opts.deps.mcs
         {
-            let mut clusters: std::collections::BTreeSet<String> = self
-                .links
-                .state()
-                .iter()
-                .filter_map(|l| self.parse(l).ok())
-                .map(|spec| spec.link().cluster_name.clone())
-                .collect();
+            let mut clusters = self.clusters_of_links();
             if self.opts.sources.secrets() {
                 clusters.extend(
                     self.secrets
