@@ -549,3 +549,38 @@ async fn a_restart_keeps_remote_only_imports_until_their_cluster_is_known_gone()
     west.stop().await;
     east.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_export_seen_later_takes_over_the_import_and_both_exports_conflict() {
+    let w = World::new("mcs-imp-older").await;
+    // East exports first (the older export); west does not see east yet.
+    let east = w.start("east", None);
+    w.serve("east", "hello", 8080).await;
+    w.export("east", "hello").await;
+    w.until("east", "hello", &exported()).await;
+    // creationTimestamp has whole seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let west = w.start_unlinked("west", None);
+    w.serve("west", "hello", 80).await;
+    w.export("west", "hello").await;
+    let first = w
+        .import_until("west", "hello", "west's own export alone", |i| {
+            i.clusters() == cs(&["west"])
+        })
+        .await;
+    assert_eq!(first.ports(), vec![port("http", "TCP", 80)]);
+    // West's link to east starts: east's older export wins the port, in both clusters.
+    let tasks = west.mcs.link("east", &w.east, &west.link);
+    for c in BOTH {
+        w.import_until(c, "hello", "the older export's port", |i| {
+            i.clusters() == cs(&["east", "west"]) && i.ports() == vec![port("http", "TCP", 8080)]
+        })
+        .await;
+        w.until(c, "hello", &in_conflict("PortConflict")).await;
+    }
+    west.stop().await;
+    east.stop().await;
+    for t in tasks {
+        let _ = t.await;
+    }
+}
