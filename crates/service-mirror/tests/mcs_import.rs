@@ -174,7 +174,7 @@ async fn an_import_exists_in_every_cluster_while_one_exports_and_goes_with_the_l
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn affinity_traffic_policy_and_distribution_are_imported_and_served() {
+async fn affinity_traffic_policy_distribution_and_exported_labels_are_imported() {
     let w = World::new("mcs-imp-affinity").await;
     let (west, east) = (w.start("west", None), w.start("east", None));
     w.service(
@@ -190,11 +190,30 @@ async fn affinity_traffic_policy_and_distribution_are_imported_and_served() {
         }),
     )
     .await;
-    w.export("west", "sticky").await;
+    w.export_with(
+        "west",
+        "sticky",
+        serde_json::json!({
+            "exportedLabels": {"team": "shop"},
+            "exportedAnnotations": {"owner": "ann"},
+        }),
+    )
+    .await;
     for c in BOTH {
         let i = w
             .import_until(c, "sticky", "imported", |i| !i.ips().is_empty())
             .await;
+        let meta = &i.object.metadata;
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["team"],
+            "shop",
+            "{c}: exportedLabels"
+        );
+        assert_eq!(
+            meta.annotations.as_ref().unwrap()["owner"],
+            "ann",
+            "{c}: exportedAnnotations"
+        );
         let spec = i.spec();
         assert_eq!(spec["sessionAffinity"], "ClientIP", "{c}");
         assert_eq!(

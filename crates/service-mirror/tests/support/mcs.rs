@@ -237,10 +237,15 @@ impl World {
     }
 
     pub(crate) async fn export(&self, cluster: &str, name: &str) {
+        self.export_with(cluster, name, serde_json::json!({})).await
+    }
+
+    /// A ServiceExport `name` with `spec` (`exportedLabels`, `exportedAnnotations`).
+    pub(crate) async fn export_with(&self, cluster: &str, name: &str, spec: serde_json::Value) {
         let api = self.exports(cluster);
         let body = serde_json::json!({
             "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
-            "metadata": {"name": name},
+            "metadata": {"name": name}, "spec": spec,
         });
         api.patch(name, &PatchParams::apply("test"), &Patch::Apply(body))
             .await
