@@ -13,6 +13,7 @@
 mod audit;
 mod baseline;
 mod headless;
+mod mcs;
 mod observe;
 mod process;
 mod remote;
@@ -114,6 +115,12 @@ struct Args {
     /// (an endpoint mirror per pod), against the baseline writing the same objects.
     #[arg(long)]
     headless_pods: Option<usize>,
+    /// Only the Multi-Cluster Services scenario, with this many exports: two clusters
+    /// linked both ways with `--mcs-cluster-name`, west exporting them; the cold sync of
+    /// every ServiceImport, derived Service and export condition in both clusters,
+    /// against the reference writer writing the same objects (see `mcs.rs`).
+    #[arg(long)]
+    mcs_exports: Option<usize>,
     /// Only the controller (no baseline, no ratios): for quick tuning runs.
     #[arg(long)]
     skip_baseline: bool,
@@ -221,6 +228,26 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
     let workdir = tempfile::Builder::new().prefix("bench-").tempdir()?;
     let policy = workdir.path().join("audit-policy.yaml");
     std::fs::write(&policy, audit::POLICY)?;
+    if let Some(exports) = args.mcs_exports {
+        let result = mcs::bench(mcs::McsRun {
+            exports,
+            controller: &controller,
+            concurrency: if args.concurrency.len() == 1 {
+                args.concurrency[0]
+            } else {
+                16
+            },
+            workdir: workdir.path(),
+        })
+        .await?;
+        let json = serde_json::json!({
+            "schema": 1,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "machine": machine, "git": git_describe(), "mcs": result,
+        });
+        std::fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
+        return Ok(());
+    }
     if let Some(pods) = args.headless_pods {
         let result = headless::bench(headless::HeadlessRun {
             pods,

@@ -1,0 +1,346 @@
+//! `--mcs-exports N`: the Multi-Cluster Services cold sync. Two fresh local clusters,
+//! west and east, each with the MCS CRDs and a `service-mirror run --mcs-cluster-name`
+//! linked to the other; west exports N Services. Timed from the controllers' start
+//! until, in both clusters, every import exists with its ClusterSetIP and west's
+//! `status.clusters`, and every export in west says `Ready`. The reference writer, in
+//! the same run and on the same apiservers (another namespace), writes the same
+//! objects as fast as the apiservers take them: per name and cluster a derived
+//! Service, then the ServiceImport with its IP, then the import's status; in west also
+//! each export's conditions. Each name's writes go in order (each needs the previous
+//! answer), `concurrency` names at a time per cluster, both clusters at once.
+
+use crate::observe::bench_client;
+use crate::process::{Controller, ControllerBin, cpu_seconds, memory_mib};
+use anyhow::{Context, bail};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use local_cluster::{ClusterOptions, LocalCluster, apply_yaml};
+use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
+use service_mirror_core::ServiceKey;
+use service_mirror_core::mcs::{ImportPort, ImportSpec, ImportType};
+use service_mirror_core::mcs_derived::{desired_derived_service, import_ips};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The exported Services' namespace (the controllers read only it).
+const NAMESPACE: &str = "mcs-bench";
+/// The reference writer's namespace (no controller reads it).
+const REFERENCE: &str = "mcs-reference";
+/// The controllers' namespace (link Secrets).
+const CONTROLLER: &str = "service-mirror";
+/// The controllers give up after this.
+const LIMIT: Duration = Duration::from_secs(900);
+
+/// What one run needs.
+pub(crate) struct McsRun<'a> {
+    /// Exported Services in west.
+    pub(crate) exports: usize,
+    /// The controller executable.
+    pub(crate) controller: &'a ControllerBin,
+    /// Reference requests in flight per cluster (names at a time).
+    pub(crate) concurrency: usize,
+    /// Where the controllers' logs go.
+    pub(crate) workdir: &'a Path,
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "multicluster.x-k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "multicluster.x-k8s.io/v1beta1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+fn imports(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &resource("ServiceImport", "serviceimports"),
+    )
+}
+
+fn exports(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &resource("ServiceExport", "serviceexports"),
+    )
+}
+
+fn name(i: usize) -> String {
+    format!("svc-{i}")
+}
+
+async fn cluster(name: &str) -> anyhow::Result<(LocalCluster, Client)> {
+    let c = LocalCluster::start_with(name, ClusterOptions::default()).await?;
+    let client = bench_client(&c.admin_kubeconfig().yaml).await?;
+    for yaml in [SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML] {
+        apply_yaml(&client, yaml).await?;
+    }
+    let start = Instant::now();
+    while exports(&client, "default")
+        .list(&ListParams::default())
+        .await
+        .is_err()
+    {
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("{name}: the ServiceExport CRD is not served");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for ns in [NAMESPACE, REFERENCE, CONTROLLER] {
+        local_cluster::ensure_namespace(&client, ns).await?;
+    }
+    Ok((c, client))
+}
+
+/// N Services with their exports in `ns` (not timed).
+async fn export_all(client: &Client, ns: &str, n: usize) -> anyhow::Result<()> {
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let exports = exports(client, ns);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (services, exports) = (services.clone(), exports.clone());
+            async move {
+                let svc: Service = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name(i)},
+                    "spec": {"selector": {"app": name(i)},
+                             "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+                }))?;
+                services.create(&PostParams::default(), &svc).await?;
+                let export: DynamicObject = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+                    "metadata": {"name": name(i)},
+                }))?;
+                exports.create(&PostParams::default(), &export).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// What every import of the run is (one TCP port).
+fn spec() -> ImportSpec {
+    ImportSpec {
+        type_: ImportType::ClusterSetIp,
+        ports: vec![ImportPort {
+            name: "http".into(),
+            protocol: "TCP".into(),
+            port: 80,
+            app_protocol: None,
+        }],
+        session_affinity: Some("None".into()),
+        session_affinity_config: None,
+        internal_traffic_policy: Some("Cluster".into()),
+        traffic_distribution: None,
+        ip_families: vec!["IPv4".into()],
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+    }
+}
+
+/// The reference writer's chain for name `i` in one cluster: the derived Service, the
+/// import with its IP, the import's status; with `export`, the export's conditions.
+async fn reference_one(client: &Client, i: usize, export: bool) -> anyhow::Result<()> {
+    let key = ServiceKey::new(REFERENCE, name(i));
+    let derived = desired_derived_service(&key, &spec(), CONTROLLER);
+    let services: Api<Service> = Api::namespaced(client.clone(), REFERENCE);
+    let created = services.create(&PostParams::default(), &derived).await?;
+    let import: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
+        "metadata": {"name": name(i), "labels": {"service-mirror.io/mcs-import": "true"}},
+        "spec": {"type": "ClusterSetIP", "ips": import_ips(&created), "ipFamilies": ["IPv4"],
+                 "sessionAffinity": "None", "internalTrafficPolicy": "Cluster",
+                 "ports": [{"name": "http", "protocol": "TCP", "port": 80}]},
+    }))?;
+    let api = imports(client, REFERENCE);
+    let stored = api.create(&PostParams::default(), &import).await?;
+    let status = serde_json::json!({
+        "metadata": {"resourceVersion": stored.metadata.resource_version},
+        "status": {"clusters": [{"cluster": "west"}]},
+    });
+    api.patch_status(&name(i), &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    if export {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let condition = |t: &str, s: &str, r: &str| {
+            serde_json::json!({"type": t, "status": s, "reason": r, "message": "",
+                               "lastTransitionTime": now})
+        };
+        let body = serde_json::json!({
+            "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+            "metadata": {"name": name(i)},
+            "status": {"conditions": [condition("Valid", "True", "Valid"),
+                                      condition("Ready", "True", "Exported"),
+                                      condition("Conflict", "False", "NoConflicts")]},
+        });
+        exports(client, REFERENCE)
+            .patch_status(
+                &name(i),
+                &PatchParams::apply("reference"),
+                &Patch::Apply(&body),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+async fn reference(
+    client: &Client,
+    n: usize,
+    export: bool,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    futures::stream::iter(0..n)
+        .map(|i| reference_one(client, i, export))
+        .buffer_unordered(concurrency.max(1))
+        .try_collect::<Vec<_>>()
+        .await
+        .context("reference writer")?;
+    Ok(())
+}
+
+/// How many of the N imports of `client`'s cluster are complete, and (west) exports
+/// `Ready`.
+async fn done(client: &Client, with_exports: bool) -> anyhow::Result<(usize, usize)> {
+    let list = imports(client, NAMESPACE)
+        .list(&ListParams::default())
+        .await?;
+    let complete = list
+        .items
+        .iter()
+        .filter(|i| {
+            i.data["spec"]["ips"]
+                .as_array()
+                .is_some_and(|a| a.len() == 1)
+                && i.data["status"]["clusters"] == serde_json::json!([{"cluster": "west"}])
+        })
+        .count();
+    let ready = match with_exports {
+        false => 0,
+        true => exports(client, NAMESPACE)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|e| {
+                e.data["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .count(),
+    };
+    Ok((complete, ready))
+}
+
+fn link_secret(cluster: &str, kubeconfig: &str) -> anyhow::Result<Secret> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("link-{cluster}"),
+                     "annotations": {"mirror.linkerd.io/cluster-name": cluster}},
+        "type": "mirror.linkerd.io/remote-kubeconfig",
+        "stringData": {"kubeconfig": kubeconfig},
+    }))?)
+}
+
+/// Runs the scenario; returns its JSON result.
+pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> {
+    let n = run.exports;
+    let ((west, wc), (east, ec)) =
+        tokio::try_join!(cluster("bench-mcs-west"), cluster("bench-mcs-east"))?;
+    export_all(&wc, NAMESPACE, n).await?;
+    export_all(&wc, REFERENCE, n).await?;
+    eprintln!(
+        "mcs: {n} exports in west; reference writer, {} names at a time per cluster",
+        run.concurrency
+    );
+    let t0 = Instant::now();
+    tokio::try_join!(
+        reference(&wc, n, true, run.concurrency),
+        reference(&ec, n, false, run.concurrency)
+    )?;
+    let reference_time = t0.elapsed();
+    eprintln!(
+        "mcs: reference writer {:.2} s",
+        reference_time.as_secs_f64()
+    );
+
+    Api::<Secret>::namespaced(wc.clone(), CONTROLLER)
+        .create(
+            &PostParams::default(),
+            &link_secret("east", &east.admin_kubeconfig().yaml)?,
+        )
+        .await?;
+    Api::<Secret>::namespaced(ec.clone(), CONTROLLER)
+        .create(
+            &PostParams::default(),
+            &link_secret("west", &west.admin_kubeconfig().yaml)?,
+        )
+        .await?;
+    let spawn = |c: &LocalCluster, me: &str, admin: &str| {
+        Controller::spawn(
+            run.controller,
+            &c.admin_kubeconfig().path,
+            CONTROLLER,
+            admin,
+            &[
+                "--mcs-cluster-name".into(),
+                me.into(),
+                "--namespace-allow".into(),
+                NAMESPACE.into(),
+            ],
+            &run.workdir.join(format!("controller-{me}.log")),
+        )
+    };
+    let t0 = Instant::now();
+    let mut ctl_west = spawn(&west, "west", "127.0.0.1:0")?;
+    let mut ctl_east = spawn(&east, "east", "127.0.0.1:0")?;
+    let controller_time = loop {
+        let ((wi, wr), (ei, _)) = tokio::try_join!(done(&wc, true), done(&ec, false))?;
+        if wi == n && wr == n && ei == n {
+            break t0.elapsed();
+        }
+        ctl_west.check_running()?;
+        ctl_east.check_running()?;
+        if t0.elapsed() > LIMIT {
+            bail!(
+                "mcs: not synced after {LIMIT:?}: west imports {wi}, ready {wr}; east imports {ei}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let ratio = controller_time.as_secs_f64() / reference_time.as_secs_f64();
+    let usage = |c: &Controller| {
+        serde_json::json!({
+            "cpu_s": cpu_seconds(c.pid),
+            "rss_mib": memory_mib(c.pid, "VmRSS:"),
+            "hwm_mib": memory_mib(c.pid, "VmHWM:"),
+        })
+    };
+    let result = serde_json::json!({
+        "exports": n,
+        "reference_concurrency": run.concurrency,
+        "reference_s": reference_time.as_secs_f64(),
+        "controller_s": controller_time.as_secs_f64(),
+        "ratio": ratio,
+        "west": usage(&ctl_west),
+        "east": usage(&ctl_east),
+    });
+    eprintln!(
+        "mcs: cold sync of {n} exports across 2 clusters: controllers {:.2} s, reference {:.2} s, ratio {ratio:.2}; {result}",
+        controller_time.as_secs_f64(),
+        reference_time.as_secs_f64()
+    );
+    ctl_west.stop()?;
+    ctl_east.stop()?;
+    Ok(result)
+}
