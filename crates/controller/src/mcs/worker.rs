@@ -258,7 +258,7 @@ impl Worker {
             .collect();
         if unlisted != self.unlisted {
             if !unlisted.is_empty() {
-                tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (no ServiceImport is deleted meanwhile)");
+                tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (an import they are listed in is kept)");
             }
             // Imports kept while a cluster was unlisted are looked at again.
             self.dirty.extend(self.imports.keys());
