@@ -322,8 +322,8 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
     let usage = |c: &Controller| {
         serde_json::json!({
             "cpu_s": cpu_seconds(c.pid),
-            "rss_mib": memory_mib(c.pid, "VmRSS:"),
-            "hwm_mib": memory_mib(c.pid, "VmHWM:"),
+            "rss_mib": memory_mib(c.pid, "VmRSS"),
+            "hwm_mib": memory_mib(c.pid, "VmHWM"),
         })
     };
     let result = serde_json::json!({
