@@ -181,6 +181,32 @@ fn workspace_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// A one-scenario run's baseline concurrency: the one `--concurrency` given, else
+/// `default`.
+fn single_concurrency(args: &Args, default: usize) -> usize {
+    match args.concurrency.as_slice() {
+        [one] => *one,
+        _ => default,
+    }
+}
+
+/// Writes a one-scenario run's result under `key`, with the command, machine and build.
+fn write_scenario(
+    path: &Path,
+    machine: serde_json::Value,
+    key: &str,
+    result: serde_json::Value,
+) -> anyhow::Result<()> {
+    let mut json = serde_json::json!({
+        "schema": 1,
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": machine, "git": git_describe(),
+    });
+    json[key] = result;
+    std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
+
 async fn bench(mut args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let started_unix = std::time::SystemTime::now()
@@ -232,21 +258,11 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
         let result = mcs::bench(mcs::McsRun {
             exports,
             controller: &controller,
-            concurrency: if args.concurrency.len() == 1 {
-                args.concurrency[0]
-            } else {
-                16
-            },
+            concurrency: single_concurrency(&args, 16),
             workdir: workdir.path(),
         })
         .await?;
-        let json = serde_json::json!({
-            "schema": 1,
-            "command": std::env::args().collect::<Vec<_>>().join(" "),
-            "machine": machine, "git": git_describe(), "mcs": result,
-        });
-        std::fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
-        return Ok(());
+        return write_scenario(&args.json, machine, "mcs", result);
     }
     if let Some(pods) = args.headless_pods {
         let result = headless::bench(headless::HeadlessRun {
@@ -255,21 +271,11 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
             controller_args: &args.controller_arg,
             mode: args.endpoints_mode,
             policy: &policy,
-            concurrency: if args.concurrency.len() == 1 {
-                args.concurrency[0]
-            } else {
-                64
-            },
+            concurrency: single_concurrency(&args, 64),
             workdir: workdir.path(),
         })
         .await?;
-        let json = serde_json::json!({
-            "schema": 1,
-            "command": std::env::args().collect::<Vec<_>>().join(" "),
-            "machine": machine, "git": git_describe(), "headless": result,
-        });
-        std::fs::write(&args.json, serde_json::to_string_pretty(&json)?)?;
-        return Ok(());
+        return write_scenario(&args.json, machine, "headless", result);
     }
 
     let cap = |k: usize| {

@@ -304,11 +304,14 @@ async fn two_controller_processes_linked_both_ways_judge_each_others_exports() {
         w.until(c, "hello", &exported()).await;
     }
     for (c, controller) in [("west", &west), ("east", &east)] {
-        let text = controller.metrics().await;
-        assert!(
-            text.contains(r#"service_mirror_mcs_exports{state="Exported"} 1"#),
-            "{c}: {text}"
-        );
+        // The gauge is set once the worker's pass ends: after the conditions, and
+        // after the name's import writes that follow them.
+        let text = eventually(&format!("{c}: Exported 1"), || async {
+            let text = controller.metrics().await;
+            text.contains(r#"service_mirror_mcs_exports{state="Exported"} 1"#)
+                .then_some(text)
+        })
+        .await;
         assert!(
             !text.contains("service_mirror_mcs_watch_errors_total{"),
             "{c}: no failed watch: {text}"

@@ -603,3 +603,39 @@ async fn an_older_export_seen_later_takes_over_the_import_and_both_exports_confl
         let _ = t.await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_whose_exporter_stopped_while_down_goes_once_that_cluster_lists() {
+    let w = World::new("mcs-imp-down").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    w.serve("east", "hello", 80).await;
+    w.export("east", "hello").await;
+    w.import_until("west", "hello", "imported from east", |i| {
+        i.clusters() == cs(&["east"])
+    })
+    .await;
+    west.stop().await;
+    // While west's controller is down, east stops exporting.
+    w.exports("east")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.import_gone("east", "hello").await;
+    // West comes back; its link to east is not running yet: the import is kept.
+    let west = w.start_unlinked("west", None);
+    west.metric("service_mirror_mcs_clusters_listed 1").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        w.imports("west").get_opt("hello").await.unwrap().is_some(),
+        "kept while east is unknown"
+    );
+    // East's lists come in without the export: the import goes (its own list names
+    // no key of it).
+    let tasks = west.mcs.link("east", &w.east, &west.link);
+    w.import_gone("west", "hello").await;
+    west.stop().await;
+    east.stop().await;
+    for t in tasks {
+        let _ = t.await;
+    }
+}

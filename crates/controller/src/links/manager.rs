@@ -510,7 +510,11 @@ impl Inner {
         if let Some(federation) = &self.opts.deps.federation {
             federation.link_removed(&cluster);
         }
-        if let Some(mcs) = &self.opts.deps.mcs {
+        // Only if no source names it any more (a duplicate refused so far may link it
+        // next; a failing one still may).
+        if let Some(mcs) = &self.opts.deps.mcs
+            && self.candidates(&cluster).is_empty()
+        {
             mcs.link_removed(&cluster);
         }
         match stopped {
@@ -646,7 +650,9 @@ impl Inner {
                 if let Some(federation) = &self.opts.deps.federation {
                     federation.link_removed(&cluster);
                 }
-                if let Some(mcs) = &self.opts.deps.mcs {
+                if let Some(mcs) = &self.opts.deps.mcs
+                    && self.candidates(&cluster).is_empty()
+                {
                     mcs.link_removed(&cluster);
                 }
             }
@@ -654,12 +660,12 @@ impl Inner {
         };
         let next = self.successor(key, &cluster);
         // Unlinking a Secret the cache lost deletes its mirrors: the cache alone does not
-        // decide it (one the cache holds, turned into a Link's credentials, is gone as a
-        // source whatever the apiserver says). A
-        // watch that resumes from an old resourceVersion delivers a delete and a
-        // re-create back to back, and a reconcile between the two finds no Secret in
-        // the cache while the apiserver holds one again (chaos run 10, round 366: three
-        // live mirrors deleted and re-created 0.1 s later).
+        // decide it. A watch that resumes from an old resourceVersion delivers a delete
+        // and a re-create back to back, and a reconcile between the two finds no Secret
+        // in the cache while the apiserver holds one again (chaos run 10, round 366:
+        // three live mirrors deleted and re-created 0.1 s later). One the cache holds,
+        // turned into a Link's credentials, is gone as a source whatever the apiserver
+        // says.
         if next.is_none()
             && let SourceKey::Secret(name) = key
             && self

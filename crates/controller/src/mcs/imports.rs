@@ -152,6 +152,7 @@ impl Imports {
         key: &ServiceKey,
         merged: &Merge,
         settled: &(dyn Fn(&str) -> bool + Sync),
+        all_settled: bool,
     ) -> Outcome {
         if let Some(theirs) = self.imports.items.get(key).filter(|i| !self.owns(i)) {
             // Another's import of the name: never touched, and no derived Service of
@@ -162,7 +163,7 @@ impl Imports {
             return self.remove_derived(key).await;
         }
         let Some(spec) = merged.import.as_ref() else {
-            return self.remove(key, settled).await;
+            return self.remove(key, settled, all_settled).await;
         };
         let (ips, families) = match self.sync_derived(key, spec).await {
             Ok(found) => found,
@@ -382,19 +383,20 @@ impl Imports {
     }
 
     /// No export of `key` anywhere: our import and derived Service go (as cached), if
-    /// every cluster the import lists is `settled`.
+    /// every cluster the import lists is `settled` (if it lists none: `all_settled`).
     async fn remove(
         &mut self,
         key: &ServiceKey,
         settled: &(dyn Fn(&str) -> bool + Sync),
+        all_settled: bool,
     ) -> Outcome {
         if let Some(import) = self.imports.items.get(key).cloned() {
-            let unsettled: Vec<String> = view_of(&import)
-                .clusters
-                .into_iter()
-                .filter(|c| !settled(c))
-                .collect();
-            if !unsettled.is_empty() {
+            let listed = view_of(&import).clusters;
+            let unsettled: Vec<String> = listed.iter().filter(|c| !settled(c)).cloned().collect();
+            // One whose status names no cluster (its status write never came) may be
+            // any cluster's: it goes only once every cluster counts or is known gone.
+            let unknown = listed.is_empty() && !all_settled;
+            if !unsettled.is_empty() || unknown {
                 // Kept: those clusters may export it still (judged again when they list
                 // or their links go).
                 tracing::debug!(import = %key, clusters = ?unsettled, "no export seen, but clusters it lists are not listed: import kept");

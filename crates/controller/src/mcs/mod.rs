@@ -1,13 +1,17 @@
 //! The Multi-Cluster Services API (KEP-1645, `multicluster.x-k8s.io`): its CRDs as we
 //! install them, and ONE process-wide component that reads the ServiceExports of the
 //! local cluster and of every linked one (a full mesh: each cluster's controller reads
-//! the others over its links) and writes the conditions of the local exports. The
-//! merge of exports across the cluster set is pure and lives in
-//! `service_mirror_core::mcs`; we never write to a remote cluster.
+//! the others over its links) and writes the conditions of the local exports, and in
+//! this cluster each exported name's ServiceImport and derived Service. The merge of
+//! exports across the cluster set is pure and lives in `service_mirror_core::mcs`
+//! (the import's and derived Service's forms in `mcs_import`, `mcs_derived`); we never
+//! write to a remote cluster.
 //!
-//! Files: `resource.rs` (the ServiceExport type), `watches.rs` (one cluster's exports
-//! and Services), `index.rs` (every cluster's, fed by those watches), `worker.rs`
-//! (judge, write the status, report), `metrics.rs`.
+//! Files: `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
+//! cluster's exports and Services; the local imports and derived Services), `index.rs`
+//! (every cluster's exports, fed by those watches), `worker.rs` (judge, write the
+//! status, report), `imports.rs` (the local imports and derived Services and their
+//! writer), `metrics.rs`.
 
 mod imports;
 mod index;

@@ -190,12 +190,20 @@ impl Worker {
                 cluster,
                 generation,
                 event,
-            } => self.index.export_event(&cluster, generation, &event),
+            } => {
+                let was = self.index.counts(&cluster);
+                let changed = self.index.export_event(&cluster, generation, &event);
+                self.counted(&cluster, was, changed)
+            }
             Msg::Service {
                 cluster,
                 generation,
                 event,
-            } => self.index.service_event(&cluster, generation, &event),
+            } => {
+                let was = self.index.counts(&cluster);
+                let changed = self.index.service_event(&cluster, generation, &event);
+                self.counted(&cluster, was, changed)
+            }
             Msg::Ended {
                 cluster,
                 generation,
@@ -212,6 +220,16 @@ impl Worker {
             }
         };
         self.dirty.extend(changed);
+    }
+
+    /// `changed`, and every import once `cluster` starts to count: an import it held up
+    /// (listed in its status, no longer exported there) is judged again, which its own
+    /// list would not do.
+    fn counted(&self, cluster: &str, was: bool, mut changed: Changed) -> Changed {
+        if !was && self.index.counts(cluster) {
+            changed.extend(self.imports.keys());
+        }
+        changed
     }
 
     /// `changed`, and every name once both local import lists are in (imports wait
@@ -231,13 +249,13 @@ impl Worker {
         if let Some(hold) = self.index.held_until(std::time::Instant::now()) {
             return Some(Instant::from_std(hold));
         }
-        let waiting = (!self.dirty.is_empty() && !self.leading())
-            .then(|| Instant::now() + Duration::from_secs(1));
-        self.retries
-            .values()
-            .map(|(at, _)| *at)
-            .chain(waiting)
-            .min()
+        if !self.leading() {
+            // Retries wait for leadership (its change marks every key again): due ones
+            // would only wake the loop at once, over and over.
+            return (!self.dirty.is_empty() || !self.retries.is_empty())
+                .then(|| Instant::now() + Duration::from_secs(1));
+        }
+        self.retries.values().map(|(at, _)| *at).min()
     }
 
     fn leading(&self) -> bool {
@@ -340,7 +358,13 @@ impl Worker {
                 || (!index.has_feed(c)
                     && (removed.contains(c) || expected.as_ref().is_some_and(|e| !e.contains(c))))
         };
-        let import = self.imports.sync(key, &merged, &settled).await;
+        // For an import whose status names no cluster (its status write never came):
+        // every cluster a source names, and every one with a feed, counts.
+        let all_settled = expected
+            .as_ref()
+            .is_some_and(|e| e.iter().all(|c| settled(c)))
+            && index.unlisted().is_empty();
+        let import = self.imports.sync(key, &merged, &settled, all_settled).await;
         status.max(import)
     }
 
