@@ -30,6 +30,8 @@ pub mod labels;
 pub mod mcs;
 pub mod mcs_derived;
 pub mod mcs_import;
+#[cfg(test)]
+mod mcs_test_support;
 pub mod metadata;
 pub mod namespaces;
 pub mod naming;

@@ -3,20 +3,7 @@
 use super::*;
 use k8s_openapi::api::core::v1::ClientIPConfig;
 
-const CTL: &str = "linkerd-multicluster";
-
-fn key() -> ServiceKey {
-    ServiceKey::new("shop", "hello")
-}
-
-fn port(name: &str, protocol: &str, port: i32) -> ImportPort {
-    ImportPort {
-        name: name.into(),
-        protocol: protocol.into(),
-        port,
-        app_protocol: None,
-    }
-}
+use crate::mcs_test_support::{CTL, key, port};
 
 fn spec(type_: ImportType) -> ImportSpec {
     ImportSpec {

@@ -300,17 +300,15 @@ impl Imports {
             ..Default::default()
         };
         let action = import_action(view.as_ref(), owned, &desired);
-        if !matches!(action, ImportAction::Nothing | ImportAction::Foreign) && !self.leading() {
+        // A foreign import stopped `sync` before (only this worker changes the cache).
+        if matches!(action, ImportAction::Nothing | ImportAction::Foreign) {
+            return Outcome::Done;
+        }
+        if !self.leading() {
             return Outcome::Retry;
         }
         let (write_spec, write_status) = match action {
-            ImportAction::Nothing => return Outcome::Done,
-            ImportAction::Foreign => {
-                let meta = current.map(|c| c.metadata).unwrap_or_default();
-                self.foreign(key, &meta, Kind::Import, "ImportOwnedByAnother")
-                    .await;
-                return Outcome::Done;
-            }
+            ImportAction::Nothing | ImportAction::Foreign => return Outcome::Done,
             ImportAction::Create => {
                 let body = import_object(key, &desired, None);
                 match api.create(&params, &body).await {
