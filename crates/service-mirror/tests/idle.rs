@@ -91,6 +91,15 @@ async fn an_idle_leader_writes_nothing_but_its_lease_renewals_for_75_seconds() {
             .then_some(())
     })
     .await;
+    // And the link's write Lease made (a write of the start, not of the idle window:
+    // once it came 0.1 s after the last slice and counted as an idle write).
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(env.lc.clone(), &ctl_ns);
+    let write_lease = format!("service-mirror-write-{}", env.cluster);
+    eventually("the link's write Lease made", || async {
+        leases.get_opt(&write_lease).await.unwrap().map(|_| ())
+    })
+    .await;
     let (converging, from) = writes_of(&env.local, &user, 0);
     eprintln!("{} writes to converge", converging.len());
 
