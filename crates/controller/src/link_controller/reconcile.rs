@@ -418,6 +418,32 @@ impl Reconciler {
         let belongs = |name: &String, k: ServiceKey| {
             &k == key || (Some(name) == desired_name.as_ref() && k.name == *name)
         };
+        // The desired slices' names too: a create of ours the cache has not shown yet is
+        // pending under its name (the owner uid does not matter for names). In
+        // `endpoints` mode our slices are written only while some are left.
+        let writes_slices = self.mode.writes_slices() || !slice_names.is_empty();
+        let desired_all = g.desired.iter().chain(g.members.iter().flatten());
+        for d in desired_all.filter(|_| writes_slices) {
+            slice_names.extend(
+                desired_slices(d, "")
+                    .into_iter()
+                    .filter_map(|s| s.metadata.name),
+            );
+        }
+        // A write of ours to one of these objects has not reached the caches yet: planning
+        // now would repeat it. The watch event that brings it queues the key again. Asked
+        // BEFORE the caches are read: a watch applies an event to its cache, then marks
+        // the expectation met, so "not pending" now means the caches read next hold our
+        // write. Asked after, a write seen between the two reads looked met and absent,
+        // and was sent again (a create answered 409 after convergence, chaos run 12).
+        let pending = |kind, names: &BTreeSet<String>| {
+            names
+                .iter()
+                .any(|n| self.expectations.pending(kind, &key.namespace, n))
+        };
+        g.pending = pending(LocalObject::Service, &svc_names)
+            || pending(LocalObject::Endpoints, &ep_names)
+            || pending(LocalObject::EndpointSlice, &slice_names);
         g.services = svc_names
             .iter()
             .filter_map(|n| {
@@ -434,18 +460,6 @@ impl Reconciler {
             })
             .filter(|e| belongs(&e.name_any(), endpoints_key(&self.local_services, e)))
             .collect();
-        // The desired slices' names too: a create of ours the cache has not shown yet is
-        // pending under its name (the owner uid does not matter for names). In
-        // `endpoints` mode our slices are written only while some are left.
-        let writes_slices = self.mode.writes_slices() || !slice_names.is_empty();
-        let desired_all = g.desired.iter().chain(g.members.iter().flatten());
-        for d in desired_all.filter(|_| writes_slices) {
-            slice_names.extend(
-                desired_slices(d, "")
-                    .into_iter()
-                    .filter_map(|s| s.metadata.name),
-            );
-        }
         g.slices = slice_names
             .iter()
             .filter_map(|n| {
@@ -454,16 +468,6 @@ impl Reconciler {
             })
             .filter(|s| slice_key(&self.local_services, s) == *key)
             .collect();
-        // A write of ours to one of these objects has not reached the caches yet: planning
-        // now would repeat it. The watch event that brings it queues the key again.
-        let pending = |kind, names: &BTreeSet<String>| {
-            names
-                .iter()
-                .any(|n| self.expectations.pending(kind, &key.namespace, n))
-        };
-        g.pending = pending(LocalObject::Service, &svc_names)
-            || pending(LocalObject::Endpoints, &ep_names)
-            || pending(LocalObject::EndpointSlice, &slice_names);
         g.endpoints_written_first = self.endpoints_first.lock().get(key).cloned();
         // `endpoints` mode with slices of ours left (a switch from a mode that writes
         // them, so transitional): they go only once kube-controller-manager's mirrored
