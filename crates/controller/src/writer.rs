@@ -102,11 +102,23 @@ pub struct LocalWriter {
     metrics: Arc<Metrics>,
     /// Whether a create that meets a missing namespace creates it.
     create_namespaces: bool,
-    /// Set for the federation's writer: objects are ours by the federated mark of
-    /// this controller namespace (`is_owned_federated`), not by a cluster's labels.
-    federated: Option<String>,
+    /// Which objects are ours.
+    owner: Owner,
     /// Leader election: mirrors are written only while leading, read at each write.
     leader: Option<crate::leader::Leadership>,
+}
+
+/// Which objects a writer may change or delete.
+#[derive(Clone, Debug)]
+enum Owner {
+    /// One link's mirrors: by that cluster's labels (`is_owned`).
+    Link,
+    /// The federation's: by the federated mark of this controller namespace
+    /// (`is_owned_federated`).
+    Federated(String),
+    /// The MCS component's import slices: by the import mark of this controller
+    /// namespace (`is_owned_import_slice`).
+    McsImport(String),
 }
 
 impl std::fmt::Debug for LocalWriter {
@@ -170,7 +182,7 @@ impl LocalWriter {
             cluster: cluster.to_string(),
             metrics,
             create_namespaces: true,
-            federated: None,
+            owner: Owner::Link,
             leader: None,
         }
     }
@@ -184,22 +196,53 @@ impl LocalWriter {
         metrics: Arc<Metrics>,
         recorder: EventRecorder,
     ) -> Self {
+        let owner = Owner::Federated(controller_namespace.to_owned());
+        Self::process_wide(client, "federated", owner, metrics, recorder)
+    }
+
+    /// The writer of the MCS component's import EndpointSlices (one for the process):
+    /// a slice is ours if it carries the import mark of `controller_namespace`; a
+    /// missing namespace is not created (the KEP's rule).
+    pub fn mcs_imports(
+        client: Client,
+        controller_namespace: &str,
+        metrics: Arc<Metrics>,
+        recorder: EventRecorder,
+    ) -> Self {
+        let owner = Owner::McsImport(controller_namespace.to_owned());
+        Self::process_wide(client, "mcs", owner, metrics, recorder)
+    }
+
+    /// A process-wide component's writer, `name` standing for the cluster in logs: it
+    /// never creates a namespace.
+    fn process_wide(
+        client: Client,
+        name: &str,
+        owner: Owner,
+        metrics: Arc<Metrics>,
+        recorder: EventRecorder,
+    ) -> Self {
         Self {
             recorder,
             client,
-            cluster: "federated".into(),
+            cluster: name.into(),
             metrics,
             create_namespaces: false,
-            federated: Some(controller_namespace.to_owned()),
+            owner,
             leader: None,
         }
     }
 
     /// Whether `meta` is ours (may be changed or deleted) for this writer.
     fn ours<K: MirrorKind>(&self, meta: &kube::api::ObjectMeta) -> bool {
-        match &self.federated {
-            Some(ns) => service_mirror_core::is_owned_federated(meta, ns),
-            None => K::ours(meta, &self.cluster),
+        match &self.owner {
+            Owner::Link => K::ours(meta, &self.cluster),
+            Owner::Federated(ns) => service_mirror_core::is_owned_federated(meta, ns),
+            // Only slices: a Service or Endpoints is never one of these.
+            Owner::McsImport(ns) => {
+                K::kind(&()) == "EndpointSlice"
+                    && service_mirror_core::mcs_slices::is_owned_import_slice(meta, ns)
+            }
         }
     }
 
@@ -326,9 +369,10 @@ impl LocalWriter {
                     name,
                     cluster: self.cluster.clone(),
                 };
-                // The federation reports its conflicts itself (once per conflict, its
-                // own metric): no per-cluster series or Event for cluster "federated".
-                if self.federated.is_none() {
+                // The federation and the MCS component report their conflicts
+                // themselves (once per conflict, their own metrics): no per-cluster
+                // series or Event for their pseudo-clusters.
+                if matches!(self.owner, Owner::Link) {
                     self.metrics
                         .writer
                         .ownership_conflicts

@@ -13,12 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 
 use super::desired::ResourceStyle;
 use super::diff::{MetadataOwnership, service_update_with};
+use super::gateway_slices::{GatewaySlices, delete_slice, gateway_slices, plan_slices};
 use super::labels::{
     CONTROLLER_NAMESPACE_ANNOTATION, FEDERATED_CLUSTER_LABEL, FEDERATED_LABEL, FEDERATED_SUFFIX,
     FEDERATED_VALUE, LOCAL_DISCOVERY_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
@@ -29,7 +30,6 @@ use super::metadata::{copied_annotations, copied_labels};
 use super::naming::{fq_name, mirror_name};
 use super::ownership::is_owned_federated;
 use super::plan::Action;
-use super::slices::{MAX_ENDPOINTS_PER_SLICE, slice_name, slice_updatable, slice_update_with};
 
 /// The name of the federated Service of local name `svc`: `<svc>-federated`, through
 /// the mirror names' 63-character rule.
@@ -377,56 +377,21 @@ fn member_slices(
     if let Some(id) = &gw.identity {
         annotations.insert(REMOTE_GATEWAY_IDENTITY_ANNOTATION.to_owned(), id.clone());
     }
-    // Every service port reaches the gateway's one port (kube-proxy maps by name).
-    let slice_ports: Vec<EndpointPort> = ports
+    let ports: Vec<(String, String)> = ports
         .iter()
-        .map(|p| EndpointPort {
-            name: Some(p.name.clone().unwrap_or_default()),
-            protocol: p.protocol.clone(),
-            port: Some(gw.port),
-            app_protocol: None,
+        .map(|p| {
+            let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+            (p.name.clone().unwrap_or_default(), protocol)
         })
         .collect();
-    let mut out = Vec::new();
-    for (family, v6) in [("ipv4", false), ("ipv6", true)] {
-        let mut addrs: Vec<IpAddr> = gw
-            .addresses
-            .iter()
-            .copied()
-            .filter(|a| a.is_ipv6() == v6)
-            .collect();
-        addrs.sort();
-        addrs.dedup();
-        addrs.truncate(MAX_ENDPOINTS_PER_SLICE);
-        if addrs.is_empty() {
-            continue;
-        }
-        let endpoints = addrs
-            .iter()
-            .map(|a| Endpoint {
-                addresses: vec![a.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: Some(gw.alive),
-                    serving: Some(gw.alive),
-                    terminating: Some(false),
-                }),
-                ..Default::default()
-            })
-            .collect();
-        out.push(EndpointSlice {
-            metadata: ObjectMeta {
-                name: Some(slice_name(&format!("{fed}-{cluster}"), family, 0)),
-                namespace: Some(input.namespace.to_owned()),
-                labels: Some(labels.clone()),
-                annotations: Some(annotations.clone()),
-                ..Default::default()
-            },
-            address_type: if v6 { "IPv6" } else { "IPv4" }.to_owned(),
-            endpoints,
-            ports: Some(slice_ports.clone()),
-        });
-    }
-    out
+    gateway_slices(&GatewaySlices {
+        namespace: input.namespace,
+        base: &format!("{fed}-{cluster}"),
+        labels: &labels,
+        annotations: &annotations,
+        gateway: gw,
+        ports: &ports,
+    })
 }
 
 /// The writes of one federated Service.
@@ -436,15 +401,6 @@ pub struct FederatedPlan {
     pub actions: Vec<Action>,
     /// A `<svc>-federated` exists that is not ours: nothing is written (reported).
     pub foreign: bool,
-}
-
-fn delete_slice(s: &EndpointSlice) -> Action {
-    Action::DeleteEndpointSlice {
-        namespace: s.metadata.namespace.clone().unwrap_or_default(),
-        name: s.metadata.name.clone().unwrap_or_default(),
-        uid: s.metadata.uid.clone(),
-        resource_version: s.metadata.resource_version.clone(),
-    }
 }
 
 /// The writes that bring the stored federated Service (`stored`, by its name, ours or
@@ -517,34 +473,9 @@ pub fn plan_federated(
                 controller: Some(true),
                 block_owner_deletion: None,
             };
-            let mut wanted = BTreeSet::new();
-            for d in &desired.slices {
-                let mut d = d.clone();
-                d.metadata.owner_references = Some(vec![owner.clone()]);
-                let dname = d.metadata.name.clone().unwrap_or_default();
-                wanted.insert(dname.clone());
-                let current = slices
-                    .iter()
-                    .find(|s| s.metadata.name.as_deref() == Some(&dname));
-                match current {
-                    None => actions.push(Action::CreateEndpointSlice(d)),
-                    Some(cur) if !slice_updatable(cur, &d) => {
-                        actions.push(delete_slice(cur));
-                        actions.push(Action::CreateEndpointSlice(d));
-                    }
-                    Some(cur) => {
-                        if let Some(u) = slice_update_with(cur, &d, MetadataOwnership::All) {
-                            actions.push(Action::UpdateEndpointSlice(u));
-                        }
-                    }
-                }
-            }
-            for s in &slices {
-                let name = s.metadata.name.clone().unwrap_or_default();
-                if !wanted.contains(&name) && !desired.untouched_slices.contains(&cluster_of(s)) {
-                    actions.push(delete_slice(s));
-                }
-            }
+            actions.extend(plan_slices(&desired.slices, &slices, &owner, |s| {
+                desired.untouched_slices.contains(&cluster_of(s))
+            }));
         }
     }
     FederatedPlan {

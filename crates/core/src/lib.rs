@@ -25,11 +25,13 @@ pub mod diff;
 pub mod export;
 pub mod federated;
 pub mod gateway;
+pub mod gateway_slices;
 pub mod headless;
 pub mod labels;
 pub mod mcs;
 pub mod mcs_derived;
 pub mod mcs_import;
+pub mod mcs_slices;
 #[cfg(test)]
 mod mcs_test_support;
 pub mod metadata;

@@ -512,3 +512,120 @@ async fn secret_link_mirror_endpoints_carry_the_valid_gateway_identity_annotatio
     assert_eq!(ready_ips(&ep), ["192.0.2.40"], "the endpoints stay");
     w.stop(false).await.unwrap();
 }
+
+/// A Link's gateway reaches the MCS component too: the ServiceImport of a Service the
+/// linked cluster exports gets an EndpointSlice at the Link's gateway address and port,
+/// ready while the Link's probe passes (on the MCS clusters, which have the CRDs).
+#[tokio::test]
+async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
+    use service_mirror_controller::events::EventRecorder;
+    use service_mirror_controller::mcs::{Mcs, McsOptions};
+    let east = local_cluster::shared_cluster("mcs-east").await.unwrap();
+    let west = local_cluster::shared_cluster("mcs-west").await.unwrap();
+    support::mcs::installed(&east).await;
+    support::mcs::installed(&west).await;
+    let env = Env::on(east, west, "lgmcs").await;
+    local_namespace(&env).await;
+    let fake = FakeGateway::start("127.0.0.33").await;
+    let ip = fake.public_ip();
+    let spec = link_spec(
+        &env,
+        serde_json::json!({
+            "gatewayAddress": ip, "gatewayPort": "4143",
+            "probeSpec": {"port": fake.addr.port().to_string(), "path": "/ready",
+                "period": "1s", "timeout": "1s", "failureThreshold": "1"},
+        }),
+    );
+    // The remote exports `hello` with a ServiceExport (no export label: no mirror).
+    let hello: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "hello"},
+        "spec": {"ports": [{"name": "http", "port": 80}]},
+    }))
+    .unwrap();
+    env.remote_services()
+        .create(&PostParams::default(), &hello)
+        .await
+        .unwrap();
+    let exports: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        env.rc.clone(),
+        &env.ns,
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "multicluster.x-k8s.io",
+            "v1beta1",
+            "ServiceExport",
+        )),
+    );
+    let export = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": {"name": "hello"},
+    }))
+    .unwrap();
+    exports
+        .create(&PostParams::default(), &export)
+        .await
+        .unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (mcs, tasks) = Mcs::start(
+        env.lc.clone(),
+        EventRecorder::new(env.lc.clone(), None),
+        service_mirror_controller::metrics::Metrics::new(),
+        McsOptions {
+            cluster_name: format!("{}-local", env.cluster),
+            leader: None,
+            namespaces: service_mirror_core::NamespaceFilter::allow_only([env.ns.clone()]),
+            controller_namespace: "sm-lgmcs".into(),
+        },
+        cancel.clone(),
+    );
+    let redirect = Redirect::default();
+    let w = start_link(
+        &env,
+        &spec,
+        env.config(),
+        LinkDeps {
+            probe_redirect: Some(redirect.probe_redirect()),
+            mcs: Some(mcs),
+            ..LinkDeps::default()
+        },
+    );
+    let slices: Api<EndpointSlice> = Api::namespaced(env.lc.clone(), &env.ns);
+    let selector = format!(
+        "multicluster.kubernetes.io/service-name=hello,multicluster.kubernetes.io/source-cluster={}",
+        env.cluster
+    );
+    let slice_until = |what: &'static str, ready: bool| {
+        let (slices, selector, ip) = (slices.clone(), selector.clone(), ip.clone());
+        async move {
+            eventually(what, || async {
+                let list = slices
+                    .list(&kube::api::ListParams::default().labels(&selector))
+                    .await
+                    .ok()?;
+                let [s] = list.items.as_slice() else {
+                    return None;
+                };
+                let e = s.endpoints.first()?;
+                let port = s.ports.as_ref()?.first()?.port;
+                let state = e.conditions.as_ref()?.ready;
+                (e.addresses == [ip.clone()] && port == Some(4143) && state == Some(ready))
+                    .then_some(())
+            })
+            .await
+        }
+    };
+    slice_until("a ready slice at the Link's gateway", true).await;
+    fake.set(Mode::Failing);
+    slice_until("the slice not ready once the probe fails", false).await;
+    fake.set(Mode::Healthy);
+    slice_until("ready again", true).await;
+    assert!(
+        redirect.asked().iter().all(|a| a.ip().to_string() == ip),
+        "probes only the Link's gateway: {:?}",
+        redirect.asked()
+    );
+    w.stop(false).await.unwrap();
+    cancel.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+}

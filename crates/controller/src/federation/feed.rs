@@ -268,55 +268,13 @@ impl LinkFeed {
     }
 }
 
-/// How often a link's gateway verdict is looked at for its federated members: the
-/// prober's verdict reaches the federated slices at most this much after it changes.
-pub(crate) const GATEWAY_REPORT_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
+impl crate::gateway::report::GatewayListener for LinkFeed {
+    fn in_use(&self) -> bool {
+        self.has_members()
+    }
 
-/// Reports the Link's gateway `gw` (from `source`) to the federation while the link has
-/// members: resolved by the link's own gateway component every `refresh` (and when the
-/// link gains members), its verdict read from the same prober as its mirrors' every
-/// [`GATEWAY_REPORT_PERIOD`]; sent only when it changes.
-pub(crate) async fn report_gateway(
-    feed: LinkFeed,
-    gateways: Arc<crate::gateway::Gateways>,
-    gw: service_mirror_core::GatewayRef,
-    source: crate::gateway::GatewaySource,
-    refresh: std::time::Duration,
-    cancel: tokio_util::sync::CancellationToken,
-) {
-    let key = ServiceKey::new(
-        gw.namespace.clone(),
-        format!("{}-federated-members", gw.name),
-    );
-    let mut sent: Option<Option<MemberGateway>> = None;
-    let mut current: Option<MemberGateway> = None;
-    let mut resolved_at: Option<std::time::Instant> = None;
-    loop {
-        if feed.has_members() {
-            if resolved_at.is_none_or(|t| t.elapsed() >= refresh) {
-                let resolution = gateways.resolve(&key, &gw, Some(Ok(source.clone()))).await;
-                current = resolution.gateway.map(|g| MemberGateway {
-                    addresses: g.addresses,
-                    port: g.port,
-                    identity: g.identity,
-                    alive: g.alive,
-                });
-                resolved_at = Some(std::time::Instant::now());
-            } else if let (Some(g), Some(state)) = (current.as_mut(), gateways.probe_state(&gw)) {
-                g.alive = state.alive;
-            }
-            if sent.as_ref() != Some(&current) {
-                feed.gateway(current.clone());
-                sent = Some(current.clone());
-            }
-        } else {
-            // Members again later: resolved (and probed) afresh at once.
-            resolved_at = None;
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(GATEWAY_REPORT_PERIOD) => {}
-        }
+    fn report(&self, gateway: Option<MemberGateway>) {
+        self.gateway(gateway);
     }
 }
 

@@ -18,7 +18,6 @@ pub(crate) mod metrics;
 mod watches;
 mod worker;
 
-pub(crate) use feed::report_gateway;
 pub use feed::{LinkFeed, LinkIdentity};
 
 use crate::events::EventRecorder;

@@ -11,6 +11,7 @@
 
 pub(crate) mod metrics;
 pub mod prober;
+pub(crate) mod report;
 pub mod resolve;
 
 pub use prober::{ProbeConfig, ProbeRedirect, ProbeState, ProbeTarget};

@@ -40,6 +40,7 @@ pub use status::{GatewayStatus, LinkStatus};
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
 use crate::gateway::Gateways;
+use crate::gateway::report::GatewayListener;
 use crate::writer::LocalWriter;
 use kube::Client;
 use reconcile::Reconciler;
@@ -133,9 +134,15 @@ impl LinkController {
         let in_use = {
             let index = index.clone();
             let feed = feed.clone();
-            // Federated members use the Link's gateway too: it stays probed for them.
+            // Federated members and MCS imports use the Link's gateway too: it stays
+            // probed for them (for MCS, always: which clusters export is its worker's).
+            let mcs_gateway = match (&deps.mcs, &config.export_rule) {
+                (Some(_), ExportRule::Selectors { gateway, .. }) => Some(gateway.clone()),
+                _ => None,
+            };
             Arc::new(move |gw: &_| {
-                !index.lock().users_of(gw).is_empty()
+                mcs_gateway.as_ref() == Some(gw)
+                    || !index.lock().users_of(gw).is_empty()
                     || feed.as_ref().is_some_and(|f| f.has_members())
             })
         };
@@ -255,11 +262,23 @@ impl LinkController {
             },
             cancel.clone(),
         )));
-        if let (Some(feed), Some(source), ExportRule::Selectors { gateway, .. }) =
-            (feed, config.link_gateway.clone(), &config.export_rule)
-        {
-            tasks.push(tokio::spawn(crate::federation::report_gateway(
-                feed,
+        // The Link's gateway, for the federated slices and the MCS import slices.
+        let mut listeners: Vec<Arc<dyn GatewayListener>> = Vec::new();
+        if let Some(feed) = feed {
+            listeners.push(Arc::new(feed));
+        }
+        if let Some(mcs) = &deps.mcs {
+            listeners.push(Arc::new(
+                mcs.gateway_listener(&cluster, &rec.link.cluster_domain),
+            ));
+        }
+        if let (false, Some(source), ExportRule::Selectors { gateway, .. }) = (
+            listeners.is_empty(),
+            config.link_gateway.clone(),
+            &config.export_rule,
+        ) {
+            tasks.push(tokio::spawn(crate::gateway::report::report_gateway(
+                listeners,
                 rec.gateways.clone(),
                 gateway.clone(),
                 source,

@@ -1,14 +1,19 @@
 //! The import side of the MCS component: in this cluster, one ServiceImport per
 //! namespace/name that some cluster of the set validly exports (the exporters
-//! included), and its derived Service, whose ClusterIPs are the import's `ips`. Both
-//! are deleted with the last export. Fed by the watches of the local ServiceImports
-//! (all of them: a foreign one must be seen to be left alone) and of our derived
-//! Services (by label).
+//! included), its derived Service, whose ClusterIPs are the import's `ips`, and its
+//! EndpointSlices, one group per remote exporting cluster at that cluster's gateway
+//! (`core::mcs_slices`), owned by the import. All are deleted with the last export; a
+//! cluster that stops exporting loses its slices. Fed by the watches of the local
+//! ServiceImports (all of them: a foreign one must be seen to be left alone), of our
+//! derived Services and of our import slices (by label), and by the links' gateway
+//! reports.
 //!
 //! Ownership: only a ServiceImport with our mark and controller namespace
-//! (`core::mcs_import::is_owned_import`) and a derived Service with ours
-//! (`core::mcs_derived::is_owned_derived`) is written or deleted, and only as the cache
-//! holds it (resourceVersion on a replace, uid and resourceVersion on a delete).
+//! (`core::mcs_import::is_owned_import`), a derived Service with ours
+//! (`core::mcs_derived::is_owned_derived`) and a slice with ours
+//! (`core::mcs_slices::is_owned_import_slice`, written through the process's
+//! `LocalWriter::mcs_imports`) is written or deleted, and only as the cache holds it
+//! (resourceVersion on a replace, uid and resourceVersion on a delete).
 //! Missing namespaces are not created (the KEP's rule): the write is retried with
 //! backoff until the namespace exists.
 //!
@@ -21,14 +26,17 @@
 //!
 //! Only the leader writes: leadership is checked before each write, not once per name.
 
-use super::index::{Changed, Listed};
+use super::index::{Changed, Grouped, Listed};
 use super::resource::{ServiceImport, ServiceImportPort, ServiceImportSpec};
 use super::worker::Outcome;
 use crate::events::EventRecorder;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::writer::FIELD_MANAGER;
+use crate::writer::{Applied, LocalWriter};
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::watcher::Event;
@@ -41,7 +49,11 @@ use service_mirror_core::mcs_derived::{
 use service_mirror_core::mcs_import::{
     ImportAction, ImportObject, desired_import, import_action, is_owned_import,
 };
-use service_mirror_core::{NamespaceFilter, ServiceKey};
+use service_mirror_core::mcs_slices::{
+    DesiredImportSlices, ImportSlicesInput, SourceGateway, desired_import_slices,
+    plan_import_slices,
+};
+use service_mirror_core::{Action, NamespaceFilter, ServiceKey};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -56,6 +68,14 @@ pub(super) struct Imports {
     imports: Listed<ServiceImport>,
     /// Our derived Services, by the key of their import.
     derived: Listed<Service>,
+    /// Our import slices, by the key of their import.
+    slices: Grouped<EndpointSlice>,
+    /// Each linked cluster's gateway, as its link last reported it.
+    gateways: BTreeMap<String, SourceGateway>,
+    /// This cluster's name: its own exports get no slice here.
+    local_cluster: String,
+    /// The writer of the slices (ownership checked on a create that meets a name).
+    writer: LocalWriter,
     /// The foreign object last reported for a key and kind (its uid): told once.
     told: BTreeMap<(ServiceKey, &'static str), Option<String>>,
     /// Writes only while this says true; `None`: always.
@@ -68,6 +88,7 @@ enum Kind {
     Import,
     ImportStatus,
     Derived,
+    Slice,
 }
 
 impl Kind {
@@ -76,6 +97,7 @@ impl Kind {
             Self::Import => "service_import",
             Self::ImportStatus => "service_import_status",
             Self::Derived => "derived_service",
+            Self::Slice => "endpoint_slice",
         }
     }
 }
@@ -85,20 +107,52 @@ impl Imports {
         client: Client,
         recorder: EventRecorder,
         metrics: Arc<Metrics>,
-        controller_namespace: &str,
-        namespaces: NamespaceFilter,
-        leader: Option<Leadership>,
+        opts: &super::McsOptions,
     ) -> Self {
+        let writer = LocalWriter::mcs_imports(
+            client.clone(),
+            &opts.controller_namespace,
+            metrics.clone(),
+            recorder.clone(),
+        )
+        .led_by(opts.leader.clone());
         Self {
-            leader,
+            leader: opts.leader.clone(),
             client,
             recorder,
             metrics,
-            controller_namespace: controller_namespace.into(),
-            namespaces,
+            controller_namespace: opts.controller_namespace.clone(),
+            namespaces: opts.namespaces.clone(),
             imports: Listed::default(),
             derived: Listed::default(),
+            slices: Grouped::default(),
+            gateways: BTreeMap::new(),
+            local_cluster: opts.cluster_name.clone(),
+            writer,
             told: BTreeMap::new(),
+        }
+    }
+
+    /// An import-slice watch event: the keys (of their imports) it changed.
+    pub(super) fn slice_event(&mut self, ev: &Event<EndpointSlice>) -> Changed {
+        let namespaces = &self.namespaces;
+        self.slices.apply(ev, |s| {
+            let ns = s.metadata.namespace.as_deref()?;
+            let import = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+            namespaces.allows(ns).then(|| ServiceKey::new(ns, import))
+        })
+    }
+
+    /// A link's gateway report: every import is looked at again if it changed (those
+    /// the cluster does not export plan no write).
+    pub(super) fn gateway(&mut self, cluster: String, gateway: Option<SourceGateway>) -> Changed {
+        let changed = match gateway {
+            Some(g) => self.gateways.insert(cluster, g.clone()).as_ref() != Some(&g),
+            None => self.gateways.remove(&cluster).is_some(),
+        };
+        match changed {
+            true => self.imports.items.keys().cloned().collect(),
+            false => Changed::new(),
         }
     }
 
@@ -130,17 +184,19 @@ impl Imports {
         )
     }
 
-    /// Whether both local lists are complete (nothing is written before).
+    /// Whether the local lists are complete (nothing is written before).
     pub(super) fn listed(&self) -> bool {
-        self.imports.listed && self.derived.listed
+        self.imports.listed && self.derived.listed && self.slices.listed
     }
 
-    /// The keys of every local import and derived Service (to look at them all again).
+    /// The keys of every local import, derived Service and import slice (to look at
+    /// them all again).
     pub(super) fn keys(&self) -> Changed {
         self.imports
             .items
             .keys()
             .chain(self.derived.items.keys())
+            .chain(self.slices.items.keys())
             .cloned()
             .collect()
     }
@@ -160,7 +216,8 @@ impl Imports {
             let meta = theirs.metadata.clone();
             self.foreign(key, &meta, Kind::Import, "ImportOwnedByAnother")
                 .await;
-            return self.remove_derived(key).await;
+            let slices = self.sync_slices(key, None, &[]).await;
+            return slices.max(self.remove_derived(key).await);
         }
         let Some(spec) = merged.import.as_ref() else {
             return self.remove(key, settled, all_settled).await;
@@ -173,7 +230,89 @@ impl Imports {
         if let Some(families) = families {
             spec.ip_families = families; // this cluster's, as the derived Service has them
         }
-        self.sync_import(key, &spec, &merged.clusters, ips).await
+        match self.sync_import(key, &spec, &merged.clusters, ips).await {
+            Outcome::Done => self.sync_slices(key, Some(&spec), &merged.clusters).await,
+            other => other,
+        }
+    }
+
+    /// The slices of `key` as `spec` (`None`: no import of ours; every slice of ours of
+    /// the name goes) and the exporting `clusters` say, owned by the import as cached
+    /// (a new import's slices come with its watch event, which brings its uid).
+    async fn sync_slices(
+        &mut self,
+        key: &ServiceKey,
+        spec: Option<&ImportSpec>,
+        clusters: &[String],
+    ) -> Outcome {
+        let import = self
+            .imports
+            .items
+            .get(key)
+            .filter(|i| self.owns(i))
+            .and_then(|i| i.metadata.uid.clone());
+        let desired = match (spec, &import) {
+            (Some(spec), Some(_)) => desired_import_slices(&ImportSlicesInput {
+                key,
+                ports: &spec.ports,
+                headless: spec.type_ == ImportType::Headless,
+                clusters,
+                local_cluster: &self.local_cluster,
+                gateways: &self.gateways,
+                controller_namespace: &self.controller_namespace,
+            }),
+            (Some(_), None) => return Outcome::Done,
+            (None, _) => DesiredImportSlices::default(),
+        };
+        let owner = OwnerReference {
+            api_version: format!("{}/{}", service_mirror_core::mcs::GROUP, super::VERSION),
+            kind: "ServiceImport".into(),
+            name: key.name.clone(),
+            uid: import.unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        };
+        let stored: Vec<EndpointSlice> = self.slices.of(key).cloned().collect();
+        let actions =
+            plan_import_slices(key, &desired, &stored, &owner, &self.controller_namespace);
+        for action in &actions {
+            let verb = match action {
+                Action::CreateEndpointSlice(_) => "created",
+                Action::UpdateEndpointSlice(_) => "updated",
+                _ => "deleted",
+            };
+            match self.writer.execute(action).await {
+                Ok(Applied::Done) => self.wrote(Kind::Slice, verb),
+                // Changed, made or gone since the cache showed it (or leadership
+                // lost): its event, or the next leader, judges it again.
+                Ok(Applied::Stale) => {
+                    self.wrote(Kind::Slice, "stale");
+                    return Outcome::Dropped;
+                }
+                Err(crate::error::Error::MissingNamespace(_)) => {
+                    self.wrote(Kind::Slice, "no_namespace");
+                    return Outcome::Retry;
+                }
+                Err(crate::error::Error::OwnershipConflict {
+                    namespace, name, ..
+                }) => {
+                    let meta = ObjectMeta {
+                        name: Some(name),
+                        namespace: Some(namespace),
+                        ..Default::default()
+                    };
+                    self.foreign(key, &meta, Kind::Slice, "SliceNameTaken")
+                        .await;
+                    return Outcome::Dropped;
+                }
+                Err(e) => {
+                    tracing::warn!(import = %key, error = %e, "import EndpointSlice write failed; retrying with backoff");
+                    self.wrote(Kind::Slice, "failed");
+                    return Outcome::Retry;
+                }
+            }
+        }
+        Outcome::Done
     }
 
     /// Whether this replica may write now.
@@ -403,6 +542,12 @@ impl Imports {
             if !self.leading() {
                 return Outcome::Retry;
             }
+            // Its slices first: none outlives it pointing at a cluster (the garbage
+            // collector would take them too, where one runs).
+            let slices = self.sync_slices(key, None, &[]).await;
+            if slices != Outcome::Done {
+                return slices;
+            }
             let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
             match api
                 .delete(&key.name, &delete_params(&import.metadata))
@@ -410,6 +555,12 @@ impl Imports {
             {
                 Ok(_) => self.wrote(Kind::Import, "deleted"),
                 Err(e) => return self.failed(Kind::Import, key, &e),
+            }
+        } else {
+            // Slices of ours with no import of ours (left by a failed delete): they go.
+            let slices = self.sync_slices(key, None, &[]).await;
+            if slices != Outcome::Done {
+                return slices;
             }
         }
         self.told.retain(|(k, _), _| k != key);
@@ -489,6 +640,7 @@ impl Imports {
         self.wrote(kind, "foreign");
         let (api_version, kind_name) = match kind {
             Kind::Derived => ("v1".to_string(), "Service"),
+            Kind::Slice => ("discovery.k8s.io/v1".to_string(), "EndpointSlice"),
             Kind::Import | Kind::ImportStatus => (
                 format!("{}/{}", service_mirror_core::mcs::GROUP, super::VERSION),
                 "ServiceImport",
@@ -505,6 +657,9 @@ impl Imports {
         let note = match kind {
             Kind::Derived => format!(
                 "this Service holds the name of the derived Service of ServiceImport {key} and is not ours: not changed; the import has no ips"
+            ),
+            Kind::Slice => format!(
+                "this EndpointSlice holds the name of an EndpointSlice of ServiceImport {key} and is not ours: not changed; that source cluster has no endpoints here"
             ),
             _ => format!(
                 "this ServiceImport is not ours (no {} label for controller namespace {}): not changed; the cluster set's {key} is not imported here",

@@ -404,3 +404,119 @@ fn exports_and_services_of_a_namespace_not_allowed_are_never_read() {
             .is_empty()
     );
 }
+
+/// A slice named `name` of the import `import` (its KEP label), at resourceVersion `rv`.
+fn slice(name: &str, import: &str, rv: &str) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    k8s_openapi::api::discovery::v1::EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("shop".into()),
+            resource_version: Some(rv.into()),
+            labels: Some(BTreeMap::from([(
+                service_mirror_core::mcs::SERVICE_NAME_LABEL.into(),
+                import.into(),
+            )])),
+            ..Default::default()
+        },
+        address_type: "IPv4".into(),
+        endpoints: Vec::new(),
+        ports: None,
+    }
+}
+
+fn grouped_key(s: &k8s_openapi::api::discovery::v1::EndpointSlice) -> Option<ServiceKey> {
+    let import = s
+        .metadata
+        .labels
+        .as_ref()?
+        .get(service_mirror_core::mcs::SERVICE_NAME_LABEL)?;
+    Some(ServiceKey::new(s.metadata.namespace.as_deref()?, import))
+}
+
+fn names(g: &Grouped<k8s_openapi::api::discovery::v1::EndpointSlice>, import: &str) -> Vec<String> {
+    g.of(&key(import))
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[test]
+fn grouped_objects_share_their_key_and_each_event_names_only_the_keys_it_changed() {
+    let mut g = Grouped::default();
+    assert!(!g.listed);
+    assert_eq!(g.apply(&Event::Init, grouped_key), Changed::new());
+    g.apply(&Event::InitApply(slice("a-1", "a", "1")), grouped_key);
+    g.apply(&Event::InitApply(slice("a-2", "a", "1")), grouped_key);
+    assert_eq!(
+        names(&g, "a"),
+        Vec::<String>::new(),
+        "nothing before the list is complete"
+    );
+    assert_eq!(g.apply(&Event::InitDone, grouped_key), keys(&["a"]));
+    assert!(g.listed);
+    assert_eq!(names(&g, "a"), ["a-1", "a-2"]);
+    // The same object again: nothing changed.
+    assert_eq!(
+        g.apply(&Event::Apply(slice("a-1", "a", "1")), grouped_key),
+        Changed::new()
+    );
+    // A new version, then a new object of another key.
+    assert_eq!(
+        g.apply(&Event::Apply(slice("a-1", "a", "2")), grouped_key),
+        keys(&["a"])
+    );
+    assert_eq!(
+        g.apply(&Event::Apply(slice("b-1", "b", "3")), grouped_key),
+        keys(&["b"])
+    );
+    // Relabelled to another import: both keys changed, it moved.
+    assert_eq!(
+        g.apply(&Event::Apply(slice("a-2", "b", "4")), grouped_key),
+        keys(&["a", "b"])
+    );
+    assert_eq!(
+        (names(&g, "a"), names(&g, "b")),
+        (vec!["a-1".into()], vec!["a-2".to_string(), "b-1".into()])
+    );
+    // Deleted: gone from its key; the key's last one empties it.
+    assert_eq!(
+        g.apply(&Event::Delete(slice("a-1", "a", "2")), grouped_key),
+        keys(&["a"])
+    );
+    assert!(!g.items.contains_key(&key("a")));
+    // Unlabelled: forgotten.
+    let mut bare = slice("b-1", "b", "5");
+    bare.metadata.labels = None;
+    assert_eq!(g.apply(&Event::Apply(bare), grouped_key), keys(&["b"]));
+    assert_eq!(names(&g, "b"), ["a-2"]);
+}
+
+#[test]
+fn a_relist_replaces_the_groups_at_its_end_and_names_what_differs() {
+    let mut g = Grouped::default();
+    g.apply(&Event::Init, grouped_key);
+    for s in [
+        slice("a-1", "a", "1"),
+        slice("b-1", "b", "1"),
+        slice("c-1", "c", "1"),
+    ] {
+        g.apply(&Event::InitApply(s), grouped_key);
+    }
+    g.apply(&Event::InitDone, grouped_key);
+    // A relist: a unchanged, b changed, c gone, d new; the old view holds meanwhile.
+    g.apply(&Event::Init, grouped_key);
+    g.apply(&Event::InitApply(slice("a-1", "a", "1")), grouped_key);
+    g.apply(&Event::InitApply(slice("b-1", "b", "2")), grouped_key);
+    g.apply(&Event::InitApply(slice("d-1", "d", "1")), grouped_key);
+    assert_eq!(names(&g, "c"), ["c-1"], "kept until the list is complete");
+    assert_eq!(
+        g.apply(&Event::InitDone, grouped_key),
+        keys(&["b", "c", "d"])
+    );
+    assert_eq!(names(&g, "c"), Vec::<String>::new());
+    assert_eq!(names(&g, "d"), ["d-1"]);
+    // An event after the relist finds the object where the list filed it.
+    assert_eq!(
+        g.apply(&Event::Delete(slice("d-1", "d", "1")), grouped_key),
+        keys(&["d"])
+    );
+}

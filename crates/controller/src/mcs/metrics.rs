@@ -61,7 +61,7 @@ impl McsFamilies {
         );
         r.register(
             "mcs_import_writes",
-            "Writes of local ServiceImports, their status and derived Services, by kind and outcome (created, updated, deleted, stale, gone, no_namespace, foreign, refused, failed)",
+            "Writes of local ServiceImports, their status, derived Services and EndpointSlices, by kind and outcome (created, updated, deleted, stale, gone, no_namespace, foreign, refused, failed)",
             self.import_writes.clone(),
         );
         r.register(

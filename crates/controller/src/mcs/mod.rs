@@ -2,7 +2,8 @@
 //! install them, and ONE process-wide component that reads the ServiceExports of the
 //! local cluster and of every linked one (a full mesh: each cluster's controller reads
 //! the others over its links) and writes the conditions of the local exports, and in
-//! this cluster each exported name's ServiceImport and derived Service. The merge of
+//! this cluster each exported name's ServiceImport, derived Service and EndpointSlices
+//! (one group per remote exporting cluster, at its gateway). The merge of
 //! exports across the cluster set is pure and lives in `service_mirror_core::mcs`
 //! (the import's and derived Service's forms in `mcs_import`, `mcs_derived`); we never
 //! write to a remote cluster.
@@ -10,8 +11,8 @@
 //! Files: `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
 //! cluster's exports and Services; the local imports and derived Services), `index.rs`
 //! (every cluster's exports, fed by those watches), `worker.rs` (judge, write the
-//! status, report), `imports.rs` (the local imports and derived Services and their
-//! writer), `metrics.rs`.
+//! status, report), `imports.rs` (the local imports, derived Services and import
+//! EndpointSlices, and their writer), `metrics.rs`.
 
 mod imports;
 mod index;
@@ -24,9 +25,11 @@ use crate::events::EventRecorder;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::runtime::watcher;
 use resource::{ServiceExport, ServiceImport};
+use service_mirror_core::mcs_slices::SourceGateway;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -80,6 +83,14 @@ enum Msg {
     Import(Box<watcher::Event<ServiceImport>>),
     /// A watch event of our local derived Services.
     Derived(Box<watcher::Event<Service>>),
+    /// A watch event of our local import EndpointSlices.
+    Slice(Box<watcher::Event<EndpointSlice>>),
+    /// The gateway of linked cluster `cluster` as its link resolved and probed it
+    /// (`None`: it has none usable now).
+    Gateway {
+        cluster: String,
+        gateway: Option<SourceGateway>,
+    },
 }
 
 /// Settings of the MCS component.
@@ -114,6 +125,28 @@ impl std::fmt::Debug for Mcs {
     }
 }
 
+/// A link's gateway reports, into the MCS component.
+pub(crate) struct GatewayFeed {
+    mcs: Mcs,
+    cluster: String,
+    domain: String,
+}
+
+impl crate::gateway::report::GatewayListener for GatewayFeed {
+    /// Always: which imports the cluster exports is the worker's to know.
+    fn in_use(&self) -> bool {
+        true
+    }
+
+    fn report(&self, gateway: Option<service_mirror_core::federated::MemberGateway>) {
+        let gateway = gateway.map(|gateway| SourceGateway {
+            gateway,
+            domain: self.domain.clone(),
+        });
+        self.mcs.gateway(&self.cluster, gateway);
+    }
+}
+
 impl Mcs {
     /// Starts the component: the local watches and the worker, until `cancel`.
     pub fn start(
@@ -132,14 +165,8 @@ impl Mcs {
         };
         let mut tasks = watches::spawn(&local, feed.clone(), &cancel);
         tasks.extend(watches::spawn_imports(&local, feed, &cancel));
-        let imports = imports::Imports::new(
-            local.clone(),
-            recorder.clone(),
-            metrics.clone(),
-            &opts.controller_namespace,
-            opts.namespaces.clone(),
-            opts.leader.clone(),
-        );
+        let imports =
+            imports::Imports::new(local.clone(), recorder.clone(), metrics.clone(), &opts);
         let worker = worker::Worker::new(
             local,
             recorder,
@@ -164,6 +191,24 @@ impl Mcs {
     /// imports may go with their last export), one of them waits for its link.
     pub fn expect(&self, clusters: std::collections::BTreeSet<String>) {
         let _ = self.tx.send(Msg::Expect(clusters));
+    }
+
+    /// The gateway of linked cluster `cluster` changed (`None`: none usable now): the
+    /// EndpointSlices of the imports it exports point at it.
+    pub fn gateway(&self, cluster: &str, gateway: Option<SourceGateway>) {
+        let _ = self.tx.send(Msg::Gateway {
+            cluster: cluster.into(),
+            gateway,
+        });
+    }
+
+    /// What the link of `cluster` (DNS domain `domain`) reports its gateway to.
+    pub(crate) fn gateway_listener(&self, cluster: &str, domain: &str) -> GatewayFeed {
+        GatewayFeed {
+            mcs: self.clone(),
+            cluster: cluster.into(),
+            domain: domain.into(),
+        }
     }
 
     /// The link of `cluster` was removed and no other source links it: the imports it

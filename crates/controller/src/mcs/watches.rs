@@ -8,6 +8,7 @@ use super::resource::{ServiceExport, ServiceImport};
 use crate::metrics::{ClusterLabels, Metrics};
 use crate::watch::{Store, Watch, drive};
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -90,14 +91,19 @@ fn strip_derived(s: &mut Service) {
     s.metadata.managed_fields = None;
 }
 
+fn strip_slice(s: &mut EndpointSlice) {
+    s.metadata.managed_fields = None;
+}
+
 /// Starts the watches of the local cluster's ServiceImports (all: a foreign one must be
-/// seen) and of our derived Services (by label).
+/// seen), of our derived Services and of our import EndpointSlices (both by label).
 pub(super) fn spawn_imports(
     client: &Client,
     feed: Feed,
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     use service_mirror_core::mcs_derived::{DERIVED_LABEL, DERIVED_VALUE};
+    use service_mirror_core::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
     vec![
         tokio::spawn(watch_kind(
             Api::<ServiceImport>::all(client.clone()),
@@ -114,6 +120,15 @@ pub(super) fn spawn_imports(
             |_, _, event| Msg::Derived(event),
             "derived Service",
             watcher::Config::default().labels(&format!("{DERIVED_LABEL}={DERIVED_VALUE}")),
+            feed.clone(),
+            cancel.clone(),
+        )),
+        tokio::spawn(watch_kind(
+            Api::<EndpointSlice>::all(client.clone()),
+            strip_slice,
+            |_, _, event| Msg::Slice(event),
+            "import EndpointSlice",
+            watcher::Config::default().labels(&format!("{IMPORT_LABEL}={IMPORT_VALUE}")),
             feed,
             cancel.clone(),
         )),

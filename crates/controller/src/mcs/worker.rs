@@ -218,6 +218,12 @@ impl Worker {
                 let changed = self.imports.derived_event(&event);
                 self.imports_listed(was, changed)
             }
+            Msg::Slice(event) => {
+                let was = self.imports.listed();
+                let changed = self.imports.slice_event(&event);
+                self.imports_listed(was, changed)
+            }
+            Msg::Gateway { cluster, gateway } => self.imports.gateway(cluster, gateway),
         };
         self.dirty.extend(changed);
     }

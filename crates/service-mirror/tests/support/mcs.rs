@@ -375,6 +375,20 @@ impl World {
             .unwrap()
             .items
     }
+
+    /// Every EndpointSlice of the import `name` in `cluster` (by the KEP's label, any
+    /// writer's), as plain JSON.
+    pub(crate) async fn slices(&self, cluster: &str, name: &str) -> Vec<serde_json::Value> {
+        let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+            Api::namespaced(self.client(cluster).clone(), &self.ns);
+        let selector = format!("multicluster.kubernetes.io/service-name={name}");
+        let list = api.list(&ListParams::default().labels(&selector)).await;
+        list.unwrap()
+            .items
+            .iter()
+            .map(|s| serde_json::to_value(s).unwrap())
+            .collect()
+    }
 }
 
 /// A ServiceImport as the tests read it.

@@ -1,0 +1,177 @@
+//! The EndpointSlices of a ServiceImport (KEP-1645, "Tracking Endpoints"): one group
+//! per remote source cluster, labelled with the import's name and the source cluster,
+//! pointing at that cluster's gateway (gateway mode: the gateway forwards to the
+//! exported Service there), with `kubernetes.io/service-name` naming the derived
+//! Service, so kube-proxy sends the ClusterSetIP to every exporting cluster.
+//!
+//! Ours carry [`IMPORT_LABEL`], our managed-by and our controller namespace, and are
+//! owned by the ServiceImport; any other slice (kube-controller-manager's, another
+//! implementation's) is never written.
+//!
+//! Not here (yet): the local exporter's own endpoints (a copy of its pods' addresses),
+//! and headless imports (a gateway is one address for the whole Service, not one per
+//! pod): a headless import has no slices of ours.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::ServiceKey;
+use crate::federated::MemberGateway;
+use crate::gateway_slices::{GatewaySlices, gateway_slices, plan_slices};
+use crate::labels::{
+    CONTROLLER_NAMESPACE_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
+    REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION,
+    SERVICE_NAME_LABEL as KUBE_SERVICE_NAME_LABEL,
+};
+use crate::mcs::{ImportPort, SERVICE_NAME_LABEL, SOURCE_CLUSTER_LABEL};
+use crate::mcs_derived::derived_service_name;
+use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
+use crate::naming::fq_name;
+use crate::plan::Action;
+
+/// A linked cluster's gateway, as its link reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceGateway {
+    /// Addresses (policy-accepted), port, identity and probe verdict.
+    pub gateway: MemberGateway,
+    /// The cluster's DNS domain (the slices' `remote-svc-fq-name`).
+    pub domain: String,
+}
+
+/// Everything the slices of one import depend on.
+#[derive(Debug, Clone, Copy)]
+pub struct ImportSlicesInput<'a> {
+    /// The import.
+    pub key: &'a ServiceKey,
+    /// Its ports (the union), each reaching the gateways' port by name.
+    pub ports: &'a [ImportPort],
+    /// Whether it is headless (no slices of ours).
+    pub headless: bool,
+    /// The clusters that export it validly (`status.clusters`).
+    pub clusters: &'a [String],
+    /// This cluster: its own endpoints are not written here.
+    pub local_cluster: &'a str,
+    /// Each linked cluster's gateway, as last reported (absent: not yet).
+    pub gateways: &'a BTreeMap<String, SourceGateway>,
+    /// Our controller namespace.
+    pub controller_namespace: &'a str,
+}
+
+/// The desired slices of one import.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DesiredImportSlices {
+    /// The slices (no owner yet: [`plan_import_slices`] sets the import).
+    pub slices: Vec<EndpointSlice>,
+    /// Exporting clusters whose gateway is not reported yet: their stored slices are
+    /// left as they are (a restart must not empty them before the gateways come).
+    pub untouched: BTreeSet<String>,
+}
+
+/// The base name of the slices of `key` from `cluster`: the derived Service's name
+/// (unique per import, never a mirror's) and the cluster.
+fn base_name(key: &ServiceKey, cluster: &str) -> String {
+    format!("{}-{cluster}", derived_service_name(key))
+}
+
+/// The desired slices of an import (see the module doc). A cluster that exports no
+/// longer has none, so its stored ones go.
+pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlices {
+    let mut out = DesiredImportSlices::default();
+    if input.headless {
+        return out;
+    }
+    let ports: Vec<(String, String)> = input
+        .ports
+        .iter()
+        .map(|p| (p.name.clone(), p.protocol.clone()))
+        .collect();
+    let derived = derived_service_name(input.key);
+    for cluster in input.clusters {
+        if cluster == input.local_cluster {
+            continue;
+        }
+        let Some(source) = input.gateways.get(cluster) else {
+            out.untouched.insert(cluster.clone());
+            continue;
+        };
+        let labels = BTreeMap::from([
+            (SERVICE_NAME_LABEL.to_owned(), input.key.name.clone()),
+            (SOURCE_CLUSTER_LABEL.to_owned(), cluster.clone()),
+            (KUBE_SERVICE_NAME_LABEL.to_owned(), derived.clone()),
+            (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
+            (IMPORT_LABEL.to_owned(), IMPORT_VALUE.to_owned()),
+        ]);
+        let mut annotations = BTreeMap::from([
+            (
+                CONTROLLER_NAMESPACE_ANNOTATION.to_owned(),
+                input.controller_namespace.to_owned(),
+            ),
+            (
+                REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(),
+                fq_name(&input.key.name, &input.key.namespace, &source.domain),
+            ),
+        ]);
+        if let Some(id) = &source.gateway.identity {
+            annotations.insert(REMOTE_GATEWAY_IDENTITY_ANNOTATION.to_owned(), id.clone());
+        }
+        out.slices.extend(gateway_slices(&GatewaySlices {
+            namespace: &input.key.namespace,
+            base: &base_name(input.key, cluster),
+            labels: &labels,
+            annotations: &annotations,
+            gateway: &source.gateway,
+            ports: &ports,
+        }));
+    }
+    out
+}
+
+/// Whether `meta` is one of our import slices (any import's), for
+/// `controller_namespace`.
+pub fn is_owned_import_slice(meta: &ObjectMeta, controller_namespace: &str) -> bool {
+    let label = |k: &str| meta.labels.as_ref().and_then(|l| l.get(k));
+    let annotation = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONTROLLER_NAMESPACE_ANNOTATION));
+    label(IMPORT_LABEL).map(String::as_str) == Some(IMPORT_VALUE)
+        && label(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY_VALUE)
+        && label(SERVICE_NAME_LABEL).is_some()
+        && label(SOURCE_CLUSTER_LABEL).is_some()
+        && annotation.map(String::as_str) == Some(controller_namespace)
+}
+
+/// The writes that bring the stored slices of the import `key` to `desired`, owned by
+/// `owner` (the stored import). Of `stored`, only our slices of `key` count: any other
+/// slice is never written. With no import (`desired` empty, nothing untouched), every
+/// slice of ours of the name goes.
+pub fn plan_import_slices(
+    key: &ServiceKey,
+    desired: &DesiredImportSlices,
+    stored: &[EndpointSlice],
+    owner: &OwnerReference,
+    controller_namespace: &str,
+) -> Vec<Action> {
+    let ours: Vec<&EndpointSlice> = stored
+        .iter()
+        .filter(|s| {
+            let m = &s.metadata;
+            is_owned_import_slice(m, controller_namespace)
+                && m.namespace.as_deref() == Some(&key.namespace)
+                && m.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)) == Some(&key.name)
+        })
+        .collect();
+    plan_slices(&desired.slices, &ours, owner, |s| {
+        s.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SOURCE_CLUSTER_LABEL))
+            .is_some_and(|c| desired.untouched.contains(c))
+    })
+}
+
+#[cfg(test)]
+#[path = "mcs_slices_tests.rs"]
+mod tests;

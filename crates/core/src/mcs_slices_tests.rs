@@ -1,0 +1,321 @@
+use super::*;
+use crate::mcs_test_support::{CTL, key, port};
+use std::net::IpAddr;
+
+fn gw(addrs: &[&str], alive: bool) -> SourceGateway {
+    SourceGateway {
+        gateway: MemberGateway {
+            addresses: addrs.iter().map(|a| a.parse::<IpAddr>().unwrap()).collect(),
+            port: 4143,
+            identity: Some("gateway.east.serviceaccount.identity.linkerd.cluster.local".into()),
+            alive,
+        },
+        domain: "cluster.local".into(),
+    }
+}
+
+fn ports() -> Vec<ImportPort> {
+    vec![port("http", "TCP", 80), port("dns", "UDP", 53)]
+}
+
+fn clusters(names: &[&str]) -> Vec<String> {
+    names.iter().map(|c| (*c).into()).collect()
+}
+
+fn desired(
+    headless: bool,
+    exporting: &[&str],
+    gateways: &BTreeMap<String, SourceGateway>,
+) -> DesiredImportSlices {
+    let (k, p, c) = (key(), ports(), clusters(exporting));
+    desired_import_slices(&ImportSlicesInput {
+        key: &k,
+        ports: &p,
+        headless,
+        clusters: &c,
+        local_cluster: "west",
+        gateways,
+        controller_namespace: CTL,
+    })
+}
+
+fn owner(uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "multicluster.x-k8s.io/v1beta1".into(),
+        kind: "ServiceImport".into(),
+        name: "hello".into(),
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// The slices as the apiserver would store them after our creates.
+fn stored(d: &DesiredImportSlices, uid: &str) -> Vec<EndpointSlice> {
+    d.slices
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut s = s.clone();
+            s.metadata.owner_references = Some(vec![owner(uid)]);
+            s.metadata.uid = Some(format!("s{i}"));
+            s.metadata.resource_version = Some(format!("{}", 10 + i));
+            s
+        })
+        .collect()
+}
+
+fn east(addrs: &[&str], alive: bool) -> BTreeMap<String, SourceGateway> {
+    BTreeMap::from([("east".into(), gw(addrs, alive))])
+}
+
+fn plan(d: &DesiredImportSlices, stored: &[EndpointSlice], uid: &str) -> Vec<Action> {
+    plan_import_slices(&key(), d, stored, &owner(uid), CTL)
+}
+
+fn verbs(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .map(|a| a.to_string().replace("shop/", ""))
+        .collect()
+}
+
+#[test]
+fn a_remote_exporter_gets_one_slice_per_family_at_its_gateway_labelled_for_kube_proxy_and_mcs() {
+    let d = desired(
+        false,
+        &["east", "west"],
+        &east(&["192.0.2.7", "2001:db8::7"], true),
+    );
+    assert!(d.untouched.is_empty());
+    assert_eq!(d.slices.len(), 2, "one per family: {d:?}");
+    let v4 = &d.slices[0];
+    let derived = derived_service_name(&key());
+    assert_eq!(v4.address_type, "IPv4");
+    assert_eq!(d.slices[1].address_type, "IPv6");
+    assert_eq!(
+        v4.metadata.name.as_deref(),
+        Some(format!("{derived}-east-ipv4-0").as_str())
+    );
+    assert_eq!(v4.metadata.namespace.as_deref(), Some("shop"));
+    let labels = v4.metadata.labels.clone().unwrap();
+    assert_eq!(labels[SERVICE_NAME_LABEL], "hello");
+    assert_eq!(labels[SOURCE_CLUSTER_LABEL], "east");
+    assert_eq!(
+        labels[KUBE_SERVICE_NAME_LABEL], derived,
+        "kube-proxy routes the ClusterSetIP"
+    );
+    assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY_VALUE);
+    let notes = v4.metadata.annotations.clone().unwrap();
+    assert_eq!(
+        notes[REMOTE_SVC_FQ_NAME_ANNOTATION],
+        "hello.shop.svc.cluster.local"
+    );
+    assert!(notes[REMOTE_GATEWAY_IDENTITY_ANNOTATION].starts_with("gateway.east."));
+    assert_eq!(notes[CONTROLLER_NAMESPACE_ANNOTATION], CTL);
+    assert_eq!(v4.endpoints.len(), 1);
+    assert_eq!(v4.endpoints[0].addresses, ["192.0.2.7"]);
+    let ready = v4.endpoints[0].conditions.clone().unwrap();
+    assert_eq!((ready.ready, ready.serving), (Some(true), Some(true)));
+    let got: Vec<(Option<String>, Option<String>, Option<i32>)> = v4
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone(), p.protocol.clone(), p.port))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some("http".into()), Some("TCP".into()), Some(4143)),
+            (Some("dns".into()), Some("UDP".into()), Some(4143)),
+        ],
+        "every port reaches the gateway's, by name"
+    );
+    assert!(is_owned_import_slice(&v4.metadata, CTL));
+    assert!(!is_owned_import_slice(&v4.metadata, "another-controller"));
+}
+
+#[test]
+fn the_local_exporter_has_no_slice_here_and_a_cluster_without_a_gateway_yet_is_left_untouched() {
+    let d = desired(false, &["north", "west"], &east(&["192.0.2.7"], true));
+    assert!(d.slices.is_empty(), "{d:?}");
+    assert_eq!(d.untouched, BTreeSet::from(["north".to_string()]));
+    // Its stored slices (from before a restart) stay until its gateway is reported.
+    let before = desired(
+        false,
+        &["north"],
+        &BTreeMap::from([("north".into(), gw(&["192.0.2.9"], true))]),
+    );
+    assert!(plan(&d, &stored(&before, "u1"), "u1").is_empty());
+}
+
+#[test]
+fn a_headless_import_has_no_slices_and_its_stored_ones_go() {
+    let gws = east(&["192.0.2.7"], true);
+    assert_eq!(
+        desired(true, &["east"], &gws),
+        DesiredImportSlices::default()
+    );
+    let before = stored(&desired(false, &["east"], &gws), "u1");
+    let derived = derived_service_name(&key());
+    assert_eq!(
+        verbs(&plan(&desired(true, &["east"], &gws), &before, "u1")),
+        [format!("delete EndpointSlice {derived}-east-ipv4-0")]
+    );
+}
+
+#[test]
+fn equal_inputs_give_no_action() {
+    let gws = east(&["192.0.2.7", "2001:db8::7"], true);
+    let d = desired(false, &["east", "west"], &gws);
+    assert_eq!(plan(&d, &stored(&d, "u1"), "u1"), Vec::new());
+    assert_eq!(d, desired(false, &["west", "east"], &gws));
+}
+
+#[test]
+fn a_new_import_uid_a_dead_gateway_or_a_moved_address_updates_in_place() {
+    let d = desired(false, &["east"], &east(&["192.0.2.7"], true));
+    let before = stored(&d, "u1");
+    let name = format!("{}-east-ipv4-0", derived_service_name(&key()));
+    // The import made again (new uid): the owner follows.
+    assert_eq!(
+        verbs(&plan(&d, &before, "u2")),
+        [format!("update EndpointSlice {name}")]
+    );
+    // The gateway's probe fails: not ready, not serving, same addresses.
+    let dead = desired(false, &["east"], &east(&["192.0.2.7"], false));
+    let actions = plan(&dead, &before, "u1");
+    let [Action::UpdateEndpointSlice(s)] = actions.as_slice() else {
+        panic!("{actions:?}");
+    };
+    let c = s.endpoints[0].conditions.clone().unwrap();
+    assert_eq!((c.ready, c.serving), (Some(false), Some(false)));
+    assert_eq!(
+        s.metadata.resource_version.as_deref(),
+        Some("10"),
+        "precondition kept"
+    );
+    // A new address.
+    let moved = desired(false, &["east"], &east(&["192.0.2.8"], true));
+    assert_eq!(
+        verbs(&plan(&moved, &before, "u1")),
+        [format!("update EndpointSlice {name}")]
+    );
+}
+
+#[test]
+fn a_gateway_that_changes_family_is_deleted_and_created_again() {
+    let before = stored(
+        &desired(false, &["east"], &east(&["192.0.2.7"], true)),
+        "u1",
+    );
+    let v6 = desired(false, &["east"], &east(&["2001:db8::7"], true));
+    let derived = derived_service_name(&key());
+    assert_eq!(
+        verbs(&plan(&v6, &before, "u1")),
+        [
+            format!("create EndpointSlice {derived}-east-ipv6-0"),
+            format!("delete EndpointSlice {derived}-east-ipv4-0"),
+        ]
+    );
+}
+
+#[test]
+fn a_cluster_that_stops_exporting_loses_its_slices_the_others_keep_theirs() {
+    let gws = BTreeMap::from([
+        ("east".to_string(), gw(&["192.0.2.7"], true)),
+        ("north".to_string(), gw(&["192.0.2.9"], true)),
+    ]);
+    let before = stored(&desired(false, &["east", "north"], &gws), "u1");
+    let derived = derived_service_name(&key());
+    assert_eq!(
+        verbs(&plan(&desired(false, &["east"], &gws), &before, "u1")),
+        [format!("delete EndpointSlice {derived}-north-ipv4-0")]
+    );
+    // No import at all: every slice of ours of the name goes.
+    assert_eq!(
+        verbs(&plan(&DesiredImportSlices::default(), &before, "u1")).len(),
+        2
+    );
+}
+
+#[test]
+fn another_writers_slice_is_never_planned_whatever_it_carries() {
+    let gws = east(&["192.0.2.7"], true);
+    let d = desired(false, &["east"], &gws);
+    let ours = stored(&d, "u1");
+    let foreign = |change: &dyn Fn(&mut ObjectMeta)| {
+        let mut s = ours[0].clone();
+        change(&mut s.metadata);
+        s
+    };
+    let cases: Vec<(&str, EndpointSlice)> = vec![
+        (
+            "kube-controller-manager's",
+            foreign(&|m| {
+                m.labels.as_mut().unwrap().insert(
+                    MANAGED_BY_LABEL.into(),
+                    "endpointslice-controller.k8s.io".into(),
+                );
+            }),
+        ),
+        (
+            "without our mark",
+            foreign(&|m| {
+                m.labels.as_mut().unwrap().remove(IMPORT_LABEL);
+            }),
+        ),
+        (
+            "of another controller namespace",
+            foreign(&|m| {
+                m.annotations
+                    .as_mut()
+                    .unwrap()
+                    .insert(CONTROLLER_NAMESPACE_ANNOTATION.into(), "other".into());
+            }),
+        ),
+        (
+            "without a source cluster",
+            foreign(&|m| {
+                m.labels.as_mut().unwrap().remove(SOURCE_CLUSTER_LABEL);
+            }),
+        ),
+    ];
+    for (what, theirs) in cases {
+        // Not desired any more: still not deleted.
+        let none = plan(
+            &DesiredImportSlices::default(),
+            std::slice::from_ref(&theirs),
+            "u1",
+        );
+        assert!(none.is_empty(), "{what}: {none:?}");
+        assert!(!is_owned_import_slice(&theirs.metadata, CTL), "{what}");
+    }
+    // One of ours of another import, or another namespace: not this import's.
+    let mut other = ours[0].clone();
+    other
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(SERVICE_NAME_LABEL.into(), "bye".into());
+    let mut elsewhere = ours[0].clone();
+    elsewhere.metadata.namespace = Some("other".into());
+    assert!(plan(&DesiredImportSlices::default(), &[other, elsewhere], "u1").is_empty());
+}
+
+#[test]
+fn slice_names_never_take_a_mirrors_name_and_stay_within_63_characters() {
+    let long = "a".repeat(63);
+    let gws = BTreeMap::from([(long.clone(), gw(&["192.0.2.7"], true))]);
+    let d = desired(false, &[&long], &gws);
+    let name = d.slices[0].metadata.name.clone().unwrap();
+    assert!(name.len() <= 63, "{name}");
+    assert!(name.starts_with("derived-"), "{name}");
+    let short = desired(false, &["east"], &east(&["192.0.2.7"], true));
+    // The mirror of hello from east is hello-east, its slices hello-east-ipv4-0.
+    assert_ne!(
+        short.slices[0].metadata.name.as_deref(),
+        Some("hello-east-ipv4-0")
+    );
+}

@@ -1,0 +1,260 @@
+//! The EndpointSlices of ServiceImports (KEP-1645 "Tracking Endpoints"; issue 17 point
+//! 3) on real apiservers, in the two-cluster world of `support/mcs.rs`: one group per
+//! remote exporting cluster, at the gateway its link reports, owned by the import.
+//! Every expected field is written out from the KEP and the contract and read as plain
+//! JSON, never computed with the core.
+
+mod support;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use service_mirror_core::federated::MemberGateway;
+use service_mirror_core::mcs_slices::SourceGateway;
+use std::time::Duration;
+use support::eventually;
+use support::mcs::*;
+
+const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+
+fn gateway(addr: &str, alive: bool) -> Option<SourceGateway> {
+    Some(SourceGateway {
+        gateway: MemberGateway {
+            addresses: vec![addr.parse().unwrap()],
+            port: 4143,
+            identity: Some(
+                "gateway.linkerd-multicluster.serviceaccount.identity.linkerd.east".into(),
+            ),
+            alive,
+        },
+        domain: "cluster.local".into(),
+    })
+}
+
+/// The slices of ours (our managed-by) of the import `name` in `cluster`.
+async fn ours(w: &World, cluster: &str, name: &str) -> Vec<Value> {
+    let all = w.slices(cluster, name).await;
+    all.into_iter()
+        .filter(|s| s["metadata"]["labels"][MANAGED_BY] == "service-mirror.linkerd.io")
+        .collect()
+}
+
+fn ready(s: &Value) -> (Value, Value) {
+    let c = &s["endpoints"][0]["conditions"];
+    (c["ready"].clone(), c["serving"].clone())
+}
+
+/// `(name, protocol, port)` of a slice's ports, sorted.
+fn ports(s: &Value) -> Vec<(String, String, i64)> {
+    let mut out: Vec<(String, String, i64)> = s["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("").into(),
+                p["protocol"].as_str().unwrap_or("").into(),
+                p["port"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A slice of the import `name` by another writer (the KEP's labels, its own
+/// managed-by) named `slice`.
+fn theirs(ns: &str, name: &str, slice: &str) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": slice, "namespace": ns, "labels": {
+            "multicluster.kubernetes.io/service-name": name,
+            "multicluster.kubernetes.io/source-cluster": "east",
+            MANAGED_BY: "someone.example-controller",
+        }},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["192.0.2.99"]}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_exporter_gets_a_slice_at_its_gateway_owned_by_the_import_until_it_stops() {
+    let w = World::new("mcs-sl").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    let svc_ports = json!([tcp("http", 80), {"name": "dns", "port": 53, "protocol": "UDP"}]);
+    for c in ["west", "east"] {
+        w.service(c, "hello", clusterip(svc_ports.clone())).await;
+        w.export(c, "hello").await;
+    }
+    west.mcs.gateway("east", gateway("192.0.2.10", true));
+    let import = w
+        .import_until("west", "hello", "exported by both", |i| {
+            i.clusters() == ["east", "west"]
+        })
+        .await;
+    let derived = import
+        .derived_name()
+        .expect("the import names its derived Service");
+    let slice = eventually("west's slice of east, ready", || async {
+        let s = ours(&w, "west", "hello").await;
+        (s.len() == 1 && ready(&s[0]).0 == true).then(|| s[0].clone())
+    })
+    .await;
+    let labels = &slice["metadata"]["labels"];
+    assert_eq!(labels["multicluster.kubernetes.io/source-cluster"], "east");
+    assert_eq!(
+        labels["kubernetes.io/service-name"], derived,
+        "kube-proxy serves the ClusterSetIP from it"
+    );
+    assert_eq!(slice["addressType"], "IPv4");
+    assert_eq!(slice["endpoints"][0]["addresses"], json!(["192.0.2.10"]));
+    assert_eq!(ready(&slice), (json!(true), json!(true)));
+    assert_eq!(
+        ports(&slice),
+        [
+            ("dns".into(), "UDP".into(), 4143),
+            ("http".into(), "TCP".into(), 4143)
+        ],
+        "every port, by name, at the gateway's port"
+    );
+    let owner = &slice["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["apiVersion"], "multicluster.x-k8s.io/v1beta1");
+    assert_eq!(owner["kind"], "ServiceImport");
+    assert_eq!(owner["name"], "hello");
+    assert_eq!(owner["uid"], json!(import.object.metadata.uid));
+    let notes = &slice["metadata"]["annotations"];
+    assert_eq!(
+        notes["mirror.linkerd.io/remote-svc-fq-name"],
+        format!("hello.{}.svc.cluster.local", w.ns)
+    );
+    assert!(
+        notes["mirror.linkerd.io/remote-gateway-identity"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("gateway.")),
+        "{notes}"
+    );
+    // East has no gateway of west reported: no slice (and its own endpoints are not
+    // copied here).
+    assert_eq!(ours(&w, "east", "hello").await, Vec::<Value>::new());
+
+    // Another writer's slice of the same import: never touched.
+    let api: Api<EndpointSlice> = Api::namespaced(w.west.clone(), &w.ns);
+    let foreign = api
+        .create(
+            &PostParams::default(),
+            &theirs(&w.ns, "hello", "hello-theirs"),
+        )
+        .await
+        .unwrap();
+
+    // The gateway's probe fails: its endpoint is neither ready nor serving.
+    west.mcs.gateway("east", gateway("192.0.2.10", false));
+    eventually("west's slice of east not ready", || async {
+        let s = ours(&w, "west", "hello").await;
+        (s.len() == 1 && ready(&s[0]) == (json!(false), json!(false))).then_some(())
+    })
+    .await;
+
+    // East stops exporting: its slice goes, the import stays for west.
+    w.exports("east")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.import_until("west", "hello", "exported by west alone", |i| {
+        i.clusters() == ["west"]
+    })
+    .await;
+    eventually("west's slice of east gone", || async {
+        ours(&w, "west", "hello").await.is_empty().then_some(())
+    })
+    .await;
+    // The last export goes: no import, no slice of ours; theirs as it was.
+    w.exports("west")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.import_gone("west", "hello").await;
+    assert_eq!(ours(&w, "west", "hello").await, Vec::<Value>::new());
+    let now = api.get("hello-theirs").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, foreign.metadata.resource_version,
+        "another writer's slice is never written"
+    );
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_the_slices_until_the_gateway_is_reported_and_then_writes_nothing() {
+    let w = World::new("mcs-slr").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    w.service("east", "hello", clusterip(json!([tcp("http", 80)])))
+        .await;
+    w.export("east", "hello").await;
+    west.mcs.gateway("east", gateway("192.0.2.10", true));
+    let before = eventually("west's slice of east", || async {
+        let s = ours(&w, "west", "hello").await;
+        (s.len() == 1).then(|| s[0].clone())
+    })
+    .await;
+    west.stop().await;
+    // Restarted: its imports list, east's exports list, no gateway yet.
+    let west = w.start("west", None);
+    west.metric("service_mirror_mcs_clusters_listed 2").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = ours(&w, "west", "hello").await;
+    assert_eq!(kept, vec![before.clone()], "kept as it was, not emptied");
+    // The same gateway reported: nothing to write.
+    west.mcs.gateway("east", gateway("192.0.2.10", true));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ours(&w, "west", "hello").await, vec![before]);
+    let text = west.metrics.encode();
+    assert!(
+        !text.contains("kind=\"endpoint_slice\""),
+        "no slice write after the restart: {text}"
+    );
+    west.stop().await;
+    east.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_name_held_by_another_writer_is_never_touched_and_is_reported() {
+    let w = World::new("mcs-slf").await;
+    let east = w.start("east", None);
+    w.service("east", "hello", clusterip(json!([tcp("http", 80)])))
+        .await;
+    w.export("east", "hello").await;
+    // West starts after the import's name is known, so the test can take its slice's
+    // name first: `<derived Service>-<cluster>-<family>-<index>`.
+    let west = w.start("west", None);
+    let import = w
+        .import_until("west", "hello", "exported by east", |i| {
+            i.clusters() == ["east"]
+        })
+        .await;
+    let name = format!("{}-east-ipv4-0", import.derived_name().unwrap());
+    let api: Api<EndpointSlice> = Api::namespaced(w.west.clone(), &w.ns);
+    let foreign = api
+        .create(&PostParams::default(), &theirs(&w.ns, "hello", &name))
+        .await
+        .unwrap();
+    west.mcs.gateway("east", gateway("192.0.2.10", true));
+    west.metric(
+        "service_mirror_mcs_import_writes_total{kind=\"endpoint_slice\",outcome=\"foreign\"} 1",
+    )
+    .await;
+    eventually("the SliceNameTaken Event", || async {
+        let events = w.our_events("west", &name).await;
+        events.iter().any(|r| r == "SliceNameTaken").then_some(())
+    })
+    .await;
+    let now = api.get(&name).await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, foreign.metadata.resource_version,
+        "never written"
+    );
+    assert_eq!(ours(&w, "west", "hello").await, Vec::<Value>::new());
+    west.stop().await;
+    east.stop().await;
+}
