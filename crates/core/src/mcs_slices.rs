@@ -1,20 +1,21 @@
 //! The EndpointSlices of a ServiceImport (KEP-1645, "Tracking Endpoints"): one group
-//! per remote source cluster, labelled with the import's name and the source cluster,
-//! pointing at that cluster's gateway (gateway mode: the gateway forwards to the
-//! exported Service there), with `kubernetes.io/service-name` naming the derived
-//! Service, so kube-proxy sends the ClusterSetIP to every exporting cluster.
+//! per source cluster, labelled with the import's name and the source cluster, with
+//! `kubernetes.io/service-name` naming the derived Service, so kube-proxy sends the
+//! ClusterSetIP to every exporting cluster: a remote cluster's point at its gateway
+//! (gateway mode: the gateway forwards to the exported Service there), this cluster's
+//! own (when it exports the name) copy the endpoints of its exported Service's slices
+//! (its pods are reachable here as they are).
 //!
 //! Ours carry [`IMPORT_LABEL`], our managed-by and our controller namespace, and are
 //! owned by the ServiceImport; any other slice (kube-controller-manager's, another
 //! implementation's) is never written.
 //!
-//! Not here (yet): the local exporter's own endpoints (a copy of its pods' addresses),
-//! and headless imports (a gateway is one address for the whole Service, not one per
-//! pod): a headless import has no slices of ours.
+//! Not here (yet): headless imports (a gateway is one address for the whole Service,
+//! not one per pod): a headless import has no slices of ours.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::ServiceKey;
@@ -30,6 +31,7 @@ use crate::mcs_derived::derived_service_name;
 use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
 use crate::naming::fq_name;
 use crate::plan::Action;
+use crate::slices::slice_name;
 
 /// A linked cluster's gateway, as its link reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,8 +53,12 @@ pub struct ImportSlicesInput<'a> {
     pub headless: bool,
     /// The clusters that export it validly (`status.clusters`).
     pub clusters: &'a [String],
-    /// This cluster: its own endpoints are not written here.
+    /// This cluster.
     pub local_cluster: &'a str,
+    /// The slices of this cluster's exported Service of the name (not ours), as
+    /// listed; `None`: not listed yet (this cluster's slices of ours are left as they
+    /// are).
+    pub local_slices: Option<&'a [EndpointSlice]>,
     /// Each linked cluster's gateway, as last reported (absent: not yet).
     pub gateways: &'a BTreeMap<String, SourceGateway>,
     /// Our controller namespace.
@@ -88,21 +94,32 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
         .map(|p| (p.name.clone(), p.protocol.clone()))
         .collect();
     let derived = derived_service_name(input.key);
+    let labels = |cluster: &str| {
+        BTreeMap::from([
+            (SERVICE_NAME_LABEL.to_owned(), input.key.name.clone()),
+            (SOURCE_CLUSTER_LABEL.to_owned(), cluster.to_owned()),
+            (KUBE_SERVICE_NAME_LABEL.to_owned(), derived.clone()),
+            (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
+            (IMPORT_LABEL.to_owned(), IMPORT_VALUE.to_owned()),
+        ])
+    };
     for cluster in input.clusters {
         if cluster == input.local_cluster {
+            match input.local_slices {
+                Some(local) => out
+                    .slices
+                    .extend(local_copies(input, &labels(cluster), local)),
+                None => {
+                    out.untouched.insert(cluster.clone());
+                }
+            }
             continue;
         }
         let Some(source) = input.gateways.get(cluster) else {
             out.untouched.insert(cluster.clone());
             continue;
         };
-        let labels = BTreeMap::from([
-            (SERVICE_NAME_LABEL.to_owned(), input.key.name.clone()),
-            (SOURCE_CLUSTER_LABEL.to_owned(), cluster.clone()),
-            (KUBE_SERVICE_NAME_LABEL.to_owned(), derived.clone()),
-            (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
-            (IMPORT_LABEL.to_owned(), IMPORT_VALUE.to_owned()),
-        ]);
+        let labels = labels(cluster);
         let mut annotations = BTreeMap::from([
             (
                 CONTROLLER_NAMESPACE_ANNOTATION.to_owned(),
@@ -124,6 +141,57 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
             gateway: &source.gateway,
             ports: &ports,
         }));
+    }
+    out
+}
+
+/// This cluster's slices of the import: one per slice of its exported Service (by name
+/// order within each address family, so a restart names them the same), with its
+/// endpoints' addresses, conditions, hostname, node and zone and its ports as they are.
+fn local_copies(
+    input: &ImportSlicesInput<'_>,
+    labels: &BTreeMap<String, String>,
+    local: &[EndpointSlice],
+) -> Vec<EndpointSlice> {
+    let mut sources: Vec<&EndpointSlice> = local
+        .iter()
+        .filter(|s| matches!(s.address_type.as_str(), "IPv4" | "IPv6"))
+        .collect();
+    sources.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let annotations = BTreeMap::from([(
+        CONTROLLER_NAMESPACE_ANNOTATION.to_owned(),
+        input.controller_namespace.to_owned(),
+    )]);
+    let base = base_name(input.key, input.local_cluster);
+    let mut out = Vec::new();
+    for (family, address_type) in [("ipv4", "IPv4"), ("ipv6", "IPv6")] {
+        let of_family = sources.iter().filter(|s| s.address_type == address_type);
+        for (index, source) in of_family.enumerate() {
+            let endpoints = source
+                .endpoints
+                .iter()
+                .map(|e| Endpoint {
+                    addresses: e.addresses.clone(),
+                    conditions: e.conditions.clone(),
+                    hostname: e.hostname.clone(),
+                    node_name: e.node_name.clone(),
+                    zone: e.zone.clone(),
+                    ..Default::default()
+                })
+                .collect();
+            out.push(EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some(slice_name(&base, family, index)),
+                    namespace: Some(input.key.namespace.clone()),
+                    labels: Some(labels.clone()),
+                    annotations: Some(annotations.clone()),
+                    ..Default::default()
+                },
+                address_type: address_type.to_owned(),
+                endpoints,
+                ports: source.ports.clone(),
+            });
+        }
     }
     out
 }

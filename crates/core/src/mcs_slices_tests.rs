@@ -34,6 +34,7 @@ fn desired(
         headless,
         clusters: &c,
         local_cluster: "west",
+        local_slices: None,
         gateways,
         controller_namespace: CTL,
     })
@@ -87,7 +88,8 @@ fn a_remote_exporter_gets_one_slice_per_family_at_its_gateway_labelled_for_kube_
         &["east", "west"],
         &east(&["192.0.2.7", "2001:db8::7"], true),
     );
-    assert!(d.untouched.is_empty());
+    // This cluster's own slices are not listed here: left as they are.
+    assert_eq!(d.untouched, BTreeSet::from(["west".to_string()]));
     assert_eq!(d.slices.len(), 2, "one per family: {d:?}");
     let v4 = &d.slices[0];
     let derived = derived_service_name(&key());
@@ -136,10 +138,13 @@ fn a_remote_exporter_gets_one_slice_per_family_at_its_gateway_labelled_for_kube_
 }
 
 #[test]
-fn the_local_exporter_has_no_slice_here_and_a_cluster_without_a_gateway_yet_is_left_untouched() {
+fn an_unlisted_local_exporter_and_a_cluster_without_a_gateway_yet_are_left_untouched() {
     let d = desired(false, &["north", "west"], &east(&["192.0.2.7"], true));
     assert!(d.slices.is_empty(), "{d:?}");
-    assert_eq!(d.untouched, BTreeSet::from(["north".to_string()]));
+    assert_eq!(
+        d.untouched,
+        BTreeSet::from(["north".to_string(), "west".to_string()])
+    );
     // Its stored slices (from before a restart) stay until its gateway is reported.
     let before = desired(
         false,
@@ -318,4 +323,139 @@ fn slice_names_never_take_a_mirrors_name_and_stay_within_63_characters() {
         short.slices[0].metadata.name.as_deref(),
         Some("hello-east-ipv4-0")
     );
+}
+
+/// A slice of the local exported Service `hello` by kube-controller-manager.
+fn local_slice(name: &str, address_type: &str, addrs: &[(&str, bool)]) -> EndpointSlice {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "shop", "uid": format!("u-{name}"),
+            "labels": {"kubernetes.io/service-name": "hello",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "hello", "uid": "svc"}]},
+        "addressType": address_type,
+        "endpoints": addrs.iter().map(|(a, ready)| serde_json::json!({
+            "addresses": [a], "conditions": {"ready": ready, "serving": ready, "terminating": false},
+            "nodeName": "node-1", "zone": "z1",
+            "targetRef": {"kind": "Pod", "name": "p", "namespace": "shop"},
+        })).collect::<Vec<_>>(),
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }))
+    .unwrap()
+}
+
+fn with_local(exporting: &[&str], local: &[EndpointSlice]) -> DesiredImportSlices {
+    let (k, p, c) = (key(), ports(), clusters(exporting));
+    desired_import_slices(&ImportSlicesInput {
+        key: &k,
+        ports: &p,
+        headless: false,
+        clusters: &c,
+        local_cluster: "west",
+        local_slices: Some(local),
+        gateways: &BTreeMap::new(),
+        controller_namespace: CTL,
+    })
+}
+
+#[test]
+fn the_local_exporter_gets_a_copy_of_each_of_its_services_slices_with_its_ports_as_they_are() {
+    let local = [
+        local_slice("hello-b", "IPv4", &[("10.244.0.9", false)]),
+        local_slice(
+            "hello-a",
+            "IPv4",
+            &[("10.244.0.7", true), ("10.244.0.8", true)],
+        ),
+        local_slice("hello-6", "IPv6", &[("fd00::7", true)]),
+        local_slice("hello-f", "FQDN", &[("web.example", true)]),
+    ];
+    let d = with_local(&["west"], &local);
+    assert!(d.untouched.is_empty());
+    let derived = derived_service_name(&key());
+    let got: Vec<(String, String, Vec<String>)> = d
+        .slices
+        .iter()
+        .map(|s| {
+            let addrs = s
+                .endpoints
+                .iter()
+                .flat_map(|e| e.addresses.clone())
+                .collect();
+            (
+                s.metadata.name.clone().unwrap(),
+                s.address_type.clone(),
+                addrs,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                format!("{derived}-west-ipv4-0"),
+                "IPv4".into(),
+                vec!["10.244.0.7".to_string(), "10.244.0.8".into()]
+            ),
+            (
+                format!("{derived}-west-ipv4-1"),
+                "IPv4".into(),
+                vec!["10.244.0.9".to_string()]
+            ),
+            (
+                format!("{derived}-west-ipv6-0"),
+                "IPv6".into(),
+                vec!["fd00::7".to_string()]
+            ),
+        ],
+        "by name within each family; FQDN slices are not copied"
+    );
+    let first = &d.slices[0];
+    let labels = first.metadata.labels.clone().unwrap();
+    assert_eq!(labels[SOURCE_CLUSTER_LABEL], "west");
+    assert_eq!(labels[KUBE_SERVICE_NAME_LABEL], derived);
+    assert!(is_owned_import_slice(&first.metadata, CTL));
+    assert!(
+        first.metadata.owner_references.is_none(),
+        "the plan sets the import"
+    );
+    let e = &first.endpoints[0];
+    assert_eq!(e.node_name.as_deref(), Some("node-1"));
+    assert_eq!(e.zone.as_deref(), Some("z1"));
+    assert!(e.target_ref.is_none(), "pods are not ours to point at");
+    assert_eq!(
+        d.slices[1].endpoints[0].conditions.clone().unwrap().ready,
+        Some(false)
+    );
+    let port = &first.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.port),
+        (Some("http"), Some(8080)),
+        "the pods' port"
+    );
+    // Equal inputs: nothing to write; a pod going: an update of that slice only.
+    assert!(plan(&d, &stored(&d, "u1"), "u1").is_empty());
+    let fewer = [
+        local[0].clone(),
+        local_slice("hello-a", "IPv4", &[("10.244.0.7", true)]),
+        local[2].clone(),
+    ];
+    assert_eq!(
+        verbs(&plan(
+            &with_local(&["west"], &fewer),
+            &stored(&d, "u1"),
+            "u1"
+        )),
+        [format!("update EndpointSlice {derived}-west-ipv4-0")]
+    );
+    // No longer exported here: this cluster's slices go.
+    assert_eq!(
+        plan(&with_local(&["east"], &local), &stored(&d, "u1"), "u1").len(),
+        3
+    );
+}
+
+#[test]
+fn a_local_exporter_without_endpoints_has_no_slice_and_remote_ones_are_unaffected() {
+    let d = with_local(&["west"], &[]);
+    assert_eq!(d, DesiredImportSlices::default());
 }

@@ -258,3 +258,103 @@ async fn a_slice_name_held_by_another_writer_is_never_touched_and_is_reported() 
     west.stop().await;
     east.stop().await;
 }
+
+/// A slice of `cluster`'s Service `name` as kube-controller-manager writes it.
+fn service_slice(ns: &str, name: &str, slice: &str, addrs: &[&str]) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": slice, "namespace": ns, "labels": {
+            "kubernetes.io/service-name": name,
+            MANAGED_BY: "endpointslice-controller.k8s.io",
+        }},
+        "addressType": "IPv4",
+        "endpoints": addrs.iter().map(|a| json!({
+            "addresses": [a], "conditions": {"ready": true}, "nodeName": "node-1",
+        })).collect::<Vec<_>>(),
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }))
+    .unwrap()
+}
+
+fn addresses(s: &Value) -> Vec<String> {
+    let mut out: Vec<String> = s["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_clusters_own_endpoints_are_copied_into_its_imports_slice_and_follow_its_pods() {
+    let w = World::new("mcs-sll").await;
+    let west = w.start("west", None);
+    w.serve("west", "hello", 80).await;
+    let api: Api<EndpointSlice> = Api::namespaced(w.west.clone(), &w.ns);
+    let source = api
+        .create(
+            &PostParams::default(),
+            &service_slice(&w.ns, "hello", "hello-abcde", &["10.244.1.7", "10.244.1.8"]),
+        )
+        .await
+        .unwrap();
+    w.export("west", "hello").await;
+    let import = w
+        .import_until("west", "hello", "exported by west", |i| {
+            i.clusters() == ["west"]
+        })
+        .await;
+    let derived = import.derived_name().unwrap();
+    let copy = eventually("west's own slice", || async {
+        let s = ours(&w, "west", "hello").await;
+        (s.len() == 1).then(|| s[0].clone())
+    })
+    .await;
+    assert_eq!(
+        copy["metadata"]["labels"]["multicluster.kubernetes.io/source-cluster"],
+        "west"
+    );
+    assert_eq!(
+        copy["metadata"]["labels"]["kubernetes.io/service-name"],
+        derived
+    );
+    assert_eq!(addresses(&copy), ["10.244.1.7", "10.244.1.8"]);
+    assert_eq!(
+        ports(&copy),
+        [("http".into(), "TCP".into(), 8080)],
+        "the pods' port"
+    );
+    assert_eq!(copy["endpoints"][0]["nodeName"], "node-1");
+    assert_eq!(
+        copy["metadata"]["ownerReferences"][0]["kind"],
+        "ServiceImport"
+    );
+    // A pod goes: the copy follows.
+    let mut fewer = service_slice(&w.ns, "hello", "hello-abcde", &["10.244.1.8"]);
+    fewer.metadata.resource_version = source.metadata.resource_version.clone();
+    api.replace("hello-abcde", &PostParams::default(), &fewer)
+        .await
+        .unwrap();
+    eventually("the copy follows", || async {
+        let s = ours(&w, "west", "hello").await;
+        (s.len() == 1 && addresses(&s[0]) == ["10.244.1.8"]).then_some(())
+    })
+    .await;
+    // The source slice is never written by us.
+    let now = api.get("hello-abcde").await.unwrap();
+    assert_eq!(
+        addresses(&serde_json::to_value(&now).unwrap()),
+        ["10.244.1.8"]
+    );
+    // The export goes: the import and its slice go.
+    w.exports("west")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.import_gone("west", "hello").await;
+    assert_eq!(ours(&w, "west", "hello").await, Vec::<Value>::new());
+    assert!(api.get_opt("hello-abcde").await.unwrap().is_some());
+    west.stop().await;
+}

@@ -1,12 +1,13 @@
 //! The import side of the MCS component: in this cluster, one ServiceImport per
 //! namespace/name that some cluster of the set validly exports (the exporters
 //! included), its derived Service, whose ClusterIPs are the import's `ips`, and its
-//! EndpointSlices, one group per remote exporting cluster at that cluster's gateway
-//! (`core::mcs_slices`), owned by the import. All are deleted with the last export; a
+//! EndpointSlices, one group per exporting cluster (a remote one's at its gateway, this
+//! cluster's a copy of its exported Service's endpoints; `core::mcs_slices`), owned by
+//! the import. All are deleted with the last export; a
 //! cluster that stops exporting loses its slices. Fed by the watches of the local
 //! ServiceImports (all of them: a foreign one must be seen to be left alone), of our
-//! derived Services and of our import slices (by label), and by the links' gateway
-//! reports.
+//! derived Services and of our import slices (by label), of the local Services'
+//! slices, and by the links' gateway reports.
 //!
 //! Ownership: only a ServiceImport with our mark and controller namespace
 //! (`core::mcs_import::is_owned_import`), a derived Service with ours
@@ -70,6 +71,8 @@ pub(super) struct Imports {
     derived: Listed<Service>,
     /// Our import slices, by the key of their import.
     slices: Grouped<EndpointSlice>,
+    /// This cluster's Services' own slices (stripped), by the key of their Service.
+    local_slices: Grouped<EndpointSlice>,
     /// Each linked cluster's gateway, as its link last reported it.
     gateways: BTreeMap<String, SourceGateway>,
     /// This cluster's name: its own exports get no slice here.
@@ -126,6 +129,7 @@ impl Imports {
             imports: Listed::default(),
             derived: Listed::default(),
             slices: Grouped::default(),
+            local_slices: Grouped::default(),
             gateways: BTreeMap::new(),
             local_cluster: opts.cluster_name.clone(),
             writer,
@@ -141,6 +145,20 @@ impl Imports {
             let import = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
             namespaces.allows(ns).then(|| ServiceKey::new(ns, import))
         })
+    }
+
+    /// A local Service-slice watch event: the keys (of their Services) it changed.
+    pub(super) fn local_slice_event(&mut self, ev: &Event<EndpointSlice>) -> Changed {
+        let namespaces = &self.namespaces;
+        let mut changed = self.local_slices.apply(ev, |s| {
+            let ns = s.metadata.namespace.as_deref()?;
+            let labels = s.metadata.labels.as_ref()?;
+            let service = labels.get(service_mirror_core::labels::SERVICE_NAME_LABEL)?;
+            namespaces.allows(ns).then(|| ServiceKey::new(ns, service))
+        });
+        // Only imports here read them (a new import reads them when made).
+        changed.retain(|k| self.imports.items.contains_key(k) || self.slices.items.contains_key(k));
+        changed
     }
 
     /// A link's gateway report: every import is looked at again if it changed (those
@@ -251,6 +269,11 @@ impl Imports {
             .get(key)
             .filter(|i| self.owns(i))
             .and_then(|i| i.metadata.uid.clone());
+        // Until listed, this cluster's slices of ours are left as they are.
+        let local: Option<Vec<EndpointSlice>> = self
+            .local_slices
+            .listed
+            .then(|| self.local_slices.of(key).cloned().collect());
         let desired = match (spec, &import) {
             (Some(spec), Some(_)) => desired_import_slices(&ImportSlicesInput {
                 key,
@@ -258,6 +281,7 @@ impl Imports {
                 headless: spec.type_ == ImportType::Headless,
                 clusters,
                 local_cluster: &self.local_cluster,
+                local_slices: local.as_deref(),
                 gateways: &self.gateways,
                 controller_namespace: &self.controller_namespace,
             }),

@@ -85,6 +85,9 @@ enum Msg {
     Derived(Box<watcher::Event<Service>>),
     /// A watch event of our local import EndpointSlices.
     Slice(Box<watcher::Event<EndpointSlice>>),
+    /// A watch event of the local Services' EndpointSlices (not ours): the endpoints
+    /// of this cluster's exports.
+    LocalSlice(Box<watcher::Event<EndpointSlice>>),
     /// The gateway of linked cluster `cluster` as its link resolved and probed it
     /// (`None`: it has none usable now).
     Gateway {

@@ -95,13 +95,36 @@ fn strip_slice(s: &mut EndpointSlice) {
     s.metadata.managed_fields = None;
 }
 
+/// A local Service's slice: its service-name label, endpoints and ports are read (what
+/// `core::mcs_slices` copies), nothing else is kept.
+fn strip_local_slice(s: &mut EndpointSlice) {
+    use service_mirror_core::labels::SERVICE_NAME_LABEL;
+    let meta = &mut s.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.labels = meta.labels.take().map(|l| {
+        l.into_iter()
+            .filter(|(k, _)| k == SERVICE_NAME_LABEL)
+            .collect()
+    });
+    for e in &mut s.endpoints {
+        e.target_ref = None;
+        e.hints = None;
+        e.deprecated_topology = None;
+    }
+}
+
 /// Starts the watches of the local cluster's ServiceImports (all: a foreign one must be
-/// seen), of our derived Services and of our import EndpointSlices (both by label).
+/// seen), of our derived Services and of our import EndpointSlices (both by label), and
+/// of the Services' own EndpointSlices (every one with a service name not managed by
+/// us: the endpoints of this cluster's exports, copied into their imports' slices).
 pub(super) fn spawn_imports(
     client: &Client,
     feed: Feed,
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
+    use service_mirror_core::labels::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, SERVICE_NAME_LABEL};
     use service_mirror_core::mcs_derived::{DERIVED_LABEL, DERIVED_VALUE};
     use service_mirror_core::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
     vec![
@@ -129,6 +152,17 @@ pub(super) fn spawn_imports(
             |_, _, event| Msg::Slice(event),
             "import EndpointSlice",
             watcher::Config::default().labels(&format!("{IMPORT_LABEL}={IMPORT_VALUE}")),
+            feed.clone(),
+            cancel.clone(),
+        )),
+        tokio::spawn(watch_kind(
+            Api::<EndpointSlice>::all(client.clone()),
+            strip_local_slice,
+            |_, _, event| Msg::LocalSlice(event),
+            "Service EndpointSlice",
+            watcher::Config::default().labels(&format!(
+                "{SERVICE_NAME_LABEL},{MANAGED_BY_LABEL}!={MANAGED_BY_VALUE}"
+            )),
             feed,
             cancel.clone(),
         )),

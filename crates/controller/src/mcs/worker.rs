@@ -223,6 +223,7 @@ impl Worker {
                 let changed = self.imports.slice_event(&event);
                 self.imports_listed(was, changed)
             }
+            Msg::LocalSlice(event) => self.imports.local_slice_event(&event),
             Msg::Gateway { cluster, gateway } => self.imports.gateway(cluster, gateway),
         };
         self.dirty.extend(changed);
