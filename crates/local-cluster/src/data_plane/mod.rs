@@ -824,6 +824,13 @@ fn local_target(host: &str, suffix: &str) -> Option<(String, u16)> {
     {
         return Some((format!("{host}.{service}.{ns}.svc.cluster.local"), port));
     }
+    // A ServiceImport's name, `<svc>.<ns>.svc.clusterset.local` (KEP-1645).
+    if let [svc, ns, "svc", "clusterset", "local"] = labels.as_slice()
+        && !svc.is_empty()
+        && !ns.is_empty()
+    {
+        return Some((format!("{svc}.{ns}.svc.cluster.local"), port));
+    }
     let first = labels.first()?;
     // A mirror `<svc>-<cluster>`, or a federated Service `<svc>-federated`.
     let service = first
@@ -880,7 +887,8 @@ impl Drop for Workload {
 
 /// Test infrastructure standing in for Linkerd's multicluster gateway (it is not
 /// Linkerd's gateway, has no mTLS and no identity): on `<node ip>:4143` (`mc-gateway`) it
-/// reads a request's Host header, `<name>-<cluster>.<ns>.svc.cluster.local[:port]`, and
+/// reads a request's Host header, `<name>-<cluster>.<ns>.svc.cluster.local[:port]` (or a
+/// federated `<name>-federated.<ns>...`, or an MCS `<name>.<ns>.svc.clusterset.local`), and
 /// forwards the connection to `<name>.<ns>.svc.cluster.local:<port>` of its own cluster,
 /// resolved by that cluster's CoreDNS and routed by its kube-proxy; on `<node ip>:4191`
 /// (`mc-probe`) it answers `GET /ready` with 200. Stops when the handle drops.
@@ -964,6 +972,16 @@ mod tests {
         );
         assert_eq!(
             local_target("web-1.web.shop.svc.cluster.local", "-east"),
+            None
+        );
+        // A ServiceImport's clusterset name.
+        assert_eq!(
+            local_target("web.shop.svc.clusterset.local:8080", "-east"),
+            Some(("web.shop.svc.cluster.local".into(), 8080))
+        );
+        assert_eq!(local_target(".shop.svc.clusterset.local", "-east"), None);
+        assert_eq!(
+            local_target("web.shop.svc.clusterset.example", "-east"),
             None
         );
     }

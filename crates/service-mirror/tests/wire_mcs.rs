@@ -1,0 +1,293 @@
+//! A ServiceImport on the wire (issue 17 point 6): local `west` and remote `east` with
+//! data planes (kube-controller-manager, kube-proxy, CoreDNS), both exporting `shop/web`
+//! with a ServiceExport (each workload answers with its cluster's name; east's behind
+//! the stand-in gateway on its node), east linked by a `Link` to the real
+//! `service-mirror run --mcs-cluster-name west` on west. Requests from west's node to the
+//! import's ClusterSetIP go through west's kube-proxy, which reads the import's
+//! EndpointSlices: west's own (a copy of the slices kube-controller-manager made of its
+//! Service) and east's (at east's gateway). Our CoreDNS does not serve
+//! `clusterset.local`: the requests carry `web.shop.svc.clusterset.local` as their Host
+//! only (the stand-in gateway routes by it). Needs root (network namespaces).
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use local_cluster::{
+    ClusterOptions, DataPlane, Gateway, LocalCluster, Workload, publish_endpoints,
+    skip_without_data_plane,
+};
+use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+use support::controller::Controller;
+use support::links::{credentials_secret, link};
+use support::*;
+
+const HOST: &str = "web.shop.svc.clusterset.local";
+/// The Link's probe: every second, dead after three failures.
+const PROBE_PERIOD: Duration = Duration::from_secs(1);
+const PROBE_THRESHOLD: u32 = 3;
+
+async fn data_plane_cluster(name: &str) -> LocalCluster {
+    let c = LocalCluster::start_with(
+        name,
+        ClusterOptions {
+            data_plane: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("start {name} with a data plane: {e}"));
+    let client = c.client().await.unwrap();
+    for yaml in [
+        service_mirror_controller::mcs::SERVICE_EXPORT_CRD_YAML,
+        service_mirror_controller::mcs::SERVICE_IMPORT_CRD_YAML,
+    ] {
+        local_cluster::apply_yaml(&client, yaml).await.unwrap();
+    }
+    c
+}
+
+fn exports(client: &kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        "shop",
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "multicluster.x-k8s.io",
+            "v1beta1",
+            "ServiceExport",
+        )),
+    )
+}
+
+/// `shop/web` of cluster `c` (selectorless, its Endpoints the workload on the node,
+/// answering `body`), exported with a ServiceExport.
+async fn exporter(c: &LocalCluster, body: &str) -> Workload {
+    let client = c.client().await.unwrap();
+    create_namespace(&client, "shop").await;
+    let dp = c.data_plane().unwrap();
+    let workload = dp.serve_http(8080, body).unwrap();
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    publish_endpoints(
+        &client,
+        "shop",
+        "web",
+        &dp.node_ip().to_string(),
+        &[("http", 8080)],
+    )
+    .await
+    .unwrap();
+    let export = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": {"name": "web", "namespace": "shop"},
+    }))
+    .unwrap();
+    eventually("the ServiceExport is created", || async {
+        exports(&client)
+            .create(&PostParams::default(), &export)
+            .await
+            .ok()
+    })
+    .await;
+    workload
+}
+
+/// Links east from west's controller in `ctl_ns`, through the gateway on east's node.
+async fn link_east(wc: &kube::Client, ctl_ns: &str, east: &LocalCluster) {
+    // East's admin: the link reads east's ServiceExports (not in Linkerd's remote role).
+    let secret = "cluster-credentials-east";
+    Api::<Secret>::namespaced(wc.clone(), ctl_ns)
+        .create(
+            &PostParams::default(),
+            &credentials_secret(secret, &east.admin_kubeconfig().yaml),
+        )
+        .await
+        .unwrap();
+    let ip = east.data_plane().unwrap().node_ip().to_string();
+    let l = link(
+        "east",
+        "east",
+        secret,
+        serde_json::json!({
+            "gatewayAddress": ip,
+            "gatewayPort": local_cluster::GATEWAY_PORT.to_string(),
+            "probeSpec": {"port": local_cluster::PROBE_PORT.to_string(), "path": "/ready",
+                "period": format!("{}s", PROBE_PERIOD.as_secs()), "timeout": "1s",
+                "failureThreshold": PROBE_THRESHOLD.to_string()},
+        }),
+    );
+    Api::<LinkResource>::namespaced(wc.clone(), ctl_ns)
+        .create(&PostParams::default(), &l)
+        .await
+        .unwrap();
+}
+
+/// The import's ClusterSetIP once it lists both clusters.
+async fn cluster_set_ip(wc: &kube::Client) -> Ipv4Addr {
+    let imports: Api<DynamicObject> = Api::namespaced_with(
+        wc.clone(),
+        "shop",
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "multicluster.x-k8s.io",
+            "v1beta1",
+            "ServiceImport",
+        )),
+    );
+    eventually(
+        "the import of web from west and east, with its ClusterSetIP",
+        || async {
+            let i = imports.get_opt("web").await.ok()??;
+            let clusters: Vec<&str> = i.data["status"]["clusters"]
+                .as_array()?
+                .iter()
+                .filter_map(|c| c["cluster"].as_str())
+                .collect();
+            (clusters == ["east", "west"]).then_some(())?;
+            i.data["spec"]["ips"][0].as_str()?.parse().ok()
+        },
+    )
+    .await
+}
+
+/// Whether east's import slice is ready (None: no such slice yet).
+async fn east_ready(wc: &kube::Client) -> Option<bool> {
+    let lp = ListParams::default().labels(
+        "multicluster.kubernetes.io/service-name=web,multicluster.kubernetes.io/source-cluster=east",
+    );
+    let list = Api::<EndpointSlice>::namespaced(wc.clone(), "shop")
+        .list(&lp)
+        .await
+        .ok()?;
+    let slice = list.items.first()?;
+    Some(
+        slice
+            .endpoints
+            .iter()
+            .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true)),
+    )
+}
+
+/// One request to the ClusterSetIP from west's node: the answering cluster, or the error.
+async fn ask(wp: &DataPlane, ip: Ipv4Addr) -> Result<String, String> {
+    match wp
+        .http_get_addr(SocketAddr::from((ip, 80)), HOST, "/")
+        .await
+    {
+        Ok(a) if a.status == 200 => Ok(a.body),
+        Ok(a) => Err(format!("status {}: {}", a.status, a.body)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_set_ip_reaches_both_exporters_and_fails_over_when_a_gateway_dies() {
+    if skip_without_data_plane("the_cluster_set_ip_reaches_both_exporters") {
+        return;
+    }
+    let (west, east) = tokio::join!(
+        data_plane_cluster("west-mcs"),
+        data_plane_cluster("east-mcs")
+    );
+    let _west_web = exporter(&west, "west").await;
+    let _east_web = exporter(&east, "east").await;
+    let east_gw: Gateway = east.data_plane().unwrap().start_gateway("east").unwrap();
+    let wc = west.client().await.unwrap();
+    local_cluster::apply_yaml(&wc, LINK_CRD_YAML).await.unwrap();
+    eventually("the Link CRD is served", || async {
+        Api::<LinkResource>::namespaced(wc.clone(), "default")
+            .list(&Default::default())
+            .await
+            .ok()
+    })
+    .await;
+    let ctl_ns = local_cluster::unique_namespace("smmcs");
+    create_namespace(&wc, &ctl_ns).await;
+    let ctl = Controller::spawn(
+        &west,
+        &ctl_ns,
+        &["--namespace-allow", "shop", "--mcs-cluster-name", "west"],
+    );
+    ctl.wait_ready().await;
+    let linked = Instant::now();
+    link_east(&wc, &ctl_ns, &east).await;
+    let ip = cluster_set_ip(&wc).await;
+    eprintln!(
+        "ServiceImport web: ClusterSetIP {ip}, {:?} after the Link",
+        linked.elapsed()
+    );
+
+    // Both exporters answer: west's pods directly, east's through its gateway. Bounded:
+    // 400 requests at most.
+    let wp = west.data_plane().unwrap();
+    let (mut seen_west, mut seen_east, mut tries) = (0, 0, 0);
+    while (seen_west == 0 || seen_east == 0) && tries < 400 {
+        tries += 1;
+        match ask(wp, ip).await.as_deref() {
+            Ok("west") => seen_west += 1,
+            Ok("east") => seen_east += 1,
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+    assert!(
+        seen_west > 0 && seen_east > 0,
+        "requests reach both exporters: west {seen_west}, east {seen_east} of {tries}\ncontroller:\n{}",
+        ctl.log_text()
+    );
+    eprintln!("requests reach both exporters (west {seen_west}, east {seen_east} of {tries})");
+    assert!(
+        east_gw.accepted() > 0,
+        "east's answers came through its gateway"
+    );
+
+    // East's gateway dies. Requests every 100 ms, bounded at 60 s: east's slice turns
+    // not ready at the probe verdict, then kube-proxy sends everything to west.
+    drop(east_gw);
+    let killed = Instant::now();
+    let mut verdict: Option<Duration> = None;
+    let mut log: Vec<(Duration, Result<String, String>)> = Vec::new();
+    let window = 20;
+    let mut all_west_since: Option<usize> = None;
+    while killed.elapsed() < Duration::from_secs(60) {
+        if verdict.is_none() && east_ready(&wc).await == Some(false) {
+            verdict = Some(killed.elapsed());
+        }
+        let r = ask(wp, ip).await;
+        let west_ok = r.as_deref() == Ok("west");
+        log.push((killed.elapsed(), r));
+        match (west_ok, all_west_since) {
+            (true, None) => all_west_since = Some(log.len() - 1),
+            (false, _) => all_west_since = None,
+            _ => {}
+        }
+        if all_west_since.is_some_and(|i| log.len() - i >= window) && verdict.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let start = all_west_since.expect("a window of requests all answered by west");
+    let failover = log[start].0;
+    let verdict = verdict.expect("east's slice turned not ready");
+    eprintln!(
+        "east's gateway killed: probe verdict in the slice after {verdict:?}, first all-west window after {failover:?} ({} requests failed before it)",
+        log[..start].iter().filter(|(_, r)| r.is_err()).count(),
+    );
+    let bound = PROBE_PERIOD * PROBE_THRESHOLD + Duration::from_secs(10);
+    assert!(failover <= bound, "failover {failover:?} within {bound:?}");
+    for i in 0..100 {
+        let r = ask(wp, ip).await;
+        assert_eq!(r.as_deref(), Ok("west"), "request {i} after the failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("100 requests after the failover: all answered by west");
+    drop(ctl);
+}
