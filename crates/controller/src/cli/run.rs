@@ -203,6 +203,10 @@ fn parse_lease_duration(s: &str) -> Result<Duration, String> {
 /// Runs the controller until SIGTERM or SIGINT.
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_format)?;
+    // Taken first: a SIGTERM during the start (a rollout, a node drain) ends the
+    // process the same graceful way once the start is done, instead of killing it
+    // with a Lease held.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let stale_policy =
         StalePolicy::new(args.remote_grace, args.stale_after, args.stale_delete_after)?;
     let metrics = Metrics::new();
@@ -354,7 +358,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     .await?;
     tracing::info!(namespace = %args.namespace, admin = %addr, endpoints_mode = %args.endpoints_mode, "service mirror running");
 
-    wait_for_signal().await?;
+    wait_for_signal(term).await?;
     tracing::info!("shutting down: stopping link controllers, mirrors stay in place");
     shutdown.cancel();
     // The admin server and the write Leases hold the manager: let them finish first.
@@ -384,9 +388,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
+async fn wait_for_signal(mut term: tokio::signal::unix::Signal) -> anyhow::Result<()> {
     tokio::select! {
         _ = term.recv() => {}
         r = tokio::signal::ctrl_c() => r?,

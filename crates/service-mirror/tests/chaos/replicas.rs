@@ -71,6 +71,17 @@ impl Replicas {
             &[("POD_NAME", r.identity.as_str())],
         ));
         r.paused = false;
+        // Up once it has started (its SIGTERM handler is taken before it says so): a
+        // SIGTERM fault aims at a running replica, not at a process still loading.
+        // Bounded; a process that exits meanwhile is judged with the others.
+        let started = std::time::Instant::now();
+        let c = r.process.as_mut().expect("just spawned");
+        while c.log_lines("service mirror running").is_empty()
+            && started.elapsed() < Duration::from_secs(30)
+            && c.child.try_wait().ok().flatten().is_none()
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The identity of each running, unpaused replica and when its process started.
