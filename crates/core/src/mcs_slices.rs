@@ -29,7 +29,7 @@ use crate::labels::{
 use crate::mcs::{ImportPort, SERVICE_NAME_LABEL, SOURCE_CLUSTER_LABEL};
 use crate::mcs_derived::derived_service_name;
 use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
-use crate::naming::fq_name;
+use crate::naming::{fnv1a32, fq_name};
 use crate::plan::Action;
 use crate::slices::slice_name;
 
@@ -59,8 +59,10 @@ pub struct ImportSlicesInput<'a> {
     /// listed; `None`: not listed yet (this cluster's slices of ours are left as they
     /// are).
     pub local_slices: Option<&'a [EndpointSlice]>,
-    /// Each linked cluster's gateway, as last reported (absent: not yet).
-    pub gateways: &'a BTreeMap<String, SourceGateway>,
+    /// Each linked cluster's gateway, as last reported: absent, not reported yet (its
+    /// slices are left as they are); `None`, none usable (no accepted address, no
+    /// gateway Service: its slices go, as a mirror's endpoints do).
+    pub gateways: &'a BTreeMap<String, Option<SourceGateway>>,
     /// Our controller namespace.
     pub controller_namespace: &'a str,
 }
@@ -115,9 +117,13 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
             }
             continue;
         }
-        let Some(source) = input.gateways.get(cluster) else {
-            out.untouched.insert(cluster.clone());
-            continue;
+        let source = match input.gateways.get(cluster) {
+            None => {
+                out.untouched.insert(cluster.clone());
+                continue;
+            }
+            Some(None) => continue,
+            Some(Some(source)) => source,
         };
         let labels = labels(cluster);
         let mut annotations = BTreeMap::from([
@@ -145,9 +151,10 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
     out
 }
 
-/// This cluster's slices of the import: one per slice of its exported Service (by name
-/// order within each address family, so a restart names them the same), with its
-/// endpoints' addresses, conditions, hostname, node and zone and its ports as they are.
+/// This cluster's slices of the import: one per slice of its exported Service, named
+/// after it (`<base>-<8 hex of its name>-<family>-0`: a source slice coming or going
+/// renames no other copy, and a restart names them the same), with its endpoints'
+/// addresses, conditions, hostname, node and zone and its ports as they are.
 fn local_copies(
     input: &ImportSlicesInput<'_>,
     labels: &BTreeMap<String, String>,
@@ -164,34 +171,37 @@ fn local_copies(
     )]);
     let base = base_name(input.key, input.local_cluster);
     let mut out = Vec::new();
-    for (family, address_type) in [("ipv4", "IPv4"), ("ipv6", "IPv6")] {
-        let of_family = sources.iter().filter(|s| s.address_type == address_type);
-        for (index, source) in of_family.enumerate() {
-            let endpoints = source
-                .endpoints
-                .iter()
-                .map(|e| Endpoint {
-                    addresses: e.addresses.clone(),
-                    conditions: e.conditions.clone(),
-                    hostname: e.hostname.clone(),
-                    node_name: e.node_name.clone(),
-                    zone: e.zone.clone(),
-                    ..Default::default()
-                })
-                .collect();
-            out.push(EndpointSlice {
-                metadata: ObjectMeta {
-                    name: Some(slice_name(&base, family, index)),
-                    namespace: Some(input.key.namespace.clone()),
-                    labels: Some(labels.clone()),
-                    annotations: Some(annotations.clone()),
-                    ..Default::default()
-                },
-                address_type: address_type.to_owned(),
-                endpoints,
-                ports: source.ports.clone(),
-            });
-        }
+    for source in sources {
+        let family = match source.address_type.as_str() {
+            "IPv6" => "ipv6",
+            _ => "ipv4",
+        };
+        let name = source.metadata.name.as_deref().unwrap_or_default();
+        let hash = fnv1a32(name.as_bytes());
+        let endpoints = source
+            .endpoints
+            .iter()
+            .map(|e| Endpoint {
+                addresses: e.addresses.clone(),
+                conditions: e.conditions.clone(),
+                hostname: e.hostname.clone(),
+                node_name: e.node_name.clone(),
+                zone: e.zone.clone(),
+                ..Default::default()
+            })
+            .collect();
+        out.push(EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(&format!("{base}-{hash:08x}"), family, 0)),
+                namespace: Some(input.key.namespace.clone()),
+                labels: Some(labels.clone()),
+                annotations: Some(annotations.clone()),
+                ..Default::default()
+            },
+            address_type: source.address_type.clone(),
+            endpoints,
+            ports: source.ports.clone(),
+        });
     }
     out
 }

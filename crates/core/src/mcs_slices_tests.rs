@@ -2,8 +2,8 @@ use super::*;
 use crate::mcs_test_support::{CTL, key, port};
 use std::net::IpAddr;
 
-fn gw(addrs: &[&str], alive: bool) -> SourceGateway {
-    SourceGateway {
+fn gw(addrs: &[&str], alive: bool) -> Option<SourceGateway> {
+    Some(SourceGateway {
         gateway: MemberGateway {
             addresses: addrs.iter().map(|a| a.parse::<IpAddr>().unwrap()).collect(),
             port: 4143,
@@ -11,7 +11,7 @@ fn gw(addrs: &[&str], alive: bool) -> SourceGateway {
             alive,
         },
         domain: "cluster.local".into(),
-    }
+    })
 }
 
 fn ports() -> Vec<ImportPort> {
@@ -25,7 +25,7 @@ fn clusters(names: &[&str]) -> Vec<String> {
 fn desired(
     headless: bool,
     exporting: &[&str],
-    gateways: &BTreeMap<String, SourceGateway>,
+    gateways: &BTreeMap<String, Option<SourceGateway>>,
 ) -> DesiredImportSlices {
     let (k, p, c) = (key(), ports(), clusters(exporting));
     desired_import_slices(&ImportSlicesInput {
@@ -66,7 +66,7 @@ fn stored(d: &DesiredImportSlices, uid: &str) -> Vec<EndpointSlice> {
         .collect()
 }
 
-fn east(addrs: &[&str], alive: bool) -> BTreeMap<String, SourceGateway> {
+fn east(addrs: &[&str], alive: bool) -> BTreeMap<String, Option<SourceGateway>> {
     BTreeMap::from([("east".into(), gw(addrs, alive))])
 }
 
@@ -311,12 +311,27 @@ fn another_writers_slice_is_never_planned_whatever_it_carries() {
 
 #[test]
 fn slice_names_never_take_a_mirrors_name_and_stay_within_63_characters() {
-    let long = "a".repeat(63);
-    let gws = BTreeMap::from([(long.clone(), gw(&["192.0.2.7"], true))]);
-    let d = desired(false, &[&long], &gws);
-    let name = d.slices[0].metadata.name.clone().unwrap();
-    assert!(name.len() <= 63, "{name}");
-    assert!(name.starts_with("derived-"), "{name}");
+    // Two long clusters sharing their first 40 characters: distinct names.
+    let (a, b) = (
+        format!("{}-a", "c".repeat(40)),
+        format!("{}-b", "c".repeat(40)),
+    );
+    let gws = BTreeMap::from([
+        (a.clone(), gw(&["192.0.2.7"], true)),
+        (b.clone(), gw(&["192.0.2.8"], true)),
+    ]);
+    let d = desired(false, &[&a, &b], &gws);
+    let names: Vec<String> = d
+        .slices
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert_ne!(names[0], names[1]);
+    for name in &names {
+        assert!(name.len() <= 63, "{name}");
+        assert!(name.starts_with("derived-"), "{name}");
+    }
     let short = desired(false, &["east"], &east(&["192.0.2.7"], true));
     // The mirror of hello from east is hello-east, its slices hello-east-ipv4-0.
     assert_ne!(
@@ -388,28 +403,31 @@ fn the_local_exporter_gets_a_copy_of_each_of_its_services_slices_with_its_ports_
             )
         })
         .collect();
+    let shape: Vec<(String, Vec<String>)> =
+        got.iter().map(|(_, t, a)| (t.clone(), a.clone())).collect();
     assert_eq!(
-        got,
+        shape,
         [
+            ("IPv6".to_string(), vec!["fd00::7".to_string()]),
             (
-                format!("{derived}-west-ipv4-0"),
                 "IPv4".into(),
                 vec!["10.244.0.7".to_string(), "10.244.0.8".into()]
             ),
-            (
-                format!("{derived}-west-ipv4-1"),
-                "IPv4".into(),
-                vec!["10.244.0.9".to_string()]
-            ),
-            (
-                format!("{derived}-west-ipv6-0"),
-                "IPv6".into(),
-                vec!["fd00::7".to_string()]
-            ),
+            ("IPv4".into(), vec!["10.244.0.9".to_string()]),
         ],
-        "by name within each family; FQDN slices are not copied"
+        "one copy per source slice, by source name; FQDN slices are not copied"
     );
-    let first = &d.slices[0];
+    let names: BTreeSet<&String> = got.iter().map(|(n, _, _)| n).collect();
+    assert_eq!(names.len(), 3, "distinct: {got:?}");
+    for (name, t, _) in &got {
+        let family = if t == "IPv6" { "-ipv6-0" } else { "-ipv4-0" };
+        assert!(
+            name.starts_with(&format!("{derived}-west-")) && name.ends_with(family),
+            "{name}"
+        );
+        assert!(name.len() <= 63, "{name}");
+    }
+    let first = &d.slices[1];
     let labels = first.metadata.labels.clone().unwrap();
     assert_eq!(labels[SOURCE_CLUSTER_LABEL], "west");
     assert_eq!(labels[KUBE_SERVICE_NAME_LABEL], derived);
@@ -423,8 +441,9 @@ fn the_local_exporter_gets_a_copy_of_each_of_its_services_slices_with_its_ports_
     assert_eq!(e.zone.as_deref(), Some("z1"));
     assert!(e.target_ref.is_none(), "pods are not ours to point at");
     assert_eq!(
-        d.slices[1].endpoints[0].conditions.clone().unwrap().ready,
-        Some(false)
+        d.slices[2].endpoints[0].conditions.clone().unwrap().ready,
+        Some(false),
+        "hello-b's not-ready endpoint stays not ready"
     );
     let port = &first.ports.as_ref().unwrap()[0];
     assert_eq!(
@@ -445,7 +464,17 @@ fn the_local_exporter_gets_a_copy_of_each_of_its_services_slices_with_its_ports_
             &stored(&d, "u1"),
             "u1"
         )),
-        [format!("update EndpointSlice {derived}-west-ipv4-0")]
+        [format!("update EndpointSlice {}", got[1].0)]
+    );
+    // A source slice going (one that sorts first) renames no other copy.
+    let without = [local[0].clone(), local[1].clone(), local[3].clone()];
+    assert_eq!(
+        verbs(&plan(
+            &with_local(&["west"], &without),
+            &stored(&d, "u1"),
+            "u1"
+        )),
+        [format!("delete EndpointSlice {}", got[0].0)]
     );
     // No longer exported here: this cluster's slices go.
     assert_eq!(
@@ -456,6 +485,39 @@ fn the_local_exporter_gets_a_copy_of_each_of_its_services_slices_with_its_ports_
 
 #[test]
 fn a_local_exporter_without_endpoints_has_no_slice_and_remote_ones_are_unaffected() {
-    let d = with_local(&["west"], &[]);
-    assert_eq!(d, DesiredImportSlices::default());
+    let (k, p, c) = (key(), ports(), clusters(&["east", "west"]));
+    let gws = east(&["192.0.2.7"], true);
+    let none = desired_import_slices(&ImportSlicesInput {
+        key: &k,
+        ports: &p,
+        headless: false,
+        clusters: &c,
+        local_cluster: "west",
+        local_slices: Some(&[]),
+        gateways: &gws,
+        controller_namespace: CTL,
+    });
+    assert!(none.untouched.is_empty());
+    let only_east = desired(false, &["east"], &gws);
+    assert_eq!(
+        none.slices, only_east.slices,
+        "east's slices as if west did not export"
+    );
+    assert_eq!(none.slices.len(), 1);
+}
+
+#[test]
+fn a_gateway_with_no_usable_address_takes_its_clusters_slices_away() {
+    let before = stored(
+        &desired(false, &["east"], &east(&["192.0.2.7"], true)),
+        "u1",
+    );
+    let unusable = BTreeMap::from([("east".to_string(), None)]);
+    let d = desired(false, &["east"], &unusable);
+    assert_eq!(d, DesiredImportSlices::default(), "not left untouched");
+    let derived = derived_service_name(&key());
+    assert_eq!(
+        verbs(&plan(&d, &before, "u1")),
+        [format!("delete EndpointSlice {derived}-east-ipv4-0")]
+    );
 }

@@ -31,11 +31,14 @@ fn gateway(addr: &str, alive: bool) -> Option<SourceGateway> {
     })
 }
 
-/// The slices of ours (our managed-by) of the import `name` in `cluster`.
+/// The slices of ours (our managed-by and this cluster's controller namespace, as
+/// `World::start` names it) of the import `name` in `cluster`.
 async fn ours(w: &World, cluster: &str, name: &str) -> Vec<Value> {
     let all = w.slices(cluster, name).await;
+    let ctl = format!("sm-{cluster}");
     all.into_iter()
         .filter(|s| s["metadata"]["labels"][MANAGED_BY] == "service-mirror.linkerd.io")
+        .filter(|s| s["metadata"]["annotations"]["service-mirror.io/controller-namespace"] == ctl)
         .collect()
 }
 
@@ -62,15 +65,16 @@ fn ports(s: &Value) -> Vec<(String, String, i64)> {
     out
 }
 
-/// A slice of the import `name` by another writer (the KEP's labels, its own
-/// managed-by) named `slice`.
+/// A slice of the import `name` by another install of ours (every label we set, its own
+/// controller namespace), named `slice`: our watch sees it, our writes never touch it.
 fn theirs(ns: &str, name: &str, slice: &str) -> EndpointSlice {
     serde_json::from_value(json!({
         "metadata": {"name": slice, "namespace": ns, "labels": {
             "multicluster.kubernetes.io/service-name": name,
             "multicluster.kubernetes.io/source-cluster": "east",
-            MANAGED_BY: "someone.example-controller",
-        }},
+            "service-mirror.io/mcs-import": "true",
+            MANAGED_BY: "service-mirror.linkerd.io",
+        }, "annotations": {"service-mirror.io/controller-namespace": "another-install"}},
         "addressType": "IPv4",
         "endpoints": [{"addresses": ["192.0.2.99"]}],
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
@@ -156,6 +160,19 @@ async fn a_remote_exporter_gets_a_slice_at_its_gateway_owned_by_the_import_until
     })
     .await;
 
+    // East's gateway has no usable address any more (refused by the address policy,
+    // its Service gone): its slice goes; reported again, it comes back.
+    west.mcs.gateway("east", None);
+    eventually("west's slice of east gone with its gateway", || async {
+        ours(&w, "west", "hello").await.is_empty().then_some(())
+    })
+    .await;
+    west.mcs.gateway("east", gateway("192.0.2.10", true));
+    eventually("west's slice of east back", || async {
+        (ours(&w, "west", "hello").await.len() == 1).then_some(())
+    })
+    .await;
+
     // East stops exporting: its slice goes, the import stays for west.
     w.exports("east")
         .delete("hello", &DeleteParams::default())
@@ -214,6 +231,23 @@ async fn a_restart_keeps_the_slices_until_the_gateway_is_reported_and_then_write
         !text.contains("kind=\"endpoint_slice\""),
         "no slice write after the restart: {text}"
     );
+    // The control: a changed report is judged and written, once.
+    west.mcs.gateway("east", gateway("192.0.2.10", false));
+    west.metric(
+        "service_mirror_mcs_import_writes_total{kind=\"endpoint_slice\",outcome=\"updated\"} 1",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let text = west.metrics.encode();
+    let slice_writes: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("kind=\"endpoint_slice\""))
+        .collect();
+    assert_eq!(
+        slice_writes,
+        ["service_mirror_mcs_import_writes_total{kind=\"endpoint_slice\",outcome=\"updated\"} 1"],
+        "one write for one change"
+    );
     west.stop().await;
     east.stop().await;
 }
@@ -239,6 +273,20 @@ async fn a_slice_name_held_by_another_writer_is_never_touched_and_is_reported() 
         .create(&PostParams::default(), &theirs(&w.ns, "hello", &name))
         .await
         .unwrap();
+    // West exports it too, with its own endpoints: its slice is written all the same.
+    w.service("west", "hello", clusterip(json!([tcp("http", 80)])))
+        .await;
+    api.create(
+        &PostParams::default(),
+        &service_slice(&w.ns, "hello", "hello-w1", &["10.244.2.7"]),
+    )
+    .await
+    .unwrap();
+    w.export("west", "hello").await;
+    w.import_until("west", "hello", "exported by both", |i| {
+        i.clusters() == ["east", "west"]
+    })
+    .await;
     west.mcs.gateway("east", gateway("192.0.2.10", true));
     west.metric(
         "service_mirror_mcs_import_writes_total{kind=\"endpoint_slice\",outcome=\"foreign\"} 1",
@@ -254,7 +302,19 @@ async fn a_slice_name_held_by_another_writer_is_never_touched_and_is_reported() 
         now.metadata.resource_version, foreign.metadata.resource_version,
         "never written"
     );
-    assert_eq!(ours(&w, "west", "hello").await, Vec::<Value>::new());
+    let mine = eventually(
+        "west's own slice, written despite the taken name",
+        || async {
+            let s = ours(&w, "west", "hello").await;
+            (s.len() == 1).then(|| s[0].clone())
+        },
+    )
+    .await;
+    assert_eq!(
+        mine["metadata"]["labels"]["multicluster.kubernetes.io/source-cluster"],
+        "west"
+    );
+    assert_eq!(addresses(&mine), ["10.244.2.7"]);
     west.stop().await;
     east.stop().await;
 }

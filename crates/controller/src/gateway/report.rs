@@ -30,11 +30,9 @@ pub(crate) async fn report_gateway(
     refresh: std::time::Duration,
     cancel: tokio_util::sync::CancellationToken,
 ) {
-    // The name the gateway component tracks this use under (refusals are told per key).
-    let key = ServiceKey::new(
-        gw.namespace.clone(),
-        format!("{}-federated-members", gw.name),
-    );
+    // The name the gateway component tracks this use under (refusals are told per key):
+    // the Link's gateway as its listeners use it.
+    let key = ServiceKey::new(gw.namespace.clone(), format!("{}-link-gateway", gw.name));
     let mut sent: Option<Option<MemberGateway>> = None;
     let mut current: Option<MemberGateway> = None;
     let mut resolved_at: Option<std::time::Instant> = None;

@@ -136,12 +136,12 @@ impl LinkController {
             let feed = feed.clone();
             // Federated members and MCS imports use the Link's gateway too: it stays
             // probed for them (for MCS, always: which clusters export is its worker's).
-            let mcs_gateway = match (&deps.mcs, &config.export_rule) {
+            let probed_for_mcs = match (&deps.mcs, &config.export_rule) {
                 (Some(_), ExportRule::Selectors { gateway, .. }) => Some(gateway.clone()),
                 _ => None,
             };
             Arc::new(move |gw: &_| {
-                mcs_gateway.as_ref() == Some(gw)
+                probed_for_mcs.as_ref() == Some(gw)
                     || !index.lock().users_of(gw).is_empty()
                     || feed.as_ref().is_some_and(|f| f.has_members())
             })
@@ -239,8 +239,12 @@ impl LinkController {
             remote.clone(),
             cancel.clone(),
         );
+        let mut mcs_gateway = None;
         if let Some(mcs) = &deps.mcs {
-            tasks.extend(mcs.link(&cluster, &remote, &cancel));
+            let (mcs_tasks, feed) =
+                mcs.link_with_gateway(&cluster, &rec.link.cluster_domain, &remote, &cancel);
+            tasks.extend(mcs_tasks);
+            mcs_gateway = feed;
         }
         let writable = watch::Sender::new(!paused);
         tasks.push(tokio::spawn(remote_state::run(
@@ -267,10 +271,8 @@ impl LinkController {
         if let Some(feed) = feed {
             listeners.push(Arc::new(feed));
         }
-        if let Some(mcs) = &deps.mcs {
-            listeners.push(Arc::new(
-                mcs.gateway_listener(&cluster, &rec.link.cluster_domain),
-            ));
+        if let Some(feed) = mcs_gateway {
+            listeners.push(Arc::new(feed));
         }
         if let (false, Some(source), ExportRule::Selectors { gateway, .. }) = (
             listeners.is_empty(),

@@ -55,7 +55,7 @@ use service_mirror_core::mcs_slices::{
     plan_import_slices,
 };
 use service_mirror_core::{Action, NamespaceFilter, ServiceKey};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The local imports and derived Services, and their writer.
@@ -73,14 +73,16 @@ pub(super) struct Imports {
     slices: Grouped<EndpointSlice>,
     /// This cluster's Services' own slices (stripped), by the key of their Service.
     local_slices: Grouped<EndpointSlice>,
-    /// Each linked cluster's gateway, as its link last reported it.
-    gateways: BTreeMap<String, SourceGateway>,
-    /// This cluster's name: its own exports get no slice here.
+    /// Each linked cluster's gateway, as its link last reported it (`None`: none
+    /// usable; absent: not reported).
+    gateways: BTreeMap<String, Option<SourceGateway>>,
+    /// This cluster's name: its own exports' slices copy its Services' slices.
     local_cluster: String,
     /// The writer of the slices (ownership checked on a create that meets a name).
     writer: LocalWriter,
-    /// The foreign object last reported for a key and kind (its uid): told once.
-    told: BTreeMap<(ServiceKey, &'static str), Option<String>>,
+    /// The foreign object last reported for a key and kind (a slice: and its name), by
+    /// its uid (its name if unknown): told once.
+    told: BTreeMap<(ServiceKey, String), Option<String>>,
     /// Writes only while this says true; `None`: always.
     leader: Option<Leadership>,
 }
@@ -161,17 +163,14 @@ impl Imports {
         changed
     }
 
-    /// A link's gateway report: every import is looked at again if it changed (those
-    /// the cluster does not export plan no write).
-    pub(super) fn gateway(&mut self, cluster: String, gateway: Option<SourceGateway>) -> Changed {
-        let changed = match gateway {
-            Some(g) => self.gateways.insert(cluster, g.clone()).as_ref() != Some(&g),
-            None => self.gateways.remove(&cluster).is_some(),
+    /// What `cluster`'s slices point at changed (see `gateways.rs`): every import is
+    /// looked at again (those the cluster does not export plan no write).
+    pub(super) fn gateway(&mut self, cluster: &str, now: super::gateways::Effective) -> Changed {
+        match now {
+            Some(g) => self.gateways.insert(cluster.into(), g),
+            None => self.gateways.remove(cluster),
         };
-        match changed {
-            true => self.imports.items.keys().cloned().collect(),
-            false => Changed::new(),
-        }
+        self.imports.items.keys().cloned().collect()
     }
 
     /// A ServiceImport watch event: the keys it changed.
@@ -202,9 +201,16 @@ impl Imports {
         )
     }
 
-    /// Whether the local lists are complete (nothing is written before).
+    /// Whether the local import and derived-Service lists are complete (nothing is
+    /// written before).
     pub(super) fn listed(&self) -> bool {
-        self.imports.listed && self.derived.listed && self.slices.listed
+        self.imports.listed && self.derived.listed
+    }
+
+    /// Whether our import slices are listed (no slice is written before: a failing
+    /// slice watch holds the slices back, not the imports).
+    pub(super) fn slices_listed(&self) -> bool {
+        self.slices.listed
     }
 
     /// The keys of every local import, derived Service and import slice (to look at
@@ -234,7 +240,7 @@ impl Imports {
             let meta = theirs.metadata.clone();
             self.foreign(key, &meta, Kind::Import, "ImportOwnedByAnother")
                 .await;
-            let slices = self.sync_slices(key, None, &[]).await;
+            let slices = self.sync_slices(key, None, &[], BTreeSet::new()).await;
             return slices.max(self.remove_derived(key).await);
         }
         let Some(spec) = merged.import.as_ref() else {
@@ -248,8 +254,22 @@ impl Imports {
         if let Some(families) = families {
             spec.ip_families = families; // this cluster's, as the derived Service has them
         }
+        // A cluster the stored import lists that does not count yet (a restart, a slow
+        // list) keeps its slices as they are, as it keeps its place in the import.
+        let keep: BTreeSet<String> = self
+            .imports
+            .items
+            .get(key)
+            .map(|i| view_of(i).clusters)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| !merged.clusters.contains(c) && !settled(c))
+            .collect();
         match self.sync_import(key, &spec, &merged.clusters, ips).await {
-            Outcome::Done => self.sync_slices(key, Some(&spec), &merged.clusters).await,
+            Outcome::Done => {
+                self.sync_slices(key, Some(&spec), &merged.clusters, keep)
+                    .await
+            }
             other => other,
         }
     }
@@ -262,7 +282,11 @@ impl Imports {
         key: &ServiceKey,
         spec: Option<&ImportSpec>,
         clusters: &[String],
+        keep: BTreeSet<String>,
     ) -> Outcome {
+        if !self.slices.listed {
+            return Outcome::Done; // judged again when the list is in
+        }
         let import = self
             .imports
             .items
@@ -288,6 +312,8 @@ impl Imports {
             (Some(_), None) => return Outcome::Done,
             (None, _) => DesiredImportSlices::default(),
         };
+        let mut desired = desired;
+        desired.untouched.extend(keep);
         let owner = OwnerReference {
             api_version: format!("{}/{}", service_mirror_core::mcs::GROUP, super::VERSION),
             kind: "ServiceImport".into(),
@@ -299,6 +325,7 @@ impl Imports {
         let stored: Vec<EndpointSlice> = self.slices.of(key).cloned().collect();
         let actions =
             plan_import_slices(key, &desired, &stored, &owner, &self.controller_namespace);
+        let mut outcome = Outcome::Done;
         for action in &actions {
             let verb = match action {
                 Action::CreateEndpointSlice(_) => "created",
@@ -325,9 +352,11 @@ impl Imports {
                         namespace: Some(namespace),
                         ..Default::default()
                     };
+                    // That one slice is not written; the others are (judged again
+                    // at the name's next change).
                     self.foreign(key, &meta, Kind::Slice, "SliceNameTaken")
                         .await;
-                    return Outcome::Dropped;
+                    outcome = Outcome::Dropped;
                 }
                 Err(e) => {
                     tracing::warn!(import = %key, error = %e, "import EndpointSlice write failed; retrying with backoff");
@@ -336,7 +365,7 @@ impl Imports {
                 }
             }
         }
-        Outcome::Done
+        outcome
     }
 
     /// Whether this replica may write now.
@@ -568,7 +597,7 @@ impl Imports {
             }
             // Its slices first: none outlives it pointing at a cluster (the garbage
             // collector would take them too, where one runs).
-            let slices = self.sync_slices(key, None, &[]).await;
+            let slices = self.sync_slices(key, None, &[], BTreeSet::new()).await;
             if slices != Outcome::Done {
                 return slices;
             }
@@ -582,7 +611,7 @@ impl Imports {
             }
         } else {
             // Slices of ours with no import of ours (left by a failed delete): they go.
-            let slices = self.sync_slices(key, None, &[]).await;
+            let slices = self.sync_slices(key, None, &[], BTreeSet::new()).await;
             if slices != Outcome::Done {
                 return slices;
             }
@@ -655,11 +684,16 @@ impl Imports {
 
     /// Someone else's object where ours would be: a Warning Event on it, once per object.
     async fn foreign(&mut self, key: &ServiceKey, meta: &ObjectMeta, kind: Kind, reason: &str) {
-        let told = (key.clone(), kind.label());
-        if self.told.get(&told) == Some(&meta.uid) {
+        let slot = match kind {
+            Kind::Slice => format!("{}/{}", kind.label(), meta.name.as_deref().unwrap_or("")),
+            _ => kind.label().to_string(),
+        };
+        let told = (key.clone(), slot);
+        let id = meta.uid.clone().or_else(|| meta.name.clone());
+        if self.told.get(&told) == Some(&id) {
             return;
         }
-        self.told.insert(told, meta.uid.clone());
+        self.told.insert(told, id);
         // Counted once per object, as the Event: nothing is written.
         self.wrote(kind, "foreign");
         let (api_version, kind_name) = match kind {

@@ -3,17 +3,20 @@
 //! local cluster and of every linked one (a full mesh: each cluster's controller reads
 //! the others over its links) and writes the conditions of the local exports, and in
 //! this cluster each exported name's ServiceImport, derived Service and EndpointSlices
-//! (one group per remote exporting cluster, at its gateway). The merge of
+//! (one group per exporting cluster: a remote one's at its gateway, this cluster's a
+//! copy of its own Service's). The merge of
 //! exports across the cluster set is pure and lives in `service_mirror_core::mcs`
 //! (the import's and derived Service's forms in `mcs_import`, `mcs_derived`); we never
 //! write to a remote cluster.
 //!
 //! Files: `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
-//! cluster's exports and Services; the local imports and derived Services), `index.rs`
+//! cluster's exports and Services; the local imports and derived Services), `gateways.rs`
+//! (the links' gateway reports, per feed), `index.rs`
 //! (every cluster's exports, fed by those watches), `worker.rs` (judge, write the
 //! status, report), `imports.rs` (the local imports, derived Services and import
 //! EndpointSlices, and their writer), `metrics.rs`.
 
+mod gateways;
 mod imports;
 mod index;
 pub(crate) mod metrics;
@@ -88,10 +91,12 @@ enum Msg {
     /// A watch event of the local Services' EndpointSlices (not ours): the endpoints
     /// of this cluster's exports.
     LocalSlice(Box<watcher::Event<EndpointSlice>>),
-    /// The gateway of linked cluster `cluster` as its link resolved and probed it
-    /// (`None`: it has none usable now).
+    /// The gateway of linked cluster `cluster` as the link of feed `generation`
+    /// resolved and probed it (`None`: it has none usable now); without a generation,
+    /// the cluster's latest feed's.
     Gateway {
         cluster: String,
+        generation: Option<index::Generation>,
         gateway: Option<SourceGateway>,
     },
 }
@@ -128,10 +133,12 @@ impl std::fmt::Debug for Mcs {
     }
 }
 
-/// A link's gateway reports, into the MCS component.
+/// A link's gateway reports, into the MCS component, under its feed's generation (a
+/// replaced or stopped link's reports are told apart, and dropped with its feed).
 pub(crate) struct GatewayFeed {
     mcs: Mcs,
     cluster: String,
+    generation: index::Generation,
     domain: String,
 }
 
@@ -146,7 +153,11 @@ impl crate::gateway::report::GatewayListener for GatewayFeed {
             gateway,
             domain: self.domain.clone(),
         });
-        self.mcs.gateway(&self.cluster, gateway);
+        let _ = self.mcs.tx.send(Msg::Gateway {
+            cluster: self.cluster.clone(),
+            generation: Some(self.generation),
+            gateway,
+        });
     }
 }
 
@@ -196,22 +207,15 @@ impl Mcs {
         let _ = self.tx.send(Msg::Expect(clusters));
     }
 
-    /// The gateway of linked cluster `cluster` changed (`None`: none usable now): the
-    /// EndpointSlices of the imports it exports point at it.
+    /// The gateway of linked cluster `cluster` changed (`None`: none usable now), as its
+    /// latest link reports it: the EndpointSlices of the imports it exports point at it.
+    /// (A link controller reports through the [`GatewayFeed`] of its own feed.)
     pub fn gateway(&self, cluster: &str, gateway: Option<SourceGateway>) {
         let _ = self.tx.send(Msg::Gateway {
             cluster: cluster.into(),
+            generation: None,
             gateway,
         });
-    }
-
-    /// What the link of `cluster` (DNS domain `domain`) reports its gateway to.
-    pub(crate) fn gateway_listener(&self, cluster: &str, domain: &str) -> GatewayFeed {
-        GatewayFeed {
-            mcs: self.clone(),
-            cluster: cluster.into(),
-            domain: domain.into(),
-        }
     }
 
     /// The link of `cluster` was removed and no other source links it: the imports it
@@ -230,10 +234,23 @@ impl Mcs {
         remote: &Client,
         cancel: &CancellationToken,
     ) -> Vec<JoinHandle<()>> {
+        self.link_with_gateway(cluster, "cluster.local", remote, cancel)
+            .0
+    }
+
+    /// [`Mcs::link`], and the feed its link controller reports its gateway to (the
+    /// cluster's DNS domain `domain` names the remote Service in the slices).
+    pub(crate) fn link_with_gateway(
+        &self,
+        cluster: &str,
+        domain: &str,
+        remote: &Client,
+        cancel: &CancellationToken,
+    ) -> (Vec<JoinHandle<()>>, Option<GatewayFeed>) {
         if *cluster == *self.local {
             // Its exports would pass for this cluster's own: never read.
             tracing::error!(%cluster, "a link names this cluster's own --mcs-cluster-name: its ServiceExports are not read");
-            return Vec::new();
+            return (Vec::new(), None);
         }
         let generation = 1 + self.generations.fetch_add(1, Ordering::SeqCst);
         let cluster: Arc<str> = cluster.into();
@@ -248,6 +265,12 @@ impl Mcs {
             metrics: self.metrics.clone(),
         };
         let mut tasks = watches::spawn(remote, feed, cancel);
+        let gateway = GatewayFeed {
+            mcs: self.clone(),
+            cluster: cluster.to_string(),
+            generation,
+            domain: domain.into(),
+        };
         let (tx, cancel) = (self.tx.clone(), cancel.clone());
         tasks.push(tokio::spawn(async move {
             cancel.cancelled().await;
@@ -256,6 +279,6 @@ impl Mcs {
                 generation,
             });
         }));
-        tasks
+        (tasks, Some(gateway))
     }
 }

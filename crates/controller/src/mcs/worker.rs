@@ -103,6 +103,8 @@ pub(super) struct Worker {
     expected: Option<BTreeSet<String>>,
     /// Clusters whose link was removed since (a new feed takes one out).
     removed: BTreeSet<String>,
+    /// The links' gateway reports.
+    gateways: super::gateways::Gateways,
 }
 
 impl Worker {
@@ -129,6 +131,7 @@ impl Worker {
             imports,
             expected: None,
             removed: BTreeSet::new(),
+            gateways: Default::default(),
         }
     }
 
@@ -175,6 +178,7 @@ impl Worker {
                 generation,
             } => {
                 self.index.feed(&cluster, generation, now);
+                self.gateways.feed(&cluster, generation);
                 self.removed.remove(&*cluster);
                 Changed::new()
             }
@@ -183,6 +187,9 @@ impl Worker {
                 self.imports.keys()
             }
             Msg::Removed(cluster) => {
+                if let Some(now) = self.gateways.removed(&cluster) {
+                    self.imports.gateway(&cluster, now);
+                }
                 self.removed.insert(cluster);
                 self.imports.keys()
             }
@@ -207,7 +214,13 @@ impl Worker {
             Msg::Ended {
                 cluster,
                 generation,
-            } => self.index.remove(&cluster, generation),
+            } => {
+                let mut changed = self.index.remove(&cluster, generation);
+                if let Some(now) = self.gateways.ended(&cluster, generation) {
+                    changed.extend(self.imports.gateway(&cluster, now));
+                }
+                changed
+            }
             Msg::Import(event) => {
                 let was = self.imports.listed();
                 let changed = self.imports.import_event(&event);
@@ -219,12 +232,22 @@ impl Worker {
                 self.imports_listed(was, changed)
             }
             Msg::Slice(event) => {
-                let was = self.imports.listed();
-                let changed = self.imports.slice_event(&event);
-                self.imports_listed(was, changed)
+                let was = self.imports.slices_listed();
+                let mut changed = self.imports.slice_event(&event);
+                if !was && self.imports.slices_listed() {
+                    changed.extend(self.imports.keys()); // slices wait for their list
+                }
+                changed
             }
             Msg::LocalSlice(event) => self.imports.local_slice_event(&event),
-            Msg::Gateway { cluster, gateway } => self.imports.gateway(cluster, gateway),
+            Msg::Gateway {
+                cluster,
+                generation,
+                gateway,
+            } => match self.gateways.report(&cluster, generation, gateway) {
+                Some(now) => self.imports.gateway(&cluster, now),
+                None => Changed::new(),
+            },
         };
         self.dirty.extend(changed);
     }
