@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod conformance;
 pub mod traffic;
 
 use anyhow::Context;
@@ -66,6 +67,11 @@ pub struct DemoArgs {
     /// data-plane binaries built).
     #[arg(long)]
     no_traffic: bool,
+    /// Instead of the story: two linked clusters with `--mcs-cluster-name` controllers
+    /// and a kubeconfig for the upstream MCS conformance suite (see `conformance.rs`),
+    /// until Ctrl-C. With a data plane where traffic can run (not with --no-traffic).
+    #[arg(long)]
+    mcs_conformance: bool,
 }
 
 const NS: &str = "shop";
@@ -182,6 +188,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "warn,kube_client=off",
         service_mirror_controller::logging::LogFormat::Plain,
     )?;
+    if args.mcs_conformance {
+        let data_plane = matches!(traffic::decide_here(args.no_traffic)?, Traffic::Run);
+        return conformance::run(data_plane).await;
+    }
     tokio::select! {
         r = story(args) => r,
         _ = tokio::signal::ctrl_c() => {
@@ -641,13 +651,22 @@ async fn serve_gateway_health(octet: u8, healthy: Arc<AtomicBool>) -> anyhow::Re
 
 /// `allow` on the remote and the token a controller manager would fill.
 async fn remote_token(r: &Remote) -> anyhow::Result<String> {
+    allowed_token(&r.cluster, &r.client).await
+}
+
+/// `allow` applied to `cluster` (reached through `client`), and the token of its
+/// ServiceAccount, filled as a controller manager would.
+pub(crate) async fn allowed_token(
+    cluster: &LocalCluster,
+    client: &Client,
+) -> anyhow::Result<String> {
     let manifests = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": allow_manifests(DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT)});
-    apply_yaml(&r.client, &manifests.to_string()).await?;
+    apply_yaml(client, &manifests.to_string()).await?;
     let token_secret = token_secret_name(DEFAULT_SERVICE_ACCOUNT);
-    r.cluster
+    cluster
         .fill_token_secret(DEFAULT_NAMESPACE, &token_secret)
         .await?;
-    let filled = Api::<Secret>::namespaced(r.client.clone(), DEFAULT_NAMESPACE)
+    let filled = Api::<Secret>::namespaced(client.clone(), DEFAULT_NAMESPACE)
         .get(&token_secret)
         .await?;
     filled
@@ -660,12 +679,21 @@ async fn remote_token(r: &Remote) -> anyhow::Result<String> {
 
 /// `link`'s Secret applied to the local cluster.
 async fn link_remote(local: &Client, r: &Remote, token: &str) -> anyhow::Result<()> {
+    link_cluster(local, &r.cluster, token).await
+}
+
+/// `link`'s Secret of `remote` (its ServiceAccount's `token`) applied through `local`.
+pub(crate) async fn link_cluster(
+    local: &Client,
+    remote: &LocalCluster,
+    token: &str,
+) -> anyhow::Result<()> {
     let secret = link_secret(
-        r.cluster.name(),
+        remote.name(),
         "cluster.local",
         DEFAULT_NAMESPACE,
-        &r.cluster.server_url(),
-        r.cluster.ca_pem().as_bytes(),
+        &remote.server_url(),
+        remote.ca_pem().as_bytes(),
         token,
     )?;
     Api::<Secret>::namespaced(local.clone(), DEFAULT_NAMESPACE)

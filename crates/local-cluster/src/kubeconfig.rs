@@ -77,6 +77,38 @@ impl Kubeconfig {
     pub async fn client(&self) -> Result<kube::Client> {
         client_from_yaml(&self.yaml).await
     }
+
+    /// One kubeconfig holding every cluster, user and context of `parts` (their names
+    /// must differ), the first one's context current, written to `path` (mode 0600).
+    /// Written as JSON, which every kubeconfig loader reads as YAML.
+    pub fn merge(parts: &[&Kubeconfig], path: PathBuf) -> Result<Self> {
+        let mut merged = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [], "users": [], "contexts": [],
+        });
+        let mut names = std::collections::BTreeSet::new();
+        for (i, part) in parts.iter().enumerate() {
+            let doc: serde_json::Value = serde_saphyr::from_str(&part.yaml)
+                .map_err(|e| Error::Kubeconfig(format!("{}: {e}", part.path.display())))?;
+            for list in ["clusters", "users", "contexts"] {
+                for entry in doc[list].as_array().into_iter().flatten() {
+                    let name = entry["name"].as_str().unwrap_or_default();
+                    if !names.insert(format!("{list}/{name}")) {
+                        return Err(Error::Kubeconfig(format!("two {list} named {name:?}")));
+                    }
+                    merged[list]
+                        .as_array_mut()
+                        .expect("an array")
+                        .push(entry.clone());
+                }
+            }
+            if i == 0 {
+                merged["current-context"] = doc["current-context"].clone();
+            }
+        }
+        let text = serde_json::to_string_pretty(&merged).expect("JSON");
+        Self::write(text, path)
+    }
 }
 
 /// Kubeconfig YAML `yaml` with the value of every `server:` key replaced by `server`.
@@ -117,6 +149,32 @@ pub async fn client_from_yaml(yaml: &str) -> Result<kube::Client> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_merged_kubeconfig_holds_every_context_and_refuses_a_name_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = |name: &str| {
+            let yaml =
+                Kubeconfig::render(name, "https://127.0.0.1:6443", "ca", Credential::Token("t"));
+            Kubeconfig::write(yaml, dir.path().join(format!("{name}.kubeconfig"))).unwrap()
+        };
+        let (west, east) = (part("west"), part("east"));
+        let merged = Kubeconfig::merge(&[&west, &east], dir.path().join("both")).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(&merged.yaml).unwrap();
+        let names = |list: &str| -> Vec<String> {
+            doc[list]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(names("contexts"), ["west", "east"]);
+        assert_eq!(names("clusters"), ["west", "east"]);
+        assert_eq!(doc["current-context"], "west");
+        assert_eq!(doc["contexts"][1]["context"]["cluster"], "east");
+        assert!(Kubeconfig::merge(&[&west, &west], dir.path().join("twice")).is_err());
+    }
 
     #[test]
     fn with_server_replaces_every_server_and_keeps_the_rest() {

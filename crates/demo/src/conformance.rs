@@ -1,0 +1,242 @@
+//! `service-mirror demo --mcs-conformance`: what the upstream Multi-Cluster Services
+//! conformance suite (kubernetes-sigs/mcs-api, `conformance/`, Ginkgo) needs, on local
+//! clusters: `west` and `east`, each with the MCS CRDs and its own
+//! `service-mirror run --mcs-cluster-name <name>` linked to the other (a full mesh: each
+//! reads the other's ServiceExports over its link), one kubeconfig whose contexts and
+//! cluster names are `west` and `east` (the suite names a cluster by its context's
+//! cluster, which must be the name its peers' links give it), and a Pod-status step.
+//!
+//! The Pod-status step stands in for kubelets (there is none): every spec first starts a
+//! request Pod in each cluster and waits for it to be `Running`; the step marks the Pods
+//! of the suite's namespaces (`mcs-conformance-*`) Running and Ready, at the cluster's
+//! node address (its data plane's, else a documentation address). Nothing runs in them:
+//! the suite's specs that exec into the request Pod (DNS, connectivity) cannot pass here.
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use local_cluster::{ClusterOptions, Kubeconfig, LocalCluster, apply_yaml};
+use service_mirror_controller::cli::allow::DEFAULT_NAMESPACE;
+use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// The suite's namespaces: `mcs-conformance-<random>`.
+pub const SUITE_NAMESPACE_PREFIX: &str = "mcs-conformance-";
+/// How often the Pod-status step looks for Pods to mark Running.
+const POD_STEP_PERIOD: Duration = Duration::from_millis(500);
+
+/// Two linked clusters ready for the suite; dropping it stops the controllers and the
+/// clusters.
+pub struct Prepared {
+    /// `west`, the suite's first context (the exporting cluster of its specs).
+    pub west: LocalCluster,
+    /// `east`.
+    pub east: LocalCluster,
+    /// The kubeconfig with contexts `west` and `east`.
+    pub kubeconfig: Kubeconfig,
+    controllers: Vec<Child>,
+    pod_steps: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        for c in &mut self.controllers {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for t in &self.pod_steps {
+            t.abort();
+        }
+    }
+}
+
+impl Prepared {
+    /// The log file of the controller of `cluster`.
+    pub fn controller_log(cluster: &LocalCluster) -> PathBuf {
+        cluster.dir().join("service-mirror.log")
+    }
+
+    /// The `go test` command that runs the suite's Required specs against these
+    /// clusters, from a checkout of kubernetes-sigs/mcs-api.
+    pub fn suite_command(&self) -> String {
+        format!(
+            "cd mcs-api/conformance && go test -v -timeout 30m . -args --kubeconfig={} --contexts=west,east --ginkgo.label-filter=Required",
+            self.kubeconfig.path.display()
+        )
+    }
+}
+
+/// Starts west and east (with data planes if `data_plane`), installs the MCS CRDs,
+/// links them both ways, starts `binary run --mcs-cluster-name <name>` for each and the
+/// Pod-status steps, and writes the kubeconfig into `dir`.
+pub async fn prepare(binary: &Path, data_plane: bool, dir: &Path) -> anyhow::Result<Prepared> {
+    let opts = || ClusterOptions {
+        data_plane,
+        ..Default::default()
+    };
+    let (west, east) = tokio::try_join!(
+        LocalCluster::start_with("west", opts()),
+        LocalCluster::start_with("east", opts())
+    )?;
+    let (wc, ec) = (west.client().await?, east.client().await?);
+    for client in [&wc, &ec] {
+        install_mcs_crds(client).await?;
+        local_cluster::ensure_namespace(client, DEFAULT_NAMESPACE).await?;
+    }
+    // Each cluster reads the other with the remote RBAC of `allow` (ServiceExports and
+    // Services), by a link Secret as `link` makes it.
+    let east_token = crate::allowed_token(&east, &ec).await?;
+    crate::link_cluster(&wc, &east, &east_token).await?;
+    let west_token = crate::allowed_token(&west, &wc).await?;
+    crate::link_cluster(&ec, &west, &west_token).await?;
+    let controllers = vec![controller(binary, &west)?, controller(binary, &east)?];
+    let pod_steps = vec![
+        tokio::spawn(pod_step(wc, node_address(&west, 10))),
+        tokio::spawn(pod_step(ec, node_address(&east, 20))),
+    ];
+    let kubeconfig = Kubeconfig::merge(
+        &[&west.admin_kubeconfig(), &east.admin_kubeconfig()],
+        dir.join("mcs-conformance.kubeconfig"),
+    )?;
+    Ok(Prepared {
+        west,
+        east,
+        kubeconfig,
+        controllers,
+        pod_steps,
+    })
+}
+
+/// Prepares the clusters, prints how to run the suite, and waits for Ctrl-C or SIGTERM.
+pub async fn run(data_plane: bool) -> anyhow::Result<()> {
+    let binary = std::env::current_exe().context("the path of this program")?;
+    let dir = std::env::temp_dir().join(format!(
+        "service-mirror-mcs-conformance-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    println!(
+        "Starting west and east (etcd + kube-apiserver each{}), the MCS CRDs, a service-mirror per cluster linked to the other...",
+        if data_plane { ", and a data plane" } else { "" }
+    );
+    let prepared = prepare(&binary, data_plane, &dir).await?;
+    println!("Ready.");
+    println!(
+        "  kubeconfig: {} (contexts and clusters: west, east)",
+        prepared.kubeconfig.path.display()
+    );
+    for c in [&prepared.west, &prepared.east] {
+        println!(
+            "  {}: {}  controller log: {}",
+            c.name(),
+            c.server_url(),
+            Prepared::controller_log(c).display()
+        );
+    }
+    println!(
+        "Pods of {SUITE_NAMESPACE_PREFIX}* namespaces are marked Running (no kubelet: specs that exec into the request Pod cannot pass)."
+    );
+    println!("Run the suite's Required specs from a checkout of kubernetes-sigs/mcs-api:");
+    println!("  {}", prepared.suite_command());
+    println!("Ctrl-C stops the controllers and the clusters and removes their files.");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    drop(prepared);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The MCS CRDs, applied and served.
+async fn install_mcs_crds(client: &Client) -> anyhow::Result<()> {
+    for yaml in [SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML] {
+        apply_yaml(client, yaml).await?;
+    }
+    let exports: Api<service_mirror_controller::mcs::resource::ServiceExport> =
+        Api::all(client.clone());
+    for _ in 0..100 {
+        if exports.list(&ListParams::default().limit(1)).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the ServiceExport CRD is not served after 10 s")
+}
+
+/// `binary run` for `cluster`, as its admin, logging to its directory.
+fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Child> {
+    let log = std::fs::File::create(Prepared::controller_log(cluster))?;
+    let child = Command::new(binary)
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(&cluster.admin_kubeconfig().path)
+        .args([
+            "--namespace",
+            DEFAULT_NAMESPACE,
+            "--mcs-cluster-name",
+            cluster.name(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {} run", binary.display()))?;
+    Ok(child)
+}
+
+/// The address the Pod-status step gives Pods of `cluster`: its node's, else
+/// 192.0.2.`octet` (documentation; nothing listens there).
+fn node_address(cluster: &LocalCluster, octet: u8) -> Ipv4Addr {
+    cluster
+        .data_plane()
+        .map_or(Ipv4Addr::new(192, 0, 2, octet), |d| d.node_ip())
+}
+
+/// Marks every Pod of the suite's namespaces that is not Running as Running and Ready
+/// at `ip`, every [`POD_STEP_PERIOD`], until aborted.
+pub async fn pod_step(client: Client, ip: Ipv4Addr) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let not_running = ListParams::default().fields("status.phase!=Running");
+    loop {
+        if let Ok(list) = pods.list(&not_running).await {
+            for pod in list.items {
+                let (Some(ns), Some(name)) = (pod.metadata.namespace, pod.metadata.name) else {
+                    continue;
+                };
+                if !ns.starts_with(SUITE_NAMESPACE_PREFIX) {
+                    continue;
+                }
+                let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+                let _ = api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(running(ip)))
+                    .await;
+            }
+        }
+        tokio::time::sleep(POD_STEP_PERIOD).await;
+    }
+}
+
+/// The status of a Pod a kubelet started, at `ip`.
+fn running(ip: Ipv4Addr) -> serde_json::Value {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let condition = |t: &str| serde_json::json!({"type": t, "status": "True", "lastTransitionTime": now.clone()});
+    serde_json::json!({"status": {
+        "phase": "Running",
+        "podIP": ip.to_string(),
+        "podIPs": [{"ip": ip.to_string()}],
+        "hostIP": ip.to_string(),
+        "startTime": now.clone(),
+        "conditions": [condition("PodScheduled"), condition("Initialized"),
+            condition("ContainersReady"), condition("Ready")],
+    }})
+}

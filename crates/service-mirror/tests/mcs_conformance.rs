@@ -1,0 +1,167 @@
+//! The MCS conformance harness (`service-mirror demo --mcs-conformance`, issue 17 point
+//! 5) on real apiservers and the real binary: the clusters it prepares answer through
+//! its kubeconfig's two contexts, its Pod-status step runs the suite's request Pods,
+//! and the suite's first Required spec ("A ServiceImport should only exist as long as
+//! there's at least one exporting cluster"), replayed here step by step from the KEP,
+//! passes against the two `service-mirror run --mcs-cluster-name` processes.
+#![cfg(feature = "demo")]
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use service_mirror_demo::conformance::{Prepared, SUITE_NAMESPACE_PREFIX, prepare};
+use std::path::Path;
+use support::eventually;
+
+/// A client of context `context` of the harness's kubeconfig.
+async fn client(prepared: &Prepared, context: &str) -> kube::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let kc = Kubeconfig::read_from(&prepared.kubeconfig.path).unwrap();
+    let opts = KubeConfigOptions {
+        context: Some(context.into()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kc, &opts)
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+fn mcs(client: &kube::Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "multicluster.x-k8s.io",
+            "v1beta1",
+            kind,
+        )),
+    )
+}
+
+/// The suite's hello Service and its export, in `ns` of `client`'s cluster.
+async fn export_hello(client: &kube::Client, ns: &str) {
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "hello"},
+        "spec": {"selector": {"app": "hello"}, "ports": [
+            {"name": "tcp", "port": 42, "protocol": "TCP"},
+            {"name": "udp", "port": 42, "protocol": "UDP"},
+        ]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let export = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": {"name": "hello"},
+    }))
+    .unwrap();
+    mcs(client, ns, "ServiceExport")
+        .create(&PostParams::default(), &export)
+        .await
+        .unwrap();
+}
+
+/// The clusters of the import `hello` in `client`'s cluster (None: no import).
+async fn import_clusters(client: &kube::Client, ns: &str) -> Option<Vec<String>> {
+    let i = mcs(client, ns, "ServiceImport")
+        .get_opt("hello")
+        .await
+        .ok()??;
+    let ips = i.data["spec"]["ips"].as_array().map_or(0, Vec::len);
+    assert!(ips <= 1, "one ClusterSetIP per family: {i:?}");
+    let mut clusters: Vec<String> = i.data["status"]["clusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["cluster"].as_str().map(str::to_string))
+        .collect();
+    clusters.sort();
+    (i.data["spec"]["type"] == "ClusterSetIP" && ips == 1).then_some(clusters)
+}
+
+async fn until_clusters(clients: &[(&str, kube::Client)], ns: &str, want: &[&str]) {
+    for (name, c) in clients {
+        eventually(
+            &format!("{name}: import of hello from {want:?}"),
+            || async { (import_clusters(c, ns).await? == want).then_some(()) },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_runs_the_suites_first_required_spec_on_two_linked_clusters() {
+    support::init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = Path::new(env!("CARGO_BIN_EXE_service-mirror"));
+    let prepared = prepare(binary, false, dir.path()).await.unwrap();
+    let clients = [
+        ("west", client(&prepared, "west").await),
+        ("east", client(&prepared, "east").await),
+    ];
+    let ns = format!("{SUITE_NAMESPACE_PREFIX}{}", std::process::id());
+    for (_, c) in &clients {
+        let body =
+            serde_json::from_value::<Namespace>(serde_json::json!({"metadata": {"name": ns}}));
+        Api::<Namespace>::all(c.clone())
+            .create(&PostParams::default(), &body.unwrap())
+            .await
+            .unwrap();
+    }
+    // The request Pod of every spec: Running in each cluster within the suite's 60 s.
+    let request: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "request", "labels": {"app": "request"}},
+        "spec": {"containers": [{"name": "request", "image": "nicolaka/netshoot:v0.15"}]},
+    }))
+    .unwrap();
+    for (name, c) in &clients {
+        let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+        pods.create(&PostParams::default(), &request).await.unwrap();
+        eventually(&format!("{name}: the request Pod Running"), || async {
+            let p = pods.get("request").await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        })
+        .await;
+    }
+    // A Pod elsewhere is not the harness's to touch.
+    let other: Api<Pod> = Api::namespaced(clients[0].1.clone(), "default");
+    other
+        .create(&PostParams::default(), &request)
+        .await
+        .unwrap();
+
+    // Exported from west (the suite's first context): an import in both clusters.
+    export_hello(&clients[0].1, &ns).await;
+    until_clusters(&clients, &ns, &["west"]).await;
+    // Exported from east too; unexported from west: the import stays; from east: gone.
+    export_hello(&clients[1].1, &ns).await;
+    until_clusters(&clients, &ns, &["east", "west"]).await;
+    mcs(&clients[0].1, &ns, "ServiceExport")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    until_clusters(&clients, &ns, &["east"]).await;
+    mcs(&clients[1].1, &ns, "ServiceExport")
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    for (name, c) in &clients {
+        eventually(&format!("{name}: no import of hello"), || async {
+            let api = mcs(c, &ns, "ServiceImport");
+            api.get_opt("hello").await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+    let untouched = other.get("request").await.unwrap();
+    assert_ne!(
+        untouched.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "a Pod outside the suite's namespaces is left as it is"
+    );
+    println!("suite command: {}", prepared.suite_command());
+}
