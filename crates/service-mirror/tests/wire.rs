@@ -14,36 +14,19 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use local_cluster::{
-    ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT,
-    Workload, publish_endpoints, skip_without_data_plane,
+    DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, LocalCluster, PROBE_PORT, Workload,
+    publish_endpoints, skip_without_data_plane,
 };
 use service_mirror_core::NamespaceFilter;
 use service_mirror_testkit::monitor::{Monitor, Remit, WatchedRemote};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::controller::{Controller, link_secret, own_identity, reader_kubeconfig};
+use support::wire::data_plane_cluster;
 use support::*;
 
 /// Ports of east's `shop/web`: (name, service port, workload port).
 const WEB_PORTS: [(&str, i32, u16); 2] = [("http", 80, 8080), ("admin", 8081, 9090)];
-
-async fn data_plane_cluster(name: &str) -> LocalCluster {
-    let started = Instant::now();
-    let c = LocalCluster::start_with(
-        name,
-        ClusterOptions {
-            data_plane: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("start {name} with a data plane: {e}"));
-    eprintln!(
-        "{name}: ready with its data plane in {:?}",
-        started.elapsed()
-    );
-    c
-}
 
 fn meta(name: &str) -> ObjectMeta {
     ObjectMeta {

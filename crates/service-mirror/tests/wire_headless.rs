@@ -12,25 +12,14 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, PostParams};
-use local_cluster::{ClusterOptions, LocalCluster, skip_without_data_plane};
+use local_cluster::skip_without_data_plane;
 use std::time::{Duration, Instant};
 use support::controller::{Controller, kubeconfig_with_rules, link_secret};
+use support::wire::data_plane_cluster;
 use support::*;
 
 /// The pods' port (the headless Service's port and target port).
 const POD_PORT: u16 = 8080;
-
-async fn data_plane_cluster(name: &str) -> LocalCluster {
-    LocalCluster::start_with(
-        name,
-        ClusterOptions {
-            data_plane: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("start {name} with a data plane: {e}"))
-}
 
 /// East's gateway Service `shop/gateway` in front of the stand-in gateway at `ip` (as
 /// tests/wire.rs makes it: ingress and Endpoints at the gateway's address).

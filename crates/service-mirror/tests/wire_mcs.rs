@@ -11,44 +11,22 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use local_cluster::{
-    ClusterOptions, DataPlane, Gateway, LocalCluster, Workload, publish_endpoints,
-    skip_without_data_plane,
-};
+use kube::api::{Api, DynamicObject, PostParams};
+use local_cluster::{DataPlane, Gateway, LocalCluster, Workload, skip_without_data_plane};
 use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 use support::controller::Controller;
-use support::links::{credentials_secret, link};
+use support::wire::{
+    await_failover, data_plane_cluster, link_through_gateway, serve_web, slice_ready,
+    until_each_answers,
+};
 use support::*;
 
 const HOST: &str = "web.shop.svc.clusterset.local";
 /// The Link's probe: every second, dead after three failures.
 const PROBE_PERIOD: Duration = Duration::from_secs(1);
 const PROBE_THRESHOLD: u32 = 3;
-
-async fn data_plane_cluster(name: &str) -> LocalCluster {
-    let c = LocalCluster::start_with(
-        name,
-        ClusterOptions {
-            data_plane: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("start {name} with a data plane: {e}"));
-    let client = c.client().await.unwrap();
-    for yaml in [
-        service_mirror_controller::mcs::SERVICE_EXPORT_CRD_YAML,
-        service_mirror_controller::mcs::SERVICE_IMPORT_CRD_YAML,
-    ] {
-        local_cluster::apply_yaml(&client, yaml).await.unwrap();
-    }
-    c
-}
 
 fn exports(client: &kube::Client) -> Api<DynamicObject> {
     Api::namespaced_with(
@@ -65,28 +43,8 @@ fn exports(client: &kube::Client) -> Api<DynamicObject> {
 /// `shop/web` of cluster `c` (selectorless, its Endpoints the workload on the node,
 /// answering `body`), exported with a ServiceExport.
 async fn exporter(c: &LocalCluster, body: &str) -> Workload {
+    let workload = serve_web(c, body, serde_json::json!({})).await;
     let client = c.client().await.unwrap();
-    create_namespace(&client, "shop").await;
-    let dp = c.data_plane().unwrap();
-    let workload = dp.serve_http(8080, body).unwrap();
-    let svc: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "web", "namespace": "shop"},
-        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-    }))
-    .unwrap();
-    Api::<Service>::namespaced(client.clone(), "shop")
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
-    publish_endpoints(
-        &client,
-        "shop",
-        "web",
-        &dp.node_ip().to_string(),
-        &[("http", 8080)],
-    )
-    .await
-    .unwrap();
     let export = serde_json::from_value(serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
         "metadata": {"name": "web", "namespace": "shop"},
@@ -100,36 +58,6 @@ async fn exporter(c: &LocalCluster, body: &str) -> Workload {
     })
     .await;
     workload
-}
-
-/// Links east from west's controller in `ctl_ns`, through the gateway on east's node.
-async fn link_east(wc: &kube::Client, ctl_ns: &str, east: &LocalCluster) {
-    // East's admin: the link reads east's ServiceExports (not in Linkerd's remote role).
-    let secret = "cluster-credentials-east";
-    Api::<Secret>::namespaced(wc.clone(), ctl_ns)
-        .create(
-            &PostParams::default(),
-            &credentials_secret(secret, &east.admin_kubeconfig().yaml),
-        )
-        .await
-        .unwrap();
-    let ip = east.data_plane().unwrap().node_ip().to_string();
-    let l = link(
-        "east",
-        "east",
-        secret,
-        serde_json::json!({
-            "gatewayAddress": ip,
-            "gatewayPort": local_cluster::GATEWAY_PORT.to_string(),
-            "probeSpec": {"port": local_cluster::PROBE_PORT.to_string(), "path": "/ready",
-                "period": format!("{}s", PROBE_PERIOD.as_secs()), "timeout": "1s",
-                "failureThreshold": PROBE_THRESHOLD.to_string()},
-        }),
-    );
-    Api::<LinkResource>::namespaced(wc.clone(), ctl_ns)
-        .create(&PostParams::default(), &l)
-        .await
-        .unwrap();
 }
 
 /// The import's ClusterSetIP once it lists both clusters.
@@ -161,20 +89,11 @@ async fn cluster_set_ip(wc: &kube::Client) -> Ipv4Addr {
 
 /// Whether east's import slice is ready (None: no such slice yet).
 async fn east_ready(wc: &kube::Client) -> Option<bool> {
-    let lp = ListParams::default().labels(
+    slice_ready(
+        wc,
         "multicluster.kubernetes.io/service-name=web,multicluster.kubernetes.io/source-cluster=east",
-    );
-    let list = Api::<EndpointSlice>::namespaced(wc.clone(), "shop")
-        .list(&lp)
-        .await
-        .ok()?;
-    let slice = list.items.first()?;
-    Some(
-        slice
-            .endpoints
-            .iter()
-            .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true)),
     )
+    .await
 }
 
 /// One request to the ClusterSetIP from west's node: the answering cluster, or the error.
@@ -198,6 +117,15 @@ async fn the_cluster_set_ip_reaches_both_exporters_and_fails_over_when_a_gateway
         data_plane_cluster("west-mcs"),
         data_plane_cluster("east-mcs")
     );
+    for c in [&west, &east] {
+        let client = c.client().await.unwrap();
+        for yaml in [
+            service_mirror_controller::mcs::SERVICE_EXPORT_CRD_YAML,
+            service_mirror_controller::mcs::SERVICE_IMPORT_CRD_YAML,
+        ] {
+            local_cluster::apply_yaml(&client, yaml).await.unwrap();
+        }
+    }
     let _west_web = exporter(&west, "west").await;
     let _east_web = exporter(&east, "east").await;
     let east_gw: Gateway = east.data_plane().unwrap().start_gateway("east").unwrap();
@@ -219,7 +147,10 @@ async fn the_cluster_set_ip_reaches_both_exporters_and_fails_over_when_a_gateway
     );
     ctl.wait_ready().await;
     let linked = Instant::now();
-    link_east(&wc, &ctl_ns, &east).await;
+    // East's admin: the link reads east's ServiceExports (not in Linkerd's remote role).
+    let admin = east.admin_kubeconfig().yaml;
+    let probe = (PROBE_PERIOD, PROBE_THRESHOLD);
+    link_through_gateway(&wc, &ctl_ns, "east", &east, &admin, probe).await;
     let ip = cluster_set_ip(&wc).await;
     eprintln!(
         "ServiceImport web: ClusterSetIP {ip}, {:?} after the Link",
@@ -229,57 +160,37 @@ async fn the_cluster_set_ip_reaches_both_exporters_and_fails_over_when_a_gateway
     // Both exporters answer: west's pods directly, east's through its gateway. Bounded:
     // 400 requests at most.
     let wp = west.data_plane().unwrap();
-    let (mut seen_west, mut seen_east, mut tries) = (0, 0, 0);
-    while (seen_west == 0 || seen_east == 0) && tries < 400 {
-        tries += 1;
-        match ask(wp, ip).await.as_deref() {
-            Ok("west") => seen_west += 1,
-            Ok("east") => seen_east += 1,
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
+    let (seen, tries) = until_each_answers(&["west", "east"], || ask(wp, ip)).await;
     assert!(
-        seen_west > 0 && seen_east > 0,
-        "requests reach both exporters: west {seen_west}, east {seen_east} of {tries}\ncontroller:\n{}",
+        !seen.contains(&0),
+        "requests reach both exporters: west {}, east {} of {tries}\ncontroller:\n{}",
+        seen[0],
+        seen[1],
         ctl.log_text()
     );
-    eprintln!("requests reach both exporters (west {seen_west}, east {seen_east} of {tries})");
+    eprintln!(
+        "requests reach both exporters (west {}, east {} of {tries})",
+        seen[0], seen[1]
+    );
     assert!(
         east_gw.accepted() > 0,
         "east's answers came through its gateway"
     );
 
-    // East's gateway dies. Requests every 100 ms, bounded at 60 s: east's slice turns
-    // not ready at the probe verdict, then kube-proxy sends everything to west.
+    // East's gateway dies: east's slice turns not ready at the probe verdict, then
+    // kube-proxy sends everything to west.
     drop(east_gw);
-    let killed = Instant::now();
-    let mut verdict: Option<Duration> = None;
-    let mut log: Vec<(Duration, Result<String, String>)> = Vec::new();
-    let window = 20;
-    let mut all_west_since: Option<usize> = None;
-    while killed.elapsed() < Duration::from_secs(60) {
-        if verdict.is_none() && east_ready(&wc).await == Some(false) {
-            verdict = Some(killed.elapsed());
-        }
-        let r = ask(wp, ip).await;
-        let west_ok = r.as_deref() == Ok("west");
-        log.push((killed.elapsed(), r));
-        match (west_ok, all_west_since) {
-            (true, None) => all_west_since = Some(log.len() - 1),
-            (false, _) => all_west_since = None,
-            _ => {}
-        }
-        if all_west_since.is_some_and(|i| log.len() - i >= window) && verdict.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let start = all_west_since.expect("a window of requests all answered by west");
-    let failover = log[start].0;
-    let verdict = verdict.expect("east's slice turned not ready");
+    let f = await_failover(
+        Instant::now(),
+        "west",
+        || ask(wp, ip),
+        || async { east_ready(&wc).await == Some(false) },
+    )
+    .await;
+    let (verdict, failover) = (f.verdict, f.failover);
     eprintln!(
         "east's gateway killed: probe verdict in the slice after {verdict:?}, first all-west window after {failover:?} ({} requests failed before it)",
-        log[..start].iter().filter(|(_, r)| r.is_err()).count(),
+        f.before(None)
     );
     let bound = PROBE_PERIOD * PROBE_THRESHOLD + Duration::from_secs(10);
     assert!(failover <= bound, "failover {failover:?} within {bound:?}");

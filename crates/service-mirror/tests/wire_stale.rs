@@ -13,11 +13,12 @@ use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, PostParams};
 use local_cluster::{
-    ClusterOptions, DataPlane, Gateway, HttpAnswer, LocalCluster, Workload, publish_endpoints,
+    DataPlane, Gateway, HttpAnswer, LocalCluster, Workload, publish_endpoints,
     skip_without_data_plane,
 };
 use std::time::{Duration, Instant};
 use support::controller::{Controller, link_secret, reader_kubeconfig};
+use support::wire::data_plane_cluster;
 use support::*;
 
 /// The stale settings of these tests, in seconds.
@@ -27,18 +28,6 @@ const EXPIRE: u64 = 12;
 
 /// The mirror's name on west.
 const MIRROR: &str = "web-east.shop.svc.cluster.local";
-
-async fn data_plane_cluster(name: &str) -> LocalCluster {
-    LocalCluster::start_with(
-        name,
-        ClusterOptions {
-            data_plane: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("start {name} with a data plane: {e}"))
-}
 
 /// West and east with data planes, east's `shop/web` (port 80 → 8080) exported through
 /// the stand-in gateway, the controller on west linked to east.

@@ -7,6 +7,7 @@ pub(crate) mod hostile_apiserver;
 pub(crate) mod links;
 pub(crate) mod mcs;
 pub(crate) mod resolver;
+pub(crate) mod wire;
 
 use k8s_openapi::api::core::v1::{
     Endpoints, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
