@@ -667,6 +667,20 @@ async fn mirrors_of_a_link_removed_while_down_are_collected_at_start() {
     assert!(env.local_services().get_opt(&kept).await.unwrap().is_some());
 }
 
+/// Waits until `ctl` says its one link, of `cluster`, runs from the source of uid `uid`.
+async fn source_is(ctl: &Controller, cluster: &str, uid: &str) {
+    let series = format!("service_mirror_link_source{{cluster=\"{cluster}\",uid=\"{uid}\"}} 1");
+    eventually(&format!("the link runs from {uid}"), || async {
+        let text = ctl.metrics().await;
+        let sources = text
+            .lines()
+            .filter(|l| l.starts_with("service_mirror_link_source{"))
+            .count();
+        (sources == 1 && text.lines().any(|l| l == series)).then_some(())
+    })
+    .await
+}
+
 /// A link Secret deleted and re-created while the controller's watch is held back
 /// reaches it as a delete and a re-create back to back: the link goes on with the new
 /// Secret and no mirror is deleted (the chaos suite's run 10, round 366, saw three live
@@ -704,6 +718,7 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
     // Each round: the controller's connections stall, the Secret goes and comes back
     // with another cluster domain, and the stall ends. The new domain in the mirror
     // shows that both events were handled (they arrive in order).
+    let mut last = None;
     for round in 0..4 {
         let domain = format!("round{round}.example");
         let mut secret = link_secret("link", Some(&env.cluster), Some(&kc.yaml));
@@ -713,10 +728,11 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
         );
         proxy.stall();
         secrets.unlink("link").await;
-        secrets
+        let made = secrets
             .create(&PostParams::default(), &secret)
             .await
             .unwrap();
+        last = Some(secret);
         tokio::time::sleep(Duration::from_millis(300)).await;
         proxy.pass();
         let (svc, _) = env
@@ -726,6 +742,7 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
             })
             .await;
         assert_eq!(svc.metadata.uid, uid, "round {round}: the same mirror");
+        source_is(&ctl, &env.cluster, made.metadata.uid.as_deref().unwrap()).await;
         let deleted = deletes(&env.local_writes());
         assert!(
             deleted.is_empty(),
@@ -739,6 +756,27 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
                 .join("\n")
         );
     }
+    // The same Secret once more, the same spec: the link runs on (no new link, no
+    // rotation) and says it runs from the new Secret.
+    let links_before = ctl.log_lines("linked cluster=").len();
+    let restarts_before = ctl.log_lines("link restarted").len();
+    proxy.stall();
+    secrets.unlink("link").await;
+    let made = secrets
+        .create(&PostParams::default(), &last.expect("four rounds"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.pass();
+    source_is(&ctl, &env.cluster, made.metadata.uid.as_deref().unwrap()).await;
+    assert_eq!(
+        (
+            ctl.log_lines("linked cluster=").len(),
+            ctl.log_lines("link restarted").len()
+        ),
+        (links_before, restarts_before),
+        "the link ran on"
+    );
     let behind = ctl.log_lines("the watch is behind").len();
     println!("reconciles that found the Secret gone from the cache but on the apiserver: {behind}");
     // The stall must have produced what it is for (4 of 4 rounds when written): else

@@ -147,6 +147,9 @@ impl fmt::Display for SourceKey {
 struct Active {
     spec: LinkSpec,
     controller: LinkController,
+    /// The uid of the source object it runs from (`service_mirror_link_source`): a
+    /// re-created Secret of the same spec keeps the link, and says so here.
+    uid: Option<String>,
 }
 
 /// A source object, for Events and metrics about it.
@@ -164,11 +167,14 @@ impl SourceObject<'_> {
     }
 
     fn created(&self) -> Option<k8s_openapi::jiff::Timestamp> {
-        let meta = match self {
+        self.meta().creation_timestamp.as_ref().map(|t| t.0)
+    }
+
+    fn meta(&self) -> &kube::api::ObjectMeta {
+        match self {
             SourceObject::Secret(s) => &s.metadata,
             SourceObject::Link(l) => &l.metadata,
-        };
-        meta.creation_timestamp.as_ref().map(|t| t.0)
+        }
     }
 }
 
@@ -482,8 +488,19 @@ impl Inner {
     }
 
     fn update_links_gauge(&self) {
-        let n = self.active().len() as i64;
-        self.metrics().links.links.set(n);
+        let active = self.active();
+        let links = &self.metrics().links;
+        links.links.set(active.len() as i64);
+        links.sources.clear();
+        for a in active.values() {
+            links
+                .sources
+                .get_or_create(&super::metrics::LinkSourceLabels {
+                    cluster: a.spec.link().cluster_name.clone(),
+                    uid: a.uid.clone().unwrap_or_default(),
+                })
+                .set(1);
+        }
     }
 
     /// Takes a source's running link out of the tables.
@@ -828,6 +845,18 @@ impl Inner {
         let current = self.active().get(key).map(|a| a.spec.clone());
         match current {
             Some(cur) if cur == spec => {
+                // The same spec, maybe from a re-created object: it runs from that one.
+                let uid = source.meta().uid.clone();
+                let moved = match self.active().get_mut(key) {
+                    Some(a) if a.uid != uid => {
+                        a.uid = uid;
+                        true
+                    }
+                    _ => false,
+                };
+                if moved {
+                    self.update_links_gauge();
+                }
                 // Back to the running spec after a refused change: ready again.
                 self.ready(source, &spec.link().cluster_name).await;
                 Outcome::Done
@@ -921,8 +950,14 @@ impl Inner {
             self.link_deps(source),
         ) {
             Ok(controller) => {
-                self.active()
-                    .insert(key.clone(), Active { spec, controller });
+                self.active().insert(
+                    key.clone(),
+                    Active {
+                        spec,
+                        controller,
+                        uid: source.meta().uid.clone(),
+                    },
+                );
                 self.update_links_gauge();
                 tracing::info!(%cluster, source = %key, "linked");
                 self.ready(source, &cluster).await;
@@ -1008,8 +1043,10 @@ impl Inner {
             Active {
                 spec,
                 controller: new,
+                uid: source.meta().uid.clone(),
             },
         );
+        self.update_links_gauge();
         tracing::info!(%cluster, source = %key, "link restarted with new credentials or settings");
         self.metrics().links.rotation_ended("rotated");
         self.ready(source, &cluster).await;

@@ -31,6 +31,15 @@ pub(crate) struct RotationLabels {
     pub(crate) outcome: String,
 }
 
+/// Labels of `service_mirror_link_source`: one series per running link.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LinkSourceLabels {
+    /// The linked cluster.
+    pub(crate) cluster: String,
+    /// The uid of the Secret or Link it runs from.
+    pub(crate) uid: String,
+}
+
 /// The link manager's families.
 #[derive(Debug, Default)]
 pub(crate) struct LinksFamilies {
@@ -47,6 +56,10 @@ pub(crate) struct LinksFamilies {
     /// whether or not their Event could be recorded (an apiserver answering 429 drops
     /// it).
     pub(crate) rotations: Family<RotationLabels, Counter>,
+    /// The source object each running link runs from (1 per link): a re-created
+    /// Secret of the same spec keeps the link and is said here once this replica
+    /// has seen it.
+    pub(crate) sources: Family<LinkSourceLabels, Gauge>,
 }
 
 impl LinksFamilies {
@@ -72,6 +85,11 @@ impl LinksFamilies {
             "link_rotations",
             "Link rotations ended, by outcome (rotated: the new credentials took over; timeout: the old ones stay)",
             self.rotations.clone(),
+        );
+        r.register(
+            "link_source",
+            "The object each running link runs from: its cluster and the uid of its Secret or Link (1 per link)",
+            self.sources.clone(),
         );
     }
 

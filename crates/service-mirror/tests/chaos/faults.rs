@@ -480,10 +480,12 @@ impl Chaos {
             Undo::RecreateSecret(i) => {
                 let r = &self.remotes[i];
                 let secret = link_secret(&secret_name(&r.name), Some(&r.name), Some(&r.kubeconfig));
-                Api::<Secret>::namespaced(self.lc.clone(), CTL_NS)
+                let made = Api::<Secret>::namespaced(self.lc.clone(), CTL_NS)
                     .create(&PostParams::default(), &secret)
                     .await
                     .expect("re-create the link secret");
+                let uid = made.metadata.uid.expect("a created object has a uid");
+                self.recreated.push((r.name.clone(), uid));
             }
             Undo::DeleteForeign(ns, name) => {
                 // Foreign while it was held: the controller must have left it alone.

@@ -135,6 +135,8 @@ pub(crate) struct Chaos {
     pub(crate) edits: Edits,
     /// Link Secrets rotated in this round.
     pub(crate) rotated: Vec<Rotation>,
+    /// Link Secrets re-created in this round: (cluster, the new Secret's uid).
+    pub(crate) recreated: Vec<(String, String)>,
 }
 
 /// `service-mirror install` for `CTL_NS`, with a second ServiceAccount bound by the
@@ -480,6 +482,7 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
         monitor,
         edits: Edits::new(),
         rotated: Vec::new(),
+        recreated: Vec::new(),
     };
     let mut schedule = Schedule::new(types.clone());
     let mut skipped: BTreeMap<Fault, u32> = BTreeMap::new();
@@ -579,6 +582,16 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
             chaos.replicas.tails(40)
         );
         chaos.rotated.clear();
+        assert!(
+            chaos
+                .replicas
+                .wait_sources(&chaos.recreated, CONVERGE_BOUND)
+                .await,
+            "{}: a replica did not take a re-created link Secret in within {CONVERGE_BOUND:?}; logs:\n{}",
+            context(&chaos),
+            chaos.replicas.tails(40)
+        );
+        chaos.recreated.clear();
         let t0 = Instant::now();
         loop {
             chaos.monitor.poll().await;

@@ -275,6 +275,34 @@ impl Replicas {
         out
     }
 
+    /// Waits (at most `within`) until every running, unpaused process runs each link of
+    /// `sources` (cluster, Secret uid) from that Secret (`service_mirror_link_source`):
+    /// a replica whose Secret watch is behind takes a re-created Secret in late, and
+    /// may unlink and link again then (chaos run 14, round 238: a follower's `Linked`
+    /// Event after the oracle passed). The world is not settled before.
+    pub(crate) async fn wait_sources(
+        &self,
+        sources: &[(String, String)],
+        within: Duration,
+    ) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            let pages = self.metrics().await;
+            let seen = sources.iter().all(|(cluster, uid)| {
+                let series =
+                    format!("service_mirror_link_source{{cluster=\"{cluster}\",uid=\"{uid}\"}} 1");
+                pages.iter().all(|p| p.lines().any(|l| l == series))
+            });
+            if seen {
+                return true;
+            }
+            if start.elapsed() > within {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Metrics of every running, unpaused process.
     pub(crate) async fn metrics(&self) -> Vec<String> {
         let mut pages = Vec::new();
