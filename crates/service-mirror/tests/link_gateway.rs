@@ -546,15 +546,8 @@ async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
         .create(&PostParams::default(), &hello)
         .await
         .unwrap();
-    let exports: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        env.rc.clone(),
-        &env.ns,
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "multicluster.x-k8s.io",
-            "v1beta1",
-            "ServiceExport",
-        )),
-    );
+    let exports: Api<kube::api::DynamicObject> =
+        support::mcs::mcs_api(&env.rc, &env.ns, "ServiceExport");
     let export = serde_json::from_value(serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
         "metadata": {"name": "hello"},

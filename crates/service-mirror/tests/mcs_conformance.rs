@@ -30,15 +30,7 @@ async fn client(prepared: &Prepared, context: &str) -> kube::Client {
 }
 
 fn mcs(client: &kube::Client, ns: &str, kind: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "multicluster.x-k8s.io",
-            "v1beta1",
-            kind,
-        )),
-    )
+    support::mcs::mcs_api(client, ns, kind)
 }
 
 /// The suite's hello Service and its export, in `ns` of `client`'s cluster.

@@ -29,15 +29,7 @@ const PROBE_PERIOD: Duration = Duration::from_secs(1);
 const PROBE_THRESHOLD: u32 = 3;
 
 fn exports(client: &kube::Client) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        client.clone(),
-        "shop",
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "multicluster.x-k8s.io",
-            "v1beta1",
-            "ServiceExport",
-        )),
-    )
+    support::mcs::mcs_api(client, "shop", "ServiceExport")
 }
 
 /// `shop/web` of cluster `c` (selectorless, its Endpoints the workload on the node,
@@ -62,15 +54,7 @@ async fn exporter(c: &LocalCluster, body: &str) -> Workload {
 
 /// The import's ClusterSetIP once it lists both clusters.
 async fn cluster_set_ip(wc: &kube::Client) -> Ipv4Addr {
-    let imports: Api<DynamicObject> = Api::namespaced_with(
-        wc.clone(),
-        "shop",
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "multicluster.x-k8s.io",
-            "v1beta1",
-            "ServiceImport",
-        )),
-    );
+    let imports: Api<DynamicObject> = support::mcs::mcs_api(wc, "shop", "ServiceImport");
     eventually(
         "the import of web from west and east, with its ClusterSetIP",
         || async {

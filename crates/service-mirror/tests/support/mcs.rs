@@ -305,6 +305,12 @@ pub(crate) fn tcp(name: &str, port: i32) -> serde_json::Value {
 
 /// The ServiceImport API, read as plain JSON (the oracle does not use the controller's
 /// type).
+/// The MCS objects of `kind` (`ServiceExport`, `ServiceImport`) in `ns`, as plain JSON.
+pub(crate) fn mcs_api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    let gvk = kube::api::GroupVersionKind::gvk("multicluster.x-k8s.io", "v1beta1", kind);
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
 fn import_resource() -> ApiResource {
     ApiResource {
         group: "multicluster.x-k8s.io".into(),
