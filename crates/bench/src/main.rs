@@ -116,8 +116,9 @@ struct Args {
     #[arg(long)]
     headless_pods: Option<usize>,
     /// Only the Multi-Cluster Services scenario, with this many exports: two clusters
-    /// linked both ways with `--mcs-cluster-name`, west exporting them; the cold sync of
-    /// every ServiceImport, derived Service and export condition in both clusters,
+    /// named by their ClusterProperty and linked both ways by Links, west exporting
+    /// them; the cold sync of every ServiceImport, derived Service, import EndpointSlice
+    /// and export condition in both clusters,
     /// against the reference writer writing the same objects (see `mcs.rs`).
     #[arg(long)]
     mcs_exports: Option<usize>,

@@ -1,26 +1,38 @@
 //! `--mcs-exports N`: the Multi-Cluster Services cold sync. Two fresh local clusters,
-//! west and east, each with the MCS CRDs and a `service-mirror run --mcs-cluster-name`
-//! linked to the other; west exports N Services. Timed from the controllers' start
-//! until, in both clusters, every import exists with its ClusterSetIP and west's
-//! `status.clusters`, and every export in west says `Ready`. The reference writer, in
-//! the same run and on the same apiservers (another namespace), writes the same
-//! objects as fast as the apiservers take them: per name and cluster a derived
-//! Service, then the ServiceImport with its IP, then the import's status; in west also
-//! each export's conditions. Each name's writes go in order (each needs the previous
-//! answer), `concurrency` names at a time per cluster, both clusters at once.
+//! west and east, each with the MCS and Link CRDs, named by its ClusterProperty
+//! `id.k8s.io` and running a plain `service-mirror run` (MCS on by default there),
+//! linked to the other by a `Link` whose gateway is 192.0.2.50:4143 (never probed:
+//! no probe port; nothing is sent there); west exports N Services, each with one
+//! EndpointSlice of one endpoint. Timed from the controllers' start until, in both
+//! clusters, every import exists with its ClusterSetIP and west's `status.clusters` and
+//! has its EndpointSlice (in west a copy of the Service's, in east at west's gateway),
+//! and every export in west says `Ready`. The reference writer, in the same run and on
+//! the same apiservers (another namespace), writes the same objects as fast as the
+//! apiservers take them: per name and cluster a derived Service, then the ServiceImport
+//! with its IP, then the import's status, then its EndpointSlice (owned by the import);
+//! in west also each export's conditions. Each name's writes go in order (each needs
+//! the previous answer), `concurrency` names at a time per cluster, both clusters at
+//! once.
 
 use crate::observe::bench_client;
 use crate::process::{Controller, ControllerBin, cpu_seconds, memory_mib};
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use local_cluster::{ClusterOptions, LocalCluster, apply_yaml};
+use service_mirror_controller::links::LINK_CRD_YAML;
+use service_mirror_controller::mcs::startup::{CLUSTER_PROPERTY_CRD_YAML, cluster_id_property};
 use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
+use service_mirror_controller::permissions::service_export_api_served;
 use service_mirror_core::ServiceKey;
+use service_mirror_core::federated::MemberGateway;
 use service_mirror_core::mcs::{ImportPort, ImportSpec, ImportType};
 use service_mirror_core::mcs_derived::{desired_derived_service, import_ips};
+use service_mirror_core::mcs_slices::{ImportSlicesInput, SourceGateway, desired_import_slices};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -33,6 +45,12 @@ const REFERENCE: &str = "mcs-reference";
 const CONTROLLER: &str = "service-mirror";
 /// The controllers give up after this.
 const LIMIT: Duration = Duration::from_secs(900);
+/// Each cluster's gateway as its peer's Link names it (documentation range: never
+/// probed, nothing is sent there).
+const GATEWAY: &str = "192.0.2.50";
+const GATEWAY_PORT: i32 = 4143;
+const GATEWAY_IDENTITY: &str =
+    "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
 
 /// What one run needs.
 pub(crate) struct McsRun<'a> {
@@ -79,17 +97,24 @@ fn name(i: usize) -> String {
 async fn cluster(name: &str) -> anyhow::Result<(LocalCluster, Client)> {
     let c = LocalCluster::start_with(name, ClusterOptions::default()).await?;
     let client = bench_client(&c.admin_kubeconfig().yaml).await?;
-    for yaml in [SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML] {
+    for yaml in [
+        SERVICE_EXPORT_CRD_YAML,
+        SERVICE_IMPORT_CRD_YAML,
+        CLUSTER_PROPERTY_CRD_YAML,
+        LINK_CRD_YAML,
+    ] {
         apply_yaml(&client, yaml).await?;
     }
+    let id = cluster_id_property(name.trim_start_matches("bench-mcs-"));
     let start = Instant::now();
-    while exports(&client, "default")
-        .list(&ListParams::default())
-        .await
-        .is_err()
+    // Served: discovery lists the exports (what the controllers' start asks), the
+    // property applies and Links list.
+    while !service_export_api_served(&client).await.unwrap_or(false)
+        || apply_yaml(&client, &id.to_string()).await.is_err()
+        || links(&client).list(&ListParams::default()).await.is_err()
     {
         if start.elapsed() > Duration::from_secs(60) {
-            bail!("{name}: the ServiceExport CRD is not served");
+            bail!("{name}: the ServiceExport, ClusterProperty or Link CRD is not served");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -99,13 +124,39 @@ async fn cluster(name: &str) -> anyhow::Result<(LocalCluster, Client)> {
     Ok((c, client))
 }
 
-/// N Services with their exports in `ns` (not timed).
+fn links(client: &Client) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "multicluster.linkerd.io".into(),
+        version: "v1alpha3".into(),
+        api_version: "multicluster.linkerd.io/v1alpha3".into(),
+        kind: "Link".into(),
+        plural: "links".into(),
+    };
+    Api::namespaced_with(client.clone(), CONTROLLER, &resource)
+}
+
+/// The EndpointSlice of exported Service `i` in `ns`: one ready endpoint at
+/// 198.18.x.y (never reached: nothing is sent to it).
+fn source_slice(ns: &str, i: usize) -> anyhow::Result<EndpointSlice> {
+    let ip = format!("198.18.{}.{}", i / 250, 1 + i % 250);
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{}-abcde", name(i)), "namespace": ns,
+                     "labels": {"kubernetes.io/service-name": name(i),
+                                "endpointslice.kubernetes.io/managed-by": "bench.service-mirror.io"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }))?)
+}
+
+/// N Services with their exports and EndpointSlices in `ns` (not timed).
 async fn export_all(client: &Client, ns: &str, n: usize) -> anyhow::Result<()> {
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
     let exports = exports(client, ns);
     futures::stream::iter(0..n)
         .map(|i| {
-            let (services, exports) = (services.clone(), exports.clone());
+            let (services, slices, exports) = (services.clone(), slices.clone(), exports.clone());
             async move {
                 let svc: Service = serde_json::from_value(serde_json::json!({
                     "metadata": {"name": name(i)},
@@ -113,6 +164,9 @@ async fn export_all(client: &Client, ns: &str, n: usize) -> anyhow::Result<()> {
                              "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
                 }))?;
                 services.create(&PostParams::default(), &svc).await?;
+                slices
+                    .create(&PostParams::default(), &source_slice(ns, i)?)
+                    .await?;
                 let export: DynamicObject = serde_json::from_value(serde_json::json!({
                     "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
                     "metadata": {"name": name(i)},
@@ -147,9 +201,52 @@ fn spec() -> ImportSpec {
     }
 }
 
-/// The reference writer's chain for name `i` in one cluster: the derived Service, the
-/// import with its IP, the import's status; with `export`, the export's conditions.
-async fn reference_one(client: &Client, i: usize, export: bool) -> anyhow::Result<()> {
+/// The EndpointSlices of import `i` of the reference namespace in `cluster` (west: a
+/// copy of the Service's; east: at west's gateway), owned by the import `owner`, as the
+/// controller's core builds them (the reference writes the same objects; what it
+/// measures is the writes, not how they are computed).
+fn reference_slices(
+    cluster: &str,
+    i: usize,
+    owner: OwnerReference,
+) -> anyhow::Result<Vec<EndpointSlice>> {
+    let key = ServiceKey::new(REFERENCE, name(i));
+    let local = [source_slice(REFERENCE, i)?];
+    let gateway = SourceGateway {
+        gateway: MemberGateway {
+            addresses: vec![GATEWAY.parse()?],
+            port: GATEWAY_PORT,
+            identity: Some(GATEWAY_IDENTITY.into()),
+            alive: true,
+        },
+        domain: "cluster.local".into(),
+    };
+    let gateways = BTreeMap::from([("west".to_string(), Some(gateway))]);
+    let desired = desired_import_slices(&ImportSlicesInput {
+        key: &key,
+        ports: &spec().ports,
+        headless: false,
+        clusters: &["west".to_string()],
+        local_cluster: cluster,
+        local_slices: Some(&local),
+        gateways: &gateways,
+        controller_namespace: CONTROLLER,
+    });
+    Ok(desired
+        .slices
+        .into_iter()
+        .map(|mut s| {
+            s.metadata.owner_references = Some(vec![owner.clone()]);
+            s
+        })
+        .collect())
+}
+
+/// The reference writer's chain for name `i` in `cluster`: the derived Service, the
+/// import with its IP, the import's status, its EndpointSlice; in west also the
+/// export's conditions.
+async fn reference_one(client: &Client, cluster: &str, i: usize) -> anyhow::Result<()> {
+    let export = cluster == "west";
     let key = ServiceKey::new(REFERENCE, name(i));
     let derived = desired_derived_service(&key, &spec(), CONTROLLER);
     let services: Api<Service> = Api::namespaced(client.clone(), REFERENCE);
@@ -169,6 +266,18 @@ async fn reference_one(client: &Client, i: usize, export: bool) -> anyhow::Resul
     });
     api.patch_status(&name(i), &PatchParams::default(), &Patch::Merge(&status))
         .await?;
+    let owner = OwnerReference {
+        api_version: "multicluster.x-k8s.io/v1beta1".into(),
+        kind: "ServiceImport".into(),
+        name: name(i),
+        uid: stored.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        ..Default::default()
+    };
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), REFERENCE);
+    for slice in reference_slices(cluster, i, owner)? {
+        slices.create(&PostParams::default(), &slice).await?;
+    }
     if export {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let condition = |t: &str, s: &str, r: &str| {
@@ -195,12 +304,12 @@ async fn reference_one(client: &Client, i: usize, export: bool) -> anyhow::Resul
 
 async fn reference(
     client: &Client,
+    cluster: &str,
     n: usize,
-    export: bool,
     concurrency: usize,
 ) -> anyhow::Result<()> {
     futures::stream::iter(0..n)
-        .map(|i| reference_one(client, i, export))
+        .map(|i| reference_one(client, cluster, i))
         .buffer_unordered(concurrency.max(1))
         .try_collect::<Vec<_>>()
         .await
@@ -208,12 +317,32 @@ async fn reference(
     Ok(())
 }
 
-/// How many of the N imports of `client`'s cluster are complete, and (west) exports
-/// `Ready`.
-async fn done(client: &Client, with_exports: bool) -> anyhow::Result<(usize, usize)> {
+/// How many of the N imports of `client`'s cluster are complete (with their slice of
+/// one endpoint at `address`: `None`, any), and (west) exports `Ready`.
+async fn done(
+    client: &Client,
+    with_exports: bool,
+    address: Option<&str>,
+) -> anyhow::Result<(usize, usize)> {
     let list = imports(client, NAMESPACE)
         .list(&ListParams::default())
         .await?;
+    let sliced: std::collections::BTreeSet<String> =
+        Api::<EndpointSlice>::namespaced(client.clone(), NAMESPACE)
+            .list(&ListParams::default().labels("multicluster.kubernetes.io/source-cluster=west"))
+            .await?
+            .items
+            .into_iter()
+            .filter(|s| {
+                s.endpoints.len() == 1
+                    && address.is_none_or(|a| s.endpoints[0].addresses == [a.to_string()])
+            })
+            .filter_map(|s| {
+                s.metadata
+                    .labels?
+                    .remove("multicluster.kubernetes.io/service-name")
+            })
+            .collect();
     let complete = list
         .items
         .iter()
@@ -222,6 +351,7 @@ async fn done(client: &Client, with_exports: bool) -> anyhow::Result<(usize, usi
                 .as_array()
                 .is_some_and(|a| a.len() == 1)
                 && i.data["status"]["clusters"] == serde_json::json!([{"cluster": "west"}])
+                && i.metadata.name.as_ref().is_some_and(|n| sliced.contains(n))
         })
         .count();
     let ready = match with_exports {
@@ -243,13 +373,34 @@ async fn done(client: &Client, with_exports: bool) -> anyhow::Result<(usize, usi
     Ok((complete, ready))
 }
 
-fn link_secret(cluster: &str, kubeconfig: &str) -> anyhow::Result<Secret> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("link-{cluster}"),
-                     "annotations": {"mirror.linkerd.io/cluster-name": cluster}},
+/// A `Link` to `cluster` in `client`'s cluster, through its gateway [`GATEWAY`], and
+/// its credentials Secret.
+async fn link(client: &Client, cluster: &str, kubeconfig: &str) -> anyhow::Result<()> {
+    let credentials = format!("cluster-credentials-{cluster}");
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": credentials},
         "type": "mirror.linkerd.io/remote-kubeconfig",
         "stringData": {"kubeconfig": kubeconfig},
-    }))?)
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), CONTROLLER)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let link: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.linkerd.io/v1alpha3", "kind": "Link",
+        "metadata": {"name": cluster},
+        "spec": {
+            "targetClusterName": cluster,
+            "targetClusterDomain": "cluster.local",
+            "targetClusterLinkerdNamespace": "linkerd",
+            "clusterCredentialsSecret": credentials,
+            "gatewayAddress": GATEWAY,
+            "gatewayPort": GATEWAY_PORT.to_string(),
+            "gatewayIdentity": GATEWAY_IDENTITY,
+            "selector": {"matchLabels": {"mirror.linkerd.io/exported": "true"}},
+        },
+    }))?;
+    links(client).create(&PostParams::default(), &link).await?;
+    Ok(())
 }
 
 /// Runs the scenario; returns its JSON result.
@@ -265,8 +416,8 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
     );
     let t0 = Instant::now();
     tokio::try_join!(
-        reference(&wc, n, true, run.concurrency),
-        reference(&ec, n, false, run.concurrency)
+        reference(&wc, "west", n, run.concurrency),
+        reference(&ec, "east", n, run.concurrency)
     )?;
     let reference_time = t0.elapsed();
     eprintln!(
@@ -274,30 +425,16 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
         reference_time.as_secs_f64()
     );
 
-    Api::<Secret>::namespaced(wc.clone(), CONTROLLER)
-        .create(
-            &PostParams::default(),
-            &link_secret("east", &east.admin_kubeconfig().yaml)?,
-        )
-        .await?;
-    Api::<Secret>::namespaced(ec.clone(), CONTROLLER)
-        .create(
-            &PostParams::default(),
-            &link_secret("west", &west.admin_kubeconfig().yaml)?,
-        )
-        .await?;
+    link(&wc, "east", &east.admin_kubeconfig().yaml).await?;
+    link(&ec, "west", &west.admin_kubeconfig().yaml).await?;
+    // No MCS flag: each is named by its ClusterProperty.
     let spawn = |c: &LocalCluster, me: &str, admin: &str| {
         Controller::spawn(
             run.controller,
             &c.admin_kubeconfig().path,
             CONTROLLER,
             admin,
-            &[
-                "--mcs-cluster-name".into(),
-                me.into(),
-                "--namespace-allow".into(),
-                NAMESPACE.into(),
-            ],
+            &["--namespace-allow".into(), NAMESPACE.into()],
             &run.workdir.join(format!("controller-{me}.log")),
         )
     };
@@ -305,7 +442,8 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
     let mut ctl_west = spawn(&west, "west", "127.0.0.1:0")?;
     let mut ctl_east = spawn(&east, "east", "127.0.0.1:0")?;
     let controller_time = loop {
-        let ((wi, wr), (ei, _)) = tokio::try_join!(done(&wc, true), done(&ec, false))?;
+        let ((wi, wr), (ei, _)) =
+            tokio::try_join!(done(&wc, true, None), done(&ec, false, Some(GATEWAY)))?;
         if wi == n && wr == n && ei == n {
             break t0.elapsed();
         }

@@ -15,10 +15,11 @@
 //! | `coordination.k8s.io` `leases` (controller namespace only) | get, create, update, patch, delete | leader election (HA: get, create, patch); the per-link write Leases `service-mirror-write-<cluster>` (get, create, update; `delete`: on unlink, only those labelled ours); no Lease is listed or watched |
 //! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]; `get`: the status writer reads the Link's current status first) |
 //! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
-//! | `multicluster.x-k8s.io` `serviceexports` (all namespaces) | list, watch | the MCS component's reader of local ServiceExports ([`MCS_RULES`]; with `--mcs-cluster-name` only) |
+//! | `multicluster.x-k8s.io` `serviceexports` (all namespaces) | list, watch | the MCS component's reader of local ServiceExports ([`MCS_RULES`]; where MCS runs only) |
 //! | `multicluster.x-k8s.io` `serviceexports/status` (all namespaces) | patch | the local exports' `Valid`, `Ready` and `Conflict` conditions (server-side apply) |
 //! | `multicluster.x-k8s.io` `serviceimports` (all namespaces) | list, watch, create, update, delete | the local ServiceImports: cached (all, so a foreign one is seen and left alone), created, replaced with the cached resourceVersion, deleted with the last export (uid and resourceVersion preconditions) |
 //! | `multicluster.x-k8s.io` `serviceimports/status` (all namespaces) | patch | an import's `status.clusters` (a merge patch with the resourceVersion) |
+//! | `about.k8s.io` `clusterproperties` (cluster-scoped) | get | the start reads the ClusterProperty `id.k8s.io` for the cluster's MCS name when `--mcs-cluster-name` is empty (one `get`, never listed) |
 
 //!
 //! The derived Services of the imports are Services: the `services` rule covers them.
@@ -119,7 +120,8 @@ pub const LINK_RULES: &[Rule] = &[
 
 /// Rules of the Multi-Cluster Services API, granted cluster-wide (in the same
 /// ClusterRole as [`CLUSTER_RULES`]: exports live in any namespace) but needed only
-/// with `--mcs-cluster-name`, so checked only then. Services are read under
+/// where MCS runs (`--mcs`), so checked only then (`get clusterproperties` by the start
+/// itself, which needs it only to learn the cluster's name). Services are read under
 /// [`CLUSTER_RULES`].
 pub const MCS_RULES: &[Rule] = &[
     Rule {
@@ -141,6 +143,11 @@ pub const MCS_RULES: &[Rule] = &[
         group: service_mirror_core::mcs::GROUP,
         resources: &["serviceimports/status"],
         verbs: &["patch"],
+    },
+    Rule {
+        group: crate::mcs::startup::ABOUT_GROUP,
+        resources: &["clusterproperties"],
+        verbs: &["get"],
     },
 ];
 
@@ -199,7 +206,7 @@ pub fn link_permissions(namespace: &str) -> Vec<Permission> {
     expand(LINK_RULES, Some(namespace)).collect()
 }
 
-/// The permissions of [`MCS_RULES`]: needed only with `--mcs-cluster-name`.
+/// The permissions of [`MCS_RULES`]: needed only where MCS runs.
 pub fn mcs_permissions() -> Vec<Permission> {
     expand(MCS_RULES, None).collect()
 }
@@ -386,18 +393,27 @@ async fn log_missing_link_permissions(client: &kube::Client, namespace: &str) {
     .await
 }
 
-/// With `--mcs-cluster-name`: the CRD must be served and its permissions granted, or no
+/// Where MCS runs: the CRD must be served and its permissions granted, or no
 /// export gets its conditions (the mirrors are unaffected).
 async fn log_missing_mcs(client: &kube::Client) {
+    // `get clusterproperties` is the start's, which names its own refusal (MCS off,
+    // `forbidden`); a component that runs has its name already.
+    let missing = async {
+        missing_mcs_permissions(client).await.map(|m| {
+            m.into_iter()
+                .filter(|p| !p.contains(" clusterproperties."))
+                .collect()
+        })
+    };
     log_missing_optional(
         "MCS",
         service_export_api_served(client),
-        missing_mcs_permissions(client),
-        mcs_permissions().len(),
+        missing,
+        mcs_permissions().len() - 1,
         || {
             tracing::error!(
                 crd = crate::mcs::SERVICE_EXPORT_CRD_NAME,
-                "--mcs-cluster-name is set but the ServiceExport CRD is not served: no export is read until it is (install it with `service-mirror install`)"
+                "MCS runs (--mcs=on or --mcs-cluster-name) but the ServiceExport CRD is not served: no export is read until it is (install it with `service-mirror install`)"
             )
         },
         "ServiceExports get no conditions without it (mirrors are unaffected; grant the ClusterRole printed by `service-mirror install`)",

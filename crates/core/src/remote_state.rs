@@ -201,13 +201,21 @@ pub fn stale_gateway(
     effect: StaleEffect,
 ) -> Option<ResolvedGateway> {
     gateway.map(|mut g| {
-        match effect {
-            StaleEffect::Keep => {}
-            StaleEffect::NotReady => g.alive = false,
-            StaleEffect::Empty => g.addresses.clear(),
-        }
+        effect.apply(&mut g.addresses, &mut g.alive);
         g
     })
+}
+
+impl StaleEffect {
+    /// The effect on a gateway's `addresses` and probe verdict `alive` (a mirror's
+    /// gateway, and the one a link reports to its slices' writers alike).
+    pub fn apply(self, addresses: &mut Vec<std::net::IpAddr>, alive: &mut bool) {
+        match self {
+            StaleEffect::Keep => {}
+            StaleEffect::NotReady => *alive = false,
+            StaleEffect::Empty => addresses.clear(),
+        }
+    }
 }
 
 /// Whether a complete list of the remote must not be trusted yet to delete mirrors: it

@@ -1,7 +1,8 @@
 //! `service-mirror demo --mcs-conformance`: what the upstream Multi-Cluster Services
 //! conformance suite (kubernetes-sigs/mcs-api, `conformance/`, Ginkgo) needs, on local
-//! clusters: `west` and `east`, each with the MCS CRDs and its own
-//! `service-mirror run --mcs-cluster-name <name>` linked to the other (a full mesh: each
+//! clusters: `west` and `east`, each with the MCS CRDs, its name in the ClusterProperty
+//! `id.k8s.io` (KEP-2149) and its own plain `service-mirror run` (MCS on by default
+//! there: the CRD served and the cluster named) linked to the other (a full mesh: each
 //! reads the other's ServiceExports over its link), one kubeconfig whose contexts and
 //! cluster names are `west` and `east` (the suite names a cluster by its context's
 //! cluster, which must be the name its peers' links give it), and a Pod-status step.
@@ -18,7 +19,9 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use local_cluster::{ClusterOptions, Kubeconfig, LocalCluster, apply_yaml};
 use service_mirror_controller::cli::allow::DEFAULT_NAMESPACE;
+use service_mirror_controller::mcs::startup::{CLUSTER_PROPERTY_CRD_YAML, cluster_id_property};
 use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
+use service_mirror_controller::permissions::service_export_api_served;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -71,9 +74,9 @@ impl Prepared {
     }
 }
 
-/// Starts west and east (with data planes if `data_plane`), installs the MCS CRDs,
-/// links them both ways, starts `binary run --mcs-cluster-name <name>` for each and the
-/// Pod-status steps, and writes the kubeconfig into `dir`.
+/// Starts west and east (with data planes if `data_plane`), installs the MCS CRDs and
+/// names each in its ClusterProperty `id.k8s.io`, links them both ways, starts
+/// `binary run` for each and the Pod-status steps, and writes the kubeconfig into `dir`.
 pub async fn prepare(binary: &Path, data_plane: bool, dir: &Path) -> anyhow::Result<Prepared> {
     let opts = || ClusterOptions {
         data_plane,
@@ -84,8 +87,8 @@ pub async fn prepare(binary: &Path, data_plane: bool, dir: &Path) -> anyhow::Res
         LocalCluster::start_with("east", opts())
     )?;
     let (wc, ec) = (west.client().await?, east.client().await?);
-    for client in [&wc, &ec] {
-        install_mcs_crds(client).await?;
+    for (client, name) in [(&wc, west.name()), (&ec, east.name())] {
+        install_mcs_crds(client, name).await?;
         local_cluster::ensure_namespace(client, DEFAULT_NAMESPACE).await?;
     }
     // Each cluster reads the other with the remote RBAC of `allow` (ServiceExports and
@@ -154,23 +157,35 @@ pub async fn run(data_plane: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The MCS CRDs, applied and served.
-async fn install_mcs_crds(client: &Client) -> anyhow::Result<()> {
-    for yaml in [SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML] {
+/// The MCS and ClusterProperty CRDs, applied and served, and the ClusterProperty
+/// `id.k8s.io` naming the cluster `name`.
+async fn install_mcs_crds(client: &Client, name: &str) -> anyhow::Result<()> {
+    for yaml in [
+        SERVICE_EXPORT_CRD_YAML,
+        SERVICE_IMPORT_CRD_YAML,
+        CLUSTER_PROPERTY_CRD_YAML,
+    ] {
         apply_yaml(client, yaml).await?;
     }
     let exports: Api<service_mirror_controller::mcs::resource::ServiceExport> =
         Api::all(client.clone());
+    let id = cluster_id_property(name);
     for _ in 0..100 {
-        if exports.list(&ListParams::default().limit(1)).await.is_ok() {
+        // Served: the export list answers, discovery lists it (what the controller's
+        // start asks) and the property applies.
+        if exports.list(&ListParams::default().limit(1)).await.is_ok()
+            && service_export_api_served(client).await.unwrap_or(false)
+            && apply_yaml(client, &id.to_string()).await.is_ok()
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("the ServiceExport CRD is not served after 10 s")
+    anyhow::bail!("the ServiceExport and ClusterProperty CRDs are not served after 10 s")
 }
 
-/// `binary run` for `cluster`, as its admin, logging to its directory.
+/// `binary run` for `cluster`, as its admin, logging to its directory: no MCS flag
+/// (the default finds the CRD and the ClusterProperty).
 fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Child> {
     let log = std::fs::File::create(Prepared::controller_log(cluster))?;
     let child = Command::new(binary)
@@ -180,8 +195,6 @@ fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Child> {
         .args([
             "--namespace",
             DEFAULT_NAMESPACE,
-            "--mcs-cluster-name",
-            cluster.name(),
             "--metrics-addr",
             "127.0.0.1:0",
         ])

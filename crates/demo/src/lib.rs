@@ -67,7 +67,8 @@ pub struct DemoArgs {
     /// data-plane binaries built).
     #[arg(long)]
     no_traffic: bool,
-    /// Instead of the story: two linked clusters with `--mcs-cluster-name` controllers
+    /// Instead of the story: two linked clusters, each named by its ClusterProperty
+    /// `id.k8s.io` (MCS on by default),
     /// and a kubeconfig for the upstream MCS conformance suite (see `conformance.rs`),
     /// until Ctrl-C. With a data plane where traffic can run (not with --no-traffic).
     #[arg(long)]

@@ -25,6 +25,7 @@ use local_cluster::{apply_yaml, client_from_yaml, unique_namespace};
 use rbac_support::{RunningController, apply_documents, install, install_documents, remove_verb};
 use service_mirror_controller::links::LinkResource;
 use service_mirror_controller::mcs::resource::ServiceExport as ServiceExportObject;
+use service_mirror_controller::mcs::startup::cluster_id_property;
 use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
 use service_mirror_controller::permissions::{
     Permission, is_allowed, link_permissions, mcs_permissions, missing_link_permissions,
@@ -58,7 +59,7 @@ enum Scope {
     Link,
     /// `allow`'s ClusterRole on the remote cluster.
     Remote,
-    /// `install`'s ClusterRole, the MCS rules (`MCS_RULES`; with `--mcs-cluster-name`).
+    /// `install`'s ClusterRole, the MCS rules (`MCS_RULES`; where MCS runs).
     Mcs,
 }
 
@@ -120,6 +121,10 @@ enum Step {
     /// port change (`watch`, `update`), never gets `status.clusters` (`patch` on the
     /// status), or outlives the export (`delete`).
     McsImport,
+    /// No `--mcs-cluster-name`, the ClusterProperty `id.k8s.io` names the cluster: MCS
+    /// stays off, a local export gets no conditions. (Its world has a local apiserver
+    /// of its own: a ClusterProperty names the whole cluster.)
+    McsClusterName,
 }
 
 /// One row of the removal table.
@@ -252,6 +257,8 @@ const CASES: &[Case] = &[
         "the import outlives its only export"),
     case(Mcs, "multicluster.x-k8s.io", "serviceimports/status", "patch", McsImport,
         "the import never lists its exporting cluster"),
+    case(Mcs, "about.k8s.io", "clusterproperties", "get", McsClusterName,
+        "named only by its ClusterProperty, the cluster runs no MCS: no conditions"),
 ];
 
 impl Case {
@@ -296,6 +303,36 @@ struct World {
 /// whole); waits until both apiservers answer exactly that.
 async fn world(case: Option<&Case>) -> World {
     let env = Env::new("lp").await;
+    world_in(env, case).await
+}
+
+/// [`world`] with a local apiserver of its own, where the ClusterProperty `id.k8s.io`
+/// names the cluster `here` (on a shared one it would name every test's controller).
+async fn world_named_by_property(case: Option<&Case>) -> World {
+    let local = local_cluster::LocalCluster::start("lp-about")
+        .await
+        .unwrap();
+    let remote = local_cluster::shared_cluster("remote").await.unwrap();
+    let env = Env::on(remote, std::sync::Arc::new(local), "lp").await;
+    let w = world_in(env, case).await;
+    let id = cluster_id_property("here");
+    // `install` applied its CRD: applied once it is served.
+    eventually("the ClusterProperty id.k8s.io applied", || async {
+        apply_yaml(&w.env.lc, &id.to_string()).await.ok()
+    })
+    .await;
+    // The start asks discovery, which may list the CRD after it serves.
+    eventually("discovery lists ServiceExports", || async {
+        service_mirror_controller::permissions::service_export_api_served(&w.env.lc)
+            .await
+            .ok()?
+            .then_some(())
+    })
+    .await;
+    w
+}
+
+async fn world_in(env: Env, case: Option<&Case>) -> World {
     let ctl_ns = unique_namespace("lp-ctl");
     let mut docs = install_documents(&ctl_ns, &[]);
     let scope = case.map(|c| c.scope);
@@ -636,7 +673,11 @@ fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
 
 /// Runs one case; `Ok(the refusal's log line)` when the step failed as the table says.
 async fn run(case: &Case) -> Result<String, String> {
-    let w = world(Some(case)).await;
+    let w = if case.step == McsClusterName {
+        world_named_by_property(Some(case)).await
+    } else {
+        world(Some(case)).await
+    };
     let env = &w.env;
     let (verb, resource) = (case.verb, case.resource);
     if !matches!(case.step, CreateNamespace) {
@@ -980,6 +1021,20 @@ async fn run(case: &Case) -> Result<String, String> {
                 }
             }
         }
+        McsClusterName => {
+            w.mcs_export(&env.lc, "web", 80).await;
+            let ctl = w.controller(&[]);
+            let line = refusal(&ctl, verb, resource).await?;
+            tokio::time::sleep(SETTLE).await;
+            let conditions = w.mcs_conditions("web").await;
+            check(conditions.is_empty(), || {
+                format!("conditions written: {conditions:?}")
+            })?;
+            let off = r#"service_mirror_mcs_state{state="off",reason="forbidden"} 1"#;
+            let metrics = ctl.metrics().await;
+            check(metrics.contains(off), || format!("no {off} in {metrics}"))?;
+            line
+        }
         McsRemote => {
             w.mcs_crds_on_remote().await;
             w.mcs_export(&env.lc, "web", 80).await;
@@ -1129,7 +1184,8 @@ fn trim(line: &str) -> String {
 /// removed: a repeated Event becomes a series (`patch events`), the write Lease is
 /// renewed (`update leases`), a Link's status gets its Ready condition and its
 /// `mirrorServices` entry (`patch links/status` after `get links`), a ServiceExport
-/// gets its conditions, Conflict from a remote export made after the start.
+/// gets its conditions, Conflict from a remote export made after the start, MCS
+/// named by the ClusterProperty `id.k8s.io` alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_verb_granted_the_same_steps_succeed() {
     init_tracing();
@@ -1262,5 +1318,20 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
         .await
         .unwrap();
     };
-    futures::join!(secret_world, link_world, mcs_world);
+    // MCS named by the ClusterProperty alone (`get clusterproperties`): on, as `here`.
+    let about_world = async {
+        let w = world_named_by_property(None).await;
+        create_namespace(&w.env.lc, &w.env.ns).await;
+        w.mcs_export(&w.env.lc, "web", 80).await;
+        let ctl = w.controller(&[]);
+        eventually("the local export says Exported", || async {
+            let c = w.mcs_conditions("web").await;
+            c.contains(&("Ready".into(), "True".into(), "Exported".into()))
+                .then_some(())
+        })
+        .await;
+        let on = r#"service_mirror_mcs_state{state="on",reason="cluster_property"} 1"#;
+        assert!(ctl.metrics().await.contains(on));
+    };
+    futures::join!(secret_world, link_world, mcs_world, about_world);
 }

@@ -513,30 +513,25 @@ async fn secret_link_mirror_endpoints_carry_the_valid_gateway_identity_annotatio
     w.stop(false).await.unwrap();
 }
 
-/// A Link's gateway reaches the MCS component too: the ServiceImport of a Service the
-/// linked cluster exports gets an EndpointSlice at the Link's gateway address and port,
-/// ready while the Link's probe passes (on the MCS clusters, which have the CRDs).
-#[tokio::test]
-async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
+/// `hello` exported from the remote with a ServiceExport (no export label: no mirror),
+/// on the MCS clusters (which have the CRDs); the world and this cluster's MCS
+/// component, whose tasks end with the returned token.
+async fn mcs_world(
+    prefix: &str,
+) -> (
+    Env,
+    service_mirror_controller::mcs::Mcs,
+    Vec<tokio::task::JoinHandle<()>>,
+    tokio_util::sync::CancellationToken,
+) {
     use service_mirror_controller::events::EventRecorder;
     use service_mirror_controller::mcs::{Mcs, McsOptions};
     let east = local_cluster::shared_cluster("mcs-east").await.unwrap();
     let west = local_cluster::shared_cluster("mcs-west").await.unwrap();
     support::mcs::installed(&east).await;
     support::mcs::installed(&west).await;
-    let env = Env::on(east, west, "lgmcs").await;
+    let env = Env::on(east, west, prefix).await;
     local_namespace(&env).await;
-    let fake = FakeGateway::start("127.0.0.33").await;
-    let ip = fake.public_ip();
-    let spec = link_spec(
-        &env,
-        serde_json::json!({
-            "gatewayAddress": ip, "gatewayPort": "4143",
-            "probeSpec": {"port": fake.addr.port().to_string(), "path": "/ready",
-                "period": "1s", "timeout": "1s", "failureThreshold": "1"},
-        }),
-    );
-    // The remote exports `hello` with a ServiceExport (no export label: no mirror).
     let hello: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "hello"},
         "spec": {"ports": [{"name": "http", "port": 80}]},
@@ -566,9 +561,52 @@ async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
             cluster_name: format!("{}-local", env.cluster),
             leader: None,
             namespaces: service_mirror_core::NamespaceFilter::allow_only([env.ns.clone()]),
-            controller_namespace: "sm-lgmcs".into(),
+            controller_namespace: format!("sm-{prefix}"),
         },
         cancel.clone(),
+    );
+    (env, mcs, tasks, cancel)
+}
+
+/// The remote cluster's slices of the import `hello`: (addresses, port, ready) of each
+/// slice's endpoints (`None`: the list failed).
+async fn hello_slices(env: &Env) -> Option<Vec<(Vec<String>, Option<i32>, Option<bool>)>> {
+    let selector = format!(
+        "multicluster.kubernetes.io/service-name=hello,multicluster.kubernetes.io/source-cluster={}",
+        env.cluster
+    );
+    let list = Api::<EndpointSlice>::namespaced(env.lc.clone(), &env.ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .ok()?;
+    Some(
+        list.items
+            .into_iter()
+            .flat_map(|s| {
+                let port = s.ports.as_ref().and_then(|p| p.first()?.port);
+                s.endpoints
+                    .into_iter()
+                    .map(move |e| (e.addresses, port, e.conditions.and_then(|c| c.ready)))
+            })
+            .collect(),
+    )
+}
+
+/// A Link's gateway reaches the MCS component too: the ServiceImport of a Service the
+/// linked cluster exports gets an EndpointSlice at the Link's gateway address and port,
+/// ready while the Link's probe passes (on the MCS clusters, which have the CRDs).
+#[tokio::test]
+async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
+    let (env, mcs, tasks, cancel) = mcs_world("lgmcs").await;
+    let fake = FakeGateway::start("127.0.0.33").await;
+    let ip = fake.public_ip();
+    let spec = link_spec(
+        &env,
+        serde_json::json!({
+            "gatewayAddress": ip, "gatewayPort": "4143",
+            "probeSpec": {"port": fake.addr.port().to_string(), "path": "/ready",
+                "period": "1s", "timeout": "1s", "failureThreshold": "1"},
+        }),
     );
     let redirect = Redirect::default();
     let w = start_link(
@@ -581,26 +619,11 @@ async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
             ..LinkDeps::default()
         },
     );
-    let slices: Api<EndpointSlice> = Api::namespaced(env.lc.clone(), &env.ns);
-    let selector = format!(
-        "multicluster.kubernetes.io/service-name=hello,multicluster.kubernetes.io/source-cluster={}",
-        env.cluster
-    );
     let slice_until = |what: &'static str, ready: bool| {
-        let (slices, selector, ip) = (slices.clone(), selector.clone(), ip.clone());
+        let (env, ip) = (&env, ip.clone());
         async move {
             eventually(what, || async {
-                let list = slices
-                    .list(&kube::api::ListParams::default().labels(&selector))
-                    .await
-                    .ok()?;
-                let [s] = list.items.as_slice() else {
-                    return None;
-                };
-                let e = s.endpoints.first()?;
-                let port = s.ports.as_ref()?.first()?.port;
-                let state = e.conditions.as_ref()?.ready;
-                (e.addresses == [ip.clone()] && port == Some(4143) && state == Some(ready))
+                (hello_slices(env).await? == [(vec![ip.clone()], Some(4143), Some(ready))])
                     .then_some(())
             })
             .await
@@ -616,6 +639,100 @@ async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
         "probes only the Link's gateway: {:?}",
         redirect.asked()
     );
+    w.stop(false).await.unwrap();
+    cancel.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// A lost cluster's MCS slices go by the links' stale policy (issue 17 point 4): its
+/// apiserver silent (the link's proxy cut), the slices stay ready through the grace,
+/// turn not ready at `--stale-after` (no probe says alive) and go at
+/// `--stale-delete-after`, the import staying all along; the remote back, they return.
+/// (With the policy off, the default, nothing of a silent remote's is touched:
+/// `a_restart_keeps_the_slices_until_the_gateway_is_reported_and_then_writes_nothing`
+/// and the federation's probe-only rule in docs/operations.md.)
+#[tokio::test]
+async fn a_lost_clusters_import_slices_go_not_ready_then_away_by_the_stale_policy() {
+    let (env, mcs, tasks, cancel) = mcs_world("lgstale").await;
+    let proxy = local_cluster::TcpProxy::start(env.remote.apiserver_addr())
+        .await
+        .unwrap();
+    let remote = env
+        .remote
+        .admin_kubeconfig_via(proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    // No probe port: never probed, so only the stale policy can say not ready.
+    let spec = link_spec(
+        &env,
+        serde_json::json!({"gatewayAddress": "192.0.2.40", "gatewayPort": "4143"}),
+    );
+    let secs = Duration::from_secs;
+    let base = LinkConfig {
+        stale_policy: service_mirror_core::StalePolicy::new(secs(1), secs(3), secs(6)).unwrap(),
+        ..env.config()
+    };
+    let w = LinkController::start(
+        env.lc.clone(),
+        remote,
+        spec.link().clone(),
+        link_config(&base, &spec, false),
+        LinkDeps {
+            mcs: Some(mcs),
+            ..LinkDeps::default()
+        },
+    )
+    .unwrap();
+    let ready = |r: bool| vec![(vec!["192.0.2.40".to_string()], Some(4143), Some(r))];
+    let until = |what: &'static str, want: Vec<(Vec<String>, Option<i32>, Option<bool>)>| {
+        let env = &env;
+        async move {
+            eventually(what, || async {
+                let now = hello_slices(env).await?;
+                (now == want).then_some(())
+            })
+            .await
+        }
+    };
+    until("a ready slice at the Link's gateway", ready(true)).await;
+    let imports = support::mcs::mcs_api(&env.lc, &env.ns, "ServiceImport");
+    let uid = imports.get("hello").await.unwrap().metadata.uid;
+
+    let cut = Instant::now();
+    proxy.cut().await.unwrap();
+    // Ready through the grace and until Stale (1 s + 3 s after the last answer).
+    tokio::time::sleep(secs(2)).await;
+    assert_eq!(
+        hello_slices(&env).await,
+        Some(ready(true)),
+        "ready before Stale"
+    );
+    until("not ready once Stale", ready(false)).await;
+    let stale = cut.elapsed();
+    until("no slice once Expired", vec![]).await;
+    let expired = cut.elapsed();
+    eprintln!("not ready after {stale:.1?}, gone after {expired:.1?} (policy: 3 s, 6 s)");
+    assert!(
+        stale >= secs(3),
+        "not ready before --stale-after: {stale:?}"
+    );
+    assert!(
+        expired >= secs(6),
+        "gone before --stale-delete-after: {expired:?}"
+    );
+    assert_eq!(
+        imports.get("hello").await.unwrap().metadata.uid,
+        uid,
+        "the import stays: its export is last seen, not gone"
+    );
+
+    proxy.restore().unwrap();
+    until("ready again once the remote answers", ready(true)).await;
+    assert_eq!(imports.get("hello").await.unwrap().metadata.uid, uid);
     w.stop(false).await.unwrap();
     cancel.cancel();
     for t in tasks {

@@ -3,7 +3,8 @@
 //! its kubeconfig's two contexts, its Pod-status step runs the suite's request Pods,
 //! and the suite's first Required spec ("A ServiceImport should only exist as long as
 //! there's at least one exporting cluster"), replayed here step by step from the KEP,
-//! passes against the two `service-mirror run --mcs-cluster-name` processes.
+//! passes against the two plain `service-mirror run` processes (MCS on by default:
+//! each cluster named by its ClusterProperty `id.k8s.io`, as their logs say).
 #![cfg(feature = "demo")]
 
 mod support;
@@ -155,5 +156,16 @@ async fn the_harness_runs_the_suites_first_required_spec_on_two_linked_clusters(
         Some("Running"),
         "a Pod outside the suite's namespaces is left as it is"
     );
+    for c in [&prepared.west, &prepared.east] {
+        let log = std::fs::read_to_string(Prepared::controller_log(c)).unwrap();
+        let on = log
+            .lines()
+            .find(|l| l.contains("MCS on"))
+            .unwrap_or_else(|| panic!("{}: no MCS on line:\n{log}", c.name()));
+        assert!(
+            on.contains("ClusterProperty id.k8s.io") && on.contains(c.name()),
+            "{on}"
+        );
+    }
     println!("suite command: {}", prepared.suite_command());
 }

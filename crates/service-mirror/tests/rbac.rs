@@ -448,6 +448,7 @@ async fn ha_manifests_are_accepted_by_the_apiserver() {
             "CustomResourceDefinition/links.multicluster.linkerd.io".to_string(),
             "CustomResourceDefinition/serviceexports.multicluster.x-k8s.io".to_string(),
             "CustomResourceDefinition/serviceimports.multicluster.x-k8s.io".to_string(),
+            "CustomResourceDefinition/clusterproperties.about.k8s.io".to_string(),
             format!("Namespace/{ns}"),
             format!("ServiceAccount/{ns}/service-mirror"),
             format!("ClusterRole/service-mirror-controller:{ns}"),

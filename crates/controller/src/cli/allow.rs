@@ -65,7 +65,7 @@ pub fn cluster_role_name(namespace: &str, service_account: &str) -> String {
 /// The only permissions a mirror needs on a remote cluster: list and watch its Services,
 /// its EndpointSlices (a `Link`'s mirrors follow whether the remote Service has
 /// ready endpoints, as Linkerd's do; Secret links never read them), and its
-/// ServiceExports (read where the local controller runs with `--mcs-cluster-name`). No `get`: the
+/// ServiceExports (read where the local controller runs MCS). No `get`: the
 /// controller reads the remote through its watches only (tests/least_privilege.rs).
 pub fn remote_access_rules() -> Vec<PolicyRule> {
     vec![

@@ -7,7 +7,8 @@
 //! It prints, in apply order: the `links.multicluster.linkerd.io` CRD (Linkerd's `Link`;
 //! `--link-crd=false` leaves it out where Linkerd's own is installed), the
 //! `serviceexports` and `serviceimports.multicluster.x-k8s.io` CRDs of the
-//! Multi-Cluster Services API (`--mcs-crds=false` leaves them out), the Namespace,
+//! Multi-Cluster Services API and the About API's ClusterProperty (`--mcs-crds=false`
+//! leaves them out), the Namespace,
 //! the ServiceAccount `service-mirror`, a ClusterRole and its ClusterRoleBinding with
 //! the cluster-wide permissions, a Role and its RoleBinding with the permissions
 //! limited to the controller's namespace (Link permissions included; all from
@@ -83,7 +84,9 @@ pub struct InstallArgs {
     #[arg(long, env = "SERVICE_MIRROR_LINK_CRD", default_value_t = true, action = clap::ArgAction::Set)]
     pub link_crd: bool,
     /// Print the CRDs of the Multi-Cluster Services API (ServiceExport, ServiceImport;
-    /// multicluster.x-k8s.io). `false` where another implementation installed them.
+    /// multicluster.x-k8s.io) and the About API's ClusterProperty (about.k8s.io, whose
+    /// `id.k8s.io` names the cluster). `false` where another implementation installed
+    /// them.
     #[arg(long, env = "SERVICE_MIRROR_MCS_CRDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub mcs_crds: bool,
     /// How the manifests are printed.
@@ -282,11 +285,13 @@ pub(crate) fn link_crd() -> serde_json::Value {
     crd(LINK_CRD_YAML)
 }
 
-/// The ServiceExport and ServiceImport CRDs, as [`link_crd`].
-pub(crate) fn mcs_crds() -> [serde_json::Value; 2] {
+/// The ServiceExport and ServiceImport CRDs, and the About API's ClusterProperty
+/// (whose `id.k8s.io` names the cluster for MCS), as [`link_crd`].
+pub(crate) fn mcs_crds() -> [serde_json::Value; 3] {
     [
         crd(crate::mcs::SERVICE_EXPORT_CRD_YAML),
         crd(crate::mcs::SERVICE_IMPORT_CRD_YAML),
+        crd(crate::mcs::startup::CLUSTER_PROPERTY_CRD_YAML),
     ]
 }
 
@@ -469,6 +474,7 @@ mod tests {
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
             "ClusterRole",
@@ -519,6 +525,8 @@ mod tests {
                  "verbs": ["list", "watch", "create", "update", "delete"]},
                 {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceimports/status"],
                  "verbs": ["patch"]},
+                {"apiGroups": ["about.k8s.io"], "resources": ["clusterproperties"],
+                 "verbs": ["get"]},
             ])
         );
         assert!(role.get("aggregationRule").is_none());
@@ -565,7 +573,7 @@ mod tests {
                 .iter()
                 .any(|d| d["kind"] == "CustomResourceDefinition")
         );
-        assert_eq!(&with[3..], &without[..], "nothing else differs");
+        assert_eq!(&with[4..], &without[..], "nothing else differs");
         let mcs_only = install_manifests(&Install {
             namespace: "mc",
             ha: false,
@@ -573,7 +581,7 @@ mod tests {
             link_crd: false,
             mcs_crds: true,
         });
-        let names: Vec<&str> = mcs_only[..2]
+        let names: Vec<&str> = mcs_only[..3]
             .iter()
             .map(|d| d["metadata"]["name"].as_str().unwrap())
             .collect();
@@ -581,10 +589,11 @@ mod tests {
             names,
             [
                 "serviceexports.multicluster.x-k8s.io",
-                "serviceimports.multicluster.x-k8s.io"
+                "serviceimports.multicluster.x-k8s.io",
+                "clusterproperties.about.k8s.io"
             ]
         );
-        assert_eq!(&mcs_only[2..], &without[..], "the same RBAC either way");
+        assert_eq!(&mcs_only[3..], &without[..], "the same RBAC either way");
     }
 
     #[test]

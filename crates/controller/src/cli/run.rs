@@ -6,6 +6,7 @@ use crate::leader::{LeaderOptions, default_identity, elect};
 use crate::link_controller::{LinkConfig, LinkDeps};
 use crate::links::{LinkManager, LinkManagerOptions, LinkSources};
 use crate::logging::{LogFormat, init_logging};
+use crate::mcs::enable::McsMode;
 use crate::metrics::Metrics;
 use crate::write_leases::{self, WriteLeaseOptions};
 use service_mirror_core::{
@@ -164,10 +165,16 @@ pub struct RunArgs {
         default_value = service_mirror_core::labels::DEFAULT_FEDERATED_SELECTOR
     )]
     federated_service_selector: String,
+    /// When the Multi-Cluster Services component runs (ServiceExports of this cluster
+    /// and of every linked one read, the local exports' conditions, ServiceImports,
+    /// derived Services and EndpointSlices written): `auto` where the ServiceExport CRD
+    /// is served and the cluster has a name; `on` always (no name refuses the start);
+    /// `off` never. Decided once at the start.
+    #[arg(long, env = "SERVICE_MIRROR_MCS", value_enum, default_value_t = McsMode::Auto)]
+    mcs: McsMode,
     /// This cluster's name in the Multi-Cluster Services cluster set (the name its
-    /// peers' links give it). Set: the ServiceExports of this cluster and of every
-    /// linked one are read and the local exports' conditions written (needs the
-    /// ServiceExport CRD); empty: MCS off.
+    /// peers' links give it); empty: the value of the ClusterProperty `id.k8s.io`
+    /// (KEP-2149), if there is one.
     #[arg(long, env = "SERVICE_MIRROR_MCS_CLUSTER_NAME", default_value = "")]
     mcs_cluster_name: String,
 }
@@ -206,7 +213,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Taken first: a SIGTERM during the start (a rollout, a node drain) ends the
     // process the same graceful way once the start is done, instead of killing it
     // with a Lease held.
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let stale_policy =
         StalePolicy::new(args.remote_grace, args.stale_after, args.stale_delete_after)?;
     let metrics = Metrics::new();
@@ -218,17 +225,28 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     config.default_retry = false;
     config.read_timeout = Some(Duration::from_secs(295));
     let local = crate::kube_client::build(config, "local", &metrics.client)?;
-    crate::permissions::spawn_startup_check(
-        &local,
-        &args.namespace,
-        !args.mcs_cluster_name.trim().is_empty(),
-    );
     // Read once: the leader identity and the Events' reporting instance.
     let pod_name = std::env::var("POD_NAME").ok();
     let recorder = EventRecorder::new(local.clone(), pod_name.clone());
-    let shutdown = CancellationToken::new();
     let local_selector = crate::federation::local_selector(&args.federated_service_selector)
         .map_err(|e| anyhow::anyhow!("--federated-service-selector: {e}"))?;
+    // At most 20 s (`startup::START_BUDGET`), before anything else asks the apiserver.
+    let mcs_start = crate::mcs::startup::resolve(
+        &local,
+        &recorder,
+        &metrics,
+        args.mcs,
+        &args.mcs_cluster_name,
+    );
+    let mcs_name = tokio::select! {
+        name = mcs_start => name?,
+        _ = term.recv() => {
+            tracing::info!("stopped during the start");
+            return Ok(());
+        }
+    };
+    crate::permissions::spawn_startup_check(&local, &args.namespace, mcs_name.is_some());
+    let shutdown = CancellationToken::new();
     let identity = default_identity(pod_name.as_deref());
     let (leader, election) = if args.leader_election {
         let opts = LeaderOptions {
@@ -266,17 +284,24 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     );
-    let (mcs, mcs_tasks) = match args.mcs_cluster_name.trim() {
-        "" => (None, Vec::new()),
-        name => {
-            service_mirror_core::validate_cluster_name(name)
-                .map_err(|e| anyhow::anyhow!("--mcs-cluster-name: {e}"))?;
+    let (mcs, mcs_tasks) = match mcs_name {
+        None => {
+            let recheck = crate::mcs::startup::spawn_recheck(
+                local.clone(),
+                metrics.clone(),
+                args.mcs,
+                args.mcs_cluster_name.clone(),
+                shutdown.clone(),
+            );
+            (None, recheck.into_iter().collect())
+        }
+        Some(name) => {
             let (mcs, tasks) = crate::mcs::Mcs::start(
                 local.clone(),
                 recorder.clone(),
                 metrics.clone(),
                 crate::mcs::McsOptions {
-                    cluster_name: name.to_owned(),
+                    cluster_name: name,
                     leader: leader.clone(),
                     namespaces: namespaces.clone(),
                     controller_namespace: args.namespace.clone(),

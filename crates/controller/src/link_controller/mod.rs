@@ -279,11 +279,13 @@ impl LinkController {
             config.link_gateway.clone(),
             &config.export_rule,
         ) {
+            let health = rec.health.clone();
             tasks.push(tokio::spawn(crate::gateway::report::report_gateway(
                 listeners,
                 rec.gateways.clone(),
                 gateway.clone(),
                 source,
+                Arc::new(move || health.state()),
                 config.endpoint_refresh_period,
                 cancel.clone(),
             )));

@@ -31,6 +31,16 @@ pub(crate) struct ImportWriteLabels {
     pub(crate) outcome: String,
 }
 
+/// Whether the component runs, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct McsStateLabels {
+    /// `on` or `off`.
+    pub(crate) state: String,
+    /// On: where the name came from (`flag`, `cluster_property`); off: why
+    /// (`enable::OffReason::label`).
+    pub(crate) reason: String,
+}
+
 /// The MCS families.
 #[derive(Debug, Default)]
 pub(crate) struct McsFamilies {
@@ -44,6 +54,8 @@ pub(crate) struct McsFamilies {
     pub(crate) watch_errors: Family<ClusterLabels, Counter>,
     /// Clusters whose exports count (both lists complete), the local one included.
     pub(crate) clusters_listed: Gauge,
+    /// One series at 1: whether the component runs, and why (set once at the start).
+    pub(crate) state: Family<McsStateLabels, Gauge>,
 }
 
 impl McsFamilies {
@@ -70,6 +82,11 @@ impl McsFamilies {
             self.clusters_listed.clone(),
         );
         r.register(
+            "mcs_state",
+            "1 for the start's verdict on the MCS component: state on (reason flag or cluster_property: where its cluster name came from) or off (reason disabled, no_crd, no_cluster_name, forbidden, invalid_cluster_name, unanswered; restart_needed once a later look finds it could run)",
+            self.state.clone(),
+        );
+        r.register(
             "mcs_watch_errors",
             "Failed ServiceExport or Service watches of the MCS component, by cluster",
             self.watch_errors.clone(),
@@ -83,6 +100,39 @@ impl McsFamilies {
                 outcome: outcome.into(),
             })
             .inc();
+    }
+
+    /// Records the start's verdict.
+    pub(crate) fn set_state(&self, decision: &super::enable::Decision) {
+        use super::enable::{Decision, NameSource};
+        let (state, reason) = match decision {
+            Decision::Run {
+                source: NameSource::Flag,
+                ..
+            } => ("on", "flag"),
+            Decision::Run {
+                source: NameSource::ClusterProperty,
+                ..
+            } => ("on", "cluster_property"),
+            Decision::Off(reason) => ("off", reason.label()),
+        };
+        self.set_one(state, reason);
+    }
+
+    /// An `auto` start found MCS off, and it could run now: a restart starts it.
+    pub(crate) fn set_restart_needed(&self) {
+        self.set_one("off", "restart_needed");
+    }
+
+    /// The one series at 1.
+    fn set_one(&self, state: &str, reason: &str) {
+        self.state.clear();
+        self.state
+            .get_or_create(&McsStateLabels {
+                state: state.into(),
+                reason: reason.into(),
+            })
+            .set(1);
     }
 
     /// Counts one import-side write's outcome.

@@ -9,18 +9,22 @@
 //! (the import's and derived Service's forms in `mcs_import`, `mcs_derived`); we never
 //! write to a remote cluster.
 //!
-//! Files: `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
+//! Files: `enable.rs` (whether it runs, and as which cluster: `--mcs`, the CRD, the
+//! ClusterProperty `id.k8s.io`) and `startup.rs` (asking the apiserver that, once),
+//! `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
 //! cluster's exports and Services; the local imports and derived Services), `gateways.rs`
 //! (the links' gateway reports, per feed), `index.rs`
 //! (every cluster's exports, fed by those watches), `worker.rs` (judge, write the
 //! status, report), `imports.rs` (the local imports, derived Services and import
 //! EndpointSlices, and their writer), `metrics.rs`.
 
+pub mod enable;
 mod gateways;
 mod imports;
 mod index;
 pub(crate) mod metrics;
 pub mod resource;
+pub mod startup;
 mod watches;
 mod worker;
 
@@ -148,6 +152,12 @@ impl crate::gateway::report::GatewayListener for GatewayFeed {
         true
     }
 
+    /// A lost cluster's slices go by the links' stale policy (issue 17's stale sources),
+    /// as its mirrors' endpoints do.
+    fn follows_stale_policy(&self) -> bool {
+        true
+    }
+
     fn report(&self, gateway: Option<service_mirror_core::federated::MemberGateway>) {
         let gateway = gateway.map(|gateway| SourceGateway {
             gateway,
@@ -249,7 +259,7 @@ impl Mcs {
     ) -> (Vec<JoinHandle<()>>, Option<GatewayFeed>) {
         if *cluster == *self.local {
             // Its exports would pass for this cluster's own: never read.
-            tracing::error!(%cluster, "a link names this cluster's own --mcs-cluster-name: its ServiceExports are not read");
+            tracing::error!(%cluster, "a link names this cluster's own MCS cluster name: its ServiceExports are not read");
             return (Vec::new(), None);
         }
         let generation = 1 + self.generations.fetch_add(1, Ordering::SeqCst);
