@@ -167,9 +167,10 @@ pub struct RunArgs {
     federated_service_selector: String,
     /// When the Multi-Cluster Services component runs (ServiceExports of this cluster
     /// and of every linked one read, the local exports' conditions, ServiceImports,
-    /// derived Services and EndpointSlices written): `auto` where the ServiceExport CRD
-    /// is served and the cluster has a name; `on` always (no name refuses the start);
-    /// `off` never. Decided once at the start.
+    /// derived Services and EndpointSlices written): `auto` with --mcs-cluster-name, or
+    /// where the ServiceExport CRD is served and the ClusterProperty `id.k8s.io` names
+    /// the cluster; `on` always (no name refuses the start); `off` never. Decided once
+    /// at the start.
     #[arg(long, env = "SERVICE_MIRROR_MCS", value_enum, default_value_t = McsMode::Auto)]
     mcs: McsMode,
     /// This cluster's name in the Multi-Cluster Services cluster set (the name its
