@@ -17,13 +17,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 
-use super::desired::ResourceStyle;
+use super::desired::{ResourceStyle, target_port_or_default};
 use super::diff::{MetadataOwnership, service_update_with};
 use super::gateway_slices::{GatewaySlices, delete_slice, gateway_slices, plan_slices};
 use super::labels::{
-    CONTROLLER_NAMESPACE_ANNOTATION, FEDERATED_CLUSTER_LABEL, FEDERATED_LABEL, FEDERATED_SUFFIX,
-    FEDERATED_VALUE, LOCAL_DISCOVERY_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
-    MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_DISCOVERY_ANNOTATION,
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, FEDERATED_CLUSTER_LABEL, FEDERATED_LABEL,
+    FEDERATED_SUFFIX, FEDERATED_VALUE, LOCAL_DISCOVERY_ANNOTATION, MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE, MIRRORED_SERVICE_LABEL, MIRRORED_SERVICE_VALUE, REMOTE_DISCOVERY_ANNOTATION,
     REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION, SERVICE_NAME_LABEL,
 };
 use super::metadata::{copied_annotations, copied_labels};
@@ -201,11 +201,16 @@ fn port_union(members: &[&Member]) -> (Vec<ServicePort>, Vec<String>) {
     for m in members {
         let theirs = m.service.spec.as_ref().and_then(|s| s.ports.as_ref());
         for p in theirs.into_iter().flatten() {
+            // targetPort as the member has it (Linkerd's `remapRemoteServicePorts`
+            // copies it). Informational only: the Service has no selector, so
+            // kube-proxy takes the port from the slices, and Linkerd's destination
+            // looks the Service port up by name in the slices (`getTargetPort`).
             let wanted = ServicePort {
                 name: p.name.clone().filter(|n| !n.is_empty()),
                 port: p.port,
                 protocol: Some(proto(p)),
                 app_protocol: p.app_protocol.clone(),
+                target_port: Some(target_port_or_default(p.target_port.as_ref(), p.port)),
                 ..Default::default()
             };
             let same_name = ports.iter().find(|q| name(q) == name(&wanted));
@@ -365,6 +370,13 @@ fn member_slices(
     labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
     labels.insert(FEDERATED_LABEL.to_owned(), FEDERATED_VALUE.to_owned());
     labels.insert(FEDERATED_CLUSTER_LABEL.to_owned(), cluster.to_owned());
+    // Linkerd's destination reads `cluster-name` on a slice as "mirrored from that
+    // cluster" and labels its metrics `dst_target_cluster` (and, from the fq-name,
+    // `dst_target_service` / `dst_target_service_namespace`). One of a link's
+    // ownership labels, but ownership needs `mirrored-service: "true"` too (`is_owned`,
+    // `owner_selector`, `slice_owner_selector`, the collector's selectors), which a
+    // federated slice never carries: no link adopts, rewrites or deletes it.
+    labels.insert(CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned());
     let mut annotations = BTreeMap::new();
     annotations.insert(
         REMOTE_SVC_FQ_NAME_ANNOTATION.to_owned(),

@@ -771,3 +771,57 @@ fn a_pending_cluster_with_a_known_member_does_not_freeze_the_others_changes() {
         assert!(d.untouched_slices.contains("east"), "{what}: slices left");
     }
 }
+
+#[test]
+fn ports_keep_the_members_target_port_as_linkerd_copies_it() {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    // Linkerd's `remapRemoteServicePorts` copies name, protocol, port and targetPort:
+    // a member serving 80 from its pods' 8080 gives 80 -> 8080 there too. A port
+    // without targetPort gets the apiserver's default (the port), so a stored Service
+    // compares equal and an idle federation writes nothing.
+    let mut east = svc("web", &[("http", 80), ("admin", 9000)], &[]);
+    let ports = east.spec.as_mut().unwrap().ports.as_mut().unwrap();
+    ports[0].target_port = Some(IntOrString::Int(8080));
+    let mut north = svc("web", &[("grpc", 9090)], &[]);
+    north.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].target_port =
+        Some(IntOrString::String("grpc-port".into()));
+    let d = World::new(vec![
+        member(Some("east"), at(1), east),
+        member(Some("north"), at(2), north),
+    ])
+    .desired(None);
+    let s = service_of(&d);
+    let got: Vec<(Option<String>, i32, Option<IntOrString>)> = s
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.name, p.port, p.target_port))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (Some("http".into()), 80, Some(IntOrString::Int(8080))),
+            (Some("admin".into()), 9000, Some(IntOrString::Int(9000))),
+            (
+                Some("grpc".into()),
+                9090,
+                Some(IntOrString::String("grpc-port".into()))
+            ),
+        ]
+    );
+    // The slices still carry every port at the gateway's port, by name.
+    let d = World::new(vec![member(
+        Some("east"),
+        at(1),
+        svc("web", &[("http", 80)], &[]),
+    )])
+    .gw("east", gw("192.0.2.1", true))
+    .desired(None);
+    let ports = d.slices[0].ports.clone().unwrap();
+    assert_eq!(
+        (ports[0].name.as_deref(), ports[0].port),
+        (Some("http"), Some(4143))
+    );
+}

@@ -42,6 +42,8 @@ pub mod plan;
 pub mod probe;
 pub mod remote_state;
 pub mod selector;
+#[cfg(test)]
+mod slice_invariants_tests;
 pub mod slices;
 
 pub use address_policy::{AddressPolicy, Cidr, CidrError, Refused, RefusedBy};

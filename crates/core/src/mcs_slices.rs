@@ -15,14 +15,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::ServiceKey;
 use crate::federated::MemberGateway;
 use crate::gateway_slices::{GatewaySlices, gateway_slices, plan_slices};
 use crate::labels::{
-    CONTROLLER_NAMESPACE_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
+    CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
     REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION,
     SERVICE_NAME_LABEL as KUBE_SERVICE_NAME_LABEL,
 };
@@ -107,6 +107,8 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
     };
     for cluster in input.clusters {
         if cluster == input.local_cluster {
+            // This cluster's own pods: no `cluster-name` (Linkerd's local endpoints
+            // carry no target cluster either).
             match input.local_slices {
                 Some(local) => out
                     .slices
@@ -125,7 +127,12 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
             Some(None) => continue,
             Some(Some(source)) => source,
         };
-        let labels = labels(cluster);
+        let mut labels = labels(cluster);
+        // Linkerd's destination turns `cluster-name` into `dst_target_cluster` (and the
+        // fq-name below into `dst_target_service[_namespace]`). Ownership by a link also
+        // needs `mirrored-service: "true"`, never on an import slice: no link adopts,
+        // rewrites or deletes it.
+        labels.insert(CLUSTER_NAME_LABEL.to_owned(), cluster.clone());
         let mut annotations = BTreeMap::from([
             (
                 CONTROLLER_NAMESPACE_ANNOTATION.to_owned(),
@@ -154,7 +161,13 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
 /// This cluster's slices of the import: one per slice of its exported Service, named
 /// after it (`<base>-<8 hex of its name>-<family>-0`: a source slice coming or going
 /// renames no other copy, and a restart names them the same), with its endpoints'
-/// addresses, conditions, hostname, node and zone and its ports as they are.
+/// addresses, conditions, hostname, node and zone and its ports.
+///
+/// The source is not ours and may be hand-written (a selector-less exported Service):
+/// a port without a number is left out (Linkerd's destination dereferences the number
+/// of the port it finds by name), and unset conditions are written as the API reads
+/// them (`ready` unset is ready, `serving` unset is `ready`, `terminating` unset is
+/// false), so every consumer reads the same.
 fn local_copies(
     input: &ImportSlicesInput<'_>,
     labels: &BTreeMap<String, String>,
@@ -181,14 +194,29 @@ fn local_copies(
         let endpoints = source
             .endpoints
             .iter()
-            .map(|e| Endpoint {
-                addresses: e.addresses.clone(),
-                conditions: e.conditions.clone(),
-                hostname: e.hostname.clone(),
-                node_name: e.node_name.clone(),
-                zone: e.zone.clone(),
-                ..Default::default()
+            .map(|e| {
+                let c = e.conditions.clone().unwrap_or_default();
+                let ready = c.ready.unwrap_or(true);
+                Endpoint {
+                    addresses: e.addresses.clone(),
+                    conditions: Some(EndpointConditions {
+                        ready: Some(ready),
+                        serving: Some(c.serving.unwrap_or(ready)),
+                        terminating: Some(c.terminating.unwrap_or(false)),
+                    }),
+                    hostname: e.hostname.clone(),
+                    node_name: e.node_name.clone(),
+                    zone: e.zone.clone(),
+                    ..Default::default()
+                }
             })
+            .collect();
+        let ports: Vec<EndpointPort> = source
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| p.port.is_some_and(|n| (1..=65535).contains(&n)))
+            .cloned()
             .collect();
         out.push(EndpointSlice {
             metadata: ObjectMeta {
@@ -200,7 +228,7 @@ fn local_copies(
             },
             address_type: source.address_type.clone(),
             endpoints,
-            ports: source.ports.clone(),
+            ports: Some(ports),
         });
     }
     out

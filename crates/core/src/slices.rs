@@ -270,8 +270,18 @@ pub fn slice_name(mirror: &str, family: &str, index: usize) -> String {
 /// One group per address family of the gateway's addresses (IPv4 first), each cut in
 /// chunks of [`MAX_ENDPOINTS_PER_SLICE`] endpoints times chunks of
 /// [`MAX_PORTS_PER_SLICE`] ports: every endpoint chunk is written once per port chunk.
-/// No usable address: one IPv4 group with `endpoints: []`, so the ports are known.
 /// A ready address is ready and serving; a not-ready one (dead gateway) is neither.
+///
+/// Nothing to route (no gateway, a gateway without a usable address, a remote with no
+/// ready endpoint: the Endpoints have no subset, so no gateway port is known): one
+/// IPv4 slice with `endpoints: []` and `ports: []`, the placeholder Kubernetes' own
+/// EndpointSlice controller writes for a Service with no endpoints (kubernetes
+/// `staging/src/k8s.io/endpointslice/reconciler.go`, `reconcileByAddressType`: "When
+/// no endpoint slices would usually exist, we need to add a placeholder", built with
+/// `ports: []discovery.EndpointPort{}`). A port with a name but no number is never
+/// written: Linkerd's destination resolves a Service port by name through the slice's
+/// ports and dereferences the number (`port_publisher.go`, `resolveESTargetPort`:
+/// `Port(*p.Port)`), so one such port crashes it for the whole mesh.
 pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<EndpointSlice> {
     if is_headless(&mirror.service) {
         return headless_slices(mirror, service_uid);
@@ -284,19 +294,23 @@ pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<Endpoint
         .and_then(|s| s.ports.as_ref())
         .and_then(|p| p.first())
         .map(|p| p.port);
-    let ports: Vec<EndpointPort> = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .map(|p| EndpointPort {
-            name: Some(port_name(p.name.as_deref()).unwrap_or_default()),
-            protocol: Some(protocol_or_default(p.protocol.as_deref())),
-            port: gateway_port,
-            app_protocol: None,
-        })
-        .collect();
+    // No gateway port, no port: a numberless port is what crashes Linkerd (see above).
+    let ports: Vec<EndpointPort> = match gateway_port {
+        None => Vec::new(),
+        Some(port) => svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|p| EndpointPort {
+                name: Some(port_name(p.name.as_deref()).unwrap_or_default()),
+                protocol: Some(protocol_or_default(p.protocol.as_deref())),
+                port: Some(port),
+                app_protocol: None,
+            })
+            .collect(),
+    };
 
     let mut by_family: BTreeMap<Family, Vec<Endpoint>> = BTreeMap::new();
     for (addresses, alive) in [
@@ -321,9 +335,15 @@ pub fn desired_slices(mirror: &DesiredMirror, service_uid: &str) -> Vec<Endpoint
                 });
         }
     }
-    if by_family.is_empty() {
-        by_family.insert(Family::V4, Vec::new());
-    }
+    // Nothing to route: the placeholder, one IPv4 slice with no endpoints and no ports
+    // (the 150-port chunks of a live mirror become this one slice; the others go).
+    let ports = match by_family.is_empty() {
+        true => {
+            by_family.insert(Family::V4, Vec::new());
+            Vec::new()
+        }
+        false => ports,
+    };
 
     // The Endpoints' labels (a Service's may carry remote-discovery ones) and
     // annotations: the fq-name (how a slice maps back to its key), the controller
@@ -713,22 +733,19 @@ mod tests {
                 ],
             ),
             (
-                "no gateway: one slice, no endpoints, ports known",
+                "no gateway: the placeholder, no endpoints and no ports",
                 mirror("web", 2, None),
-                vec![row("web-east-ipv4-0", "IPv4", 0, 2)],
+                vec![row("web-east-ipv4-0", "IPv4", 0, 0)],
             ),
             (
                 "gateway without addresses: same",
                 mirror("web", 2, Some(resolved(vec![]))),
-                vec![row("web-east-ipv4-0", "IPv4", 0, 2)],
+                vec![row("web-east-ipv4-0", "IPv4", 0, 0)],
             ),
             (
-                "no gateway, 150 ports: two empty slices",
+                "no gateway, 150 ports: one placeholder, not one per port chunk",
                 mirror("web", 150, None),
-                vec![
-                    row("web-east-ipv4-0", "IPv4", 0, 100),
-                    row("web-east-ipv4-1", "IPv4", 0, 50),
-                ],
+                vec![row("web-east-ipv4-0", "IPv4", 0, 0)],
             ),
         ];
         for (what, m, want) in table {
@@ -810,8 +827,11 @@ mod tests {
                 },
             ])
         );
+        // No gateway port known: no port at all (Linkerd's destination dereferences
+        // the number of the port it finds by name), as Kubernetes' placeholder.
         let none = desired_slices(&mirror("web", 1, None), "u");
-        assert_eq!(none[0].ports.as_ref().unwrap()[0].port, None);
+        assert_eq!(none[0].ports, Some(vec![]));
+        assert!(none[0].endpoints.is_empty());
     }
 
     #[test]

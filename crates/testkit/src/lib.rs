@@ -861,6 +861,27 @@ mod tests {
     }
 
     #[test]
+    fn a_numberless_port_on_an_empty_slice_is_a_deviation() {
+        // What versions before issue 30 wrote with no usable gateway: it crashes
+        // Linkerd's destination (it dereferences the port number it finds by name).
+        let (all, d, filter) = big_world(0, 2);
+        let k = ("a".to_string(), "web-east".to_string());
+        let mut local = local_in_mode(&d, EndpointsMode::Both);
+        assert_eq!(local.slices.len(), 1);
+        assert_eq!(local.slices[0].ports, Some(vec![]), "the placeholder");
+        local.slices[0].ports = Some(vec![k8s_openapi::api::discovery::v1::EndpointPort {
+            name: Some("p0".into()),
+            protocol: Some("TCP".into()),
+            port: None,
+            app_protocol: None,
+        }]);
+        assert_eq!(
+            compare(&all, &local, &filter, &BTreeSet::new(), EndpointsMode::Both),
+            vec![Violation::Differs(Kind::EndpointSlice, k)]
+        );
+    }
+
+    #[test]
     fn slice_deviations_are_reported_per_mode() {
         let (all, d, filter) = big_world(2500, 1);
         let k = ("a".to_string(), "web-east".to_string());

@@ -4,7 +4,9 @@
 //! annotation and an ownerReference to the mirror Service; per address family, every
 //! gateway address appears once per port, every port once per address; a slice holds
 //! at most 1000 endpoints and 100 ports, with no more slices than those limits need;
-//! no usable gateway: one IPv4 slice per 100 ports with no endpoints.
+//! no usable gateway: one IPv4 slice with no endpoints and no ports (Kubernetes' own
+//! placeholder); never a port without a number in 1..=65535 (Linkerd's destination
+//! dereferences it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -87,7 +89,7 @@ fn want_of(m: &DesiredMirror) -> BTreeMap<&'static str, Want> {
             "IPv4",
             Want {
                 addresses: BTreeSet::new(),
-                ports,
+                ports: BTreeSet::new(),
             },
         );
     }
@@ -122,6 +124,10 @@ fn slices_match(m: &DesiredMirror, uid: Option<&str>, slices: &[&EndpointSlice])
             && owner_ok
             && s.endpoints.len() <= 1000
             && s.ports.as_ref().map_or(0, Vec::len) <= 100
+            && s.ports
+                .iter()
+                .flatten()
+                .all(|p| p.port.is_some_and(|n| (1..=65535).contains(&n)))
             && s.endpoints.iter().all(|e| {
                 let c = e.conditions.clone().unwrap_or_default();
                 e.addresses.len() == 1
