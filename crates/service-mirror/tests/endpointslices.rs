@@ -225,8 +225,12 @@ async fn slices_split_at_1000_endpoints_and_100_ports() {
     w.stop(false).await.unwrap();
 }
 
+/// No usable gateway: Kubernetes' own placeholder (`endpoints: []`, `ports: []`), never
+/// ports without a number (Linkerd's destination dereferences the number of the port
+/// it finds by name: issue 30). The gateway appears: the same slice, updated in place,
+/// gets the endpoint and every port at the gateway's port.
 #[tokio::test]
-async fn an_unusable_gateway_leaves_one_slice_with_no_endpoints_and_the_ports() {
+async fn an_unusable_gateway_leaves_the_placeholder_slice_and_a_gateway_fills_it_in_place() {
     let env = Env::new("slices-nogw").await;
     env.export("web", "missing-gw", &[("http", 80), ("admin", 9000)])
         .await;
@@ -234,25 +238,37 @@ async fn an_unusable_gateway_leaves_one_slice_with_no_endpoints_and_the_ports() 
     let m = env.mirror_name("web");
     let slices = slices_until(&env, &m, "an empty slice", |s| s.len() == 1).await;
     assert!(slices[0].endpoints.is_empty());
-    let ports: Vec<_> = slices[0]
-        .ports
-        .iter()
-        .flatten()
-        .map(|p| p.name.clone().unwrap())
-        .collect();
-    assert_eq!(ports, vec!["http", "admin"]);
+    assert_eq!(
+        slices[0].ports.clone().unwrap_or_default(),
+        vec![],
+        "no port without its number"
+    );
     let (_, ep) = env.mirror("web").await;
     assert_eq!(
         ep.unwrap().subsets,
         None,
         "Endpoints without subsets, as today"
     );
-    // The gateway appears: the same slice gets the endpoint.
+    // The gateway appears: the same slice gets the endpoint and the numbered ports.
     env.gateway("missing-gw", GW_PORT, &["192.0.2.9"]).await;
-    slices_until(&env, &m, "the gateway's endpoint", |s| {
+    let filled = slices_until(&env, &m, "the gateway's endpoint", |s| {
         s.len() == 1 && s[0].endpoints.len() == 1
     })
     .await;
+    let ports: Vec<_> = filled[0]
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap(), p.port))
+        .collect();
+    assert_eq!(
+        ports,
+        vec![
+            ("http".into(), Some(GW_PORT)),
+            ("admin".into(), Some(GW_PORT))
+        ]
+    );
+    assert_eq!(filled[0].metadata.uid, slices[0].metadata.uid, "in place");
     w.stop(false).await.unwrap();
 }
 

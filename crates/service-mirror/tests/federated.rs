@@ -448,9 +448,19 @@ async fn two_links_and_local_give_one_sorted_federated_service_and_an_idle_world
             (port.name.as_deref(), port.port),
             (Some("http"), Some(4143))
         );
+        // Linkerd's destination labels its metrics `dst_target_cluster` from it.
+        assert_eq!(
+            label(&s.metadata, "mirror.linkerd.io/cluster-name"),
+            label(&s.metadata, "service-mirror.linkerd.io/federated-cluster")
+        );
+        assert_eq!(
+            label(&s.metadata, "mirror.linkerd.io/mirrored-service"),
+            None
+        );
     }
-    // No link controller takes the federated objects for its own: they carry no
-    // cluster-name label, and no mirror `web-federated-east` appears.
+    // No link controller takes the federated objects for its own: the Service carries
+    // no cluster-name label, the slices no mirrored-service label (a link owns only
+    // both), and no mirror `web-federated-east` appears.
     assert!(
         Api::<Service>::namespaced(w.lc.clone(), &w.ns)
             .get_opt("web-federated-east")
@@ -944,8 +954,25 @@ async fn a_removed_link_and_a_local_member_leaving_shrink_the_membership() {
                 && annotation(&s.metadata, LOCAL_DISCOVERY).is_some()
         })
         .await;
-    // East's link is removed (the manager stops it, then tells the federation).
-    east.stop(false).await.unwrap();
+    // East's link is removed (the manager stops it, deleting east's mirrors, then
+    // tells the federation). The link's cleanup leaves east's federated slice (it
+    // carries east's cluster-name, not the mirrored-service label): its own writer,
+    // the federation, deletes it.
+    let east_slice = |v: &[EndpointSlice]| {
+        v.iter()
+            .find(|s| label(&s.metadata, "mirror.linkerd.io/cluster-name") == Some("east"))
+            .and_then(|s| s.metadata.uid.clone())
+    };
+    let before = eventually("east's federated slice", || async {
+        east_slice(&w.slices("web").await)
+    })
+    .await;
+    east.stop(true).await.unwrap();
+    assert_eq!(
+        east_slice(&w.slices("web").await),
+        Some(before),
+        "the unlink cleanup of east left east's federated slice to the federation"
+    );
     fed.federation.link_removed("east");
     w.federated_until("east left", "web", |s| {
         remote_discovery(s) == Some("web@north")

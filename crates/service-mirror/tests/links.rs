@@ -300,6 +300,125 @@ async fn a_link_mirrors_what_its_selectors_pick_the_way_linkerd_makes_mirrors() 
     wait_endpoints(&w, "web", |e| !labels(&e.metadata).contains_key("app")).await;
 }
 
+/// Our slice `<mirror>-ipv4-0` of the remote `web`, once `ok` holds (read as plain JSON:
+/// written out from the API and Linkerd's destination, not computed with the core).
+async fn our_slice_until(
+    w: &LinkWorld,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let api: Api<EndpointSlice> = Api::namespaced(w.env.lc.clone(), &w.env.ns);
+    let name = format!("{}-ipv4-0", w.env.mirror_name("web"));
+    tokio::time::timeout(CONVERGE, async {
+        loop {
+            if let Ok(Some(s)) = api.get_opt(&name).await {
+                let v = serde_json::to_value(&s).unwrap();
+                if ok(&v) {
+                    return v;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("slice {name} never {what}; log:\n{}", tail(w)))
+}
+
+/// `(addresses, ports as (name, protocol, port or null))` of a slice.
+fn slice_shape(s: &serde_json::Value) -> (Vec<String>, Vec<(String, String, serde_json::Value)>) {
+    let list = |k: &str| s[k].as_array().cloned().unwrap_or_default();
+    let addresses = list("endpoints")
+        .iter()
+        .map(|e| e["addresses"][0].as_str().unwrap().to_string())
+        .collect();
+    let ports = list("ports")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                p["protocol"].as_str().unwrap_or_default().to_string(),
+                p["port"].clone(),
+            )
+        })
+        .collect();
+    (addresses, ports)
+}
+
+/// Issue 30 item 1: a remote scaled to zero ready endpoints must not leave a slice
+/// port without a number (Linkerd's destination dereferences it: a crash for the
+/// whole mesh). In `both` mode (the default): ready, the gateway's addresses at the
+/// gateway's port; zero, Kubernetes' placeholder (`endpoints: []`, `ports: []`); back,
+/// numbered again; one slice all along, updated in place.
+#[tokio::test]
+async fn a_remote_scaled_to_zero_and_back_keeps_one_slice_numbered_or_empty_never_numberless() {
+    let w = LinkWorld::new("lkzero", &[], &[]).await;
+    let ns = w.env.ns.clone();
+    create_remote(&w, remote_service(&ns, "web", &[EXPORTED], &[])).await;
+    let remote_slices: Api<EndpointSlice> = Api::namespaced(w.env.rc.clone(), &ns);
+    remote_slices
+        .create(&PostParams::default(), &remote_slice(&ns, "web", &[true]))
+        .await
+        .unwrap();
+    w.create_link(serde_json::json!({})).await;
+    let numbered = || {
+        (
+            vec!["192.0.2.10".to_string(), "192.0.2.11".to_string()],
+            vec![(
+                "http".to_string(),
+                "TCP".to_string(),
+                serde_json::json!(4143),
+            )],
+        )
+    };
+    let ready = our_slice_until(&w, "at the gateway", |s| slice_shape(s) == numbered()).await;
+    assert_eq!(ready["addressType"], "IPv4");
+    assert_eq!(ready["endpoints"][0]["conditions"]["ready"], true);
+    let uid = ready["metadata"]["uid"].clone();
+
+    let started = std::time::Instant::now();
+    let set_ready = |r: bool| {
+        let patch = serde_json::json!({"endpoints": [
+            {"addresses": ["198.18.0.1"], "conditions": {"ready": r}},
+        ]});
+        let api = remote_slices.clone();
+        async move {
+            api.patch("web-abcde", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    set_ready(false).await;
+    let empty = our_slice_until(&w, "the placeholder", |s| {
+        s["endpoints"].as_array().is_none_or(Vec::is_empty)
+    })
+    .await;
+    assert_eq!(
+        slice_shape(&empty),
+        (vec![], vec![]),
+        "no endpoints and no ports, never a port without its number: {empty}"
+    );
+    assert_eq!(empty["addressType"], "IPv4");
+    assert_eq!(empty["metadata"]["uid"], uid, "updated in place");
+    // The Endpoints say the same: no subsets (what Linkerd writes, and what
+    // failover tools read as "remote empty").
+    assert!(!has_subsets(&wait_endpoints(&w, "web", |_| true).await));
+    let zero_s = started.elapsed().as_secs_f64();
+
+    set_ready(true).await;
+    let back = our_slice_until(&w, "at the gateway again", |s| slice_shape(s) == numbered()).await;
+    assert_eq!(back["metadata"]["uid"], uid, "updated in place");
+    let all: Vec<EndpointSlice> = Api::<EndpointSlice>::namespaced(w.env.lc.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(all.len(), 1, "one slice all along: {all:?}");
+    eprintln!(
+        "scale to zero: placeholder after {zero_s:.1} s, numbered again after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 #[tokio::test]
 async fn selector_operators_pick_and_a_link_edit_restarts_only_that_link() {
     let w = LinkWorld::new("lks", &[], &[]).await;

@@ -9,6 +9,9 @@ mod support;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
+use service_mirror_controller::events::EventRecorder;
+use service_mirror_controller::metrics::Metrics;
+use service_mirror_controller::writer::{LocalWriter, MirrorSelector};
 use service_mirror_core::federated::MemberGateway;
 use service_mirror_core::mcs_slices::SourceGateway;
 use std::time::Duration;
@@ -137,6 +140,27 @@ async fn a_remote_exporter_gets_a_slice_at_its_gateway_owned_by_the_import_until
             .as_str()
             .is_some_and(|i| i.starts_with("gateway.")),
         "{notes}"
+    );
+    // Linkerd's destination labels its metrics `dst_target_cluster` from cluster-name.
+    assert_eq!(labels["mirror.linkerd.io/cluster-name"], "east");
+    assert_eq!(labels["mirror.linkerd.io/mirrored-service"], Value::Null);
+    // Unlinking east (the link's cleanup: every mirror of east deleted) leaves the
+    // import's slice of east to its own writer: it is no mirror.
+    let unlink = LocalWriter::with_recorder(
+        w.west.clone(),
+        "east",
+        Metrics::new(),
+        EventRecorder::new(w.west.clone(), None),
+    );
+    // This test's namespace only: the cluster is shared with the other tests.
+    let ns = w.ns.clone();
+    let here: MirrorSelector =
+        std::sync::Arc::new(move |m: &kube::api::ObjectMeta| m.namespace.as_deref() == Some(&ns));
+    assert_eq!(unlink.delete_mirrors_in(Some(&here)).await.unwrap(), 0);
+    let after = ours(&w, "west", "hello").await;
+    assert_eq!(
+        after[0]["metadata"]["uid"], slice["metadata"]["uid"],
+        "the unlink cleanup of east left the import slice of east"
     );
     // East has no gateway of west reported: no slice (and its own endpoints are not
     // copied here).
