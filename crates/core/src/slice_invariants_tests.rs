@@ -729,6 +729,12 @@ fn every_slice_we_write_on_every_path_is_valid_for_every_consumer() {
             .count();
         all.extend(violations(c));
     }
+    let slices: usize = cases.iter().map(|c| c.slices.len()).sum();
+    eprintln!(
+        "{} paths, {slices} slices written, {placeholders} placeholders, {} violations",
+        cases.len(),
+        all.len()
+    );
     assert!(
         all.is_empty(),
         "{} violations:\n{}",
