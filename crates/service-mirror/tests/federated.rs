@@ -8,6 +8,7 @@ mod support;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -519,9 +520,45 @@ async fn oldest_link_gives_metadata_and_conflicting_ports_are_a_union_with_an_ev
     assert!(
         w.metric("service_mirror_federated_problems_total{reason=\"FederatedPortConflict\"} 1")
     );
+    // Each port keeps its member's targetPort, as Linkerd's `remapRemoteServicePorts`
+    // copies it (issue 30 item 5): east serves grpc 9090 from its pods' 9191.
+    let patch = serde_json::json!({"spec": {"ports": [
+        {"name": "http", "port": 8080},
+        {"name": "grpc", "port": 9090, "targetPort": 9191},
+    ]}});
+    Api::<Service>::namespaced(ec.clone(), &w.ns)
+        .patch("api", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let svc = w
+        .federated_until("east's grpc targetPort", "api", |s| {
+            target_ports(s).contains(&("grpc".into(), IntOrString::Int(9191)))
+        })
+        .await;
+    assert_eq!(
+        target_ports(&svc),
+        [
+            ("http".into(), IntOrString::Int(80)),
+            ("grpc".into(), IntOrString::Int(9191))
+        ]
+    );
     east.stop(false).await.unwrap();
     north.stop(false).await.unwrap();
     fed.stop().await;
+}
+
+/// (name, targetPort) of a Service's ports.
+fn target_ports(s: &Service) -> Vec<(String, IntOrString)> {
+    s.spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default(),
+                p.target_port.clone().unwrap_or(IntOrString::Int(0)),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
