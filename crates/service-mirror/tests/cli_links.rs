@@ -7,7 +7,7 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
@@ -123,10 +123,23 @@ async fn labelled_service(env: &Env, name: &str) {
         .unwrap();
 }
 
-/// `link --format link` for the test's cluster, Link and Secret in `ctl_ns`.
-fn link_output(env: &Env, remote_ns: &str, ctl_ns: &str) -> Run {
+/// `link --format link` for the test's cluster, Link and Secret in `ctl_ns`, the
+/// destination's Secret in `l5d_ns`.
+fn link_output(env: &Env, remote_ns: &str, ctl_ns: &str, l5d_ns: &str) -> Run {
+    link_output_with(env, remote_ns, ctl_ns, l5d_ns, &["--gateway-name", "gw"])
+}
+
+/// [`link_output`] without the destination's Secret (a local cluster without Linkerd):
+/// the credentials Secret and the Link.
+fn link_output_without_destination(env: &Env, remote_ns: &str, ctl_ns: &str) -> Run {
+    let flags = ["--gateway-name", "gw", "--destination-credentials=false"];
+    link_output_with(env, remote_ns, ctl_ns, "linkerd", &flags)
+}
+
+/// [`link_output`] with `extra` flags (the gateway's name among them).
+fn link_output_with(env: &Env, remote_ns: &str, ctl_ns: &str, l5d_ns: &str, extra: &[&str]) -> Run {
     let kc = env.remote.admin_kubeconfig().path.display().to_string();
-    let run = service_mirror(&[
+    let mut args = vec![
         "link",
         "--format",
         "link",
@@ -140,13 +153,43 @@ fn link_output(env: &Env, remote_ns: &str, ctl_ns: &str) -> Run {
         "mirror",
         "--link-namespace",
         ctl_ns,
-        "--gateway-name",
-        "gw",
+        "--linkerd-namespace",
+        l5d_ns,
         "--gateway-namespace",
         &env.ns,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let run = service_mirror(&args);
     assert!(run.ok, "link failed: {}", run.stderr);
     run
+}
+
+/// `unlink` of the test's cluster (`--dry-run` with `dry`).
+fn unlink(env: &Env, ctl_ns: &str, l5d_ns: &str, dry: bool) -> Run {
+    let kc = kubeconfig_path(env);
+    let mut args = vec![
+        "unlink",
+        "--cluster-name",
+        &env.cluster,
+        "--namespace",
+        ctl_ns,
+        "--linkerd-namespace",
+        l5d_ns,
+        "--kubeconfig",
+        &kc,
+    ];
+    if dry {
+        args.push("--dry-run");
+    }
+    service_mirror(&args)
+}
+
+/// The local Secret `ns/name`, if any.
+async fn local_secret(env: &Env, ns: &str, name: &str) -> Option<Secret> {
+    Api::<Secret>::namespaced(env.lc.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
 }
 
 /// `check` against `ctl_ns`, reading the metrics at `admin`.
@@ -216,18 +259,51 @@ async fn link_output_applied_as_is_mirrors_and_unlink_removes_only_what_the_link
     labelled_service(&env, "web").await;
     let (ctl_ns, mut ctl) = controller_in_new_namespace(&env.local, &[&env.ns]).await;
     ctl.wait_ready().await;
+    // Linkerd's control-plane namespace, locally; the remote has no linkerd-config.
+    let l5d_ns = unique_namespace("l5d");
+    create_namespace(&env.lc, &l5d_ns).await;
 
-    let out = link_output(&env, &remote_ns, &ctl_ns);
+    let out = link_output(&env, &remote_ns, &ctl_ns, &l5d_ns);
     let applied = apply_yaml(&env.lc, &out.stdout)
         .await
         .expect("applied as is");
+    let creds = format!("cluster-credentials-{}", env.cluster);
     assert_eq!(
         applied,
         [
-            format!("Secret/{ctl_ns}/cluster-credentials-{}", env.cluster),
+            format!("Secret/{ctl_ns}/{creds}"),
+            format!("Secret/{l5d_ns}/{creds}"),
             format!("Link/{ctl_ns}/{}", env.cluster),
-        ]
+        ],
+        "link-gen's three documents, in its order"
     );
+    assert!(
+        out.stderr
+            .contains(&format!("no linkerd-config in {l5d_ns}")),
+        "{}",
+        out.stderr
+    );
+    let destination = local_secret(&env, &l5d_ns, &creds).await.unwrap();
+    assert_eq!(
+        label(
+            &destination.metadata,
+            "multicluster.linkerd.io/cluster-name"
+        ),
+        Some(env.cluster.as_str())
+    );
+    for key in [
+        "multicluster.linkerd.io/trust-domain",
+        "multicluster.linkerd.io/cluster-domain",
+    ] {
+        assert_eq!(
+            annotation(&destination.metadata, key),
+            Some("cluster.local"),
+            "{key}: the default without linkerd-config"
+        );
+    }
+    let credentials = local_secret(&env, &ctl_ns, &creds).await.unwrap();
+    assert_eq!(destination.data, credentials.data, "the same kubeconfig");
+    assert_eq!(destination.type_, credentials.type_);
     let (_, ep) = env
         .mirror_until("web", "mirror of the labelled Service", |_, e| {
             has_subsets(e)
@@ -251,32 +327,19 @@ async fn link_output_applied_as_is_mirrors_and_unlink_removes_only_what_the_link
         .await
         .unwrap();
 
-    let kc = kubeconfig_path(&env);
-    let unlink = |dry: bool| {
-        let mut args = vec![
-            "unlink",
-            "--cluster-name",
-            &env.cluster,
-            "--namespace",
-            &ctl_ns,
-            "--kubeconfig",
-            &kc,
-        ];
-        if dry {
-            args.push("--dry-run");
-        }
-        service_mirror(&args)
-    };
+    let unlink = |dry: bool| unlink(&env, &ctl_ns, &l5d_ns, dry);
     let before = local_objects(&env, &ctl_ns).await;
     let dry = unlink(true);
     assert!(dry.ok, "{}", dry.stderr);
     let mirror = env.mirror_name("web");
     let listed: Vec<&str> = dry.stdout.lines().collect();
-    let expected = [
-        format!("Link/{ctl_ns}/{}", env.cluster),
-        format!("Secret/{ctl_ns}/cluster-credentials-{}", env.cluster),
+    let mut secrets = [
+        format!("Secret/{ctl_ns}/{creds}"),
+        format!("Secret/{l5d_ns}/{creds}"),
     ];
-    assert_eq!(listed[..2], expected, "{}", dry.stdout);
+    secrets.sort();
+    assert_eq!(listed[0], format!("Link/{ctl_ns}/{}", env.cluster));
+    assert_eq!(listed[1..3], secrets, "{}", dry.stdout);
     assert!(
         listed.contains(&format!("Service/{}/{mirror}", env.ns).as_str()),
         "{}",
@@ -316,6 +379,10 @@ async fn link_output_applied_as_is_mirrors_and_unlink_removes_only_what_the_link
         "only the link's objects and its mirror go"
     );
     assert!(after.contains(&format!("Service/web-{}-copy", env.cluster)));
+    assert!(
+        local_secret(&env, &l5d_ns, &creds).await.is_none(),
+        "the destination's Secret goes too"
+    );
     // The controller does not bring the mirror back.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(env.mirror("web").await.0, None);
@@ -323,6 +390,130 @@ async fn link_output_applied_as_is_mirrors_and_unlink_removes_only_what_the_link
     let again = unlink(false);
     assert!(again.ok && again.stdout.is_empty(), "{}", again.stderr);
     assert!(again.stderr.contains("no Link nor link Secret"));
+}
+
+/// `link --format link` on a remote with Linkerd's `linkerd-config` (in a namespace of
+/// the test's, given as `--linkerd-namespace`) and no gateway Service: the trust and
+/// cluster domains come from it, the gateway from `--gateway-addresses` and
+/// `--gateway-port`; the three documents apply locally as is, and `unlink` removes the
+/// three and nothing else of that namespace.
+#[tokio::test]
+async fn link_reads_linkerd_config_takes_a_gateway_from_flags_and_unlink_removes_all_three() {
+    let env = Env::new("clc").await;
+    install_crd(&env).await;
+    let remote_ns = allow(&env).await;
+    let l5d_ns = unique_namespace("l5d");
+    create_namespace(&env.rc, &l5d_ns).await;
+    create_namespace(&env.lc, &l5d_ns).await;
+    // As Linkerd's chart renders it: the install values, domains among many others.
+    let config: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "linkerd-config"},
+        "data": {"values": "clusterDomain: east.example\nclusterNetworks: 10.0.0.0/8\nidentityTrustDomain: root.east.example\nproxy:\n  logLevel: warn\n"},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(env.rc.clone(), &l5d_ns)
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    let ctl_ns = unique_namespace("sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+
+    let gateway_flags = [
+        "--gateway-name",
+        "absent",
+        "--gateway-addresses",
+        "192.0.2.74",
+        "--gateway-port",
+        "4143",
+    ];
+    let out = link_output_with(&env, &remote_ns, &ctl_ns, &l5d_ns, &gateway_flags);
+    for note in [
+        format!("trust domain root.east.example from linkerd-config in {l5d_ns}"),
+        format!("cluster domain east.example from linkerd-config in {l5d_ns}"),
+        "no gatewayIdentity".to_string(),
+    ] {
+        assert!(out.stderr.contains(&note), "{note}: {}", out.stderr);
+    }
+    let applied = apply_yaml(&env.lc, &out.stdout)
+        .await
+        .expect("applied as is");
+    let creds = format!("cluster-credentials-{}", env.cluster);
+    assert_eq!(
+        applied,
+        [
+            format!("Secret/{ctl_ns}/{creds}"),
+            format!("Secret/{l5d_ns}/{creds}"),
+            format!("Link/{ctl_ns}/{}", env.cluster),
+        ]
+    );
+    let destination = local_secret(&env, &l5d_ns, &creds).await.unwrap();
+    assert_eq!(
+        annotation(
+            &destination.metadata,
+            "multicluster.linkerd.io/trust-domain"
+        ),
+        Some("root.east.example")
+    );
+    assert_eq!(
+        annotation(
+            &destination.metadata,
+            "multicluster.linkerd.io/cluster-domain"
+        ),
+        Some("east.example")
+    );
+    let link = Api::<LinkResource>::namespaced(env.lc.clone(), &ctl_ns)
+        .get(&env.cluster)
+        .await
+        .unwrap();
+    assert_eq!(
+        link.spec.target_cluster_domain.as_deref(),
+        Some("east.example")
+    );
+    assert_eq!(
+        link.spec.target_cluster_linkerd_namespace.as_deref(),
+        Some(l5d_ns.as_str())
+    );
+    assert_eq!(link.spec.gateway_address.as_deref(), Some("192.0.2.74"));
+    assert_eq!(link.spec.gateway_port.as_deref(), Some("4143"));
+    assert_eq!(link.spec.gateway_identity, None);
+    assert_eq!(link.spec.probe_spec, None);
+
+    // Look-alikes in Linkerd's namespace: another type, or no label. They stay.
+    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &l5d_ns);
+    for (name, labelled, type_) in [
+        ("opaque-alike", true, "Opaque"),
+        ("unlabelled", false, "mirror.linkerd.io/remote-kubeconfig"),
+    ] {
+        let labels = match labelled {
+            true => serde_json::json!({"multicluster.linkerd.io/cluster-name": env.cluster}),
+            false => serde_json::json!({}),
+        };
+        let s: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "type": type_,
+        }))
+        .unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let run = unlink(&env, &ctl_ns, &l5d_ns, false);
+    assert!(run.ok, "{}", run.stderr);
+    let mut expected = vec![
+        format!("Link/{ctl_ns}/{}", env.cluster),
+        format!("Secret/{ctl_ns}/{creds}"),
+        format!("Secret/{l5d_ns}/{creds}"),
+    ];
+    expected[1..].sort();
+    assert_eq!(run.stdout.lines().collect::<Vec<_>>(), expected);
+    assert!(local_secret(&env, &ctl_ns, &creds).await.is_none());
+    assert!(local_secret(&env, &l5d_ns, &creds).await.is_none());
+    let links = Api::<LinkResource>::namespaced(env.lc.clone(), &ctl_ns);
+    assert!(links.get_opt(&env.cluster).await.unwrap().is_none());
+    for name in ["opaque-alike", "unlabelled"] {
+        assert!(
+            local_secret(&env, &l5d_ns, name).await.is_some(),
+            "{name} stays"
+        );
+    }
 }
 
 /// A controller in this process (the link manager of `run`, its Lease and its admin
@@ -470,7 +661,7 @@ async fn check_passes_on_a_working_link_and_fails_on_a_dead_gateway_and_without_
     let healthy = Arc::new(AtomicBool::new(true));
     let health = health_server(healthy.clone()).await;
     let mut ctl = InProcess::start(&env, &ctl_ns, health).await;
-    let out = link_output(&env, &remote_ns, &ctl_ns);
+    let out = link_output_without_destination(&env, &remote_ns, &ctl_ns);
     apply_yaml(&env.lc, &out.stdout).await.unwrap();
     env.mirror_until("web", "mirror ready", |_, e| !subset_ips(e).is_empty())
         .await;
@@ -546,7 +737,7 @@ async fn check_fails_for_a_link_whose_credentials_secret_is_missing() {
     gateway(&env, 73).await;
     let ctl_ns = unique_namespace("sm");
     create_namespace(&env.lc, &ctl_ns).await;
-    let out = link_output(&env, &remote_ns, &ctl_ns);
+    let out = link_output_without_destination(&env, &remote_ns, &ctl_ns);
     // Only the Link: its credentials Secret is never applied.
     let link_only = out.stdout.split("\n---\n").nth(1).expect("two documents");
     apply_yaml(&env.lc, link_only).await.unwrap();

@@ -3,17 +3,23 @@
 //! apiserver it would name every other test's controller). Each step is one start of
 //! the process and what it says: the log line, the `service_mirror_mcs_state` series,
 //! an Event where a ClusterProperty is wrong, and whether a ServiceExport is served.
+//! And docs/operations.md's MCS recipe, read from the document and followed as written
+//! on two apiservers of its own.
 
 mod support;
 
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DynamicObject, PostParams};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use local_cluster::{LocalCluster, apply_yaml};
+use serde_json::json;
 use service_mirror_controller::mcs::startup::{
     CLUSTER_ID_PROPERTY, CLUSTER_PROPERTY_CRD_YAML, cluster_id_property, cluster_property_resource,
 };
 use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
 use service_mirror_controller::permissions::service_export_api_served;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use support::controller::{Controller, service_mirror};
 use support::mcs::mcs_api;
@@ -293,4 +299,343 @@ async fn mcs_runs_by_default_only_where_the_crd_is_served_and_the_cluster_is_nam
         imports.get_opt("api").await.unwrap().is_none(),
         "--mcs=off: nor imported"
     );
+}
+
+/// The marker of the recipe's `sh` block in docs/operations.md.
+const RECIPE_MARKER: &str = "<!-- recipe: mcs";
+
+/// One command of the recipe: its text (continuations joined) and the heredoc it
+/// feeds to stdin, if any.
+#[derive(Debug)]
+struct Step {
+    line: String,
+    heredoc: Option<String>,
+}
+
+/// The commands of the recipe block of docs/operations.md, in order: comments and
+/// blank lines dropped, `\` continuations joined, `<<EOF` heredocs attached.
+fn recipe_steps() -> Vec<Step> {
+    let doc = include_str!("../../../docs/operations.md");
+    let at = doc.find(RECIPE_MARKER).expect("the recipe marker");
+    let rest = &doc[at..];
+    let body = &rest[rest.find("```sh\n").expect("a sh block after the marker") + 6..];
+    let body = &body[..body.find("\n```").expect("the block's end")];
+    let mut lines = body.lines();
+    let mut steps = Vec::new();
+    while let Some(line) = lines.next() {
+        let mut text = line.trim().to_string();
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        while let Some(head) = text.strip_suffix('\\') {
+            let next = lines.next().expect("a continued line");
+            text = format!("{} {}", head.trim_end(), next.trim());
+        }
+        let heredoc = text.strip_suffix("<<EOF").map(str::to_owned).map(|head| {
+            text = head.trim_end().to_string();
+            let mut doc = String::new();
+            for l in lines.by_ref().take_while(|l| *l != "EOF") {
+                doc.push_str(l);
+                doc.push('\n');
+            }
+            doc
+        });
+        steps.push(Step {
+            line: text,
+            heredoc,
+        });
+    }
+    steps
+}
+
+/// Two clusters of the recipe's own, their kubeconfig contexts `west` and `east` in one
+/// file (as a user's), and the process each cluster's Deployment would run.
+struct RecipeWorld {
+    clusters: BTreeMap<String, (LocalCluster, kube::Client)>,
+    kubeconfig: std::path::PathBuf,
+    controllers: BTreeMap<String, Controller>,
+    _dir: tempfile::TempDir,
+}
+
+impl RecipeWorld {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut clusters = BTreeMap::new();
+        let mut merged: Option<kube::config::Kubeconfig> = None;
+        for context in ["west", "east"] {
+            let cluster = LocalCluster::start(&format!("recipe-{context}"))
+                .await
+                .unwrap();
+            // The admin kubeconfig names its cluster, user and context after the
+            // cluster: renamed to the recipe's context names.
+            let yaml = cluster
+                .admin_kubeconfig()
+                .yaml
+                .replace(cluster.name(), context);
+            let kc = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+            merged = Some(match merged {
+                None => kc,
+                Some(m) => m.merge(kc).unwrap(),
+            });
+            let client = cluster.client().await.unwrap();
+            clusters.insert(context.to_string(), (cluster, client));
+        }
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, serde_json::to_string(&merged).unwrap()).unwrap();
+        Self {
+            clusters,
+            kubeconfig,
+            controllers: BTreeMap::new(),
+            _dir: dir,
+        }
+    }
+
+    fn client(&self, context: &str) -> &kube::Client {
+        &self.clusters[context].1
+    }
+
+    /// Applies `yaml` to `context` as `kubectl apply` would, retried while a CRD just
+    /// made is not yet in discovery.
+    async fn apply(&self, context: &str, yaml: &str, line: &str) -> Vec<String> {
+        let mut last = None;
+        for _ in 0..100 {
+            match apply_yaml(self.client(context), yaml).await {
+                Ok(applied) => return applied,
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("{line}: {last:?}")
+    }
+
+    /// Plays the kubelet: starts (again) the process of the Deployment `install`
+    /// printed, with its `--namespace`.
+    fn start_controller(&mut self, context: &str, namespace: &str) {
+        if let Some(mut old) = self.controllers.remove(context) {
+            old.terminate();
+        }
+        let cluster = &self.clusters[context].0;
+        let c = Controller::spawn(cluster, namespace, &[]);
+        self.controllers.insert(context.to_string(), c);
+    }
+
+    /// Follows one line of the recipe; panics on a line it cannot follow.
+    async fn follow(&mut self, step: &Step) -> Option<serde_json::Value> {
+        let words: Vec<&str> = step.line.split_whitespace().collect();
+        let line = step.line.as_str();
+        if words[0] == "service-mirror" {
+            let bar = words
+                .iter()
+                .position(|w| *w == "|")
+                .expect("piped to kubectl");
+            let ["kubectl", "--context", context, "apply", "-f", "-"] = words[bar + 1..] else {
+                panic!("cannot follow: {line}");
+            };
+            let mut args: Vec<&str> = words[1..bar].to_vec();
+            let kubeconfig = self.kubeconfig.display().to_string();
+            if args.contains(&"--context") {
+                args.splice(1..1, ["--kubeconfig", kubeconfig.as_str()]);
+            }
+            let run = service_mirror(&args);
+            assert!(run.ok, "{line}: {}", run.stderr);
+            self.apply(context, &run.stdout, line).await;
+            let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&run.stdout).unwrap();
+            match args[0] {
+                "install" => {
+                    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+                    let run_args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+                    let ns = run_args
+                        .as_array()
+                        .unwrap()
+                        .windows(2)
+                        .find(|w| w[0] == "--namespace")
+                        .and_then(|w| w[1].as_str())
+                        .unwrap()
+                        .to_string();
+                    self.start_controller(context, &ns);
+                }
+                "allow" => {
+                    // Plays the token controller.
+                    let token = docs
+                        .iter()
+                        .find(|d| d["type"] == "kubernetes.io/service-account-token")
+                        .unwrap();
+                    let meta = &token["metadata"];
+                    self.clusters[context]
+                        .0
+                        .fill_token_secret(
+                            meta["namespace"].as_str().unwrap(),
+                            meta["name"].as_str().unwrap(),
+                        )
+                        .await
+                        .unwrap();
+                }
+                _ => {}
+            }
+            return None;
+        }
+        let ["kubectl", "--context", context, rest @ ..] = words.as_slice() else {
+            panic!("cannot follow: {line}");
+        };
+        let (ns, rest) = match rest {
+            ["-n", ns, rest @ ..] => (Some(*ns), rest),
+            _ => (None, rest),
+        };
+        let client = self.client(context).clone();
+        match (rest, ns) {
+            (["apply", "-f", "-"], None) => {
+                let yaml = step.heredoc.as_deref().expect("a heredoc to apply");
+                self.apply(context, yaml, line).await;
+                None
+            }
+            (["wait", "--for", "condition=established", "--all", "crd"], None) => {
+                let crds: Api<CustomResourceDefinition> = Api::all(client);
+                eventually(line, || async {
+                    let list = crds.list(&Default::default()).await.ok()?;
+                    list.items
+                        .iter()
+                        .all(|c| {
+                            c.status
+                                .iter()
+                                .flat_map(|s| s.conditions.iter().flatten())
+                                .any(|c| c.type_ == "Established" && c.status == "True")
+                        })
+                        .then_some(None)
+                })
+                .await
+            }
+            (["rollout", "restart", "deployment/service-mirror"], Some(ns)) => {
+                self.start_controller(context, ns);
+                let c = &self.controllers[*context];
+                c.wait_log(&["MCS on", &format!("cluster={context}")], VERDICT_WITHIN)
+                    .await;
+                None
+            }
+            (["create", "namespace", name], None) => {
+                create_namespace(&client, name).await;
+                None
+            }
+            (["get", "serviceimport", name], Some(ns)) => {
+                let imports = mcs_api(&client, ns, "ServiceImport");
+                eventually(line, || async {
+                    let i = imports.get_opt(name).await.ok()??;
+                    let ready = i.data["spec"]["ips"]
+                        .as_array()
+                        .is_some_and(|a| !a.is_empty())
+                        && i.data["status"]["clusters"]
+                            .as_array()
+                            .is_some_and(|a| !a.is_empty());
+                    ready.then(|| serde_json::to_value(&i).unwrap())
+                })
+                .await
+                .into()
+            }
+            (["get", kind @ ("service" | "endpointslices"), "-l", selector], Some(ns)) => {
+                let lp = ListParams::default().labels(selector);
+                eventually(line, || async {
+                    let items: Vec<serde_json::Value> = match *kind {
+                        "service" => Api::<Service>::namespaced(client.clone(), ns)
+                            .list(&lp)
+                            .await
+                            .ok()?
+                            .items
+                            .iter()
+                            .map(|s| serde_json::to_value(s).unwrap())
+                            .collect(),
+                        _ => Api::<EndpointSlice>::namespaced(client.clone(), ns)
+                            .list(&lp)
+                            .await
+                            .ok()?
+                            .items
+                            .iter()
+                            .filter(|s| !s.endpoints.is_empty())
+                            .map(|s| serde_json::to_value(s).unwrap())
+                            .collect(),
+                    };
+                    (!items.is_empty()).then_some(serde_json::Value::Array(items))
+                })
+                .await
+                .into()
+            }
+            _ => panic!("cannot follow: {line}"),
+        }
+    }
+}
+
+/// docs/operations.md's MCS recipe, read from the document and followed line by line
+/// on two apiservers of its own (a ClusterProperty names a whole cluster): from
+/// nothing to a ServiceImport on west of east's export, its derived Service and east's
+/// slice at the gateway the Link names, with east's export judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcs_recipe_in_operations_md_works_as_written() {
+    support::init_tracing();
+    let started = std::time::Instant::now();
+    let steps = recipe_steps();
+    assert!(steps.len() >= 10, "the whole recipe: {steps:#?}");
+    let mut world = RecipeWorld::new().await;
+    let mut shown = Vec::new();
+    for step in &steps {
+        eprintln!("recipe: {}", step.line);
+        if let Some(seen) = world.follow(step).await {
+            shown.push(seen);
+        }
+    }
+    let [import, services, slices] = shown.as_slice() else {
+        panic!("three objects shown by step 6: {shown:#?}")
+    };
+    eprintln!(
+        "recipe done in {:?}\n{}\n{}\n{}",
+        started.elapsed(),
+        serde_json::to_string_pretty(import).unwrap(),
+        serde_json::to_string_pretty(services).unwrap(),
+        serde_json::to_string_pretty(slices).unwrap()
+    );
+    assert_eq!(import["spec"]["type"], "ClusterSetIP");
+    assert_eq!(import["status"]["clusters"], json!([{"cluster": "east"}]));
+    let [derived] = services.as_array().unwrap().as_slice() else {
+        panic!("one derived Service: {services}")
+    };
+    assert_eq!(import["spec"]["ips"], derived["spec"]["clusterIPs"]);
+    assert!(derived["spec"].get("selector").is_none(), "{derived}");
+    assert_eq!(derived["spec"]["ports"][0]["name"], "http");
+    assert_eq!(derived["spec"]["ports"][0]["port"], 80);
+    let derived_name = derived["metadata"]["name"].as_str().unwrap();
+    assert!(derived_name.starts_with("derived-"), "{derived_name}");
+    let [slice] = slices.as_array().unwrap().as_slice() else {
+        panic!("east's one slice: {slices}")
+    };
+    assert_eq!(
+        slice["metadata"]["name"],
+        format!("{derived_name}-east-ipv4-0")
+    );
+    assert_eq!(
+        slice["metadata"]["labels"]["multicluster.kubernetes.io/source-cluster"],
+        "east"
+    );
+    assert_eq!(
+        slice["endpoints"],
+        json!([{"addresses": ["192.0.2.20"], "conditions": {"ready": true, "serving": true, "terminating": false}}])
+    );
+    assert_eq!(
+        slice["ports"],
+        json!([{"name": "http", "port": 4143, "protocol": "TCP"}])
+    );
+    // East's controller judged its export.
+    let exports = mcs_api(world.client("east"), "shop", "ServiceExport");
+    eventually("east's export judged", || async {
+        let e = exports.get("web").await.ok()?;
+        let conditions = e.data["status"]["conditions"].as_array()?.clone();
+        let status = |t: &str| {
+            conditions
+                .iter()
+                .find(|c| c["type"] == t)
+                .map(|c| (c["status"].clone(), c["reason"].clone()))
+        };
+        (status("Valid")?.0 == "True"
+            && status("Ready")?.0 == "True"
+            && status("Conflict")? == (json!("False"), json!("NoConflicts")))
+            .then_some(())
+    })
+    .await;
+    eprintln!("recipe checked in {:?}", started.elapsed());
 }

@@ -9,6 +9,13 @@
 //! `watch` on `services` (and on `endpointslices`), the ClusterRoleBinding granting it to the account, and a
 //! `kubernetes.io/service-account-token` Secret `<account>-token` that the cluster's
 //! token controller fills with a long-lived token (`service-mirror link` reads it).
+//!
+//! `--linkerd-destination` adds what Linkerd's destination controller reads through the
+//! same credentials (the destination credentials Secret of `link --format link`): it
+//! asks for `list pods` cluster-wide before it adds the cluster
+//! (pkg/k8s/authz.go `ClusterAccess`), then watches EndpointSlices (or Endpoints),
+//! Pods, Services, `policy.linkerd.io` Servers and ReplicaSets
+//! (controller/api/destination/watcher/cluster_store.go).
 
 use super::args::OutputArgs;
 use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
@@ -46,6 +53,11 @@ pub struct AllowArgs {
         default_value = DEFAULT_NAMESPACE
     )]
     pub namespace: String,
+    /// Also grant what Linkerd's destination controller reads on this cluster for
+    /// remote-discovery and federated Services (list and watch of Pods, Endpoints,
+    /// ReplicaSets and Linkerd's Servers besides the mirror's reads).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub linkerd_destination: bool,
     /// How the manifests are printed.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -90,6 +102,26 @@ pub fn remote_access_rules() -> Vec<PolicyRule> {
     ]
 }
 
+/// What Linkerd's destination controller reads on a linked cluster beyond
+/// [`remote_access_rules`]: Pods (its `list pods` access check, then a watch),
+/// Endpoints (its watch without EndpointSlices), ReplicaSets (metadata, for owner
+/// names) and `policy.linkerd.io` Servers (protocol hints). Services and EndpointSlices
+/// are in [`remote_access_rules`] already. Linkerd's own remote role also grants `get`
+/// and Jobs, which its destination does not read.
+pub fn linkerd_destination_rules() -> Vec<PolicyRule> {
+    let read = |group: &str, resources: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: vec!["list".into(), "watch".into()],
+        ..Default::default()
+    };
+    vec![
+        read("", &["pods", "endpoints"]),
+        read("apps", &["replicasets"]),
+        read("policy.linkerd.io", &["servers"]),
+    ]
+}
+
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
     let labels = BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
     super::manifest::meta(name, namespace, labels)
@@ -98,6 +130,20 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
 /// The remote-side manifests, in apply order: Namespace, ServiceAccount, ClusterRole,
 /// ClusterRoleBinding and the ServiceAccount token Secret `<service_account>-token`.
 pub fn allow_manifests(namespace: &str, service_account: &str) -> Vec<serde_json::Value> {
+    allow_manifests_with(namespace, service_account, false)
+}
+
+/// [`allow_manifests`], the ClusterRole also granting [`linkerd_destination_rules`]
+/// with `linkerd_destination`.
+pub fn allow_manifests_with(
+    namespace: &str,
+    service_account: &str,
+    linkerd_destination: bool,
+) -> Vec<serde_json::Value> {
+    let mut rules = remote_access_rules();
+    if linkerd_destination {
+        rules.extend(linkerd_destination_rules());
+    }
     let role = cluster_role_name(namespace, service_account);
     let ns = Namespace {
         metadata: meta(namespace, None),
@@ -109,7 +155,7 @@ pub fn allow_manifests(namespace: &str, service_account: &str) -> Vec<serde_json
     };
     let cluster_role = ClusterRole {
         metadata: meta(&role, None),
-        rules: Some(remote_access_rules()),
+        rules: Some(rules),
         ..Default::default()
     };
     let binding = ClusterRoleBinding {
@@ -179,9 +225,10 @@ pub fn check_names(namespace: &str, service_account: &str) -> anyhow::Result<()>
 pub fn run(args: AllowArgs) -> anyhow::Result<()> {
     check_names(&args.namespace, &args.service_account_name)?;
     args.output
-        .print(&allow_manifests(
+        .print(&allow_manifests_with(
             &args.namespace,
             &args.service_account_name,
+            args.linkerd_destination,
         ))
         .context("printing the manifests")
 }
@@ -196,6 +243,29 @@ mod tests {
         let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
         assert_eq!(found.len(), 1, "exactly one {kind}");
         found[0]
+    }
+
+    #[test]
+    fn linkerd_destination_adds_only_reads_of_what_the_destination_watches() {
+        let plain = allow_manifests("mc", "reader");
+        let with = allow_manifests_with("mc", "reader", true);
+        let rules = |docs: &[serde_json::Value]| by_kind(docs, "ClusterRole")["rules"].clone();
+        assert_eq!(allow_manifests_with("mc", "reader", false), plain);
+        let added: Vec<serde_json::Value> =
+            rules(&with).as_array().unwrap()[rules(&plain).as_array().unwrap().len()..].to_vec();
+        assert_eq!(
+            added,
+            [
+                json!({"apiGroups": [""], "resources": ["pods", "endpoints"], "verbs": ["list", "watch"]}),
+                json!({"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list", "watch"]}),
+                json!({"apiGroups": ["policy.linkerd.io"], "resources": ["servers"], "verbs": ["list", "watch"]}),
+            ]
+        );
+        for doc in &with {
+            if doc["kind"] != "ClusterRole" {
+                assert!(plain.contains(doc), "only the ClusterRole differs: {doc}");
+            }
+        }
     }
 
     #[test]

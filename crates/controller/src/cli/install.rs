@@ -7,8 +7,9 @@
 //! It prints, in apply order: the `links.multicluster.linkerd.io` CRD (Linkerd's `Link`;
 //! `--link-crd=false` leaves it out where Linkerd's own is installed), the
 //! `serviceexports` and `serviceimports.multicluster.x-k8s.io` CRDs of the
-//! Multi-Cluster Services API and the About API's ClusterProperty (`--mcs-crds=false`
-//! leaves them out), the Namespace,
+//! Multi-Cluster Services API (`--mcs-crds=false` leaves them out), the About API's
+//! ClusterProperty CRD (`--cluster-property-crd=false` leaves it out: the upstream MCS
+//! CRDs do not include it, so `--mcs-crds=false` keeps it), the Namespace,
 //! the ServiceAccount `service-mirror`, a ClusterRole and its ClusterRoleBinding with
 //! the cluster-wide permissions, a Role and its RoleBinding with the permissions
 //! limited to the controller's namespace (Link permissions included; all from
@@ -84,11 +85,14 @@ pub struct InstallArgs {
     #[arg(long, env = "SERVICE_MIRROR_LINK_CRD", default_value_t = true, action = clap::ArgAction::Set)]
     pub link_crd: bool,
     /// Print the CRDs of the Multi-Cluster Services API (ServiceExport, ServiceImport;
-    /// multicluster.x-k8s.io) and the About API's ClusterProperty (about.k8s.io, whose
-    /// `id.k8s.io` names the cluster). `false` where another implementation installed
-    /// them.
+    /// multicluster.x-k8s.io). `false` where another implementation installed them.
     #[arg(long, env = "SERVICE_MIRROR_MCS_CRDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub mcs_crds: bool,
+    /// Print the CRD of the About API's ClusterProperty (about.k8s.io, whose `id.k8s.io`
+    /// names the cluster for MCS). Independent of `--mcs-crds`: the upstream MCS CRDs do
+    /// not include it. `false` where the About API's own CRD is installed.
+    #[arg(long, env = "SERVICE_MIRROR_CLUSTER_PROPERTY_CRD", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cluster_property_crd: bool,
     /// How the manifests are printed.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -285,14 +289,18 @@ pub(crate) fn link_crd() -> serde_json::Value {
     crd(LINK_CRD_YAML)
 }
 
-/// The ServiceExport and ServiceImport CRDs, and the About API's ClusterProperty
-/// (whose `id.k8s.io` names the cluster for MCS), as [`link_crd`].
-pub(crate) fn mcs_crds() -> [serde_json::Value; 3] {
+/// The ServiceExport and ServiceImport CRDs, as [`link_crd`].
+pub(crate) fn mcs_crds() -> [serde_json::Value; 2] {
     [
         crd(crate::mcs::SERVICE_EXPORT_CRD_YAML),
         crd(crate::mcs::SERVICE_IMPORT_CRD_YAML),
-        crd(crate::mcs::startup::CLUSTER_PROPERTY_CRD_YAML),
     ]
+}
+
+/// The About API's ClusterProperty CRD (whose `id.k8s.io` names the cluster for MCS),
+/// as [`link_crd`].
+pub(crate) fn cluster_property_crd() -> serde_json::Value {
+    crd(crate::mcs::startup::CLUSTER_PROPERTY_CRD_YAML)
 }
 
 fn crd(yaml: &str) -> serde_json::Value {
@@ -321,6 +329,8 @@ pub(crate) struct Install<'a> {
     pub link_crd: bool,
     /// Whether the MCS CRDs are printed.
     pub mcs_crds: bool,
+    /// Whether the ClusterProperty CRD is printed.
+    pub cluster_property_crd: bool,
 }
 
 /// The local-side manifests, in apply order: the Link CRD (unless left out), Namespace,
@@ -333,6 +343,7 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
         image,
         link_crd: with_crd,
         mcs_crds: with_mcs_crds,
+        cluster_property_crd: with_cluster_property_crd,
     } = *install;
     let cluster_role = cluster_role_name(namespace);
     let ns = Namespace {
@@ -385,6 +396,9 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
     if with_mcs_crds {
         docs.extend(mcs_crds());
     }
+    if with_cluster_property_crd {
+        docs.push(cluster_property_crd());
+    }
     docs.extend([
         to_value(serde_json::to_value(ns)),
         to_value(serde_json::to_value(sa)),
@@ -426,6 +440,7 @@ pub(crate) fn run(args: InstallArgs) -> anyhow::Result<()> {
         image: &args.image,
         link_crd: args.link_crd,
         mcs_crds: args.mcs_crds,
+        cluster_property_crd: args.cluster_property_crd,
     };
     args.output
         .print(&install_manifests(&install))
@@ -447,6 +462,7 @@ mod tests {
             image: IMAGE,
             link_crd: true,
             mcs_crds: true,
+            cluster_property_crd: true,
         })
     }
 
@@ -561,39 +577,44 @@ mod tests {
             with[0]["metadata"]["labels"]["app.kubernetes.io/managed-by"],
             "service-mirror"
         );
-        let without = install_manifests(&Install {
-            namespace: "mc",
-            ha: false,
-            image: IMAGE,
-            link_crd: false,
-            mcs_crds: false,
-        });
-        assert!(
-            !without
-                .iter()
-                .any(|d| d["kind"] == "CustomResourceDefinition")
-        );
+        let only = |link_crd, mcs_crds, cluster_property_crd| {
+            install_manifests(&Install {
+                namespace: "mc",
+                ha: false,
+                image: IMAGE,
+                link_crd,
+                mcs_crds,
+                cluster_property_crd,
+            })
+        };
+        let crd_names = |docs: &[serde_json::Value]| -> Vec<String> {
+            docs.iter()
+                .filter(|d| d["kind"] == "CustomResourceDefinition")
+                .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let without = only(false, false, false);
+        assert!(crd_names(&without).is_empty());
         assert_eq!(&with[4..], &without[..], "nothing else differs");
-        let mcs_only = install_manifests(&Install {
-            namespace: "mc",
-            ha: false,
-            image: IMAGE,
-            link_crd: false,
-            mcs_crds: true,
-        });
-        let names: Vec<&str> = mcs_only[..3]
-            .iter()
-            .map(|d| d["metadata"]["name"].as_str().unwrap())
-            .collect();
         assert_eq!(
-            names,
+            crd_names(&only(false, true, false)),
             [
                 "serviceexports.multicluster.x-k8s.io",
                 "serviceimports.multicluster.x-k8s.io",
+            ]
+        );
+        // The upstream MCS CRDs do not include the About API's: `--mcs-crds=false`
+        // (another implementation's MCS CRDs) still names the cluster.
+        let mcs_crds_off = only(true, false, true);
+        assert_eq!(
+            crd_names(&mcs_crds_off),
+            [
+                "links.multicluster.linkerd.io",
                 "clusterproperties.about.k8s.io"
             ]
         );
-        assert_eq!(&mcs_only[3..], &without[..], "the same RBAC either way");
+        assert_eq!(&mcs_crds_off[2..], &without[..], "the same RBAC either way");
+        assert_eq!(&only(false, true, true)[3..], &without[..]);
     }
 
     #[test]

@@ -11,11 +11,15 @@
 
 use super::allow::{DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, check_names, token_secret_name};
 use super::args::{KubeArgs, OutputArgs};
+use super::link_destination::{
+    LINKERD_CONFIG_NAME, LinkerdConfig, destination_credentials_secret, parse_linkerd_config,
+    resolve_domains,
+};
 use super::link_gen::{LinkGenArgs, credentials_secret, link_resource};
 use anyhow::{Context, bail};
 use base64::Engine;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta};
 use service_mirror_core::labels::{
     DEFAULT_CLUSTER_DOMAIN, LINK_CLUSTER_DOMAIN_ANNOTATION, LINK_CLUSTER_NAME_ANNOTATION,
@@ -58,13 +62,10 @@ pub struct LinkArgs {
     /// the kubeconfig context).
     #[arg(long, env = "SERVICE_MIRROR_API_SERVER_ADDRESS")]
     pub api_server_address: Option<String>,
-    /// DNS domain of the remote cluster.
-    #[arg(
-        long,
-        env = "SERVICE_MIRROR_CLUSTER_DOMAIN",
-        default_value = DEFAULT_CLUSTER_DOMAIN
-    )]
-    pub cluster_domain: String,
+    /// DNS domain of the remote cluster (default `cluster.local`; with `--format link`,
+    /// `clusterDomain` of the remote's `linkerd-config` when it has one).
+    #[arg(long, env = "SERVICE_MIRROR_CLUSTER_DOMAIN")]
+    pub cluster_domain: Option<String>,
     /// Namespace of the printed Secret: where the mirror controller runs, locally.
     #[arg(
         long,
@@ -73,8 +74,9 @@ pub struct LinkArgs {
     )]
     pub link_namespace: String,
     /// What is printed: `secret`, a link Secret (the 2020 contract, annotated with
-    /// the cluster name), or `link`, a credentials Secret and a Linkerd `Link` (as
-    /// `linkerd multicluster link-gen`).
+    /// the cluster name), or `link`, what `linkerd multicluster link-gen` prints: a
+    /// credentials Secret, the credentials Secret of Linkerd's destination (in
+    /// `--linkerd-namespace`) and a Linkerd `Link`.
     #[arg(long, env = "SERVICE_MIRROR_LINK_FORMAT", value_enum, default_value_t = LinkFormat::Secret)]
     pub format: LinkFormat,
     /// The gateway and selectors of a `Link` (`--format link`).
@@ -91,7 +93,7 @@ pub enum LinkFormat {
     /// One link Secret with the cluster-name annotation.
     #[default]
     Secret,
-    /// A credentials Secret and a `Link`.
+    /// A credentials Secret, the destination's credentials Secret and a `Link`.
     Link,
 }
 
@@ -379,7 +381,8 @@ async fn credentials(args: &LinkArgs, client: kube::Client) -> anyhow::Result<Cr
 }
 
 /// Reads what `link` needs on the remote and builds the manifests to print: the link
-/// Secret, or the credentials Secret and the `Link` (and warnings for stderr).
+/// Secret, or (as `link-gen`) the credentials Secret, the destination credentials
+/// Secret and the `Link` (and notes and warnings for stderr).
 pub async fn build(args: &LinkArgs) -> anyhow::Result<(Vec<serde_json::Value>, Vec<String>)> {
     let client = args
         .kube
@@ -387,40 +390,103 @@ pub async fn build(args: &LinkArgs) -> anyhow::Result<(Vec<serde_json::Value>, V
         .await
         .context("connecting to the remote cluster")?;
     let creds = credentials(args, client.clone()).await?;
-    let (c, domain, ns) = (
-        &args.cluster_name,
-        &args.cluster_domain,
-        &args.link_namespace,
-    );
+    let (c, ns) = (&args.cluster_name, &args.link_namespace);
     if args.format == LinkFormat::Secret {
+        let domain = args
+            .cluster_domain
+            .as_deref()
+            .unwrap_or(DEFAULT_CLUSTER_DOMAIN);
         let secret = link_secret(c, domain, ns, &creds.server, &creds.ca_pem, &creds.token)?;
         return Ok((vec![serde_json::to_value(&secret)?], Vec::new()));
     }
-    check_link_names(c, domain, ns)?;
+    let lg = &args.link_gen;
+    anyhow::ensure!(
+        service_mirror_core::naming::is_dns1123_label(&lg.linkerd_namespace),
+        "invalid --linkerd-namespace {:?}: not a namespace name",
+        lg.linkerd_namespace
+    );
+    // As link-gen: read with the CLI's own credentials (the mirror's ServiceAccount
+    // may read Services only), and only when a flag leaves a domain to learn.
+    let config = match (&lg.trust_domain, &args.cluster_domain) {
+        (Some(_), Some(_)) => None,
+        _ => read_linkerd_config(client.clone(), &lg.linkerd_namespace).await?,
+    };
+    let domains = resolve_domains(
+        lg.trust_domain.as_deref(),
+        args.cluster_domain.as_deref(),
+        config.as_ref(),
+        &lg.linkerd_namespace,
+    );
+    check_link_names(c, &domains.cluster_domain, ns)?;
+    anyhow::ensure!(
+        service_mirror_core::naming::is_dns1123_subdomain(&domains.trust_domain),
+        "invalid trust domain {:?}",
+        domains.trust_domain
+    );
     let kubeconfig = kubeconfig_yaml(c, &creds.server, &creds.ca_pem, &creds.token)?;
-    let gateway = match args.link_gen.gateway {
-        true => Some(read_gateway(client, &args.link_gen).await?),
+    let gateway = match lg.gateway {
+        true => read_gateway(client, lg).await?,
         false => None,
     };
-    let (link, warnings) = link_resource(c, domain, ns, &args.link_gen, gateway.as_ref())?;
-    let secret = credentials_secret(c, ns, kubeconfig);
-    Ok((
-        vec![serde_json::to_value(&secret)?, serde_json::to_value(&link)?],
-        warnings,
-    ))
+    let (link, warnings) = link_resource(c, &domains.cluster_domain, ns, lg, gateway.as_ref())?;
+    let mut notes = domains.notes.clone();
+    notes.extend(warnings);
+    let mut docs = vec![serde_json::to_value(credentials_secret(
+        c,
+        ns,
+        kubeconfig.clone(),
+    ))?];
+    if lg.destination_credentials {
+        let destination =
+            destination_credentials_secret(c, &lg.linkerd_namespace, kubeconfig, &domains);
+        if lg.linkerd_namespace == *ns {
+            // One Secret can be both (same name, type and data): the destination's,
+            // whose label and annotations the controller ignores.
+            notes.push(format!(
+                "--link-namespace and --linkerd-namespace are both {ns}: one credentials Secret serves the Link and Linkerd's destination"
+            ));
+            docs[0] = serde_json::to_value(destination)?;
+        } else {
+            docs.push(serde_json::to_value(destination)?);
+        }
+    }
+    docs.push(serde_json::to_value(&link)?);
+    Ok((docs, notes))
 }
 
-/// The remote gateway Service `--gateway-namespace/--gateway-name`.
+/// What the remote's `linkerd-config` in `namespace` says; `None` without one (no
+/// Linkerd there: the flags and defaults then).
+async fn read_linkerd_config(
+    client: kube::Client,
+    namespace: &str,
+) -> anyhow::Result<Option<LinkerdConfig>> {
+    let api: Api<ConfigMap> = Api::namespaced(client, namespace);
+    match api.get_opt(LINKERD_CONFIG_NAME).await {
+        Ok(Some(cm)) => parse_linkerd_config(&cm).map(Some),
+        Ok(None) => Ok(None),
+        Err(kube::Error::Api(status)) if status.code == 403 => bail!(
+            "not allowed to read ConfigMap {namespace}/{LINKERD_CONFIG_NAME} on the remote cluster (it gives the trust and cluster domains): run `link` with credentials that may read it, or pass both --trust-domain and --cluster-domain: {}",
+            status.message
+        ),
+        Err(e) => Err(e).with_context(|| {
+            format!("reading ConfigMap {namespace}/{LINKERD_CONFIG_NAME} on the remote cluster")
+        }),
+    }
+}
+
+/// The remote gateway Service `--gateway-namespace/--gateway-name`; `None` when it does
+/// not exist and `--gateway-addresses` and `--gateway-port` say where the gateway is.
 async fn read_gateway(
     client: kube::Client,
     args: &LinkGenArgs,
-) -> anyhow::Result<k8s_openapi::api::core::v1::Service> {
+) -> anyhow::Result<Option<k8s_openapi::api::core::v1::Service>> {
     let (ns, name) = (&args.gateway_namespace, &args.gateway_name);
     let api: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, ns);
     match api.get_opt(name).await {
-        Ok(Some(s)) => Ok(s),
+        Ok(Some(s)) => Ok(Some(s)),
+        Ok(None) if args.gateway_from_flags().is_some() => Ok(None),
         Ok(None) => bail!(
-            "gateway Service {ns}/{name} not found on the remote cluster: pass --gateway-name/--gateway-namespace, or --gateway=false for a Link without gateway"
+            "gateway Service {ns}/{name} not found on the remote cluster: pass --gateway-name/--gateway-namespace, --gateway-addresses and --gateway-port for a gateway that is no Service, or --gateway=false for a Link without gateway"
         ),
         Err(e) => Err(e)
             .with_context(|| format!("reading gateway Service {ns}/{name} on the remote cluster")),
@@ -586,7 +652,12 @@ mod tests {
             args.service_account_name,
             "linkerd-service-mirror-remote-access-default"
         );
-        assert_eq!(args.cluster_domain, "cluster.local");
+        assert_eq!(
+            args.cluster_domain, None,
+            "cluster.local unless linkerd-config says"
+        );
+        assert_eq!(args.link_gen.linkerd_namespace, "linkerd");
+        assert!(args.link_gen.destination_credentials);
     }
 
     #[test]

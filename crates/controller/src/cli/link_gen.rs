@@ -1,11 +1,15 @@
 //! `link --format link`: a Linkerd `Link` and its credentials Secret, as Linkerd's
-//! `link-gen` prints them, with the gateway values read from the remote gateway Service.
+//! `link-gen` prints them, with the gateway values read from the remote gateway Service
+//! (or, for a gateway that is no Service, from `--gateway-addresses` and
+//! `--gateway-port` alone). The third document, the destination's credentials Secret,
+//! is in [`super::link_destination`].
 //!
 //! Pure: [`link_resource`] and [`credentials_secret`] build the objects from what
 //! `link` read on the remote; `parse_link` accepts what they build (unit-tested).
 
 use super::export::{DEFAULT_GATEWAY_NAME, DEFAULT_GATEWAY_NAMESPACE};
 use super::link::link_secret_name;
+use super::link_destination::DEFAULT_LINKERD_NAMESPACE;
 use crate::links::{LinkProbeSpec, LinkResource, LinkResourceSpec, parse_go_duration};
 use anyhow::{Context, bail};
 use k8s_openapi::ByteString;
@@ -28,6 +32,13 @@ pub const DEFAULT_REMOTE_DISCOVERY_SELECTOR: &str = "mirror.linkerd.io/exported=
 pub const DEFAULT_FEDERATED_SERVICE_SELECTOR: &str = "mirror.linkerd.io/federated=member";
 /// Probe period when the gateway has no `probe-period` annotation (Linkerd's).
 const DEFAULT_PROBE_PERIOD: &str = "3s";
+/// Annotation `link-gen` puts on the Link (`linkerd/cli <version>` there).
+pub const CREATED_BY_ANNOTATION: &str = "linkerd.io/created-by";
+
+/// This CLI as it names itself in [`CREATED_BY_ANNOTATION`].
+pub fn created_by() -> String {
+    format!("service-mirror/cli {}", env!("CARGO_PKG_VERSION"))
+}
 
 /// The flags of `link` that only `--format link` reads.
 #[derive(Debug, Clone, clap::Args)]
@@ -62,6 +73,24 @@ pub struct LinkGenArgs {
     /// Members of federated Services: `key=value[,...]`.
     #[arg(long, default_value = DEFAULT_FEDERATED_SERVICE_SELECTOR)]
     pub federated_service_selector: String,
+    /// Namespace of Linkerd's control plane (Linkerd's `-L`): where `linkerd-config` is
+    /// read on the remote, where the destination credentials Secret goes locally, and
+    /// the Link's `targetClusterLinkerdNamespace`.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_LINKERD_NAMESPACE",
+        default_value = DEFAULT_LINKERD_NAMESPACE
+    )]
+    pub linkerd_namespace: String,
+    /// Identity trust domain of the remote (default: `identityTrustDomain` of its
+    /// `linkerd-config`, else `cluster.local`), annotated on the destination Secret.
+    #[arg(long, env = "SERVICE_MIRROR_TRUST_DOMAIN")]
+    pub trust_domain: Option<String>,
+    /// Print the credentials Secret Linkerd's destination reads (in
+    /// `--linkerd-namespace`), as `link-gen` does. `false` where the local cluster runs
+    /// no Linkerd (applying it would need that namespace).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub destination_credentials: bool,
 }
 
 impl Default for LinkGenArgs {
@@ -75,7 +104,23 @@ impl Default for LinkGenArgs {
             selector: DEFAULT_SELECTOR.into(),
             remote_discovery_selector: DEFAULT_REMOTE_DISCOVERY_SELECTOR.into(),
             federated_service_selector: DEFAULT_FEDERATED_SERVICE_SELECTOR.into(),
+            linkerd_namespace: DEFAULT_LINKERD_NAMESPACE.into(),
+            trust_domain: None,
+            destination_credentials: true,
         }
+    }
+}
+
+impl LinkGenArgs {
+    /// The gateway address and port given by flags, both present: a Link needs no
+    /// gateway Service then.
+    pub fn gateway_from_flags(&self) -> Option<(&str, u16)> {
+        let addresses = self
+            .gateway_addresses
+            .as_deref()
+            .map(str::trim)
+            .filter(|a| !a.is_empty())?;
+        Some((addresses, self.gateway_port?))
     }
 }
 
@@ -155,8 +200,9 @@ fn named_port(gateway: &Service, name: &str) -> Option<i32> {
 }
 
 /// The Link of remote cluster `cluster` in `namespace`. `gateway` is the remote gateway
-/// Service (`None` only with `--gateway=false`). Returns the Link and warnings about
-/// defaults taken where the gateway said nothing.
+/// Service: `None` with `--gateway=false`, or where the remote has none and both
+/// `--gateway-addresses` and `--gateway-port` are given (no identity, no probe then).
+/// Returns the Link and warnings about defaults taken where the gateway said nothing.
 pub fn link_resource(
     cluster: &str,
     domain: &str,
@@ -168,86 +214,29 @@ pub fn link_resource(
     let mut spec = LinkResourceSpec {
         target_cluster_name: Some(cluster.to_string()),
         target_cluster_domain: Some(domain.to_string()),
+        target_cluster_linkerd_namespace: Some(args.linkerd_namespace.clone()),
         cluster_credentials_secret: Some(link_secret_name(cluster)),
         remote_discovery_selector: Some(parse_selector(&args.remote_discovery_selector)?),
         federated_service_selector: Some(parse_selector(&args.federated_service_selector)?),
         ..Default::default()
     };
     if args.gateway {
-        let Some(gw) = gateway else {
-            bail!("no gateway Service given: pass --gateway=false for a Link without gateway");
-        };
-        let gw_name = format!(
-            "{}/{}",
-            gw.metadata.namespace.as_deref().unwrap_or_default(),
-            gw.metadata.name.as_deref().unwrap_or_default()
-        );
-        let ingress: Vec<String> = gw
-            .status
-            .iter()
-            .flat_map(|s| s.load_balancer.iter())
-            .flat_map(|lb| lb.ingress.iter().flatten())
-            .filter_map(|i| {
-                i.ip.clone()
-                    .filter(|ip| !ip.is_empty())
-                    .or_else(|| i.hostname.clone())
-            })
-            .filter(|a| !a.is_empty())
-            .collect();
-        spec.gateway_address = Some(match &args.gateway_addresses {
-            Some(a) if !a.trim().is_empty() => a.trim().to_string(),
-            _ if !ingress.is_empty() => ingress.join(","),
-            _ => bail!(
-                "gateway {gw_name} has no load-balancer ingress address: pass --gateway-addresses"
-            ),
-        });
-        let port = match args.gateway_port {
-            Some(p) => i32::from(p),
-            None => named_port(gw, GATEWAY_PORT_NAME).with_context(|| {
-                format!(
-                    "gateway {gw_name} has no port named {GATEWAY_PORT_NAME}: pass --gateway-port"
-                )
-            })?,
-        };
-        spec.gateway_port = Some(port.to_string());
-        let annotations = gw.metadata.annotations.clone().unwrap_or_default();
-        match annotations.get(GATEWAY_IDENTITY_ANNOTATION) {
-            Some(id) if !id.is_empty() => spec.gateway_identity = Some(id.clone()),
-            _ => warnings.push(format!(
-                "gateway {gw_name} has no {GATEWAY_IDENTITY_ANNOTATION} annotation: the Link has no gatewayIdentity (a meshed Linkerd gateway refuses such traffic)"
-            )),
+        match gateway {
+            Some(gw) => gateway_fields(&mut spec, &mut warnings, args, gw)?,
+            None => {
+                let Some((addresses, port)) = args.gateway_from_flags() else {
+                    bail!(
+                        "no gateway Service given: pass --gateway-addresses and --gateway-port (a gateway that is no Service), or --gateway=false for a Link without gateway"
+                    );
+                };
+                spec.gateway_address = Some(addresses.to_string());
+                spec.gateway_port = Some(port.to_string());
+                warnings.push(format!(
+                    "no gateway Service {}/{}: the Link's gateway is {addresses} port {port} from the flags, with no gatewayIdentity (a meshed Linkerd gateway refuses such traffic) and no probeSpec (never probed: counted alive)",
+                    args.gateway_namespace, args.gateway_name
+                ));
+            }
         }
-        let path = match annotations.get(PROBE_PATH_ANNOTATION) {
-            Some(p) if !p.is_empty() => p.clone(),
-            _ => DEFAULT_PROBE_PATH.to_string(),
-        };
-        // Linkerd's annotation is whole seconds ("3"); a Link wants a Go duration.
-        let period = match annotations.get(PROBE_PERIOD_ANNOTATION) {
-            None => DEFAULT_PROBE_PERIOD.to_string(),
-            Some(p) => match p.parse::<u64>() {
-                Ok(secs) => go_duration(Duration::from_secs(secs)),
-                Err(_) => {
-                    parse_go_duration(p).map_err(|why| {
-                        anyhow::anyhow!(
-                            "gateway {gw_name}: {PROBE_PERIOD_ANNOTATION} {p:?} is neither seconds nor a Go duration: {why}"
-                        )
-                    })?;
-                    p.clone()
-                }
-            },
-        };
-        let probe_port = named_port(gw, PROBE_PORT_NAME);
-        if probe_port.is_none() {
-            warnings.push(format!(
-                "gateway {gw_name} has no port named {PROBE_PORT_NAME}: the Link's probeSpec has no port"
-            ));
-        }
-        spec.probe_spec = Some(LinkProbeSpec {
-            path: Some(path),
-            port: probe_port.map(|p| p.to_string()),
-            period: Some(period),
-            ..Default::default()
-        });
         // As link-gen: the export selector only makes sense with a gateway.
         spec.selector = Some(parse_selector(&args.selector)?);
     }
@@ -255,12 +244,95 @@ pub fn link_resource(
         metadata: ObjectMeta {
             name: Some(cluster.to_string()),
             namespace: Some(namespace.to_string()),
+            annotations: Some(BTreeMap::from([(
+                CREATED_BY_ANNOTATION.to_string(),
+                created_by(),
+            )])),
             ..Default::default()
         },
         spec,
         status: None,
     };
     Ok((link, warnings))
+}
+
+/// The gateway fields of `spec` from the remote gateway Service `gw` and the flags.
+fn gateway_fields(
+    spec: &mut LinkResourceSpec,
+    warnings: &mut Vec<String>,
+    args: &LinkGenArgs,
+    gw: &Service,
+) -> anyhow::Result<()> {
+    let gw_name = format!(
+        "{}/{}",
+        gw.metadata.namespace.as_deref().unwrap_or_default(),
+        gw.metadata.name.as_deref().unwrap_or_default()
+    );
+    let ingress: Vec<String> = gw
+        .status
+        .iter()
+        .flat_map(|s| s.load_balancer.iter())
+        .flat_map(|lb| lb.ingress.iter().flatten())
+        .filter_map(|i| {
+            i.ip.clone()
+                .filter(|ip| !ip.is_empty())
+                .or_else(|| i.hostname.clone())
+        })
+        .filter(|a| !a.is_empty())
+        .collect();
+    spec.gateway_address = Some(match &args.gateway_addresses {
+        Some(a) if !a.trim().is_empty() => a.trim().to_string(),
+        _ if !ingress.is_empty() => ingress.join(","),
+        _ => bail!(
+            "gateway {gw_name} has no load-balancer ingress address: pass --gateway-addresses"
+        ),
+    });
+    let port = match args.gateway_port {
+        Some(p) => i32::from(p),
+        None => named_port(gw, GATEWAY_PORT_NAME).with_context(|| {
+            format!("gateway {gw_name} has no port named {GATEWAY_PORT_NAME}: pass --gateway-port")
+        })?,
+    };
+    spec.gateway_port = Some(port.to_string());
+    let annotations = gw.metadata.annotations.clone().unwrap_or_default();
+    match annotations.get(GATEWAY_IDENTITY_ANNOTATION) {
+        Some(id) if !id.is_empty() => spec.gateway_identity = Some(id.clone()),
+        _ => warnings.push(format!(
+            "gateway {gw_name} has no {GATEWAY_IDENTITY_ANNOTATION} annotation: the Link has no gatewayIdentity (a meshed Linkerd gateway refuses such traffic)"
+        )),
+    }
+    let path = match annotations.get(PROBE_PATH_ANNOTATION) {
+        Some(p) if !p.is_empty() => p.clone(),
+        _ => DEFAULT_PROBE_PATH.to_string(),
+    };
+    // Linkerd's annotation is whole seconds ("3"); a Link wants a Go duration.
+    let period = match annotations.get(PROBE_PERIOD_ANNOTATION) {
+        None => DEFAULT_PROBE_PERIOD.to_string(),
+        Some(p) => match p.parse::<u64>() {
+            Ok(secs) => go_duration(Duration::from_secs(secs)),
+            Err(_) => {
+                parse_go_duration(p).map_err(|why| {
+                    anyhow::anyhow!(
+                        "gateway {gw_name}: {PROBE_PERIOD_ANNOTATION} {p:?} is neither seconds nor a Go duration: {why}"
+                    )
+                })?;
+                p.clone()
+            }
+        },
+    };
+    let probe_port = named_port(gw, PROBE_PORT_NAME);
+    if probe_port.is_none() {
+        warnings.push(format!(
+            "gateway {gw_name} has no port named {PROBE_PORT_NAME}: the Link's probeSpec has no port"
+        ));
+    }
+    spec.probe_spec = Some(LinkProbeSpec {
+        path: Some(path),
+        port: probe_port.map(|p| p.to_string()),
+        period: Some(period),
+        ..Default::default()
+    });
+    Ok(())
 }
 
 #[cfg(test)]
@@ -470,6 +542,103 @@ current-context: east
         assert!(parse_selector("a!=b").is_err());
         let s = parse_selector("a=b, c=d").unwrap().match_labels.unwrap();
         assert_eq!(s.len(), 2);
+    }
+
+    /// Field by field against what `link-gen` prints for the same remote (getLink in
+    /// link-gen.go, defaults of newLinkGenOptionsWithDefault): the only difference is
+    /// the created-by value (`linkerd/cli <version>` there). Go's encoder also writes
+    /// `creationTimestamp: null`, `status: {}` and, without gateway, `probeSpec: {}`:
+    /// empty values a reader cannot tell from absent ones.
+    #[test]
+    fn the_link_has_link_gens_fields() {
+        let (link, _) = link_resource(
+            "east",
+            "cluster.local",
+            "linkerd-multicluster",
+            &LinkGenArgs::default(),
+            Some(&full_gateway()),
+        )
+        .unwrap();
+        let v = serde_json::to_value(&link).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "apiVersion": "multicluster.linkerd.io/v1alpha3",
+                "kind": "Link",
+                "metadata": {
+                    "name": "east",
+                    "namespace": "linkerd-multicluster",
+                    "annotations": {"linkerd.io/created-by": created_by()},
+                },
+                "spec": {
+                    "targetClusterName": "east",
+                    "targetClusterDomain": "cluster.local",
+                    "targetClusterLinkerdNamespace": "linkerd",
+                    "clusterCredentialsSecret": "cluster-credentials-east",
+                    "gatewayAddress": "192.0.2.1,gw.example.com",
+                    "gatewayPort": "4143",
+                    "gatewayIdentity": "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local",
+                    "probeSpec": {"path": "/health", "port": "4191", "period": "7s"},
+                    "selector": {"matchLabels": {"mirror.linkerd.io/exported": "true"}},
+                    "remoteDiscoverySelector":
+                        {"matchLabels": {"mirror.linkerd.io/exported": "remote-discovery"}},
+                    "federatedServiceSelector":
+                        {"matchLabels": {"mirror.linkerd.io/federated": "member"}},
+                },
+            })
+        );
+        assert!(created_by().starts_with("service-mirror/cli "));
+        let other = LinkGenArgs {
+            linkerd_namespace: "l5d".into(),
+            ..Default::default()
+        };
+        let (link, _) =
+            link_resource("east", "c.local", "mc", &other, Some(&full_gateway())).unwrap();
+        assert_eq!(
+            link.spec.target_cluster_linkerd_namespace.as_deref(),
+            Some("l5d")
+        );
+    }
+
+    #[test]
+    fn a_gateway_that_is_no_service_comes_from_both_flags_unprobed() {
+        let args = LinkGenArgs {
+            gateway_addresses: Some(" 198.51.100.7,gw.example.org ".into()),
+            gateway_port: Some(10443),
+            ..Default::default()
+        };
+        let (link, warnings) = link_resource("east", "cluster.local", "mc", &args, None).unwrap();
+        assert_eq!(
+            link.spec.gateway_address.as_deref(),
+            Some("198.51.100.7,gw.example.org")
+        );
+        assert_eq!(link.spec.gateway_port.as_deref(), Some("10443"));
+        assert_eq!(link.spec.gateway_identity, None);
+        assert_eq!(link.spec.probe_spec, None, "nothing to probe");
+        assert!(link.spec.selector.is_some(), "exports go through it");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("no gatewayIdentity"), "{warnings:?}");
+        let spec = round_trip(&link, OutputFormat::Yaml);
+        let LinkSource::Resource(r) = spec.source() else {
+            panic!("a Link source")
+        };
+        let gw = r.gateway.as_ref().expect("a gateway");
+        assert_eq!(gw.port, 10443);
+        assert_eq!(r.probe.port, None, "never probed");
+        // One flag alone is not a gateway.
+        for half in [
+            LinkGenArgs {
+                gateway_addresses: Some("198.51.100.7".into()),
+                ..Default::default()
+            },
+            LinkGenArgs {
+                gateway_port: Some(10443),
+                ..Default::default()
+            },
+        ] {
+            let err = link_resource("east", "cluster.local", "mc", &half, None).unwrap_err();
+            assert!(err.to_string().contains("--gateway-port"), "{err}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod export;
 pub mod gateways;
 mod install;
 pub mod link;
+pub mod link_destination;
 pub mod link_gen;
 mod manifest;
 mod output;
@@ -21,8 +22,9 @@ use clap::Subcommand;
 pub enum Command {
     /// Run the controller: watch link Secrets and mirror every linked cluster.
     Run(run::RunArgs),
-    /// Print the link Secret (or, with --format link, a credentials Secret and a Link)
-    /// for a remote cluster (apply it to the local cluster);
+    /// Print the link Secret (or, with --format link, what Linkerd's link-gen prints:
+    /// two credentials Secrets and a Link) for a remote cluster (apply it to the local
+    /// cluster);
     /// --kubeconfig and --context reach the REMOTE cluster.
     Link(link::LinkArgs),
     /// Print the local-side manifests: namespace, RBAC and Deployment of the controller.

@@ -1,18 +1,24 @@
 //! `service-mirror unlink`: removes, from the LOCAL cluster, what links a remote
-//! cluster (its `Link` and credentials Secret, or its link Secret) and every mirror of
-//! it, or with `--dry-run` only lists them.
+//! cluster (its `Link` and credentials Secret, or its link Secret; and the credentials
+//! Secret of Linkerd's destination that `link --format link` prints) and every mirror
+//! of it, or with `--dry-run` only lists them.
 //!
 //! ```text
 //! service-mirror unlink --cluster-name east --context west [--dry-run]
 //! ```
 //!
-//! Only objects carrying both mirror labels for the cluster are mirrors: nothing else
-//! is ever listed or deleted. Deletes carry a uid precondition (an object replaced since
+//! Only objects carrying both mirror labels for the cluster are mirrors, and only
+//! Secrets of type `mirror.linkerd.io/remote-kubeconfig` labelled
+//! `multicluster.linkerd.io/cluster-name=<cluster>` in `--linkerd-namespace` are the
+//! destination's: nothing else is ever listed or deleted. Deletes carry a uid precondition (an object replaced since
 //! the list is left alone), and go Link, Secrets, then mirrors: the controller stops
 //! the link before its mirrors go, so it never recreates them.
 
 use super::allow::{DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT};
 use super::args::KubeArgs;
+use super::link_destination::{
+    DEFAULT_LINKERD_NAMESPACE, DESTINATION_CLUSTER_NAME_LABEL, is_destination_credentials_of,
+};
 use crate::links::LinkResource;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
@@ -38,6 +44,14 @@ pub struct UnlinkArgs {
         default_value = DEFAULT_NAMESPACE
     )]
     pub namespace: String,
+    /// Namespace of Linkerd's control plane, where `link --format link` (as Linkerd's
+    /// `link-gen`) put the destination's credentials Secret.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_LINKERD_NAMESPACE",
+        default_value = DEFAULT_LINKERD_NAMESPACE
+    )]
+    pub linkerd_namespace: String,
     /// List what would be deleted; delete nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -119,10 +133,23 @@ pub fn link_objects(cluster: &str, links: &[LinkResource], secrets: &[Secret]) -
     out
 }
 
-/// Lists everything that links `cluster` or mirrors it, in deletion order.
+/// The destination credentials Secrets of `cluster` among `secrets` (labelled for it,
+/// Linkerd's type). Pure.
+pub fn destination_objects(cluster: &str, secrets: &[Secret]) -> Vec<Found> {
+    secrets
+        .iter()
+        .filter(|s| is_destination_credentials_of(s, cluster))
+        .map(|s| found(Kind::Secret, s))
+        .collect()
+}
+
+/// Lists everything that links `cluster` or mirrors it, in deletion order: what
+/// [`link_objects`] finds in `namespace`, the destination credentials Secrets in
+/// `linkerd_namespace`, and the mirrors.
 pub async fn find(
     client: &kube::Client,
     namespace: &str,
+    linkerd_namespace: &str,
     cluster: &str,
 ) -> anyhow::Result<Vec<Found>> {
     let links = match Api::<LinkResource>::namespaced(client.clone(), namespace)
@@ -140,6 +167,16 @@ pub async fn find(
         .with_context(|| format!("listing Secrets in {namespace}"))?
         .items;
     let mut out = link_objects(cluster, &links, &secrets);
+    // Selected by the label (a namespace that does not exist lists nothing); the type
+    // is checked on each.
+    let labelled =
+        ListParams::default().labels(&format!("{DESTINATION_CLUSTER_NAME_LABEL}={cluster}"));
+    let destination = Api::<Secret>::namespaced(client.clone(), linkerd_namespace)
+        .list(&labelled)
+        .await
+        .with_context(|| format!("listing destination credentials Secrets in {linkerd_namespace}"))?
+        .items;
+    out.extend(destination_objects(cluster, &destination));
     let owned = ListParams::default().labels(&owner_selector(cluster));
     let slices = ListParams::default().labels(&slice_owner_selector(cluster));
     for s in &Api::<EndpointSlice>::all(client.clone())
@@ -167,6 +204,8 @@ pub async fn find(
         out.push(found(Kind::Service, s));
     }
     out.sort();
+    // One Secret may be both (`--link-namespace` = `--linkerd-namespace`).
+    out.dedup();
     Ok(out)
 }
 
@@ -230,7 +269,13 @@ pub async fn run(args: UnlinkArgs) -> anyhow::Result<()> {
         .client()
         .await
         .context("connecting to the local cluster")?;
-    let objects = find(&client, &args.namespace, &args.cluster_name).await?;
+    let objects = find(
+        &client,
+        &args.namespace,
+        &args.linkerd_namespace,
+        &args.cluster_name,
+    )
+    .await?;
     for o in &objects {
         println!("{o}");
     }
@@ -335,6 +380,30 @@ mod tests {
         assert_eq!(found[0].to_string(), "Link/mc/to-east");
         assert_eq!(found[0].uid, "u-to-east");
         assert!(link_objects("south", &links, &secrets).is_empty());
+    }
+
+    #[test]
+    fn destination_secrets_are_found_by_label_and_type_only() {
+        let labelled = |name: &str, cluster: &str, type_: &str| -> Secret {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "linkerd", "uid": format!("u-{name}"),
+                             "labels": {"multicluster.linkerd.io/cluster-name": cluster}},
+                "type": type_,
+            }))
+            .unwrap()
+        };
+        let secrets = [
+            labelled("cluster-credentials-east", "east", T),
+            labelled("cluster-credentials-west", "west", T),
+            labelled("look-alike", "east", "Opaque"),
+            // Our link Secret's annotation is no destination label.
+            secret("annotated", Some("east"), T),
+        ];
+        let names: Vec<String> = destination_objects("east", &secrets)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(names, ["Secret/linkerd/cluster-credentials-east"]);
     }
 
     #[test]
