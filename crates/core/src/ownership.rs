@@ -25,7 +25,8 @@ pub fn is_owned(meta: &ObjectMeta, cluster: &str) -> bool {
 /// controller of `controller_namespace`: [`FEDERATED_LABEL`] is `"true"` and
 /// [`CONTROLLER_NAMESPACE_ANNOTATION`] names that namespace. A `<svc>-federated` without
 /// both (Linkerd's, someone's) is never adopted, changed or deleted. Independent of
-/// [`is_owned`]: a federated object has no cluster-name label, so no link owns it.
+/// [`is_owned`]: a federated object never has `mirrored-service=true` (its per-cluster
+/// slices carry a cluster-name label, for Linkerd's metrics), so no link owns it.
 pub fn is_owned_federated(meta: &ObjectMeta, controller_namespace: &str) -> bool {
     let label = meta
         .labels

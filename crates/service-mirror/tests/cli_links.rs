@@ -478,11 +478,14 @@ async fn link_reads_linkerd_config_takes_a_gateway_from_flags_and_unlink_removes
     assert_eq!(link.spec.gateway_identity, None);
     assert_eq!(link.spec.probe_spec, None);
 
-    // Look-alikes in Linkerd's namespace: another type, or no label. They stay.
+    // Look-alikes in Linkerd's namespace: another type, no label, or Linkerd's own
+    // link-gen Secret of the same cluster (its shape exactly, other credentials: a
+    // Linkerd link beside ours). They stay.
     let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &l5d_ns);
     for (name, labelled, type_) in [
         ("opaque-alike", true, "Opaque"),
         ("unlabelled", false, "mirror.linkerd.io/remote-kubeconfig"),
+        ("linkerd-made", true, "mirror.linkerd.io/remote-kubeconfig"),
     ] {
         let labels = match labelled {
             true => serde_json::json!({"multicluster.linkerd.io/cluster-name": env.cluster}),
@@ -491,6 +494,7 @@ async fn link_reads_linkerd_config_takes_a_gateway_from_flags_and_unlink_removes
         let s: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": labels},
             "type": type_,
+            "stringData": {"kubeconfig": "apiVersion: v1\nkind: Config\n# Linkerd's own\n"},
         }))
         .unwrap();
         secrets.create(&PostParams::default(), &s).await.unwrap();
@@ -508,12 +512,18 @@ async fn link_reads_linkerd_config_takes_a_gateway_from_flags_and_unlink_removes
     assert!(local_secret(&env, &l5d_ns, &creds).await.is_none());
     let links = Api::<LinkResource>::namespaced(env.lc.clone(), &ctl_ns);
     assert!(links.get_opt(&env.cluster).await.unwrap().is_none());
-    for name in ["opaque-alike", "unlabelled"] {
+    for name in ["opaque-alike", "unlabelled", "linkerd-made"] {
         assert!(
             local_secret(&env, &l5d_ns, name).await.is_some(),
             "{name} stays"
         );
     }
+    assert!(
+        run.stderr
+            .contains(&format!("left in place: Secret {l5d_ns}/linkerd-made")),
+        "{}",
+        run.stderr
+    );
 }
 
 /// A controller in this process (the link manager of `run`, its Lease and its admin

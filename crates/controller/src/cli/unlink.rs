@@ -1,6 +1,6 @@
 //! `service-mirror unlink`: removes, from the LOCAL cluster, what links a remote
 //! cluster (its `Link` and credentials Secret, or its link Secret; and the credentials
-//! Secret of Linkerd's destination that `link --format link` prints) and every mirror
+//! Secret of Linkerd's destination that `link --format link` printed with it) and every mirror
 //! of it, or with `--dry-run` only lists them.
 //!
 //! ```text
@@ -9,10 +9,12 @@
 //!
 //! Only objects carrying both mirror labels for the cluster are mirrors, and only
 //! Secrets of type `mirror.linkerd.io/remote-kubeconfig` labelled
-//! `multicluster.linkerd.io/cluster-name=<cluster>` in `--linkerd-namespace` are the
-//! destination's: nothing else is ever listed or deleted. Deletes carry a uid precondition (an object replaced since
-//! the list is left alone), and go Link, Secrets, then mirrors: the controller stops
-//! the link before its mirrors go, so it never recreates them.
+//! `multicluster.linkerd.io/cluster-name=<cluster>` in `--linkerd-namespace` with the
+//! credentials of a link Secret that goes are the destination's (see
+//! [`destination_objects`]): nothing else is ever deleted. Deletes carry a uid
+//! precondition (an object replaced since the list is left alone), and go Link,
+//! Secrets, then mirrors: the controller stops the link before its mirrors go, so it
+//! never recreates them.
 
 use super::allow::{DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT};
 use super::args::KubeArgs;
@@ -26,7 +28,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use service_mirror_core::labels::{
-    LINK_CLUSTER_NAME_ANNOTATION, LINK_SECRET_TYPE, owner_selector, slice_owner_selector,
+    LINK_CLUSTER_NAME_ANNOTATION, LINK_KUBECONFIG_KEY, LINK_SECRET_TYPE, owner_selector,
+    slice_owner_selector,
 };
 use std::fmt;
 
@@ -133,12 +136,36 @@ pub fn link_objects(cluster: &str, links: &[LinkResource], secrets: &[Secret]) -
     out
 }
 
-/// The destination credentials Secrets of `cluster` among `secrets` (labelled for it,
-/// Linkerd's type). Pure.
-pub fn destination_objects(cluster: &str, secrets: &[Secret]) -> Vec<Found> {
-    secrets
+/// The destination credentials Secrets of `cluster` among `destination` (labelled
+/// for it, Linkerd's type) that one `link` run printed beside a Secret of `linked`
+/// (the link or credentials Secrets [`link_objects`] chose): the same `kubeconfig`
+/// bytes. A label and a type prove nothing: Linkerd's own `link-gen` writes that shape
+/// too, and a Linkerd link of the same cluster beside ours (other credentials) must
+/// keep its Secret. In the controller namespace (`--linkerd-namespace` =
+/// `--namespace`) only what [`link_objects`] chose goes: it keeps a Secret another
+/// Link still reads. Pure.
+pub fn destination_objects(
+    cluster: &str,
+    namespace: &str,
+    destination: &[Secret],
+    linked: &[&Secret],
+) -> Vec<Found> {
+    let kubeconfig = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(LINK_KUBECONFIG_KEY))
+            .map(|b| b.0.clone())
+    };
+    let printed: Vec<Vec<u8>> = linked.iter().filter_map(|s| kubeconfig(s)).collect();
+    destination
         .iter()
         .filter(|s| is_destination_credentials_of(s, cluster))
+        .filter(|s| {
+            if s.namespace().as_deref() == Some(namespace) {
+                return linked.iter().any(|l| l.uid() == s.uid());
+            }
+            kubeconfig(s).is_some_and(|k| printed.contains(&k))
+        })
         .map(|s| found(Kind::Secret, s))
         .collect()
 }
@@ -167,16 +194,52 @@ pub async fn find(
         .with_context(|| format!("listing Secrets in {namespace}"))?
         .items;
     let mut out = link_objects(cluster, &links, &secrets);
+    let linked: Vec<&Secret> = secrets
+        .iter()
+        .filter(|s| {
+            out.iter()
+                .any(|o| o.kind == Kind::Secret && Some(&o.uid) == s.uid().as_ref())
+        })
+        .collect();
     // Selected by the label (a namespace that does not exist lists nothing); the type
-    // is checked on each.
-    let labelled =
-        ListParams::default().labels(&format!("{DESTINATION_CLUSTER_NAME_LABEL}={cluster}"));
-    let destination = Api::<Secret>::namespaced(client.clone(), linkerd_namespace)
-        .list(&labelled)
-        .await
-        .with_context(|| format!("listing destination credentials Secrets in {linkerd_namespace}"))?
-        .items;
-    out.extend(destination_objects(cluster, &destination));
+    // and the credentials are checked on each. Only asked when a link of the cluster
+    // was found (nothing else can prove a destination Secret ours), and a refusal is
+    // said, not fatal: the link and its mirrors still go.
+    if !linked.is_empty() {
+        let labelled =
+            ListParams::default().labels(&format!("{DESTINATION_CLUSTER_NAME_LABEL}={cluster}"));
+        match Api::<Secret>::namespaced(client.clone(), linkerd_namespace)
+            .list(&labelled)
+            .await
+        {
+            Ok(list) => {
+                let chosen = destination_objects(cluster, namespace, &list.items, &linked);
+                for s in &list.items {
+                    if !chosen.iter().any(|c| Some(&c.uid) == s.uid().as_ref())
+                        && is_destination_credentials_of(s, cluster)
+                    {
+                        eprintln!(
+                            "left in place: Secret {linkerd_namespace}/{} (labelled for {cluster}, \
+                             but with other credentials than this link's: not printed by the \
+                             same `link` run)",
+                            s.name_any()
+                        );
+                    }
+                }
+                out.extend(chosen);
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => eprintln!(
+                "not listed: destination credentials Secrets in {linkerd_namespace} ({}); \
+                 delete cluster-credentials-{cluster} there by hand if `link` printed it",
+                s.message
+            ),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("listing destination credentials Secrets in {linkerd_namespace}")
+                });
+            }
+        }
+    }
     let owned = ListParams::default().labels(&owner_selector(cluster));
     let slices = ListParams::default().labels(&slice_owner_selector(cluster));
     for s in &Api::<EndpointSlice>::all(client.clone())
@@ -383,27 +446,49 @@ mod tests {
     }
 
     #[test]
-    fn destination_secrets_are_found_by_label_and_type_only() {
-        let labelled = |name: &str, cluster: &str, type_: &str| -> Secret {
-            serde_json::from_value(json!({
-                "metadata": {"name": name, "namespace": "linkerd", "uid": format!("u-{name}"),
+    fn destination_secrets_go_only_with_the_credentials_of_the_link_that_goes() {
+        use k8s_openapi::ByteString;
+        let with = |name: &str, ns: &str, cluster: &str, type_: &str, kc: &str| -> Secret {
+            let mut s: Secret = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns, "uid": format!("u-{ns}-{name}"),
                              "labels": {"multicluster.linkerd.io/cluster-name": cluster}},
                 "type": type_,
             }))
-            .unwrap()
+            .unwrap();
+            s.data = Some([("kubeconfig".to_string(), ByteString(kc.as_bytes().to_vec()))].into());
+            s
         };
-        let secrets = [
-            labelled("cluster-credentials-east", "east", T),
-            labelled("cluster-credentials-west", "west", T),
-            labelled("look-alike", "east", "Opaque"),
-            // Our link Secret's annotation is no destination label.
-            secret("annotated", Some("east"), T),
+        let ours = with("cluster-credentials-east", "mc", "east", T, "ours");
+        let destination = [
+            // Printed by the same `link` run: same credentials.
+            with("cluster-credentials-east", "linkerd", "east", T, "ours"),
+            // Linkerd's own link-gen of east, beside ours: other credentials, kept.
+            with("linkerd-made-east", "linkerd", "east", T, "linkerd's"),
+            with("cluster-credentials-west", "linkerd", "west", T, "ours"),
+            with("look-alike", "linkerd", "east", "Opaque", "ours"),
         ];
-        let names: Vec<String> = destination_objects("east", &secrets)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(names, ["Secret/linkerd/cluster-credentials-east"]);
+        let names =
+            |found: Vec<Found>| -> Vec<String> { found.iter().map(ToString::to_string).collect() };
+        assert_eq!(
+            names(destination_objects("east", "mc", &destination, &[&ours])),
+            ["Secret/linkerd/cluster-credentials-east"]
+        );
+        // No link Secret of east goes (a `--format secret` link elsewhere, or none):
+        // nothing proves any destination Secret ours.
+        assert!(destination_objects("east", "mc", &destination, &[]).is_empty());
+        // `--linkerd-namespace` = `--namespace`: only what link_objects chose (it keeps
+        // a Secret another Link reads), even with the same credentials.
+        let shared = with("shared", "mc", "east", T, "ours");
+        assert!(destination_objects("east", "mc", &[shared.clone()], &[&ours]).is_empty());
+        assert_eq!(
+            names(destination_objects(
+                "east",
+                "mc",
+                &[shared.clone()],
+                &[&shared]
+            )),
+            ["Secret/mc/shared"]
+        );
     }
 
     #[test]
