@@ -28,6 +28,7 @@ pub mod gateway;
 pub mod gateway_slices;
 pub mod headless;
 pub mod labels;
+pub mod local_networks;
 pub mod mcs;
 pub mod mcs_derived;
 pub mod mcs_import;
@@ -44,7 +45,7 @@ pub mod remote_state;
 pub mod selector;
 pub mod slices;
 
-pub use address_policy::{AddressPolicy, Cidr, CidrError, Refused, RefusedBy};
+pub use address_policy::{AddressPolicy, Cidr, CidrError, LocalCidrs, Refused, RefusedBy};
 pub use desired::{
     DesiredMirror, Link, MirrorStyle, ResourceStyle, desired_mirror, desired_namespace,
     mirror_labels, remote_discovery_mirror,

@@ -73,6 +73,16 @@ impl GatewaySource {
     }
 }
 
+/// Which gateway addresses a link may use: the operator's flags and the local
+/// cluster's own networks (kept current), the two inputs of the core's policy.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Policy {
+    /// `--gateway-address-deny/allow` on top of the built-in denials.
+    pub(crate) flags: AddressPolicy,
+    /// The local service and pod CIDRs, refused with no flag.
+    pub(crate) local: crate::local_networks::LocalNetworks,
+}
+
 /// What [`Gateways::resolve`] found for one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Resolution {
@@ -89,6 +99,26 @@ pub(crate) struct Resolution {
     pub(crate) unusable_note: Option<String>,
 }
 
+/// The Event reason of a refused-address note.
+pub(crate) const REFUSED_REASON: &str = "GatewayAddressRefused";
+/// The Event reason of an unusable-gateway note.
+pub(crate) const UNUSABLE_REASON: &str = "GatewayUnusable";
+
+impl Resolution {
+    /// The notes to record as Warning Events on the link, with their reasons. Each is
+    /// set once per gateway and episode by whichever caller resolved it first (a
+    /// mirror's reconcile or the Link gateway's report), so every caller must record
+    /// what it gets: a note dropped by one is never given to another.
+    pub(crate) fn notes(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            (REFUSED_REASON, self.refused_note.as_deref()),
+            (UNUSABLE_REASON, self.unusable_note.as_deref()),
+        ]
+        .into_iter()
+        .filter_map(|(reason, note)| Some((reason, note?)))
+    }
+}
+
 /// The gateways of one link.
 pub(crate) struct Gateways {
     cluster: String,
@@ -96,8 +126,8 @@ pub(crate) struct Gateways {
     probers: Probers,
     /// Gateways last resolved with hostnames: looked at again every refresh period.
     by_hostname: Mutex<HashSet<GatewayRef>>,
-    /// Which gateway addresses may be used (`--gateway-address-deny/allow`).
-    policy: AddressPolicy,
+    /// Which gateway addresses may be used.
+    policy: Policy,
     /// The refusals last reported per gateway: a change is reported again.
     reported: Mutex<HashMap<GatewayRef, Vec<Refused>>>,
     /// Why each unusable gateway was last reported unusable: said again only on a
@@ -112,7 +142,7 @@ impl Gateways {
     pub(crate) fn new(
         cluster: &str,
         resolver: Arc<dyn Resolver>,
-        policy: AddressPolicy,
+        policy: Policy,
         probes: ProbeConfig,
         metrics: Arc<Metrics>,
         in_use: InUse,
@@ -259,7 +289,7 @@ impl Gateways {
             false => "its other addresses are used",
         };
         let note = format!(
-            "gateway {gw} of cluster {cluster}: refused addresses by the gateway address policy (--gateway-address-deny/--gateway-address-allow): {list}; {outcome}"
+            "gateway {gw} of cluster {cluster}: refused addresses by the gateway address policy (the local cluster's service and pod CIDRs, --gateway-address-deny/--gateway-address-allow): {list}; {outcome}"
         );
         tracing::warn!(%cluster, gateway = %gw, refused = %list, unusable, "gateway addresses refused by the address policy");
         Some(note)
@@ -277,11 +307,13 @@ impl Gateways {
         if !spec.invalid_ingress.is_empty() {
             tracing::warn!(%cluster, gateway = %gw, invalid = ?spec.invalid_ingress, "ignoring invalid gateway ingress entries");
         }
-        let (mut accepted, mut refused) = self.policy.partition(spec.ips.iter().copied());
+        let local = self.policy.local.current();
+        let flags = &self.policy.flags;
+        let (mut accepted, mut refused) = flags.partition_in(spec.ips.iter().copied(), &local);
         for host in &spec.hostnames {
             match self.resolver.resolve(host).await {
                 Ok(ips) => {
-                    let (ok, denied) = self.policy.partition(ips);
+                    let (ok, denied) = flags.partition_in(ips, &local);
                     accepted.extend(ok);
                     refused.extend(denied);
                 }
