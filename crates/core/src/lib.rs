@@ -71,7 +71,7 @@ pub use naming::{
 };
 pub use ownership::{is_owned, is_owned_federated, remote_key};
 pub use plan::{Action, mirroring_took_over, plan};
-pub use probe::{ProbeSpec, probe_spec};
+pub use probe::{AddressVerdict, ProbeSpec, gateway_verdict, probe_spec};
 pub use remote_state::{
     RemoteState, StaleEffect, StalePolicy, StalePolicyError, relist_untrusted, stale_effect,
     stale_gateway,

@@ -73,6 +73,13 @@ impl GatewaySource {
     }
 }
 
+/// A gateway with more addresses than this is probed on its first address alone, as
+/// Linkerd probes every gateway, and that verdict is every address's: each of 1,200
+/// addresses (a gateway `tests/wire.rs` runs) probed every 3 s would be 400 probes a
+/// second for one gateway. Up to it, every address is probed (21 probes a second at
+/// most, at the default 3 s period) and goes not ready alone.
+pub(crate) const MAX_PROBED_ADDRESSES: usize = 64;
+
 /// Which gateway addresses a link may use: the operator's flags and the local
 /// cluster's own networks (kept current), the two inputs of the core's policy.
 #[derive(Clone, Debug, Default)]
@@ -200,16 +207,22 @@ impl Gateways {
                 None
             }
             Some((resolved, probe)) => {
-                let target = probe
-                    .port
-                    .zip(resolved.addresses.first())
-                    .map(|(port, ip)| ProbeTarget {
-                        addr: SocketAddr::new(*ip, port),
-                        path: probe.path.clone(),
-                        period: probe.period,
-                    });
-                let alive = self.probers.alive(gw, target, &probe.warnings);
-                Some(resolved.with_alive(alive))
+                // Every accepted address is probed, each with its own verdict (sorted, as
+                // the mirror lists them); past MAX_PROBED_ADDRESSES, the first alone, its
+                // verdict the gateway's.
+                let each = resolved.addresses.len() <= MAX_PROBED_ADDRESSES;
+                let probed = if each { resolved.addresses.len() } else { 1 };
+                let target = probe.port.map(|port| ProbeTarget {
+                    addrs: resolved.addresses[..probed]
+                        .iter()
+                        .map(|ip| SocketAddr::new(*ip, port))
+                        .collect(),
+                    path: probe.path.clone(),
+                    period: probe.period,
+                });
+                let verdict = self.probers.alive(gw, target, &probe.warnings);
+                let dead = if each { verdict.dead } else { Vec::new() };
+                Some(resolved.with_alive(verdict.alive).with_dead(dead))
             }
         };
         Resolution {
