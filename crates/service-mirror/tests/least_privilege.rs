@@ -1335,6 +1335,48 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
             "{metrics}"
         );
         assert!(requests("get").is_empty(), "{:?}", requests("get"));
+        // The binary's default address policy (no address flag), under the installed
+        // reads of the local networks: a gateway at the local apiserver's ClusterIP and
+        // at an address of the local service range (the ServiceCIDR `kubernetes`) keeps
+        // only its other address.
+        let kubernetes = Api::<Service>::namespaced(w.env.lc.clone(), "default")
+            .get("kubernetes")
+            .await
+            .unwrap();
+        let cluster_ip = kubernetes.spec.unwrap().cluster_ip.unwrap();
+        let range = w.env.local.service_cidr().to_string();
+        let in_range = format!(
+            "{}.0.77",
+            range.split('/').next().unwrap().trim_end_matches(".0.0")
+        );
+        w.env
+            .gateway("gw-local", GW, &[&cluster_ip, &in_range, "192.0.2.11"])
+            .await;
+        let mut api = exported("api", &w.env.ns, "gw-local", &[("http", 80)]);
+        api.metadata.labels =
+            Some([("mirror.linkerd.io/exported".to_string(), "true".to_string())].into());
+        w.env
+            .remote_services()
+            .create(&PostParams::default(), &api)
+            .await
+            .unwrap();
+        let subsets = eventually(
+            "the local addresses refused, the other mirrored",
+            || async {
+                let ep = w.mirror_object("api", "endpoints").await?;
+                let subsets = ep["subsets"].to_string();
+                subsets.contains("\"192.0.2.11\"").then_some(subsets)
+            },
+        )
+        .await;
+        assert!(!subsets.contains(&format!("\"{cluster_ip}\"")), "{subsets}");
+        assert!(!subsets.contains(&format!("\"{in_range}\"")), "{subsets}");
+        let metrics = ctl.metrics_text().await;
+        for source in ["service_cidrs", "kubernetes_service", "nodes"] {
+            let line =
+                format!("service_mirror_local_cidrs{{source=\"{source}\",state=\"read\"}} 1");
+            assert!(metrics.contains(&line), "{line} in {metrics}");
+        }
     };
     let link_world = async {
         let w = world(None).await;
