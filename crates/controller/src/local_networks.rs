@@ -455,3 +455,72 @@ async fn follow<K>(
         shared.malformed(source, bad).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cidrs(list: &str) -> Vec<Cidr> {
+        Cidr::parse_list(list).unwrap()
+    }
+
+    #[test]
+    fn the_sources_join_into_service_and_pod_cidrs_and_a_source_replaced_drops_its_old_ones() {
+        let mut parts = Parts::default();
+        parts.by_source.insert(
+            Source::ServiceCidrs,
+            [("kubernetes".to_string(), cidrs("10.96.0.0/12"))].into(),
+        );
+        parts.by_source.insert(
+            Source::KubernetesService,
+            [("kubernetes".to_string(), cidrs("10.96.0.1/32"))].into(),
+        );
+        parts.by_source.insert(
+            Source::Nodes,
+            [
+                ("a".to_string(), cidrs("10.244.1.0/24")),
+                ("b".to_string(), cidrs("10.244.0.0/24")),
+            ]
+            .into(),
+        );
+        let u = parts.union();
+        assert_eq!(u.service, cidrs("10.96.0.0/12,10.96.0.1/32"));
+        assert_eq!(u.pod, cidrs("10.244.0.0/24,10.244.1.0/24"));
+        // A ServiceCIDR removed at run time: no longer refused; the ClusterIP stays.
+        parts
+            .by_source
+            .insert(Source::ServiceCidrs, BTreeMap::new());
+        assert_eq!(parts.union().service, cidrs("10.96.0.1/32"));
+    }
+
+    #[test]
+    fn watch_errors_map_to_bounded_states() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("no", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let table = [
+            (
+                watcher::Error::InitialListFailed(api(403)),
+                State::Forbidden,
+            ),
+            (watcher::Error::WatchStartFailed(api(403)), State::Forbidden),
+            (
+                watcher::Error::InitialListFailed(api(404)),
+                State::NotServed,
+            ),
+            (
+                watcher::Error::InitialListFailed(api(500)),
+                State::Unreachable,
+            ),
+        ];
+        for (error, want) in table {
+            assert_eq!(State::of(&error), want, "{error}");
+        }
+        let labels: Vec<&str> = State::ALL.iter().map(|s| s.label()).collect();
+        assert_eq!(labels, ["read", "forbidden", "not_served", "unreachable"]);
+    }
+}
