@@ -22,6 +22,7 @@ pub mod kube_client;
 pub mod leader;
 pub mod link_controller;
 pub mod links;
+pub mod local_networks;
 pub mod logging;
 pub mod mcs;
 pub mod metrics;

@@ -18,6 +18,7 @@ use crate::kube_client::ClientMetrics;
 use crate::leader::LeaderFamilies;
 use crate::link_controller::metrics::LinkFamilies;
 use crate::links::metrics::LinksFamilies;
+use crate::local_networks::LocalNetworkFamilies;
 use crate::mcs::metrics::McsFamilies;
 use crate::write_leases::WriteLeaseFamilies;
 use crate::writer::WriterFamilies;
@@ -59,6 +60,8 @@ pub struct Metrics {
     pub(crate) federation: FederationFamilies,
     /// The Multi-Cluster Services API's exports.
     pub(crate) mcs: McsFamilies,
+    /// The local networks the gateway address policy refuses.
+    pub(crate) local_networks: LocalNetworkFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -74,6 +77,7 @@ impl Metrics {
         let (link, gateway, writer, leader, links, client, write_leases) = Default::default();
         let federation = FederationFamilies::default();
         let mcs = McsFamilies::default();
+        let local_networks = LocalNetworkFamilies::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -86,6 +90,7 @@ impl Metrics {
                 write_leases,
                 federation,
                 mcs,
+                local_networks,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -97,6 +102,7 @@ impl Metrics {
             m.write_leases.register(prefixed);
             m.federation.register(prefixed);
             m.mcs.register(prefixed);
+            m.local_networks.register(prefixed);
             m.registry = registry;
             m
         };

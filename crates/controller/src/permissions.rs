@@ -20,6 +20,8 @@
 //! | `multicluster.x-k8s.io` `serviceimports` (all namespaces) | list, watch, create, update, delete | the local ServiceImports: cached (all, so a foreign one is seen and left alone), created, replaced with the cached resourceVersion, deleted with the last export (uid and resourceVersion preconditions) |
 //! | `multicluster.x-k8s.io` `serviceimports/status` (all namespaces) | patch | an import's `status.clusters` (a merge patch with the resourceVersion) |
 //! | `about.k8s.io` `clusterproperties` (cluster-scoped) | get | the start reads the ClusterProperty `id.k8s.io` for the cluster's MCS name when `--mcs-cluster-name` is empty (one `get`, never listed) |
+//! | `networking.k8s.io` `servicecidrs` (cluster-scoped) | list, watch | the local service CIDRs, refused as gateway addresses with no flag ([`LOCAL_NETWORK_RULES`]; without it only the `kubernetes` Service's ClusterIP is) |
+//! | `nodes` (cluster-scoped) | list, watch | the local pod CIDRs (`spec.podCIDRs`), refused as gateway addresses with no flag (without it they are not) |
 
 //!
 //! The derived Services of the imports are Services: the `services` rule covers them.
@@ -151,6 +153,27 @@ pub const MCS_RULES: &[Rule] = &[
     },
 ];
 
+/// Reads of the local cluster's own networks, granted cluster-wide (in the same
+/// ClusterRole as [`CLUSTER_RULES`]): the gateway address policy refuses gateway
+/// addresses in the local service and pod CIDRs with no flag
+/// (`crate::local_networks`), so that a remote cannot aim local clients at the local
+/// apiserver's ClusterIP, a local Service or a pod. The `kubernetes` Service in
+/// `default` (the fallback) is read under [`CLUSTER_RULES`]' `services`. Without them
+/// the controller runs, refusing less: the startup check reports them as a degraded
+/// feature, not an error.
+pub const LOCAL_NETWORK_RULES: &[Rule] = &[
+    Rule {
+        group: "networking.k8s.io",
+        resources: &["servicecidrs"],
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        group: "",
+        resources: &["nodes"],
+        verbs: &["list", "watch"],
+    },
+];
+
 /// One permission: a verb on a resource, cluster-wide or in one namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Permission {
@@ -209,6 +232,16 @@ pub fn link_permissions(namespace: &str) -> Vec<Permission> {
 /// The permissions of [`MCS_RULES`]: needed only where MCS runs.
 pub fn mcs_permissions() -> Vec<Permission> {
     expand(MCS_RULES, None).collect()
+}
+
+/// The permissions of [`LOCAL_NETWORK_RULES`]: without them less is refused.
+pub fn local_network_permissions() -> Vec<Permission> {
+    expand(LOCAL_NETWORK_RULES, None).collect()
+}
+
+/// Which of [`local_network_permissions`] the client's identity lacks.
+pub async fn missing_local_network_permissions(client: &kube::Client) -> kube::Result<Vec<String>> {
+    missing_of(client, local_network_permissions()).await
 }
 
 /// Which of [`mcs_permissions`] the client's identity lacks.
@@ -335,6 +368,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 pub async fn log_missing_permissions(client: kube::Client, namespace: String, mcs: bool) {
     log_missing_required(&client, &namespace).await;
     log_missing_link_permissions(&client, &namespace).await;
+    log_missing_local_network_permissions(&client).await;
     if mcs {
         log_missing_mcs(&client).await;
     }
@@ -391,6 +425,36 @@ async fn log_missing_link_permissions(client: &kube::Client, namespace: &str) {
         "Link resources cannot be served without it (Secret links are unaffected; grant the Role printed by `service-mirror install`)",
     )
     .await
+}
+
+/// The local networks' reads: a missing one degrades the default address policy (a
+/// warning naming what is no longer refused), it breaks nothing.
+async fn log_missing_local_network_permissions(client: &kube::Client) {
+    match tokio::time::timeout(CHECK_TIMEOUT, missing_local_network_permissions(client)).await {
+        Ok(Ok(missing)) if missing.is_empty() => {
+            tracing::info!(
+                checked = local_network_permissions().len(),
+                "local network permissions checked: all granted"
+            );
+        }
+        Ok(Ok(missing)) => {
+            for permission in &missing {
+                tracing::warn!(
+                    %permission,
+                    "missing permission: {permission}: degraded: gateway addresses in the local service or pod CIDRs it reads are not refused by default (grant the ClusterRole printed by `service-mirror install`, or list them with --gateway-address-deny)"
+                );
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not check the local network permissions; running anyway");
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_s = CHECK_TIMEOUT.as_secs(),
+                "could not check the local network permissions in time; running anyway"
+            );
+        }
+    }
 }
 
 /// Where MCS runs: the CRD must be served and its permissions granted, or no
@@ -532,6 +596,30 @@ mod tests {
                 "patch links/status.multicluster.linkerd.io in namespace mc",
             ]
         );
+    }
+
+    #[test]
+    fn local_network_permissions_are_cluster_wide_reads_apart_from_the_required_ones() {
+        let got: Vec<String> = local_network_permissions()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "list servicecidrs.networking.k8s.io (cluster-wide)",
+                "watch servicecidrs.networking.k8s.io (cluster-wide)",
+                "list nodes (cluster-wide)",
+                "watch nodes (cluster-wide)",
+            ]
+        );
+        let required = required_permissions("mc");
+        for p in local_network_permissions() {
+            assert!(
+                !required.contains(&p),
+                "{p}: a degraded feature, not required"
+            );
+        }
     }
 
     #[test]

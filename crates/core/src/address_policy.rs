@@ -6,13 +6,19 @@
 //! local things (the node, the cloud metadata address, local ClusterIPs and pods). The
 //! policy is checked in this order:
 //!
-//! 1. the operator's deny CIDRs (the local service and pod CIDRs): refused, whatever
-//!    the allow list says;
+//! 1. the operator's deny CIDRs (`--gateway-address-deny`): refused, whatever the
+//!    allow list says;
 //! 2. addresses the apiserver refuses in Endpoints (unspecified, loopback, link-local
 //!    including the metadata address 169.254.169.254, multicast): always refused;
-//! 3. the operator's allow CIDRs: accepted;
+//! 3. the operator's allow CIDRs (`--gateway-address-allow`): accepted. An operator who
+//!    allows a local CIDR means it (a gateway reached through a local Service or a pod
+//!    of a flat network), so an allow lifts the discovered local CIDRs too;
 //! 4. the other built-in denials (`fd00:ec2::254`, the IPv6 metadata address): refused;
-//! 5. anything else: accepted.
+//! 5. the local cluster's own networks, discovered at run time with no flag
+//!    ([`LocalCidrs`]: its service CIDRs and the `kubernetes` Service's ClusterIPs, its
+//!    Nodes' pod CIDRs): refused, so that a remote cannot aim local clients at the
+//!    local apiserver, a local Service or a local pod;
+//! 6. anything else: accepted.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -121,21 +127,61 @@ pub enum RefusedBy {
     Configured,
     /// A built-in denial.
     Default,
+    /// A service CIDR of the local cluster (a ServiceCIDR, or the `kubernetes`
+    /// Service's ClusterIP).
+    LocalService,
+    /// A pod CIDR of the local cluster (a Node's `spec.podCIDRs`).
+    LocalPod,
 }
 
 impl RefusedBy {
-    /// A bounded label for metrics: `configured_deny` or `default_deny`.
+    /// A bounded label for metrics: `configured_deny`, `default_deny`,
+    /// `local_service_cidr` or `local_pod_cidr`.
     pub fn label(self) -> &'static str {
         match self {
             Self::Configured => "configured_deny",
             Self::Default => "default_deny",
+            Self::LocalService => "local_service_cidr",
+            Self::LocalPod => "local_pod_cidr",
         }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Configured => "denied CIDR",
+            Self::Default => "the built-in denied CIDR",
+            Self::LocalService => "the local service CIDR",
+            Self::LocalPod => "the local pod CIDR",
+        }
+    }
+}
+
+/// The local cluster's own networks, discovered at run time (never from a flag): a
+/// separate input to [`AddressPolicy::allows_in`], since they change while the process
+/// runs and the flags do not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalCidrs {
+    /// The service CIDRs: every ServiceCIDR's `spec.cidrs`, and the `kubernetes`
+    /// Service's ClusterIPs (as /32 or /128) whether or not ServiceCIDRs can be read.
+    pub service: Vec<Cidr>,
+    /// The pod CIDRs: every Node's `spec.podCIDRs`.
+    pub pod: Vec<Cidr>,
+}
+
+impl LocalCidrs {
+    /// Sorted and without duplicates, so equal sets compare equal.
+    pub fn normalized(mut self) -> Self {
+        self.service.sort();
+        self.service.dedup();
+        self.pod.sort();
+        self.pod.dedup();
+        self
     }
 }
 
 /// An address the policy refuses, and the CIDR that refused it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, thiserror::Error)]
-#[error("{ip} is in {} CIDR {cidr}", match .by { RefusedBy::Configured => "denied", RefusedBy::Default => "the built-in denied" })]
+#[error("{ip} is in {} {cidr}", .by.describe())]
 pub struct Refused {
     /// The refused address.
     pub ip: IpAddr,
@@ -178,8 +224,15 @@ pub struct AddressPolicy {
 }
 
 impl AddressPolicy {
-    /// Whether a gateway may have address `ip`; the refusal names the CIDR.
+    /// Whether a gateway may have address `ip`, the local networks aside (see
+    /// [`AddressPolicy::allows_in`]); the refusal names the CIDR.
     pub fn allows(&self, ip: &IpAddr) -> Result<(), Refused> {
+        self.allows_in(ip, &LocalCidrs::default())
+    }
+
+    /// Whether a gateway may have address `ip` in a cluster whose own networks are
+    /// `local`; the refusal names the CIDR and its rule.
+    pub fn allows_in(&self, ip: &IpAddr, local: &LocalCidrs) -> Result<(), Refused> {
         let ip = ip.to_canonical();
         let refused = |cidr, by| Refused { ip, cidr, by };
         if let Some(c) = self.deny.iter().find(|c| c.contains(&ip)) {
@@ -191,18 +244,35 @@ impl AddressPolicy {
         if self.allow.iter().any(|c| c.contains(&ip)) {
             return Ok(());
         }
-        match builtin(DEFAULT_DENIED).find(|c| c.contains(&ip)) {
-            Some(c) => Err(refused(c, RefusedBy::Default)),
+        if let Some(c) = builtin(DEFAULT_DENIED).find(|c| c.contains(&ip)) {
+            return Err(refused(c, RefusedBy::Default));
+        }
+        if let Some(c) = local.service.iter().find(|c| c.contains(&ip)) {
+            return Err(refused(*c, RefusedBy::LocalService));
+        }
+        match local.pod.iter().find(|c| c.contains(&ip)) {
+            Some(c) => Err(refused(*c, RefusedBy::LocalPod)),
             None => Ok(()),
         }
     }
 
-    /// Splits `ips` into the accepted ones and the refusals, in order.
+    /// Splits `ips` into the accepted ones and the refusals, in order, the local
+    /// networks aside.
     pub fn partition(&self, ips: impl IntoIterator<Item = IpAddr>) -> (Vec<IpAddr>, Vec<Refused>) {
+        self.partition_in(ips, &LocalCidrs::default())
+    }
+
+    /// Splits `ips` into the accepted ones and the refusals, in order, in a cluster
+    /// whose own networks are `local`.
+    pub fn partition_in(
+        &self,
+        ips: impl IntoIterator<Item = IpAddr>,
+        local: &LocalCidrs,
+    ) -> (Vec<IpAddr>, Vec<Refused>) {
         let mut ok = Vec::new();
         let mut refused = Vec::new();
         for ip in ips {
-            match self.allows(&ip) {
+            match self.allows_in(&ip, local) {
                 Ok(()) => ok.push(ip.to_canonical()),
                 Err(r) => refused.push(r),
             }
@@ -460,5 +530,95 @@ mod tests {
             refused[0].to_string(),
             "169.254.169.254 is in the built-in denied CIDR 169.254.0.0/16"
         );
+    }
+
+    #[test]
+    fn local_networks_are_refused_with_no_flag_and_an_allow_lifts_them() {
+        let local = LocalCidrs {
+            service: cidrs("10.96.0.0/12,10.0.0.1/32,fd00:10:96::/112"),
+            pod: cidrs("10.244.0.0/24,10.244.1.0/24"),
+        };
+        let none = AddressPolicy::default();
+        let allowing = AddressPolicy {
+            deny: cidrs("10.244.1.0/24"),
+            allow: cidrs("10.96.0.0/12,10.244.0.0/16"),
+        };
+        let (s, p, c, d) = (
+            RefusedBy::LocalService,
+            RefusedBy::LocalPod,
+            RefusedBy::Configured,
+            RefusedBy::Default,
+        );
+        type Want = Option<(&'static str, RefusedBy)>;
+        let table: [(&AddressPolicy, &str, Want); 14] = [
+            // No flag: the apiserver's ClusterIP, a Service, a pod, all refused.
+            (&none, "10.96.0.1", Some(("10.96.0.0/12", s))),
+            (&none, "10.0.0.1", Some(("10.0.0.1/32", s))),
+            (&none, "::ffff:10.0.0.1", Some(("10.0.0.1/32", s))),
+            (&none, "fd00:10:96::a", Some(("fd00:10:96::/112", s))),
+            (&none, "10.244.1.9", Some(("10.244.1.0/24", p))),
+            (&none, "10.0.0.2", None),
+            (&none, "10.244.2.1", None),
+            (&none, "192.0.2.1", None),
+            // The built-in denials come before the local networks.
+            (&none, "127.0.0.1", Some(("127.0.0.0/8", d))),
+            // An allow lifts a local network; a deny beats the allow.
+            (&allowing, "10.96.0.1", None),
+            (&allowing, "10.244.0.3", None),
+            (&allowing, "10.244.1.3", Some(("10.244.1.0/24", c))),
+            // Outside the allow, the local ClusterIP stays refused.
+            (&allowing, "10.0.0.1", Some(("10.0.0.1/32", s))),
+            (&allowing, "169.254.169.254", Some(("169.254.0.0/16", d))),
+        ];
+        for (policy, addr, want) in table {
+            let got = policy
+                .allows_in(&ip(addr), &local)
+                .map_err(|r| (r.cidr.to_string(), r.by));
+            let want = want.map(|(c, by)| (c.to_owned(), by)).map_or(Ok(()), Err);
+            assert_eq!(got, want, "{addr}");
+        }
+        // Without local networks, `allows` is what it was.
+        assert!(none.allows(&ip("10.96.0.1")).is_ok());
+    }
+
+    #[test]
+    fn local_refusals_read_and_label_as_local() {
+        let local = LocalCidrs {
+            service: cidrs("10.96.0.0/12"),
+            pod: cidrs("10.244.0.0/16"),
+        };
+        let (ok, refused) = AddressPolicy::default()
+            .partition_in([ip("10.96.0.1"), ip("10.244.3.3"), ip("192.0.2.9")], &local);
+        assert_eq!(ok, vec![ip("192.0.2.9")]);
+        let got: Vec<(String, &str)> = refused
+            .iter()
+            .map(|r| (r.to_string(), r.by.label()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "10.96.0.1 is in the local service CIDR 10.96.0.0/12".to_owned(),
+                    "local_service_cidr"
+                ),
+                (
+                    "10.244.3.3 is in the local pod CIDR 10.244.0.0/16".to_owned(),
+                    "local_pod_cidr"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn normalized_local_cidrs_compare_equal_whatever_their_order() {
+        let a = LocalCidrs {
+            service: cidrs("10.96.0.0/12,10.0.0.1,10.96.0.0/12"),
+            pod: cidrs("10.244.1.0/24,10.244.0.0/24"),
+        };
+        let b = LocalCidrs {
+            service: cidrs("10.0.0.1/32,10.96.0.0/12"),
+            pod: cidrs("10.244.0.0/24,10.244.1.0/24,10.244.0.0/24"),
+        };
+        assert_eq!(a.normalized(), b.normalized());
     }
 }

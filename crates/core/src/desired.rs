@@ -316,21 +316,22 @@ fn mirror_objects(
         .collect();
 
     let subsets = resolved.filter(|r| !r.addresses.is_empty()).map(|r| {
-        let addresses: Vec<EndpointAddress> = r
-            .addresses
-            .iter()
-            .map(|ip| EndpointAddress {
-                ip: ip.to_string(),
-                ..Default::default()
+        // A gateway (or one address of it) that fails its probes keeps its addresses,
+        // as not ready, so local clients fail over instead of sending traffic into a
+        // dead link; the addresses still answering stay ready.
+        let (ready, not_ready): (Vec<&std::net::IpAddr>, Vec<&std::net::IpAddr>) =
+            r.addresses.iter().partition(|ip| r.is_ready(ip));
+        let list = |ips: Vec<&std::net::IpAddr>| {
+            (!ips.is_empty()).then(|| {
+                ips.into_iter()
+                    .map(|ip| EndpointAddress {
+                        ip: ip.to_string(),
+                        ..Default::default()
+                    })
+                    .collect::<Vec<_>>()
             })
-            .collect();
-        // A gateway that fails its probes keeps its addresses, as not ready, so local
-        // clients fail over instead of sending traffic into a dead link.
-        let (ready, not_ready) = if r.alive {
-            (Some(addresses), None)
-        } else {
-            (None, Some(addresses))
         };
+        let (ready, not_ready) = (list(ready), list(not_ready));
         vec![EndpointSubset {
             addresses: ready,
             not_ready_addresses: not_ready,
@@ -652,6 +653,16 @@ mod tests {
         let dead = two.clone().with_alive(false);
         let mut not_ready = want.clone();
         not_ready[0].not_ready_addresses = not_ready[0].addresses.take();
+        // One address failing its own probes: it alone is not ready.
+        let one_dead = two.clone().with_dead([ip("10.0.0.2")]);
+        let mut split = want.clone();
+        let second = split[0].addresses.as_mut().unwrap().pop();
+        split[0].not_ready_addresses = second.map(|a| vec![a]);
+        // Every address dead and the gateway verdict dead: all not ready.
+        let all_dead = two
+            .clone()
+            .with_dead([ip("10.0.0.1"), ip("10.0.0.2")])
+            .with_alive(false);
         type Row<'a> = (
             &'a str,
             Option<&'a ResolvedGateway>,
@@ -662,6 +673,16 @@ mod tests {
             (
                 "gateway down: same ports, addresses not ready",
                 Some(&dead),
+                Some(not_ready.clone()),
+            ),
+            (
+                "one address dead: it alone not ready, the other ready",
+                Some(&one_dead),
+                Some(split),
+            ),
+            (
+                "every address dead: all not ready",
+                Some(&all_dead),
                 Some(not_ready),
             ),
             ("resolved without addresses", Some(&none), None),

@@ -220,8 +220,12 @@ pub struct ResolvedGateway {
     pub port: i32,
     /// The gateway Service's resourceVersion when resolved.
     pub resource_version: String,
-    /// False while the gateway's probes fail: mirror addresses are then not ready.
+    /// False while every address fails its probes (or the remote's stale policy says
+    /// so): every mirror address is then not ready.
     pub alive: bool,
+    /// The addresses whose own probes fail, sorted: not ready alone while the others
+    /// stay ready (each address of a gateway is probed).
+    pub dead: Vec<IpAddr>,
     /// The gateway's TLS identity, if it has one.
     pub identity: Option<String>,
 }
@@ -239,6 +243,21 @@ impl ResolvedGateway {
         self
     }
 
+    /// The same gateway with the addresses whose own probes fail.
+    pub fn with_dead(mut self, dead: impl IntoIterator<Item = IpAddr>) -> Self {
+        let mut dead: Vec<IpAddr> = dead.into_iter().map(|a| a.to_canonical()).collect();
+        dead.sort();
+        dead.dedup();
+        self.dead = dead;
+        self
+    }
+
+    /// Whether address `ip` of the gateway is ready: the gateway alive and that
+    /// address's own probes passing.
+    pub fn is_ready(&self, ip: &IpAddr) -> bool {
+        self.alive && self.dead.binary_search(&ip.to_canonical()).is_err()
+    }
+
     /// Builds a resolved gateway; addresses are sorted and deduplicated so that equal
     /// sets give equal values (and so equal mirrors).
     pub fn new(
@@ -254,6 +273,7 @@ impl ResolvedGateway {
             port,
             resource_version: resource_version.into(),
             alive: true,
+            dead: Vec::new(),
             identity: None,
         }
     }

@@ -28,6 +28,7 @@ pub mod gateway;
 pub mod gateway_slices;
 pub mod headless;
 pub mod labels;
+pub mod local_networks;
 pub mod mcs;
 pub mod mcs_derived;
 pub mod mcs_import;
@@ -46,7 +47,7 @@ pub mod selector;
 mod slice_invariants_tests;
 pub mod slices;
 
-pub use address_policy::{AddressPolicy, Cidr, CidrError, Refused, RefusedBy};
+pub use address_policy::{AddressPolicy, Cidr, CidrError, LocalCidrs, Refused, RefusedBy};
 pub use desired::{
     DesiredMirror, Link, MirrorStyle, ResourceStyle, desired_mirror, desired_namespace,
     mirror_labels, remote_discovery_mirror,
@@ -72,7 +73,7 @@ pub use naming::{
 };
 pub use ownership::{is_owned, is_owned_federated, remote_key};
 pub use plan::{Action, mirroring_took_over, plan};
-pub use probe::{ProbeSpec, probe_spec};
+pub use probe::{AddressVerdict, ProbeSpec, gateway_verdict, probe_spec};
 pub use remote_state::{
     RemoteState, StaleEffect, StalePolicy, StalePolicyError, relist_untrusted, stale_effect,
     stale_gateway,

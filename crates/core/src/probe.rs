@@ -78,9 +78,116 @@ pub fn probe_spec(gateway: &Service) -> ProbeSpec {
     }
 }
 
+/// The probe verdict of one gateway address: alive until `failure_threshold`
+/// consecutive probes fail (starting dead would cut traffic until the first probes
+/// pass); one success makes it alive again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressVerdict {
+    /// The verdict.
+    pub alive: bool,
+    /// Consecutive failed probes.
+    pub failures: u32,
+}
+
+impl Default for AddressVerdict {
+    fn default() -> Self {
+        Self {
+            alive: true,
+            failures: 0,
+        }
+    }
+}
+
+impl AddressVerdict {
+    /// Takes one probe's outcome; true when the verdict changed.
+    pub fn observe(&mut self, ok: bool, failure_threshold: u32) -> bool {
+        let was = self.alive;
+        if ok {
+            self.failures = 0;
+            self.alive = true;
+        } else {
+            self.failures = self.failures.saturating_add(1);
+            self.alive = was && self.failures < failure_threshold.max(1);
+        }
+        self.alive != was
+    }
+}
+
+/// The gateway's verdict from its addresses': alive while any address is (Linkerd's
+/// `gateway_alive` is one series per gateway; a gateway with a live address still
+/// carries traffic), and the dead addresses, sorted. No address: alive (not probed).
+pub fn gateway_verdict<'a>(
+    addresses: impl IntoIterator<Item = (&'a std::net::IpAddr, &'a AddressVerdict)>,
+) -> (bool, Vec<std::net::IpAddr>) {
+    let mut any = false;
+    let mut all_alive = true;
+    let mut dead = Vec::new();
+    for (ip, v) in addresses {
+        any = true;
+        if v.alive {
+            all_alive = false;
+            continue;
+        }
+        dead.push(*ip);
+    }
+    dead.sort();
+    let alive = !any || !all_alive;
+    (alive, dead)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_dies_after_the_threshold_and_lives_on_one_success() {
+        // (outcome, alive after, changed)
+        let table: [(bool, bool, bool); 7] = [
+            (false, true, false),
+            (false, true, false),
+            (false, false, true),
+            (false, false, false),
+            (true, true, true),
+            (false, true, false),
+            (true, true, false),
+        ];
+        let mut v = AddressVerdict::default();
+        for (i, (ok, alive, changed)) in table.into_iter().enumerate() {
+            assert_eq!(v.observe(ok, 3), changed, "probe {i}");
+            assert_eq!(v.alive, alive, "probe {i}");
+        }
+        // A threshold of 0 or 1: the first failure kills.
+        for threshold in [0, 1] {
+            let mut v = AddressVerdict::default();
+            assert!(v.observe(false, threshold));
+            assert!(!v.alive);
+        }
+    }
+
+    #[test]
+    fn a_gateway_is_alive_while_any_address_is_and_names_its_dead_ones() {
+        let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+        let (a, b) = (ip("192.0.2.1"), ip("192.0.2.2"));
+        let live = AddressVerdict::default();
+        let dead = AddressVerdict {
+            alive: false,
+            failures: 3,
+        };
+        type Row<'a> = (
+            Vec<(&'a std::net::IpAddr, &'a AddressVerdict)>,
+            bool,
+            Vec<std::net::IpAddr>,
+        );
+        let table: [Row; 4] = [
+            (vec![], true, vec![]),
+            (vec![(&a, &live), (&b, &live)], true, vec![]),
+            (vec![(&b, &dead), (&a, &live)], true, vec![b]),
+            (vec![(&b, &dead), (&a, &dead)], false, vec![a, b]),
+        ];
+        for (input, alive, want_dead) in table {
+            assert_eq!(gateway_verdict(input), (alive, want_dead));
+        }
+    }
 
     fn gw(ports: &[(&str, i32)], annotations: &[(&str, &str)]) -> Service {
         serde_json::from_value(serde_json::json!({

@@ -375,6 +375,7 @@ mod tests {
             port: 4143,
             resource_version: "7".into(),
             alive: true,
+            dead: vec![],
             identity: Some("gw.id".into()),
         };
         let kept = stale_gateway(Some(gw.clone()), StaleEffect::Keep).unwrap();

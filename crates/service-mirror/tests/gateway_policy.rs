@@ -421,3 +421,202 @@ async fn an_unusable_gateway_is_reported_once_per_reason_not_per_mirror_and_agai
     );
     w.stop(false).await.unwrap();
 }
+
+/// Whether `ep` has `ip` among its addresses, ready or not.
+fn has_ip(ep: &Endpoints, ip: &str) -> bool {
+    all_ips(ep).iter().any(|a| a == ip)
+}
+
+#[tokio::test]
+async fn with_no_flag_the_local_service_and_pod_cidrs_are_refused_and_followed_at_run_time() {
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::networking::v1::ServiceCIDR;
+    use kube::api::{Api, DeleteParams, Patch, PatchParams};
+    use service_mirror_controller::local_networks;
+
+    let started = std::time::Instant::now();
+    let env = Env::new("gwlocal").await;
+    let server = healthy_server().await;
+    let (redirect, _probed) = recording_redirect(server);
+    // The local apiserver's own ClusterIP, read from the local cluster.
+    let kubernetes = Api::<Service>::namespaced(env.lc.clone(), "default")
+        .get("kubernetes")
+        .await
+        .unwrap();
+    let cluster_ip = kubernetes.spec.unwrap().cluster_ip.unwrap();
+    // The apiserver makes the ServiceCIDR `kubernetes` from --service-cluster-ip-range.
+    let service_cidrs = Api::<ServiceCIDR>::all(env.lc.clone());
+    let default_cidr = eventually("the ServiceCIDR kubernetes", || async {
+        service_cidrs.get_opt("kubernetes").await.ok().flatten()
+    })
+    .await;
+    let range = default_cidr.spec.unwrap().cidrs.unwrap()[0].clone();
+    assert_eq!(range, env.local.service_cidr(), "the apiserver's flag");
+    let in_range = format!("{}.0.77", range.trim_end_matches(".0.0/16"));
+    // A /24 for this run's own ServiceCIDR and Node (cluster-wide objects).
+    let n = 1 + std::process::id() % 250;
+    let (late_cidr, late_ip) = (format!("10.254.{n}.0/24"), format!("10.254.{n}.7"));
+    let (pod_cidr, pod_ip) = (format!("10.253.{n}.0/24"), format!("10.253.{n}.5"));
+    let node_name = local_cluster::unique_namespace("gwlocal-node");
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": node_name}, "spec": {"podCIDRs": [pod_cidr]}
+    }))
+    .unwrap();
+    let nodes = Api::<Node>::all(env.lc.clone());
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+
+    // The apiserver's ClusterIP next to a usable address; the ClusterIP alone; an
+    // address of the service range; a pod address; one that a ServiceCIDR made later
+    // will hold.
+    probed_gateway(&env, "apiserver", &[&cluster_ip, "192.0.2.1"]).await;
+    probed_gateway(&env, "only", &[&cluster_ip]).await;
+    probed_gateway(&env, "range", &[&in_range]).await;
+    probed_gateway(&env, "pod", &[&pod_ip]).await;
+    probed_gateway(&env, "late", &[&late_ip]).await;
+    for (svc, gw) in [
+        ("a", "apiserver"),
+        ("b", "only"),
+        ("c", "range"),
+        ("d", "pod"),
+        ("e", "late"),
+    ] {
+        env.export(svc, gw, &[("http", 80)]).await;
+    }
+    let link = link_ref(&env).await;
+    let metrics = Metrics::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (local, tasks) =
+        local_networks::spawn(env.lc.clone(), None, metrics.clone(), cancel.clone());
+    let config = LinkConfig {
+        endpoint_refresh_period: Duration::from_millis(500),
+        // No address flag at all.
+        gateway_address_policy: AddressPolicy::default(),
+        ..env.config()
+    };
+    let deps = LinkDeps {
+        probe_redirect: Some(redirect),
+        metrics: metrics.clone(),
+        link_secret: Some(link.clone()),
+        local_networks: local,
+        ..LinkDeps::default()
+    };
+    let w = env.watch_with(config, deps);
+
+    env.mirror_until("a", "only the allowed address", |_, e| {
+        all_ips(e) == ["192.0.2.1"]
+    })
+    .await;
+    for (svc, why) in [
+        ("b", "the apiserver's ClusterIP"),
+        ("c", "the local service range"),
+        ("d", "a Node's pod CIDR"),
+    ] {
+        let (_, ep) = env
+            .mirror_until(svc, why, |_, e| all_ips(e).is_empty())
+            .await;
+        assert!(all_ips(&ep).is_empty(), "{svc}: {why}: {ep:?}");
+    }
+    env.mirror_until("e", "not local yet", |_, e| has_ip(e, &late_ip))
+        .await;
+    let (ns, name) = (
+        link.namespace.as_deref().unwrap(),
+        link.name.as_deref().unwrap(),
+    );
+    let refused = || async {
+        events_on(&env.lc, ns, name)
+            .await
+            .into_iter()
+            .filter(|(r, _)| r == "GatewayAddressRefused")
+            .map(|(_, n)| n)
+            .collect::<Vec<_>>()
+    };
+    let notes = eventually("Events for the apiserver, only, range and pod", || async {
+        let notes = refused().await;
+        (notes.len() >= 4).then_some(notes)
+    })
+    .await;
+    let find = |notes: &[String], gw: &str| {
+        notes
+            .iter()
+            .find(|n| n.contains(&format!("gateway {}/{gw} ", env.ns)))
+            .unwrap_or_else(|| panic!("no Event for {gw}: {notes:?}"))
+            .clone()
+    };
+    let apiserver = find(&notes, "apiserver");
+    assert!(
+        apiserver.contains(&format!("{cluster_ip} is in the local service CIDR")),
+        "{apiserver}"
+    );
+    assert!(
+        apiserver.contains("its other addresses are used"),
+        "{apiserver}"
+    );
+    assert!(find(&notes, "pod").contains(&format!("{pod_ip} is in the local pod CIDR {pod_cidr}")));
+
+    // A ServiceCIDR made at run time: refused from then on, its address leaves the
+    // mirror; gone again, the address comes back.
+    let late: ServiceCIDR = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": node_name}, "spec": {"cidrs": [late_cidr]}
+    }))
+    .unwrap();
+    service_cidrs
+        .create(&PostParams::default(), &late)
+        .await
+        .unwrap();
+    env.mirror_until("e", "refused once its ServiceCIDR exists", |_, e| {
+        all_ips(e).is_empty()
+    })
+    .await;
+    let notes = eventually("an Event for the late gateway", || async {
+        let notes = refused().await;
+        notes.iter().any(|n| n.contains("/late ")).then_some(notes)
+    })
+    .await;
+    assert!(find(&notes, "late").contains(&format!(
+        "{late_ip} is in the local service CIDR {late_cidr}"
+    )));
+    service_cidrs
+        .delete(&node_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    // No kube-controller-manager here to drop the finalizer it holds.
+    let _ = service_cidrs
+        .patch(
+            &node_name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+    env.mirror_until("e", "back once its ServiceCIDR is gone", |_, e| {
+        has_ip(e, &late_ip)
+    })
+    .await;
+
+    let text = metrics.encode();
+    let count = |reason: &str| {
+        counter(
+            &text,
+            &format!(
+                "service_mirror_gateway_addresses_refused_total{{cluster=\"{}\",reason=\"{reason}\"}} ",
+                env.cluster
+            ),
+        )
+    };
+    // apiserver's, only's, range's and late's; pod's.
+    assert_eq!(count("local_service_cidr"), 4, "{text}");
+    assert_eq!(count("local_pod_cidr"), 1, "{text}");
+    for source in ["service_cidrs", "kubernetes_service", "nodes"] {
+        let line = format!("service_mirror_local_cidrs{{source=\"{source}\",state=\"read\"}} 1");
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+    w.stop(false).await.unwrap();
+    cancel.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    nodes
+        .delete(&node_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eprintln!("local networks test took {:?}", started.elapsed());
+}

@@ -18,8 +18,9 @@ mod support;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use local_cluster::{apply_yaml, client_from_yaml, unique_namespace};
 use rbac_support::{RunningController, apply_documents, install, install_documents, remove_verb};
@@ -28,8 +29,9 @@ use service_mirror_controller::mcs::resource::ServiceExport as ServiceExportObje
 use service_mirror_controller::mcs::startup::cluster_id_property;
 use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
 use service_mirror_controller::permissions::{
-    Permission, is_allowed, link_permissions, mcs_permissions, missing_link_permissions,
-    missing_mcs_permissions, missing_permissions, required_permissions,
+    Permission, is_allowed, link_permissions, local_network_permissions, mcs_permissions,
+    missing_link_permissions, missing_local_network_permissions, missing_mcs_permissions,
+    missing_permissions, required_permissions,
 };
 use std::time::{Duration, Instant};
 use support::controller::service_mirror;
@@ -61,6 +63,8 @@ enum Scope {
     Remote,
     /// `install`'s ClusterRole, the MCS rules (`MCS_RULES`; where MCS runs).
     Mcs,
+    /// `install`'s ClusterRole, the local networks' reads (`LOCAL_NETWORK_RULES`).
+    LocalNet,
 }
 
 /// What a case does once the RBAC minus its verb is installed.
@@ -125,6 +129,10 @@ enum Step {
     /// stays off, a local export gets no conditions. (Its world has a local apiserver
     /// of its own: a ClusterProperty names the whole cluster.)
     McsClusterName,
+    /// A gateway address in a local network of the resource (a ServiceCIDR, a Node's
+    /// podCIDRs; for `watch`, one made after the start): not refused, the mirror points
+    /// at it.
+    LocalNetwork,
 }
 
 /// One row of the removal table.
@@ -259,6 +267,14 @@ const CASES: &[Case] = &[
         "the import never lists its exporting cluster"),
     case(Mcs, "about.k8s.io", "clusterproperties", "get", McsClusterName,
         "named only by its ClusterProperty, the cluster runs no MCS: no conditions"),
+    case(LocalNet, "networking.k8s.io", "servicecidrs", "list", LocalNetwork,
+        "a gateway address in the local service CIDR is mirrored"),
+    case(LocalNet, "networking.k8s.io", "servicecidrs", "watch", LocalNetwork,
+        "a gateway address in a ServiceCIDR made after the start is mirrored"),
+    case(LocalNet, "", "nodes", "list", LocalNetwork,
+        "a gateway address in a Node's pod CIDR is mirrored"),
+    case(LocalNet, "", "nodes", "watch", LocalNetwork,
+        "a gateway address in the pod CIDR of a Node made after the start is mirrored"),
 ];
 
 impl Case {
@@ -269,6 +285,7 @@ impl Case {
             Link => "link",
             Remote => "remote",
             Mcs => "mcs",
+            LocalNet => "local-network",
         };
         let group = if self.group.is_empty() {
             String::new()
@@ -284,7 +301,7 @@ impl Case {
             verb: self.verb.into(),
             group: self.group.into(),
             resource: self.resource.into(),
-            namespace: (!matches!(self.scope, Cluster | Mcs)).then(|| ns.to_string()),
+            namespace: (!matches!(self.scope, Cluster | Mcs | LocalNet)).then(|| ns.to_string()),
         })
     }
 }
@@ -338,7 +355,7 @@ async fn world_in(env: Env, case: Option<&Case>) -> World {
     let scope = case.map(|c| c.scope);
     let removed = case.and_then(|c| c.permission(&ctl_ns));
     if let Some(p) = &removed {
-        let kind = if matches!(scope, Some(Cluster | Mcs)) {
+        let kind = if matches!(scope, Some(Cluster | Mcs | LocalNet)) {
             "ClusterRole"
         } else {
             "Role"
@@ -348,22 +365,25 @@ async fn world_in(env: Env, case: Option<&Case>) -> World {
     let kc = install(&env.local, &ctl_ns, &docs).await;
     link_crd(&env.local).await;
     let client = kc.client().await.unwrap();
-    let (want_required, want_link, want_mcs) = match &removed {
-        Some(p) if scope == Some(Link) => (vec![], vec![p.to_string()], vec![]),
-        Some(p) if scope == Some(Mcs) => (vec![], vec![], vec![p.to_string()]),
-        Some(p) => (vec![p.to_string()], vec![], vec![]),
-        None => (vec![], vec![], vec![]),
+    let (want_required, want_link, want_mcs, want_net) = match &removed {
+        Some(p) if scope == Some(Link) => (vec![], vec![p.to_string()], vec![], vec![]),
+        Some(p) if scope == Some(Mcs) => (vec![], vec![], vec![p.to_string()], vec![]),
+        Some(p) if scope == Some(LocalNet) => (vec![], vec![], vec![], vec![p.to_string()]),
+        Some(p) => (vec![p.to_string()], vec![], vec![], vec![]),
+        None => (vec![], vec![], vec![], vec![]),
     };
     eventually(
         &format!("local RBAC of {ctl_ns} misses {removed:?}"),
         || {
             let (client, ns) = (client.clone(), ctl_ns.clone());
             let (r, l, m) = (want_required.clone(), want_link.clone(), want_mcs.clone());
+            let n = want_net.clone();
             async move {
                 let required = missing_permissions(&client, &ns).await.ok()?;
                 let link = missing_link_permissions(&client, &ns).await.ok()?;
                 let mcs = missing_mcs_permissions(&client).await.ok()?;
-                (required == r && link == l && mcs == m).then_some(())
+                let net = missing_local_network_permissions(&client).await.ok()?;
+                (required == r && link == l && mcs == m && net == n).then_some(())
             }
         },
     )
@@ -648,6 +668,78 @@ impl World {
     }
 }
 
+/// The [`LocalNetwork`] step: a local network of `resource` (a ServiceCIDR or a Node,
+/// made after the start for `watch`) and a gateway address in it; without the verb the
+/// controller does not know the network, so the mirror points at the address.
+async fn local_network_step(
+    w: &World,
+    extra: &[&str],
+    verb: &str,
+    resource: &str,
+) -> Result<String, String> {
+    let env = &w.env;
+    // A /24 of its own per case (cluster-wide objects on the shared apiserver; no
+    // other test uses 10.252/16 or 10.253/16 as gateway addresses).
+    let n = 1 + (std::process::id() as usize + verb.len() * 7) % 250;
+    let (cidr, addr) = match resource {
+        // The list case uses the cluster's own ServiceCIDR `kubernetes` (the
+        // apiserver's --service-cluster-ip-range), away from the ClusterIP `.1`.
+        "servicecidrs" if verb == "list" => {
+            let range = env.local.service_cidr().to_string();
+            let base = range.split('/').next().unwrap().trim_end_matches(".0.0");
+            (None, format!("{base}.0.77"))
+        }
+        "servicecidrs" => (Some(format!("10.252.{n}.0/24")), format!("10.252.{n}.9")),
+        _ => (Some(format!("10.253.{n}.0/24")), format!("10.253.{n}.9")),
+    };
+    let name = unique_namespace("lp-net");
+    let make = || async {
+        let Some(cidr) = &cidr else { return };
+        let doc = match resource {
+            "servicecidrs" => serde_json::json!({"apiVersion": "networking.k8s.io/v1",
+                "kind": "ServiceCIDR", "metadata": {"name": name}, "spec": {"cidrs": [cidr]}}),
+            _ => serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name}, "spec": {"podCIDRs": [cidr]}}),
+        };
+        apply_yaml(&env.lc, &doc.to_string()).await.unwrap();
+    };
+    if verb == "list" {
+        make().await;
+    }
+    let ctl = w.controller(extra);
+    w.link_secret().await;
+    w.export("web").await;
+    w.wait_mirror_object("web", "endpoints").await;
+    let line = refusal(&ctl, verb, resource).await;
+    if verb == "watch" {
+        make().await;
+    }
+    set_ingress(&env.rc, &env.ns, "gw", &[&addr]).await;
+    let mut pointed = false;
+    let start = Instant::now();
+    while !pointed && start.elapsed() < SETTLE * 2 {
+        let ep = w.mirror_object("web", "endpoints").await;
+        pointed = ep.is_some_and(|e| e["subsets"].to_string().contains(&format!("\"{addr}\"")));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if cidr.is_some() {
+        let dp = DeleteParams::default();
+        let _ = match resource {
+            "servicecidrs" => Api::<ServiceCIDR>::all(env.lc.clone())
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+            _ => Api::<Node>::all(env.lc.clone())
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        };
+    }
+    let line = line?;
+    check(pointed, || format!("{addr} was refused anyway"))?;
+    Ok(line)
+}
+
 /// Waits for the apiserver's refusal of `verb` on `resource` in the controller's log
 /// (Kubernetes' own wording: `cannot <verb> resource "<resource>"`); returns the line.
 async fn refusal(ctl: &RunningController, verb: &str, resource: &str) -> Result<String, String> {
@@ -811,6 +903,7 @@ async fn run(case: &Case) -> Result<String, String> {
             })?;
             line
         }
+        LocalNetwork => local_network_step(&w, &extra, verb, resource).await?,
         EventCreate => {
             let ctl = w.controller(&extra);
             let secret = w.link_secret().await;
@@ -1108,6 +1201,11 @@ fn the_cases_are_exactly_the_granted_verbs() {
                 .into_iter()
                 .map(|p| (Mcs, p.group, p.resource, p.verb)),
         )
+        .chain(
+            local_network_permissions()
+                .into_iter()
+                .map(|p| (LocalNet, p.group, p.resource, p.verb)),
+        )
         .collect();
     for rule in remote_access_rules() {
         for group in rule.api_groups.unwrap_or_default() {
@@ -1237,6 +1335,48 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
             "{metrics}"
         );
         assert!(requests("get").is_empty(), "{:?}", requests("get"));
+        // The binary's default address policy (no address flag), under the installed
+        // reads of the local networks: a gateway at the local apiserver's ClusterIP and
+        // at an address of the local service range (the ServiceCIDR `kubernetes`) keeps
+        // only its other address.
+        let kubernetes = Api::<Service>::namespaced(w.env.lc.clone(), "default")
+            .get("kubernetes")
+            .await
+            .unwrap();
+        let cluster_ip = kubernetes.spec.unwrap().cluster_ip.unwrap();
+        let range = w.env.local.service_cidr().to_string();
+        let in_range = format!(
+            "{}.0.77",
+            range.split('/').next().unwrap().trim_end_matches(".0.0")
+        );
+        w.env
+            .gateway("gw-local", GW, &[&cluster_ip, &in_range, "192.0.2.11"])
+            .await;
+        let mut api = exported("api", &w.env.ns, "gw-local", &[("http", 80)]);
+        api.metadata.labels =
+            Some([("mirror.linkerd.io/exported".to_string(), "true".to_string())].into());
+        w.env
+            .remote_services()
+            .create(&PostParams::default(), &api)
+            .await
+            .unwrap();
+        let subsets = eventually(
+            "the local addresses refused, the other mirrored",
+            || async {
+                let ep = w.mirror_object("api", "endpoints").await?;
+                let subsets = ep["subsets"].to_string();
+                subsets.contains("\"192.0.2.11\"").then_some(subsets)
+            },
+        )
+        .await;
+        assert!(!subsets.contains(&format!("\"{cluster_ip}\"")), "{subsets}");
+        assert!(!subsets.contains(&format!("\"{in_range}\"")), "{subsets}");
+        let metrics = ctl.metrics_text().await;
+        for source in ["service_cidrs", "kubernetes_service", "nodes"] {
+            let line =
+                format!("service_mirror_local_cidrs{{source=\"{source}\",state=\"read\"}} 1");
+            assert!(metrics.contains(&line), "{line} in {metrics}");
+        }
     };
     let link_world = async {
         let w = world(None).await;

@@ -594,28 +594,51 @@ async fn hello_slices(env: &Env) -> Option<Vec<(Vec<String>, Option<i32>, Option
 
 /// A Link's gateway reaches the MCS component too: the ServiceImport of a Service the
 /// linked cluster exports gets an EndpointSlice at the Link's gateway address and port,
-/// ready while the Link's probe passes (on the MCS clusters, which have the CRDs).
+/// ready while the Link's probe passes (on the MCS clusters, which have the CRDs). A
+/// hostname of the gateway resolving into a denied CIDR is left out of the slice and
+/// said by a `GatewayAddressRefused` Event on the link, though no mirror resolves the
+/// gateway (only the MCS report does).
 #[tokio::test]
 async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
     let (env, mcs, tasks, cancel) = mcs_world("lgmcs").await;
     let fake = FakeGateway::start("127.0.0.33").await;
     let ip = fake.public_ip();
+    let resolver = Arc::new(MapResolver::default());
+    resolver.set("denied.example", &["198.18.0.1"]);
+    let events_ns = local_cluster::unique_namespace("lgmcs-ev");
+    create_namespace(&env.lc, &events_ns).await;
+    let link_ref = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Secret".into()),
+        name: Some(format!("cluster-credentials-{}", env.cluster)),
+        namespace: Some(events_ns.clone()),
+        ..Default::default()
+    };
     let spec = link_spec(
         &env,
         serde_json::json!({
-            "gatewayAddress": ip, "gatewayPort": "4143",
+            "gatewayAddress": format!("{ip}, denied.example"), "gatewayPort": "4143",
             "probeSpec": {"port": fake.addr.port().to_string(), "path": "/ready",
                 "period": "1s", "timeout": "1s", "failureThreshold": "1"},
         }),
     );
     let redirect = Redirect::default();
+    let config = LinkConfig {
+        gateway_address_policy: service_mirror_core::AddressPolicy {
+            deny: service_mirror_core::Cidr::parse_list("198.18.0.0/15").unwrap(),
+            allow: vec![],
+        },
+        ..env.config()
+    };
     let w = start_link(
         &env,
         &spec,
-        env.config(),
+        config,
         LinkDeps {
             probe_redirect: Some(redirect.probe_redirect()),
+            resolver: resolver.clone(),
             mcs: Some(mcs),
+            link_secret: Some(link_ref.clone()),
             ..LinkDeps::default()
         },
     );
@@ -630,6 +653,19 @@ async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
         }
     };
     slice_until("a ready slice at the Link's gateway", true).await;
+    let secret = link_ref.name.as_deref().unwrap();
+    let refused = eventually("GatewayAddressRefused for the resolved address", || async {
+        events_on(&env.lc, &events_ns, secret)
+            .await
+            .into_iter()
+            .find(|(r, _)| r == "GatewayAddressRefused")
+            .map(|(_, note)| note)
+    })
+    .await;
+    assert!(
+        refused.contains("198.18.0.1 is in denied CIDR 198.18.0.0/15"),
+        "{refused}"
+    );
     fake.set(Mode::Failing);
     slice_until("the slice not ready once the probe fails", false).await;
     fake.set(Mode::Healthy);

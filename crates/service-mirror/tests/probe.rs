@@ -376,3 +376,129 @@ async fn default_settings_detection_times() {
     );
     w.stop(false).await.unwrap();
 }
+
+/// The mirror's EndpointSlices' endpoints: `(address, ready)`, sorted.
+async fn slice_readiness(env: &Env, remote: &str) -> Vec<(String, bool)> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let api: kube::Api<EndpointSlice> = kube::Api::namespaced(env.lc.clone(), &env.ns);
+    let selector = format!("kubernetes.io/service-name={}", env.mirror_name(remote));
+    let list = api
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .unwrap();
+    let mut out: Vec<(String, bool)> = list
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .flat_map(|e| {
+            let ready = e.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+            e.addresses.iter().map(move |a| (a.clone(), ready))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn every_gateway_address_is_probed_and_a_dead_one_goes_not_ready_alone() {
+    let started = Instant::now();
+    let env = Env::new("probe2").await;
+    let first = FakeGateway::start("127.0.0.21").await;
+    let second = FakeGateway::start("127.0.0.22").await;
+    // One gateway, two addresses: each probe goes to its own server.
+    let (a, b) = (public_ip(&first), public_ip(&second));
+    let (to_first, to_second) = (first.addr, second.addr);
+    let redirect = ProbeRedirect(Arc::new(move |addr: SocketAddr| {
+        match addr.ip().to_string().as_str() {
+            "192.0.2.21" => to_first,
+            "192.0.2.22" => to_second,
+            _ => addr,
+        }
+    }));
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gw2", "annotations": {
+            "mirror.linkerd.io/probe-path": "/health", "mirror.linkerd.io/probe-period": "1"}},
+        "spec": {"type": "LoadBalancer", "ports": [
+            {"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": 4191}]}
+    }))
+    .unwrap();
+    env.remote_services()
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    set_ingress(&env.rc, &env.ns, "gw2", &[a.as_str(), b.as_str()]).await;
+    env.export("web", "gw2", &[("http", 80)]).await;
+    let metrics = Metrics::new();
+    let w = {
+        let (config, mut deps) = fast_options(&env, metrics.clone());
+        deps.probe_redirect = Some(redirect);
+        let config = LinkConfig {
+            endpoints_mode: service_mirror_core::EndpointsMode::Both,
+            ..config
+        };
+        env.watch_with(config, deps)
+    };
+    let slices_until = |what: &'static str, want: Vec<(String, bool)>| {
+        let env = &env;
+        async move {
+            eventually(what, || async {
+                (slice_readiness(env, "web").await == want).then_some(())
+            })
+            .await
+        }
+    };
+    let both = vec![(a.clone(), true), (b.clone(), true)];
+    env.mirror_until("web", "both ready", |_, e| {
+        ready_ips(e) == [a.as_str(), b.as_str()]
+    })
+    .await;
+    slices_until("both ready in the slice", both.clone()).await;
+    eventually("both addresses probed", || async {
+        (first.hits() > 0 && second.hits() > 0).then_some(())
+    })
+    .await;
+
+    // The second address fails its probes: it alone goes not ready.
+    second.set(Mode::Failing);
+    let (_, ep) = env
+        .mirror_until("web", "the second not ready alone", |_, e| {
+            ready_ips(e) == [a.as_str()] && not_ready_ips(e) == [b.as_str()]
+        })
+        .await;
+    assert_eq!(ready_ips(&ep), [a.as_str()]);
+    slices_until(
+        "the second not ready alone in the slice",
+        vec![(a.clone(), true), (b.clone(), false)],
+    )
+    .await;
+    // The gateway is alive while one address is (Linkerd's series, one per gateway).
+    assert!(
+        metrics.encode().contains(&alive_series(&env, "gw2", 1)),
+        "gateway_alive stays 1"
+    );
+
+    // Back: both ready again.
+    second.set(Mode::Healthy);
+    env.mirror_until("web", "both ready again", |_, e| {
+        ready_ips(e) == [a.as_str(), b.as_str()] && not_ready_ips(e).is_empty()
+    })
+    .await;
+    slices_until("both ready again in the slice", both).await;
+
+    // Both dead: the gateway is dead, every address not ready.
+    first.set(Mode::Failing);
+    second.set(Mode::Failing);
+    env.mirror_until("web", "both not ready", |_, e| {
+        ready_ips(e).is_empty() && not_ready_ips(e) == [a.as_str(), b.as_str()]
+    })
+    .await;
+    eventually("gateway_alive 0", || async {
+        metrics
+            .encode()
+            .contains(&alive_series(&env, "gw2", 0))
+            .then_some(())
+    })
+    .await;
+    w.stop(false).await.unwrap();
+    eprintln!("two-address probe test took {:?}", started.elapsed());
+}

@@ -20,7 +20,9 @@ use super::allow::check_names;
 use super::args::OutputArgs;
 use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::links::LINK_CRD_YAML;
-use crate::permissions::{CLUSTER_RULES, LINK_RULES, MCS_RULES, NAMESPACE_RULES, Rule};
+use crate::permissions::{
+    CLUSTER_RULES, LINK_RULES, LOCAL_NETWORK_RULES, MCS_RULES, NAMESPACE_RULES, Rule,
+};
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -357,10 +359,13 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
     let cr = ClusterRole {
         metadata: meta(&cluster_role, None),
         // MCS permissions even without our CRDs: another implementation's may be there.
+        // The local networks' reads (ServiceCIDRs, Nodes): the address policy refuses
+        // gateway addresses in the local service and pod CIDRs with no flag.
         rules: Some(
             policy_rules(CLUSTER_RULES)
                 .into_iter()
                 .chain(policy_rules(MCS_RULES))
+                .chain(policy_rules(LOCAL_NETWORK_RULES))
                 .collect(),
         ),
         ..Default::default()
@@ -543,6 +548,10 @@ mod tests {
                  "verbs": ["patch"]},
                 {"apiGroups": ["about.k8s.io"], "resources": ["clusterproperties"],
                  "verbs": ["get"]},
+                {"apiGroups": ["networking.k8s.io"], "resources": ["servicecidrs"],
+                 "verbs": ["list", "watch"]},
+                {"apiGroups": [""], "resources": ["nodes"],
+                 "verbs": ["list", "watch"]},
             ])
         );
         assert!(role.get("aggregationRule").is_none());

@@ -138,11 +138,12 @@ pub struct RunArgs {
     #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
     lease_duration: Duration,
     /// Gateway addresses never used, whatever `--gateway-address-allow` says
-    /// (comma-separated CIDRs): add the local cluster's service and pod CIDRs.
+    /// (comma-separated CIDRs). The local service and pod CIDRs are refused with no
+    /// flag where ServiceCIDRs and Nodes can be read; add those that cannot.
     #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_DENY", value_parser = parse_cidrs)]
     gateway_address_deny: Vec<Vec<Cidr>>,
-    /// Gateway addresses used although a built-in denial refuses them (comma-separated
-    /// CIDRs; never what the apiserver refuses in Endpoints).
+    /// Gateway addresses used although a built-in denial or the local networks refuse
+    /// them (comma-separated CIDRs; never what the apiserver refuses in Endpoints).
     #[arg(long, env = "SERVICE_MIRROR_GATEWAY_ADDRESS_ALLOW", value_parser = parse_cidrs)]
     gateway_address_allow: Vec<Vec<Cidr>>,
     /// How long a remote's watch may fail before its link is Disconnected (a metric and
@@ -312,6 +313,13 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             (Some(mcs), tasks)
         }
     };
+    // The local service and pod CIDRs, refused as gateway addresses with no flag.
+    let (local_networks, local_network_tasks) = crate::local_networks::spawn(
+        local.clone(),
+        Some(recorder.clone()),
+        metrics.clone(),
+        shutdown.clone(),
+    );
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
         workers: 4,
@@ -345,6 +353,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             leader: leader.clone(),
             federation: Some(federation),
             mcs,
+            local_networks,
             ..LinkDeps::default()
         },
     };
@@ -403,7 +412,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::time::timeout(Duration::from_secs(10), manager.shutdown())
         .await
         .map_err(|_| anyhow::anyhow!("shutdown took longer than 10 s"))?;
-    for task in federation_tasks.into_iter().chain(mcs_tasks) {
+    for task in federation_tasks
+        .into_iter()
+        .chain(mcs_tasks)
+        .chain(local_network_tasks)
+    {
         let _ = task.await;
     }
     if let Some(election) = election {

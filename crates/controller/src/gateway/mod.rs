@@ -73,6 +73,23 @@ impl GatewaySource {
     }
 }
 
+/// A gateway with more addresses than this is probed on its first address alone, as
+/// Linkerd probes every gateway, and that verdict is every address's: each of 1,200
+/// addresses (a gateway `tests/wire.rs` runs) probed every 3 s would be 400 probes a
+/// second for one gateway. Up to it, every address is probed (21 probes a second at
+/// most, at the default 3 s period) and goes not ready alone.
+pub(crate) const MAX_PROBED_ADDRESSES: usize = 64;
+
+/// Which gateway addresses a link may use: the operator's flags and the local
+/// cluster's own networks (kept current), the two inputs of the core's policy.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Policy {
+    /// `--gateway-address-deny/allow` on top of the built-in denials.
+    pub(crate) flags: AddressPolicy,
+    /// The local service and pod CIDRs, refused with no flag.
+    pub(crate) local: crate::local_networks::LocalNetworks,
+}
+
 /// What [`Gateways::resolve`] found for one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Resolution {
@@ -89,6 +106,26 @@ pub(crate) struct Resolution {
     pub(crate) unusable_note: Option<String>,
 }
 
+/// The Event reason of a refused-address note.
+pub(crate) const REFUSED_REASON: &str = "GatewayAddressRefused";
+/// The Event reason of an unusable-gateway note.
+pub(crate) const UNUSABLE_REASON: &str = "GatewayUnusable";
+
+impl Resolution {
+    /// The notes to record as Warning Events on the link, with their reasons. Each is
+    /// set once per gateway and episode by whichever caller resolved it first (a
+    /// mirror's reconcile or the Link gateway's report), so every caller must record
+    /// what it gets: a note dropped by one is never given to another.
+    pub(crate) fn notes(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            (REFUSED_REASON, self.refused_note.as_deref()),
+            (UNUSABLE_REASON, self.unusable_note.as_deref()),
+        ]
+        .into_iter()
+        .filter_map(|(reason, note)| Some((reason, note?)))
+    }
+}
+
 /// The gateways of one link.
 pub(crate) struct Gateways {
     cluster: String,
@@ -96,8 +133,8 @@ pub(crate) struct Gateways {
     probers: Probers,
     /// Gateways last resolved with hostnames: looked at again every refresh period.
     by_hostname: Mutex<HashSet<GatewayRef>>,
-    /// Which gateway addresses may be used (`--gateway-address-deny/allow`).
-    policy: AddressPolicy,
+    /// Which gateway addresses may be used.
+    policy: Policy,
     /// The refusals last reported per gateway: a change is reported again.
     reported: Mutex<HashMap<GatewayRef, Vec<Refused>>>,
     /// Why each unusable gateway was last reported unusable: said again only on a
@@ -112,7 +149,7 @@ impl Gateways {
     pub(crate) fn new(
         cluster: &str,
         resolver: Arc<dyn Resolver>,
-        policy: AddressPolicy,
+        policy: Policy,
         probes: ProbeConfig,
         metrics: Arc<Metrics>,
         in_use: InUse,
@@ -170,16 +207,22 @@ impl Gateways {
                 None
             }
             Some((resolved, probe)) => {
-                let target = probe
-                    .port
-                    .zip(resolved.addresses.first())
-                    .map(|(port, ip)| ProbeTarget {
-                        addr: SocketAddr::new(*ip, port),
-                        path: probe.path.clone(),
-                        period: probe.period,
-                    });
-                let alive = self.probers.alive(gw, target, &probe.warnings);
-                Some(resolved.with_alive(alive))
+                // Every accepted address is probed, each with its own verdict (sorted, as
+                // the mirror lists them); past MAX_PROBED_ADDRESSES, the first alone, its
+                // verdict the gateway's.
+                let each = resolved.addresses.len() <= MAX_PROBED_ADDRESSES;
+                let probed = if each { resolved.addresses.len() } else { 1 };
+                let target = probe.port.map(|port| ProbeTarget {
+                    addrs: resolved.addresses[..probed]
+                        .iter()
+                        .map(|ip| SocketAddr::new(*ip, port))
+                        .collect(),
+                    path: probe.path.clone(),
+                    period: probe.period,
+                });
+                let verdict = self.probers.alive(gw, target, &probe.warnings);
+                let dead = if each { verdict.dead } else { Vec::new() };
+                Some(resolved.with_alive(verdict.alive).with_dead(dead))
             }
         };
         Resolution {
@@ -259,7 +302,7 @@ impl Gateways {
             false => "its other addresses are used",
         };
         let note = format!(
-            "gateway {gw} of cluster {cluster}: refused addresses by the gateway address policy (--gateway-address-deny/--gateway-address-allow): {list}; {outcome}"
+            "gateway {gw} of cluster {cluster}: refused addresses by the gateway address policy (the local cluster's service and pod CIDRs, --gateway-address-deny/--gateway-address-allow): {list}; {outcome}"
         );
         tracing::warn!(%cluster, gateway = %gw, refused = %list, unusable, "gateway addresses refused by the address policy");
         Some(note)
@@ -277,11 +320,13 @@ impl Gateways {
         if !spec.invalid_ingress.is_empty() {
             tracing::warn!(%cluster, gateway = %gw, invalid = ?spec.invalid_ingress, "ignoring invalid gateway ingress entries");
         }
-        let (mut accepted, mut refused) = self.policy.partition(spec.ips.iter().copied());
+        let local = self.policy.local.current();
+        let flags = &self.policy.flags;
+        let (mut accepted, mut refused) = flags.partition_in(spec.ips.iter().copied(), &local);
         for host in &spec.hostnames {
             match self.resolver.resolve(host).await {
                 Ok(ips) => {
-                    let (ok, denied) = self.policy.partition(ips);
+                    let (ok, denied) = flags.partition_in(ips, &local);
                     accepted.extend(ok);
                     refused.extend(denied);
                 }

@@ -3,20 +3,23 @@
 //! (The probe *settings* a gateway Service asks for are read by the pure core,
 //! `service_mirror_core::probe`; this module runs the checks.)
 //!
-//! A gateway starts alive (starting dead would cut traffic until the first probes pass)
-//! and turns dead after `failure_threshold` consecutive failed probes; one success makes
-//! it alive again. Each change is sent on the verdict channel; the link controller
-//! queues every mirror behind the gateway, whose Endpoints then move their addresses
+//! Every address of a gateway is probed, each round all at once, and each has its own
+//! verdict (`service_mirror_core::AddressVerdict`): alive at first (starting dead would
+//! cut traffic until the first probes pass), dead after `failure_threshold` consecutive
+//! failed probes, alive again on one success. An address that dies goes not ready
+//! alone; the gateway is alive while any address is (`gateway_alive`, Linkerd's one
+//! series per gateway). Each change is sent on the verdict channel; the link controller
+//! queues every mirror behind the gateway, whose Endpoints then move that address
 //! between `addresses` and `notReadyAddresses`.
 
 use super::metrics::ProbeMetrics;
 use crate::metrics::Metrics;
 use parking_lot::Mutex;
-use service_mirror_core::GatewayRef;
-use std::collections::HashMap;
+use service_mirror_core::{AddressVerdict, GatewayRef, gateway_verdict};
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -37,8 +40,8 @@ impl std::fmt::Debug for ProbeRedirect {
 /// Where and how often to probe one gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeTarget {
-    /// Gateway address and `mc-probe` port.
-    pub addr: SocketAddr,
+    /// Every gateway address, with the `mc-probe` port, sorted.
+    pub addrs: Vec<SocketAddr>,
     /// HTTP path.
     pub path: String,
     /// Time between probes (before jitter).
@@ -59,10 +62,38 @@ pub struct ProbeConfig {
 /// Whether any mirror still uses a gateway (asked by a prober before each probe).
 pub(crate) type InUse = Arc<dyn Fn(&GatewayRef) -> bool + Send + Sync>;
 
+/// Each probed address's verdict, shared by a prober and the table.
+type Verdicts = Arc<Mutex<BTreeMap<IpAddr, AddressVerdict>>>;
+
+/// What a gateway's probes say: alive while any address is, and the dead addresses
+/// (sorted; not ready alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// The gateway's verdict.
+    pub(crate) alive: bool,
+    /// Addresses whose own probes fail.
+    pub(crate) dead: Vec<IpAddr>,
+}
+
+impl Verdict {
+    /// Not probed: alive, nothing dead.
+    fn unprobed() -> Self {
+        Self {
+            alive: true,
+            dead: Vec::new(),
+        }
+    }
+
+    fn of(verdicts: &Verdicts) -> Self {
+        let (alive, dead) = gateway_verdict(verdicts.lock().iter());
+        Self { alive, dead }
+    }
+}
+
 struct Prober {
     id: u64,
     target: ProbeTarget,
-    alive: Arc<AtomicBool>,
+    verdicts: Verdicts,
     /// Milliseconds of the last successful probe; [`NO_LATENCY`] before one.
     latency_ms: Arc<AtomicU64>,
     cancel: CancellationToken,
@@ -122,7 +153,7 @@ impl Probers {
         }
     }
 
-    /// Whether gateway `gw` is alive, (re)starting its prober for `target` as needed.
+    /// What gateway `gw`'s probes say, (re)starting its prober for `target` as needed.
     /// Without a target (no `mc-probe` port or no address) the gateway is not probed
     /// and counts as alive.
     pub(crate) fn alive(
@@ -130,28 +161,33 @@ impl Probers {
         gw: &GatewayRef,
         target: Option<ProbeTarget>,
         warnings: &[String],
-    ) -> bool {
+    ) -> Verdict {
         let shared = &self.shared;
         let cluster = &shared.cluster;
         let mut running = shared.running.lock();
         match (running.get(gw), target) {
-            (Some(p), Some(t)) if p.target == t => p.alive.load(Ordering::SeqCst),
+            (Some(p), Some(t)) if p.target == t => Verdict::of(&p.verdicts),
             (existing, Some(target)) => {
-                // New gateway, or new address/port/path/period: the verdict carries over.
+                // New gateway, or new addresses/port/path/period: the verdicts of the
+                // addresses kept carry over; a new address starts alive.
                 for w in warnings {
                     tracing::warn!(%cluster, gateway = %gw, "{w}");
                 }
                 tracing::debug!(%cluster, gateway = %gw, ?target, "probing gateway");
-                let (alive, latency_ms) = match existing {
+                let (old, latency_ms) = match existing {
                     Some(p) => {
                         p.cancel.cancel();
-                        (p.alive.clone(), p.latency_ms.clone())
+                        (p.verdicts.lock().clone(), p.latency_ms.clone())
                     }
-                    None => (
-                        Arc::new(AtomicBool::new(true)),
-                        Arc::new(AtomicU64::new(NO_LATENCY)),
-                    ),
+                    None => (BTreeMap::new(), Arc::new(AtomicU64::new(NO_LATENCY))),
                 };
+                let verdicts: Verdicts = Arc::new(Mutex::new(
+                    target
+                        .addrs
+                        .iter()
+                        .map(|a| (a.ip(), old.get(&a.ip()).copied().unwrap_or_default()))
+                        .collect(),
+                ));
                 let cancel = shared.cancel.child_token();
                 let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(run(
@@ -159,17 +195,17 @@ impl Probers {
                     gw.clone(),
                     id,
                     target.clone(),
-                    alive.clone(),
+                    verdicts.clone(),
                     latency_ms.clone(),
                     cancel.clone(),
                 ));
-                let verdict = alive.load(Ordering::SeqCst);
+                let verdict = Verdict::of(&verdicts);
                 running.insert(
                     gw.clone(),
                     Prober {
                         id,
                         target,
-                        alive,
+                        verdicts,
                         latency_ms,
                         cancel,
                     },
@@ -181,16 +217,16 @@ impl Probers {
                     p.cancel.cancel();
                 }
                 ProbeMetrics::new(shared.metrics.clone(), cluster, gw).forget();
-                true
+                Verdict::unprobed()
             }
-            (None, None) => true,
+            (None, None) => Verdict::unprobed(),
         }
     }
 
     /// The prober's state of gateway `gw`; None when it is not probed.
     pub(crate) fn state(&self, gw: &GatewayRef) -> Option<ProbeState> {
         self.shared.running.lock().get(gw).map(|p| ProbeState {
-            alive: p.alive.load(Ordering::SeqCst),
+            alive: Verdict::of(&p.verdicts).alive,
             latency_ms: Some(p.latency_ms.load(Ordering::SeqCst)).filter(|&l| l != NO_LATENCY),
         })
     }
@@ -228,55 +264,72 @@ async fn run(
     gw: GatewayRef,
     id: u64,
     target: ProbeTarget,
-    alive: Arc<AtomicBool>,
+    verdicts: Verdicts,
     latency_ms: Arc<AtomicU64>,
     cancel: CancellationToken,
 ) {
     let cluster = &shared.cluster;
     let metrics = ProbeMetrics::new(shared.metrics.clone(), cluster, &gw);
     metrics.enabled();
-    let mut failures = 0u32;
+    let threshold = shared.config.failure_threshold;
     loop {
         if shared.retire_if_unused(&gw, id) {
             // No mirror uses this gateway any more.
             metrics.forget();
             return;
         }
-        let started = Instant::now();
-        let connect_to = shared
-            .config
-            .redirect
-            .as_ref()
-            .map_or(target.addr, |r| (r.0)(target.addr));
-        let outcome = probe(&target, connect_to, shared.config.timeout).await;
-        let took = started.elapsed();
-        metrics.probed(took, outcome.is_ok());
+        // Every address at once: a round takes the slowest probe, at most the timeout.
+        let outcomes = futures::future::join_all(target.addrs.iter().map(|addr| {
+            let connect_to = shared
+                .config
+                .redirect
+                .as_ref()
+                .map_or(*addr, |r| (r.0)(*addr));
+            let (path, timeout) = (&target.path, shared.config.timeout);
+            async move {
+                let started = Instant::now();
+                let outcome = probe(*addr, path, connect_to, timeout).await;
+                (addr.ip(), started.elapsed(), outcome)
+            }
+        }))
+        .await;
         if cancel.is_cancelled() {
             return;
         }
-        let success_ms = outcome.is_ok().then_some(took.as_millis() as u64);
-        if let Some(ms) = success_ms {
+        let mut changed = false;
+        let mut fastest: Option<u64> = None;
+        for (ip, took, outcome) in &outcomes {
+            metrics.probed(*took, outcome.is_ok());
+            if outcome.is_ok() {
+                let ms = took.as_millis() as u64;
+                fastest = Some(fastest.map_or(ms, |f| f.min(ms)));
+            }
+            let mut table = verdicts.lock();
+            let v = table.entry(*ip).or_default();
+            if !v.observe(outcome.is_ok(), threshold) {
+                if let Err(e) = outcome {
+                    tracing::debug!(%cluster, gateway = %gw, address = %ip, failures = v.failures, error = %e, "gateway probe failed");
+                }
+                continue;
+            }
+            changed = true;
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(%cluster, gateway = %gw, address = %ip, "gateway address alive again: its mirror endpoints ready")
+                }
+                Err(e) => {
+                    tracing::warn!(%cluster, gateway = %gw, address = %ip, failures = v.failures, error = %e, "gateway address down: its mirror endpoints not ready")
+                }
+            }
+        }
+        if let Some(ms) = fastest {
             latency_ms.store(ms, Ordering::SeqCst);
         }
-        let was = alive.load(Ordering::SeqCst);
-        let now = match &outcome {
-            Ok(()) => {
-                failures = 0;
-                true
-            }
-            Err(e) => {
-                failures += 1;
-                tracing::debug!(%cluster, gateway = %gw, failures, error = %e, "gateway probe failed");
-                was && failures < shared.config.failure_threshold
-            }
-        };
-        metrics.verdict(now, success_ms);
-        if now != was {
-            alive.store(now, Ordering::SeqCst);
-            if now {
-                tracing::info!(%cluster, gateway = %gw, "gateway alive again: mirror endpoints ready");
-            } else {
-                tracing::warn!(%cluster, gateway = %gw, failures, error = ?outcome.err(), "gateway down: mirror endpoints not ready");
+        let verdict = Verdict::of(&verdicts);
+        metrics.verdict(verdict.alive, fastest);
+        if changed {
+            if !verdict.alive {
+                tracing::warn!(%cluster, gateway = %gw, "gateway down: every address fails its probes");
             }
             // The link controller queues every mirror behind the gateway.
             let _ = shared.verdicts.send(gw.clone());
@@ -290,7 +343,8 @@ async fn run(
 
 /// One HTTP GET; Ok on a 2xx answer within `timeout`.
 async fn probe(
-    target: &ProbeTarget,
+    addr: SocketAddr,
+    path: &str,
     connect_to: SocketAddr,
     timeout: Duration,
 ) -> Result<(), String> {
@@ -298,13 +352,12 @@ async fn probe(
         let mut s = tokio::net::TcpStream::connect(connect_to)
             .await
             .map_err(|e| format!("connect: {e}"))?;
-        let host = match target.addr.ip() {
-            IpAddr::V6(ip) => format!("[{ip}]:{}", target.addr.port()),
-            IpAddr::V4(ip) => format!("{ip}:{}", target.addr.port()),
+        let host = match addr.ip() {
+            IpAddr::V6(ip) => format!("[{ip}]:{}", addr.port()),
+            IpAddr::V4(ip) => format!("{ip}:{}", addr.port()),
         };
         let req = format!(
-            "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: service-mirror-probe\r\nConnection: close\r\n\r\n",
-            target.path
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: service-mirror-probe\r\nConnection: close\r\n\r\n"
         );
         s.write_all(req.as_bytes())
             .await

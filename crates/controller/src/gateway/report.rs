@@ -29,6 +29,20 @@ pub(crate) trait GatewayListener: Send + Sync {
 /// The link's remote state now (what its mirrors' endpoints are built under).
 pub(crate) type RemoteStateNow = Arc<dyn Fn() -> RemoteState + Send + Sync>;
 
+/// Where the notes of a resolution go (a Warning Event on the link: reason, note).
+/// The gateway component says each note once per gateway and episode to whichever
+/// caller resolves first; when that is this report (MCS or federation in use), the note
+/// must be recorded here or the link never hears of it.
+pub(crate) type Notes = Arc<dyn Fn(&'static str, String) + Send + Sync>;
+
+/// What the report reads from and tells its link.
+pub(crate) struct LinkSide {
+    /// The link's remote state now.
+    pub(crate) remote: RemoteStateNow,
+    /// Where the resolution's notes go.
+    pub(crate) notes: Notes,
+}
+
 /// Reports the Link's gateway `gw` (from `source`) to every listener while one is in
 /// use: resolved by the link's own gateway component every `refresh` (and when a
 /// listener comes into use), its verdict read and the link's `remote` state applied
@@ -39,7 +53,7 @@ pub(crate) async fn report_gateway(
     gateways: Arc<super::Gateways>,
     gw: service_mirror_core::GatewayRef,
     source: super::GatewaySource,
-    remote: RemoteStateNow,
+    link: LinkSide,
     refresh: std::time::Duration,
     cancel: tokio_util::sync::CancellationToken,
 ) {
@@ -54,6 +68,9 @@ pub(crate) async fn report_gateway(
         if listeners.iter().any(|l| l.in_use()) {
             if resolved_at.is_none_or(|t| t.elapsed() >= refresh) {
                 let resolution = gateways.resolve(&key, &gw, Some(Ok(source.clone()))).await;
+                for (reason, note) in resolution.notes() {
+                    (link.notes)(reason, note.to_owned());
+                }
                 current = resolution.gateway.map(|g| MemberGateway {
                     addresses: g.addresses,
                     port: g.port,
@@ -64,7 +81,7 @@ pub(crate) async fn report_gateway(
             } else if let (Some(g), Some(state)) = (current.as_mut(), gateways.probe_state(&gw)) {
                 g.alive = state.alive;
             }
-            let state = remote();
+            let state = (link.remote)();
             let stale = current.clone().map(|mut g| {
                 if state >= RemoteState::Stale {
                     let probe = gateways.probe_state(&gw).map(|s| s.alive);
@@ -90,5 +107,112 @@ pub(crate) async fn report_gateway(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(GATEWAY_REPORT_PERIOD) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::{GatewaySource, Gateways, Lookup, ProbeConfig, Resolver};
+    use parking_lot::Mutex;
+    use service_mirror_core::{AddressPolicy, Cidr, GatewayRef, GatewaySpec, ProbeSpec};
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    /// Every hostname resolves to 198.18.0.1.
+    #[derive(Debug)]
+    struct OneAnswer;
+
+    impl Resolver for OneAnswer {
+        fn lookup<'a>(&'a self, _host: &'a str) -> Lookup<'a> {
+            Box::pin(async { Ok(vec!["198.18.0.1".parse().unwrap()]) })
+        }
+    }
+
+    struct InUse;
+
+    impl GatewayListener for InUse {
+        fn in_use(&self) -> bool {
+            true
+        }
+        fn report(&self, _gateway: Option<MemberGateway>) {}
+    }
+
+    #[tokio::test]
+    async fn a_refusal_found_by_the_link_gateway_report_is_recorded_once_not_swallowed() {
+        let cancel = CancellationToken::new();
+        let policy = AddressPolicy {
+            deny: Cidr::parse_list("198.18.0.0/15").unwrap(),
+            ..AddressPolicy::default()
+        };
+        let probes = ProbeConfig {
+            timeout: Duration::from_secs(1),
+            failure_threshold: 3,
+            redirect: None,
+        };
+        let (gateways, _verdicts) = Gateways::new(
+            "east",
+            Arc::new(OneAnswer),
+            crate::gateway::Policy {
+                flags: policy,
+                local: Default::default(),
+            },
+            probes,
+            crate::metrics::Metrics::new(),
+            Arc::new(|_: &GatewayRef| true),
+            cancel.clone(),
+        );
+        let gateways = Arc::new(gateways);
+        // A Link gateway given by hostname, refused after resolution.
+        let source = GatewaySource::Link {
+            spec: GatewaySpec {
+                ips: vec!["203.0.113.1".parse().unwrap()],
+                hostnames: vec!["gw.example".into()],
+                port: 4143,
+                resource_version: String::new(),
+                invalid_ingress: vec![],
+                identity: None,
+            },
+            probe: ProbeSpec {
+                port: None,
+                path: "/ready".into(),
+                period: Duration::from_secs(3),
+                warnings: vec![],
+            },
+        };
+        let gw = GatewayRef::new("ns", "link-east");
+        let recorded: Arc<Mutex<Vec<(&'static str, String)>>> = Arc::default();
+        let sink = recorded.clone();
+        let notes: Notes = Arc::new(move |reason, note| sink.lock().push((reason, note)));
+        let task = tokio::spawn(report_gateway(
+            vec![Arc::new(InUse)],
+            gateways.clone(),
+            gw.clone(),
+            source.clone(),
+            LinkSide {
+                remote: Arc::new(|| RemoteState::Connected),
+                notes,
+            },
+            Duration::from_millis(100),
+            cancel.clone(),
+        ));
+        for _ in 0..100 {
+            if !recorded.lock().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Several resolutions later, still one note.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let got = recorded.lock().clone();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0, "GatewayAddressRefused");
+        assert!(got[0].1.contains("198.18.0.1"), "{}", got[0].1);
+        // A mirror's reconcile of the same gateway in the same episode: said already.
+        let key = ServiceKey::new("ns", "web-east");
+        let again = gateways.resolve(&key, &gw, Some(Ok(source))).await;
+        assert_eq!(again.notes().count(), 0);
+        cancel.cancel();
+        let _ = task.await;
     }
 }

@@ -83,7 +83,7 @@ pub(crate) struct StateLabels {
 pub(crate) struct RefusedLabels {
     /// The link's cluster name.
     pub(crate) cluster: String,
-    /// Why: `configured_deny` or `default_deny` (refused addresses); a `GatewayError` reason
+    /// Why: `configured_deny`, `default_deny`, `local_service_cidr` or `local_pod_cidr` (refused addresses); a `GatewayError` reason
     /// (unusable gateways).
     pub(crate) reason: String,
 }
@@ -176,7 +176,7 @@ impl LinkFamilies {
         );
         r.register(
             "gateway_addresses_refused",
-            "Gateway addresses refused by the gateway address policy, by reason (configured_deny, default_deny)",
+            "Gateway addresses refused by the gateway address policy, by reason (configured_deny, default_deny, local_service_cidr, local_pod_cidr)",
             self.gateway_addresses_refused.clone(),
         );
         r.register(

@@ -149,7 +149,10 @@ impl LinkController {
         let (gateways, verdicts) = Gateways::new(
             &cluster,
             deps.resolver.clone(),
-            config.gateway_address_policy.clone(),
+            crate::gateway::Policy {
+                flags: config.gateway_address_policy.clone(),
+                local: deps.local_networks.clone(),
+            },
             config.probes(&deps),
             deps.metrics.clone(),
             in_use,
@@ -280,16 +283,32 @@ impl LinkController {
             &config.export_rule,
         ) {
             let health = rec.health.clone();
+            let (writer, link) = (rec.writer.clone(), deps.link_secret.clone());
+            let notes: crate::gateway::report::Notes = Arc::new(move |reason, note| {
+                if let Some(link) = link.clone() {
+                    let writer = writer.clone();
+                    tokio::spawn(async move { writer.record(&link, reason, "Mirror", note).await });
+                }
+            });
             tasks.push(tokio::spawn(crate::gateway::report::report_gateway(
                 listeners,
                 rec.gateways.clone(),
                 gateway.clone(),
                 source,
-                Arc::new(move || health.state()),
+                crate::gateway::report::LinkSide {
+                    remote: Arc::new(move || health.state()),
+                    notes,
+                },
                 config.endpoint_refresh_period,
                 cancel.clone(),
             )));
         }
+        tasks.push(tokio::spawn(workers::follow_local_networks(
+            deps.local_networks.clone(),
+            rec.index.clone(),
+            rec.queue.clone(),
+            cancel.clone(),
+        )));
         let gate = workers::Gate {
             writable,
             leader: deps.leader.clone(),

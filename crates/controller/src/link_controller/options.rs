@@ -116,6 +116,9 @@ pub struct LinkDeps {
     /// The process's MCS component, which reads this link's ServiceExports while the
     /// link runs (`None`: MCS off).
     pub mcs: Option<crate::mcs::Mcs>,
+    /// The local cluster's service and pod CIDRs, refused as gateway addresses with no
+    /// flag (`local_networks::spawn`; the default knows none).
+    pub local_networks: crate::local_networks::LocalNetworks,
 }
 
 impl Default for LinkDeps {
@@ -131,6 +134,7 @@ impl Default for LinkDeps {
             federation: None,
             link_created: None,
             mcs: None,
+            local_networks: Default::default(),
         }
     }
 }

@@ -331,15 +331,12 @@ impl Reconciler {
                     source => self.gateways.resolve(key, gw, source).await,
                 };
                 g.requeue = resolution.retry_after;
-                if let (Some(note), Some(link)) = (&resolution.refused_note, &self.link_secret) {
-                    self.writer
-                        .record(link, "GatewayAddressRefused", "Mirror", note.clone())
-                        .await;
-                }
-                if let (Some(note), Some(link)) = (&resolution.unusable_note, &self.link_secret) {
-                    self.writer
-                        .record(link, "GatewayUnusable", "Mirror", note.clone())
-                        .await;
+                if let Some(link) = &self.link_secret {
+                    for (reason, note) in resolution.notes() {
+                        self.writer
+                            .record(link, reason, "Mirror", note.to_owned())
+                            .await;
+                    }
                 }
                 let mut gateway = resolution.gateway;
                 // A remote Service without a ready endpoint: Endpoints without subsets,

@@ -267,3 +267,35 @@ pub(super) async fn forward_verdicts(
         }
     }
 }
+
+/// The local networks changed (a ServiceCIDR or a Node's pod CIDRs, added or gone):
+/// every mirror is looked at again, so an address now in a local network leaves its
+/// mirrors and one no longer in any comes back (writes happen only where addresses
+/// change).
+pub(super) async fn follow_local_networks(
+    mut local: crate::local_networks::LocalNetworks,
+    index: Arc<Mutex<Index>>,
+    queue: WorkQueue<ServiceKey>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let changed = tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = local.changed() => changed,
+        };
+        if !changed {
+            return;
+        }
+        let keys: Vec<ServiceKey> = {
+            let index = index.lock();
+            index
+                .gateways()
+                .iter()
+                .flat_map(|gw| index.users_of(gw))
+                .collect()
+        };
+        for key in keys {
+            queue.add(key);
+        }
+    }
+}

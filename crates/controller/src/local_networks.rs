@@ -1,0 +1,526 @@
+//! The local cluster's own networks, kept current: the gateway address policy refuses
+//! gateway addresses in them with no flag (`service_mirror_core::LocalCidrs`), so a
+//! remote cannot aim local clients at the local apiserver, a local Service or a pod.
+//!
+//! Three watches of the local apiserver, one per source:
+//! - `service_cidrs`: every `networking.k8s.io/v1` ServiceCIDR's `spec.cidrs` (GA and
+//!   served by default since Kubernetes 1.33);
+//! - `kubernetes_service`: the `kubernetes` Service in `default`, its ClusterIPs as /32
+//!   or /128, read whatever else is readable: the documented fallback when ServiceCIDRs
+//!   cannot be read (an older apiserver, no permission) still keeps the apiserver's own
+//!   ClusterIP out;
+//! - `nodes`: every Node's `spec.podCIDRs` (clusters whose nodes get no pod CIDR, as
+//!   with many CNI plugins' own IPAM, contribute none).
+//!
+//! A source that cannot be read (forbidden, not served, unreachable) is said once per
+//! change of state (a warning, a Warning Event on the `kubernetes` Service, and
+//! `service_mirror_local_cidrs{source,state}`), keeps its last good CIDRs and is watched
+//! again with backoff. A malformed entry is skipped and said once; the object's other
+//! entries still count. A change reaches every link, whose mirrors are looked at again.
+
+use crate::events::EventRecorder;
+use crate::metrics::Metrics;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::EventType;
+use kube::runtime::watcher::{self, Event};
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use service_mirror_core::local_networks::{
+    Malformed, Read, cluster_ips_of, pod_cidrs_of, service_cidrs_of,
+};
+use service_mirror_core::{Cidr, LocalCidrs};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The local networks as last read; clones share them.
+#[derive(Clone, Debug)]
+pub struct LocalNetworks {
+    rx: watch::Receiver<LocalCidrs>,
+}
+
+impl Default for LocalNetworks {
+    /// No local network: the flags alone (embedders and tests that do not discover).
+    fn default() -> Self {
+        Self::fixed(LocalCidrs::default())
+    }
+}
+
+impl LocalNetworks {
+    /// Networks that never change.
+    pub fn fixed(cidrs: LocalCidrs) -> Self {
+        let (tx, rx) = watch::channel(cidrs.normalized());
+        // The receiver keeps the value; no sender means no change, ever.
+        drop(tx);
+        Self { rx }
+    }
+
+    /// The networks now.
+    pub fn current(&self) -> LocalCidrs {
+        self.rx.borrow().clone()
+    }
+
+    /// Waits for a change; false once none can come any more.
+    pub async fn changed(&mut self) -> bool {
+        self.rx.changed().await.is_ok()
+    }
+}
+
+/// Where the local networks are read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    /// ServiceCIDR objects.
+    ServiceCidrs,
+    /// The `kubernetes` Service in `default`.
+    KubernetesService,
+    /// Nodes' `spec.podCIDRs`.
+    Nodes,
+}
+
+impl Source {
+    /// The bounded metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::ServiceCidrs => "service_cidrs",
+            Self::KubernetesService => "kubernetes_service",
+            Self::Nodes => "nodes",
+        }
+    }
+
+    /// What missing it means, for the report.
+    fn effect(self) -> &'static str {
+        match self {
+            Self::ServiceCidrs => {
+                "gateway addresses in the local service CIDRs are refused only at the kubernetes Service's ClusterIP (grant list/watch servicecidrs.networking.k8s.io, or deny the service CIDRs with --gateway-address-deny)"
+            }
+            Self::KubernetesService => {
+                "the local apiserver's ClusterIP is refused only if a ServiceCIDR holds it (grant list/watch services)"
+            }
+            Self::Nodes => {
+                "gateway addresses in the local pod CIDRs are not refused (grant list/watch nodes, or deny the pod CIDRs with --gateway-address-deny)"
+            }
+        }
+    }
+}
+
+/// How a source reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Read and watched.
+    Read,
+    /// 403: no permission.
+    Forbidden,
+    /// 404: the API is not served (ServiceCIDR before Kubernetes 1.33).
+    NotServed,
+    /// Any other failure.
+    Unreachable,
+}
+
+impl State {
+    /// The bounded metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Forbidden => "forbidden",
+            Self::NotServed => "not_served",
+            Self::Unreachable => "unreachable",
+        }
+    }
+
+    const ALL: [State; 4] = [
+        State::Read,
+        State::Forbidden,
+        State::NotServed,
+        State::Unreachable,
+    ];
+
+    fn of(error: &watcher::Error) -> Self {
+        let api = match error {
+            watcher::Error::InitialListFailed(kube::Error::Api(e))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(e))
+            | watcher::Error::WatchFailed(kube::Error::Api(e)) => Some(e.code),
+            watcher::Error::WatchError(e) => Some(e.code),
+            _ => None,
+        };
+        match api {
+            Some(403) => Self::Forbidden,
+            Some(404) => Self::NotServed,
+            _ => Self::Unreachable,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceStateLabels {
+    source: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: String,
+}
+
+/// The local networks' metric families.
+#[derive(Debug, Default)]
+pub(crate) struct LocalNetworkFamilies {
+    /// 1 for each source's current state.
+    state: Family<SourceStateLabels, Gauge>,
+    /// CIDRs each source contributes now.
+    cidrs: Family<SourceLabels, Gauge>,
+    /// Entries skipped as malformed (each counted once).
+    malformed: Family<SourceLabels, Counter>,
+}
+
+impl LocalNetworkFamilies {
+    /// Registers the families (under the registry's prefix).
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "local_cidrs",
+            "1 for each source of the local networks (service_cidrs, kubernetes_service, nodes) and its state (read, forbidden, not_served, unreachable)",
+            self.state.clone(),
+        );
+        r.register(
+            "local_cidr_blocks",
+            "CIDRs each source of the local networks contributes to the gateway address policy",
+            self.cidrs.clone(),
+        );
+        r.register(
+            "local_cidr_malformed",
+            "Entries of local objects skipped as not a CIDR",
+            self.malformed.clone(),
+        );
+    }
+
+    fn set_state(&self, source: Source, state: State) {
+        for s in State::ALL {
+            self.state
+                .get_or_create(&SourceStateLabels {
+                    source: source.label().into(),
+                    state: s.label().into(),
+                })
+                .set(i64::from(s == state));
+        }
+    }
+}
+
+/// What each source last read, by object name.
+#[derive(Default)]
+struct Parts {
+    by_source: BTreeMap<Source, BTreeMap<String, Vec<Cidr>>>,
+}
+
+impl Parts {
+    fn union(&self) -> LocalCidrs {
+        let mut out = LocalCidrs::default();
+        for (source, objects) in &self.by_source {
+            let into = match source {
+                Source::Nodes => &mut out.pod,
+                Source::ServiceCidrs | Source::KubernetesService => &mut out.service,
+            };
+            into.extend(objects.values().flatten().copied());
+        }
+        out.normalized()
+    }
+}
+
+/// What the watches share.
+struct Shared {
+    parts: Mutex<Parts>,
+    tx: watch::Sender<LocalCidrs>,
+    metrics: Arc<Metrics>,
+    recorder: Option<EventRecorder>,
+    /// Malformed entries already said.
+    said: Mutex<HashSet<String>>,
+}
+
+/// Where Events about the local networks go: the `kubernetes` Service, whose
+/// ClusterIP is the fallback.
+fn event_object() -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: Some("default".into()),
+        name: Some("kubernetes".into()),
+        ..Default::default()
+    }
+}
+
+impl Shared {
+    fn publish(&self, source: Source, objects: BTreeMap<String, Vec<Cidr>>) {
+        let count = objects.values().map(Vec::len).sum::<usize>();
+        self.metrics
+            .local_networks
+            .cidrs
+            .get_or_create(&SourceLabels {
+                source: source.label().into(),
+            })
+            .set(count as i64);
+        let now = {
+            let mut parts = self.parts.lock();
+            parts.by_source.insert(source, objects);
+            parts.union()
+        };
+        self.tx.send_if_modified(|cur| {
+            let changed = *cur != now;
+            if changed {
+                tracing::info!(service = ?now.service.iter().map(ToString::to_string).collect::<Vec<_>>(), pod = ?now.pod.iter().map(ToString::to_string).collect::<Vec<_>>(), "local networks refused as gateway addresses");
+                *cur = now;
+            }
+            changed
+        });
+    }
+
+    async fn malformed(&self, source: Source, bad: Vec<Malformed>) {
+        for m in bad {
+            let text = m.to_string();
+            if !self.said.lock().insert(text.clone()) {
+                continue;
+            }
+            tracing::warn!(source = source.label(), entry = %text, "skipping a malformed local network entry; the object's other entries count");
+            self.metrics
+                .local_networks
+                .malformed
+                .get_or_create(&SourceLabels {
+                    source: source.label().into(),
+                })
+                .inc();
+            if let Some(r) = &self.recorder {
+                let note = format!("{text}: skipped (its other entries count)");
+                r.publish(
+                    &event_object(),
+                    EventType::Warning,
+                    "LocalNetworkMalformed",
+                    "Discover",
+                    note,
+                )
+                .await;
+            }
+        }
+    }
+
+    async fn state(
+        &self,
+        source: Source,
+        was: &mut Option<State>,
+        now: State,
+        error: Option<String>,
+    ) {
+        if *was == Some(now) {
+            return;
+        }
+        let first = was.is_none();
+        *was = Some(now);
+        self.metrics.local_networks.set_state(source, now);
+        if now == State::Read {
+            if !first {
+                tracing::info!(source = source.label(), "local networks readable again");
+            }
+            return;
+        }
+        let effect = source.effect();
+        let error = error.unwrap_or_default();
+        tracing::warn!(source = source.label(), state = now.label(), %error, "cannot read the local networks: {effect}");
+        if let Some(r) = &self.recorder {
+            let note = format!(
+                "cannot read the local networks from {} ({}): {effect}",
+                source.label(),
+                now.label()
+            );
+            r.publish(
+                &event_object(),
+                EventType::Warning,
+                "LocalNetworksUnreadable",
+                "Discover",
+                note,
+            )
+            .await;
+        }
+    }
+}
+
+/// Starts the watches of the local networks.
+pub fn spawn(
+    client: kube::Client,
+    recorder: Option<EventRecorder>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> (LocalNetworks, Vec<JoinHandle<()>>) {
+    let (tx, rx) = watch::channel(LocalCidrs::default());
+    let shared = Arc::new(Shared {
+        parts: Mutex::default(),
+        tx,
+        metrics,
+        recorder,
+        said: Mutex::default(),
+    });
+    let kubernetes = watcher::Config::default().fields("metadata.name=kubernetes");
+    let tasks = vec![
+        tokio::spawn(follow(
+            shared.clone(),
+            Source::ServiceCidrs,
+            Api::<ServiceCIDR>::all(client.clone()),
+            watcher::Config::default(),
+            service_cidrs_of,
+            cancel.clone(),
+        )),
+        tokio::spawn(follow(
+            shared.clone(),
+            Source::KubernetesService,
+            Api::<Service>::namespaced(client.clone(), "default"),
+            kubernetes,
+            cluster_ips_of,
+            cancel.clone(),
+        )),
+        tokio::spawn(follow(
+            shared,
+            Source::Nodes,
+            Api::<Node>::all(client),
+            watcher::Config::default(),
+            pod_cidrs_of,
+            cancel,
+        )),
+    ];
+    (LocalNetworks { rx }, tasks)
+}
+
+/// Watches one source until `cancel`, publishing what it reads.
+async fn follow<K>(
+    shared: Arc<Shared>,
+    source: Source,
+    api: Api<K>,
+    config: watcher::Config,
+    read: fn(&K) -> Read,
+    cancel: CancellationToken,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut objects: BTreeMap<String, Vec<Cidr>> = BTreeMap::new();
+    let mut relist: Option<BTreeMap<String, Vec<Cidr>>> = None;
+    let mut state: Option<State> = None;
+    loop {
+        let event = tokio::select! {
+            _ = cancel.cancelled() => return,
+            e = stream.next() => match e { Some(e) => e, None => return },
+        };
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                // The last good CIDRs stay: nothing is forgotten because of a failure.
+                shared
+                    .state(source, &mut state, State::of(&e), Some(e.to_string()))
+                    .await;
+                continue;
+            }
+        };
+        let apply = |o: &K, into: &mut BTreeMap<String, Vec<Cidr>>| {
+            let (cidrs, bad) = read(o);
+            into.insert(o.meta().name.clone().unwrap_or_default(), cidrs);
+            bad
+        };
+        let bad = match event {
+            Event::Init => {
+                relist = Some(BTreeMap::new());
+                continue;
+            }
+            Event::InitApply(o) => apply(&o, relist.get_or_insert_default()),
+            Event::InitDone => {
+                objects = relist.take().unwrap_or_default();
+                shared.state(source, &mut state, State::Read, None).await;
+                shared.publish(source, objects.clone());
+                continue;
+            }
+            Event::Apply(o) => {
+                let bad = apply(&o, &mut objects);
+                shared.publish(source, objects.clone());
+                bad
+            }
+            Event::Delete(o) => {
+                objects.remove(&o.meta().name.clone().unwrap_or_default());
+                shared.publish(source, objects.clone());
+                continue;
+            }
+        };
+        shared.malformed(source, bad).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cidrs(list: &str) -> Vec<Cidr> {
+        Cidr::parse_list(list).unwrap()
+    }
+
+    #[test]
+    fn the_sources_join_into_service_and_pod_cidrs_and_a_source_replaced_drops_its_old_ones() {
+        let mut parts = Parts::default();
+        parts.by_source.insert(
+            Source::ServiceCidrs,
+            [("kubernetes".to_string(), cidrs("10.96.0.0/12"))].into(),
+        );
+        parts.by_source.insert(
+            Source::KubernetesService,
+            [("kubernetes".to_string(), cidrs("10.96.0.1/32"))].into(),
+        );
+        parts.by_source.insert(
+            Source::Nodes,
+            [
+                ("a".to_string(), cidrs("10.244.1.0/24")),
+                ("b".to_string(), cidrs("10.244.0.0/24")),
+            ]
+            .into(),
+        );
+        let u = parts.union();
+        assert_eq!(u.service, cidrs("10.96.0.0/12,10.96.0.1/32"));
+        assert_eq!(u.pod, cidrs("10.244.0.0/24,10.244.1.0/24"));
+        // A ServiceCIDR removed at run time: no longer refused; the ClusterIP stays.
+        parts
+            .by_source
+            .insert(Source::ServiceCidrs, BTreeMap::new());
+        assert_eq!(parts.union().service, cidrs("10.96.0.1/32"));
+    }
+
+    #[test]
+    fn watch_errors_map_to_bounded_states() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("no", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let table = [
+            (
+                watcher::Error::InitialListFailed(api(403)),
+                State::Forbidden,
+            ),
+            (watcher::Error::WatchStartFailed(api(403)), State::Forbidden),
+            (
+                watcher::Error::InitialListFailed(api(404)),
+                State::NotServed,
+            ),
+            (
+                watcher::Error::InitialListFailed(api(500)),
+                State::Unreachable,
+            ),
+        ];
+        for (error, want) in table {
+            assert_eq!(State::of(&error), want, "{error}");
+        }
+        let labels: Vec<&str> = State::ALL.iter().map(|s| s.label()).collect();
+        assert_eq!(labels, ["read", "forbidden", "not_served", "unreachable"]);
+    }
+}
