@@ -479,12 +479,14 @@ mod tests {
         // `--linkerd-namespace` = `--namespace`: only what link_objects chose (it keeps
         // a Secret another Link reads), even with the same credentials.
         let shared = with("shared", "mc", "east", T, "ours");
-        assert!(destination_objects("east", "mc", &[shared.clone()], &[&ours]).is_empty());
+        assert!(
+            destination_objects("east", "mc", std::slice::from_ref(&shared), &[&ours]).is_empty()
+        );
         assert_eq!(
             names(destination_objects(
                 "east",
                 "mc",
-                &[shared.clone()],
+                std::slice::from_ref(&shared),
                 &[&shared]
             )),
             ["Secret/mc/shared"]
