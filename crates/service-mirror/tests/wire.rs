@@ -440,7 +440,7 @@ async fn a_dead_gateway_makes_requests_fail_fast_and_its_return_brings_them_back
     let mut slowest_failure = Duration::ZERO;
     w.ctl
         .wait_log(
-            &["gateway down: mirror endpoints not ready"],
+            &["gateway down: every address fails its probes"],
             Duration::from_secs(120),
         )
         .await;
