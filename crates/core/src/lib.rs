@@ -43,6 +43,7 @@ pub mod probe;
 pub mod remote_state;
 pub mod selector;
 pub mod slices;
+pub mod write_lease;
 
 pub use address_policy::{AddressPolicy, Cidr, CidrError, Refused, RefusedBy};
 pub use desired::{

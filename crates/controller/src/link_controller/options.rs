@@ -116,6 +116,10 @@ pub struct LinkDeps {
     /// The process's MCS component, which reads this link's ServiceExports while the
     /// link runs (`None`: MCS off).
     pub mcs: Option<crate::mcs::Mcs>,
+    /// The per-link write gates (`write_leases.rs`): when set, the link writes only
+    /// while the process holds its write Lease `service-mirror-write-<cluster>` (as
+    /// well as the leadership), so it never writes beside Linkerd's own controller.
+    pub write_gates: Option<crate::write_leases::WriteGates>,
 }
 
 impl Default for LinkDeps {
@@ -131,6 +135,7 @@ impl Default for LinkDeps {
             federation: None,
             link_created: None,
             mcs: None,
+            write_gates: None,
         }
     }
 }
