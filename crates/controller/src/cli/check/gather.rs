@@ -170,23 +170,20 @@ async fn info(
     }
 }
 
-/// Every cluster a Link or link Secret of `namespace` names, valid or not.
-async fn named_clusters(
-    client: &kube::Client,
-    namespace: &str,
-    crd: &CrdState,
-) -> anyhow::Result<Vec<String>> {
-    let mut out: Vec<String> = Api::<Secret>::namespaced(client.clone(), namespace)
-        .list_metadata(&ListParams::default())
+/// Every cluster a Link or link Secret names, valid or not, in any namespace (as
+/// Linkerd's check lists Links: another controller namespace's mirrors are no orphans).
+async fn named_clusters(client: &kube::Client, crd: &CrdState) -> anyhow::Result<Vec<String>> {
+    let mut out: Vec<String> = Api::<Secret>::all(client.clone())
+        .list_metadata(&ListParams::default().fields(&format!("type={LINK_SECRET_TYPE}")))
         .await
-        .with_context(|| format!("listing Secrets in {namespace}"))?
+        .context("listing link Secrets")?
         .items
         .iter()
         .filter_map(|s| s.annotations().get(LINK_CLUSTER_NAME_ANNOTATION).cloned())
         .collect();
     if *crd == CrdState::Established {
         out.extend(
-            Api::<LinkResource>::namespaced(client.clone(), namespace)
+            Api::<LinkResource>::all(client.clone())
                 .list(&ListParams::default())
                 .await
                 .context("listing Links")?
@@ -498,7 +495,7 @@ pub async fn gather_with(
     clusters.sort();
     clusters.dedup();
     let mirrors = mirrors(client, &clusters).await?;
-    let named_clusters = named_clusters(client, namespace, &crd).await?;
+    let named_clusters = named_clusters(client, &crd).await?;
     let mirror_objects = mirror_objects(client).await?;
     let write_leases = write_leases(client, namespace, &clusters).await;
     let slices = slices(client).await?;

@@ -213,12 +213,12 @@ pub fn orphans(named: &[String], objects: &[MirrorObject]) -> Line {
             "{}{}: no Link nor link Secret names {}; `service-mirror unlink --cluster-name <cluster>` removes them",
             orphans
                 .iter()
-                .take(10)
+                .take(20)
                 .cloned()
                 .collect::<Vec<_>>()
                 .join(", "),
-            if orphans.len() > 10 {
-                format!(" and {} more", orphans.len() - 10)
+            if orphans.len() > 20 {
+                format!(" and {} more", orphans.len() - 20)
             } else {
                 String::new()
             },
@@ -334,9 +334,9 @@ pub fn slices_valid(slices: &[SliceInfo]) -> Line {
             what,
             format!(
                 "{}{} (written by an older controller? it is rewritten on the next change; `kubectl delete` it to have it written now)",
-                bad.iter().take(10).cloned().collect::<Vec<_>>().join("; "),
-                if n > 10 {
-                    format!("; and {} more", n - 10)
+                bad.iter().take(20).cloned().collect::<Vec<_>>().join("; "),
+                if n > 20 {
+                    format!("; and {} more", n - 20)
                 } else {
                     String::new()
                 }
