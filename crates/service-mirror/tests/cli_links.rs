@@ -392,7 +392,7 @@ impl InProcess {
                 Some(leader),
                 Arc::new(move || manager.link_set()),
                 write_gates,
-                None,
+                Some(EventRecorder::new(env.lc.clone(), None)),
                 metrics.clone(),
                 shutdown.clone(),
             )
@@ -899,5 +899,21 @@ async fn check_compares_trust_anchors_and_reports_orphans_foreign_write_leases_a
     let (_, hint) =
         line_of(&run.stdout, "‼ ", &lease_line).unwrap_or_else(|| panic!("{}", run.stdout));
     assert!(hint.contains("linkerd-service-mirror-x"), "{hint}");
+    // The controller found it too (at its next renewal, within 7.5 s): the Link says
+    // it writes nothing, with a Warning Event naming the holder.
+    let links: Api<LinkResource> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let condition = eventually("the Link's WriteLeaseHeld=False", || async {
+        let l = links.get(&c).await.ok()?;
+        let v = serde_json::to_value(&l).ok()?;
+        v["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "WriteLeaseHeld" && c["status"] == "False")
+            .cloned()
+    })
+    .await;
+    assert_eq!(condition["reason"], "HeldByForeign", "{condition}");
+    let note = wait_event(&env.lc, &ctl_ns, &c, "WriteLeaseHeldElsewhere").await;
+    assert!(note.contains("linkerd-service-mirror-x"), "{note}");
     ctl.stop().await;
 }
