@@ -165,10 +165,11 @@ impl WriteGates {
         }
     }
 
-    /// Closes and drops the gate of a cluster no link names any more.
+    /// Closes the gate of a cluster no link names any more. Kept, not dropped: a link
+    /// controller starting for it again may hold a receiver already (one small channel
+    /// per cluster ever linked).
     fn forget(&self, cluster: &str) {
         self.set(cluster, None);
-        self.gates.lock().remove(cluster);
     }
 
     fn clusters(&self) -> Vec<String> {
