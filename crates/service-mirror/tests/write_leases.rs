@@ -302,7 +302,7 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
     create_namespace(&env.lc, &ctl_ns).await;
     let leases: Api<Lease> = Api::namespaced(env.lc.clone(), &ctl_ns);
     let held = env.cluster.clone();
-    // A second link whose Linkerd holder stopped renewing: taken over on expiry.
+    // A second link whose foreign holder stopped renewing: taken over on expiry.
     let gone = format!("e{}", env.cluster);
     let held_lease = format!("service-mirror-write-{held}");
     let gone_lease = format!("service-mirror-write-{gone}");
@@ -324,11 +324,17 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
         )
         .await
         .unwrap();
+    // Bad input too: a garbage holder, no leaseDurationSeconds (ours, 3 s, counts) and a
+    // renewTime a year ahead (ignored).
+    let mut garbage = linkerd_lease(&gone, "linkerd\n\u{7}💥 gone", 4);
+    let spec = garbage.spec.as_mut().unwrap();
+    spec.lease_duration_seconds = None;
+    spec.renew_time = Some(MicroTime(
+        k8s_openapi::jiff::Timestamp::now()
+            + k8s_openapi::jiff::SignedDuration::from_hours(24 * 365),
+    ));
     leases
-        .create(
-            &PostParams::default(),
-            &linkerd_lease(&gone, "linkerd-service-mirror-gone", 4),
-        )
+        .create(&PostParams::default(), &garbage)
         .await
         .unwrap();
     // The test's own two creates, once the (asynchronous) audit log has them.
@@ -368,16 +374,26 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
     let blocked = wait_event(&env.lc, &ctl_ns, "held", "WriteLeaseHeldElsewhere").await;
     assert!(blocked.contains("linkerd-service-mirror-7f9"), "{blocked}");
 
-    // The Lease whose holder stopped renewing is taken over after its 4 s.
+    // The Lease whose holder stopped renewing is taken over after a duration (ours).
     let taken = eventually("the unrenewed Lease taken over", || async {
         let l = leases.get(&gone_lease).await.ok()?;
         (holder(&l).as_deref() == Some("ours-0")).then_some(l)
     })
     .await;
     println!(
-        "unrenewed foreign Lease (4 s) taken over {:?} after the start",
+        "unrenewed foreign Lease (no duration: ours, 3 s) taken over {:?} after the start",
         started.elapsed()
     );
+    let note = wait_event(&env.lc, &ctl_ns, "gone", "WriteLeaseHeldElsewhere").await;
+    println!("its report: {note}");
+    for said in [
+        "\\n",
+        "no positive leaseDurationSeconds",
+        "renewTime",
+        "ahead of our clock",
+    ] {
+        assert!(note.contains(said), "{said:?} in {note}");
+    }
     assert_eq!(
         taken
             .metadata
