@@ -229,34 +229,93 @@ pub struct Leadership {
     said: watch::Receiver<bool>,
     /// `None` for a [`Leadership::manual`] one (tests): the flag alone decides.
     term: Option<Arc<Term>>,
+    /// A link's write gate (`write_leases.rs`): the end of our hold on the link's write
+    /// Lease, `None` while it is not held. Writes need both.
+    gate: Option<watch::Receiver<Option<Instant>>>,
+    /// Keeps the sender of an always-true `said` alive (a gate without an election).
+    _always: Option<Arc<watch::Sender<bool>>>,
+}
+
+/// Whether a write gate is open at `now`.
+pub(crate) fn gate_open(end: Option<Instant>, now: Instant) -> bool {
+    may_write(end, now)
 }
 
 impl Leadership {
     /// A leadership switched by hand through the sender (for tests): no term.
     pub fn manual(leading: bool) -> (watch::Sender<bool>, Self) {
         let (tx, said) = watch::channel(leading);
-        (tx, Self { said, term: None })
+        (
+            tx,
+            Self {
+                said,
+                term: None,
+                gate: None,
+                _always: None,
+            },
+        )
+    }
+
+    /// `base` (or always, without an election) and also `gate`: one link's writes,
+    /// which need the leadership and that link's write Lease. Everything that reads a
+    /// [`Leadership`] (the writer before each write, the workers' gate, the status
+    /// writers, the reconcile-everything on a gain) then follows both.
+    pub fn gated(base: Option<Leadership>, gate: watch::Receiver<Option<Instant>>) -> Self {
+        let mut l = match base {
+            Some(l) => l,
+            None => {
+                let (tx, said) = watch::channel(true);
+                Self {
+                    said,
+                    term: None,
+                    gate: None,
+                    _always: Some(Arc::new(tx)),
+                }
+            }
+        };
+        l.gate = Some(gate);
+        l
     }
 
     /// Whether this replica leads now: its term has not ended on the monotonic clock
-    /// (whether or not the expiry task has run since).
+    /// (whether or not the expiry task has run since), and its write gate, if any, is
+    /// open.
     pub fn leading(&self) -> bool {
-        match &self.term {
+        let base = match &self.term {
             Some(t) => may_write(*t.end.lock(), Instant::now()),
             None => *self.said.borrow(),
-        }
+        };
+        base && self
+            .gate
+            .as_ref()
+            .is_none_or(|g| gate_open(*g.borrow(), Instant::now()))
     }
 
     /// As [`Leadership::leading`], marking the last transition seen.
     pub fn leading_and_update(&mut self) -> bool {
         self.said.borrow_and_update();
+        if let Some(g) = &mut self.gate {
+            g.borrow_and_update();
+        }
         self.leading()
     }
 
-    /// The next transition (gained or lost, by deadline too); an error once the
-    /// election is gone.
+    /// The next transition (gained or lost, by deadline too, of the leadership or the
+    /// gate); an error once the election is gone.
     pub async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
-        self.said.changed().await
+        match &mut self.gate {
+            None => self.said.changed().await,
+            Some(gate) => {
+                tokio::select! {
+                    r = self.said.changed() => r,
+                    r = gate.changed() => match r {
+                        Ok(()) => Ok(()),
+                        // The gates are gone (shutting down): only the election speaks.
+                        Err(_) => self.said.changed().await,
+                    },
+                }
+            }
+        }
     }
 
     /// Waits until leading; an error once the election is gone.
@@ -300,6 +359,8 @@ pub fn elect(
         Leadership {
             said: rx,
             term: Some(term),
+            gate: None,
+            _always: None,
         },
         task,
     )
@@ -777,6 +838,8 @@ mod tests {
         let mut l = Leadership {
             said: rx,
             term: Some(term.clone()),
+            gate: None,
+            _always: None,
         };
         term.set(Some(Instant::now() + secs(60.0)));
         assert!(l.leading_and_update());

@@ -28,6 +28,7 @@ pub mod mcs;
 pub mod metrics;
 pub mod permissions;
 pub(crate) mod watch;
+pub mod write_lease_report;
 pub mod write_leases;
 pub mod writer;
 

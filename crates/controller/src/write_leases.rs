@@ -1,33 +1,52 @@
 //! Per-link write Leases named as Linkerd names them: `linkerd multicluster check` and
 //! `gateways` find the pod that writes a link through the Lease
-//! `service-mirror-write-<cluster>` in the controller's namespace (its `holderIdentity`).
+//! `service-mirror-write-<cluster>` in the controller's namespace (its `holderIdentity`),
+//! and Linkerd's own controllers write a link only while they hold it.
 //!
-//! They only report: who may write is decided by the one leader-election Lease
-//! (`leader.rs`). The leader holds one write Lease per running link (holder: its
-//! identity, `leaseDurationSeconds` as the leader Lease), renewed once every two thirds
-//! of the duration, the one write per Lease an idle link costs. A Lease is ours only
-//! with [`OWNER_LABEL`]; any other (Linkerd's own controller electing on the same name)
-//! is never written, and reported once, since two controllers would write that link.
-//! Every write carries the resourceVersion last seen, so a replica that lost the
-//! leadership cannot overwrite the new leader's claim, and each write first reads the
-//! clock-bounded leadership (`leader.rs`): a replica whose term ended writes nothing.
-//! Shutting down while leading releases the Leases (holder `""`, as client-go
-//! releases); losing the leadership only forgets them (the new leader takes them); an
-//! unlinked cluster's Lease is deleted.
+//! A link writes only while we hold its Lease (the link's [`WriteGates`] gate, read
+//! through its [`crate::leader::Leadership`] before every write), so a migration from
+//! Linkerd's controller never has two writers on one link: a Lease held and renewed by
+//! a holder that is not ours (no [`OWNER_LABEL`], another identity) keeps the link
+//! watching, not writing (reported: Event, metric, Link condition; see
+//! `write_lease_report.rs`), read again every 2 s at most, and is taken (an update
+//! with its resourceVersion, adding our labels) as soon as it is released or expires
+//! unrenewed, judged on our clock (`service_mirror_core::write_lease`). Nothing of a
+//! foreign Lease is ever deleted.
+//!
+//! Among our replicas, who writes is decided by the one leader-election Lease
+//! (`leader.rs`): the leader holds one write Lease per running link (holder: its
+//! identity, `leaseDurationSeconds` as the leader Lease), renewed every half duration
+//! (7.5 s of the default 15 s; the gate closes at 90 % of the duration after the last
+//! renewal sent, so a renewal may be a 1 s tick late and one may fail). Every write
+//! carries the resourceVersion last seen, so a replica that lost the leadership cannot
+//! overwrite the new leader's claim, and each write first reads the clock-bounded
+//! leadership (`leader.rs`): a replica whose term ended writes nothing. Shutting down
+//! while leading releases the Leases (holder `""`, as client-go releases); losing the
+//! leadership only forgets them (the new leader takes them); an unlinked cluster's
+//! Lease is deleted, if ours.
 
 use crate::backoff::Backoff;
+use crate::events::EventRecorder;
 use crate::metrics::Metrics;
+use crate::write_lease_report::{BlockedLabels, Reporter, Takeover, TakeoverLabels};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use service_mirror_core::labels::CLUSTER_NAME_LABEL;
+use service_mirror_core::write_lease::{
+    LeaseView, Observed, Verdict, anomalies, judge, shown_holder,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -52,20 +71,34 @@ pub(crate) struct VerbLabels {
     pub(crate) verb: String,
 }
 
-/// The write Leases' metric family.
+/// The write Leases' metric families.
 #[derive(Debug, Default)]
 pub(crate) struct WriteLeaseFamilies {
     /// Writes to write Leases (never counted in `local_writes_total`, the mirrors').
     pub(crate) writes: Family<VerbLabels, Counter>,
+    /// 1 while a link writes nothing because a foreign holder holds its Lease.
+    pub(crate) blocked: Family<BlockedLabels, Gauge>,
+    /// Foreign Leases taken over, by how they ended.
+    pub(crate) takeovers: Family<TakeoverLabels, Counter>,
 }
 
 impl WriteLeaseFamilies {
-    /// Registers the family (under the registry's prefix).
+    /// Registers the families (under the registry's prefix).
     pub(crate) fn register(&self, r: &mut Registry) {
         r.register(
             "write_lease_writes",
             "Writes to the per-link service-mirror-write-<cluster> Leases",
             self.writes.clone(),
+        );
+        r.register(
+            "write_lease_blocked",
+            "1 while a link writes nothing: its write Lease is held by another writer (reason held_by_foreign)",
+            self.blocked.clone(),
+        );
+        r.register(
+            "write_lease_takeovers",
+            "Write Leases of another writer taken over, by reason (released, expired)",
+            self.takeovers.clone(),
         );
     }
 
@@ -78,12 +111,70 @@ impl WriteLeaseFamilies {
 
 /// The links the manager runs, and those it still claims (a rotation stops the old link
 /// controller before the new one runs: its Lease is kept meanwhile).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LinkSet {
     /// Clusters with a running link controller.
     pub running: BTreeSet<String>,
     /// Clusters a link Secret claims, running or not.
     pub claimed: BTreeSet<String>,
+    /// The link object (Secret or Link) of each running cluster, for Events.
+    pub sources: BTreeMap<String, ObjectReference>,
+}
+
+/// One gate per link: `Some(end)` while we hold the link's write Lease (until `end`, on
+/// the monotonic clock), `None` otherwise. A link controller started with these gates
+/// (`LinkDeps::write_gates`) writes only while its gate is open; the gate of a new link
+/// starts closed, and the holder task is woken to take its Lease at once.
+#[derive(Debug, Clone, Default)]
+pub struct WriteGates {
+    gates: Arc<Mutex<BTreeMap<String, watch::Sender<Option<Instant>>>>>,
+    wake: Arc<Notify>,
+}
+
+impl WriteGates {
+    /// The gate of `cluster`'s link (closed until its Lease is held).
+    pub fn receiver(&self, cluster: &str) -> watch::Receiver<Option<Instant>> {
+        let rx = self
+            .gates
+            .lock()
+            .entry(cluster.to_string())
+            .or_insert_with(|| watch::Sender::new(None))
+            .subscribe();
+        self.wake.notify_one();
+        rx
+    }
+
+    /// Sets `cluster`'s gate; its watchers are woken only when it opens or closes
+    /// (a renewal moving the end is no transition: every transition to open makes the
+    /// link reconcile every key).
+    fn set(&self, cluster: &str, end: Option<Instant>) {
+        if let Some(tx) = self.gates.lock().get(cluster) {
+            let now = Instant::now();
+            tx.send_if_modified(|v| {
+                let was = crate::leader::gate_open(*v, now);
+                *v = end;
+                was != crate::leader::gate_open(end, now)
+            });
+        }
+    }
+
+    fn close_all(&self) {
+        let clusters: Vec<String> = self.gates.lock().keys().cloned().collect();
+        for c in clusters {
+            self.set(&c, None);
+        }
+    }
+
+    /// Closes the gate of a cluster no link names any more. Kept, not dropped: a link
+    /// controller starting for it again may hold a receiver already (one small channel
+    /// per cluster ever linked).
+    fn forget(&self, cluster: &str) {
+        self.set(cluster, None);
+    }
+
+    fn clusters(&self) -> Vec<String> {
+        self.gates.lock().keys().cloned().collect()
+    }
 }
 
 /// Where and as whom the Leases are held.
@@ -102,13 +193,26 @@ struct Held {
     renewed: Instant,
 }
 
+/// A link whose Lease a foreign holder holds.
+struct Foreign {
+    /// The record as last read, for the expiry count.
+    observed: Option<Observed>,
+    /// When to read it again.
+    look_again: Instant,
+    /// The holder reported (a new holder is reported again).
+    reported: String,
+}
+
 struct WriteLeases {
     api: Api<Lease>,
+    client: kube::Client,
     opts: WriteLeaseOptions,
     metrics: Arc<Metrics>,
+    recorder: Option<EventRecorder>,
+    gates: WriteGates,
     held: BTreeMap<String, Held>,
-    /// Clusters whose Lease is not ours: reported once, never written.
-    foreign: BTreeSet<String>,
+    /// Clusters whose Lease a foreign holder holds: their links write nothing.
+    foreign: BTreeMap<String, Foreign>,
     /// Failed attempts and when to try again, by cluster.
     failing: BTreeMap<String, (u32, Instant)>,
     /// Read before each write: a replica whose leadership ended writes nothing.
@@ -116,21 +220,28 @@ struct WriteLeases {
 }
 
 /// Holds the write Leases while `leader` says so (always without election), for the
-/// links `links` returns, until `shutdown`; then releases them.
+/// links `links` returns, opening and closing their `gates`, until `shutdown`; then
+/// releases them.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     client: kube::Client,
     opts: WriteLeaseOptions,
     mut leader: Option<crate::leader::Leadership>,
     links: Arc<dyn Fn() -> LinkSet + Send + Sync>,
+    gates: WriteGates,
+    recorder: Option<EventRecorder>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     let mut w = WriteLeases {
-        api: Api::namespaced(client, &opts.namespace),
+        api: Api::namespaced(client.clone(), &opts.namespace),
+        client,
         opts,
         metrics,
+        recorder,
+        gates: gates.clone(),
         held: BTreeMap::new(),
-        foreign: BTreeSet::new(),
+        foreign: BTreeMap::new(),
         failing: BTreeMap::new(),
         leader: leader.clone(),
     };
@@ -158,6 +269,8 @@ pub fn spawn(
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(TICK) => {}
                 _ = changed => {}
+                // A link started: its gate waits for its Lease.
+                _ = gates.wake.notified() => {}
             }
         }
         w.release_all().await;
@@ -169,15 +282,33 @@ impl WriteLeases {
         self.leader.as_ref().is_none_or(|l| l.leading())
     }
 
+    fn reporter(&self) -> Reporter<'_> {
+        Reporter {
+            recorder: self.recorder.as_ref(),
+            client: &self.client,
+            blocked: &self.metrics.write_leases.blocked,
+            takeovers: &self.metrics.write_leases.takeovers,
+        }
+    }
+
     /// Drops what is held without writing (the leadership ended).
     fn forget_all(&mut self) {
+        self.gates.close_all();
         self.held.clear();
         self.foreign.clear();
         self.failing.clear();
     }
 
+    /// A renewal every half duration (see the module's note).
     fn renew_every(&self) -> Duration {
-        self.opts.duration.mul_f64(2.0 / 3.0)
+        self.opts.duration / 2
+    }
+
+    /// The gate closes at 90 % of the duration after the write that took or renewed
+    /// the Lease was sent: a foreign controller counts the whole duration from when it
+    /// saw that write, which is later.
+    fn hold_until(&self, sent: Instant) -> Instant {
+        sent + self.opts.duration.mul_f64(0.9)
     }
 
     fn secs(&self) -> i32 {
@@ -185,9 +316,12 @@ impl WriteLeases {
     }
 
     fn due(&self, cluster: &str) -> bool {
-        self.failing
-            .get(cluster)
-            .is_none_or(|(_, at)| Instant::now() >= *at)
+        let now = Instant::now();
+        self.failing.get(cluster).is_none_or(|(_, at)| now >= *at)
+            && self
+                .foreign
+                .get(cluster)
+                .is_none_or(|f| now >= f.look_again)
     }
 
     fn failed(&mut self, cluster: &str, what: &str, e: &kube::Error) {
@@ -199,27 +333,32 @@ impl WriteLeases {
     }
 
     /// One pass as leader: delete the Leases of unlinked clusters, take those of new
-    /// links, renew those due.
+    /// links (and of links a foreign holder let go), renew those due.
     async fn step(&mut self, links: &LinkSet) {
-        let gone: Vec<String> = self
-            .held
-            .keys()
-            .filter(|c| !links.running.contains(*c) && !links.claimed.contains(*c))
-            .cloned()
-            .collect();
+        let linked = |c: &String| links.running.contains(c) || links.claimed.contains(c);
+        let gone: Vec<String> = self.held.keys().filter(|c| !linked(c)).cloned().collect();
         for cluster in gone {
             self.delete(&cluster).await;
         }
-        self.foreign
-            .retain(|c| links.running.contains(c) || links.claimed.contains(c));
-        self.failing
-            .retain(|c, _| links.running.contains(c) || links.claimed.contains(c));
+        for cluster in self.gates.clusters() {
+            if !linked(&cluster) {
+                self.gates.forget(&cluster);
+            }
+        }
+        let unblocked: Vec<String> = self
+            .foreign
+            .keys()
+            .filter(|c| !linked(c))
+            .cloned()
+            .collect();
+        for cluster in unblocked {
+            self.foreign.remove(&cluster);
+            self.reporter().forget(&cluster);
+        }
+        self.failing.retain(|c, _| linked(c));
         for cluster in &links.running {
-            if !self.held.contains_key(cluster)
-                && !self.foreign.contains(cluster)
-                && self.due(cluster)
-            {
-                self.acquire(cluster).await;
+            if !self.held.contains_key(cluster) && self.due(cluster) {
+                self.acquire(cluster, links.sources.get(cluster)).await;
             }
         }
         let every = self.renew_every();
@@ -243,9 +382,9 @@ impl WriteLeases {
         }
     }
 
-    async fn acquire(&mut self, cluster: &str) {
+    /// Reads the Lease and takes it, unless a foreign holder holds it.
+    async fn acquire(&mut self, cluster: &str, source: Option<&ObjectReference>) {
         let name = lease_name(cluster);
-        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let existing = match self.api.get_opt(&name).await {
             Ok(l) => l,
             Err(e) => return self.failed(cluster, "read", &e),
@@ -253,18 +392,66 @@ impl WriteLeases {
         if !self.may_write() {
             return;
         }
+        let view = existing.as_ref().map(view_of);
+        let last = self.foreign.get(cluster).and_then(|f| f.observed.as_ref());
+        let (verdict, observed) = judge(
+            view.as_ref(),
+            &self.opts.identity,
+            last,
+            Instant::now(),
+            self.opts.duration,
+        );
+        if let Verdict::HeldByForeign {
+            holder, look_again, ..
+        } = &verdict
+        {
+            self.gates.set(cluster, None);
+            let shown = shown_holder(holder);
+            let first = self
+                .foreign
+                .get(cluster)
+                .is_none_or(|f| f.reported != *holder);
+            self.foreign.insert(
+                cluster.to_string(),
+                Foreign {
+                    observed,
+                    look_again: *look_again,
+                    reported: holder.clone(),
+                },
+            );
+            if first {
+                let odd: Vec<String> = view
+                    .as_ref()
+                    .map(anomalies)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                tracing::warn!(%cluster, lease = %name, holder = %shown, anomalies = ?odd, "the link's write Lease is held without our label by another writer (Linkerd's controller?): this link writes nothing until it is released or expires");
+                let mut note = format!(
+                    "the write Lease {name} is held by {shown:?}, not by this controller: mirrors of {cluster} are not written until it is released or stops being renewed"
+                );
+                if !odd.is_empty() {
+                    note.push_str(&format!(" ({})", odd.join("; ")));
+                }
+                self.reporter().blocked(cluster, source, note).await;
+            }
+            return;
+        }
+        let was_foreign = self.foreign.contains_key(cluster);
+        let takeover = match (&verdict, existing.as_ref().is_some_and(is_ours)) {
+            (Verdict::Expired { .. }, _) => Some(Takeover::Expired),
+            (Verdict::Released, false) => Some(Takeover::Released),
+            _ => None,
+        };
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let sent = Instant::now();
         let (verb, result) = match existing {
             None => {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
-                        labels: Some(
-                            [
-                                (OWNER_LABEL.to_string(), OWNER_VALUE.to_string()),
-                                (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
-                            ]
-                            .into(),
-                        ),
+                        labels: Some(our_labels(cluster).into_iter().collect()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -278,16 +465,14 @@ impl WriteLeases {
                 };
                 ("create", self.api.create(&Self::params(), &lease).await)
             }
-            Some(lease) if !is_ours(&lease) => {
-                let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
-                tracing::warn!(%cluster, lease = %name, ?holder, "a Lease of this name exists without our label: another controller (Linkerd's?) may write this link; leaving it alone");
-                self.foreign.insert(cluster.to_string());
-                return;
-            }
             Some(mut lease) => {
+                // Taken with the resourceVersion read: a holder that renewed meanwhile
+                // makes this a 409, and the next pass reads it again.
+                let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+                labels.extend(our_labels(cluster));
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 if spec.holder_identity.as_deref() != Some(&self.opts.identity) {
-                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).max(0) + 1);
                     spec.acquire_time = Some(now.clone());
                 }
                 spec.holder_identity = Some(self.opts.identity.clone());
@@ -303,14 +488,30 @@ impl WriteLeases {
             Ok(lease) => {
                 self.metrics.write_leases.wrote(verb);
                 self.failing.remove(cluster);
-                tracing::info!(%cluster, lease = %name, identity = %self.opts.identity, "holding the link's write Lease");
+                self.foreign.remove(cluster);
+                self.gates.set(cluster, Some(self.hold_until(sent)));
+                tracing::info!(%cluster, lease = %name, identity = %self.opts.identity, ?takeover, "holding the link's write Lease");
                 self.held.insert(
                     cluster.to_string(),
                     Held {
                         lease,
-                        renewed: Instant::now(),
+                        renewed: sent,
                     },
                 );
+                if takeover.is_some() || was_foreign {
+                    let note = match (&verdict, takeover) {
+                        (Verdict::Expired { holder }, _) => format!(
+                            "the write Lease {name} was not renewed by {:?} for its whole duration: taken over; mirrors of {cluster} are written again",
+                            shown_holder(holder)
+                        ),
+                        _ => format!(
+                            "the write Lease {name} was released by its holder: taken over; mirrors of {cluster} are written again"
+                        ),
+                    };
+                    self.reporter()
+                        .unblocked(cluster, source, takeover, note)
+                        .await;
+                }
             }
             Err(e) => self.failed(cluster, "take", &e),
         }
@@ -320,13 +521,14 @@ impl WriteLeases {
         if !self.may_write() {
             return;
         }
-        let Some(held) = self.held.get_mut(cluster) else {
+        let Some(held) = self.held.get(cluster) else {
             return;
         };
         let mut lease = held.lease.clone();
         if let Some(spec) = lease.spec.as_mut() {
             spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         }
+        let sent = Instant::now();
         match self
             .api
             .replace(&lease_name(cluster), &Self::params(), &lease)
@@ -334,13 +536,18 @@ impl WriteLeases {
         {
             Ok(lease) => {
                 self.metrics.write_leases.wrote("update");
-                *held = Held {
-                    lease,
-                    renewed: Instant::now(),
-                };
+                self.gates.set(cluster, Some(self.hold_until(sent)));
+                self.held.insert(
+                    cluster.to_string(),
+                    Held {
+                        lease,
+                        renewed: sent,
+                    },
+                );
             }
             Err(e) => {
-                // Changed or deleted by someone else: read it again on the next pass.
+                // Changed or deleted by someone else: read it again on the next pass
+                // (the gate closes by itself when the hold runs out).
                 self.held.remove(cluster);
                 self.failed(cluster, "renew", &e);
             }
@@ -354,6 +561,7 @@ impl WriteLeases {
         let Some(held) = self.held.remove(cluster) else {
             return;
         };
+        self.gates.forget(cluster);
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: held.lease.metadata.uid.clone(),
@@ -373,8 +581,10 @@ impl WriteLeases {
     }
 
     /// Gives every held Lease up (holder `""`, duration 1 s, as client-go releases), each
-    /// only if unchanged since our last write, and only while still leading.
+    /// only if unchanged since our last write, and only while still leading; the gates
+    /// close first.
     async fn release_all(&mut self) {
+        self.gates.close_all();
         for (cluster, held) in std::mem::take(&mut self.held) {
             if !self.may_write() {
                 continue;
@@ -404,6 +614,13 @@ impl WriteLeases {
     }
 }
 
+fn our_labels(cluster: &str) -> [(String, String); 2] {
+    [
+        (OWNER_LABEL.to_string(), OWNER_VALUE.to_string()),
+        (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
+    ]
+}
+
 fn is_ours(lease: &Lease) -> bool {
     lease
         .metadata
@@ -411,4 +628,24 @@ fn is_ours(lease: &Lease) -> bool {
         .as_ref()
         .and_then(|l| l.get(OWNER_LABEL))
         .is_some_and(|v| v == OWNER_VALUE)
+}
+
+/// The Lease as the judgement reads it; `renewTime` only to report one ahead of our
+/// wall clock.
+fn view_of(lease: &Lease) -> LeaseView {
+    let spec = lease.spec.as_ref();
+    let renew_ahead = spec
+        .and_then(|s| s.renew_time.as_ref())
+        .and_then(|t| {
+            let ahead = t.0.duration_since(k8s_openapi::jiff::Timestamp::now());
+            Duration::try_from(ahead).ok()
+        })
+        .filter(|d| !d.is_zero());
+    LeaseView {
+        holder: spec.and_then(|s| s.holder_identity.clone()),
+        ours: is_ours(lease),
+        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+        duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
+        renew_ahead,
+    }
 }

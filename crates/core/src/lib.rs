@@ -46,6 +46,7 @@ pub mod selector;
 #[cfg(test)]
 mod slice_invariants_tests;
 pub mod slices;
+pub mod write_lease;
 
 pub use address_policy::{AddressPolicy, Cidr, CidrError, LocalCidrs, Refused, RefusedBy};
 pub use desired::{

@@ -307,11 +307,32 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     );
+    // As `run`: each link writes only while its write Lease is held (`check` looks).
+    let write_gates = service_mirror_controller::write_leases::WriteGates::default();
+    let mut options = controller_options(metrics.clone(), leader.clone());
+    options.deps.write_gates = Some(write_gates.clone());
     let manager = Arc::new(LinkManager::start(
         local.clone(),
         EventRecorder::new(local.clone(), None),
-        controller_options(metrics.clone(), leader),
+        options,
     ));
+    let write_leases = {
+        let manager = manager.clone();
+        service_mirror_controller::write_leases::spawn(
+            local.clone(),
+            service_mirror_controller::write_leases::WriteLeaseOptions {
+                namespace: DEFAULT_NAMESPACE.into(),
+                identity: "demo".into(),
+                duration: Duration::from_secs(15),
+            },
+            Some(leader),
+            Arc::new(move || manager.link_set()),
+            write_gates,
+            None,
+            metrics.clone(),
+            shutdown.clone(),
+        )
+    };
     let gateways = {
         let manager = manager.clone();
         Arc::new(move || manager.gateways()) as Arc<dyn Fn() -> Vec<_> + Send + Sync>
@@ -580,6 +601,8 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     // The admin server holds the gateways closure: it finishes first.
     shutdown.cancel();
     let _ = admin_task.await;
+    // It holds the manager too (releasing its Leases first).
+    let _ = write_leases.await;
     if let Ok(manager) = Arc::try_unwrap(manager) {
         manager.shutdown().await;
     }

@@ -21,6 +21,7 @@ use service_mirror_controller::links::{
     LINK_CRD_NAME, LINK_CRD_YAML, LinkManager, LinkManagerOptions, LinkResource, LinkSources,
 };
 use service_mirror_controller::metrics::Metrics;
+use service_mirror_controller::write_leases::{self, WriteGates, WriteLeaseOptions};
 use service_mirror_core::NamespaceFilter;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -531,8 +532,9 @@ async fn link_reads_linkerd_config_takes_a_gateway_from_flags_and_unlink_removes
 struct InProcess {
     admin: SocketAddr,
     shutdown: CancellationToken,
-    manager: Option<LinkManager>,
+    manager: Option<Arc<LinkManager>>,
     election: Option<tokio::task::JoinHandle<()>>,
+    write_leases: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl InProcess {
@@ -550,6 +552,8 @@ impl InProcess {
             metrics.clone(),
             shutdown.clone(),
         );
+        // As `run`: each link writes only while its write Lease is held.
+        let write_gates = WriteGates::default();
         let opts = LinkManagerOptions {
             namespace: ctl_ns.to_string(),
             workers: 2,
@@ -563,7 +567,8 @@ impl InProcess {
             },
             deps: LinkDeps {
                 metrics: metrics.clone(),
-                leader: Some(leader),
+                leader: Some(leader.clone()),
+                write_gates: Some(write_gates.clone()),
                 probe_redirect: Some(ProbeRedirect(Arc::new(move |a: SocketAddr| match a.ip() {
                     std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2] => health,
                     _ => a,
@@ -571,11 +576,28 @@ impl InProcess {
                 ..LinkDeps::default()
             },
         };
-        let manager = LinkManager::start(
+        let manager = Arc::new(LinkManager::start(
             env.lc.clone(),
             EventRecorder::new(env.lc.clone(), None),
             opts,
-        );
+        ));
+        let write_leases = {
+            let manager = manager.clone();
+            write_leases::spawn(
+                env.lc.clone(),
+                WriteLeaseOptions {
+                    namespace: ctl_ns.to_string(),
+                    identity: format!("test-{ctl_ns}"),
+                    duration: Duration::from_secs(15),
+                },
+                Some(leader),
+                Arc::new(move || manager.link_set()),
+                write_gates,
+                Some(EventRecorder::new(env.lc.clone(), None)),
+                metrics.clone(),
+                shutdown.clone(),
+            )
+        };
         let (admin, _) = admin::serve(
             "127.0.0.1:0".parse().unwrap(),
             AdminState {
@@ -592,13 +614,18 @@ impl InProcess {
             shutdown,
             manager: Some(manager),
             election: Some(election),
+            write_leases: Some(write_leases),
         }
     }
 
     /// Stops the controller; its Lease is released.
     async fn stop(&mut self) {
         self.shutdown.cancel();
-        if let Some(m) = self.manager.take() {
+        // It holds the manager: released first.
+        if let Some(w) = self.write_leases.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
+        }
+        if let Some(m) = self.manager.take().and_then(|m| Arc::try_unwrap(m).ok()) {
             tokio::time::timeout(Duration::from_secs(10), m.shutdown())
                 .await
                 .unwrap();
@@ -709,7 +736,8 @@ async fn check_passes_on_a_working_link_and_fails_on_a_dead_gateway_and_without_
     ]);
     let v: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
     assert_eq!(v["success"], true, "{}", json.stdout);
-    assert_eq!(v["checks"].as_array().unwrap().len(), 6);
+    // The six above, trust anchors, orphans, the write Lease and the slices.
+    assert_eq!(v["checks"].as_array().unwrap().len(), 10, "{}", json.stdout);
 
     // The gateway stops answering its probes.
     healthy.store(false, Ordering::SeqCst);
@@ -842,4 +870,251 @@ async fn check_fails_for_a_gateway_mirror_without_endpoints() {
     env.mirror_gone("web").await;
     let secrets = Api::<Secret>::namespaced(env.lc.clone(), &ctl_ns);
     assert!(secrets.get_opt("link").await.unwrap().is_none());
+}
+
+/// `check` with `--linkerd-namespace`.
+fn check_in(ctl_ns: &str, admin: &str, kc: &str, linkerd_ns: &str) -> Run {
+    service_mirror(&[
+        "check",
+        "--namespace",
+        ctl_ns,
+        "--admin-addr",
+        admin,
+        "--kubeconfig",
+        kc,
+        "--linkerd-namespace",
+        linkerd_ns,
+    ])
+}
+
+/// The line of `check` output that starts with `mark` and contains `what`, and the
+/// hint under it.
+fn line_of<'a>(out: &'a str, mark: &str, what: &str) -> Option<(&'a str, &'a str)> {
+    let mut lines = out.lines();
+    while let Some(l) = lines.next() {
+        if l.starts_with(mark) && l.contains(what) {
+            return Some((l, lines.next().unwrap_or_default()));
+        }
+    }
+    None
+}
+
+/// A `linkerd-config` ConfigMap whose values hold `anchor` as the trust anchors.
+async fn linkerd_config(client: &kube::Client, ns: &str, anchor: &str) {
+    create_namespace(client, ns).await;
+    let values = format!(
+        "clusterDomain: cluster.local\nidentityTrustAnchorsPEM: |\n  -----BEGIN CERTIFICATE-----\n  {anchor}\n  -----END CERTIFICATE-----\n"
+    );
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "linkerd-config"},
+        "data": {"values": values},
+    }))
+    .unwrap();
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), ns);
+    match api.get_opt("linkerd-config").await.unwrap() {
+        None => {
+            api.create(&PostParams::default(), &cm).await.unwrap();
+        }
+        Some(old) => {
+            let mut cm = cm;
+            cm.metadata.resource_version = old.metadata.resource_version;
+            api.replace("linkerd-config", &PostParams::default(), &cm)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_compares_trust_anchors_and_reports_orphans_foreign_write_leases_and_bad_slices() {
+    let env = Env::new("cka").await;
+    install_crd(&env).await;
+    create_namespace(&env.lc, &env.ns).await;
+    let remote_ns = allow(&env).await;
+    gateway(&env, 77).await;
+    labelled_service(&env, "web").await;
+    let ctl_ns = unique_namespace("sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+    let healthy = Arc::new(AtomicBool::new(true));
+    let health = health_server(healthy.clone()).await;
+    let mut ctl = InProcess::start(&env, &ctl_ns, health).await;
+    let out = link_output_without_destination(&env, &remote_ns, &ctl_ns);
+    apply_yaml(&env.lc, &out.stdout).await.unwrap();
+    env.mirror_until("web", "mirror ready", |_, e| !subset_ips(e).is_empty())
+        .await;
+    let c = env.cluster.clone();
+    let kc = kubeconfig_path(&env);
+    let admin = ctl.admin.to_string();
+
+    // Linkerd on both sides, the same anchor; the link's credentials may read the
+    // remote linkerd-config (`allow` does not grant it: granted here).
+    let local_l5d = unique_namespace("l5d");
+    let remote_l5d = unique_namespace("l5d");
+    linkerd_config(&env.lc, &local_l5d, "QUFBQQ==").await;
+    linkerd_config(&env.rc, &remote_l5d, "QUFBQQ==").await;
+    apply_yaml(
+        &env.rc,
+        &format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-linkerd-config, namespace: {remote_l5d}}}\nrules: [{{apiGroups: [\"\"], resources: [configmaps], resourceNames: [linkerd-config], verbs: [get]}}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-linkerd-config, namespace: {remote_l5d}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-linkerd-config}}\nsubjects: [{{kind: ServiceAccount, name: mirror, namespace: {remote_ns}}}]\n"
+        ),
+    )
+    .await
+    .unwrap();
+    Api::<LinkResource>::namespaced(env.lc.clone(), &ctl_ns)
+        .patch(
+            &c,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"targetClusterLinkerdNamespace": remote_l5d}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let shares = format!("cluster {c} shares trust anchors with this cluster");
+    let lease_line = format!("write Lease service-mirror-write-{c} is held by this controller");
+    let pass = tokio::time::timeout(CONVERGE, async {
+        loop {
+            let run = check_in(&ctl_ns, &admin, &kc, &local_l5d);
+            if line_of(&run.stdout, "√ ", &shares).is_some()
+                && line_of(&run.stdout, "√ ", &lease_line).is_some()
+            {
+                return run;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await
+    .expect("anchors shared and the write Lease held");
+    eprintln!("check with Linkerd on both sides:\n{}", pass.stdout);
+    assert!(
+        pass.stdout
+            .lines()
+            .any(|l| l == format!("√ {lease_line}: test-{ctl_ns}")),
+        "{}",
+        pass.stdout
+    );
+    // Nothing of this test's namespace is an orphan or an invalid slice.
+    for what in [
+        "all mirrors are part of a link",
+        "every mirror EndpointSlice is valid",
+    ] {
+        if let Some((_, hint)) = line_of(&pass.stdout, "", what) {
+            assert!(!hint.contains(&env.ns), "{what}: {hint}");
+        }
+    }
+
+    // Another anchor on the remote: a failure.
+    linkerd_config(&env.rc, &remote_l5d, "QkJCQg==").await;
+    let run = check_in(&ctl_ns, &admin, &kc, &local_l5d);
+    let (_, hint) = line_of(&run.stdout, "× ", &shares).unwrap_or_else(|| panic!("{}", run.stdout));
+    assert!(hint.contains("differ"), "{hint}");
+    assert_eq!(run.code, Some(1));
+    // Linkerd absent on this cluster: skipped with a note.
+    let run = check_in(&ctl_ns, &admin, &kc, &unique_namespace("nol5d"));
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with(
+            "√ clusters share trust anchors (skipped: Linkerd is not installed on this cluster"
+        )),
+        "{}",
+        run.stdout
+    );
+
+    // An orphan mirror and, beside it, a slice in the old bad shape (a port without
+    // number): written by hand for a cluster no link names, so no controller touches them.
+    let gone = format!("gone-{c}");
+    let orphan: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("api-{gone}"), "labels": {
+            "mirror.linkerd.io/mirrored-service": "true",
+            "mirror.linkerd.io/cluster-name": gone,
+        }},
+        "spec": {"ports": [{"name": "http", "port": 80}]},
+    }))
+    .unwrap();
+    env.local_services()
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    let bad: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("api-{gone}-ipv4-0"), "labels": {
+            "mirror.linkerd.io/mirrored-service": "true",
+            "mirror.linkerd.io/cluster-name": gone,
+            "kubernetes.io/service-name": format!("api-{gone}"),
+            "endpointslice.kubernetes.io/managed-by": "service-mirror.linkerd.io",
+        }},
+        "addressType": "IPv4",
+        "endpoints": [],
+        "ports": [{"name": "http", "protocol": "TCP"}],
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(env.lc.clone(), &env.ns)
+        .create(&PostParams::default(), &bad)
+        .await
+        .unwrap();
+    // A foreign writer holds the link's write Lease (ours replaced, labels gone).
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.lc.clone(), &ctl_ns);
+    let name = format!("service-mirror-write-{c}");
+    let mut lease = leases.get(&name).await.unwrap();
+    lease.metadata.labels = None;
+    let spec = lease.spec.as_mut().unwrap();
+    spec.holder_identity = Some("linkerd-service-mirror-x".into());
+    spec.lease_duration_seconds = Some(30);
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    leases
+        .replace(&name, &PostParams::default(), &lease)
+        .await
+        .unwrap();
+
+    let run = check_in(&ctl_ns, &admin, &kc, &local_l5d);
+    // Gone at once: `check` looks at the whole cluster, and the other tests of this
+    // binary expect it to pass (they retry meanwhile).
+    Api::<EndpointSlice>::namespaced(env.lc.clone(), &env.ns)
+        .delete(&format!("api-{gone}-ipv4-0"), &Default::default())
+        .await
+        .unwrap();
+    env.local_services()
+        .delete(&format!("api-{gone}"), &Default::default())
+        .await
+        .unwrap();
+    eprintln!(
+        "check with an orphan, a bad slice and a foreign write Lease:\n{}",
+        run.stdout
+    );
+    let (_, hint) = line_of(&run.stdout, "‼ ", "all mirrors are part of a link")
+        .unwrap_or_else(|| panic!("{}", run.stdout));
+    assert!(
+        hint.contains(&format!("Service {}/api-{gone} (cluster {gone})", env.ns)),
+        "{hint}"
+    );
+    let (_, hint) = line_of(&run.stdout, "× ", "every mirror EndpointSlice is valid")
+        .unwrap_or_else(|| panic!("{}", run.stdout));
+    assert!(
+        hint.contains(&format!(
+            "{}/api-{gone}-ipv4-0: port \"http\" has no port number",
+            env.ns
+        )),
+        "{hint}"
+    );
+    let (_, hint) =
+        line_of(&run.stdout, "‼ ", &lease_line).unwrap_or_else(|| panic!("{}", run.stdout));
+    assert!(hint.contains("linkerd-service-mirror-x"), "{hint}");
+    // The controller found it too (at its next renewal, within 7.5 s): the Link says
+    // it writes nothing, with a Warning Event naming the holder.
+    let links: Api<LinkResource> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let condition = eventually("the Link's WriteLeaseHeld=False", || async {
+        let l = links.get(&c).await.ok()?;
+        let v = serde_json::to_value(&l).ok()?;
+        v["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "WriteLeaseHeld" && c["status"] == "False")
+            .cloned()
+    })
+    .await;
+    assert_eq!(condition["reason"], "HeldByForeign", "{condition}");
+    let note = wait_event(&env.lc, &ctl_ns, &c, "WriteLeaseHeldElsewhere").await;
+    assert!(note.contains("linkerd-service-mirror-x"), "{note}");
+    ctl.stop().await;
 }

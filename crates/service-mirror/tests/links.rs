@@ -587,6 +587,19 @@ async fn bad_links_are_reported_and_other_links_keep_mirroring() {
         serde_json::json!({"clusterCredentialsSecret": "garbled"}),
         "InvalidKubeconfig",
     ));
+    // A credentials Secret of another type (the Secret watch sees only the link type):
+    // said as such, not as missing.
+    let mut opaque = support::links::credentials_secret("opaque-creds", "kind: Config");
+    opaque.type_ = Some("Opaque".into());
+    w.secrets
+        .create(&PostParams::default(), &opaque)
+        .await
+        .unwrap();
+    bad.push((
+        "wrong-type",
+        serde_json::json!({"clusterCredentialsSecret": "opaque-creds"}),
+        "InvalidCredentialsType",
+    ));
     for (i, (name, extra, _)) in bad.iter().enumerate() {
         let mut l = support::links::link(
             name,

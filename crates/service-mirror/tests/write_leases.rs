@@ -2,13 +2,19 @@
 //! `gateways` read to find the writing pod), on real controller processes: held by the
 //! leader, renewed sparingly when idle (counted in the audit log, apart from mirror
 //! writes), handed over with the leadership, deleted on unlink, and a Lease without our
-//! label never touched.
+//! label never touched while its holder renews it: that link writes nothing until the
+//! Lease is released or expires, then it is taken over and the mirrors adopted in place.
 
 mod support;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use local_cluster::unique_namespace;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::controller::{Controller, LinkSecrets, reader_kubeconfig};
 use support::*;
@@ -62,9 +68,11 @@ async fn the_leader_holds_one_write_lease_per_link_and_hands_it_over() {
                     name: Some(foreign_name.clone()),
                     ..Default::default()
                 },
+                // Held for longer than this test runs (capped at 300 s): this link
+                // stays blocked throughout, and its Lease is never written by us.
                 spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
                     holder_identity: Some("linkerd-service-mirror-0".into()),
-                    lease_duration_seconds: Some(30),
+                    lease_duration_seconds: Some(3600),
                     ..Default::default()
                 }),
             },
@@ -208,4 +216,292 @@ async fn the_leader_holds_one_write_lease_per_link_and_hands_it_over() {
         .delete(&foreign_name, &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// A Lease named as the write Lease of `cluster`, as Linkerd's controller holds it (no
+/// label of ours).
+fn linkerd_lease(cluster: &str, holder: &str, secs: i32) -> Lease {
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(format!("service-mirror-write-{cluster}")),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(secs),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The mirror Service and Endpoints of `ns/web` for `cluster` as Linkerd's controller
+/// writes them (its labels and fq-name annotation; one gateway address).
+fn linkerd_mirror(ns: &str, cluster: &str) -> (Service, Endpoints) {
+    let name = format!("web-{cluster}");
+    let meta = ObjectMeta {
+        name: Some(name),
+        namespace: Some(ns.into()),
+        labels: Some(BTreeMap::from([
+            ("mirror.linkerd.io/mirrored-service".into(), "true".into()),
+            ("mirror.linkerd.io/cluster-name".into(), cluster.into()),
+        ])),
+        annotations: Some(BTreeMap::from([(
+            "mirror.linkerd.io/remote-svc-fq-name".into(),
+            format!("web.{ns}.svc.cluster.local"),
+        )])),
+        ..Default::default()
+    };
+    let svc = Service {
+        metadata: meta.clone(),
+        spec: Some(ServiceSpec {
+            ports: Some(ports(&[("http", 80)])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let ep = Endpoints {
+        metadata: meta,
+        subsets: Some(vec![EndpointSubset {
+            addresses: Some(vec![EndpointAddress {
+                ip: "192.0.2.99".into(),
+                ..Default::default()
+            }]),
+            ports: Some(vec![EndpointPort {
+                name: Some("http".into()),
+                port: 4143,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }]),
+    };
+    (svc, ep)
+}
+
+/// Writes (verb, resource, name) in `ns` to objects of the mirror `web-<cluster>` (the
+/// Service, its Endpoints and its slices `web-<cluster>-ipv4…`).
+fn mirror_writes(env: &Env, ns: &str, cluster: &str) -> Vec<(String, String, String)> {
+    let mirror = format!("web-{cluster}");
+    audit_writes(env, ns)
+        .into_iter()
+        .filter(|(_, _, n)| *n == mirror || n.starts_with(&format!("{mirror}-ipv")))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_takes_over_and_adopts_in_place()
+ {
+    const HELD: Duration = Duration::from_secs(20);
+    let env = Env::new("wlf").await;
+    env.gateway("gw", 4143, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    create_namespace(&env.lc, &env.ns).await;
+    let ctl_ns = unique_namespace("wlf-sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+    let leases: Api<Lease> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let held = env.cluster.clone();
+    // A second link whose foreign holder stopped renewing: taken over on expiry.
+    let gone = format!("e{}", env.cluster);
+    let held_lease = format!("service-mirror-write-{held}");
+    let gone_lease = format!("service-mirror-write-{gone}");
+
+    // Linkerd's controller wrote the mirror and holds the Lease, renewing it every 1.5 s.
+    let (svc, ep) = linkerd_mirror(&env.ns, &held);
+    let svc = Api::<Service>::namespaced(env.lc.clone(), &env.ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let ep = Api::<Endpoints>::namespaced(env.lc.clone(), &env.ns)
+        .create(&PostParams::default(), &ep)
+        .await
+        .unwrap();
+    leases
+        .create(
+            &PostParams::default(),
+            &linkerd_lease(&held, "linkerd-service-mirror-7f9", 30),
+        )
+        .await
+        .unwrap();
+    // Bad input too: a garbage holder, no leaseDurationSeconds (ours, 3 s, counts) and a
+    // renewTime a year ahead (ignored).
+    let mut garbage = linkerd_lease(&gone, "linkerd\n\u{7}💥 gone", 4);
+    let spec = garbage.spec.as_mut().unwrap();
+    spec.lease_duration_seconds = None;
+    spec.renew_time = Some(MicroTime(
+        k8s_openapi::jiff::Timestamp::now()
+            + k8s_openapi::jiff::SignedDuration::from_hours(24 * 365),
+    ));
+    leases
+        .create(&PostParams::default(), &garbage)
+        .await
+        .unwrap();
+    // The test's own two creates, once the (asynchronous) audit log has them.
+    let baseline = eventually("the pre-created mirror in the audit log", || async {
+        let n = mirror_writes(&env, &env.ns, &held).len();
+        (n >= 2).then_some(n)
+    })
+    .await;
+    let renewer = {
+        let leases = leases.clone();
+        let name = held_lease.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let mut l = leases.get(&name).await.unwrap();
+                l.spec.as_mut().unwrap().renew_time =
+                    Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+                let _ = leases.replace(&name, &PostParams::default(), &l).await;
+            }
+        })
+    };
+
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    let secrets = LinkSecrets::new(&env.lc, &ctl_ns);
+    secrets.link("held", Some(&held), Some(&kc.yaml)).await;
+    secrets.link("gone", Some(&gone), Some(&kc.yaml)).await;
+    let admin = env.local.admin_kubeconfig().path.clone();
+    let flags = [
+        "--namespace-allow",
+        env.ns.as_str(),
+        "--lease-duration",
+        "3s",
+    ];
+    let ctl = Controller::spawn_as(&admin, &ctl_ns, &flags, &[("POD_NAME", "ours-0")]);
+    let started = Instant::now();
+    ctl.wait_ready().await;
+    let blocked = wait_event(&env.lc, &ctl_ns, "held", "WriteLeaseHeldElsewhere").await;
+    assert!(blocked.contains("linkerd-service-mirror-7f9"), "{blocked}");
+
+    // The Lease whose holder stopped renewing is taken over after a duration (ours).
+    let taken = eventually("the unrenewed Lease taken over", || async {
+        let l = leases.get(&gone_lease).await.ok()?;
+        (holder(&l).as_deref() == Some("ours-0")).then_some(l)
+    })
+    .await;
+    println!(
+        "unrenewed foreign Lease (no duration: ours, 3 s) taken over {:?} after the start",
+        started.elapsed()
+    );
+    let note = wait_event(&env.lc, &ctl_ns, "gone", "WriteLeaseHeldElsewhere").await;
+    println!("its report: {note}");
+    for said in [
+        "\\n",
+        "no positive leaseDurationSeconds",
+        "renewTime",
+        "ahead of our clock",
+    ] {
+        assert!(note.contains(said), "{said:?} in {note}");
+    }
+    assert_eq!(
+        taken
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("service-mirror.linkerd.io")
+    );
+    wait_event(&env.lc, &ctl_ns, "gone", "WriteLeaseTakenOver").await;
+    eventually("the taken-over link mirrors", || async {
+        Api::<Service>::namespaced(env.lc.clone(), &env.ns)
+            .get_opt(&format!("web-{gone}"))
+            .await
+            .unwrap()
+    })
+    .await;
+
+    // Held and renewed for 20 s, while the remote Service changes: not one write to the
+    // held link's mirrors.
+    env.patch_remote(
+        "web",
+        serde_json::json!({"spec": {"ports": [{"name": "http", "port": 80}, {"name": "admin", "port": 9090}]}}),
+    )
+    .await;
+    let remaining = HELD.saturating_sub(started.elapsed());
+    tokio::time::sleep(remaining).await;
+    // The audit log is written asynchronously: let it catch up.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = mirror_writes(&env, &env.ns, &held)[baseline..].to_vec();
+    println!(
+        "held by a foreign holder for {:?}: {} writes to its mirrors; writes to the taken-over link's: {}",
+        started.elapsed(),
+        during.len(),
+        mirror_writes(&env, &env.ns, &gone).len()
+    );
+    assert!(
+        during.is_empty(),
+        "no write while held elsewhere: {during:?}"
+    );
+    let metrics = ctl.metrics_text().await;
+    let series = format!(
+        "service_mirror_write_lease_blocked{{cluster=\"{held}\",reason=\"held_by_foreign\"}} 1"
+    );
+    assert!(
+        metrics.lines().any(|l| l == series),
+        "{series} in\n{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l
+                .starts_with("service_mirror_write_lease_takeovers_total{reason=\"expired\"} 1")),
+        "{metrics}"
+    );
+    let still = leases.get(&held_lease).await.unwrap();
+    assert_eq!(
+        holder(&still).as_deref(),
+        Some("linkerd-service-mirror-7f9")
+    );
+
+    // Released as client-go releases (holder "", 1 s): taken over, the mirrors adopted
+    // in place.
+    renewer.abort();
+    let _ = renewer.await;
+    let mut l = leases.get(&held_lease).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    spec.holder_identity = Some(String::new());
+    spec.lease_duration_seconds = Some(1);
+    leases
+        .replace(&held_lease, &PostParams::default(), &l)
+        .await
+        .unwrap();
+    let released = Instant::now();
+    eventually("the released Lease taken over", || async {
+        let l = leases.get(&held_lease).await.ok()?;
+        (holder(&l).as_deref() == Some("ours-0")).then_some(())
+    })
+    .await;
+    let took = released.elapsed();
+    let (after, after_ep) = env
+        .mirror_until("web", "adopted and updated", |s, e| {
+            service_ports(s).len() == 2 && subset_ips(e) == ["192.0.2.1"]
+        })
+        .await;
+    println!(
+        "released: Lease taken over after {took:?}, mirror adopted and updated after {:?}; writes to it: {:?}",
+        released.elapsed(),
+        &mirror_writes(&env, &env.ns, &held)[baseline..]
+    );
+    assert_eq!(
+        after.metadata.uid, svc.metadata.uid,
+        "the Service adopted in place"
+    );
+    assert_eq!(
+        after_ep.metadata.uid, ep.metadata.uid,
+        "the Endpoints adopted in place"
+    );
+    assert!(
+        !mirror_writes(&env, &env.ns, &held)
+            .iter()
+            .any(|(v, r, _)| v == "delete" && (r == "services" || r == "endpoints")),
+        "nothing deleted"
+    );
+    wait_event(&env.lc, &ctl_ns, "held", "WriteLeaseTakenOver").await;
+    let metrics = ctl.metrics_text().await;
+    assert!(!metrics.contains(&series), "no longer blocked");
+    secrets.unlink("held").await;
+    secrets.unlink("gone").await;
+    env.mirror_gone("web").await;
 }

@@ -320,6 +320,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     );
+    // Each link writes only while its write Lease is ours (see write_leases.rs).
+    let write_gates = write_leases::WriteGates::default();
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
         workers: 4,
@@ -351,12 +353,14 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         deps: LinkDeps {
             metrics: metrics.clone(),
             leader: leader.clone(),
+            write_gates: Some(write_gates.clone()),
             federation: Some(federation),
             mcs,
             local_networks,
             ..LinkDeps::default()
         },
     };
+    let event_recorder = recorder.clone();
     let manager = Arc::new(LinkManager::start(local.clone(), recorder, opts));
     let write_leases = {
         let manager = manager.clone();
@@ -369,6 +373,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             },
             leader,
             Arc::new(move || manager.link_set()),
+            write_gates,
+            Some(event_recorder),
             metrics.clone(),
             shutdown.clone(),
         )

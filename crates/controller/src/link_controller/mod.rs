@@ -109,6 +109,15 @@ impl LinkController {
     ) -> Result<Self> {
         validate_cluster_name(&link.cluster_name).map_err(|e| Error::InvalidLink(e.to_string()))?;
         let cluster = link.cluster_name.clone();
+        // With write gates, every write of this link (the writer's, the status
+        // writers', the workers') also needs the link's write Lease.
+        let mut deps = deps;
+        if let Some(gates) = &deps.write_gates {
+            deps.leader = Some(crate::leader::Leadership::gated(
+                deps.leader.take(),
+                gates.receiver(&cluster),
+            ));
+        }
         let cancel = CancellationToken::new();
         let metrics = metrics::LinkMetrics::new(deps.metrics.clone(), &cluster);
         let index = Arc::new(parking_lot::Mutex::new(index::Index::default()));
@@ -347,6 +356,11 @@ impl LinkController {
     /// The link this controller serves.
     pub fn link(&self) -> &Link {
         &self.rec.link
+    }
+
+    /// The object (link Secret or Link) this controller runs from, if known.
+    pub fn source(&self) -> Option<&k8s_openapi::api::core::v1::ObjectReference> {
+        self.rec.link_secret.as_ref()
     }
 
     /// The current state.

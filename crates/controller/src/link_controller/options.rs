@@ -119,6 +119,10 @@ pub struct LinkDeps {
     /// The local cluster's service and pod CIDRs, refused as gateway addresses with no
     /// flag (`local_networks::spawn`; the default knows none).
     pub local_networks: crate::local_networks::LocalNetworks,
+    /// The per-link write gates (`write_leases.rs`): when set, the link writes only
+    /// while the process holds its write Lease `service-mirror-write-<cluster>` (as
+    /// well as the leadership), so it never writes beside Linkerd's own controller.
+    pub write_gates: Option<crate::write_leases::WriteGates>,
 }
 
 impl Default for LinkDeps {
@@ -135,6 +139,7 @@ impl Default for LinkDeps {
             link_created: None,
             mcs: None,
             local_networks: Default::default(),
+            write_gates: None,
         }
     }
 }

@@ -301,8 +301,21 @@ impl LinkManager {
             .values()
             .map(|a| a.spec.link().cluster_name.clone())
             .collect();
+        let sources = self
+            .inner
+            .active()
+            .values()
+            .filter_map(|a| {
+                let src = a.controller.source()?.clone();
+                Some((a.spec.link().cluster_name.clone(), src))
+            })
+            .collect();
         let claimed = self.inner.claims().keys().cloned().collect();
-        crate::write_leases::LinkSet { running, claimed }
+        crate::write_leases::LinkSet {
+            running,
+            claimed,
+            sources,
+        }
     }
 
     /// Every gateway of every running link, by cluster name.
@@ -626,6 +639,29 @@ impl Inner {
         parse_link(link, credentials.as_deref())
     }
 
+    /// A Link whose credentials Secret is not in the store (which holds only Secrets of
+    /// the link type): the Secret may exist with another type. Read by name, unfiltered
+    /// (a quorum list, as the install grants Secrets list, not get), it is judged by the
+    /// same [`parse_link`], which calls it `InvalidCredentialsType`; absent (or the list
+    /// failing: then the next event or retry looks again) it stays `MissingCredentials`.
+    async fn parse_other_type(&self, link: &LinkResource) -> Result<LinkSpec, LinkError> {
+        let missing = || parse_link(link, None);
+        let Some(name) = link.spec.cluster_credentials_secret.as_deref() else {
+            return missing();
+        };
+        let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.opts.namespace);
+        let params = ListParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .limit(1);
+        match api.list(&params).await {
+            Ok(list) => parse_link(link, list.items.first()),
+            Err(e) => {
+                tracing::debug!(link = %link.name_any(), error = %e, "could not look for the credentials Secret of another type");
+                missing()
+            }
+        }
+    }
+
     /// The Links whose credentials are the Secret `secret`.
     fn links_using(&self, secret: &str) -> Vec<SourceKey> {
         self.links
@@ -818,7 +854,11 @@ impl Inner {
         let Some(link) = link else {
             return self.gone(key).await;
         };
-        let spec = match self.parse(&link) {
+        let parsed = match self.parse(&link) {
+            Err(LinkError::MissingCredentials(_)) => self.parse_other_type(&link).await,
+            other => other,
+        };
+        let spec = match parsed {
             Ok(spec) => spec,
             // Applied together (as `link --format link` prints them), the Link's watch
             // event may come before its Secret's: a young Link's missing credentials

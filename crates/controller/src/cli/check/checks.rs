@@ -27,6 +27,12 @@ pub struct LinkInfo {
     pub parsed: Result<(), String>,
     /// The remote credentials (list and watch): `None` when the link did not parse.
     pub remote: Option<Result<(), String>>,
+    /// Where Linkerd runs on the remote (`targetClusterLinkerdNamespace`, default
+    /// `linkerd`).
+    pub linkerd_namespace: String,
+    /// The remote's `linkerd-config` `values` (`Ok(None)`: absent; `None`: not read,
+    /// the link did not parse or connect).
+    pub remote_config: Option<Result<Option<String>, String>>,
 }
 
 /// The leader-election Lease.
@@ -74,6 +80,18 @@ pub struct Gathered {
     pub mirrors: Vec<MirrorInfo>,
     /// Now, Unix seconds.
     pub now: i64,
+    /// Where Linkerd runs on this cluster (`--linkerd-namespace`).
+    pub linkerd_namespace: String,
+    /// This cluster's `linkerd-config` `values` (`Ok(None)`: absent).
+    pub local_config: Result<Option<String>, String>,
+    /// Every cluster a Link or link Secret names (parsed or not).
+    pub named_clusters: Vec<String>,
+    /// Every mirror Service and slice carrying our mirror and cluster-name labels.
+    pub mirror_objects: Vec<super::linkerd::MirrorObject>,
+    /// The write Lease of each parsed link.
+    pub write_leases: Vec<super::linkerd::WriteLeaseInfo>,
+    /// Every EndpointSlice of ours.
+    pub slices: Vec<super::linkerd::SliceInfo>,
 }
 
 /// One line of `check`.
@@ -81,25 +99,39 @@ pub struct Gathered {
 pub struct Line {
     /// What is checked.
     pub check: String,
-    /// Whether it passed.
+    /// Whether it passed (a warning passes: it fails nothing).
     pub ok: bool,
+    /// A warning (`‼`): something to look at that does not fail `check`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub warning: bool,
     /// On failure, what is wrong and what to do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
 }
 
-fn pass(check: impl Into<String>) -> Line {
+pub(super) fn pass(check: impl Into<String>) -> Line {
     Line {
         check: check.into(),
         ok: true,
+        warning: false,
         hint: None,
     }
 }
 
-fn fail(check: impl Into<String>, hint: impl Into<String>) -> Line {
+pub(super) fn fail(check: impl Into<String>, hint: impl Into<String>) -> Line {
     Line {
         check: check.into(),
         ok: false,
+        warning: false,
+        hint: Some(hint.into()),
+    }
+}
+
+pub(super) fn warn(check: impl Into<String>, hint: impl Into<String>) -> Line {
+    Line {
+        check: check.into(),
+        ok: true,
+        warning: true,
         hint: Some(hint.into()),
     }
 }
@@ -293,6 +325,25 @@ pub fn all(g: &Gathered) -> Vec<Line> {
     out.push(leader(&g.lease, &g.lease_name, &g.namespace, g.now));
     out.extend(gateways(&g.links, &g.mirrors, &g.metrics));
     out.extend(mirror_endpoints(&g.links, &g.mirrors));
+    out.extend(super::linkerd::shared_anchors(
+        &g.links,
+        &g.local_config,
+        &g.linkerd_namespace,
+    ));
+    out.push(super::linkerd::orphans(
+        &g.named_clusters,
+        &g.mirror_objects,
+    ));
+    // The leader's identity, when one leads (an unheld Lease names none).
+    let leader = g
+        .lease
+        .as_ref()
+        .ok()
+        .and_then(|l| l.as_ref())
+        .and_then(|l| l.holder.as_deref())
+        .filter(|h| !h.is_empty());
+    out.extend(super::linkerd::write_leases(&g.write_leases, leader, g.now));
+    out.push(super::linkerd::slices_valid(&g.slices));
     out
 }
 
@@ -300,7 +351,11 @@ pub fn all(g: &Gathered) -> Vec<Line> {
 pub fn render(lines: &[Line]) -> String {
     let mut out = String::new();
     for l in lines {
-        out.push_str(if l.ok { "√ " } else { "× " });
+        out.push_str(match (l.ok, l.warning) {
+            (true, false) => "√ ",
+            (true, true) => "‼ ",
+            (false, _) => "× ",
+        });
         out.push_str(&l.check);
         out.push('\n');
         if let Some(h) = &l.hint {
@@ -334,6 +389,8 @@ mod tests {
             cluster: parsed.is_ok().then(|| name.to_string()),
             parsed: parsed.map_err(str::to_string),
             remote: remote.map(|r| r.map_err(str::to_string)),
+            linkerd_namespace: "linkerd".into(),
+            remote_config: None,
         }
     }
 
@@ -361,6 +418,20 @@ mod tests {
             metrics: Ok("# TYPE gateway_alive gauge\ngateway_alive{gateway_name=\"east\",gateway_namespace=\"mc\",target_cluster_name=\"east\"} 1\n".into()),
             mirrors: vec![mirror("east", "shop/web-east", false, 1), mirror("east", "shop/db-east", true, 0)],
             now: 105,
+            linkerd_namespace: "linkerd".into(),
+            local_config: Ok(None),
+            named_clusters: vec!["east".into()],
+            mirror_objects: vec![],
+            write_leases: vec![super::super::linkerd::WriteLeaseInfo {
+                cluster: "east".into(),
+                lease: Ok(Some(super::super::linkerd::WriteLease {
+                    holder: Some("pod-1".into()),
+                    ours: true,
+                    renewed: Some(100),
+                    duration: Some(15),
+                })),
+            }],
+            slices: vec![],
         }
     }
 
@@ -372,7 +443,7 @@ mod tests {
     fn a_working_link_passes_every_check() {
         let lines = all(&good());
         assert!(lines.iter().all(|l| l.ok), "{lines:#?}");
-        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert_eq!(lines.len(), 10, "{lines:#?}");
         let text = render(&lines);
         assert!(
             text.contains("√ Link CRD links.multicluster.linkerd.io is installed\n"),
@@ -383,7 +454,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.ends_with("Status check results are √ (6 checks)\n"),
+            text.ends_with("Status check results are √ (10 checks)\n"),
             "{text}"
         );
     }

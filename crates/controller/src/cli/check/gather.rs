@@ -2,17 +2,19 @@
 //! [`connect`], as the controller would) and the controller's `/metrics`.
 
 use super::checks::{CrdState, Gathered, LeaseInfo, LinkInfo, MirrorInfo};
+use super::linkerd::{MirrorObject, SliceInfo, WriteLease, WriteLeaseInfo};
 use crate::kube_client::ClientMetrics;
 use crate::links::{LINK_CRD_NAME, LinkResource, LinkSpec, connect, parse_link, parse_link_secret};
 use anyhow::Context;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use service_mirror_core::labels::{
-    LINK_CLUSTER_NAME_ANNOTATION, LINK_SECRET_TYPE, REMOTE_DISCOVERY_LABEL, SERVICE_NAME_LABEL,
+    CLUSTER_NAME_LABEL, LINK_CLUSTER_NAME_ANNOTATION, LINK_SECRET_TYPE, MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE, MIRRORED_SERVICE_LABEL, REMOTE_DISCOVERY_LABEL, SERVICE_NAME_LABEL,
     owner_selector, slice_owner_selector,
 };
 use std::time::Duration;
@@ -49,15 +51,28 @@ async fn crd_state(client: &kube::Client) -> anyhow::Result<CrdState> {
     })
 }
 
-async fn probe(spec: &LinkSpec) -> Result<(), String> {
+async fn probe(spec: &LinkSpec) -> Result<kube::Client, String> {
     connect(
         spec,
         &ClientMetrics::default(),
         crate::frame_limit::DEFAULT_MAX_RESPONSE_BYTES,
     )
     .await
-    .map(drop)
     .map_err(|e| e.to_string())
+}
+
+/// The `values` of `namespace/linkerd-config` (`Ok(None)`: absent, Linkerd is not
+/// installed there).
+async fn linkerd_config(client: &kube::Client, namespace: &str) -> Result<Option<String>, String> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt("linkerd-config")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(cm.map(|c| {
+        c.data
+            .and_then(|d| d.get("values").cloned())
+            .unwrap_or_default()
+    }))
 }
 
 /// Links and link Secrets of `namespace`, parsed and (when parsed) connected to.
@@ -92,14 +107,28 @@ async fn links(
             .as_deref()
             .and_then(|n| secrets.iter().find(|s| s.name_any() == n));
         let parsed = parse_link(l, secret);
-        out.push(info("Link", l.name_any(), parsed).await);
+        let ns = l
+            .spec
+            .target_cluster_linkerd_namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "linkerd".into());
+        out.push(info("Link", l.name_any(), parsed, ns).await);
     }
     // Credentials Secrets of Links carry no cluster-name annotation: not links.
     for s in secrets
         .iter()
         .filter(|s| s.annotations().contains_key(LINK_CLUSTER_NAME_ANNOTATION))
     {
-        out.push(info("Secret", s.name_any(), parse_link_secret(s)).await);
+        out.push(
+            info(
+                "Secret",
+                s.name_any(),
+                parse_link_secret(s),
+                "linkerd".into(),
+            )
+            .await,
+        );
     }
     Ok(out)
 }
@@ -108,23 +137,191 @@ async fn info(
     kind: &'static str,
     name: String,
     parsed: Result<LinkSpec, crate::links::LinkError>,
+    linkerd_namespace: String,
 ) -> LinkInfo {
     match parsed {
-        Ok(spec) => LinkInfo {
-            kind,
-            name,
-            cluster: Some(spec.link().cluster_name.clone()),
-            parsed: Ok(()),
-            remote: Some(probe(&spec).await),
-        },
+        Ok(spec) => {
+            let (remote, remote_config) = match probe(&spec).await {
+                Ok(client) => (
+                    Ok(()),
+                    Some(linkerd_config(&client, &linkerd_namespace).await),
+                ),
+                Err(e) => (Err(e), None),
+            };
+            LinkInfo {
+                kind,
+                name,
+                cluster: Some(spec.link().cluster_name.clone()),
+                parsed: Ok(()),
+                remote: Some(remote),
+                linkerd_namespace,
+                remote_config,
+            }
+        }
         Err(e) => LinkInfo {
             kind,
             name,
             cluster: None,
             parsed: Err(format!("{} ({})", e, e.reason())),
             remote: None,
+            linkerd_namespace,
+            remote_config: None,
         },
     }
+}
+
+/// Every cluster a Link or link Secret names, valid or not, in any namespace (as
+/// Linkerd's check lists Links: another controller namespace's mirrors are no orphans).
+async fn named_clusters(client: &kube::Client, crd: &CrdState) -> anyhow::Result<Vec<String>> {
+    let mut out: Vec<String> = Api::<Secret>::all(client.clone())
+        .list_metadata(&ListParams::default().fields(&format!("type={LINK_SECRET_TYPE}")))
+        .await
+        .context("listing link Secrets")?
+        .items
+        .iter()
+        .filter_map(|s| s.annotations().get(LINK_CLUSTER_NAME_ANNOTATION).cloned())
+        .collect();
+    if *crd == CrdState::Established {
+        out.extend(
+            Api::<LinkResource>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .context("listing Links")?
+                .items
+                .into_iter()
+                .filter_map(|l| l.spec.target_cluster_name),
+        );
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Every Service and EndpointSlice with our mirror label and a cluster name (probe
+/// gateway mirrors aside, as Linkerd's check).
+async fn mirror_objects(client: &kube::Client) -> anyhow::Result<Vec<MirrorObject>> {
+    let params = ListParams::default().labels(&format!(
+        "{MIRRORED_SERVICE_LABEL}=true,{CLUSTER_NAME_LABEL},!mirror.linkerd.io/mirrored-gateway"
+    ));
+    let mut out = Vec::new();
+    let of = |kind, m: &kube::api::ObjectMeta| MirrorObject {
+        kind,
+        name: format!(
+            "{}/{}",
+            m.namespace.clone().unwrap_or_default(),
+            m.name.clone().unwrap_or_default()
+        ),
+        cluster: m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CLUSTER_NAME_LABEL))
+            .cloned()
+            .unwrap_or_default(),
+    };
+    for s in Api::<Service>::all(client.clone())
+        .list_metadata(&params)
+        .await
+        .context("listing mirror Services")?
+    {
+        out.push(of("Service", &s.metadata));
+    }
+    for s in Api::<EndpointSlice>::all(client.clone())
+        .list_metadata(&params)
+        .await
+        .context("listing mirror EndpointSlices")?
+    {
+        out.push(of("EndpointSlice", &s.metadata));
+    }
+    Ok(out)
+}
+
+/// The write Lease of each cluster in the controller namespace.
+async fn write_leases(
+    client: &kube::Client,
+    namespace: &str,
+    clusters: &[String],
+) -> Vec<WriteLeaseInfo> {
+    let api = Api::<Lease>::namespaced(client.clone(), namespace);
+    let mut out = Vec::new();
+    for c in clusters {
+        let lease = api
+            .get_opt(&crate::write_leases::lease_name(c))
+            .await
+            .map_err(|e| e.to_string())
+            .map(|l| {
+                l.map(|l| {
+                    let ours = l
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|m| m.get(crate::write_leases::OWNER_LABEL))
+                        .is_some_and(|v| v == crate::write_leases::OWNER_VALUE);
+                    let spec = l.spec.unwrap_or_default();
+                    WriteLease {
+                        holder: spec.holder_identity,
+                        ours,
+                        renewed: spec.renew_time.map(|t| t.0.as_second()),
+                        duration: spec.lease_duration_seconds.map(i64::from),
+                    }
+                })
+            });
+        out.push(WriteLeaseInfo {
+            cluster: c.clone(),
+            lease,
+        });
+    }
+    out
+}
+
+/// Every EndpointSlice of ours, with the port names of its Service.
+async fn slices(client: &kube::Client) -> anyhow::Result<Vec<SliceInfo>> {
+    let list = Api::<EndpointSlice>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")))
+        .await
+        .context("listing our EndpointSlices")?;
+    let mut services: std::collections::BTreeMap<(String, String), Option<Vec<String>>> =
+        Default::default();
+    let mut out = Vec::new();
+    for s in list.items {
+        let ns = s.namespace().unwrap_or_default();
+        let service = s.labels().get(SERVICE_NAME_LABEL).cloned();
+        let service_ports = match &service {
+            None => None,
+            Some(svc) => {
+                let key = (ns.clone(), svc.clone());
+                if !services.contains_key(&key) {
+                    let ports = Api::<Service>::namespaced(client.clone(), &ns)
+                        .get_opt(svc)
+                        .await
+                        .with_context(|| format!("reading Service {ns}/{svc}"))?
+                        .map(|svc| {
+                            svc.spec
+                                .and_then(|s| s.ports)
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|p| p.name.unwrap_or_default())
+                                .collect()
+                        });
+                    services.insert(key.clone(), ports);
+                }
+                services[&key].clone()
+            }
+        };
+        out.push(SliceInfo {
+            name: format!("{ns}/{}", s.name_any()),
+            address_type: s.address_type.clone(),
+            ports: s
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| (p.name.clone(), p.port))
+                .collect(),
+            endpoints: s.endpoints.len(),
+            service,
+            service_ports,
+        });
+    }
+    Ok(out)
 }
 
 async fn lease(
@@ -262,12 +459,23 @@ async fn mirrors(client: &kube::Client, clusters: &[String]) -> anyhow::Result<V
     Ok(out)
 }
 
-/// Reads everything `check` looks at.
+/// Reads everything `check` looks at, Linkerd's `linkerd-config` in `linkerd`.
 pub async fn gather(
     client: &kube::Client,
     namespace: &str,
     lease_name: &str,
     metrics: &MetricsSource,
+) -> anyhow::Result<Gathered> {
+    gather_with(client, namespace, lease_name, metrics, "linkerd").await
+}
+
+/// Reads everything `check` looks at, Linkerd's `linkerd-config` in `linkerd_namespace`.
+pub async fn gather_with(
+    client: &kube::Client,
+    namespace: &str,
+    lease_name: &str,
+    metrics: &MetricsSource,
+    linkerd_namespace: &str,
 ) -> anyhow::Result<Gathered> {
     let crd = crd_state(client).await?;
     let links = links(client, namespace, &crd).await?;
@@ -287,7 +495,18 @@ pub async fn gather(
     clusters.sort();
     clusters.dedup();
     let mirrors = mirrors(client, &clusters).await?;
+    let named_clusters = named_clusters(client, &crd).await?;
+    let mirror_objects = mirror_objects(client).await?;
+    let write_leases = write_leases(client, namespace, &clusters).await;
+    let slices = slices(client).await?;
+    let local_config = linkerd_config(client, linkerd_namespace).await;
     Ok(Gathered {
+        linkerd_namespace: linkerd_namespace.to_string(),
+        local_config,
+        named_clusters,
+        mirror_objects,
+        write_leases,
+        slices,
         namespace: namespace.to_string(),
         crd,
         links,

@@ -8,6 +8,7 @@
 
 pub mod checks;
 pub mod gather;
+pub mod linkerd;
 
 use super::allow::DEFAULT_NAMESPACE;
 use super::args::KubeArgs;
@@ -41,6 +42,10 @@ pub struct CheckArgs {
     /// holder pod's `*-admin` port through the apiserver's pod proxy.
     #[arg(long)]
     pub admin_addr: Option<String>,
+    /// Namespace of Linkerd's control plane on this cluster (its `linkerd-config`
+    /// holds the trust anchors compared with each remote's).
+    #[arg(long, default_value = "linkerd")]
+    pub linkerd_namespace: String,
     /// Output format.
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: CheckOutput,
@@ -72,7 +77,14 @@ pub async fn check(
         Some(a) => MetricsSource::Addr(a.clone()),
         None => MetricsSource::PodProxy,
     };
-    let g = gather(client, &args.namespace, &args.lease_name, &source).await?;
+    let g = gather::gather_with(
+        client,
+        &args.namespace,
+        &args.lease_name,
+        &source,
+        &args.linkerd_namespace,
+    )
+    .await?;
     Ok((checks::all(&g), g))
 }
 

@@ -1,0 +1,465 @@
+//! Whether a link may be written, judged from its write Lease
+//! `service-mirror-write-<cluster>` (the Lease Linkerd's own controllers elect on).
+//!
+//! During a migration Linkerd's controller and ours serve the same link: whoever holds
+//! the Lease writes, the other only watches. A Lease held by a writer that is not ours
+//! (no owner label, another identity) blocks the link until it is released (holder
+//! empty, as client-go releases) or expires unrenewed.
+//!
+//! Expiry is judged as client-go judges it: on our monotonic clock, from when we last
+//! saw the record change, for the holder's `leaseDurationSeconds`. The holder's
+//! `renewTime` is never compared with our clock, so a skewed clock or a `renewTime`
+//! in the future cannot hold the link forever, and one in the past cannot take a Lease
+//! that is still being renewed. A holder renewing keeps changing the resourceVersion,
+//! which restarts the count.
+
+use std::time::{Duration, Instant};
+
+/// The longest a foreign holder's `leaseDurationSeconds` is honoured: a Lease claiming
+/// a day and then left alone must not block the link for a day. Linkerd's is 30 s.
+pub const MAX_FOREIGN_DURATION: Duration = Duration::from_secs(300);
+
+/// The longest between two reads of a foreign Lease (Linkerd's retry period is 2 s):
+/// the hand-over follows a release within this.
+pub const MAX_FOREIGN_POLL: Duration = Duration::from_secs(2);
+
+/// The longest a holder identity is shown in a report.
+const MAX_SHOWN_HOLDER: usize = 63;
+
+/// A write Lease as read: the fields the judgement uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    /// `spec.holderIdentity`; `None` when absent or empty (released).
+    pub holder: Option<String>,
+    /// Carries our owner label (written by one of our replicas).
+    pub ours: bool,
+    /// Changes with every write, renewals included.
+    pub resource_version: String,
+    /// `spec.leaseDurationSeconds` as stored (may be absent, zero or negative).
+    pub duration_seconds: Option<i32>,
+    /// How far `spec.renewTime` lies ahead of our wall clock, if it does (only
+    /// reported: the judgement never reads it).
+    pub renew_ahead: Option<Duration>,
+}
+
+/// A foreign record, and since when (our clock) we have seen it unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// The holder seen.
+    pub holder: String,
+    /// Its resourceVersion then.
+    pub resource_version: String,
+    /// When it was first seen so.
+    pub since: Instant,
+}
+
+/// What the Lease lets the link do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No Lease: create it (ours), then write.
+    Absent,
+    /// Held by us: renew it, and write.
+    Ours,
+    /// Ours by label, held by another of our replicas (a former leader): the leader
+    /// election already decided that we write; take it.
+    OurReplica,
+    /// Released (holder empty): take it.
+    Released,
+    /// A foreign holder let it go unchanged for its whole duration: take it.
+    Expired {
+        /// The holder that stopped renewing.
+        holder: String,
+    },
+    /// A foreign holder holds it and renews it: write nothing; read it again at
+    /// `look_again` (the moment it would expire, or sooner).
+    HeldByForeign {
+        /// The holder (as stored: show it through [`shown_holder`]).
+        holder: String,
+        /// When it expires unless it changes first.
+        expires: Instant,
+        /// When to read it again.
+        look_again: Instant,
+    },
+}
+
+impl Verdict {
+    /// Whether the Lease is to be taken (created, renewed or taken over) so the link
+    /// writes.
+    pub fn take(&self) -> bool {
+        !matches!(self, Verdict::HeldByForeign { .. })
+    }
+}
+
+/// What is odd about a foreign Lease: said in the report, never a reason to write
+/// earlier or to delete anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Anomaly {
+    /// `leaseDurationSeconds` absent, zero or negative: our own duration is used.
+    NoDuration,
+    /// `leaseDurationSeconds` above [`MAX_FOREIGN_DURATION`]: capped.
+    DurationCapped(i32),
+    /// `renewTime` ahead of our clock by this much (a skewed clock).
+    RenewTimeAhead(Duration),
+    /// The holder identity has characters a name would not (shown escaped).
+    OddHolder,
+}
+
+impl std::fmt::Display for Anomaly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Anomaly::NoDuration => {
+                write!(
+                    f,
+                    "no positive leaseDurationSeconds (our own duration is used)"
+                )
+            }
+            Anomaly::DurationCapped(s) => write!(
+                f,
+                "leaseDurationSeconds {s} honoured only up to {} s",
+                MAX_FOREIGN_DURATION.as_secs()
+            ),
+            Anomaly::RenewTimeAhead(d) => write!(
+                f,
+                "renewTime {} s ahead of our clock (ignored: expiry is counted from when the Lease last changed)",
+                d.as_secs()
+            ),
+            Anomaly::OddHolder => write!(f, "the holder identity is not a plain name"),
+        }
+    }
+}
+
+/// The duration a foreign holder is granted: its own, within
+/// `1 s..=`[`MAX_FOREIGN_DURATION`], or ours when it states none.
+pub fn foreign_duration(view: &LeaseView, ours: Duration) -> Duration {
+    match view.duration_seconds {
+        Some(s) if s > 0 => Duration::from_secs(s as u64).min(MAX_FOREIGN_DURATION),
+        _ => ours.max(Duration::from_secs(1)),
+    }
+}
+
+/// The judgement of one read: the Lease read (`None`: absent), our identity, the
+/// foreign record last observed, `now` (monotonic) and our own duration; with the
+/// observation to keep for the next read (`None` unless held by a foreign holder).
+pub fn judge(
+    read: Option<&LeaseView>,
+    me: &str,
+    last: Option<&Observed>,
+    now: Instant,
+    ours: Duration,
+) -> (Verdict, Option<Observed>) {
+    let Some(view) = read else {
+        return (Verdict::Absent, None);
+    };
+    let holder = match view.holder.as_deref() {
+        None | Some("") => return (Verdict::Released, None),
+        Some(h) if h == me => return (Verdict::Ours, None),
+        Some(_) if view.ours => return (Verdict::OurReplica, None),
+        Some(h) => h,
+    };
+    // Counted from the first read of this very record: any write (a renewal, a new
+    // holder) moves the resourceVersion and starts the count again.
+    let since = last
+        .filter(|o| o.holder == holder && o.resource_version == view.resource_version)
+        .map_or(now, |o| o.since);
+    let wait = foreign_duration(view, ours);
+    let expires = since + wait;
+    if now >= expires {
+        return (
+            Verdict::Expired {
+                holder: holder.to_string(),
+            },
+            None,
+        );
+    }
+    let poll = (wait / 3).clamp(Duration::from_millis(200), MAX_FOREIGN_POLL);
+    let observed = Observed {
+        holder: holder.to_string(),
+        resource_version: view.resource_version.clone(),
+        since,
+    };
+    (
+        Verdict::HeldByForeign {
+            holder: holder.to_string(),
+            expires,
+            look_again: expires.min(now + poll),
+        },
+        Some(observed),
+    )
+}
+
+/// What is odd about a Lease held by a foreign holder.
+pub fn anomalies(view: &LeaseView) -> Vec<Anomaly> {
+    let mut found = Vec::new();
+    match view.duration_seconds {
+        Some(s) if s <= 0 => found.push(Anomaly::NoDuration),
+        None => found.push(Anomaly::NoDuration),
+        Some(s) if Duration::from_secs(s as u64) > MAX_FOREIGN_DURATION => {
+            found.push(Anomaly::DurationCapped(s))
+        }
+        Some(_) => {}
+    }
+    if let Some(ahead) = view.renew_ahead.filter(|d| *d >= Duration::from_secs(1)) {
+        found.push(Anomaly::RenewTimeAhead(ahead));
+    }
+    if view
+        .holder
+        .as_deref()
+        .is_some_and(|h| h.len() > MAX_SHOWN_HOLDER || !h.chars().all(plain))
+    {
+        found.push(Anomaly::OddHolder);
+    }
+    found
+}
+
+fn plain(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/' | '@')
+}
+
+/// A holder identity as a report may show it: control and other unexpected characters
+/// escaped, cut to 63 characters (a holder is whatever another program wrote).
+pub fn shown_holder(holder: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in holder.chars().enumerate() {
+        if i == MAX_SHOWN_HOLDER {
+            out.push('…');
+            break;
+        }
+        if plain(c) {
+            out.push(c);
+        } else {
+            out.extend(c.escape_default());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: &str = "service-mirror-abc";
+    const OURS: Duration = Duration::from_secs(15);
+
+    fn view(holder: Option<&str>, ours: bool, rv: &str, secs: Option<i32>) -> LeaseView {
+        LeaseView {
+            holder: holder.map(str::to_string),
+            ours,
+            resource_version: rv.into(),
+            duration_seconds: secs,
+            renew_ahead: None,
+        }
+    }
+
+    fn seen(holder: &str, rv: &str, since: Instant) -> Observed {
+        Observed {
+            holder: holder.into(),
+            resource_version: rv.into(),
+            since,
+        }
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum V {
+        Absent,
+        Ours,
+        OurReplica,
+        Released,
+        Expired,
+        Held { expires_in: u64 },
+    }
+
+    #[test]
+    fn a_foreign_lease_blocks_until_released_or_unchanged_for_its_whole_duration() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        const L: &str = "linkerd-service-mirror-east-7f9";
+        let linkerd = Some(L);
+        #[allow(clippy::type_complexity)]
+        let table: Vec<(&str, Option<LeaseView>, Option<Observed>, Duration, V)> = vec![
+            ("absent", None, None, s(0), V::Absent),
+            (
+                "held by us",
+                Some(view(Some(ME), true, "1", Some(15))),
+                None,
+                s(0),
+                V::Ours,
+            ),
+            (
+                "our identity without our label (a label removed by hand)",
+                Some(view(Some(ME), false, "1", Some(15))),
+                None,
+                s(0),
+                V::Ours,
+            ),
+            (
+                "another replica of ours",
+                Some(view(Some("service-mirror-old"), true, "1", Some(15))),
+                None,
+                s(0),
+                V::OurReplica,
+            ),
+            (
+                "released (empty holder)",
+                Some(view(Some(""), false, "9", Some(1))),
+                None,
+                s(0),
+                V::Released,
+            ),
+            (
+                "released (no holder)",
+                Some(view(None, false, "9", None)),
+                None,
+                s(0),
+                V::Released,
+            ),
+            (
+                "foreign, first seen: its whole duration from now",
+                Some(view(linkerd, false, "5", Some(30))),
+                None,
+                s(0),
+                V::Held { expires_in: 30 },
+            ),
+            (
+                "foreign, unchanged for 29 s of 30",
+                Some(view(linkerd, false, "5", Some(30))),
+                Some(seen(L, "5", t0)),
+                s(29),
+                V::Held { expires_in: 1 },
+            ),
+            (
+                "foreign, unchanged for its 30 s: expired",
+                Some(view(linkerd, false, "5", Some(30))),
+                Some(seen(L, "5", t0)),
+                s(30),
+                V::Expired,
+            ),
+            (
+                "foreign, renewed (resourceVersion moved) at 29 s: counted again",
+                Some(view(linkerd, false, "6", Some(30))),
+                Some(seen(L, "5", t0)),
+                s(29),
+                V::Held { expires_in: 30 },
+            ),
+            (
+                "a new foreign holder: counted again",
+                Some(view(Some("other"), false, "5", Some(30))),
+                Some(seen(L, "5", t0)),
+                s(40),
+                V::Held { expires_in: 30 },
+            ),
+            (
+                "no leaseDurationSeconds: ours (15 s)",
+                Some(view(linkerd, false, "5", None)),
+                Some(seen(L, "5", t0)),
+                s(15),
+                V::Expired,
+            ),
+            (
+                "negative leaseDurationSeconds: ours",
+                Some(view(linkerd, false, "5", Some(-4))),
+                Some(seen(L, "5", t0)),
+                s(14),
+                V::Held { expires_in: 1 },
+            ),
+            (
+                "a day's leaseDurationSeconds: capped at 300 s",
+                Some(view(linkerd, false, "5", Some(86_400))),
+                Some(seen(L, "5", t0)),
+                s(300),
+                V::Expired,
+            ),
+            (
+                "a garbage holder is still a holder",
+                Some(view(
+                    Some("\u{0}\n💥 x".repeat(40).as_str()),
+                    false,
+                    "5",
+                    Some(30),
+                )),
+                None,
+                s(0),
+                V::Held { expires_in: 30 },
+            ),
+        ];
+        for (name, read, last, after, want) in table {
+            let now = t0 + after;
+            let (verdict, observed) = judge(read.as_ref(), ME, last.as_ref(), now, OURS);
+            let got = match &verdict {
+                Verdict::Absent => V::Absent,
+                Verdict::Ours => V::Ours,
+                Verdict::OurReplica => V::OurReplica,
+                Verdict::Released => V::Released,
+                Verdict::Expired { .. } => V::Expired,
+                Verdict::HeldByForeign {
+                    expires,
+                    look_again,
+                    ..
+                } => {
+                    assert!(*look_again <= *expires, "{name}: looks again by expiry");
+                    assert!(*look_again <= now + MAX_FOREIGN_POLL, "{name}: polls");
+                    assert!(*look_again > now, "{name}: not a busy loop");
+                    V::Held {
+                        expires_in: (*expires - now).as_secs(),
+                    }
+                }
+            };
+            assert_eq!(got, want, "{name}");
+            assert_eq!(verdict.take(), !matches!(want, V::Held { .. }), "{name}");
+            assert_eq!(observed.is_some(), matches!(want, V::Held { .. }), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_renew_time_in_the_future_neither_blocks_nor_shortens_the_count() {
+        // renewTime a year ahead: the verdict is the same as without it.
+        let t0 = Instant::now();
+        let mut v = view(Some("linkerd"), false, "5", Some(30));
+        v.renew_ahead = Some(Duration::from_secs(365 * 86_400));
+        let (first, seen) = judge(Some(&v), ME, None, t0, OURS);
+        assert!(matches!(first, Verdict::HeldByForeign { .. }));
+        let later = t0 + Duration::from_secs(30);
+        let (then, _) = judge(Some(&v), ME, seen.as_ref(), later, OURS);
+        assert_eq!(
+            then,
+            Verdict::Expired {
+                holder: "linkerd".into()
+            }
+        );
+        assert!(
+            anomalies(&v).contains(&Anomaly::RenewTimeAhead(Duration::from_secs(365 * 86_400)))
+        );
+    }
+
+    #[test]
+    fn anomalies_are_named_and_holders_shown_escaped_and_cut() {
+        let ok = view(
+            Some("linkerd-service-mirror-east-7f9"),
+            false,
+            "1",
+            Some(30),
+        );
+        assert_eq!(anomalies(&ok), vec![]);
+        assert_eq!(
+            anomalies(&view(Some("x"), false, "1", None)),
+            vec![Anomaly::NoDuration]
+        );
+        assert_eq!(
+            anomalies(&view(Some("x"), false, "1", Some(0))),
+            vec![Anomaly::NoDuration]
+        );
+        assert_eq!(
+            anomalies(&view(Some("x"), false, "1", Some(3600))),
+            vec![Anomaly::DurationCapped(3600)]
+        );
+        assert_eq!(
+            anomalies(&view(Some("a\nb"), false, "1", Some(30))),
+            vec![Anomaly::OddHolder]
+        );
+        assert_eq!(shown_holder("a\nb\u{0}"), "a\\nb\\u{0}");
+        let long = shown_holder(&"x".repeat(500));
+        assert_eq!(long.chars().count(), 64, "63 and an ellipsis");
+        for a in anomalies(&view(Some("a b"), false, "1", Some(-1))) {
+            assert!(!a.to_string().is_empty());
+        }
+    }
+}
