@@ -39,14 +39,23 @@ use service_mirror_core::local_networks::{
 use service_mirror_core::{Cidr, LocalCidrs};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// How long gateway addresses wait for the first read of every source before they are
+/// judged on what is known (the flags and whatever was read): a busy apiserver answers
+/// the three lists in well under a second; 30 s bounds a start against one that hangs.
+pub const FIRST_READ_WAIT: Duration = Duration::from_secs(30);
 
 /// The local networks as last read; clones share them.
 #[derive(Clone, Debug)]
 pub struct LocalNetworks {
     rx: watch::Receiver<LocalCidrs>,
+    /// True once every source had its first complete list or its first error (or
+    /// [`FIRST_READ_WAIT`] passed): until then the set is empty, not the cluster's.
+    ready: watch::Receiver<bool>,
 }
 
 impl Default for LocalNetworks {
@@ -62,7 +71,18 @@ impl LocalNetworks {
         let (tx, rx) = watch::channel(cidrs.normalized());
         // The receiver keeps the value; no sender means no change, ever.
         drop(tx);
-        Self { rx }
+        let (_, ready) = watch::channel(true);
+        Self { rx, ready }
+    }
+
+    /// Waits until every source was read once (or failed once, or
+    /// [`FIRST_READ_WAIT`] passed): after a restart, no gateway address is judged
+    /// against the empty set the watches start from, so a mirror never points at a
+    /// local network for the moment the lists take.
+    pub async fn first_read(&self) {
+        let mut ready = self.ready.clone();
+        // An error: the sender is gone (shut down); nothing more to wait for.
+        let _ = ready.wait_for(|r| *r).await;
     }
 
     /// The networks now.
@@ -88,6 +108,12 @@ pub enum Source {
 }
 
 impl Source {
+    const ALL: [Source; 3] = [
+        Source::ServiceCidrs,
+        Source::KubernetesService,
+        Source::Nodes,
+    ];
+
     /// The bounded metric label.
     pub fn label(self) -> &'static str {
         match self {
@@ -242,6 +268,10 @@ struct Shared {
     recorder: Option<EventRecorder>,
     /// Malformed entries already said.
     said: Mutex<HashSet<String>>,
+    /// The sources heard from once (a complete list or an error).
+    heard: Mutex<HashSet<Source>>,
+    /// Opened once every source was heard from.
+    ready: watch::Sender<bool>,
 }
 
 /// Where Events about the local networks go: the `kubernetes` Service, whose
@@ -322,6 +352,16 @@ impl Shared {
         let first = was.is_none();
         *was = Some(now);
         self.metrics.local_networks.set_state(source, now);
+        if first {
+            let all = {
+                let mut heard = self.heard.lock();
+                heard.insert(source);
+                heard.len() == Source::ALL.len()
+            };
+            if all {
+                self.ready.send_replace(true);
+            }
+        }
         if now == State::Read {
             if !first {
                 tracing::info!(source = source.label(), "local networks readable again");
@@ -357,15 +397,19 @@ pub fn spawn(
     cancel: CancellationToken,
 ) -> (LocalNetworks, Vec<JoinHandle<()>>) {
     let (tx, rx) = watch::channel(LocalCidrs::default());
+    let (ready_tx, ready) = watch::channel(false);
     let shared = Arc::new(Shared {
         parts: Mutex::default(),
         tx,
         metrics,
         recorder,
         said: Mutex::default(),
+        heard: Mutex::default(),
+        ready: ready_tx,
     });
     let kubernetes = watcher::Config::default().fields("metadata.name=kubernetes");
     let tasks = vec![
+        tokio::spawn(open_after(shared.clone(), FIRST_READ_WAIT, cancel.clone())),
         tokio::spawn(follow(
             shared.clone(),
             Source::ServiceCidrs,
@@ -391,7 +435,33 @@ pub fn spawn(
             cancel,
         )),
     ];
-    (LocalNetworks { rx }, tasks)
+    (LocalNetworks { rx, ready }, tasks)
+}
+
+/// Opens the first-read gate after `wait` if the sources have not: gateways are then
+/// judged on the flags and whatever was read, said once.
+async fn open_after(shared: Arc<Shared>, wait: Duration, cancel: CancellationToken) {
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = tokio::time::sleep(wait) => {}
+    }
+    if *shared.ready.borrow() {
+        return;
+    }
+    let missing: Vec<&str> = {
+        let heard = shared.heard.lock();
+        Source::ALL
+            .iter()
+            .filter(|s| !heard.contains(s))
+            .map(|s| s.label())
+            .collect()
+    };
+    tracing::warn!(
+        ?missing,
+        waited = ?wait,
+        "the local networks are not read yet; gateway addresses are judged on the flags and what was read until they are"
+    );
+    shared.ready.send_replace(true);
 }
 
 /// Watches one source until `cancel`, publishing what it reads.
@@ -437,8 +507,10 @@ async fn follow<K>(
             Event::InitApply(o) => apply(&o, relist.get_or_insert_default()),
             Event::InitDone => {
                 objects = relist.take().unwrap_or_default();
-                shared.state(source, &mut state, State::Read, None).await;
+                // Published before the state: a first read opens the gate only once
+                // its CIDRs are in the set.
                 shared.publish(source, objects.clone());
+                shared.state(source, &mut state, State::Read, None).await;
                 continue;
             }
             Event::Apply(o) => {

@@ -620,3 +620,116 @@ async fn with_no_flag_the_local_service_and_pod_cidrs_are_refused_and_followed_a
         .unwrap();
     eprintln!("local networks test took {:?}", started.elapsed());
 }
+
+/// Every version of every Endpoints and EndpointSlice in `ns` from now on, as JSON (a
+/// watch from an empty namespace is delivered every write, in order).
+fn record_endpoint_writes(client: &kube::Client, ns: &str) -> Arc<Mutex<Vec<String>>> {
+    use futures::StreamExt;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Api, WatchEvent, WatchParams};
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    fn follow<K>(api: kube::Api<K>, seen: Arc<Mutex<Vec<String>>>)
+    where
+        K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+        K: Send + 'static,
+    {
+        tokio::spawn(async move {
+            let mut stream = api
+                .watch(&WatchParams::default(), "0")
+                .await
+                .unwrap()
+                .boxed();
+            while let Some(Ok(e)) = stream.next().await {
+                if let WatchEvent::Added(o) | WatchEvent::Modified(o) = e {
+                    seen.lock()
+                        .unwrap()
+                        .push(serde_json::to_string(&o).unwrap());
+                }
+            }
+        });
+    }
+    follow(
+        Api::<Endpoints>::namespaced(client.clone(), ns),
+        seen.clone(),
+    );
+    follow(
+        Api::<EndpointSlice>::namespaced(client.clone(), ns),
+        seen.clone(),
+    );
+    seen
+}
+
+#[tokio::test]
+async fn after_a_start_no_mirror_write_ever_holds_a_local_address_before_the_local_networks_are_read()
+ {
+    use kube::api::Api;
+    use service_mirror_controller::local_networks;
+
+    let started = std::time::Instant::now();
+    let env = Env::new("gwfirst").await;
+    let cluster_ip = Api::<Service>::namespaced(env.lc.clone(), "default")
+        .get("kubernetes")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    // The remote aims the mirror at the local apiserver's ClusterIP before we start.
+    env.gateway("gw", 4143, &[&cluster_ip, "192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    let writes = record_endpoint_writes(&env.lc, &env.ns);
+    // The local networks answer slowly (each request 3 s late), as after a restart
+    // against a busy apiserver: the link is ready long before they are.
+    let proxy = local_cluster::FaultProxy::start(&env.local, 1)
+        .await
+        .unwrap();
+    proxy.latency(Duration::from_secs(3));
+    let slow = env
+        .local
+        .admin_kubeconfig_via(proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    let metrics = Metrics::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (local, tasks) = local_networks::spawn(slow, None, metrics.clone(), cancel.clone());
+    let config = LinkConfig {
+        gateway_address_policy: AddressPolicy::default(),
+        endpoints_mode: service_mirror_core::EndpointsMode::Both,
+        ..env.config()
+    };
+    let deps = LinkDeps {
+        metrics: metrics.clone(),
+        local_networks: local,
+        ..LinkDeps::default()
+    };
+    let w = env.watch_with(config, deps);
+    env.mirror_until("web", "the allowed address alone", |_, e| {
+        all_ips(e) == ["192.0.2.1"]
+    })
+    .await;
+    // Both the Endpoints and the slice written with the allowed address.
+    eventually("the slice written too", || async {
+        let w = writes.lock().unwrap();
+        w.iter()
+            .any(|o| o.contains("\"EndpointSlice\"") && o.contains("192.0.2.1"))
+            .then_some(())
+    })
+    .await;
+    let writes = writes.lock().unwrap().clone();
+    let quoted = format!("\"{cluster_ip}\"");
+    let bad: Vec<&String> = writes.iter().filter(|o| o.contains(&quoted)).collect();
+    assert!(
+        bad.is_empty(),
+        "a mirror write held the local apiserver's ClusterIP {cluster_ip}: {bad:?}"
+    );
+    assert!(writes.len() >= 2, "{writes:?}");
+    w.stop(false).await.unwrap();
+    cancel.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    eprintln!("first-read test took {:?}", started.elapsed());
+}

@@ -320,6 +320,8 @@ impl Gateways {
         if !spec.invalid_ingress.is_empty() {
             tracing::warn!(%cluster, gateway = %gw, invalid = ?spec.invalid_ingress, "ignoring invalid gateway ingress entries");
         }
+        // Not before the local networks were read once: the set starts empty.
+        self.policy.local.first_read().await;
         let local = self.policy.local.current();
         let flags = &self.policy.flags;
         let (mut accepted, mut refused) = flags.partition_in(spec.ips.iter().copied(), &local);
