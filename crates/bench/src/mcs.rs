@@ -218,6 +218,7 @@ fn reference_slices(
             port: GATEWAY_PORT,
             identity: Some(GATEWAY_IDENTITY.into()),
             alive: true,
+            dead: vec![],
         },
         domain: "cluster.local".into(),
     };

@@ -83,6 +83,21 @@ pub struct MemberGateway {
     pub identity: Option<String>,
     /// The probe verdict: endpoints are ready only while it is alive.
     pub alive: bool,
+    /// The addresses whose own probes fail, sorted: not ready alone while the others
+    /// stay ready (as `ResolvedGateway::dead` in a link's mirrors).
+    pub dead: Vec<IpAddr>,
+}
+
+impl MemberGateway {
+    /// Whether address `ip` is ready: the gateway alive and that address's own probes
+    /// passing.
+    pub fn is_ready(&self, ip: &IpAddr) -> bool {
+        self.alive
+            && !self
+                .dead
+                .iter()
+                .any(|d| d.to_canonical() == ip.to_canonical())
+    }
 }
 
 /// Why a member is not part of its federated Service (reported, others unaffected).

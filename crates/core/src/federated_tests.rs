@@ -75,6 +75,7 @@ fn gw(ip: &str, alive: bool) -> MemberGateway {
         port: 4143,
         identity: Some("gw.id".into()),
         alive,
+        dead: vec![],
     }
 }
 
@@ -473,6 +474,7 @@ fn dual_stack_gateway_gives_one_slice_per_family() {
         port: 4143,
         identity: None,
         alive: true,
+        dead: vec![],
     };
     let d = World::new(vec![web(Some("east"), at(1), "e")])
         .gw("east", g)
@@ -637,6 +639,48 @@ fn gateway_moves_and_verdicts_update_slices_only() {
             }
             other => panic!("{what}: {other:?}"),
         }
+    }
+}
+
+#[test]
+fn a_member_address_failing_its_own_probes_goes_not_ready_alone() {
+    let two = |alive: bool, dead: &[&str]| MemberGateway {
+        addresses: vec!["198.18.1.1".parse().unwrap(), "198.18.1.2".parse().unwrap()],
+        port: 4143,
+        identity: None,
+        alive,
+        dead: dead.iter().map(|a| a.parse().unwrap()).collect(),
+    };
+    type Row<'a> = (&'a str, MemberGateway, [bool; 2]);
+    let table: [Row; 4] = [
+        ("both alive", two(true, &[]), [true, true]),
+        ("the second dead", two(true, &["198.18.1.2"]), [true, false]),
+        ("the first dead", two(true, &["198.18.1.1"]), [false, true]),
+        (
+            "both dead: the gateway too",
+            two(false, &["198.18.1.1", "198.18.1.2"]),
+            [false, false],
+        ),
+    ];
+    for (what, g, want) in table {
+        let d = World::new(vec![web(Some("east"), at(1), "e")])
+            .gw("east", g)
+            .desired(None);
+        let slice = &d.slices[0];
+        let got: Vec<(String, bool, bool)> = slice
+            .endpoints
+            .iter()
+            .map(|e| {
+                let c = e.conditions.as_ref().unwrap();
+                (e.addresses[0].clone(), c.ready.unwrap(), c.serving.unwrap())
+            })
+            .collect();
+        let want: Vec<(String, bool, bool)> = ["198.18.1.1", "198.18.1.2"]
+            .iter()
+            .zip(want)
+            .map(|(a, r)| (a.to_string(), r, r))
+            .collect();
+        assert_eq!(got, want, "{what}");
     }
 }
 

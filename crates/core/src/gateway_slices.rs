@@ -33,8 +33,8 @@ pub struct GatewaySlices<'a> {
 }
 
 /// The slices of one gateway: one per address family it has addresses of (IPv4 first;
-/// none if it has none), at most [`MAX_ENDPOINTS_PER_SLICE`] addresses each, ready and
-/// serving only while the gateway's probe says alive. Owner references are left to
+/// none if it has none), at most [`MAX_ENDPOINTS_PER_SLICE`] addresses each, each ready
+/// and serving only while the gateway is alive and that address's own probes pass. Owner references are left to
 /// [`plan_slices`].
 pub fn gateway_slices(input: &GatewaySlices<'_>) -> Vec<EndpointSlice> {
     let gw = input.gateway;
@@ -66,9 +66,10 @@ pub fn gateway_slices(input: &GatewaySlices<'_>) -> Vec<EndpointSlice> {
             .iter()
             .map(|a| Endpoint {
                 addresses: vec![a.to_string()],
+                // An address failing its own probes is not ready alone.
                 conditions: Some(EndpointConditions {
-                    ready: Some(gw.alive),
-                    serving: Some(gw.alive),
+                    ready: Some(gw.is_ready(a)),
+                    serving: Some(gw.is_ready(a)),
                     terminating: Some(false),
                 }),
                 ..Default::default()

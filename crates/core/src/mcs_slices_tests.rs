@@ -9,6 +9,7 @@ fn gw(addrs: &[&str], alive: bool) -> Option<SourceGateway> {
             port: 4143,
             identity: Some("gateway.east.serviceaccount.identity.linkerd.cluster.local".into()),
             alive,
+            dead: vec![],
         },
         domain: "cluster.local".into(),
     })
@@ -199,6 +200,27 @@ fn a_new_import_uid_a_dead_gateway_or_a_moved_address_updates_in_place() {
         s.metadata.resource_version.as_deref(),
         Some("10"),
         "precondition kept"
+    );
+    // One of two addresses failing its own probes: it alone not ready.
+    let mut one_dead = east(&["192.0.2.7", "192.0.2.9"], true);
+    if let Some(Some(g)) = one_dead.get_mut("east") {
+        g.gateway.dead = vec!["192.0.2.9".parse().unwrap()];
+    }
+    let d = desired(false, &["east"], &one_dead);
+    let readiness: Vec<(String, Option<bool>, Option<bool>)> = d.slices[0]
+        .endpoints
+        .iter()
+        .map(|e| {
+            let c = e.conditions.clone().unwrap();
+            (e.addresses[0].clone(), c.ready, c.serving)
+        })
+        .collect();
+    assert_eq!(
+        readiness,
+        [
+            ("192.0.2.7".to_string(), Some(true), Some(true)),
+            ("192.0.2.9".to_string(), Some(false), Some(false)),
+        ]
     );
     // A new address.
     let moved = desired(false, &["east"], &east(&["192.0.2.8"], true));

@@ -460,6 +460,7 @@ fn member_gw(addrs: Vec<IpAddr>, alive: bool) -> MemberGateway {
         port: 4143,
         identity: Some("gw.id".into()),
         alive,
+        dead: vec![],
     }
 }
 

@@ -850,6 +850,7 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
     let east_fake = w.fake(70).await;
     w.fake(71).await;
     w.fake(72).await;
+    let dead_fake = w.fake(73).await;
     let fed = w.federation();
     fed.federation.expect(vec![]);
     let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
@@ -882,14 +883,41 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
     })
     .await;
 
-    // north's Link moves its gateway (the manager restarts the link with the new spec).
-    let north2 = w
-        .start_link(&fed, &w.spec("north", &w.north, 72), &w.north, 50)
-        .await;
+    // north's Link moves its gateway to two addresses (the manager restarts the link
+    // with the new spec), the second failing its own probes: it alone is not ready.
+    w.set_healthy(dead_fake, false);
+    let north_spec = w.spec_with(
+        "north",
+        &w.north,
+        72,
+        serde_json::json!({"gatewayAddress": "192.0.2.72,192.0.2.73"}),
+    );
+    let north2 = w.start_link(&fed, &north_spec, &w.north, 50).await;
     north.stop(false).await.unwrap();
-    eventually("north's slice at the new gateway", || async {
+    let per_address = |slices: &[EndpointSlice]| -> Vec<(String, bool)> {
+        slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter())
+            .map(|e| {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+                (e.addresses[0].clone(), ready)
+            })
+            .collect()
+    };
+    let want = [
+        ("192.0.2.70".to_string(), true),
+        ("192.0.2.72".to_string(), true),
+        ("192.0.2.73".to_string(), false),
+    ];
+    eventually(
+        "north's slice at the new gateway, its dead address alone not ready",
+        || async { (per_address(&w.slices("web").await) == want).then_some(()) },
+    )
+    .await;
+    w.set_healthy(dead_fake, true);
+    eventually("both of north's addresses ready", || async {
         let v = slice_view(&w.slices("web").await);
-        (v.len() == 2 && v[1].1 == ["192.0.2.72"] && v[1].2).then_some(())
+        (v.len() == 2 && v[1].1 == ["192.0.2.72", "192.0.2.73"] && v[1].2).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -913,9 +941,7 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
     let east = w
         .start_link(&fed, &w.spec("east", &w.east, 70), &w.east, 100)
         .await;
-    let north = w
-        .start_link(&fed, &w.spec("north", &w.north, 72), &w.north, 50)
-        .await;
+    let north = w.start_link(&fed, &north_spec, &w.north, 50).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(w.federated("web").await.unwrap().metadata.uid, svc_uid);
     let after: Vec<_> = w

@@ -29,6 +29,7 @@ fn gateway(addr: &str, alive: bool) -> Option<SourceGateway> {
                 "gateway.linkerd-multicluster.serviceaccount.identity.linkerd.east".into(),
             ),
             alive,
+            dead: vec![],
         },
         domain: "cluster.local".into(),
     })

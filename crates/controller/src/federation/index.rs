@@ -396,6 +396,7 @@ mod tests {
             port: 4143,
             identity: None,
             alive: true,
+            dead: vec![],
         };
         assert_eq!(i.gateway("east", 1, Some(gw.clone())), [key("web")]);
         assert!(i.gateway("east", 1, Some(gw)).is_empty(), "unchanged");
@@ -441,6 +442,7 @@ mod tests {
             port: 4143,
             identity: None,
             alive: true,
+            dead: vec![],
         }
     }
 

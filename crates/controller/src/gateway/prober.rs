@@ -102,10 +102,12 @@ struct Prober {
 const NO_LATENCY: u64 = u64::MAX;
 
 /// What the prober of one gateway knows, for the admin server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeState {
     /// The verdict.
     pub alive: bool,
+    /// The addresses whose own probes fail, sorted.
+    pub dead: Vec<std::net::IpAddr>,
     /// Milliseconds of the last successful probe, if any.
     pub latency_ms: Option<u64>,
 }
@@ -225,9 +227,13 @@ impl Probers {
 
     /// The prober's state of gateway `gw`; None when it is not probed.
     pub(crate) fn state(&self, gw: &GatewayRef) -> Option<ProbeState> {
-        self.shared.running.lock().get(gw).map(|p| ProbeState {
-            alive: Verdict::of(&p.verdicts).alive,
-            latency_ms: Some(p.latency_ms.load(Ordering::SeqCst)).filter(|&l| l != NO_LATENCY),
+        self.shared.running.lock().get(gw).map(|p| {
+            let verdict = Verdict::of(&p.verdicts);
+            ProbeState {
+                alive: verdict.alive,
+                dead: verdict.dead,
+                latency_ms: Some(p.latency_ms.load(Ordering::SeqCst)).filter(|&l| l != NO_LATENCY),
+            }
         })
     }
 }

@@ -76,10 +76,18 @@ pub(crate) async fn report_gateway(
                     port: g.port,
                     identity: g.identity,
                     alive: g.alive,
+                    // Each address's own verdict: a dead one not ready alone.
+                    dead: g.dead,
                 });
                 resolved_at = Some(std::time::Instant::now());
             } else if let (Some(g), Some(state)) = (current.as_mut(), gateways.probe_state(&gw)) {
                 g.alive = state.alive;
+                // Past MAX_PROBED_ADDRESSES only the first is probed and its verdict is
+                // the gateway's (`alive`), as `resolve` does.
+                g.dead = match g.addresses.len() <= super::MAX_PROBED_ADDRESSES {
+                    true => state.dead,
+                    false => Vec::new(),
+                };
             }
             let state = (link.remote)();
             let stale = current.clone().map(|mut g| {

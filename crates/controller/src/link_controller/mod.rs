@@ -396,8 +396,8 @@ impl LinkController {
                     cluster_name: self.rec.link.cluster_name.clone(),
                     gateway_name: gw.name,
                     gateway_namespace: gw.namespace,
-                    alive: state.is_none_or(|s| s.alive),
-                    latency_ms: state.and_then(|s| s.latency_ms),
+                    alive: state.as_ref().is_none_or(|s| s.alive),
+                    latency_ms: state.as_ref().and_then(|s| s.latency_ms),
                     enabled: state.is_some(),
                     num_services,
                 }

@@ -89,6 +89,7 @@ mod tests {
                 port: 4143,
                 identity: None,
                 alive: true,
+                dead: vec![],
             },
             domain: "cluster.local".into(),
         })
