@@ -453,11 +453,16 @@ async fn with_no_flag_the_local_service_and_pod_cidrs_are_refused_and_followed_a
     let range = default_cidr.spec.unwrap().cidrs.unwrap()[0].clone();
     assert_eq!(range, env.local.service_cidr(), "the apiserver's flag");
     let in_range = format!("{}.0.77", range.trim_end_matches(".0.0/16"));
-    // A /24 for this run's own ServiceCIDR and Node (cluster-wide objects).
+    // A /24 for this run's own ServiceCIDR and Node (cluster-wide objects on the shared
+    // apiserver): this file's /16s are 10.254 and 10.255 (tests/least_privilege.rs has
+    // 10.252 and 10.253), and the guard deletes them even if the test panics.
     let n = 1 + std::process::id() % 250;
     let (late_cidr, late_ip) = (format!("10.254.{n}.0/24"), format!("10.254.{n}.7"));
-    let (pod_cidr, pod_ip) = (format!("10.253.{n}.0/24"), format!("10.253.{n}.5"));
+    let (pod_cidr, pod_ip) = (format!("10.255.{n}.0/24"), format!("10.255.{n}.5"));
     let node_name = local_cluster::unique_namespace("gwlocal-node");
+    let scoped = ClusterScoped::new(env.local.clone());
+    scoped.node(&node_name);
+    scoped.service_cidr(&node_name);
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": {"name": node_name}, "spec": {"podCIDRs": [pod_cidr]}
     }))
@@ -614,10 +619,7 @@ async fn with_no_flag_the_local_service_and_pod_cidrs_are_refused_and_followed_a
     for t in tasks {
         let _ = t.await;
     }
-    nodes
-        .delete(&node_name, &DeleteParams::default())
-        .await
-        .unwrap();
+    drop(scoped);
     eprintln!("local networks test took {:?}", started.elapsed());
 }
 

@@ -18,9 +18,8 @@ mod support;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Node, Secret, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use local_cluster::{apply_yaml, client_from_yaml, unique_namespace};
 use rbac_support::{RunningController, apply_documents, install, install_documents, remove_verb};
@@ -678,8 +677,9 @@ async fn local_network_step(
     resource: &str,
 ) -> Result<String, String> {
     let env = &w.env;
-    // A /24 of its own per case (cluster-wide objects on the shared apiserver; no
-    // other test uses 10.252/16 or 10.253/16 as gateway addresses).
+    // A /24 of its own per case (cluster-wide objects on the shared apiserver): this
+    // file's /16s are 10.252 (ServiceCIDRs) and 10.253 (Nodes);
+    // tests/gateway_policy.rs has 10.254 and 10.255.
     let n = 1 + (std::process::id() as usize + verb.len() * 7) % 250;
     let (cidr, addr) = match resource {
         // The list case uses the cluster's own ServiceCIDR `kubernetes` (the
@@ -693,6 +693,14 @@ async fn local_network_step(
         _ => (Some(format!("10.253.{n}.0/24")), format!("10.253.{n}.9")),
     };
     let name = unique_namespace("lp-net");
+    // Deleted even if the step panics.
+    let scoped = ClusterScoped::new(env.local.clone());
+    if cidr.is_some() {
+        match resource {
+            "servicecidrs" => scoped.service_cidr(&name),
+            _ => scoped.node(&name),
+        }
+    }
     let make = || async {
         let Some(cidr) = &cidr else { return };
         let doc = match resource {
@@ -722,19 +730,7 @@ async fn local_network_step(
         pointed = ep.is_some_and(|e| e["subsets"].to_string().contains(&format!("\"{addr}\"")));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if cidr.is_some() {
-        let dp = DeleteParams::default();
-        let _ = match resource {
-            "servicecidrs" => Api::<ServiceCIDR>::all(env.lc.clone())
-                .delete(&name, &dp)
-                .await
-                .map(|_| ()),
-            _ => Api::<Node>::all(env.lc.clone())
-                .delete(&name, &dp)
-                .await
-                .map(|_| ()),
-        };
-    }
+    drop(scoped);
     let line = line?;
     check(pointed, || format!("{addr} was refused anyway"))?;
     Ok(line)

@@ -644,3 +644,73 @@ pub(crate) async fn stand_in_gateway_service(
         .await
         .unwrap();
 }
+
+/// Cluster-wide objects a test makes on a shared apiserver (Nodes, ServiceCIDRs), which
+/// change every other test's local networks: deleted when this guard drops, also when
+/// the test panics. Each test file that makes them keeps to its own /16 (see the
+/// files); a ServiceCIDR's finalizer is dropped too (no kube-controller-manager here to
+/// drop it, and a ServiceCIDR being deleted is still refused until it is gone).
+pub(crate) struct ClusterScoped {
+    cluster: Arc<LocalCluster>,
+    made: std::sync::Mutex<Vec<(&'static str, String)>>,
+}
+
+impl ClusterScoped {
+    pub(crate) fn new(cluster: Arc<LocalCluster>) -> Self {
+        Self {
+            cluster,
+            made: Default::default(),
+        }
+    }
+
+    /// Deletes Node `name` when dropped.
+    pub(crate) fn node(&self, name: &str) {
+        self.made.lock().unwrap().push(("Node", name.into()));
+    }
+
+    /// Deletes ServiceCIDR `name` when dropped.
+    pub(crate) fn service_cidr(&self, name: &str) {
+        self.made.lock().unwrap().push(("ServiceCIDR", name.into()));
+    }
+}
+
+impl Drop for ClusterScoped {
+    fn drop(&mut self) {
+        use k8s_openapi::api::core::v1::Node;
+        use k8s_openapi::api::networking::v1::ServiceCIDR;
+        let made = std::mem::take(&mut *self.made.lock().unwrap());
+        if made.is_empty() {
+            return;
+        }
+        let cluster = self.cluster.clone();
+        // Its own thread, runtime and client: the test's runtime may be a current-thread
+        // one that this drop is blocking, or already unwinding.
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let Ok(c) = cluster.client().await else {
+                    return;
+                };
+                let dp = DeleteParams::default();
+                let unfinalize =
+                    Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+                for (kind, name) in made {
+                    match kind {
+                        "Node" => {
+                            let _ = Api::<Node>::all(c.clone()).delete(&name, &dp).await;
+                        }
+                        _ => {
+                            let api = Api::<ServiceCIDR>::all(c.clone());
+                            let _ = api.delete(&name, &dp).await;
+                            let _ = api.patch(&name, &PatchParams::default(), &unfinalize).await;
+                        }
+                    }
+                }
+            })
+        });
+        let _ = cleanup.join();
+    }
+}
