@@ -1294,6 +1294,24 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
         )
         .await
         .unwrap();
+        // The local networks' other reads (`list nodes` before the start; `watch
+        // nodes` and `watch servicecidrs` after it): this file's /16s, a /24 each.
+        let n = |k: u32| 1 + (std::process::id() + k) % 250;
+        let scoped = ClusterScoped::new(w.env.local.clone());
+        let (early, late, cidr) = (
+            unique_namespace("lp-early"),
+            unique_namespace("lp-late"),
+            unique_namespace("lp-cidr"),
+        );
+        let local_net = |kind: &str, name: &str, cidr: String| match kind {
+            "Node" => serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name}, "spec": {"podCIDRs": [cidr]}}),
+            _ => serde_json::json!({"apiVersion": "networking.k8s.io/v1",
+                "kind": "ServiceCIDR", "metadata": {"name": name}, "spec": {"cidrs": [cidr]}}),
+        };
+        scoped.node(&early);
+        let doc = local_net("Node", &early, format!("10.253.{}.0/24", n(1)));
+        apply_yaml(&w.env.lc, &doc.to_string()).await.unwrap();
         let ctl = w.controller(&["--lease-duration", "3s"]);
         w.link_secret().await;
         w.export("web").await;
@@ -1367,6 +1385,43 @@ async fn with_every_verb_granted_the_same_steps_succeed() {
         .await;
         assert!(!subsets.contains(&format!("\"{cluster_ip}\"")), "{subsets}");
         assert!(!subsets.contains(&format!("\"{in_range}\"")), "{subsets}");
+        // A Node and a ServiceCIDR made after the start (watched), next to the Node
+        // made before it (listed): their addresses refused too.
+        scoped.node(&late);
+        scoped.service_cidr(&cidr);
+        for doc in [
+            local_net("Node", &late, format!("10.253.{}.0/24", n(2))),
+            local_net("ServiceCIDR", &cidr, format!("10.252.{}.0/24", n(3))),
+        ] {
+            apply_yaml(&w.env.lc, &doc.to_string()).await.unwrap();
+        }
+        let refused = [
+            format!("10.253.{}.9", n(1)),
+            format!("10.253.{}.9", n(2)),
+            format!("10.252.{}.9", n(3)),
+        ];
+        let mut ingress: Vec<&str> = refused.iter().map(String::as_str).collect();
+        ingress.push("192.0.2.12");
+        w.env.gateway("gw-nets", GW, &ingress).await;
+        let mut nets = exported("nets", &w.env.ns, "gw-nets", &[("http", 80)]);
+        nets.metadata.labels =
+            Some([("mirror.linkerd.io/exported".to_string(), "true".to_string())].into());
+        w.env
+            .remote_services()
+            .create(&PostParams::default(), &nets)
+            .await
+            .unwrap();
+        eventually("the listed and watched local networks refused", || async {
+            let ep = w.mirror_object("nets", "endpoints").await?;
+            let subsets = ep["subsets"].to_string();
+            (subsets.contains("\"192.0.2.12\"")
+                && refused
+                    .iter()
+                    .all(|ip| !subsets.contains(&format!("\"{ip}\""))))
+            .then_some(())
+        })
+        .await;
+        drop(scoped);
         let metrics = ctl.metrics_text().await;
         for source in ["service_cidrs", "kubernetes_service", "nodes"] {
             let line =
