@@ -57,7 +57,16 @@ fn mask(prefix: u8, width: u8) -> u128 {
 
 impl Cidr {
     /// The block of `prefix` leading bits of `ip` (None when `prefix` is too long).
+    /// An IPv4-mapped IPv6 block of /96 or longer (`::ffff:10.0.0.0/104`) is its IPv4
+    /// block (`10.0.0.0/8`): addresses are compared as IPv4 (`contains` maps them), so
+    /// kept as IPv6 it would hold nothing. A shorter one spans more than the mapped
+    /// range and stays IPv6.
     pub fn new(ip: IpAddr, prefix: u8) -> Option<Self> {
+        if let IpAddr::V6(v6) = ip
+            && let (Some(v4), true) = (v6.to_ipv4_mapped(), prefix >= 96)
+        {
+            return Self::new(IpAddr::V4(v4), prefix - 96);
+        }
         let (value, width) = bits(ip);
         if prefix > width {
             return None;
@@ -79,6 +88,21 @@ impl Cidr {
         width == net_width && value & mask(self.prefix, width) == network
     }
 
+    /// Parses a CIDR as Kubernetes' legacy parser does (k8s.io/utils/net
+    /// `ParseCIDRSloppy`, Go's parser before 1.17): an IPv4 octet may carry leading
+    /// zeros, read as decimal (`010.244.0.0/24` is `10.244.0.0/24`, not octal), as
+    /// objects written before the apiserver validated strictly may hold. For what the
+    /// cluster stores; the flags stay strict.
+    pub fn parse_sloppy(s: &str) -> Result<Self, CidrError> {
+        let strict = s.parse::<Self>();
+        let Err(e) = strict else { return strict };
+        let (addr, rest) = s.split_at(s.find('/').unwrap_or(s.len()));
+        match sloppy_ipv4(addr) {
+            Some(v4) => format!("{v4}{rest}").parse().map_err(|_| e),
+            None => Err(e),
+        }
+    }
+
     /// Parses a comma-separated list of CIDRs (blank entries are skipped).
     pub fn parse_list(list: &str) -> Result<Vec<Self>, CidrError> {
         list.split(',')
@@ -87,6 +111,26 @@ impl Cidr {
             .map(str::parse)
             .collect()
     }
+}
+
+/// An IPv4 address whose octets may carry leading zeros, read as decimal (Kubernetes'
+/// `ParseIPSloppy`); None for anything else (IPv6 needs no such reading).
+pub fn sloppy_ipv4(s: &str) -> Option<std::net::Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut octets {
+        let p = parts.next()?;
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let digits = p.trim_start_matches('0');
+        *o = match digits.is_empty() {
+            true => 0,
+            false if digits.len() > 3 => return None,
+            false => digits.parse().ok()?,
+        };
+    }
+    parts.next().is_none().then(|| octets.into())
 }
 
 impl FromStr for Cidr {
@@ -313,10 +357,44 @@ mod tests {
             ("2001:db8::/32", "2001:db8::/32"),
             ("10.0.0.0/32", "10.0.0.0/32"),
             ("::1/128", "::1/128"),
+            // IPv4-mapped blocks of /96 or longer are their IPv4 blocks.
+            ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+            ("::ffff:192.0.2.1", "192.0.2.1/32"),
+            ("::ffff:10.1.2.3/96", "0.0.0.0/0"),
+            ("::ffff:0.0.0.0/95", "::fffe:0:0/95"),
         ];
         for (input, want) in table {
             assert_eq!(cidr(input).to_string(), want, "{input}");
         }
+        // A mapped block holds IPv4 addresses (and their mapped forms).
+        let mapped = cidr("::ffff:10.0.0.0/104");
+        for ip in ["10.9.8.7", "::ffff:10.9.8.7"] {
+            assert!(mapped.contains(&ip.parse().unwrap()), "{ip}");
+        }
+        assert!(!mapped.contains(&"11.0.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_sloppy_parser_reads_leading_zeros_as_decimal_as_kubernetes_legacy_one_does() {
+        let table: [(&str, Option<&str>); 9] = [
+            ("010.244.0.0/24", Some("10.244.0.0/24")),
+            ("10.244.000.0/24", Some("10.244.0.0/24")),
+            ("0010.0.0.08/32", Some("10.0.0.8/32")),
+            ("10.96.0.0/12", Some("10.96.0.0/12")),
+            ("fd00::/64", Some("fd00::/64")),
+            ("256.0.0.0/8", None),
+            ("0256.0.0.0/8", None),
+            ("10.0.0/8", None),
+            ("10.0.0.0.0/8", None),
+        ];
+        for (input, want) in table {
+            let got = Cidr::parse_sloppy(input).map(|c| c.to_string()).ok();
+            assert_eq!(got.as_deref(), want, "{input}");
+        }
+        // The flags stay strict.
+        assert!("010.244.0.0/24".parse::<Cidr>().is_err());
+        let err = Cidr::parse_sloppy("x/8").unwrap_err();
+        assert!(err.to_string().contains("\"x/8\""), "{err}");
     }
 
     #[test]
@@ -377,7 +455,10 @@ mod tests {
             ("::/0", "2001:db8::1", true),
             ("::/0", "203.0.113.9", false),
             ("10.0.0.0/8", "::ffff:10.1.2.3", true),
-            ("::ffff:0:0/96", "::ffff:10.1.2.3", false),
+            // The whole mapped range is IPv4's 0.0.0.0/0 (it was an IPv6 block that held
+            // nothing, addresses being compared as IPv4).
+            ("::ffff:0:0/96", "::ffff:10.1.2.3", true),
+            ("::ffff:0:0/96", "2001:db8::1", false),
             ("fe80::/10", "febf::1", true),
             ("fe80::/10", "fec0::1", false),
             ("fd00:ec2::254/128", "fd00:ec2::254", true),

@@ -45,7 +45,8 @@ fn parse_all<'a>(
     let mut bad = Vec::new();
     for e in entries {
         // A prefix is required: a bare address here is not what the field holds.
-        match e.contains('/').then(|| e.parse::<Cidr>()) {
+        // Read as Kubernetes reads it: leading zeros in an IPv4 octet are decimal.
+        match e.contains('/').then(|| Cidr::parse_sloppy(e)) {
             Some(Ok(c)) => ok.push(c),
             _ => bad.push(Malformed {
                 object: object.clone(),
@@ -98,13 +99,17 @@ pub fn cluster_ips_of(svc: &Service) -> Read {
     let mut ok = Vec::new();
     let mut bad = Vec::new();
     for ip in ips.iter().filter(|ip| !ip.is_empty() && *ip != "None") {
-        match ip.parse::<IpAddr>() {
-            Ok(a) => {
+        let parsed = ip
+            .parse::<IpAddr>()
+            .ok()
+            .or_else(|| crate::address_policy::sloppy_ipv4(ip).map(IpAddr::V4));
+        match parsed {
+            Some(a) => {
                 let a = a.to_canonical();
                 let width = if a.is_ipv4() { 32 } else { 128 };
                 ok.extend(Cidr::new(a, width));
             }
-            Err(_) => bad.push(Malformed {
+            None => bad.push(Malformed {
                 object: format!("Service/{ns}/{name}"),
                 field: "spec.clusterIPs",
                 value: ip.clone(),
@@ -135,7 +140,7 @@ mod tests {
 
     #[test]
     fn node_pod_cidrs_are_read_and_a_malformed_entry_is_skipped_and_named() {
-        let table: [(Node, &[&str], &[&str]); 6] = [
+        let table: [(Node, &[&str], &[&str]); 7] = [
             (
                 node("a", Some(&["10.244.1.0/24", "fd00:10:244:1::/64"]), None),
                 &["10.244.1.0/24", "fd00:10:244:1::/64"],
@@ -164,6 +169,16 @@ mod tests {
             (
                 node("f", Some(&[]), Some("10.244.6.0/24")),
                 &["10.244.6.0/24"],
+                &[],
+            ),
+            // Legacy leading zeros, decimal as Kubernetes reads them; a mapped block.
+            (
+                node(
+                    "g",
+                    Some(&["010.244.7.0/24", "::ffff:10.244.8.0/120"]),
+                    None,
+                ),
+                &["10.244.7.0/24", "10.244.8.0/24"],
                 &[],
             ),
         ];
@@ -200,7 +215,7 @@ mod tests {
             }))
             .unwrap()
         };
-        let table: [(Service, &[&str], usize); 5] = [
+        let table: [(Service, &[&str], usize); 6] = [
             (
                 svc(
                     serde_json::json!({"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1", "fd00::1"]}),
@@ -219,6 +234,11 @@ mod tests {
                 svc(serde_json::json!({"clusterIPs": ["10.0.0.300"]})),
                 &[],
                 1,
+            ),
+            (
+                svc(serde_json::json!({"clusterIPs": ["010.096.000.001"]})),
+                &["10.96.0.1/32"],
+                0,
             ),
         ];
         for (s, want, bad) in table {
