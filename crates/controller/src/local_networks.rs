@@ -15,7 +15,9 @@
 //! A source that cannot be read (forbidden, not served, unreachable) is said once per
 //! change of state (a warning, a Warning Event on the `kubernetes` Service, and
 //! `service_mirror_local_cidrs{source,state}`), keeps its last good CIDRs and is watched
-//! again with backoff. A malformed entry is skipped and said once; the object's other
+//! again with backoff (a 404 every 10 minutes). A routine interruption (a watch's
+//! 410 Gone, a dropped connection) is no change of state: unreachable takes three
+//! failures in a row. A malformed entry is skipped and said once; the object's other
 //! entries still count. A change reaches every link, whose mirrors are looked at again.
 
 use crate::events::EventRecorder;
@@ -339,12 +341,28 @@ impl Shared {
         }
     }
 
+    /// `source` had its first complete list or its first error: the first-read gate
+    /// opens once every source has.
+    fn heard(&self, source: Source) {
+        let all = {
+            let mut heard = self.heard.lock();
+            heard.insert(source);
+            heard.len() == Source::ALL.len()
+        };
+        if all {
+            self.ready.send_replace(true);
+        }
+    }
+
+    /// A change of `source`'s state to `now`, said once per change. `kept`: how many
+    /// CIDRs it read before, which stay.
     async fn state(
         &self,
         source: Source,
         was: &mut Option<State>,
         now: State,
         error: Option<String>,
+        kept: Option<usize>,
     ) {
         if *was == Some(now) {
             return;
@@ -352,23 +370,16 @@ impl Shared {
         let first = was.is_none();
         *was = Some(now);
         self.metrics.local_networks.set_state(source, now);
-        if first {
-            let all = {
-                let mut heard = self.heard.lock();
-                heard.insert(source);
-                heard.len() == Source::ALL.len()
-            };
-            if all {
-                self.ready.send_replace(true);
-            }
-        }
         if now == State::Read {
             if !first {
                 tracing::info!(source = source.label(), "local networks readable again");
             }
             return;
         }
-        let effect = source.effect();
+        let effect = match kept {
+            Some(n) => format!("its last good CIDRs ({n}) are kept and refused"),
+            None => source.effect().to_owned(),
+        };
         let error = error.unwrap_or_default();
         tracing::warn!(source = source.label(), state = now.label(), %error, "cannot read the local networks: {effect}");
         if let Some(r) = &self.recorder {
@@ -464,6 +475,33 @@ async fn open_after(shared: Arc<Shared>, wait: Duration, cancel: CancellationTok
     shared.ready.send_replace(true);
 }
 
+/// Errors in a row (no event read in between) after which a source is said
+/// unreachable: one is routine (a watch's 410 Gone, an interrupted list the watcher
+/// retries at once); three, with kube's backoff (0.8 s, then doubling), are about 5 s
+/// of failing (re)lists.
+const UNREACHABLE_AFTER: u32 = 3;
+
+/// How long a source whose API is not served (404: ServiceCIDR before Kubernetes 1.33)
+/// waits before it is asked again: the API comes only with an apiserver upgrade, so
+/// every 10 minutes rather than the backoff's 30 s.
+const NOT_SERVED_RETRY: Duration = Duration::from_secs(600);
+
+/// What an error of a source's watch means: a change of state, or None when it is
+/// routine (the watcher lists or watches again by itself). Forbidden and not served
+/// are states at once; anything else only after [`UNREACHABLE_AFTER`] in a row.
+fn judge(error: &watcher::Error, failures: u32) -> Option<State> {
+    match State::of(error) {
+        State::Unreachable if failures < UNREACHABLE_AFTER => None,
+        state => Some(state),
+    }
+}
+
+/// How long to wait before the watcher may ask again after `error`, beyond its own
+/// backoff.
+fn retry_after(error: &watcher::Error) -> Option<Duration> {
+    (State::of(error) == State::NotServed).then_some(NOT_SERVED_RETRY)
+}
+
 /// Watches one source until `cancel`, publishing what it reads.
 async fn follow<K>(
     shared: Arc<Shared>,
@@ -479,18 +517,37 @@ async fn follow<K>(
     let mut objects: BTreeMap<String, Vec<Cidr>> = BTreeMap::new();
     let mut relist: Option<BTreeMap<String, Vec<Cidr>>> = None;
     let mut state: Option<State> = None;
+    // Errors since the last event that read something.
+    let mut failures = 0u32;
+    let mut read_once = false;
     loop {
         let event = tokio::select! {
             _ = cancel.cancelled() => return,
             e = stream.next() => match e { Some(e) => e, None => return },
         };
         let event = match event {
-            Ok(e) => e,
+            Ok(e) => {
+                failures = 0;
+                e
+            }
             Err(e) => {
+                failures += 1;
+                shared.heard(source);
                 // The last good CIDRs stay: nothing is forgotten because of a failure.
-                shared
-                    .state(source, &mut state, State::of(&e), Some(e.to_string()))
-                    .await;
+                if let Some(now) = judge(&e, failures) {
+                    let kept = read_once.then(|| objects.values().map(Vec::len).sum());
+                    shared
+                        .state(source, &mut state, now, Some(e.to_string()), kept)
+                        .await;
+                } else {
+                    tracing::debug!(source = source.label(), error = %e, failures, "local networks watch interrupted; watched again");
+                }
+                if let Some(wait) = retry_after(&e) {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
                 continue;
             }
         };
@@ -507,10 +564,14 @@ async fn follow<K>(
             Event::InitApply(o) => apply(&o, relist.get_or_insert_default()),
             Event::InitDone => {
                 objects = relist.take().unwrap_or_default();
-                // Published before the state: a first read opens the gate only once
-                // its CIDRs are in the set.
+                // Published before the gate: a first read opens it only once its
+                // CIDRs are in the set.
                 shared.publish(source, objects.clone());
-                shared.state(source, &mut state, State::Read, None).await;
+                read_once = true;
+                shared.heard(source);
+                shared
+                    .state(source, &mut state, State::Read, None, None)
+                    .await;
                 continue;
             }
             Event::Apply(o) => {
@@ -565,6 +626,14 @@ mod tests {
         assert_eq!(parts.union().service, cidrs("10.96.0.1/32"));
     }
 
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("no", "Forbidden")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
     #[test]
     fn watch_errors_map_to_bounded_states() {
         let api = |code: u16| {
@@ -592,6 +661,49 @@ mod tests {
         for (error, want) in table {
             assert_eq!(State::of(&error), want, "{error}");
         }
+        // A routine interruption (a watch's 410 Gone, a dropped connection) is no change
+        // of state; forbidden and not served are at once; other failures only in a row.
+        let gone = || {
+            watcher::Error::WatchError(
+                kube::core::Status::failure("too old resource version", "Expired")
+                    .with_code(410)
+                    .boxed(),
+            )
+        };
+        let judged = [
+            (gone(), 1, None),
+            (gone(), 2, None),
+            (watcher::Error::WatchFailed(api_error(500)), 1, None),
+            (watcher::Error::InitialListFailed(api_error(500)), 2, None),
+            (
+                watcher::Error::InitialListFailed(api_error(500)),
+                3,
+                Some(State::Unreachable),
+            ),
+            (
+                watcher::Error::InitialListFailed(api_error(403)),
+                1,
+                Some(State::Forbidden),
+            ),
+            (
+                watcher::Error::InitialListFailed(api_error(404)),
+                1,
+                Some(State::NotServed),
+            ),
+        ];
+        for (error, failures, want) in judged {
+            assert_eq!(judge(&error, failures), want, "{error} x{failures}");
+        }
+        // Not served: asked again every 10 minutes, not at the backoff's 30 s.
+        assert_eq!(
+            retry_after(&watcher::Error::InitialListFailed(api_error(404))),
+            Some(Duration::from_secs(600))
+        );
+        assert_eq!(retry_after(&gone()), None);
+        assert_eq!(
+            retry_after(&watcher::Error::InitialListFailed(api_error(403))),
+            None
+        );
         let labels: Vec<&str> = State::ALL.iter().map(|s| s.label()).collect();
         assert_eq!(labels, ["read", "forbidden", "not_served", "unreachable"]);
     }
