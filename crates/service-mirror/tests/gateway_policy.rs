@@ -439,11 +439,7 @@ async fn with_no_flag_the_local_service_and_pod_cidrs_are_refused_and_followed_a
     let server = healthy_server().await;
     let (redirect, _probed) = recording_redirect(server);
     // The local apiserver's own ClusterIP, read from the local cluster.
-    let kubernetes = Api::<Service>::namespaced(env.lc.clone(), "default")
-        .get("kubernetes")
-        .await
-        .unwrap();
-    let cluster_ip = kubernetes.spec.unwrap().cluster_ip.unwrap();
+    let cluster_ip = kubernetes_cluster_ip(&env).await;
     // The apiserver makes the ServiceCIDR `kubernetes` from --service-cluster-ip-range.
     let service_cidrs = Api::<ServiceCIDR>::all(env.lc.clone());
     let default_cidr = eventually("the ServiceCIDR kubernetes", || async {
@@ -623,6 +619,21 @@ async fn with_no_flag_the_local_service_and_pod_cidrs_are_refused_and_followed_a
     eprintln!("local networks test took {:?}", started.elapsed());
 }
 
+/// The local apiserver's `kubernetes` ClusterIP (made by the apiserver shortly after a
+/// fresh start, so waited for).
+async fn kubernetes_cluster_ip(env: &Env) -> String {
+    let api = kube::Api::<Service>::namespaced(env.lc.clone(), "default");
+    eventually("the kubernetes Service", || async {
+        api.get_opt("kubernetes")
+            .await
+            .ok()
+            .flatten()?
+            .spec?
+            .cluster_ip
+    })
+    .await
+}
+
 /// Every version of every Endpoints and EndpointSlice in `ns` from now on, as JSON (a
 /// watch from an empty namespace is delivered every write, in order).
 fn record_endpoint_writes(client: &kube::Client, ns: &str) -> Arc<Mutex<Vec<String>>> {
@@ -664,19 +675,11 @@ fn record_endpoint_writes(client: &kube::Client, ns: &str) -> Arc<Mutex<Vec<Stri
 #[tokio::test]
 async fn after_a_start_no_mirror_write_ever_holds_a_local_address_before_the_local_networks_are_read()
  {
-    use kube::api::Api;
     use service_mirror_controller::local_networks;
 
     let started = std::time::Instant::now();
     let env = Env::new("gwfirst").await;
-    let cluster_ip = Api::<Service>::namespaced(env.lc.clone(), "default")
-        .get("kubernetes")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap();
+    let cluster_ip = kubernetes_cluster_ip(&env).await;
     // The remote aims the mirror at the local apiserver's ClusterIP before we start.
     env.gateway("gw", 4143, &[&cluster_ip, "192.0.2.1"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
