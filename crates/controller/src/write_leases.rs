@@ -6,7 +6,9 @@
 //! A link writes only while we hold its Lease (the link's [`WriteGates`] gate, read
 //! through its [`crate::leader::Leadership`] before every write), so a migration from
 //! Linkerd's controller never has two writers on one link: a Lease held and renewed by
-//! a holder that is not ours (no [`OWNER_LABEL`], another identity) keeps the link
+//! a holder that is not ours (our holder annotation `service-mirror.linkerd.io/holder`,
+//! written with every take and renewal, does not name it: labels cannot tell, as
+//! client-go's LeaseLock keeps them when it re-acquires) keeps the link
 //! watching, not writing (reported: Event, metric, Link condition; see
 //! `write_lease_report.rs`), read again every 2 s at most, and is taken (an update
 //! with its resourceVersion, adding our labels) as soon as it is released or expires
@@ -41,7 +43,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use service_mirror_core::labels::CLUSTER_NAME_LABEL;
 use service_mirror_core::write_lease::{
-    LeaseView, Observed, Verdict, anomalies, judge, shown_holder,
+    HOLDER_ANNOTATION, LeaseView, Observed, Verdict, anomalies, judge, shown_holder,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -452,6 +454,9 @@ impl WriteLeases {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         labels: Some(our_labels(cluster).into_iter().collect()),
+                        annotations: Some(
+                            [(HOLDER_ANNOTATION.to_string(), self.opts.identity.clone())].into(),
+                        ),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -470,6 +475,7 @@ impl WriteLeases {
                 // makes this a 409, and the next pass reads it again.
                 let labels = lease.metadata.labels.get_or_insert_with(Default::default);
                 labels.extend(our_labels(cluster));
+                mark_holder(&mut lease, &self.opts.identity);
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 if spec.holder_identity.as_deref() != Some(&self.opts.identity) {
                     spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).max(0) + 1);
@@ -525,6 +531,7 @@ impl WriteLeases {
             return;
         };
         let mut lease = held.lease.clone();
+        mark_holder(&mut lease, &self.opts.identity);
         if let Some(spec) = lease.spec.as_mut() {
             spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         }
@@ -621,6 +628,18 @@ fn our_labels(cluster: &str) -> [(String, String); 2] {
     ]
 }
 
+/// Names `identity` in our holder annotation: the Lease is one of our replicas' only
+/// while this equals its holder (see `service_mirror_core::write_lease`).
+fn mark_holder(lease: &mut Lease, identity: &str) {
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(HOLDER_ANNOTATION.to_string(), identity.to_string());
+}
+
+/// Labelled ours (created or once taken by us): only tells how a released Lease is
+/// reported, never whether it is ours to take (see [`mark_holder`]).
 fn is_ours(lease: &Lease) -> bool {
     lease
         .metadata
@@ -643,7 +662,12 @@ fn view_of(lease: &Lease) -> LeaseView {
         .filter(|d| !d.is_zero());
     LeaseView {
         holder: spec.and_then(|s| s.holder_identity.clone()),
-        ours: is_ours(lease),
+        marked_holder: lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(HOLDER_ANNOTATION))
+            .cloned(),
         resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
         duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
         renew_ahead,

@@ -23,6 +23,10 @@ pub const MAX_FOREIGN_DURATION: Duration = Duration::from_secs(300);
 /// the hand-over follows a release within this.
 pub const MAX_FOREIGN_POLL: Duration = Duration::from_secs(2);
 
+/// Written by our replicas on every take and renewal of a write Lease: the identity
+/// that wrote it. The Lease is ours only while this equals `spec.holderIdentity`.
+pub const HOLDER_ANNOTATION: &str = "service-mirror.linkerd.io/holder";
+
 /// The longest a holder identity is shown in a report.
 const MAX_SHOWN_HOLDER: usize = 63;
 
@@ -31,8 +35,9 @@ const MAX_SHOWN_HOLDER: usize = 63;
 pub struct LeaseView {
     /// `spec.holderIdentity`; `None` when absent or empty (released).
     pub holder: Option<String>,
-    /// Carries our owner label (written by one of our replicas).
-    pub ours: bool,
+    /// The value of [`HOLDER_ANNOTATION`], if any: the identity of the replica of ours
+    /// that last took or renewed the Lease.
+    pub marked_holder: Option<String>,
     /// Changes with every write, renewals included.
     pub resource_version: String,
     /// `spec.leaseDurationSeconds` as stored (may be absent, zero or negative).
@@ -60,7 +65,8 @@ pub enum Verdict {
     Absent,
     /// Held by us: renew it, and write.
     Ours,
-    /// Ours by label, held by another of our replicas (a former leader): the leader
+    /// Held by another of our replicas (a former leader: our holder annotation names
+    /// the holder): the leader
     /// election already decided that we write; take it.
     OurReplica,
     /// Released (holder empty): take it.
@@ -153,7 +159,12 @@ pub fn judge(
     let holder = match view.holder.as_deref() {
         None | Some("") => return (Verdict::Released, None),
         Some(h) if h == me => return (Verdict::Ours, None),
-        Some(_) if view.ours => return (Verdict::OurReplica, None),
+        // Our annotation naming this very holder: one of our replicas wrote it. Our
+        // labels, or an annotation naming someone else, say nothing (a foreign
+        // controller re-acquiring what we released keeps both).
+        Some(h) if view.marked_holder.as_deref() == Some(h) => {
+            return (Verdict::OurReplica, None);
+        }
         Some(h) => h,
     };
     // Counted from the first read of this very record: any write (a renewal, a new
@@ -240,10 +251,11 @@ mod tests {
     const ME: &str = "service-mirror-abc";
     const OURS: Duration = Duration::from_secs(15);
 
+    /// `ours`: our annotation names the holder.
     fn view(holder: Option<&str>, ours: bool, rv: &str, secs: Option<i32>) -> LeaseView {
         LeaseView {
             holder: holder.map(str::to_string),
-            ours,
+            marked_holder: holder.filter(|_| ours).map(str::to_string),
             resource_version: rv.into(),
             duration_seconds: secs,
             renew_ahead: None,
@@ -297,6 +309,16 @@ mod tests {
                 None,
                 s(0),
                 V::OurReplica,
+            ),
+            (
+                "our labels and annotation kept by a foreign re-acquire (client-go updates the whole object): foreign",
+                Some(LeaseView {
+                    marked_holder: Some("service-mirror-old".into()),
+                    ..view(linkerd, false, "7", Some(30))
+                }),
+                None,
+                s(0),
+                V::Held { expires_in: 30 },
             ),
             (
                 "released (empty holder)",

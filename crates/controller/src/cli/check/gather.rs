@@ -250,13 +250,13 @@ async fn write_leases(
             .map_err(|e| e.to_string())
             .map(|l| {
                 l.map(|l| {
-                    let ours = l
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|m| m.get(crate::write_leases::OWNER_LABEL))
-                        .is_some_and(|v| v == crate::write_leases::OWNER_VALUE);
+                    // Ours only while our holder annotation names the holder: a
+                    // foreign controller re-acquiring a Lease keeps our labels.
                     let spec = l.spec.unwrap_or_default();
+                    let ours = spec.holder_identity.is_some()
+                        && l.metadata.annotations.as_ref().and_then(|m| {
+                            m.get(service_mirror_core::write_lease::HOLDER_ANNOTATION)
+                        }) == spec.holder_identity.as_ref();
                     WriteLease {
                         holder: spec.holder_identity,
                         ours,
