@@ -119,6 +119,9 @@ pub struct LinkSet {
     pub running: BTreeSet<String>,
     /// Clusters a link Secret claims, running or not.
     pub claimed: BTreeSet<String>,
+    /// Clusters whose mirrors are being deleted: their Lease is taken (or waited for)
+    /// and kept until the deletion ends.
+    pub cleaning: BTreeSet<String>,
     /// The link object (Secret or Link) of each running cluster, for Events.
     pub sources: BTreeMap<String, ObjectReference>,
 }
@@ -337,7 +340,9 @@ impl WriteLeases {
     /// One pass as leader: delete the Leases of unlinked clusters, take those of new
     /// links (and of links a foreign holder let go), renew those due.
     async fn step(&mut self, links: &LinkSet) {
-        let linked = |c: &String| links.running.contains(c) || links.claimed.contains(c);
+        let linked = |c: &String| {
+            links.running.contains(c) || links.claimed.contains(c) || links.cleaning.contains(c)
+        };
         let gone: Vec<String> = self.held.keys().filter(|c| !linked(c)).cloned().collect();
         for cluster in gone {
             self.delete(&cluster).await;
@@ -358,7 +363,7 @@ impl WriteLeases {
             self.reporter().forget(&cluster);
         }
         self.failing.retain(|c, _| linked(c));
-        for cluster in &links.running {
+        for cluster in links.running.iter().chain(&links.cleaning) {
             if !self.held.contains_key(cluster) && self.due(cluster) {
                 self.acquire(cluster, links.sources.get(cluster)).await;
             }
@@ -626,6 +631,24 @@ fn our_labels(cluster: &str) -> [(String, String); 2] {
         (OWNER_LABEL.to_string(), OWNER_VALUE.to_string()),
         (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
     ]
+}
+
+/// The holder of `cluster`'s write Lease when another writer holds it (a holder our
+/// annotation does not name): the collector of unlinked mirrors leaves that cluster
+/// alone, as its mirrors may be that writer's.
+pub async fn held_elsewhere(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+) -> Result<Option<String>, kube::Error> {
+    let lease = Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt(&lease_name(cluster))
+        .await?;
+    Ok(lease.and_then(|l| {
+        let view = view_of(&l);
+        view.holder
+            .filter(|h| !h.is_empty() && view.marked_holder.as_deref() != Some(h.as_str()))
+    }))
 }
 
 /// Names `identity` in our holder annotation: the Lease is one of our replicas' only
