@@ -19,7 +19,8 @@
 //! (`leader.rs`): the leader holds one write Lease per running link (holder: its
 //! identity, `leaseDurationSeconds` as the leader Lease), renewed every half duration
 //! (7.5 s of the default 15 s; the gate closes at 90 % of the duration after the last
-//! renewal sent, so a renewal may be a 1 s tick late and one may fail). Every write
+//! renewal sent, so a renewal may be a pass late and one may fail; a pass every tenth of
+//! the duration, at most 1 s; all from the whole seconds the Lease stores). Every write
 //! carries the resourceVersion last seen, so a replica that lost the leadership cannot
 //! overwrite the new leader's claim, and each write first reads the clock-bounded
 //! leadership (`leader.rs`): a replica whose term ended writes nothing. Shutting down
@@ -58,8 +59,37 @@ pub const OWNER_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const OWNER_VALUE: &str = "service-mirror.linkerd.io";
 /// Field manager of every write.
 const FIELD_MANAGER: &str = "service-mirror-write-lease";
-/// How often the running links are looked at (in memory: costs no request).
+/// How often the running links are looked at (in memory: costs no request), at most.
 const TICK: Duration = Duration::from_secs(1);
+
+/// The timing of the write Leases, all from the whole seconds the Lease stores
+/// (`leaseDurationSeconds` is an integer: a foreign controller counts those, so our
+/// gate must not stay open on a fraction it never saw).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timing {
+    /// `leaseDurationSeconds` written (at least 1).
+    secs: i32,
+    /// A renewal every half of it.
+    renew_every: Duration,
+    /// The gate stays open 90 % of it after the write that took or renewed the Lease.
+    hold: Duration,
+    /// The pass period: a tenth of it, at most [`TICK`], so a renewal is never late by
+    /// more than a tenth of the duration.
+    tick: Duration,
+}
+
+impl Timing {
+    fn of(duration: Duration) -> Self {
+        let secs = duration.as_secs().clamp(1, i32::MAX as u64);
+        let whole = Duration::from_secs(secs);
+        Timing {
+            secs: secs as i32,
+            renew_every: whole / 2,
+            hold: whole.mul_f64(0.9),
+            tick: TICK.min(whole / 10),
+        }
+    }
+}
 
 /// The Lease of link `cluster`.
 pub fn lease_name(cluster: &str) -> String {
@@ -250,6 +280,7 @@ pub fn spawn(
         failing: BTreeMap::new(),
         leader: leader.clone(),
     };
+    let tick = Timing::of(w.opts.duration).tick;
     tokio::spawn(async move {
         loop {
             let leading = leader.as_mut().is_none_or(|l| l.leading_and_update());
@@ -272,7 +303,7 @@ pub fn spawn(
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(TICK) => {}
+                _ = tokio::time::sleep(tick) => {}
                 _ = changed => {}
                 // A link started: its gate waits for its Lease.
                 _ = gates.wake.notified() => {}
@@ -306,18 +337,18 @@ impl WriteLeases {
 
     /// A renewal every half duration (see the module's note).
     fn renew_every(&self) -> Duration {
-        self.opts.duration / 2
+        Timing::of(self.opts.duration).renew_every
     }
 
     /// The gate closes at 90 % of the duration after the write that took or renewed
     /// the Lease was sent: a foreign controller counts the whole duration from when it
     /// saw that write, which is later.
     fn hold_until(&self, sent: Instant) -> Instant {
-        sent + self.opts.duration.mul_f64(0.9)
+        sent + Timing::of(self.opts.duration).hold
     }
 
     fn secs(&self) -> i32 {
-        self.opts.duration.as_secs().max(1) as i32
+        Timing::of(self.opts.duration).secs
     }
 
     fn due(&self, cluster: &str) -> bool {
@@ -406,7 +437,7 @@ impl WriteLeases {
             &self.opts.identity,
             last,
             Instant::now(),
-            self.opts.duration,
+            Duration::from_secs(self.secs() as u64),
         );
         if let Verdict::HeldByForeign {
             holder, look_again, ..
@@ -694,5 +725,40 @@ fn view_of(lease: &Lease) -> LeaseView {
         resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
         duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
         renew_ahead,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_and_renewals_follow_the_whole_seconds_the_lease_stores() {
+        let ms = Duration::from_millis;
+        // (duration given, seconds written, renew every, gate open for, pass period)
+        let table = [
+            (ms(1500), 1, ms(500), ms(900), ms(100)),
+            (ms(3000), 3, ms(1500), ms(2700), ms(300)),
+            (ms(3999), 3, ms(1500), ms(2700), ms(300)),
+            (ms(15_000), 15, ms(7500), ms(13_500), ms(1000)),
+            (ms(200), 1, ms(500), ms(900), ms(100)),
+        ];
+        for (given, secs, renew, hold, tick) in table {
+            let t = Timing::of(given);
+            assert_eq!(
+                t,
+                Timing {
+                    secs,
+                    renew_every: renew,
+                    hold,
+                    tick
+                },
+                "{given:?}"
+            );
+            // Never open past what a foreign controller counts from our write.
+            assert!(t.hold < Duration::from_secs(t.secs as u64), "{given:?}");
+            // A renewal late by one pass still lands before the gate closes.
+            assert!(t.renew_every + t.tick < t.hold, "{given:?}");
+        }
     }
 }

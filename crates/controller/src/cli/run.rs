@@ -199,13 +199,20 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = EndpointsMode> 
 }
 
 /// A lease duration: 0 s would renew in a tight loop and never lead, and the Lease
-/// stores whole seconds in an i32.
+/// stores whole seconds in an i32. A fraction is refused, not dropped: the other
+/// replicas and Linkerd's controller count the whole seconds stored, so a holder timing
+/// its writes on 1.5 s while the Lease says 1 s would write past the moment another
+/// may take it.
 fn parse_lease_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
-        Ok(d)
-    } else {
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
         Err(format!("{s} is outside 1s..1h"))
+    } else if d.subsec_nanos() != 0 {
+        Err(format!(
+            "{s} is not a whole number of seconds (Leases store leaseDurationSeconds)"
+        ))
+    } else {
+        Ok(d)
     }
 }
 
@@ -463,6 +470,18 @@ mod tests {
             Ok(_) => unreachable!(),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    #[test]
+    fn a_lease_duration_is_whole_seconds_within_1s_and_1h() {
+        use super::parse_lease_duration as p;
+        use std::time::Duration;
+        assert_eq!(p("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(p("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["1500ms", "2.5s", "500ms", "0s", "2h"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert!(p("1500ms").unwrap_err().contains("whole number of seconds"));
     }
 
     #[test]
