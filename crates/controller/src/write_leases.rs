@@ -193,6 +193,15 @@ impl WriteGates {
         }
     }
 
+    /// Whether `cluster`'s gate is open now (closed for a cluster never linked). Reads
+    /// only: no gate is made, the holder task is not woken.
+    pub fn is_open(&self, cluster: &str) -> bool {
+        self.gates
+            .lock()
+            .get(cluster)
+            .is_some_and(|tx| crate::leader::gate_open(*tx.borrow(), Instant::now()))
+    }
+
     fn close_all(&self) {
         let clusters: Vec<String> = self.gates.lock().keys().cloned().collect();
         for c in clusters {

@@ -282,6 +282,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             .filter(|s| !s.is_empty())
             .collect(),
     };
+    // Each link writes only while its write Lease is ours (see write_leases.rs); its
+    // federation messages wait for its gate too.
+    let write_gates = write_leases::WriteGates::default();
     let (federation, federation_tasks) = crate::federation::Federation::start(
         local.clone(),
         recorder.clone(),
@@ -290,6 +293,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             controller_namespace: args.namespace.clone(),
             local_selector,
             leader: leader.clone(),
+            write_gates: Some(write_gates.clone()),
         },
         shutdown.clone(),
     );
@@ -327,8 +331,6 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     );
-    // Each link writes only while its write Lease is ours (see write_leases.rs).
-    let write_gates = write_leases::WriteGates::default();
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
         workers: 4,
