@@ -12,7 +12,8 @@
 //! watching, not writing (reported: Event, metric, Link condition; see
 //! `write_lease_report.rs`), read again every 2 s at most, and is taken (an update
 //! with its resourceVersion, adding our labels) as soon as it is released or expires
-//! unrenewed, judged on our clock (`service_mirror_core::write_lease`). Nothing of a
+//! unrenewed (unchanged election record, metadata aside), judged on our clock
+//! (`service_mirror_core::write_lease`). Nothing of a
 //! foreign Lease is ever deleted.
 //!
 //! Among our replicas, who writes is decided by the one leader-election Lease
@@ -44,7 +45,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use service_mirror_core::labels::CLUSTER_NAME_LABEL;
 use service_mirror_core::write_lease::{
-    HOLDER_ANNOTATION, LeaseView, Observed, Verdict, anomalies, judge, shown_holder,
+    HOLDER_ANNOTATION, LeaseView, Observed, Record, Verdict, anomalies, judge, shown_holder,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -731,7 +732,15 @@ fn view_of(lease: &Lease) -> LeaseView {
             .as_ref()
             .and_then(|a| a.get(HOLDER_ANNOTATION))
             .cloned(),
-        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+        record: Record {
+            acquire_time: spec
+                .and_then(|s| s.acquire_time.as_ref())
+                .map(|t| t.0.to_string()),
+            renew_time: spec
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.to_string()),
+            transitions: spec.and_then(|s| s.lease_transitions),
+        },
         duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
         renew_ahead,
     }
