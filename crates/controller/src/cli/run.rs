@@ -133,8 +133,10 @@ pub struct RunArgs {
     /// Event. Secret links always create it, as the 2020 mirror did.
     #[arg(long, env = "SERVICE_MIRROR_ENABLE_NAMESPACE_CREATION", default_value_t = false, action = clap::ArgAction::Set)]
     enable_namespace_creation: bool,
-    /// How long the Lease lasts without renewal, 1 s to 1 h (renewed every third of
-    /// it; the holder writes for at most four fifths of it after each renewal).
+    /// How long a Lease lasts without renewal, in whole seconds, 1 s to 1 h. The leader
+    /// Lease is renewed every third of it and the leader writes for at most four fifths
+    /// of it after each renewal; each per-link write Lease is renewed every half of it
+    /// and its link writes for at most 90 % of it after each renewal.
     #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
     lease_duration: Duration,
     /// Gateway addresses never used, whatever `--gateway-address-allow` says
