@@ -6,18 +6,22 @@
 //! A link writes only while we hold its Lease (the link's [`WriteGates`] gate, read
 //! through its [`crate::leader::Leadership`] before every write), so a migration from
 //! Linkerd's controller never has two writers on one link: a Lease held and renewed by
-//! a holder that is not ours (no [`OWNER_LABEL`], another identity) keeps the link
+//! a holder that is not ours (our holder annotation `service-mirror.linkerd.io/holder`,
+//! written with every take and renewal, does not name it: labels cannot tell, as
+//! client-go's LeaseLock keeps them when it re-acquires) keeps the link
 //! watching, not writing (reported: Event, metric, Link condition; see
 //! `write_lease_report.rs`), read again every 2 s at most, and is taken (an update
 //! with its resourceVersion, adding our labels) as soon as it is released or expires
-//! unrenewed, judged on our clock (`service_mirror_core::write_lease`). Nothing of a
+//! unrenewed (unchanged election record, metadata aside), judged on our clock
+//! (`service_mirror_core::write_lease`). Nothing of a
 //! foreign Lease is ever deleted.
 //!
 //! Among our replicas, who writes is decided by the one leader-election Lease
 //! (`leader.rs`): the leader holds one write Lease per running link (holder: its
 //! identity, `leaseDurationSeconds` as the leader Lease), renewed every half duration
 //! (7.5 s of the default 15 s; the gate closes at 90 % of the duration after the last
-//! renewal sent, so a renewal may be a 1 s tick late and one may fail). Every write
+//! renewal sent, so a renewal may be a pass late and one may fail; a pass every tenth of
+//! the duration, at most 1 s; all from the whole seconds the Lease stores). Every write
 //! carries the resourceVersion last seen, so a replica that lost the leadership cannot
 //! overwrite the new leader's claim, and each write first reads the clock-bounded
 //! leadership (`leader.rs`): a replica whose term ended writes nothing. Shutting down
@@ -41,7 +45,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use service_mirror_core::labels::CLUSTER_NAME_LABEL;
 use service_mirror_core::write_lease::{
-    LeaseView, Observed, Verdict, anomalies, judge, shown_holder,
+    HOLDER_ANNOTATION, LeaseView, Observed, Record, Verdict, anomalies, judge, shown_holder,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -56,8 +60,37 @@ pub const OWNER_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const OWNER_VALUE: &str = "service-mirror.linkerd.io";
 /// Field manager of every write.
 const FIELD_MANAGER: &str = "service-mirror-write-lease";
-/// How often the running links are looked at (in memory: costs no request).
+/// How often the running links are looked at (in memory: costs no request), at most.
 const TICK: Duration = Duration::from_secs(1);
+
+/// The timing of the write Leases, all from the whole seconds the Lease stores
+/// (`leaseDurationSeconds` is an integer: a foreign controller counts those, so our
+/// gate must not stay open on a fraction it never saw).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timing {
+    /// `leaseDurationSeconds` written (at least 1).
+    secs: i32,
+    /// A renewal every half of it.
+    renew_every: Duration,
+    /// The gate stays open 90 % of it after the write that took or renewed the Lease.
+    hold: Duration,
+    /// The pass period: a tenth of it, at most [`TICK`], so a renewal is never late by
+    /// more than a tenth of the duration.
+    tick: Duration,
+}
+
+impl Timing {
+    fn of(duration: Duration) -> Self {
+        let secs = duration.as_secs().clamp(1, i32::MAX as u64);
+        let whole = Duration::from_secs(secs);
+        Timing {
+            secs: secs as i32,
+            renew_every: whole / 2,
+            hold: whole.mul_f64(0.9),
+            tick: TICK.min(whole / 10),
+        }
+    }
+}
 
 /// The Lease of link `cluster`.
 pub fn lease_name(cluster: &str) -> String {
@@ -117,6 +150,9 @@ pub struct LinkSet {
     pub running: BTreeSet<String>,
     /// Clusters a link Secret claims, running or not.
     pub claimed: BTreeSet<String>,
+    /// Clusters whose mirrors are being deleted: their Lease is taken (or waited for)
+    /// and kept until the deletion ends.
+    pub cleaning: BTreeSet<String>,
     /// The link object (Secret or Link) of each running cluster, for Events.
     pub sources: BTreeMap<String, ObjectReference>,
 }
@@ -156,6 +192,15 @@ impl WriteGates {
                 was != crate::leader::gate_open(end, now)
             });
         }
+    }
+
+    /// Whether `cluster`'s gate is open now (closed for a cluster never linked). Reads
+    /// only: no gate is made, the holder task is not woken.
+    pub fn is_open(&self, cluster: &str) -> bool {
+        self.gates
+            .lock()
+            .get(cluster)
+            .is_some_and(|tx| crate::leader::gate_open(*tx.borrow(), Instant::now()))
     }
 
     fn close_all(&self) {
@@ -245,6 +290,7 @@ pub fn spawn(
         failing: BTreeMap::new(),
         leader: leader.clone(),
     };
+    let tick = Timing::of(w.opts.duration).tick;
     tokio::spawn(async move {
         loop {
             let leading = leader.as_mut().is_none_or(|l| l.leading_and_update());
@@ -267,7 +313,7 @@ pub fn spawn(
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(TICK) => {}
+                _ = tokio::time::sleep(tick) => {}
                 _ = changed => {}
                 // A link started: its gate waits for its Lease.
                 _ = gates.wake.notified() => {}
@@ -301,18 +347,18 @@ impl WriteLeases {
 
     /// A renewal every half duration (see the module's note).
     fn renew_every(&self) -> Duration {
-        self.opts.duration / 2
+        Timing::of(self.opts.duration).renew_every
     }
 
     /// The gate closes at 90 % of the duration after the write that took or renewed
     /// the Lease was sent: a foreign controller counts the whole duration from when it
     /// saw that write, which is later.
     fn hold_until(&self, sent: Instant) -> Instant {
-        sent + self.opts.duration.mul_f64(0.9)
+        sent + Timing::of(self.opts.duration).hold
     }
 
     fn secs(&self) -> i32 {
-        self.opts.duration.as_secs().max(1) as i32
+        Timing::of(self.opts.duration).secs
     }
 
     fn due(&self, cluster: &str) -> bool {
@@ -335,7 +381,9 @@ impl WriteLeases {
     /// One pass as leader: delete the Leases of unlinked clusters, take those of new
     /// links (and of links a foreign holder let go), renew those due.
     async fn step(&mut self, links: &LinkSet) {
-        let linked = |c: &String| links.running.contains(c) || links.claimed.contains(c);
+        let linked = |c: &String| {
+            links.running.contains(c) || links.claimed.contains(c) || links.cleaning.contains(c)
+        };
         let gone: Vec<String> = self.held.keys().filter(|c| !linked(c)).cloned().collect();
         for cluster in gone {
             self.delete(&cluster).await;
@@ -356,7 +404,7 @@ impl WriteLeases {
             self.reporter().forget(&cluster);
         }
         self.failing.retain(|c, _| linked(c));
-        for cluster in &links.running {
+        for cluster in links.running.iter().chain(&links.cleaning) {
             if !self.held.contains_key(cluster) && self.due(cluster) {
                 self.acquire(cluster, links.sources.get(cluster)).await;
             }
@@ -399,7 +447,7 @@ impl WriteLeases {
             &self.opts.identity,
             last,
             Instant::now(),
-            self.opts.duration,
+            Duration::from_secs(self.secs() as u64),
         );
         if let Verdict::HeldByForeign {
             holder, look_again, ..
@@ -452,6 +500,9 @@ impl WriteLeases {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         labels: Some(our_labels(cluster).into_iter().collect()),
+                        annotations: Some(
+                            [(HOLDER_ANNOTATION.to_string(), self.opts.identity.clone())].into(),
+                        ),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -470,6 +521,7 @@ impl WriteLeases {
                 // makes this a 409, and the next pass reads it again.
                 let labels = lease.metadata.labels.get_or_insert_with(Default::default);
                 labels.extend(our_labels(cluster));
+                mark_holder(&mut lease, &self.opts.identity);
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 if spec.holder_identity.as_deref() != Some(&self.opts.identity) {
                     spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).max(0) + 1);
@@ -525,6 +577,7 @@ impl WriteLeases {
             return;
         };
         let mut lease = held.lease.clone();
+        mark_holder(&mut lease, &self.opts.identity);
         if let Some(spec) = lease.spec.as_mut() {
             spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         }
@@ -621,6 +674,36 @@ fn our_labels(cluster: &str) -> [(String, String); 2] {
     ]
 }
 
+/// The holder of `cluster`'s write Lease when another writer holds it (a holder our
+/// annotation does not name): the collector of unlinked mirrors leaves that cluster
+/// alone, as its mirrors may be that writer's.
+pub async fn held_elsewhere(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+) -> Result<Option<String>, kube::Error> {
+    let lease = Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt(&lease_name(cluster))
+        .await?;
+    Ok(lease.and_then(|l| {
+        let view = view_of(&l);
+        view.holder
+            .filter(|h| !h.is_empty() && view.marked_holder.as_deref() != Some(h.as_str()))
+    }))
+}
+
+/// Names `identity` in our holder annotation: the Lease is one of our replicas' only
+/// while this equals its holder (see `service_mirror_core::write_lease`).
+fn mark_holder(lease: &mut Lease, identity: &str) {
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(HOLDER_ANNOTATION.to_string(), identity.to_string());
+}
+
+/// Labelled ours (created or once taken by us): only tells how a released Lease is
+/// reported, never whether it is ours to take (see [`mark_holder`]).
 fn is_ours(lease: &Lease) -> bool {
     lease
         .metadata
@@ -643,9 +726,57 @@ fn view_of(lease: &Lease) -> LeaseView {
         .filter(|d| !d.is_zero());
     LeaseView {
         holder: spec.and_then(|s| s.holder_identity.clone()),
-        ours: is_ours(lease),
-        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+        marked_holder: lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(HOLDER_ANNOTATION))
+            .cloned(),
+        record: Record {
+            acquire_time: spec
+                .and_then(|s| s.acquire_time.as_ref())
+                .map(|t| t.0.to_string()),
+            renew_time: spec
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.to_string()),
+            transitions: spec.and_then(|s| s.lease_transitions),
+        },
         duration_seconds: spec.and_then(|s| s.lease_duration_seconds),
         renew_ahead,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_and_renewals_follow_the_whole_seconds_the_lease_stores() {
+        let ms = Duration::from_millis;
+        // (duration given, seconds written, renew every, gate open for, pass period)
+        let table = [
+            (ms(1500), 1, ms(500), ms(900), ms(100)),
+            (ms(3000), 3, ms(1500), ms(2700), ms(300)),
+            (ms(3999), 3, ms(1500), ms(2700), ms(300)),
+            (ms(15_000), 15, ms(7500), ms(13_500), ms(1000)),
+            (ms(200), 1, ms(500), ms(900), ms(100)),
+        ];
+        for (given, secs, renew, hold, tick) in table {
+            let t = Timing::of(given);
+            assert_eq!(
+                t,
+                Timing {
+                    secs,
+                    renew_every: renew,
+                    hold,
+                    tick
+                },
+                "{given:?}"
+            );
+            // Never open past what a foreign controller counts from our write.
+            assert!(t.hold < Duration::from_secs(t.secs as u64), "{given:?}");
+            // A renewal late by one pass still lands before the gate closes.
+            assert!(t.renew_every + t.tick < t.hold, "{given:?}");
+        }
     }
 }

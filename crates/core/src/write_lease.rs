@@ -10,8 +10,10 @@
 //! saw the record change, for the holder's `leaseDurationSeconds`. The holder's
 //! `renewTime` is never compared with our clock, so a skewed clock or a `renewTime`
 //! in the future cannot hold the link forever, and one in the past cannot take a Lease
-//! that is still being renewed. A holder renewing keeps changing the resourceVersion,
-//! which restarts the count.
+//! that is still being renewed. A holder renewing changes its record (`renewTime`),
+//! which restarts the count; a change of metadata alone (a label, an annotation, a
+//! managed field: the resourceVersion moves) does not, as client-go compares only the
+//! leader-election record (holder, duration, acquire and renew times, transitions).
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,10 @@ pub const MAX_FOREIGN_DURATION: Duration = Duration::from_secs(300);
 /// the hand-over follows a release within this.
 pub const MAX_FOREIGN_POLL: Duration = Duration::from_secs(2);
 
+/// Written by our replicas on every take and renewal of a write Lease: the identity
+/// that wrote it. The Lease is ours only while this equals `spec.holderIdentity`.
+pub const HOLDER_ANNOTATION: &str = "service-mirror.linkerd.io/holder";
+
 /// The longest a holder identity is shown in a report.
 const MAX_SHOWN_HOLDER: usize = 63;
 
@@ -31,10 +37,11 @@ const MAX_SHOWN_HOLDER: usize = 63;
 pub struct LeaseView {
     /// `spec.holderIdentity`; `None` when absent or empty (released).
     pub holder: Option<String>,
-    /// Carries our owner label (written by one of our replicas).
-    pub ours: bool,
-    /// Changes with every write, renewals included.
-    pub resource_version: String,
+    /// The value of [`HOLDER_ANNOTATION`], if any: the identity of the replica of ours
+    /// that last took or renewed the Lease.
+    pub marked_holder: Option<String>,
+    /// The rest of the election record: what a renewal or a new holder changes.
+    pub record: Record,
     /// `spec.leaseDurationSeconds` as stored (may be absent, zero or negative).
     pub duration_seconds: Option<i32>,
     /// How far `spec.renewTime` lies ahead of our wall clock, if it does (only
@@ -42,13 +49,27 @@ pub struct LeaseView {
     pub renew_ahead: Option<Duration>,
 }
 
+/// The fields of a Lease's spec beside holder and duration that make up its
+/// leader-election record (as stored, compared as text).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    /// `spec.acquireTime`.
+    pub acquire_time: Option<String>,
+    /// `spec.renewTime`.
+    pub renew_time: Option<String>,
+    /// `spec.leaseTransitions`.
+    pub transitions: Option<i32>,
+}
+
 /// A foreign record, and since when (our clock) we have seen it unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
     /// The holder seen.
     pub holder: String,
-    /// Its resourceVersion then.
-    pub resource_version: String,
+    /// Its `leaseDurationSeconds` then.
+    pub duration_seconds: Option<i32>,
+    /// The rest of its record then.
+    pub record: Record,
     /// When it was first seen so.
     pub since: Instant,
 }
@@ -60,7 +81,8 @@ pub enum Verdict {
     Absent,
     /// Held by us: renew it, and write.
     Ours,
-    /// Ours by label, held by another of our replicas (a former leader): the leader
+    /// Held by another of our replicas (a former leader: our holder annotation names
+    /// the holder): the leader
     /// election already decided that we write; take it.
     OurReplica,
     /// Released (holder empty): take it.
@@ -153,13 +175,23 @@ pub fn judge(
     let holder = match view.holder.as_deref() {
         None | Some("") => return (Verdict::Released, None),
         Some(h) if h == me => return (Verdict::Ours, None),
-        Some(_) if view.ours => return (Verdict::OurReplica, None),
+        // Our annotation naming this very holder: one of our replicas wrote it. Our
+        // labels, or an annotation naming someone else, say nothing (a foreign
+        // controller re-acquiring what we released keeps both).
+        Some(h) if view.marked_holder.as_deref() == Some(h) => {
+            return (Verdict::OurReplica, None);
+        }
         Some(h) => h,
     };
-    // Counted from the first read of this very record: any write (a renewal, a new
-    // holder) moves the resourceVersion and starts the count again.
+    // Counted from the first read of this very record: a renewal or a new holder
+    // changes it and starts the count again; metadata churn does not (it would hold
+    // the link forever).
     let since = last
-        .filter(|o| o.holder == holder && o.resource_version == view.resource_version)
+        .filter(|o| {
+            o.holder == holder
+                && o.duration_seconds == view.duration_seconds
+                && o.record == view.record
+        })
         .map_or(now, |o| o.since);
     let wait = foreign_duration(view, ours);
     let expires = since + wait;
@@ -174,7 +206,8 @@ pub fn judge(
     let poll = (wait / 3).clamp(Duration::from_millis(200), MAX_FOREIGN_POLL);
     let observed = Observed {
         holder: holder.to_string(),
-        resource_version: view.resource_version.clone(),
+        duration_seconds: view.duration_seconds,
+        record: view.record.clone(),
         since,
     };
     (
@@ -240,20 +273,30 @@ mod tests {
     const ME: &str = "service-mirror-abc";
     const OURS: Duration = Duration::from_secs(15);
 
+    /// `ours`: our annotation names the holder.
     fn view(holder: Option<&str>, ours: bool, rv: &str, secs: Option<i32>) -> LeaseView {
         LeaseView {
             holder: holder.map(str::to_string),
-            ours,
-            resource_version: rv.into(),
+            marked_holder: holder.filter(|_| ours).map(str::to_string),
+            record: renewed(rv),
             duration_seconds: secs,
             renew_ahead: None,
         }
     }
 
-    fn seen(holder: &str, rv: &str, since: Instant) -> Observed {
+    /// A record whose `renewTime` is `at`.
+    fn renewed(at: &str) -> Record {
+        Record {
+            renew_time: Some(at.into()),
+            ..Record::default()
+        }
+    }
+
+    fn seen(holder: &str, at: &str, secs: Option<i32>, since: Instant) -> Observed {
         Observed {
             holder: holder.into(),
-            resource_version: rv.into(),
+            duration_seconds: secs,
+            record: renewed(at),
             since,
         }
     }
@@ -299,6 +342,16 @@ mod tests {
                 V::OurReplica,
             ),
             (
+                "our labels and annotation kept by a foreign re-acquire (client-go updates the whole object): foreign",
+                Some(LeaseView {
+                    marked_holder: Some("service-mirror-old".into()),
+                    ..view(linkerd, false, "7", Some(30))
+                }),
+                None,
+                s(0),
+                V::Held { expires_in: 30 },
+            ),
+            (
                 "released (empty holder)",
                 Some(view(Some(""), false, "9", Some(1))),
                 None,
@@ -322,49 +375,77 @@ mod tests {
             (
                 "foreign, unchanged for 29 s of 30",
                 Some(view(linkerd, false, "5", Some(30))),
-                Some(seen(L, "5", t0)),
+                Some(seen(L, "5", Some(30), t0)),
                 s(29),
                 V::Held { expires_in: 1 },
             ),
             (
                 "foreign, unchanged for its 30 s: expired",
                 Some(view(linkerd, false, "5", Some(30))),
-                Some(seen(L, "5", t0)),
+                Some(seen(L, "5", Some(30), t0)),
                 s(30),
                 V::Expired,
             ),
             (
-                "foreign, renewed (resourceVersion moved) at 29 s: counted again",
+                "foreign, renewed (renewTime moved) at 29 s: counted again",
                 Some(view(linkerd, false, "6", Some(30))),
-                Some(seen(L, "5", t0)),
+                Some(seen(L, "5", Some(30), t0)),
                 s(29),
                 V::Held { expires_in: 30 },
             ),
             (
                 "a new foreign holder: counted again",
                 Some(view(Some("other"), false, "5", Some(30))),
-                Some(seen(L, "5", t0)),
+                Some(seen(L, "5", Some(30), t0)),
                 s(40),
                 V::Held { expires_in: 30 },
             ),
             (
+                "foreign, only metadata changed (resourceVersion moved, record not): expired at 30 s",
+                Some(view(linkerd, false, "5", Some(30))),
+                Some(seen(L, "5", Some(30), t0)),
+                s(30),
+                V::Expired,
+            ),
+            (
+                "foreign, acquireTime and transitions changed (a new term): counted again",
+                Some(LeaseView {
+                    record: Record {
+                        acquire_time: Some("t1".into()),
+                        transitions: Some(2),
+                        ..renewed("5")
+                    },
+                    ..view(linkerd, false, "5", Some(30))
+                }),
+                Some(seen(L, "5", Some(30), t0)),
+                s(40),
+                V::Held { expires_in: 30 },
+            ),
+            (
+                "foreign, its duration changed: counted again",
+                Some(view(linkerd, false, "5", Some(20))),
+                Some(seen(L, "5", Some(30), t0)),
+                s(40),
+                V::Held { expires_in: 20 },
+            ),
+            (
                 "no leaseDurationSeconds: ours (15 s)",
                 Some(view(linkerd, false, "5", None)),
-                Some(seen(L, "5", t0)),
+                Some(seen(L, "5", None, t0)),
                 s(15),
                 V::Expired,
             ),
             (
                 "negative leaseDurationSeconds: ours",
                 Some(view(linkerd, false, "5", Some(-4))),
-                Some(seen(L, "5", t0)),
+                Some(seen(L, "5", Some(-4), t0)),
                 s(14),
                 V::Held { expires_in: 1 },
             ),
             (
                 "a day's leaseDurationSeconds: capped at 300 s",
                 Some(view(linkerd, false, "5", Some(86_400))),
-                Some(seen(L, "5", t0)),
+                Some(seen(L, "5", Some(86_400), t0)),
                 s(300),
                 V::Expired,
             ),

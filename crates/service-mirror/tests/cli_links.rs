@@ -768,7 +768,7 @@ async fn check_passes_on_a_working_link_and_fails_on_a_dead_gateway_and_without_
 }
 
 #[tokio::test]
-async fn check_fails_for_a_link_whose_credentials_secret_is_missing() {
+async fn check_fails_for_a_link_whose_credentials_secret_is_missing_or_of_another_type() {
     let env = Env::new("ccs").await;
     install_crd(&env).await;
     let remote_ns = allow(&env).await;
@@ -790,6 +790,28 @@ async fn check_fails_for_a_link_whose_credentials_secret_is_missing() {
     );
     assert!(run.stdout.contains("√ Link CRD"), "{}", run.stdout);
     assert!(run.stderr.contains("checks failed"), "{}", run.stderr);
+
+    // A credentials Secret of another type: reported as the controller reports it
+    // (InvalidCredentialsType), not as missing.
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("cluster-credentials-{}", env.cluster)),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(env.lc.clone(), &ctl_ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let run = check(&ctl_ns, "127.0.0.1:1", &kc);
+    let (_, hint) = failed_line(&run.stdout, &format!("Link {} is valid", env.cluster))
+        .unwrap_or_else(|| panic!("{}", run.stdout));
+    assert!(
+        hint.contains("has type \"Opaque\", not mirror.linkerd.io/remote-kubeconfig"),
+        "{hint}"
+    );
 }
 
 #[tokio::test]

@@ -158,6 +158,7 @@ impl World {
                 controller_namespace: self.ctl_ns.clone(),
                 local_selector: Some(self.local_selector()),
                 leader,
+                write_gates: None,
             },
             cancel.clone(),
         );
@@ -1155,6 +1156,7 @@ async fn a_refused_links_list_at_start_deletes_no_federated_service() {
             controller_namespace: w.ctl_ns.clone(),
             local_selector: Some(w.local_selector()),
             leader: None,
+            write_gates: None,
         },
         cancel.clone(),
     );
@@ -1626,4 +1628,139 @@ async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
     .await;
     east.stop(false).await.unwrap();
     fed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_service_until_ours() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use service_mirror_controller::write_leases::{self, LinkSet, WriteGates, WriteLeaseOptions};
+    let mut w = World::new("fedgate").await;
+    w.fake(74).await;
+    let spec = w.spec("east", &w.east, 74);
+    let cluster = spec.link().cluster_name.clone();
+    // Linkerd's controller holds east's write Lease and renews it.
+    let leases: Api<Lease> = Api::namespaced(w.lc.clone(), &w.ctl_ns);
+    let name = write_leases::lease_name(&cluster);
+    let now = || MicroTime(Timestamp::now());
+    let foreign = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("linkerd-service-mirror-0".into()),
+            lease_duration_seconds: Some(30),
+            renew_time: Some(now()),
+            ..Default::default()
+        }),
+    };
+    leases
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let renewer = {
+        let (leases, name) = (leases.clone(), name.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let mut l = leases.get(&name).await.unwrap();
+                l.spec.as_mut().unwrap().renew_time = Some(now());
+                let _ = leases.replace(&name, &PostParams::default(), &l).await;
+            }
+        })
+    };
+    let gates = WriteGates::default();
+    let cancel = CancellationToken::new();
+    let (federation, tasks) = Federation::start(
+        w.lc.clone(),
+        EventRecorder::new(w.lc.clone(), None),
+        w.metrics.clone(),
+        FederationOptions {
+            controller_namespace: w.ctl_ns.clone(),
+            local_selector: Some(w.local_selector()),
+            leader: None,
+            write_gates: Some(gates.clone()),
+        },
+        cancel.clone(),
+    );
+    let fed = Running {
+        federation,
+        cancel,
+        tasks,
+    };
+    fed.federation.expect(vec![]);
+    let holder = {
+        let cluster = cluster.clone();
+        write_leases::spawn(
+            w.lc.clone(),
+            WriteLeaseOptions {
+                namespace: w.ctl_ns.clone(),
+                identity: "ours-0".into(),
+                duration: Duration::from_secs(3),
+            },
+            None,
+            Arc::new(move || LinkSet {
+                running: [cluster.clone()].into(),
+                claimed: [cluster.clone()].into(),
+                ..LinkSet::default()
+            }),
+            gates.clone(),
+            None,
+            w.metrics.clone(),
+            fed.cancel.clone(),
+        )
+    };
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    let before = w.writes();
+    // The link runs under its gate, as the link manager starts it.
+    let rc = w.east.client().await.unwrap();
+    let base = LinkConfig {
+        namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
+        ..LinkConfig::default()
+    };
+    let east = LinkController::start(
+        w.lc.clone(),
+        rc,
+        spec.link().clone(),
+        link_config(&base, &spec, false),
+        LinkDeps {
+            metrics: w.metrics.clone(),
+            probe_redirect: Some(w.redirect()),
+            federation: Some(fed.federation.clone()),
+            write_gates: Some(gates.clone()),
+            ..LinkDeps::default()
+        },
+    )
+    .expect("start the link controller");
+    // Held elsewhere: east's member creates nothing (Linkerd's controller owns that
+    // link's part meanwhile).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        w.federated("web").await.is_none(),
+        "no federated Service on a blocked link's account"
+    );
+    assert_eq!(w.writes(), before, "no write while blocked");
+    // Released: the Lease is ours, the held messages apply, the Service is written.
+    renewer.abort();
+    let _ = renewer.await;
+    let mut l = leases.get(&name).await.unwrap();
+    l.spec.as_mut().unwrap().holder_identity = Some(String::new());
+    leases
+        .replace(&name, &PostParams::default(), &l)
+        .await
+        .unwrap();
+    let released = std::time::Instant::now();
+    w.federated_until("written once the Lease is ours", "web", |s| {
+        remote_discovery(s) == Some("web@east")
+    })
+    .await;
+    println!(
+        "federated Service written {:?} after the release",
+        released.elapsed()
+    );
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+    let _ = holder.await;
 }

@@ -505,3 +505,128 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
     secrets.unlink("gone").await;
     env.mirror_gone("web").await;
 }
+
+/// Renews Lease `name` every 1.5 s as its holder would, until aborted.
+fn renew_forever(leases: &Api<Lease>, name: &str) -> tokio::task::JoinHandle<()> {
+    let leases = leases.clone();
+    let name = name.to_string();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let mut l = leases.get(&name).await.unwrap();
+            l.spec.as_mut().unwrap().renew_time =
+                Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+            let _ = leases.replace(&name, &PostParams::default(), &l).await;
+        }
+    })
+}
+
+#[tokio::test]
+async fn unlinking_while_another_writer_renews_the_write_lease_deletes_no_mirror_until_the_lease_is_ours()
+ {
+    let env = Env::new("wlu").await;
+    env.gateway("gw", 4143, &["192.0.2.1"]).await;
+    env.export("web", "gw", &[("http", 80)]).await;
+    create_namespace(&env.lc, &env.ns).await;
+    let ctl_ns = unique_namespace("wlu-sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+    let leases: Api<Lease> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let cluster = env.cluster.clone();
+    let name = format!("service-mirror-write-{cluster}");
+    // Linkerd's controller wrote the mirror and holds the Lease, renewing it.
+    let (svc, ep) = linkerd_mirror(&env.ns, &cluster);
+    Api::<Service>::namespaced(env.lc.clone(), &env.ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    Api::<Endpoints>::namespaced(env.lc.clone(), &env.ns)
+        .create(&PostParams::default(), &ep)
+        .await
+        .unwrap();
+    leases
+        .create(
+            &PostParams::default(),
+            &linkerd_lease(&cluster, "linkerd-service-mirror-7f9", 30),
+        )
+        .await
+        .unwrap();
+    let renewer = renew_forever(&leases, &name);
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    let secrets = LinkSecrets::new(&env.lc, &ctl_ns);
+    secrets.link("held", Some(&cluster), Some(&kc.yaml)).await;
+    let admin = env.local.admin_kubeconfig().path.clone();
+    let flags = [
+        "--namespace-allow",
+        env.ns.as_str(),
+        "--lease-duration",
+        "3s",
+    ];
+    let ctl = Controller::spawn_as(&admin, &ctl_ns, &flags, &[("POD_NAME", "ours-0")]);
+    ctl.wait_ready().await;
+    wait_event(&env.lc, &ctl_ns, "held", "WriteLeaseHeldElsewhere").await;
+
+    // Unlinked while Linkerd's controller still renews: its mirrors are not ours to
+    // delete (before, the cleanup retried without the write gate and deleted them).
+    secrets.unlink("held").await;
+    let unlinked = Instant::now();
+    eventually("the link stopped", || async {
+        let m = ctl.metrics_text().await;
+        m.lines()
+            .any(|l| l == "service_mirror_links 0")
+            .then_some(())
+    })
+    .await;
+    // A cleanup without the gate deletes at once; two lease durations show none came.
+    tokio::time::sleep(Duration::from_secs(2 * LEASE_SECS)).await;
+    let deletes: Vec<_> = mirror_writes(&env, &env.ns, &cluster)
+        .into_iter()
+        .filter(|(v, _, _)| v == "delete")
+        .collect();
+    println!(
+        "unlinked while held elsewhere: {} deletes of its mirrors in {:?}",
+        deletes.len(),
+        unlinked.elapsed()
+    );
+    assert!(
+        deletes.is_empty(),
+        "no delete while held elsewhere: {deletes:?}"
+    );
+    assert!(
+        Api::<Service>::namespaced(env.lc.clone(), &env.ns)
+            .get_opt(&format!("web-{cluster}"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // Released: the Lease is ours, the unlink's cleanup deletes the mirrors, and only
+    // then is the Lease deleted.
+    renewer.abort();
+    let _ = renewer.await;
+    let mut l = leases.get(&name).await.unwrap();
+    let spec = l.spec.as_mut().unwrap();
+    spec.holder_identity = Some(String::new());
+    spec.lease_duration_seconds = Some(1);
+    leases
+        .replace(&name, &PostParams::default(), &l)
+        .await
+        .unwrap();
+    let released = Instant::now();
+    env.mirror_gone("web").await;
+    eventually("the write Lease deleted after the cleanup", || async {
+        leases.get_opt(&name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    println!(
+        "released: mirrors deleted and the Lease gone {:?} after the release",
+        released.elapsed()
+    );
+    let lease_writes: Vec<_> = audit_writes(&env, &ctl_ns)
+        .into_iter()
+        .filter(|(_, r, n)| r == "leases" && *n == name)
+        .collect();
+    assert!(
+        lease_writes.iter().any(|(v, _, _)| v == "delete"),
+        "{lease_writes:?}"
+    );
+}

@@ -50,6 +50,22 @@ pub struct LinkerdConfig {
     pub cluster_domain: Option<String>,
 }
 
+/// The `values` text of a `linkerd-config` ConfigMap as a YAML map, the keys of a
+/// top-level `global:` map (before Linkerd 2.10) overriding the top-level ones
+/// (Linkerd's `RemoveGlobalFieldIfPresent`). Empty text: an empty map.
+pub fn linkerd_values(text: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let values: serde_json::Value = serde_saphyr::from_str(text).context("`values` is not YAML")?;
+    let mut top = match values {
+        serde_json::Value::Object(m) => m,
+        serde_json::Value::Null => serde_json::Map::new(),
+        _ => anyhow::bail!("`values` is not a YAML map"),
+    };
+    if let Some(serde_json::Value::Object(global)) = top.remove("global") {
+        top.extend(global);
+    }
+    Ok(top)
+}
+
 /// Reads `identityTrustDomain` and `clusterDomain` from the `values` of a
 /// `linkerd-config` ConfigMap, keys of a top-level `global:` map overriding the
 /// top-level ones (Linkerd's `RemoveGlobalFieldIfPresent`). No `values`: says nothing
@@ -69,16 +85,7 @@ pub fn parse_linkerd_config(cm: &ConfigMap) -> anyhow::Result<LinkerdConfig> {
     else {
         return Ok(LinkerdConfig::default());
     };
-    let values: serde_json::Value =
-        serde_saphyr::from_str(text).with_context(|| format!("{name}: `values` is not YAML"))?;
-    let mut top = match values {
-        serde_json::Value::Object(m) => m,
-        serde_json::Value::Null => serde_json::Map::new(),
-        _ => anyhow::bail!("{name}: `values` is not a YAML map"),
-    };
-    if let Some(serde_json::Value::Object(global)) = top.remove("global") {
-        top.extend(global);
-    }
+    let top = linkerd_values(text).with_context(|| name.clone())?;
     let field = |key: &str| -> anyhow::Result<Option<String>> {
         match top.get(key) {
             None | Some(serde_json::Value::Null) => Ok(None),

@@ -133,8 +133,10 @@ pub struct RunArgs {
     /// Event. Secret links always create it, as the 2020 mirror did.
     #[arg(long, env = "SERVICE_MIRROR_ENABLE_NAMESPACE_CREATION", default_value_t = false, action = clap::ArgAction::Set)]
     enable_namespace_creation: bool,
-    /// How long the Lease lasts without renewal, 1 s to 1 h (renewed every third of
-    /// it; the holder writes for at most four fifths of it after each renewal).
+    /// How long a Lease lasts without renewal, in whole seconds, 1 s to 1 h. The leader
+    /// Lease is renewed every third of it and the leader writes for at most four fifths
+    /// of it after each renewal; each per-link write Lease is renewed every half of it
+    /// and its link writes for at most 90 % of it after each renewal.
     #[arg(long, env = "SERVICE_MIRROR_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
     lease_duration: Duration,
     /// Gateway addresses never used, whatever `--gateway-address-allow` says
@@ -199,13 +201,20 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = EndpointsMode> 
 }
 
 /// A lease duration: 0 s would renew in a tight loop and never lead, and the Lease
-/// stores whole seconds in an i32.
+/// stores whole seconds in an i32. A fraction is refused, not dropped: the other
+/// replicas and Linkerd's controller count the whole seconds stored, so a holder timing
+/// its writes on 1.5 s while the Lease says 1 s would write past the moment another
+/// may take it.
 fn parse_lease_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
-        Ok(d)
-    } else {
+    if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
         Err(format!("{s} is outside 1s..1h"))
+    } else if d.subsec_nanos() != 0 {
+        Err(format!(
+            "{s} is not a whole number of seconds (Leases store leaseDurationSeconds)"
+        ))
+    } else {
+        Ok(d)
     }
 }
 
@@ -275,6 +284,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             .filter(|s| !s.is_empty())
             .collect(),
     };
+    // Each link writes only while its write Lease is ours (see write_leases.rs); its
+    // federation messages wait for its gate too.
+    let write_gates = write_leases::WriteGates::default();
     let (federation, federation_tasks) = crate::federation::Federation::start(
         local.clone(),
         recorder.clone(),
@@ -283,6 +295,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             controller_namespace: args.namespace.clone(),
             local_selector,
             leader: leader.clone(),
+            write_gates: Some(write_gates.clone()),
         },
         shutdown.clone(),
     );
@@ -320,8 +333,6 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     );
-    // Each link writes only while its write Lease is ours (see write_leases.rs).
-    let write_gates = write_leases::WriteGates::default();
     let opts = LinkManagerOptions {
         namespace: args.namespace.clone(),
         workers: 4,
@@ -463,6 +474,18 @@ mod tests {
             Ok(_) => unreachable!(),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    #[test]
+    fn a_lease_duration_is_whole_seconds_within_1s_and_1h() {
+        use super::parse_lease_duration as p;
+        use std::time::Duration;
+        assert_eq!(p("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(p("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["1500ms", "2.5s", "500ms", "0s", "2h"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert!(p("1500ms").unwrap_err().contains("whole number of seconds"));
     }
 
     #[test]

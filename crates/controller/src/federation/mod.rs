@@ -13,6 +13,7 @@
 //! write, report), `metrics.rs`.
 
 mod feed;
+mod held;
 mod index;
 pub(crate) mod metrics;
 mod watches;
@@ -114,6 +115,9 @@ pub struct FederationOptions {
     pub local_selector: Option<String>,
     /// Writes only while this says true (leader election); `None`: always.
     pub leader: Option<crate::leader::Leadership>,
+    /// The links' write gates: a link's messages are held while its gate is closed
+    /// (see `held.rs`); `None`: never held.
+    pub write_gates: Option<crate::write_leases::WriteGates>,
 }
 
 /// A handle on the running federation (clones share it).

@@ -64,6 +64,10 @@ pub(super) struct Worker {
     books: BTreeMap<String, Arc<StatusBook>>,
     /// The clusters each key has a status entry in (to remove it when a member leaves).
     entries: BTreeMap<ServiceKey, BTreeSet<String>>,
+    /// Messages of links whose write gate is closed (see `held.rs`).
+    held: super::held::Held,
+    /// The links' write gates.
+    gates: Option<crate::write_leases::WriteGates>,
 }
 
 fn service_ref(namespace: &str, name: &str) -> ObjectReference {
@@ -113,6 +117,29 @@ impl Worker {
             present: BTreeSet::new(),
             books: BTreeMap::new(),
             entries: BTreeMap::new(),
+            held: super::held::Held::default(),
+            gates: opts.write_gates.clone(),
+        }
+    }
+
+    /// Whether `cluster`'s link may write now (always without write gates).
+    fn gate_open(gates: &Option<crate::write_leases::WriteGates>, cluster: &str) -> bool {
+        gates.as_ref().is_none_or(|g| g.is_open(cluster))
+    }
+
+    /// Applies `msg` now, or holds it while its link's write gate is closed.
+    fn admit(&mut self, msg: Msg) {
+        let gates = self.gates.clone();
+        if let Some(msg) = self.held.admit(msg, |c| Self::gate_open(&gates, c)) {
+            self.apply(msg);
+        }
+    }
+
+    /// Applies what was held for the links whose gate opened.
+    fn release_held(&mut self) {
+        let gates = self.gates.clone();
+        for msg in self.held.release(|c| Self::gate_open(&gates, c)) {
+            self.apply(msg);
         }
     }
 
@@ -135,15 +162,23 @@ impl Worker {
             });
         }
         loop {
+            // A held link's gate is looked at every 500 ms (it opens within a write
+            // Lease pass, 1 s at most, of its Lease being taken).
+            let held = self.held.any();
             let msg = tokio::select! {
                 _ = cancel.cancelled() => return,
-                msg = rx.recv() => msg,
+                msg = rx.recv() => msg.map(Some),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)), if held => Some(None),
             };
-            let Some(msg) = msg else { return };
-            self.apply(msg);
+            self.release_held();
+            match msg {
+                None => return,
+                Some(None) => {}
+                Some(Some(msg)) => self.admit(msg),
+            }
             // Everything already queued first: one plan per key for a burst of events.
             while let Ok(msg) = rx.try_recv() {
-                self.apply(msg);
+                self.admit(msg);
             }
             if !self.may_write() {
                 continue;

@@ -311,9 +311,11 @@ impl LinkManager {
             })
             .collect();
         let claimed = self.inner.claims().keys().cloned().collect();
+        let cleaning = self.inner.cleanups.clusters().into_iter().collect();
         crate::write_leases::LinkSet {
             running,
             claimed,
+            cleaning,
             sources,
         }
     }
@@ -532,6 +534,9 @@ impl Inner {
         let cluster = a.spec.link().cluster_name.clone();
         self.update_links_gauge();
         let cleanup = matches!(key, SourceKey::Secret(_));
+        // Claimed while its mirrors are deleted: its write Lease is kept until then
+        // (deleted at the next Lease pass otherwise, failing a long deletion).
+        let begun = cleanup.then(|| self.cleanups.begin(&cluster));
         let stopped = a.controller.stop(cleanup).await;
         // A Link's mirrors stay, but its series go with it (`remote_state` would
         // otherwise say `stale` forever).
@@ -548,8 +553,13 @@ impl Inner {
             mcs.link_removed(&cluster);
         }
         match stopped {
-            Ok(()) => {}
-            // The leader deletes them; this replica does if it comes to lead first.
+            Ok(()) => {
+                if let Some(id) = begun {
+                    self.cleanups.end(&cluster, id);
+                }
+            }
+            // The leader deletes them (or, under a write Lease another writer holds,
+            // nobody until it is ours); this replica does if it comes to lead first.
             Err(crate::error::Error::NotLeader) => {
                 tracing::debug!(%cluster, "unlinked on a replica that does not lead: the leader deletes the mirrors");
                 self.spawn_cleanup(&cluster, None);
@@ -572,7 +582,15 @@ impl Inner {
     /// Deletes every mirror of `cluster` in the background until it succeeds, unless the
     /// cluster is linked again first.
     fn spawn_cleanup(&self, cluster: &str, only: Option<MirrorSelector>) {
-        let leader = self.opts.deps.leader.clone();
+        // Under the cluster's write gate: mirrors of a cluster whose Lease another
+        // writer (Linkerd's controller) holds may be its own, and are left alone.
+        let leader = match &self.opts.deps.write_gates {
+            Some(gates) => Some(crate::leader::Leadership::gated(
+                self.opts.deps.leader.clone(),
+                gates.receiver(cluster),
+            )),
+            None => self.opts.deps.leader.clone(),
+        };
         let writer = LocalWriter::with_recorder(
             self.local.clone(),
             cluster,
@@ -1264,6 +1282,23 @@ async fn collect_unlinked(inner: Arc<Inner>) {
             .any(|a| a.spec.link().cluster_name == cluster);
         if running {
             continue;
+        }
+        // Another writer (Linkerd's controller) holding the cluster's write Lease may
+        // serve these mirrors: left alone (the cleanup's write gate would also wait).
+        if inner.opts.deps.write_gates.is_some() {
+            match crate::write_leases::held_elsewhere(&inner.local, &inner.opts.namespace, &cluster)
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(holder)) => {
+                    tracing::info!(%cluster, holder = %service_mirror_core::write_lease::shown_holder(&holder), "not collecting the mirrors of an unlinked cluster: its write Lease is held by another writer");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(%cluster, error = %e, "not collecting the mirrors of an unlinked cluster: cannot read its write Lease");
+                    continue;
+                }
+            }
         }
         tracing::info!(%cluster, "deleting the mirrors of a cluster no link Secret names");
         inner.spawn_cleanup(&cluster, Some(unlinked.select.clone()));

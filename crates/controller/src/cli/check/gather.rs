@@ -81,14 +81,13 @@ async fn links(
     namespace: &str,
     crd: &CrdState,
 ) -> anyhow::Result<Vec<LinkInfo>> {
-    let secrets: Vec<Secret> = Api::<Secret>::namespaced(client.clone(), namespace)
+    // Unfiltered for the Links' credentials: one of another type must be reported as
+    // the controller reports it (InvalidCredentialsType), not as missing.
+    let all: Vec<Secret> = Api::<Secret>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
         .with_context(|| format!("listing Secrets in {namespace}"))?
-        .items
-        .into_iter()
-        .filter(|s| s.type_.as_deref() == Some(LINK_SECRET_TYPE))
-        .collect();
+        .items;
     let resources: Vec<LinkResource> = match crd {
         CrdState::Established => {
             Api::<LinkResource>::namespaced(client.clone(), namespace)
@@ -105,7 +104,7 @@ async fn links(
             .spec
             .cluster_credentials_secret
             .as_deref()
-            .and_then(|n| secrets.iter().find(|s| s.name_any() == n));
+            .and_then(|n| all.iter().find(|s| s.name_any() == n));
         let parsed = parse_link(l, secret);
         let ns = l
             .spec
@@ -116,8 +115,10 @@ async fn links(
         out.push(info("Link", l.name_any(), parsed, ns).await);
     }
     // Credentials Secrets of Links carry no cluster-name annotation: not links.
-    for s in secrets
+    // Link Secrets are those of the link type, as the controller watches them.
+    for s in all
         .iter()
+        .filter(|s| s.type_.as_deref() == Some(LINK_SECRET_TYPE))
         .filter(|s| s.annotations().contains_key(LINK_CLUSTER_NAME_ANNOTATION))
     {
         out.push(
@@ -250,13 +251,13 @@ async fn write_leases(
             .map_err(|e| e.to_string())
             .map(|l| {
                 l.map(|l| {
-                    let ours = l
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|m| m.get(crate::write_leases::OWNER_LABEL))
-                        .is_some_and(|v| v == crate::write_leases::OWNER_VALUE);
+                    // Ours only while our holder annotation names the holder: a
+                    // foreign controller re-acquiring a Lease keeps our labels.
                     let spec = l.spec.unwrap_or_default();
+                    let ours = spec.holder_identity.is_some()
+                        && l.metadata.annotations.as_ref().and_then(|m| {
+                            m.get(service_mirror_core::write_lease::HOLDER_ANNOTATION)
+                        }) == spec.holder_identity.as_ref();
                     WriteLease {
                         holder: spec.holder_identity,
                         ours,

@@ -59,30 +59,18 @@ pub struct SliceInfo {
 }
 
 /// The DER bytes of each certificate of `identityTrustAnchorsPEM` in a `linkerd-config`
-/// `values` text (YAML: a `|` block or a quoted string). Empty when absent.
+/// `values` text (parsed as YAML, a `global:` block hoisted as Linkerd does). Empty when
+/// absent.
 pub fn trust_anchors(values: &str) -> Result<Vec<Vec<u8>>, String> {
-    let lines: Vec<&str> = values.lines().collect();
-    let Some(at) = lines
-        .iter()
-        .position(|l| l.trim_start().starts_with("identityTrustAnchorsPEM:"))
-    else {
+    if values.trim().is_empty() {
         return Ok(Vec::new());
-    };
-    let indent = |l: &str| l.len() - l.trim_start().len();
-    let key = lines[at];
-    let rest = key.trim_start()["identityTrustAnchorsPEM:".len()..].trim();
-    let text = if rest.starts_with('|') || rest.starts_with('>') || rest.is_empty() {
-        lines[at + 1..]
-            .iter()
-            .take_while(|l| l.trim().is_empty() || indent(l) > indent(key))
-            .map(|l| l.trim())
-            .collect::<Vec<_>>()
-            .join("\n")
-    } else {
-        rest.trim_matches(|c| c == '"' || c == '\'')
-            .replace("\\n", "\n")
-    };
-    pem_certificates(&text)
+    }
+    let top = crate::cli::link_destination::linkerd_values(values).map_err(|e| format!("{e:#}"))?;
+    match top.get("identityTrustAnchorsPEM") {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::String(text)) => pem_certificates(text),
+        Some(other) => Err(format!("identityTrustAnchorsPEM {other} is not a string")),
+    }
 }
 
 /// The DER bytes of each `CERTIFICATE` PEM block of `text`.
@@ -385,6 +373,17 @@ mod tests {
         let quoted = format!("identityTrustAnchorsPEM: \"{}\"\n", A.replace('\n', "\\n"));
         assert_eq!(trust_anchors(&quoted).unwrap(), vec![b"AAAA".to_vec()]);
         assert!(trust_anchors("clusterDomain: x\n").unwrap().is_empty());
+        // The same key nested in another map first, and the key under `global:`
+        // (before 2.10): YAML, not lines, says which is the value.
+        let nested = format!("proxy:\n  identityTrustAnchorsPEM: \"\"\n{}", values(&[A]));
+        assert_eq!(trust_anchors(&nested).unwrap(), vec![b"AAAA".to_vec()]);
+        let global = format!(
+            "global:\n  identityTrustAnchorsPEM: \"{}\"\n",
+            A.replace('\n', "\\n")
+        );
+        assert_eq!(trust_anchors(&global).unwrap(), vec![b"AAAA".to_vec()]);
+        assert!(trust_anchors("identityTrustAnchorsPEM: [1, 2]\n").is_err());
+        assert!(trust_anchors("a: [unclosed\n").is_err());
         assert!(trust_anchors("identityTrustAnchorsPEM: |\n  -----BEGIN CERTIFICATE-----\n  !!!\n  -----END CERTIFICATE-----\n").is_err());
     }
 
