@@ -165,6 +165,9 @@ pub struct LinkSet {
 pub struct WriteGates {
     gates: Arc<Mutex<BTreeMap<String, watch::Sender<Option<Instant>>>>>,
     wake: Arc<Notify>,
+    /// Whether the Lease task is in charge (leading, or without election): only then
+    /// does a closed gate mean a link's Lease is held elsewhere or not yet ours.
+    in_charge: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl WriteGates {
@@ -201,6 +204,19 @@ impl WriteGates {
             .lock()
             .get(cluster)
             .is_some_and(|tx| crate::leader::gate_open(*tx.borrow(), Instant::now()))
+    }
+
+    /// Whether `cluster`'s link is kept from writing by its Lease: we are in charge of
+    /// the write Leases (leader) and its gate is closed (another writer holds it, or it
+    /// is not taken yet: one pass, at most 1 s). A replica that is not the leader holds
+    /// no Lease and is kept from writing by the election instead: `false` there.
+    pub fn kept_out(&self, cluster: &str) -> bool {
+        self.in_charge.load(std::sync::atomic::Ordering::Acquire) && !self.is_open(cluster)
+    }
+
+    fn set_in_charge(&self, now: bool) {
+        self.in_charge
+            .store(now, std::sync::atomic::Ordering::Release);
     }
 
     fn close_all(&self) {
@@ -295,6 +311,7 @@ pub fn spawn(
         loop {
             let leading = leader.as_mut().is_none_or(|l| l.leading_and_update());
             if leading {
+                w.gates.set_in_charge(true);
                 w.step(&links()).await;
             } else {
                 // Not released: the leadership ended, so another replica may hold these
@@ -339,6 +356,7 @@ impl WriteLeases {
 
     /// Drops what is held without writing (the leadership ended).
     fn forget_all(&mut self) {
+        self.gates.set_in_charge(false);
         self.gates.close_all();
         self.held.clear();
         self.foreign.clear();
@@ -637,6 +655,7 @@ impl WriteLeases {
     /// only if unchanged since our last write, and only while still leading; the gates
     /// close first.
     async fn release_all(&mut self) {
+        self.gates.set_in_charge(false);
         self.gates.close_all();
         for (cluster, held) in std::mem::take(&mut self.held) {
             if !self.may_write() {

@@ -1764,3 +1764,233 @@ async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_serv
     fed.stop().await;
     let _ = holder.await;
 }
+
+/// A failover: the replica taking over ran as a follower with every write gate closed
+/// (it holds no Lease), and a link started after it did. Its federation applied that
+/// link's messages all along (only a leader's closed gate holds them), so on becoming
+/// the leader, before any write Lease is taken, it keeps `<svc>-federated` as it is:
+/// not deleted and re-created (uid and ClusterIP would change under every client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_taking_over_keeps_the_federated_service_of_a_link_started_after_it() {
+    use service_mirror_controller::write_leases::{self, LinkSet, WriteGates, WriteLeaseOptions};
+    let mut w = World::new("fedfailover").await;
+    w.fake(84).await;
+    let spec = w.spec("east", &w.east, 84);
+    let cluster = spec.link().cluster_name.clone();
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    // The first leader wrote east's federated Service.
+    let first = w.federation();
+    first.federation.expect(vec![]);
+    let link = w.start_link(&first, &spec, &w.east, 100).await;
+    let written = w
+        .federated_until("written by the first leader", "web", |s| {
+            remote_discovery(s) == Some("web@east")
+        })
+        .await;
+    link.stop(false).await.unwrap();
+    first.stop().await;
+    // The replica taking over: a follower, its write Leases with the same election.
+    let (leader, rx) = service_mirror_controller::leader::Leadership::manual(false);
+    let gates = WriteGates::default();
+    let cancel = CancellationToken::new();
+    let (federation, tasks) = Federation::start(
+        w.lc.clone(),
+        EventRecorder::new(w.lc.clone(), None),
+        w.metrics.clone(),
+        FederationOptions {
+            controller_namespace: w.ctl_ns.clone(),
+            local_selector: Some(w.local_selector()),
+            leader: Some(rx.clone()),
+            write_gates: Some(gates.clone()),
+        },
+        cancel.clone(),
+    );
+    let fed = Running {
+        federation,
+        cancel,
+        tasks,
+    };
+    fed.federation.expect(vec![]);
+    let holder = {
+        let cluster = cluster.clone();
+        write_leases::spawn(
+            w.lc.clone(),
+            WriteLeaseOptions {
+                namespace: w.ctl_ns.clone(),
+                identity: "ours-1".into(),
+                duration: Duration::from_secs(3),
+            },
+            Some(rx.clone()),
+            Arc::new(move || LinkSet {
+                running: [cluster.clone()].into(),
+                claimed: [cluster.clone()].into(),
+                ..LinkSet::default()
+            }),
+            gates.clone(),
+            None,
+            w.metrics.clone(),
+            fed.cancel.clone(),
+        )
+    };
+    // East is linked after the follower started (not pending for it).
+    let rc = w.east.client().await.unwrap();
+    let base = LinkConfig {
+        namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
+        ..LinkConfig::default()
+    };
+    let east = LinkController::start(
+        w.lc.clone(),
+        rc,
+        spec.link().clone(),
+        link_config(&base, &spec, false),
+        LinkDeps {
+            metrics: w.metrics.clone(),
+            probe_redirect: Some(w.redirect()),
+            federation: Some(fed.federation.clone()),
+            write_gates: Some(gates.clone()),
+            leader: Some(rx.clone()),
+            ..LinkDeps::default()
+        },
+    )
+    .expect("start the link controller");
+    // Its list reaches the follower's federation (no observable: a fixed wait).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let took = std::time::Instant::now();
+    leader.send_replace(true);
+    // East's Lease is taken and the gate opens; then a little longer for any replan.
+    eventually("east's gate open", || async {
+        gates.is_open(&cluster).then_some(())
+    })
+    .await;
+    println!("east's gate opened {:?} after the takeover", took.elapsed());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = w.federated("web").await.expect("still there");
+    assert_eq!(
+        now.metadata.uid, written.metadata.uid,
+        "the takeover kept the federated Service (not deleted and re-created)"
+    );
+    assert_eq!(remote_discovery(&now), Some("web@east"));
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+    let _ = holder.await;
+}
+
+/// While another writer holds a link's Lease, the link's stored entry in
+/// `<svc>-federated` stays: a replan (the stores listed, a local member joining)
+/// neither drops it for want of that link's members nor deletes the Service (the
+/// link is pending meanwhile: the Service is kept as it is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_links_stored_entry_stays_when_its_federated_service_is_planned_again() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use service_mirror_controller::write_leases::{self, LinkSet, WriteGates, WriteLeaseOptions};
+    let mut w = World::new("fedheldkeep").await;
+    w.fake(85).await;
+    let spec = w.spec("east", &w.east, 85);
+    let cluster = spec.link().cluster_name.clone();
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    let first = w.federation();
+    first.federation.expect(vec![]);
+    let link = w.start_link(&first, &spec, &w.east, 100).await;
+    let written = w
+        .federated_until("written with east", "web", |s| {
+            remote_discovery(s) == Some("web@east")
+        })
+        .await;
+    link.stop(false).await.unwrap();
+    first.stop().await;
+    // Another writer (Linkerd's controller) holds east's Lease from now on.
+    let leases: Api<Lease> = Api::namespaced(w.lc.clone(), &w.ctl_ns);
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(write_leases::lease_name(&cluster)),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("linkerd-service-mirror-0".into()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let gates = WriteGates::default();
+    let cancel = CancellationToken::new();
+    let (federation, tasks) = Federation::start(
+        w.lc.clone(),
+        EventRecorder::new(w.lc.clone(), None),
+        w.metrics.clone(),
+        FederationOptions {
+            controller_namespace: w.ctl_ns.clone(),
+            local_selector: Some(w.local_selector()),
+            leader: None,
+            write_gates: Some(gates.clone()),
+        },
+        cancel.clone(),
+    );
+    let fed = Running {
+        federation,
+        cancel,
+        tasks,
+    };
+    fed.federation.expect(vec![]);
+    let holder = {
+        let cluster = cluster.clone();
+        write_leases::spawn(
+            w.lc.clone(),
+            WriteLeaseOptions {
+                namespace: w.ctl_ns.clone(),
+                identity: "ours-0".into(),
+                duration: Duration::from_secs(3),
+            },
+            None,
+            Arc::new(move || LinkSet {
+                running: [cluster.clone()].into(),
+                claimed: [cluster.clone()].into(),
+                ..LinkSet::default()
+            }),
+            gates.clone(),
+            None,
+            w.metrics.clone(),
+            fed.cancel.clone(),
+        )
+    };
+    let rc = w.east.client().await.unwrap();
+    let base = LinkConfig {
+        namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
+        ..LinkConfig::default()
+    };
+    let east = LinkController::start(
+        w.lc.clone(),
+        rc,
+        spec.link().clone(),
+        link_config(&base, &spec, false),
+        LinkDeps {
+            metrics: w.metrics.clone(),
+            probe_redirect: Some(w.redirect()),
+            federation: Some(fed.federation.clone()),
+            write_gates: Some(gates.clone()),
+            ..LinkDeps::default()
+        },
+    )
+    .expect("start the link controller");
+    // A local member joins: the key is planned again while east is held (and was at
+    // the start, the stores listed). East pending, the stored Service is kept as it is
+    // (DesiredService::Keep): no write observable, so a fixed wait.
+    w.member(&w.lc, "web", &[("http", 80)], "local", false)
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let svc = w.federated("web").await.expect("not deleted");
+    assert_eq!(svc.metadata.uid, written.metadata.uid, "not re-created");
+    assert_eq!(
+        remote_discovery(&svc),
+        Some("web@east"),
+        "east's entry stays while another writer holds east"
+    );
+    assert!(!gates.is_open(&cluster), "east was held throughout");
+    east.stop(false).await.unwrap();
+    fed.stop().await;
+    let _ = holder.await;
+}

@@ -9,8 +9,14 @@
 //! pending, which keeps its stored entries), and a cluster never let through has no
 //! member, so no federated Service is created on its account alone.
 //!
-//! Bounded by the link's keys: a member's later join or leave replaces its earlier one
-//! of the same feed unless a list or a new feed came in between (order matters then).
+//! Bounded while a link stays held for hours (its feed relists and its gateway is
+//! reported again and again): within one feed generation's run at the end of the queue
+//! (no message of another generation after it, so the generation verdicts are never
+//! reordered), a member's join or leave replaces its earlier one, a gateway report its
+//! earlier one, and a new list drops an earlier complete list (its start and end; the
+//! joins in between stay, coalesced). Only the final state matters: held messages are
+//! all applied at once before anything is planned. So a link holds at most about one
+//! message per key and generation, plus a few.
 
 use super::Msg;
 use service_mirror_core::ServiceKey;
@@ -33,6 +39,72 @@ fn cluster_of(msg: &Msg) -> Option<&str> {
         Msg::Member { link, .. } => Some(&link.cluster),
         _ => None,
     }
+}
+
+/// The feed generation a message belongs to.
+fn generation_of(msg: &Msg) -> Option<super::Generation> {
+    match msg {
+        Msg::Feed { generation, .. }
+        | Msg::Member { generation, .. }
+        | Msg::Left { generation, .. }
+        | Msg::Listing { generation, .. }
+        | Msg::Listed { generation, .. }
+        | Msg::Gateway { generation, .. } => Some(*generation),
+        _ => None,
+    }
+}
+
+/// What a later message of the same generation replaces, if anything.
+#[derive(PartialEq)]
+enum Slot {
+    Member(ServiceKey),
+    Gateway,
+}
+
+fn slot_of(msg: &Msg) -> Option<Slot> {
+    match msg {
+        Msg::Gateway { .. } => Some(Slot::Gateway),
+        _ => member_of(msg).map(|(_, key)| Slot::Member(key)),
+    }
+}
+
+/// Adds `msg` to one cluster's held queue, coalescing within the trailing run of its
+/// generation (see the module's note).
+fn push(held: &mut Vec<Msg>, msg: Msg) {
+    let Some(generation) = generation_of(&msg) else {
+        held.push(msg);
+        return;
+    };
+    // The trailing run of this generation: nothing after `run` is of another one.
+    let run = held
+        .iter()
+        .rposition(|m| generation_of(m) != Some(generation))
+        .map_or(0, |i| i + 1);
+    if let Some(slot) = slot_of(&msg) {
+        if let Some(i) = held[run..]
+            .iter()
+            .position(|m| slot_of(m).as_ref() == Some(&slot))
+        {
+            held.remove(run + i);
+        }
+    } else if matches!(msg, Msg::Listing { .. }) {
+        // A new list replaces an earlier complete one (its start and its end).
+        let start = held[run..]
+            .iter()
+            .position(|m| matches!(m, Msg::Listing { .. }))
+            .map(|i| run + i);
+        let end = start.and_then(|s| {
+            held[s..]
+                .iter()
+                .position(|m| matches!(m, Msg::Listed { .. }))
+                .map(|i| s + i)
+        });
+        if let (Some(start), Some(end)) = (start, end) {
+            held.remove(end);
+            held.remove(start);
+        }
+    }
+    held.push(msg);
 }
 
 /// The member a join or leave is about, with its feed's generation.
@@ -64,22 +136,7 @@ impl Held {
         if open(cluster) && !self.by_cluster.contains_key(cluster) {
             return Some(msg);
         }
-        let held = self.by_cluster.entry(cluster.to_string()).or_default();
-        if let Some(member) = member_of(&msg) {
-            // Replace the same member's earlier join or leave, back to the last list
-            // or feed start.
-            let tail = held
-                .iter()
-                .rposition(|m| member_of(m).is_none())
-                .map_or(0, |i| i + 1);
-            if let Some(i) = held[tail..]
-                .iter()
-                .position(|m| member_of(m).as_ref() == Some(&member))
-            {
-                held.remove(tail + i);
-            }
-        }
-        held.push(msg);
+        push(self.by_cluster.entry(cluster.to_string()).or_default(), msg);
         None
     }
 
@@ -95,6 +152,11 @@ impl Held {
             .iter()
             .flat_map(|c| self.by_cluster.remove(c).unwrap_or_default())
             .collect()
+    }
+
+    /// The clusters with messages held (pending for the planning meanwhile).
+    pub(super) fn clusters(&self) -> impl Iterator<Item = &String> {
+        self.by_cluster.keys()
     }
 
     /// Whether anything is held.
@@ -154,8 +216,16 @@ mod tests {
                 key,
                 generation,
             } => format!("leave {cluster}/{} g{generation}", key.name),
-            Msg::Listing { cluster, .. } => format!("listing {cluster}"),
-            Msg::Listed { cluster, .. } => format!("listed {cluster}"),
+            Msg::Listing {
+                cluster,
+                generation,
+            } => format!("listing {cluster} g{generation}"),
+            Msg::Listed {
+                cluster,
+                generation,
+            } => format!("listed {cluster} g{generation}"),
+            Msg::Gateway { generation, .. } => format!("gateway g{generation}"),
+            Msg::Feed { generation, .. } => format!("feed g{generation}"),
             Msg::LinkRemoved { cluster } => format!("removed {cluster}"),
             _ => "other".into(),
         }
@@ -180,24 +250,19 @@ mod tests {
         // west is open: its messages apply at once.
         let west = held.admit(member("west", "api", 1), blocked);
         assert_eq!(west.as_ref().map(what).as_deref(), Some("join west/api g1"));
-        // The same member again replaces its earlier join (bounded by the keys)...
+        // The same member again replaces its earlier join (bounded by the keys), across
+        // a list of the same feed too (only the final state is applied).
         assert!(held.admit(member("east", "api", 1), blocked).is_none());
         assert!(held.admit(listed("east"), blocked).is_none());
-        // ...but not across a list: order matters there.
         assert!(held.admit(member("east", "api", 1), blocked).is_none());
-        assert_eq!(held.len(), 4);
+        assert_eq!(held.len(), 3);
         // Still blocked: nothing released.
         assert!(held.release(blocked).is_empty());
         // Opened: released in order; later messages of east apply directly.
         let out: Vec<String> = held.release(open).iter().map(what).collect();
         assert_eq!(
             out,
-            [
-                "listing east",
-                "join east/api g1",
-                "listed east",
-                "join east/api g1"
-            ]
+            ["listing east g1", "listed east g1", "join east/api g1"]
         );
         assert!(!held.any());
         assert!(held.admit(member("east", "web", 1), open).is_some());
@@ -211,5 +276,103 @@ mod tests {
         );
         assert_eq!(removed.as_ref().map(what).as_deref(), Some("removed east"));
         assert!(!held.any());
+    }
+
+    fn feed(what: &str, generation: u64) -> Msg {
+        let cluster = "east".to_string();
+        match what {
+            "listing" => Msg::Listing {
+                cluster,
+                generation,
+            },
+            "listed" => Msg::Listed {
+                cluster,
+                generation,
+            },
+            "gateway" => Msg::Gateway {
+                cluster,
+                generation,
+                gateway: None,
+            },
+            "leave" => Msg::Left {
+                cluster,
+                generation,
+                key: ServiceKey {
+                    namespace: "shop".into(),
+                    name: "api".into(),
+                },
+            },
+            _ => Msg::Feed {
+                cluster,
+                generation,
+            },
+        }
+    }
+
+    #[test]
+    fn a_link_held_for_hours_holds_about_one_message_per_key_however_often_it_relists() {
+        let mut held = Held::default();
+        let blocked = |_: &str| false;
+        assert!(held.admit(feed("feed", 1), blocked).is_none());
+        // 1,000 relists of two Services, each with a gateway report and a leave.
+        for _ in 0..1000 {
+            for m in [
+                feed("listing", 1),
+                member("east", "api", 1),
+                member("east", "web", 1),
+                feed("listed", 1),
+                feed("gateway", 1),
+                feed("leave", 1),
+                member("east", "api", 1),
+            ] {
+                assert!(held.admit(m, blocked).is_none());
+            }
+        }
+        let out: Vec<String> = held.release(|_| true).iter().map(what).collect();
+        assert_eq!(
+            out,
+            [
+                "feed g1",
+                "listing east g1",
+                "join east/web g1",
+                "listed east g1",
+                "gateway g1",
+                "join east/api g1"
+            ],
+            "the last list and the last word on each key: the same final state"
+        );
+    }
+
+    #[test]
+    fn coalescing_never_moves_a_message_across_another_feed_generation() {
+        let mut held = Held::default();
+        let blocked = |_: &str| false;
+        for m in [
+            member("east", "api", 1),
+            feed("gateway", 1),
+            feed("feed", 2),
+            feed("listing", 2),
+            member("east", "api", 1),
+            feed("gateway", 1),
+            member("east", "api", 2),
+            feed("listed", 2),
+            member("east", "api", 2),
+        ] {
+            assert!(held.admit(m, blocked).is_none());
+        }
+        let out: Vec<String> = held.release(|_| true).iter().map(what).collect();
+        assert_eq!(
+            out,
+            [
+                "join east/api g1",
+                "gateway g1",
+                "feed g2",
+                "listing east g2",
+                "join east/api g1",
+                "gateway g1",
+                "listed east g2",
+                "join east/api g2"
+            ]
+        );
     }
 }

@@ -122,9 +122,12 @@ impl Worker {
         }
     }
 
-    /// Whether `cluster`'s link may write now (always without write gates).
+    /// Whether `cluster`'s messages apply now: not while its link is kept out by its
+    /// write Lease (another writer holds it, or, while we lead, it is not ours yet). A
+    /// replica that is not the leader applies them all (it writes nothing, and its
+    /// index must be whole when it becomes the leader). Always without write gates.
     fn gate_open(gates: &Option<crate::write_leases::WriteGates>, cluster: &str) -> bool {
-        gates.as_ref().is_none_or(|g| g.is_open(cluster))
+        gates.as_ref().is_none_or(|g| !g.kept_out(cluster))
     }
 
     /// Applies `msg` now, or holds it while its link's write gate is closed.
@@ -138,9 +141,16 @@ impl Worker {
     /// Applies what was held for the links whose gate opened.
     fn release_held(&mut self) {
         let gates = self.gates.clone();
-        for msg in self.held.release(|c| Self::gate_open(&gates, c)) {
+        let released = self.held.release(|c| Self::gate_open(&gates, c));
+        if released.is_empty() {
+            return;
+        }
+        for msg in released {
             self.apply(msg);
         }
+        // The released clusters are no longer kept as pending: every key looks again.
+        let keys = self.all_keys();
+        self.dirty.extend(keys);
     }
 
     pub(super) async fn run(
@@ -382,13 +392,17 @@ impl Worker {
                     .cloned()
             });
         let members = self.index.members(key);
+        // A held cluster is pending too: its stored entries and slices stay as they are
+        // (another writer may be maintaining them), not dropped for want of members.
+        let mut pending = self.index.pending().clone();
+        pending.extend(self.held.clusters().cloned());
         let desired = desired_federated(
             &FederationInput {
                 namespace: &key.namespace,
                 name: &key.name,
                 members: &members,
                 gateways: self.index.gateways(),
-                pending: self.index.pending(),
+                pending: &pending,
                 controller_namespace: &ns,
             },
             stored_annotation.as_deref(),
