@@ -18,12 +18,10 @@
 //! `linkerd-config`, then `cluster.local`: an MCS user without Linkerd still gets a
 //! complete output. Pure; [`super::link`] does the reading.
 
-use super::link::link_secret_name;
+use super::link_gen::credentials_secret;
 use anyhow::Context;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::ObjectMeta;
-use service_mirror_core::labels::{DEFAULT_CLUSTER_DOMAIN, LINK_KUBECONFIG_KEY, LINK_SECRET_TYPE};
+use service_mirror_core::labels::{DEFAULT_CLUSTER_DOMAIN, LINK_SECRET_TYPE};
 use service_mirror_core::naming::is_dns1123_subdomain;
 use std::collections::BTreeMap;
 
@@ -183,33 +181,24 @@ pub fn destination_credentials_secret(
     kubeconfig: String,
     domains: &Domains,
 ) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(link_secret_name(cluster)),
-            namespace: Some(linkerd_namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                DESTINATION_CLUSTER_NAME_LABEL.to_string(),
-                cluster.to_string(),
-            )])),
-            annotations: Some(BTreeMap::from([
-                (
-                    DESTINATION_TRUST_DOMAIN_ANNOTATION.to_string(),
-                    domains.trust_domain.clone(),
-                ),
-                (
-                    DESTINATION_CLUSTER_DOMAIN_ANNOTATION.to_string(),
-                    domains.cluster_domain.clone(),
-                ),
-            ])),
-            ..Default::default()
-        },
-        type_: Some(LINK_SECRET_TYPE.to_string()),
-        data: Some(BTreeMap::from([(
-            LINK_KUBECONFIG_KEY.to_string(),
-            ByteString(kubeconfig.into_bytes()),
-        )])),
-        ..Default::default()
-    }
+    // The Link's credentials Secret (same name, type and data), in Linkerd's namespace,
+    // with what the destination selects and reads.
+    let mut secret = credentials_secret(cluster, linkerd_namespace, kubeconfig);
+    secret.metadata.labels = Some(BTreeMap::from([(
+        DESTINATION_CLUSTER_NAME_LABEL.to_string(),
+        cluster.to_string(),
+    )]));
+    secret.metadata.annotations = Some(BTreeMap::from([
+        (
+            DESTINATION_TRUST_DOMAIN_ANNOTATION.to_string(),
+            domains.trust_domain.clone(),
+        ),
+        (
+            DESTINATION_CLUSTER_DOMAIN_ANNOTATION.to_string(),
+            domains.cluster_domain.clone(),
+        ),
+    ]));
+    secret
 }
 
 /// Whether `secret` is a destination credentials Secret of `cluster`: the label names
