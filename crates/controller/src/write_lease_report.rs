@@ -8,7 +8,7 @@ use crate::events::EventRecorder;
 use crate::links::LinkResource;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -147,48 +147,27 @@ impl Reporter<'_> {
             return;
         };
         let api: Api<LinkResource> = Api::namespaced(self.client.clone(), ns);
-        for _ in 0..3 {
-            let current = match api.get(name).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(link = %name, error = %e, "could not read the Link for its WriteLeaseHeld condition");
-                    return;
+        let written =
+            crate::links::write_condition(&api, name, CONDITION_TYPE, |old, generation| {
+                match old {
+                    Some(c) if c.status == status && c.reason == reason => return None,
+                    // Never blocked: no condition to clear (a Link that never met a foreign
+                    // holder carries none; writing one would cost a write per Link).
+                    None if status == "True" => return None,
+                    _ => {}
                 }
-            };
-            let conditions = current.status.map(|s| s.conditions).unwrap_or_default();
-            let old = conditions.iter().find(|c| c.type_ == CONDITION_TYPE);
-            match old {
-                Some(c) if c.status == status && c.reason == reason => return,
-                // Never blocked: no condition to clear (a Link that never met a foreign
-                // holder carries none; writing one would cost a write per Link).
-                None if status == "True" => return,
-                _ => {}
-            }
-            let condition = Condition {
-                type_: CONDITION_TYPE.into(),
-                status: status.into(),
-                reason: reason.into(),
-                message: note.chars().take(1024).collect(),
-                observed_generation: current.metadata.generation,
-                last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
-            };
-            let conditions = crate::links::with_condition(conditions, condition);
-            let body = serde_json::json!({
-                "metadata": { "resourceVersion": current.metadata.resource_version },
-                "status": { "conditions": conditions },
-            });
-            let params = PatchParams {
-                field_manager: Some(crate::writer::FIELD_MANAGER.into()),
-                ..Default::default()
-            };
-            match api.patch_status(name, &params, &Patch::Merge(&body)).await {
-                Ok(_) => return,
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => {
-                    tracing::warn!(link = %name, error = %e, "could not write the Link's WriteLeaseHeld condition");
-                    return;
-                }
-            }
+                Some(Condition {
+                    type_: CONDITION_TYPE.into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: note.chars().take(1024).collect(),
+                    observed_generation: generation,
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+                })
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(link = %name, error = %e, "could not write the Link's WriteLeaseHeld condition");
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::links::LinkResource;
 use crate::writer::LocalWriter;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use parking_lot::Mutex;
 use service_mirror_core::{RemoteState, ServiceKey, StalePolicy, relist_untrusted};
 use std::sync::Arc;
@@ -619,51 +619,28 @@ impl Reporter {
         let (Some(api), Some(name)) = (&self.link_status, &self.link_name) else {
             return;
         };
-        for _ in 0..3 {
-            // `get` on links: the installed Role grants no `get` on links/status.
-            let current = match api.get(name).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(link = %name, error = %e, "could not read the Link for its RemoteReachable condition");
-                    self.metrics.error("remote_condition");
-                    return;
+        let written =
+            crate::links::write_condition(api, name, CONDITION_TYPE, |old, generation| {
+                // Unchanged (a restarted link controller): not written again.
+                if old.is_some_and(|c| c.status == status && c.reason == reason) {
+                    return None;
                 }
-            };
-            let conditions = current.status.map(|s| s.conditions).unwrap_or_default();
-            let old = conditions.iter().find(|c| c.type_ == CONDITION_TYPE);
-            // Unchanged (a restarted link controller): not written again.
-            if old.is_some_and(|c| c.status == status && c.reason == reason) {
-                return;
-            }
-            let condition = Condition {
-                type_: CONDITION_TYPE.into(),
-                status: status.into(),
-                reason: reason.into(),
-                message: note.chars().take(1024).collect(),
-                observed_generation: current.metadata.generation,
-                last_transition_time: match old.filter(|c| c.status == status) {
-                    Some(c) => c.last_transition_time.clone(),
-                    None => Time(k8s_openapi::jiff::Timestamp::now()),
-                },
-            };
-            let conditions = crate::links::with_condition(conditions, condition);
-            let body = serde_json::json!({
-                "metadata": { "resourceVersion": current.metadata.resource_version },
-                "status": { "conditions": conditions },
-            });
-            let params = PatchParams {
-                field_manager: Some(crate::writer::FIELD_MANAGER.into()),
-                ..Default::default()
-            };
-            match api.patch_status(name, &params, &Patch::Merge(&body)).await {
-                Ok(_) => return,
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => {
-                    tracing::warn!(link = %name, error = %e, "could not write the Link's RemoteReachable condition");
-                    self.metrics.error("remote_condition");
-                    return;
-                }
-            }
+                Some(Condition {
+                    type_: CONDITION_TYPE.into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: note.chars().take(1024).collect(),
+                    observed_generation: generation,
+                    last_transition_time: match old.filter(|c| c.status == status) {
+                        Some(c) => c.last_transition_time.clone(),
+                        None => Time(k8s_openapi::jiff::Timestamp::now()),
+                    },
+                })
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(link = %name, error = %e, "could not write the Link's RemoteReachable condition");
+            self.metrics.error("remote_condition");
         }
     }
 }

@@ -306,6 +306,46 @@ pub(crate) fn with_condition(
     conditions
 }
 
+/// Writes one condition of Link `name` with a merge patch of its status, keeping every
+/// other condition (a merge patch replaces the whole list) and carrying the
+/// resourceVersion read, retried up to 3 times on 409. `make` gets the condition of
+/// that type as read and the Link's generation, and says what to write (`None`:
+/// nothing, it is as wanted). `get` on links: the installed Role grants no `get` on
+/// links/status. Ok(true) when written.
+pub(crate) async fn write_condition(
+    api: &kube::Api<Link>,
+    name: &str,
+    type_: &str,
+    make: impl Fn(
+        Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+        Option<i64>,
+    ) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+) -> Result<bool, kube::Error> {
+    use kube::api::{Patch, PatchParams};
+    for _ in 0..3 {
+        let current = api.get(name).await?;
+        let conditions = current.status.map(|s| s.conditions).unwrap_or_default();
+        let old = conditions.iter().find(|c| c.type_ == type_);
+        let Some(condition) = make(old, current.metadata.generation) else {
+            return Ok(false);
+        };
+        let body = serde_json::json!({
+            "metadata": { "resourceVersion": current.metadata.resource_version },
+            "status": { "conditions": with_condition(conditions, condition) },
+        });
+        let params = PatchParams {
+            field_manager: Some(crate::writer::FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api.patch_status(name, &params, &Patch::Merge(&body)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
