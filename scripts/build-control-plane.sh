@@ -22,8 +22,18 @@
 #                                              printed. As root it also installs the host
 #                                              tools they need (nft, ip: Debian packages
 #                                              nftables, iproute2) when missing.
+#   scripts/build-control-plane.sh --node [--print]
+#                                              real nodes (docs/real-node.md): kubelet and
+#                                              kube-scheduler (same wrapper module and
+#                                              version as kube-apiserver) and helm (wrapper
+#                                              control-plane/helm), cached in a sibling dir
+#                                              keyed by both versions, which is printed. As
+#                                              root it also installs the node's host
+#                                              packages (containerd, runc,
+#                                              containernetworking-plugins, busybox-static)
+#                                              when missing.
 #
-# --check covers both sets. Go builds run under `nice -n 10` (shared 2-core machines).
+# --check covers every set. Go builds run under `nice -n 10` (shared 2-core machines).
 #
 # Go: building needs Go >= the highest `go` directive of control-plane/*/go.mod (checked
 # up front; no toolchain is downloaded: GOTOOLCHAIN=local).
@@ -48,8 +58,10 @@ version_of() { # wrapper-dir module-path
 etcd_version=$(version_of etcd go.etcd.io/etcd/server/v3)
 kube_version=$(version_of kube-apiserver k8s.io/kubernetes)
 coredns_version=$(version_of coredns github.com/coredns/coredns)
+helm_version=$(version_of helm helm.sh/helm/v4)
 bin="$cache/bin/etcd-$etcd_version-kube-$kube_version"
 dp_bin="$cache/bin/data-plane-kube-$kube_version-coredns-$coredns_version"
+node_bin="$cache/bin/node-kube-$kube_version-helm-$helm_version"
 
 mode=${1:-build}
 if [[ "$mode" == --data-plane ]]; then
@@ -62,8 +74,18 @@ if [[ "$mode" == --data-plane ]]; then
       ;;
   esac
 fi
+if [[ "$mode" == --node ]]; then
+  case "${2:-}" in
+    "") mode=--node ;;
+    --print) mode=--print-node ;;
+    *)
+      log "error: unknown argument '$2' after --node (see --help)"
+      exit 2
+      ;;
+  esac
+fi
 case "$mode" in
-  build | --print | --check | --regen | --data-plane | --print-data-plane) ;;
+  build | --print | --check | --regen | --data-plane | --print-data-plane | --node | --print-node) ;;
   -h | --help)
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
     exit 0
@@ -94,6 +116,47 @@ host_tools() {
   log "warning: the data plane needs the packages ${missing_pkgs[*]} (commands nft, ip), missing; install them as root (apt-get install -y ${missing_pkgs[*]})"
   [[ $(id -u) != 0 ]] # without root the data-plane tests skip anyway
 }
+
+# Host packages of a real node (docs/real-node.md): containerd 1.6 and runc serve CRI v1
+# to kubelet; the CNI bridge and host-local plugins give pods their addresses;
+# busybox-static is the test images' userland (httpd, a TCP forwarder). Installed as root
+# when missing; without root the node tests skip anyway.
+node_packages() {
+  local missing_pkgs=() probe
+  for probe in /usr/bin/containerd:containerd /usr/sbin/runc:runc \
+    /usr/lib/cni/bridge:containernetworking-plugins /bin/busybox:busybox-static; do
+    [[ -x "${probe%%:*}" ]] || missing_pkgs+=("${probe#*:}")
+  done
+  ((${#missing_pkgs[@]} == 0)) && return 0
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${missing_pkgs[*]} (apt-get; needed by real nodes)"
+    # No service is started: the harness runs one containerd per node itself.
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}"; } >&2; then
+      log "error: apt-get install ${missing_pkgs[*]} failed; install the Debian packages ${missing_pkgs[*]}"
+      return 1
+    fi
+    return 0
+  fi
+  log "warning: real nodes need the packages ${missing_pkgs[*]}, missing; install them as root (apt-get install -y ${missing_pkgs[*]})"
+  [[ $(id -u) != 0 ]]
+}
+
+if [[ "$mode" == --node || "$mode" == --print-node ]] && [[ -n "${SERVICE_MIRROR_NODE_DIR:-}" ]]; then
+  given=$SERVICE_MIRROR_NODE_DIR
+  for b in kubelet kube-scheduler helm; do
+    if [[ ! -x "$given/$b" ]]; then
+      log "error: SERVICE_MIRROR_NODE_DIR=$given lacks an executable $b"
+      exit 1
+    fi
+  done
+  [[ "$mode" == --print-node ]] || node_packages || exit 1
+  (cd "$given" && pwd)
+  exit 0
+fi
+if [[ "$mode" == --print-node ]]; then
+  echo "$node_bin"
+  exit 0
+fi
 
 # The data plane: a given directory, the cache, or a build.
 if [[ "$mode" == --data-plane || "$mode" == --print-data-plane ]]; then
@@ -218,6 +281,8 @@ if [[ "$mode" == --regen ]]; then
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
     echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
     echo "	k8s.io/kubernetes/cmd/kube-proxy"
+    echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+    echo "	k8s.io/kubernetes/cmd/kubelet"
     echo ")"
     echo
     echo "replace ("
@@ -245,7 +310,12 @@ if [[ "$mode" == --regen ]]; then
 fi
 
 missing=()
-if [[ "$mode" == --data-plane ]]; then
+if [[ "$mode" == --node ]]; then
+  out=$node_bin
+  for b in kubelet kube-scheduler helm; do
+    [[ -x "$node_bin/$b" ]] || missing+=("$b")
+  done
+elif [[ "$mode" == --data-plane ]]; then
   out=$dp_bin
   for b in kube-controller-manager kube-proxy coredns; do
     [[ -x "$dp_bin/$b" ]] || missing+=("$b")
@@ -262,6 +332,11 @@ if [[ "$mode" == --check ]]; then
   if [[ -z "${SERVICE_MIRROR_DATA_PLANE_DIR:-}" ]]; then
     for b in kube-controller-manager kube-proxy coredns; do
       [[ -x "$dp_bin/$b" ]] || missing+=("$b")
+    done
+  fi
+  if [[ -z "${SERVICE_MIRROR_NODE_DIR:-}" ]]; then
+    for b in kubelet kube-scheduler helm; do
+      [[ -x "$node_bin/$b" ]] || missing+=("$b")
     done
   fi
   ((${#missing[@]} == 0)) || check_go
@@ -312,6 +387,14 @@ build() { # name wrapper-dir package
   log "$name: built in $((SECONDS - start)) s -> $out/$name"
 }
 
+if [[ "$mode" == --node ]]; then
+  build kubelet kube-apiserver k8s.io/kubernetes/cmd/kubelet
+  build kube-scheduler kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
+  build helm helm helm.sh/helm/v4/cmd/helm
+  node_packages || exit 1
+  echo "$node_bin"
+  exit 0
+fi
 if [[ "$mode" == --data-plane ]]; then
   build kube-controller-manager kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
   build kube-proxy kube-apiserver k8s.io/kubernetes/cmd/kube-proxy
