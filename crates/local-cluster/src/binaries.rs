@@ -154,3 +154,110 @@ pub fn built_data_plane_binaries() -> Option<DataPlaneBinaries> {
         .filter(|o| o.status.success())?;
     DataPlaneBinaries::in_dir(Path::new(String::from_utf8_lossy(&out.stdout).trim()))
 }
+
+/// Paths of the real-node programs (`scripts/build-control-plane.sh --node`).
+#[derive(Debug, Clone)]
+pub struct NodeBinaries {
+    /// kubelet (same k8s.io/kubernetes version as the apiserver).
+    pub kubelet: PathBuf,
+    /// kube-scheduler (same version).
+    pub kube_scheduler: PathBuf,
+    /// helm (control-plane/helm's version), for the chart's tests.
+    pub helm: PathBuf,
+}
+
+impl NodeBinaries {
+    fn in_dir(dir: &Path) -> Option<Self> {
+        let b = Self {
+            kubelet: dir.join("kubelet"),
+            kube_scheduler: dir.join("kube-scheduler"),
+            helm: dir.join("helm"),
+        };
+        [&b.kubelet, &b.kube_scheduler, &b.helm]
+            .iter()
+            .all(|p| p.is_file())
+            .then_some(b)
+    }
+}
+
+static ENSURED_NODE: Mutex<Option<NodeBinaries>> = Mutex::new(None);
+
+/// Returns the real-node binaries, building them with `build-control-plane.sh --node`
+/// when they are not cached yet (which as root also installs containerd, runc, the CNI
+/// plugins and busybox-static). `SERVICE_MIRROR_NODE_DIR` overrides the location.
+pub fn ensure_node_binaries() -> Result<NodeBinaries> {
+    ensure(
+        &ENSURED_NODE,
+        "SERVICE_MIRROR_NODE_DIR",
+        Some("--node"),
+        "kubelet, kube-scheduler or helm",
+        NodeBinaries::in_dir,
+    )
+}
+
+/// The real-node binaries if they are already there; never builds (the demo).
+pub fn built_node_binaries() -> Option<NodeBinaries> {
+    if let Some(b) = ENSURED_NODE.lock().as_ref() {
+        return Some(b.clone());
+    }
+    if let Some(dir) = std::env::var_os("SERVICE_MIRROR_NODE_DIR") {
+        return NodeBinaries::in_dir(Path::new(&dir));
+    }
+    let out = Command::new("bash")
+        .arg(build_script())
+        .args(["--node", "--print"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    NodeBinaries::in_dir(Path::new(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+static ENSURED_IMAGES: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// The directory of the images every node imports (`scripts/build-images.sh`: the
+/// controller, pause, busybox as docker archives, and the static `pause` binary), built
+/// by that script when missing or stale. `SERVICE_MIRROR_IMAGES_DIR` overrides it.
+pub fn ensure_images() -> Result<PathBuf> {
+    let mut ensured = ENSURED_IMAGES.lock();
+    if let Some(dir) = ensured.as_ref() {
+        return Ok(dir.clone());
+    }
+    let valid = |dir: &Path| dir.join("pause").is_file() && dir.join("pause.tar").is_file();
+    if let Some(dir) = std::env::var_os("SERVICE_MIRROR_IMAGES_DIR") {
+        let dir = PathBuf::from(dir);
+        if !valid(&dir) {
+            return Err(Error::Binaries(format!(
+                "SERVICE_MIRROR_IMAGES_DIR={} lacks pause or pause.tar",
+                dir.display()
+            )));
+        }
+        *ensured = Some(dir.clone());
+        return Ok(dir);
+    }
+    let script = build_script().with_file_name("build-images.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| Error::Binaries(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::Binaries(format!(
+            "{} failed ({}); run it by hand to see why",
+            script.display(),
+            out.status
+        )));
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !valid(&dir) {
+        return Err(Error::Binaries(format!(
+            "{} printed {}, which lacks pause or pause.tar",
+            script.display(),
+            dir.display()
+        )));
+    }
+    *ensured = Some(dir.clone());
+    Ok(dir)
+}

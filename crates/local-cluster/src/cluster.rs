@@ -56,6 +56,11 @@ pub struct ClusterOptions {
     /// etcd's `--quota-backend-bytes`: with a small quota, [`LocalCluster::fill_etcd`]
     /// reaches etcd's NOSPACE alarm within a few seconds. `None`: etcd's default (2 GiB).
     pub etcd_quota_bytes: Option<u64>,
+    /// Real nodes (kubelet + containerd, each in its own namespaces: see [`crate::Node`]
+    /// and docs/real-node.md), with kube-controller-manager's default controllers and
+    /// kube-scheduler. `0`: none. Implies [`ClusterOptions::data_plane`], whose node
+    /// becomes the first real node. Needs root and `build-control-plane.sh --node`.
+    pub nodes: usize,
 }
 
 /// A running local cluster. Dropping it kills both processes and removes its directory.
@@ -66,6 +71,12 @@ pub struct LocalCluster {
     service_cidr: String,
     extra_apiserver_args: Vec<String>,
     etcd_quota_bytes: Option<u64>,
+    /// Real nodes asked for ([`ClusterOptions::nodes`]).
+    nodes: usize,
+    /// The address pods reach this apiserver at (the data plane's host address on its
+    /// fabric), when the cluster has real nodes: advertised as the `kubernetes` Service's
+    /// endpoint.
+    fabric_ip: Option<std::net::Ipv4Addr>,
     etcd_port: u16,
     apiserver_port: Mutex<u16>,
     admin: Mutex<Kubeconfig>,
@@ -97,9 +108,31 @@ impl LocalCluster {
             .await
             .map_err(|e| Error::Binaries(e.to_string()))??;
         let dir = workdir::create(name)?;
-        let pki = Pki::generate(name)?;
+        let data_plane = opts.data_plane || opts.nodes > 0;
+        let service_cidr = opts.service_cidr.unwrap_or_else(|| {
+            if data_plane {
+                crate::data_plane::next_service_cidr()
+            } else {
+                next_service_cidr()
+            }
+        });
+        // A node cluster's pods reach the apiserver at the `kubernetes` ClusterIP, which
+        // kube-proxy DNATs to the fabric address: both are in the serving certificate.
+        let fabric = if opts.nodes > 0 {
+            Some(crate::data_plane::Fabric::get(dir.path())?)
+        } else {
+            None
+        };
+        let fabric_ip = fabric.as_ref().map(|f| f.host_ip());
+        let extra_ips = match fabric_ip {
+            Some(ip) => vec![crate::data_plane::first_service_ip(&service_cidr)?, ip],
+            None => Vec::new(),
+        };
+        let pki = Pki::generate(name, &extra_ips)?;
         for (file, pem) in [
             ("ca.crt", &pki.ca_cert),
+            ("admin.crt", &pki.admin_cert),
+            ("admin.key", &pki.admin_key),
             ("apiserver.crt", &pki.serving_cert),
             ("apiserver.key", &pki.serving_key),
             ("sa.key", &pki.sa_key),
@@ -114,15 +147,11 @@ impl LocalCluster {
         let mut cluster = Self {
             name: name.to_string(),
             binaries,
-            service_cidr: opts.service_cidr.unwrap_or_else(|| {
-                if opts.data_plane {
-                    crate::data_plane::next_service_cidr()
-                } else {
-                    next_service_cidr()
-                }
-            }),
+            service_cidr,
             extra_apiserver_args: opts.extra_apiserver_args,
             etcd_quota_bytes: opts.etcd_quota_bytes,
+            nodes: opts.nodes,
+            fabric_ip,
             etcd_port,
             apiserver_port: Mutex::new(0),
             admin: Mutex::new(Kubeconfig {
@@ -141,7 +170,7 @@ impl LocalCluster {
             *cluster.apiserver_port.get_mut() = port;
             match cluster.spawn_apiserver().await {
                 Ok(()) => {
-                    if opts.data_plane {
+                    if data_plane {
                         let admin = cluster.admin_kubeconfig();
                         let plane = DataPlane::start(ClusterView {
                             name: &cluster.name,
@@ -150,6 +179,9 @@ impl LocalCluster {
                             admin_yaml: &admin.yaml,
                             admin_path: &admin.path,
                             service_cidr: &cluster.service_cidr,
+                            nodes: cluster.nodes,
+                            fabric: fabric.clone(),
+                            pki: &cluster.pki,
                         })
                         .await?;
                         cluster.data_plane = Some(plane);
@@ -521,10 +553,13 @@ impl LocalCluster {
     fn apiserver_args(&self) -> Vec<String> {
         let d = self.dir.path();
         let p = |f: &str| d.join(f).display().to_string();
-        vec![
+        let advertise = self
+            .fabric_ip
+            .map_or_else(|| "127.0.0.1".to_string(), |ip| ip.to_string());
+        let mut args = vec![
             format!("--etcd-servers={}", self.etcd_url()),
             "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--advertise-address={advertise}"),
             format!("--secure-port={}", self.apiserver_port()),
             format!("--cert-dir={}", p("apiserver-certs")),
             format!("--tls-cert-file={}", p("apiserver.crt")),
@@ -541,10 +576,32 @@ impl LocalCluster {
             format!("--audit-policy-file={}", p("audit-policy.yaml")),
             format!("--audit-log-path={}", p("audit.log")),
             "--v=1".into(),
-        ]
-        .into_iter()
-        .chain(self.extra_apiserver_args.iter().cloned())
-        .collect()
+        ];
+        if self.nodes > 0 {
+            // As a kubeadm cluster runs (docs/real-node.md): ServiceAccount admission on
+            // (pods get their projected token), kubelets authorized as nodes, the
+            // `kubernetes` Endpoints at the advertised address (through kube-proxy, the
+            // pods' in-cluster config), the apiserver's calls to kubelets (logs, exec) by
+            // InternalIP with a client certificate; and taint-based eviction after 10 s,
+            // not 300 s, so that a lost node's pods move within a test.
+            args.retain(|a| {
+                a != "--disable-admission-plugins=ServiceAccount"
+                    && a != "--endpoint-reconciler-type=none"
+                    && a != "--authorization-mode=RBAC"
+            });
+            args.extend([
+                "--authorization-mode=Node,RBAC".to_string(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                "--endpoint-reconciler-type=lease".into(),
+                format!("--kubelet-client-certificate={}", p("admin.crt")),
+                format!("--kubelet-client-key={}", p("admin.key")),
+                "--kubelet-preferred-address-types=InternalIP".into(),
+                "--default-not-ready-toleration-seconds=10".into(),
+                "--default-unreachable-toleration-seconds=10".into(),
+            ]);
+        }
+        args.extend(self.extra_apiserver_args.iter().cloned());
+        args
     }
 
     async fn spawn_apiserver(&self) -> Result<()> {

@@ -9,6 +9,10 @@
 //! with kube-proxy and CoreDNS, and kube-controller-manager's EndpointSlice controllers:
 //! see [`DataPlane`] and docs/data-plane.md.
 //!
+//! With [`ClusterOptions::nodes`] the cluster gets real nodes ([`Node`]: kubelet and
+//! containerd in namespaces of their own, running pods from registry-free images), with
+//! kube-controller-manager's default controllers and kube-scheduler: docs/real-node.md.
+//!
 //! Between a client and an apiserver, a [`TcpProxy`] cuts and restores connectivity, and
 //! a [`FaultProxy`] injects HTTP faults (error statuses, latency, stalled connections).
 //!
@@ -23,6 +27,7 @@ mod data_plane;
 mod endpoints;
 mod fault_proxy;
 mod kubeconfig;
+mod node;
 mod ports;
 mod process;
 mod proxy;
@@ -31,8 +36,8 @@ mod workdir;
 
 pub use apply::{FIELD_MANAGER, apply_yaml, parse_documents};
 pub use binaries::{
-    Binaries, DataPlaneBinaries, built_data_plane_binaries, ensure_binaries,
-    ensure_data_plane_binaries,
+    Binaries, DataPlaneBinaries, NodeBinaries, built_data_plane_binaries, built_node_binaries,
+    ensure_binaries, ensure_data_plane_binaries, ensure_images, ensure_node_binaries,
 };
 pub use cluster::{ClusterOptions, LocalCluster, ensure_namespace};
 pub use data_plane::{
@@ -42,6 +47,7 @@ pub use data_plane::{
 pub use endpoints::publish_endpoints;
 pub use fault_proxy::{Fault, FaultProxy};
 pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
+pub use node::{Node, PAUSE_IMAGE, is_ready, leftover_cgroups, node_support, skip_without_nodes};
 pub use process::spawn_tied;
 pub use proxy::TcpProxy;
 pub use shared::{shared_cluster, unique_namespace};

@@ -212,3 +212,110 @@ async fn the_gateway_forwards_from_one_node_to_the_other_clusters_service() {
         .unwrap();
     assert_eq!(unknown.status, 404, "not a name of this gateway's cluster");
 }
+
+/// A pod running busybox's httpd on `node`, from the preloaded image (never pulled).
+fn web_pod(name: &str, node: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "web",
+                "image": "service-mirror.local/busybox:1.35",
+                "imagePullPolicy": "Never",
+                "command": ["/bin/httpd", "-f", "-p", "8080", "-h", "/www"],
+                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn real_nodes_run_pods_reachable_across_nodes_and_leave_nothing_behind() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    if local_cluster::skip_without_nodes(
+        "real_nodes_run_pods_reachable_across_nodes_and_leave_nothing_behind",
+    ) {
+        return;
+    }
+    let started = Instant::now();
+    let c = LocalCluster::start_with(
+        "rn",
+        ClusterOptions {
+            nodes: 2,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("start a cluster with 2 nodes: {e}"));
+    eprintln!("rn: 2 nodes Ready in {:?}", started.elapsed());
+    let plane = c.data_plane().unwrap();
+    let nodes = plane.nodes();
+    assert_eq!(nodes.len(), 2);
+    let client = c.client().await.unwrap();
+    let api: Api<Node> = Api::all(client.clone());
+    for n in nodes {
+        let node = api.get(n.name()).await.unwrap();
+        assert!(local_cluster::is_ready(&node), "{} Ready", n.name());
+        let addrs = node.status.unwrap().addresses.unwrap();
+        assert!(
+            addrs
+                .iter()
+                .any(|a| a.type_ == "InternalIP" && a.address == n.ip().to_string()),
+            "{addrs:?}"
+        );
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let t = Instant::now();
+    pods.create(&PostParams::default(), &web_pod("web", nodes[1].name()))
+        .await
+        .unwrap();
+    let ip = loop {
+        let p = pods.get("web").await.unwrap();
+        let status = p.status.unwrap_or_default();
+        let ready = status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        if ready {
+            break status.pod_ip.unwrap();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "pod not Ready in 60 s: {}",
+            nodes[1].log_tail("kubelet", 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("rn: pod Ready in {:?} at {ip}", t.elapsed());
+    // From the first node (another node's namespace) to the pod on the second.
+    let answer = plane
+        .http_get_addr(format!("{ip}:8080").parse().unwrap(), "web", "/")
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    let pids: Vec<u32> = nodes.iter().flat_map(|n| n.pids()).collect();
+    drop(c);
+    // Every node process, shim and container is gone, and every cgroup root.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: Vec<&u32> = pids
+            .iter()
+            .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        let cgroups = local_cluster::leftover_cgroups();
+        if alive.is_empty() && cgroups.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: pids {alive:?}, cgroups {cgroups:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

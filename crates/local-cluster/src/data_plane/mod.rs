@@ -11,6 +11,8 @@
 mod netns;
 mod wire;
 
+pub(crate) use netns::{Netns, run};
+
 pub use wire::HttpAnswer;
 
 use crate::binaries::{DataPlaneBinaries, ensure_data_plane_binaries};
@@ -20,7 +22,6 @@ use crate::proxy::TcpProxy;
 use crate::{Error, Result};
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use kube::api::{Api, ObjectMeta, PostParams};
-use netns::Netns;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -93,20 +94,83 @@ pub fn skip_without_data_plane(test: &str) -> bool {
 /// The bridge namespace of this process and the host's veth into it; shared by every
 /// data plane of the process, removed with the last.
 #[derive(Debug)]
-struct Fabric {
+pub(crate) struct Fabric {
     /// Third octet K of 198.19.K.0/24.
     subnet: u8,
     bridge: Netns,
     next_node: AtomicU32,
     next_extra: AtomicU32,
+    /// The pod CIDR of every real node of this process, routed from every other.
+    pub(crate) pod_routes: Mutex<Vec<PodRoute>>,
+}
+
+/// A real node's pod CIDR and the node address it is routed to.
+#[derive(Debug)]
+pub(crate) struct PodRoute {
+    /// A process in the node's network namespace (its first process).
+    pub pid: u32,
+    pub ip: Ipv4Addr,
+    pub pod_cidr: String,
 }
 
 impl Fabric {
-    fn host_ip(&self) -> Ipv4Addr {
+    pub(crate) fn host_ip(&self) -> Ipv4Addr {
         Ipv4Addr::new(198, 19, self.subnet, 1)
     }
 
-    fn get(dir: &Path) -> Result<Arc<Fabric>> {
+    /// A new node address 198.19.K.(10+i) and a network namespace (`ns`) plugged into
+    /// the bridge with it as `eth0`, the service CIDR routed to a dead-end veth.
+    fn plug(&self, ns: &Netns, service_cidr: &str) -> Result<Ipv4Addr> {
+        let index = self.next_node.fetch_add(1, Ordering::Relaxed);
+        if index >= 200 {
+            return Err(Error::DataPlane(
+                "more than 200 nodes in one process".into(),
+            ));
+        }
+        let node_ip = Ipv4Addr::new(198, 19, self.subnet, 10 + index as u8);
+        let bridge_end = format!("n{index}");
+        netns::host_ip(&[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            &ns.pid().to_string(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &bridge_end,
+            "netns",
+            &self.bridge.pid().to_string(),
+        ])?;
+        self.bridge
+            .ip(&["link", "set", &bridge_end, "master", "br0", "up"])?;
+        ns.ip(&["link", "set", "lo", "up"])?;
+        ns.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", "eth0"])?;
+        ns.ip(&["link", "set", "eth0", "up"])?;
+        // A ClusterIP must be routable before netfilter (kube-proxy's DNAT) sees it. Via
+        // a veth pair whose far end has no address: a packet that is not DNATed goes
+        // nowhere. Not via `lo`: kube-proxy's reject of a Service without ready endpoints
+        // then never reaches the client, whose connect hangs instead of being refused.
+        ns.ip(&[
+            "link", "add", "svc0", "type", "veth", "peer", "name", "svc0p",
+        ])?;
+        ns.ip(&["link", "set", "svc0p", "up"])?;
+        ns.ip(&["link", "set", "svc0", "up"])?;
+        ns.ip(&[
+            "route",
+            "add",
+            service_cidr,
+            "dev",
+            "svc0",
+            "src",
+            &node_ip.to_string(),
+        ])?;
+        Ok(node_ip)
+    }
+
+    pub(crate) fn get(dir: &Path) -> Result<Arc<Fabric>> {
+        data_plane_support().map_err(Error::DataPlane)?;
         static FABRIC: Mutex<Weak<Fabric>> = Mutex::new(Weak::new());
         let mut slot = FABRIC.lock();
         if let Some(f) = slot.upgrade() {
@@ -134,6 +198,7 @@ impl Fabric {
             bridge,
             next_node: AtomicU32::new(0),
             next_extra: AtomicU32::new(0),
+            pod_routes: Mutex::new(Vec::new()),
         };
         netns::host_ip(&[
             "addr",
@@ -185,7 +250,8 @@ fn sweep() {
 pub(crate) fn next_service_cidr() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("198.18.{}.0/24", 1 + n % 254)
+    // 190, not 254: 198.18.192.0/18 holds real nodes' pod CIDRs.
+    format!("198.18.{}.0/24", 1 + n % 190)
 }
 
 /// What a data plane needs to know of its cluster.
@@ -196,6 +262,12 @@ pub(crate) struct ClusterView<'a> {
     pub admin_yaml: &'a str,
     pub admin_path: &'a Path,
     pub service_cidr: &'a str,
+    /// Real nodes ([`crate::ClusterOptions::nodes`]).
+    pub nodes: usize,
+    /// The fabric, when the cluster got it before its apiserver started (node clusters
+    /// advertise its host address).
+    pub fabric: Option<Arc<Fabric>>,
+    pub pki: &'a crate::certs::Pki,
 }
 
 /// The data plane of one local cluster: its node namespace with kube-proxy and CoreDNS,
@@ -206,6 +278,8 @@ pub struct DataPlane {
     inner: Arc<Inner>,
     processes: Mutex<Vec<Process>>,
     forwarder: Option<TcpProxy>,
+    /// Real nodes, the first in `inner.node`'s namespaces.
+    nodes: Vec<crate::node::Node>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -213,7 +287,7 @@ pub struct DataPlane {
 struct Inner {
     node_name: String,
     node_ip: Ipv4Addr,
-    node: Netns,
+    node: Arc<Netns>,
     // After `node`: the bridge goes last.
     fabric: Arc<Fabric>,
 }
@@ -226,55 +300,18 @@ impl DataPlane {
             .map_err(|e| Error::Binaries(e.to_string()))??;
         let dir = cluster.dir.join("data-plane");
         std::fs::create_dir_all(&dir)?;
-        let fabric = Fabric::get(&dir)?;
-        let index = fabric.next_node.fetch_add(1, Ordering::Relaxed);
-        if index >= 200 {
-            return Err(Error::DataPlane(
-                "more than 200 nodes in one process".into(),
-            ));
-        }
-        let node_ip = Ipv4Addr::new(198, 19, fabric.subnet, 10 + index as u8);
-        let node = Netns::create(&format!("{}-node", cluster.name), &dir)?;
-        let bridge_end = format!("n{index}");
-        netns::host_ip(&[
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            &node.pid().to_string(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &bridge_end,
-            "netns",
-            &fabric.bridge.pid().to_string(),
-        ])?;
-        fabric
-            .bridge
-            .ip(&["link", "set", &bridge_end, "master", "br0", "up"])?;
-        node.ip(&["link", "set", "lo", "up"])?;
-        node.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", "eth0"])?;
-        node.ip(&["link", "set", "eth0", "up"])?;
-        // A ClusterIP must be routable before netfilter (kube-proxy's DNAT) sees it. Via
-        // a veth pair whose far end has no address: a packet that is not DNATed goes
-        // nowhere. Not via `lo`: kube-proxy's reject of a Service without ready endpoints
-        // then never reaches the client, whose connect hangs instead of being refused.
-        node.ip(&[
-            "link", "add", "svc0", "type", "veth", "peer", "name", "svc0p",
-        ])?;
-        node.ip(&["link", "set", "svc0p", "up"])?;
-        node.ip(&["link", "set", "svc0", "up"])?;
-        node.ip(&[
-            "route",
-            "add",
-            cluster.service_cidr,
-            "dev",
-            "svc0",
-            "src",
-            &node_ip.to_string(),
-        ])?;
+        let fabric = match cluster.fabric.clone() {
+            Some(f) => f,
+            None => Fabric::get(&dir)?,
+        };
         let node_name = format!("{}-node", cluster.name);
+        let node = Arc::new(if cluster.nodes > 0 {
+            crate::node::node_support().map_err(Error::DataPlane)?;
+            crate::node::namespaces(&node_name, &dir.join("nodes").join(&node_name)).await?
+        } else {
+            Netns::create(&node_name, &dir)?
+        });
+        let node_ip = fabric.plug(&node, cluster.service_cidr)?;
         let inner = Arc::new(Inner {
             node_name,
             node_ip,
@@ -287,7 +324,14 @@ impl DataPlane {
             .thread_name(format!("data-plane-{}", cluster.name))
             .enable_all()
             .build()?;
-        let listen = SocketAddr::from((inner.fabric.host_ip(), 0));
+        // Node clusters advertise the fabric address with the apiserver's own port as the
+        // `kubernetes` Service's endpoint: the forwarder listens there.
+        let listen_port = if cluster.nodes > 0 {
+            cluster.apiserver.port()
+        } else {
+            0
+        };
+        let listen = SocketAddr::from((inner.fabric.host_ip(), listen_port));
         let target = cluster.apiserver;
         let forwarder = runtime
             .spawn(async move { TcpProxy::start_on(listen, target).await })
@@ -297,6 +341,7 @@ impl DataPlane {
             inner,
             processes: Mutex::new(Vec::new()),
             forwarder: None,
+            nodes: Vec::new(),
             runtime: Some(runtime),
         };
         let node_kubeconfig = dir.join("node.kubeconfig");
@@ -307,12 +352,71 @@ impl DataPlane {
             "    tls-server-name: localhost\n    certificate-authority-data:",
         );
         std::fs::write(&node_kubeconfig, yaml)?;
+        let apiserver_via_fabric = forwarder.addr();
         plane.forwarder = Some(forwarder);
 
-        plane.create_node(cluster.admin_yaml).await?;
+        if cluster.nodes == 0 {
+            plane.create_node(cluster.admin_yaml).await?;
+        }
         plane.spawn_processes(&bin, &dir, &cluster, &node_kubeconfig)?;
+        // kubelets before the wait: kube-proxy waits (30 s) for its Node, which the first
+        // node's kubelet registers.
+        if cluster.nodes > 0 {
+            plane
+                .start_nodes(&cluster, &dir, apiserver_via_fabric, &node_kubeconfig)
+                .await?;
+        }
         plane.wait_ready(cluster.service_cidr).await?;
+        if cluster.nodes > 0 {
+            let client = crate::client_from_yaml(cluster.admin_yaml).await?;
+            crate::node::wait_ready(&client, &plane.nodes, READY_TIMEOUT).await?;
+        }
         Ok(plane)
+    }
+
+    /// The cluster's real nodes: the first in the data plane's node namespaces, the
+    /// others in namespaces of their own.
+    async fn start_nodes(
+        &mut self,
+        cluster: &ClusterView<'_>,
+        dir: &Path,
+        apiserver: SocketAddr,
+        proxy_kubeconfig: &Path,
+    ) -> Result<()> {
+        for i in 0..cluster.nodes {
+            let name = if i == 0 {
+                self.inner.node_name.clone()
+            } else {
+                format!("{}-node-{i}", cluster.name)
+            };
+            let node_dir = dir.join("nodes").join(&name);
+            let (ns, ip) = if i == 0 {
+                (self.inner.node.clone(), self.inner.node_ip)
+            } else {
+                let ns = Arc::new(crate::node::namespaces(&name, &node_dir).await?);
+                let ip = self.inner.fabric.plug(&ns, cluster.service_cidr)?;
+                (ns, ip)
+            };
+            let spec = crate::node::NodeSpec {
+                cluster: cluster.name,
+                name,
+                dir: node_dir,
+                fabric: self.inner.fabric.clone(),
+                apiserver,
+                pki: cluster.pki,
+                dns: self.inner.node_ip,
+                proxy_kubeconfig,
+            };
+            self.nodes
+                .push(crate::node::Node::start(spec, ns, ip, i > 0).await?);
+        }
+        Ok(())
+    }
+
+    /// The cluster's real nodes ([`crate::ClusterOptions::nodes`]); the first shares the
+    /// data plane's node namespaces (its CoreDNS, kube-proxy, workloads and gateways).
+    pub fn nodes(&self) -> &[crate::node::Node] {
+        &self.nodes
     }
 
     async fn create_node(&self, admin_yaml: &str) -> Result<()> {
@@ -364,17 +468,48 @@ impl DataPlane {
         let mut kcm = std::process::Command::new(&bin.kube_controller_manager);
         kcm.args([
             format!("--kubeconfig={}", cluster.admin_path.display()),
-            "--controllers=endpointslice-controller,endpointslice-mirroring-controller".into(),
             "--leader-elect=false".into(),
             "--use-service-account-credentials=false".into(),
             "--secure-port=0".into(),
             "--v=1".into(),
         ]);
+        if cluster.nodes > 0 {
+            // Every default controller (deployments, replicasets, serviceaccount and
+            // token, root-ca publisher, endpointslice, node lifecycle, garbage
+            // collector, disruption…). A node whose Lease is 10 s old is NotReady, then
+            // its pods are evicted after the apiserver's 10 s default toleration.
+            let d = |f: &str| cluster.dir.join(f).display().to_string();
+            kcm.args([
+                format!("--root-ca-file={}", d("ca.crt")),
+                format!("--service-account-private-key-file={}", d("sa.key")),
+                "--node-monitor-period=2s".into(),
+                "--node-monitor-grace-period=10s".into(),
+                "--allocate-node-cidrs=false".into(),
+            ]);
+        } else {
+            kcm.arg("--controllers=endpointslice-controller,endpointslice-mirroring-controller");
+        }
         procs.push(Process::spawn_command(
             "kube-controller-manager",
             kcm,
             &dir.join("kube-controller-manager.log"),
         )?);
+
+        if cluster.nodes > 0 {
+            let node_bin = crate::ensure_node_binaries()?;
+            let mut scheduler = std::process::Command::new(&node_bin.kube_scheduler);
+            scheduler.args([
+                format!("--kubeconfig={}", cluster.admin_path.display()),
+                "--leader-elect=false".to_string(),
+                "--secure-port=0".into(),
+                "--v=1".into(),
+            ]);
+            procs.push(Process::spawn_command(
+                "kube-scheduler",
+                scheduler,
+                &dir.join("kube-scheduler.log"),
+            )?);
+        }
 
         let ip = self.inner.node_ip.to_string();
         let mut proxy = self.inner.node.command(&bin.kube_proxy);
@@ -389,6 +524,9 @@ impl DataPlane {
             "--metrics-bind-address=127.0.0.1:10249".into(),
             "--v=1".into(),
         ]);
+        if cluster.nodes > 0 {
+            proxy.arg(format!("--cluster-cidr={}", crate::node::ALL_POD_CIDRS));
+        }
         procs.push(Process::spawn_command(
             "kube-proxy",
             proxy,
@@ -843,7 +981,7 @@ fn local_target(host: &str, suffix: &str) -> Option<(String, u16)> {
     Some((format!("{service}.{namespace}.svc.cluster.local"), port))
 }
 
-fn first_service_ip(cidr: &str) -> Result<Ipv4Addr> {
+pub(crate) fn first_service_ip(cidr: &str) -> Result<Ipv4Addr> {
     let base: Ipv4Addr = cidr
         .split('/')
         .next()
@@ -854,7 +992,9 @@ fn first_service_ip(cidr: &str) -> Result<Ipv4Addr> {
 
 impl Drop for DataPlane {
     fn drop(&mut self) {
-        // Processes first, then the tasks; the namespaces go with the last Arc.
+        // Nodes first (their pods, kubelets, containerds), then the processes, then the
+        // tasks; the namespaces go with the last Arc.
+        drop(std::mem::take(&mut self.nodes));
         for mut p in std::mem::take(&mut *self.processes.lock()) {
             p.kill();
         }

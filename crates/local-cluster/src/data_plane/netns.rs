@@ -17,6 +17,8 @@ pub(crate) struct Netns {
     /// `/proc/<holder>/ns/net`, open: what `setns` joins.
     fd: File,
     holder: Process,
+    /// A real node's first process (pid 1 of its pid namespace), inside the namespaces.
+    init: Option<u32>,
 }
 
 impl Netns {
@@ -46,7 +48,11 @@ impl Netns {
                 && exe.file_name().is_some_and(|n| n == "sleep")
             {
                 let fd = File::open(&path)?;
-                return Ok(Self { fd, holder });
+                return Ok(Self {
+                    fd,
+                    holder,
+                    init: None,
+                });
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
@@ -57,9 +63,121 @@ impl Netns {
         })
     }
 
-    /// The holder's pid (what `ip link ... netns <pid>` takes).
+    /// A real node's namespaces: pid, mount, network and uts, held by `init` (a reaper:
+    /// the pause binary) as the pid namespace's first process, under `unshare
+    /// --kill-child`, which dies with the harness. When that first process dies the
+    /// kernel kills every process of the node (containerd, kubelet, shims, containers)
+    /// and its mounts go with the mount namespace: a SIGKILLed test leaves none behind.
+    ///
+    /// Before `init` runs, a shell in the new namespaces sets the hostname, mounts a
+    /// fresh /proc (for the new pid namespace), private tmpfs on /run and /var/lib
+    /// (containerd 1.6's pod netns mounts, kubelet's device-plugin socket, libcni's
+    /// cache: fixed host paths otherwise shared by every node) and binds each file of
+    /// `sysctls` (`(proc path under /proc/sys, file holding the value)`) over its
+    /// sysctl, which kubelet would otherwise rewrite on the host.
+    pub(crate) fn create_node(
+        name: &str,
+        log_dir: &Path,
+        init: &Path,
+        sysctls: &[(String, std::path::PathBuf)],
+    ) -> Result<Self> {
+        let mut script = format!("set -e\nhostname {name}\n");
+        script.push_str("mount -t tmpfs -o mode=755 tmpfs /run\n");
+        script.push_str("mount -t tmpfs -o mode=755 tmpfs /var/lib\n");
+        for (sysctl, file) in sysctls {
+            script.push_str(&format!(
+                "mount --bind {} /proc/sys/{sysctl}\n",
+                file.display()
+            ));
+        }
+        script.push_str(&format!("exec {}\n", init.display()));
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount",
+            "--net",
+            "--uts",
+            "--propagation",
+            "private",
+            "--mount-proc",
+            "--",
+            "/bin/sh",
+            "-c",
+            &script,
+        ]);
+        let holder =
+            Process::spawn_command(&format!("node {name}"), cmd, &log_dir.join("node-ns.log"))?;
+        // The node is up once unshare's child (pid 1 of the node) runs `init`.
+        let init_name = init.file_name().map(|n| n.to_os_string());
+        let own = std::fs::read_link("/proc/self/ns/net")?;
+        for _ in 0..1000 {
+            let children =
+                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", holder.pid()))
+                    .unwrap_or_default();
+            if let Some(first) = children
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+            {
+                let path = format!("/proc/{first}/ns/net");
+                if let (Ok(link), Ok(exe)) = (
+                    std::fs::read_link(&path),
+                    std::fs::read_link(format!("/proc/{first}/exe")),
+                ) && link != own
+                    && exe.file_name().map(|n| n.to_os_string()) == init_name
+                {
+                    let fd = File::open(&path)?;
+                    return Ok(Self {
+                        fd,
+                        holder,
+                        init: Some(first),
+                    });
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(Error::Start {
+            what: format!("node namespaces {name}"),
+            reason: "the node's first process did not run its init within 10 s".into(),
+            log_tail: holder.log_tail(20),
+        })
+    }
+
+    /// The pid of a process inside the namespace (what `ip link ... netns <pid>` and
+    /// `nsenter -t <pid>` take): the holder, or a node's first process.
     pub(crate) fn pid(&self) -> u32 {
-        self.holder.pid()
+        self.init.unwrap_or_else(|| self.holder.pid())
+    }
+
+    /// `program` set up to run inside every namespace of a real node (mount, uts,
+    /// network, pid) through `nsenter`, which forks into the pid namespace: the process
+    /// dies with the node.
+    pub(crate) fn node_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.args([
+            "--target",
+            &self.pid().to_string(),
+            "--mount",
+            "--uts",
+            "--net",
+            "--pid",
+            "--",
+        ]);
+        cmd.arg(program);
+        cmd
+    }
+
+    /// Kills the node at once, as a power loss would: SIGKILL to its first process,
+    /// which takes every process of the node's pid namespace with it.
+    pub(crate) fn kill(&self) {
+        if let Some(pid) = self.init {
+            // SAFETY: plain signal delivery.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
     }
 
     fn raw_fd(&self) -> RawFd {
