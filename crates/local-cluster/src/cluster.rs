@@ -199,6 +199,14 @@ impl LocalCluster {
         self.data_plane.as_ref()
     }
 
+    /// The apiserver's URL as pods of any real-node cluster of this process reach it
+    /// (the data plane's fabric forwarder; in the serving certificate): what a link's
+    /// kubeconfig names for a controller running as a Pod. `None` without real nodes.
+    pub fn fabric_server_url(&self) -> Option<String> {
+        self.fabric_ip
+            .map(|ip| format!("https://{ip}:{}", self.apiserver_port()))
+    }
+
     /// The cluster's name (also its kubeconfig context name).
     pub fn name(&self) -> &str {
         &self.name
@@ -544,6 +552,9 @@ impl LocalCluster {
 
     /// Kills all processes now (also done on drop).
     pub fn stop(&self) {
+        if let Some(plane) = &self.data_plane {
+            plane.shut_down_nodes();
+        }
         self.stop_apiserver();
         if let Some(mut p) = self.etcd.lock().take() {
             p.kill();

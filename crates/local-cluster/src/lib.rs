@@ -50,7 +50,7 @@ pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
 pub use node::{Node, PAUSE_IMAGE, is_ready, leftover_cgroups, node_support, skip_without_nodes};
 pub use process::spawn_tied;
 pub use proxy::TcpProxy;
-pub use shared::{shared_cluster, unique_namespace};
+pub use shared::{shared_cluster, shared_cluster_with, unique_namespace};
 
 /// Errors from starting or driving a local cluster.
 #[derive(Debug, thiserror::Error)]

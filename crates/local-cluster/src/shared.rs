@@ -30,11 +30,20 @@ extern "C" fn stop_shared_clusters() {
 /// isolate themselves with unique namespaces; it stops when the process exits. Do not
 /// restart its apiserver: start a private [`LocalCluster`] for that.
 pub async fn shared_cluster(name: &str) -> Result<Arc<LocalCluster>> {
+    shared_cluster_with(name, crate::ClusterOptions::default()).await
+}
+
+/// [`shared_cluster`] started with `opts` on first use (later calls get the running
+/// cluster, whatever options they pass): real nodes shared by a test binary, say.
+pub async fn shared_cluster_with(
+    name: &str,
+    opts: crate::ClusterOptions,
+) -> Result<Arc<LocalCluster>> {
     let mut reg = registry().lock().await;
     if let Some(c) = reg.get(name) {
         return Ok(c.clone());
     }
-    let cluster = Arc::new(LocalCluster::start(name).await?);
+    let cluster = Arc::new(LocalCluster::start_with(name, opts).await?);
     let mut started = started().lock();
     if started.is_empty() {
         // SAFETY: registering a plain extern "C" function with no captured state.

@@ -413,6 +413,14 @@ impl DataPlane {
         Ok(())
     }
 
+    /// Shuts every real node down (a cluster stopping at process exit, whose handle is
+    /// never dropped).
+    pub(crate) fn shut_down_nodes(&self) {
+        for n in &self.nodes {
+            n.shut_down();
+        }
+    }
+
     /// The cluster's real nodes ([`crate::ClusterOptions::nodes`]); the first shares the
     /// data plane's node namespaces (its CoreDNS, kube-proxy, workloads and gateways).
     pub fn nodes(&self) -> &[crate::node::Node] {

@@ -403,14 +403,22 @@ impl Node {
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
+impl Node {
+    /// Stops the node for good: its programs, then its whole pid namespace (every pod),
+    /// then its cgroup roots (once the processes in them are gone; at most 10 s).
+    pub(crate) fn shut_down(&self) {
         // kubelet first (it would restart what dies), then the whole pid namespace.
-        for mut p in std::mem::take(&mut *self.processes.lock()) {
+        for p in self.processes.lock().iter_mut() {
             p.kill();
         }
         self.ns.kill();
         cgroups::remove(&self.cgroup_root, Duration::from_secs(10));
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 
