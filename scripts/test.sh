@@ -8,6 +8,8 @@
 # and the need for Go. The data-plane binaries (kube-controller-manager, kube-proxy,
 # CoreDNS: `build-control-plane.sh --data-plane`, which as root also installs nftables and
 # iproute2 when missing) are built too; SERVICE_MIRROR_DATA_PLANE_DIR=<dir> skips that.
+# So are the node binaries (kubelet, kube-scheduler and helm: `--node`; helm renders and
+# installs the chart in tests/cli_links.rs); SERVICE_MIRROR_NODE_DIR=<dir> skips that.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The tests then use this directory as is (an absolute path) instead of each test binary
@@ -16,6 +18,8 @@ SERVICE_MIRROR_CONTROL_PLANE_DIR=$(bash scripts/build-control-plane.sh)
 export SERVICE_MIRROR_CONTROL_PLANE_DIR
 SERVICE_MIRROR_DATA_PLANE_DIR=$(bash scripts/build-control-plane.sh --data-plane)
 export SERVICE_MIRROR_DATA_PLANE_DIR
+SERVICE_MIRROR_NODE_DIR=$(bash scripts/build-control-plane.sh --node)
+export SERVICE_MIRROR_NODE_DIR
 # `-p <package>` narrows the run (with --workspace cargo would run every package).
 for arg in "$@"; do
   case "$arg" in

@@ -1140,3 +1140,652 @@ async fn check_compares_trust_anchors_and_reports_orphans_foreign_write_leases_a
     assert!(note.contains("linkerd-service-mirror-x"), "{note}");
     ctl.stop().await;
 }
+
+// The Helm chart (charts/service-mirror): one set of objects with `install`, Links as
+// values shaped as `link --format link` prints them, a schema that refuses bad values,
+// and a release's life on a real apiserver. helm is the one the project builds
+// (`build-control-plane.sh --node`); without it these print one `skipped:` line (they
+// fail under CI=true).
+
+use support::chart::{self, compare_with_install, without_helm_metadata};
+
+/// `values` written to a file of its own; returns its path.
+fn values_file(name: &str, values: &serde_json::Value) -> String {
+    let dir = std::env::temp_dir().join(format!("service-mirror-chart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, values.to_string()).unwrap();
+    path.display().to_string()
+}
+
+/// `service-mirror install -o json <args>`, as objects.
+fn install_objects(args: &[&str]) -> Vec<serde_json::Value> {
+    let mut all = vec!["install", "-o", "json"];
+    all.extend_from_slice(args);
+    let run = service_mirror(&all);
+    assert!(run.ok, "install {args:?}: {}", run.stderr);
+    local_cluster::parse_documents(&run.stdout).unwrap()
+}
+
+#[test]
+fn the_chart_renders_exactly_what_install_prints_object_by_object() {
+    let Some(helm) = chart::helm() else { return };
+    // (release namespace, helm values, install's flags): defaults; --ha (3 replicas:
+    // the PodDisruptionBudget and the anti-affinity); each CRD left out; an image.
+    let cases: [(&str, &[&str], &[&str]); 4] = [
+        ("linkerd-multicluster", &[], &[]),
+        ("mc-ha", &["--set", "replicas=3"], &["--ha"]),
+        (
+            "mc-nolink",
+            &["--set", "crds.link=false"],
+            &["--link-crd=false"],
+        ),
+        (
+            "mc-image",
+            &[
+                "--set",
+                "crds.mcs=false,crds.clusterProperty=false",
+                "--set",
+                "image.repository=registry.example/sm,image.tag=2.0.1",
+            ],
+            &[
+                "--mcs-crds=false",
+                "--cluster-property-crd=false",
+                "--image",
+                "registry.example/sm:2.0.1",
+            ],
+        ),
+    ];
+    for (ns, values, flags) in cases {
+        let rendered = helm.template(ns, values).unwrap_or_else(|e| panic!("{e}"));
+        let mut args = vec!["--namespace", ns];
+        args.extend_from_slice(flags);
+        let printed = install_objects(&args);
+        let diffs = compare_with_install(&printed, &rendered, ns);
+        assert!(
+            diffs.is_empty(),
+            "helm template {values:?} vs install {args:?}:\n{}",
+            diffs.join("\n")
+        );
+        // Helm's metadata is there, and only on top of install's labels.
+        for obj in &rendered {
+            let labels = &obj["metadata"]["labels"];
+            assert_eq!(
+                labels["app.kubernetes.io/managed-by"],
+                "Helm",
+                "{}",
+                chart::key(obj)
+            );
+            if obj["kind"] == "CustomResourceDefinition" {
+                assert_eq!(
+                    obj["metadata"]["annotations"]["helm.sh/resource-policy"],
+                    "keep"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_charts_crds_are_the_controllers_byte_for_byte_and_its_version_is_the_crates() {
+    // No helm needed: the chart's copies of the CRDs the controller embeds.
+    let crds = chart::chart_dir().join("files/crds");
+    let src = chart::repo_root().join("crates/controller/src");
+    for (file, embedded) in [
+        ("link-crd.yaml", "links/link-crd.yaml"),
+        ("serviceexport-crd.yaml", "mcs/serviceexport-crd.yaml"),
+        ("serviceimport-crd.yaml", "mcs/serviceimport-crd.yaml"),
+        ("clusterproperty-crd.yaml", "mcs/clusterproperty-crd.yaml"),
+    ] {
+        let ours = std::fs::read(crds.join(file)).unwrap();
+        let theirs = std::fs::read(src.join(embedded)).unwrap();
+        assert!(
+            ours == theirs,
+            "charts/service-mirror/files/crds/{file} differs from crates/controller/src/{embedded}: copy it over"
+        );
+    }
+    let chart_yaml: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart::chart_dir().join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart_yaml["apiVersion"], "v2");
+    assert_eq!(chart_yaml["version"], version, "Chart.yaml version");
+    assert_eq!(
+        chart_yaml["appVersion"], version,
+        "Chart.yaml appVersion: the image tag"
+    );
+}
+
+#[test]
+fn every_controller_value_becomes_its_run_flag_and_run_parses_them() {
+    let Some(helm) = chart::helm() else { return };
+    let values = serde_json::json!({
+        "replicas": 2,
+        "image": {"pullPolicy": "Never"},
+        "podLabels": {"team": "net", "app.kubernetes.io/name": "not-the-selector"},
+        "podAnnotations": {"prometheus.io/scrape": "false", "extra": "1"},
+        "nodeSelector": {"pool": "infra"},
+        "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions":
+                [{"key": "pool", "operator": "In", "values": ["infra"]}]}]}}},
+        // Maps merge with the defaults (Helm's rule); a null removes one.
+        "resources": {"requests": {"cpu": "50m"}, "limits": null},
+        "controller": {
+            "logFormat": "plain", "logLevel": "debug", "endpointsMode": "endpointslices",
+            "namespaceAllow": ["shop", "team-*"], "namespaceDeny": [],
+            "gatewayAddressDeny": ["10.0.0.0/8", "fd00::/8"],
+            "gatewayAddressAllow": ["10.96.0.10"],
+            "enableHeadlessServices": true, "headlessHostnameFromTargetRef": true,
+            "mcs": "on", "mcsClusterName": "west", "staleAfter": "1m",
+            "staleDeleteAfter": "10m", "remoteGrace": "45s", "leaseDuration": "20s",
+            "linkSource": "links", "enableNamespaceCreation": true,
+            "collectUnlinkedMirrors": false, "maxMirrorsPerLink": 0,
+            "extraArgs": ["--workers=8"],
+        },
+    });
+    let file = values_file("all-flags", &values);
+    let docs = helm
+        .template("mc", &["-f", &file])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let pod = &d["spec"]["template"];
+    let c = &pod["spec"]["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "run",
+            "--namespace",
+            "mc",
+            "--log-format",
+            "plain",
+            "--log-level=debug",
+            "--endpoints-mode=endpointslices",
+            "--namespace-allow=shop,team-*",
+            "--namespace-deny=",
+            "--gateway-address-deny=10.0.0.0/8,fd00::/8",
+            "--gateway-address-allow=10.96.0.10",
+            "--enable-headless-services",
+            "--headless-hostname-from-target-ref",
+            "--mcs=on",
+            "--mcs-cluster-name=west",
+            "--stale-after=1m",
+            "--stale-delete-after=10m",
+            "--remote-grace=45s",
+            "--lease-duration=20s",
+            "--link-source=links",
+            "--enable-namespace-creation=true",
+            "--collect-unlinked-mirrors=false",
+            "--max-mirrors-per-link=0",
+            "--workers=8",
+        ]
+    );
+    // `run` parses them all: it gets as far as the (missing) kubeconfig, never a usage
+    // error (exit code 2).
+    let mut argv = args.clone();
+    argv.extend(["--kubeconfig", "/nonexistent/service-mirror-kubeconfig"]);
+    let run = service_mirror(&argv);
+    assert!(!run.ok);
+    assert_ne!(run.code, Some(2), "a usage error: {}", run.stderr);
+    assert!(run.stderr.contains("kubeconfig"), "{}", run.stderr);
+    assert_eq!(c["imagePullPolicy"], "Never");
+    assert_eq!(
+        c["resources"],
+        serde_json::json!({"requests": {"cpu": "50m", "memory": "64Mi"}})
+    );
+    // The selector's labels win over podLabels; podAnnotations win over the scrape ones.
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/name"],
+        "service-mirror"
+    );
+    assert_eq!(pod["metadata"]["labels"]["team"], "net");
+    assert_eq!(
+        pod["metadata"]["annotations"]["prometheus.io/scrape"],
+        "false"
+    );
+    assert_eq!(pod["metadata"]["annotations"]["prometheus.io/port"], "9999");
+    // nodeSelector merges with the default os=linux, as every map value.
+    assert_eq!(
+        pod["spec"]["nodeSelector"],
+        serde_json::json!({"kubernetes.io/os": "linux", "pool": "infra"})
+    );
+    assert_eq!(pod["spec"]["tolerations"], values["tolerations"]);
+    // A given affinity replaces the default anti-affinity; the PDB stays with 2 replicas.
+    assert_eq!(pod["spec"]["affinity"], values["affinity"]);
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert!(docs.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
+}
+
+#[test]
+fn the_chart_lints_strictly_and_its_schema_refuses_bad_values_naming_the_field() {
+    let Some(helm) = chart::helm() else { return };
+    let chart_path = chart::chart_dir().display().to_string();
+    let with_links = values_file(
+        "lint-links",
+        &serde_json::json!({"links": [
+            {"name": "east", "gatewayAddress": "192.0.2.1", "gatewayPort": 4143},
+            {"name": "west", "kubeconfig": "apiVersion: v1\nkind: Config\n"},
+        ]}),
+    );
+    for extra in [
+        vec![],
+        vec!["-f", with_links.as_str()],
+        vec!["--set", "replicas=3"],
+    ] {
+        let mut args = vec!["lint", "--strict", chart_path.as_str()];
+        args.extend(&extra);
+        let lint = helm.run(&args);
+        assert!(
+            lint.ok,
+            "helm lint --strict {extra:?}:\n{}{}",
+            lint.stdout, lint.stderr
+        );
+        assert!(lint.stdout.contains("0 chart(s) failed"), "{}", lint.stdout);
+    }
+    // (value, what helm's error names): the field and why, before anything renders.
+    let bad: [(&str, &str); 10] = [
+        (
+            "controller.endpointsMode=slices",
+            "at '/controller/endpointsMode': value must be one of '', 'endpoints', 'endpointslices', 'both'",
+        ),
+        ("replicas=0", "at '/replicas': minimum: got 0, want 1"),
+        (
+            "controller.gatewayAddressDeny[0]=10.0.0.0/33",
+            "at '/controller/gatewayAddressDeny/0': '10.0.0.0/33' does not match pattern",
+        ),
+        (
+            "controller.gatewayAddressAllow[0]=fd00::/129",
+            "at '/controller/gatewayAddressAllow/0': 'fd00::/129' does not match pattern",
+        ),
+        (
+            "controller.endpointMode=both",
+            "at '/controller': additional properties 'endpointMode' not allowed",
+        ),
+        (
+            "controller.mcs=maybe",
+            "at '/controller/mcs': value must be one of",
+        ),
+        (
+            "controller.logFormat=xml",
+            "at '/controller/logFormat': value must be one of",
+        ),
+        (
+            "links[0].name=East",
+            "at '/links/0/name': 'East' does not match pattern",
+        ),
+        (
+            "links[0].name=east,links[0].gatewayAddress=192.0.2.1",
+            "at '/links/0': properties 'gatewayPort' required, if 'gatewayAddress' exists",
+        ),
+        (
+            "image.pullPolicy=Sometimes",
+            "at '/image/pullPolicy': value must be one of",
+        ),
+    ];
+    for (set, message) in bad {
+        let err = helm.template("mc", &["--set", set]).expect_err(set);
+        assert!(
+            err.contains("values don't meet the specifications of the schema"),
+            "{set}: {err}"
+        );
+        assert!(err.contains(message), "{set}: {err}");
+    }
+    // The schema's CIDR pattern agrees with run's parser on every entry of the table
+    // (valid ones render in one go; every invalid one is named).
+    let valid = [
+        "10.0.0.0/8",
+        "192.0.2.1",
+        "0.0.0.0/0",
+        "1.2.3.4/08",
+        "fd00::/8",
+        "::1",
+        "::/0",
+        "2001:db8::/32",
+        "fd00:ec2::254/128",
+        "::ffff:192.0.2.1",
+        "2001:DB8:0:0:0:0:0:1/64",
+    ];
+    let invalid = [
+        "10.0.0.0/33",
+        "010.0.0.1",
+        "256.1.1.1",
+        "10.0.0",
+        "fd00::/129",
+        "example.com",
+        "10.0.0.0/",
+        "1:::2",
+        "10.0.0.0/8 ",
+        "1.2.3.4/0032",
+        "fd00::/-1",
+        "",
+    ];
+    for c in valid {
+        service_mirror_core::Cidr::parse_list(c).unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+    for c in invalid.iter().filter(|c| !c.is_empty()) {
+        let parsed = c.parse::<service_mirror_core::Cidr>();
+        assert!(parsed.is_err(), "run accepts {c:?}");
+    }
+    let ok = values_file(
+        "cidrs-valid",
+        &serde_json::json!({"controller": {"gatewayAddressDeny": valid}}),
+    );
+    helm.template("mc", &["-f", &ok])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ko = values_file(
+        "cidrs-invalid",
+        &serde_json::json!({"controller": {"gatewayAddressDeny": invalid}}),
+    );
+    let err = helm
+        .template("mc", &["-f", &ko])
+        .expect_err("invalid CIDRs");
+    for (i, c) in invalid.iter().enumerate() {
+        assert!(
+            err.contains(&format!(
+                "at '/controller/gatewayAddressDeny/{i}': '{c}' does not match"
+            )),
+            "{c:?} not refused: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn chart_links_render_what_link_format_link_prints() {
+    let Some(helm) = chart::helm() else { return };
+    let env = Env::new("chlk").await;
+    let remote_ns = allow(&env).await;
+    gateway(&env, 74).await;
+    let ctl_ns = unique_namespace("chlk-ctl");
+    let printed = local_cluster::parse_documents(
+        &link_output_without_destination(&env, &remote_ns, &ctl_ns).stdout,
+    )
+    .unwrap();
+    let secret = printed.iter().find(|d| d["kind"] == "Secret").unwrap();
+    let kubeconfig = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        secret["data"]["kubeconfig"].as_str().unwrap(),
+    )
+    .unwrap();
+    // The values an operator writes from what they know of the remote gateway (the
+    // gateway() above), and the kubeconfig for the chart to render its Secret.
+    let values = serde_json::json!({"links": [{
+        "name": env.cluster,
+        "gatewayAddress": "192.0.2.74",
+        "gatewayPort": GW_PORT,
+        "gatewayIdentity": "gw.mc.serviceaccount.identity.linkerd.cluster.local",
+        "probeSpec": {"path": "/ready", "port": PROBE_PORT, "period": "1s"},
+        "kubeconfig": String::from_utf8(kubeconfig).unwrap(),
+    }]});
+    let file = values_file("links", &values);
+    let rendered = helm
+        .template(&ctl_ns, &["-f", &file])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let created_by = "linkerd.io/created-by";
+    for want in &printed {
+        let key = chart::key(want);
+        let got = rendered
+            .iter()
+            .find(|d| chart::key(d) == key)
+            .unwrap_or_else(|| panic!("{key} not rendered"));
+        let mut got = without_helm_metadata(got.clone());
+        if want["kind"] == "Link" {
+            assert_eq!(
+                got["metadata"]["annotations"][created_by],
+                format!("service-mirror/chart {}", env!("CARGO_PKG_VERSION"))
+            );
+            got["metadata"]["annotations"][created_by] =
+                want["metadata"]["annotations"][created_by].clone();
+        }
+        let mut diffs = Vec::new();
+        chart::diff(want, &got, "", &mut diffs);
+        assert!(
+            diffs.is_empty(),
+            "{key} (link --format link != chart):\n{}",
+            diffs.join("\n")
+        );
+    }
+    // Without `kubeconfig` the Secret is the operator's: only the Link is rendered.
+    let mut values = values;
+    values["links"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("kubeconfig");
+    let file = values_file("links-no-secret", &values);
+    let rendered = helm.template(&ctl_ns, &["-f", &file]).unwrap();
+    assert!(rendered.iter().any(|d| d["kind"] == "Link"));
+    assert!(!rendered.iter().any(|d| d["kind"] == "Secret"));
+}
+
+/// Whether `name` exists through `api`.
+async fn has<K>(api: Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.unwrap().is_some()
+}
+
+/// Which of the release's objects in `ns` exist on the local cluster, as `Kind/name`.
+async fn release_objects(env: &Env, ns: &str) -> std::collections::BTreeSet<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let c = &env.lc;
+    let cr = format!("service-mirror-controller:{ns}");
+    let sm = "service-mirror";
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    let found = [
+        (
+            has(Api::<Namespace>::all(c.clone()), ns).await,
+            format!("Namespace/{ns}"),
+        ),
+        (
+            has(Api::<ServiceAccount>::namespaced(c.clone(), ns), sm).await,
+            format!("ServiceAccount/{sm}"),
+        ),
+        (
+            has(Api::<ClusterRole>::all(c.clone()), &cr).await,
+            format!("ClusterRole/{cr}"),
+        ),
+        (
+            has(Api::<ClusterRoleBinding>::all(c.clone()), &cr).await,
+            format!("ClusterRoleBinding/{cr}"),
+        ),
+        (
+            has(Api::<Role>::namespaced(c.clone(), ns), sm).await,
+            format!("Role/{sm}"),
+        ),
+        (
+            has(Api::<RoleBinding>::namespaced(c.clone(), ns), sm).await,
+            format!("RoleBinding/{sm}"),
+        ),
+        (
+            has(
+                Api::<Service>::namespaced(c.clone(), ns),
+                "service-mirror-admin",
+            )
+            .await,
+            "Service/service-mirror-admin".into(),
+        ),
+        (
+            has(Api::<Deployment>::namespaced(c.clone(), ns), sm).await,
+            format!("Deployment/{sm}"),
+        ),
+        (
+            has(Api::<PodDisruptionBudget>::namespaced(c.clone(), ns), sm).await,
+            format!("PodDisruptionBudget/{sm}"),
+        ),
+        (
+            has(crds.clone(), "serviceexports.multicluster.x-k8s.io").await,
+            "CustomResourceDefinition/serviceexports.multicluster.x-k8s.io".into(),
+        ),
+        (
+            has(crds.clone(), "serviceimports.multicluster.x-k8s.io").await,
+            "CustomResourceDefinition/serviceimports.multicluster.x-k8s.io".into(),
+        ),
+        (
+            has(crds, "clusterproperties.about.k8s.io").await,
+            "CustomResourceDefinition/clusterproperties.about.k8s.io".into(),
+        ),
+    ];
+    let mut out: std::collections::BTreeSet<String> = found
+        .into_iter()
+        .filter(|(present, _)| *present)
+        .map(|(_, k)| k)
+        .collect();
+    let lp = ListParams::default();
+    for l in Api::<LinkResource>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .unwrap()
+    {
+        out.insert(format!("Link/{}", l.metadata.name.unwrap()));
+    }
+    for s in Api::<Secret>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .unwrap()
+    {
+        let name = s.metadata.name.unwrap();
+        // Helm's record of the release (removed by `helm uninstall`).
+        if !name.starts_with("sh.helm.release.") {
+            out.insert(format!("Secret/{name}"));
+        }
+    }
+    out
+}
+
+/// `helm install`, `helm upgrade --set replicas=2` and `helm uninstall` against a real
+/// apiserver (no nodes: the Deployment never runs): the objects are created, updated in
+/// place (same uids) and removed, except what the docs say stays: the CRDs
+/// (`helm.sh/resource-policy: keep`), the namespace (`--create-namespace`) and the
+/// operator's credentials Secret.
+#[tokio::test]
+async fn helm_install_upgrade_uninstall_keeps_the_crds_the_namespace_and_the_operators_secret() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let Some(helm) = chart::helm() else { return };
+    let env = Env::new("chrel").await;
+    // Links as values need the Link CRD served before the release (as on a cluster
+    // where Linkerd's, or a first release's, is installed): this shared cluster's is
+    // applied by the tests, so the release leaves it out and renders the MCS ones.
+    install_crd(&env).await;
+    let ns = unique_namespace("chrel");
+    let kc = kubeconfig_path(&env);
+    let chart_path = chart::chart_dir().display().to_string();
+    let values = values_file(
+        "release",
+        &serde_json::json!({
+            "crds": {"link": false},
+            "links": [
+                {"name": "east", "gatewayAddress": "192.0.2.75", "gatewayPort": GW_PORT},
+                {"name": "west", "kubeconfig": "apiVersion: v1\nkind: Config\n"},
+            ],
+        }),
+    );
+    let started = std::time::Instant::now();
+    let helm_ok = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["-n", ns.as_str(), "--kubeconfig", kc.as_str()]);
+        let run = helm.run(&all);
+        assert!(run.ok, "helm {args:?}:\n{}{}", run.stdout, run.stderr);
+        run
+    };
+    helm_ok(&[
+        "install",
+        "service-mirror",
+        &chart_path,
+        "--create-namespace",
+        "-f",
+        &values,
+    ]);
+    let cr = format!("service-mirror-controller:{ns}");
+    let kept: std::collections::BTreeSet<String> = [
+        format!("Namespace/{ns}"),
+        "CustomResourceDefinition/serviceexports.multicluster.x-k8s.io".into(),
+        "CustomResourceDefinition/serviceimports.multicluster.x-k8s.io".into(),
+        "CustomResourceDefinition/clusterproperties.about.k8s.io".into(),
+    ]
+    .into();
+    let mut released: std::collections::BTreeSet<String> = [
+        "ServiceAccount/service-mirror".to_string(),
+        format!("ClusterRole/{cr}"),
+        format!("ClusterRoleBinding/{cr}"),
+        "Role/service-mirror".into(),
+        "RoleBinding/service-mirror".into(),
+        "Service/service-mirror-admin".into(),
+        "Deployment/service-mirror".into(),
+        "Link/east".into(),
+        "Link/west".into(),
+        "Secret/cluster-credentials-west".into(),
+    ]
+    .into();
+    let all: std::collections::BTreeSet<String> = kept.union(&released).cloned().collect();
+    assert_eq!(release_objects(&env, &ns).await, all);
+    // The operator's (or a secret manager's) credentials Secret of Link east.
+    let operators: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cluster-credentials-east"},
+        "type": "mirror.linkerd.io/remote-kubeconfig",
+        "stringData": {"kubeconfig": "apiVersion: v1\nkind: Config\n"},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(env.lc.clone(), &ns)
+        .create(&PostParams::default(), &operators)
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(env.lc.clone(), &ns);
+    let sa_uid = Api::<ServiceAccount>::namespaced(env.lc.clone(), &ns)
+        .get("service-mirror")
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    let before = deployments.get("service-mirror").await.unwrap();
+    assert_eq!(before.spec.as_ref().unwrap().replicas, Some(1));
+
+    helm_ok(&[
+        "upgrade",
+        "service-mirror",
+        &chart_path,
+        "--reuse-values",
+        "--set",
+        "replicas=2",
+    ]);
+    let after = deployments.get("service-mirror").await.unwrap();
+    assert_eq!(after.metadata.uid, before.metadata.uid, "updated in place");
+    let sa_after = Api::<ServiceAccount>::namespaced(env.lc.clone(), &ns)
+        .get("service-mirror")
+        .await
+        .unwrap();
+    assert_eq!(sa_after.metadata.uid, sa_uid);
+    let spec = after.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    assert!(
+        pod.affinity.and_then(|a| a.pod_anti_affinity).is_some(),
+        "the default anti-affinity"
+    );
+    released.insert("PodDisruptionBudget/service-mirror".into());
+    let mut now: std::collections::BTreeSet<String> = kept.union(&released).cloned().collect();
+    now.insert("Secret/cluster-credentials-east".into());
+    assert_eq!(release_objects(&env, &ns).await, now);
+
+    let uninstall = helm_ok(&["uninstall", "service-mirror"]);
+    let left = release_objects(&env, &ns).await;
+    let mut expected = kept.clone();
+    expected.insert("Secret/cluster-credentials-east".into());
+    assert_eq!(left, expected, "helm uninstall: {}", uninstall.stdout);
+    assert!(
+        uninstall.stdout.contains("kept due to the resource policy"),
+        "{}",
+        uninstall.stdout
+    );
+    eprintln!("helm install, upgrade, uninstall: {:?}", started.elapsed());
+}

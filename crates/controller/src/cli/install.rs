@@ -13,8 +13,13 @@
 //! the ServiceAccount `service-mirror`, a ClusterRole and its ClusterRoleBinding with
 //! the cluster-wide permissions, a Role and its RoleBinding with the permissions
 //! limited to the controller's namespace (Link permissions included; all from
-//! [`crate::permissions`], which `run` checks at startup), and the Deployment. With
-//! `--ha`: three replicas spread over nodes and a PodDisruptionBudget.
+//! [`crate::permissions`], which `run` checks at startup), the Service
+//! `service-mirror-admin` in front of every replica's admin port (`/metrics`), and the
+//! Deployment. With `--ha`: three replicas spread over nodes and a PodDisruptionBudget.
+//!
+//! The Helm chart `charts/service-mirror` renders the same objects (the Namespace
+//! aside: Helm's `--create-namespace` makes it); `tests/cli_links.rs` compares the two
+//! object by object.
 
 use super::allow::check_names;
 use super::args::OutputArgs;
@@ -28,8 +33,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     Namespace, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
-    WeightedPodAffinityTerm,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{
@@ -51,6 +56,9 @@ pub(crate) const ADMIN_PORT: i32 = 9999;
 /// Name of the admin port on the container: ends in `-admin`, as Linkerd's tools
 /// (and `check`) look for.
 pub(crate) const ADMIN_PORT_NAME: &str = "mirror-admin";
+/// Name of the Service in front of the admin ports: not [`NAME`], so that it can never
+/// be taken for the mirror of a remote `service` of a cluster named `mirror`.
+pub(crate) const ADMIN_SERVICE_NAME: &str = "service-mirror-admin";
 /// The non-root user and group of the distroless image.
 pub(crate) const RUN_AS: i64 = 65532;
 
@@ -286,6 +294,28 @@ fn deployment(namespace: &str, ha: bool, image: &str) -> Deployment {
     }
 }
 
+/// The ClusterIP Service `service-mirror-admin` on every replica's admin port: one
+/// scrape target per replica for a Prometheus that discovers endpoints (every replica
+/// is ready once its caches synced, leader or not, and serves its own metrics).
+fn admin_service(namespace: &str) -> Service {
+    Service {
+        metadata: meta(ADMIN_SERVICE_NAME, Some(namespace)),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(selector_labels()),
+            ports: Some(vec![ServicePort {
+                name: Some(ADMIN_PORT_NAME.into()),
+                port: ADMIN_PORT,
+                target_port: Some(IntOrString::String(ADMIN_PORT_NAME.into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The `Link` CRD, from its YAML (anchors expanded), with install's labels added.
 pub(crate) fn link_crd() -> serde_json::Value {
     crd(LINK_CRD_YAML)
@@ -335,9 +365,9 @@ pub(crate) struct Install<'a> {
     pub cluster_property_crd: bool,
 }
 
-/// The local-side manifests, in apply order: the Link CRD (unless left out), Namespace,
-/// ServiceAccount, ClusterRole, ClusterRoleBinding, Role, RoleBinding, Deployment and,
-/// with `ha`, a PodDisruptionBudget.
+/// The local-side manifests, in apply order: the CRDs (unless left out), Namespace,
+/// ServiceAccount, ClusterRole, ClusterRoleBinding, Role, RoleBinding, the admin
+/// Service, Deployment and, with `ha`, a PodDisruptionBudget.
 pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value> {
     let Install {
         namespace,
@@ -411,6 +441,7 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
         to_value(serde_json::to_value(crb)),
         to_value(serde_json::to_value(role)),
         to_value(serde_json::to_value(rb)),
+        to_value(serde_json::to_value(admin_service(namespace))),
         to_value(serde_json::to_value(deployment(namespace, ha, image))),
     ]);
     if ha {
@@ -502,6 +533,7 @@ mod tests {
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
+            "Service",
             "Deployment",
         ];
         assert_eq!(kinds(false), base);
@@ -839,6 +871,35 @@ mod tests {
         assert_eq!(annotations["prometheus.io/scrape"], "true");
         assert_eq!(annotations["prometheus.io/port"], "9999");
         assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    }
+
+    #[test]
+    fn the_admin_service_reaches_every_replica_on_the_admin_port() {
+        for ha in [false, true] {
+            let docs = manifests("mc", ha);
+            let svc = by_kind(&docs, "Service");
+            assert_eq!(svc["apiVersion"], "v1");
+            assert_eq!(svc["metadata"]["name"], "service-mirror-admin");
+            assert_eq!(svc["metadata"]["namespace"], "mc");
+            let d = by_kind(&docs, "Deployment");
+            assert_eq!(
+                svc["spec"]["selector"],
+                d["spec"]["selector"]["matchLabels"]
+            );
+            assert_eq!(svc["spec"]["type"], "ClusterIP");
+            assert_eq!(
+                svc["spec"]["ports"],
+                json!([{"name": "mirror-admin", "port": 9999, "targetPort": "mirror-admin",
+                        "protocol": "TCP"}])
+            );
+            // The port the scrape annotation names is the one the Service targets.
+            let port = &container(&docs)["ports"][0];
+            assert_eq!(port["name"], svc["spec"]["ports"][0]["targetPort"]);
+            assert_eq!(
+                d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"],
+                port["containerPort"].to_string()
+            );
+        }
     }
 
     #[test]

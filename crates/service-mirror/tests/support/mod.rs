@@ -2,6 +2,7 @@
 //! apiservers, shared per test binary), a unique namespace and cluster name per test.
 #![allow(dead_code)]
 
+pub(crate) mod chart;
 pub(crate) mod controller;
 pub(crate) mod hostile_apiserver;
 pub(crate) mod links;
