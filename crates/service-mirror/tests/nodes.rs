@@ -1,0 +1,648 @@
+//! The controller as users run it: a Pod from its own image (`scripts/build-images.sh`,
+//! imported into every node's containerd, never pulled) on real nodes (kubelet +
+//! containerd, kube-scheduler, kube-controller-manager's default controllers), installed
+//! by `install`'s manifests and by the Helm chart, linked to a remote cluster with nodes
+//! of its own, and serving a client Pod's requests through a gateway Pod.
+//!
+//! Needs root: without it each test prints one `skipped: needs root for real nodes` line
+//! (under CI=true it fails). Clusters `west` (2 nodes) and `east` (1 node) are shared by
+//! the tests of this binary, which take turns on them ([`turn`]); the node-loss test has
+//! a cluster of its own.
+
+mod support;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, LogParams, Patch, PatchParams};
+use local_cluster::{ClusterOptions, LocalCluster, apply_yaml, shared_cluster_with};
+use service_mirror_testkit::monitor::AuditWrite;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::controller::service_mirror;
+
+/// The controller image of `scripts/build-images.sh`, and a second tag of it (a "new
+/// version" for rolling updates).
+const REPO: &str = "service-mirror.local/service-mirror";
+const TAG: &str = "dev";
+const TAG_B: &str = "dev-b";
+const BUSYBOX: &str = "service-mirror.local/busybox:1.35";
+/// The controller pods' selector (install's and the chart's).
+const SELECTOR: &str = "app.kubernetes.io/name=service-mirror";
+/// The namespace of the exported service on east, and of its mirror on west.
+const SHOP: &str = "shop";
+/// The lease duration the tests give the controller (run's default is 15 s).
+const LEASE_SECS: u64 = 6;
+
+/// The tests' turns on the shared clusters: one at a time installs a controller in west.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+    TURN.lock().await
+}
+
+async fn cluster(name: &str, nodes: usize) -> Arc<LocalCluster> {
+    let started = Instant::now();
+    let c = shared_cluster_with(
+        name,
+        ClusterOptions {
+            nodes,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("start {name} with {nodes} nodes: {e}"));
+    eprintln!(
+        "{name}: ready ({nodes} nodes) after {:?}",
+        started.elapsed()
+    );
+    c
+}
+
+fn skip(test: &str) -> bool {
+    local_cluster::skip_without_nodes(test)
+}
+
+fn yaml_objects(value: serde_json::Value) -> String {
+    serde_json::to_string(&value).unwrap()
+}
+
+/// East's side, made once and shared: `shop/web` (busybox httpd, exported) and the
+/// gateway `linkerd-multicluster/linkerd-gateway`, a Pod forwarding every TCP connection
+/// on 4143 to `web.shop` (busybox `nc -ll -e nc`: a plain forwarder) and answering `GET
+/// /ready` on 4191, behind a LoadBalancer Service whose ingress is east's first node;
+/// and the remote-side RBAC of `allow`.
+async fn east_world(east: &LocalCluster) {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        let client = east.client().await.unwrap();
+        let node_ip = east.data_plane().unwrap().node_ip().to_string();
+        let objects = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SHOP}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "linkerd-multicluster"}},
+            deployment(SHOP, "web", &[
+                "sh", "-c", "mkdir -p /tmp/w && echo east/web > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w",
+            ]),
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": SHOP,
+                "labels": {"mirror.linkerd.io/exported": "true"}},
+             "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
+            deployment("linkerd-multicluster", "linkerd-gateway", &[
+                "sh", "-c", "mkdir -p /tmp/p && echo ok > /tmp/p/ready && httpd -p 4191 -h /tmp/p && exec nc -ll -p 4143 -e nc web.shop.svc.cluster.local 80",
+            ]),
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "linkerd-gateway", "namespace": "linkerd-multicluster"},
+             "spec": {"type": "LoadBalancer", "selector": {"app": "linkerd-gateway"}, "ports": [
+                {"name": "mc-gateway", "port": 4143}, {"name": "mc-probe", "port": 4191}]}},
+        ]});
+        apply_yaml(&client, &yaml_objects(objects)).await.unwrap();
+        // No cloud here: the LoadBalancer's address is east's first node, where
+        // kube-proxy sends it on to the gateway Pod.
+        let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": node_ip}]}}});
+        Api::<Service>::namespaced(client.clone(), "linkerd-multicluster")
+            .patch_status("linkerd-gateway", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        let run = service_mirror(&["allow"]);
+        assert!(run.ok, "allow: {}", run.stderr);
+        apply_yaml(&client, &run.stdout).await.unwrap();
+        for (ns, app) in [(SHOP, "web"), ("linkerd-multicluster", "linkerd-gateway")] {
+            ready_pods(&client, ns, &format!("app={app}"), 1, Duration::from_secs(60)).await;
+        }
+    })
+    .await;
+}
+
+/// A one-container Deployment of busybox running `command` (pods labelled `app=<name>`).
+fn deployment(ns: &str, name: &str, command: &[&str]) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": name, "image": BUSYBOX, "imagePullPolicy": "Never",
+                    "command": command}]}}}})
+}
+
+/// Links east into `ns` of `west` as `link --format link` prints it, with east's
+/// apiserver named as west's pods reach it.
+async fn link_east(west: &LocalCluster, east: &LocalCluster, ns: &str) {
+    let kubeconfig = east.admin_kubeconfig().path.display().to_string();
+    let server = east.fabric_server_url().unwrap();
+    let run = service_mirror(&[
+        "link",
+        "--format",
+        "link",
+        "--cluster-name",
+        "east",
+        "--kubeconfig",
+        &kubeconfig,
+        "--api-server-address",
+        &server,
+        "--link-namespace",
+        ns,
+        "--destination-credentials=false",
+    ]);
+    assert!(run.ok, "link: {}", run.stderr);
+    let client = west.client().await.unwrap();
+    apply_yaml(&client, &run.stdout).await.unwrap();
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Waits until exactly `n` pods matching `selector` in `ns` are Ready and none other
+/// remains (a rollout finished); returns them.
+async fn ready_pods(
+    client: &kube::Client,
+    ns: &str,
+    selector: &str,
+    n: usize,
+    within: Duration,
+) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + within;
+    loop {
+        let pods = api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap()
+            .items;
+        if pods.len() == n && pods.iter().all(is_ready) {
+            return pods;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} Ready pods {ns}/{selector} within {within:?}: {:?}",
+            pods.iter()
+                .map(|p| (
+                    p.metadata.name.clone(),
+                    p.status.as_ref().and_then(|s| s.phase.clone()),
+                    is_ready(p)
+                ))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn name(p: &Pod) -> String {
+    p.metadata.name.clone().unwrap()
+}
+
+fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum())
+}
+
+/// The holder of the leader Lease in `ns`.
+async fn leader(client: &kube::Client, ns: &str) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), ns)
+        .get_opt("service-mirror")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+/// Waits until the leader Lease of `ns` is held by a pod other than `not` (any holder
+/// if `None`); returns it and how long it took.
+async fn new_leader(
+    client: &kube::Client,
+    ns: &str,
+    not: Option<&str>,
+    within: Duration,
+) -> (String, Duration) {
+    let t = Instant::now();
+    loop {
+        if let Some(h) = leader(client, ns).await
+            && Some(h.as_str()) != not
+        {
+            return (h, t.elapsed());
+        }
+        assert!(
+            t.elapsed() < within,
+            "a new leader in {ns} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The host pid of the controller process of pod `pod` (its POD_NAME), found in /proc:
+/// a node's processes are processes of this machine.
+fn controller_pid(pod: &str) -> Option<u32> {
+    let needle = format!("POD_NAME={pod}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        if exe.file_name()? != "service-mirror" {
+            return None;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        String::from_utf8_lossy(&env)
+            .contains(&needle)
+            .then_some(pid)
+    })
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: plain signal delivery to a process of a test's pod.
+    assert_eq!(
+        unsafe { libc::kill(pid as libc::pid_t, sig) },
+        0,
+        "signal {sig} to {pid}"
+    );
+}
+
+/// One write of the audit log by a controller pod (its ServiceAccount token names the
+/// pod: `authentication.kubernetes.io/pod-name`).
+#[derive(Debug, Clone)]
+struct PodWrite {
+    write: AuditWrite,
+    pod: String,
+}
+
+/// Every write by ServiceAccount `ns/service-mirror`, in order, with the writing pod.
+fn pod_writes(cluster: &LocalCluster, ns: &str) -> Vec<PodWrite> {
+    let user = format!("system:serviceaccount:{ns}:service-mirror");
+    let log = std::fs::read_to_string(cluster.audit_log()).unwrap_or_default();
+    let mut writes: Vec<PodWrite> = log
+        .lines()
+        .filter_map(|line| {
+            let write = AuditWrite::parse(line)?;
+            if write.user != user {
+                return None;
+            }
+            let e: serde_json::Value = serde_json::from_str(line).ok()?;
+            let pod = e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0]
+                .as_str()
+                .unwrap_or("(no pod)")
+                .to_string();
+            Some(PodWrite { write, pod })
+        })
+        .collect();
+    writes.sort_by_key(|w| w.write.time);
+    writes
+}
+
+/// The mirror writes (Services, Endpoints, EndpointSlices in `shop`) among `writes`.
+fn mirror_writes(writes: &[PodWrite]) -> Vec<PodWrite> {
+    writes
+        .iter()
+        .filter(|w| {
+            w.write.namespace == SHOP
+                && matches!(
+                    w.write.resource.as_str(),
+                    "services" | "endpoints" | "endpointslices"
+                )
+        })
+        .cloned()
+        .collect()
+}
+
+/// At no instant two writers: the mirror writes come in runs of one pod each, and a pod
+/// that handed over writes again only a lease duration after its own last write of the
+/// run before (the other pod must have held the Lease in between: the old holder's
+/// lease ran out before the new one took it, and the new one's before it was given
+/// back). Returns the runs (pod, writes).
+fn one_writer_at_a_time(writes: &[PodWrite], context: &str) -> Vec<(String, usize)> {
+    let mut runs: Vec<(String, usize, AuditWrite, AuditWrite)> = Vec::new();
+    for w in writes {
+        match runs.last_mut() {
+            Some((pod, n, _, last)) if *pod == w.pod => {
+                *n += 1;
+                *last = w.write.clone();
+            }
+            _ => runs.push((w.pod.clone(), 1, w.write.clone(), w.write.clone())),
+        }
+    }
+    for i in 2..runs.len() {
+        let (a, _, _, a_last) = &runs[i - 2];
+        let (c, _, c_first, _) = &runs[i];
+        if a == c {
+            let gap = c_first.time.unwrap().duration_since(a_last.time.unwrap());
+            assert!(
+                gap.as_secs_f64() >= LEASE_SECS as f64,
+                "{context}: {a} wrote again {gap:?} after its last write, with {} writing in between: two writers",
+                runs[i - 1].0
+            );
+        }
+    }
+    runs.into_iter().map(|(p, n, _, _)| (p, n)).collect()
+}
+
+/// The uids of west's mirror Service `web-east` and its Endpoints.
+async fn mirror_uids(client: &kube::Client) -> BTreeMap<String, String> {
+    let mut uids = BTreeMap::new();
+    let svc = Api::<Service>::namespaced(client.clone(), SHOP)
+        .get_opt("web-east")
+        .await
+        .unwrap();
+    if let Some(s) = svc {
+        uids.insert("Service/web-east".into(), s.metadata.uid.unwrap());
+    }
+    let ep = Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), SHOP)
+        .get_opt("web-east")
+        .await
+        .unwrap();
+    if let Some(e) = ep {
+        uids.insert("Endpoints/web-east".into(), e.metadata.uid.unwrap());
+    }
+    uids
+}
+
+async fn wait_mirror(client: &kube::Client, within: Duration) -> BTreeMap<String, String> {
+    let t = Instant::now();
+    loop {
+        let uids = mirror_uids(client).await;
+        if uids.len() == 2 {
+            return uids;
+        }
+        assert!(
+            t.elapsed() < within,
+            "mirror web-east within {within:?}: {uids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The deletes of mirror objects among `writes` (there must be none).
+fn deletes(writes: &[PodWrite]) -> Vec<String> {
+    writes
+        .iter()
+        .filter(|w| w.write.verb.starts_with("delete"))
+        .map(|w| format!("{} by {}", w.write, w.pod))
+        .collect()
+}
+
+/// A client Pod in west's `shop` asking `http://web-east.shop.svc.cluster.local/` five
+/// times a second (HTTP/1.0 over busybox `nc`: this static busybox's `wget` crashes in a
+/// pod), one line per answer (`OK <status line and body>` or `FAIL <error>`).
+async fn client_pod(client: &kube::Client) {
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client", "namespace": SHOP},
+        "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+            "containers": [{"name": "client", "image": BUSYBOX, "imagePullPolicy": "Never",
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                "command": ["sh", "-c", "while true; do if out=$(printf 'GET / HTTP/1.0\\r\\nHost: web-east.shop.svc.cluster.local\\r\\n\\r\\n' | nc -w 2 web-east.shop.svc.cluster.local 80 2>/tmp/err); then echo OK $out; else echo FAIL $(cat /tmp/err); fi; sleep 0.2; done"]}]}});
+    // The namespace's ServiceAccount comes from kube-controller-manager a moment after
+    // the namespace: retry while admission cannot find it.
+    let t = Instant::now();
+    loop {
+        match apply_yaml(client, &yaml_objects(pod.clone())).await {
+            Ok(_) => break,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(30), "client pod: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The client's answers since `since`: (time, ok, text), from the pods/log API (the
+/// apiserver asks the node's kubelet).
+async fn answers(
+    client: &kube::Client,
+    since: jiff_ts::Timestamp,
+) -> Vec<(jiff_ts::Timestamp, bool, String)> {
+    let log = Api::<Pod>::namespaced(client.clone(), SHOP)
+        .logs(
+            "client",
+            &LogParams {
+                timestamps: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_default();
+    log.lines()
+        .filter_map(|l| {
+            let (ts, text) = l.split_once(' ')?;
+            let ts: jiff_ts::Timestamp = ts.parse().ok()?;
+            let ok = text.starts_with("OK HTTP/1.") && text.contains(" 200 OK");
+            (ts >= since).then(|| (ts, ok, text.to_string()))
+        })
+        .collect()
+}
+
+mod jiff_ts {
+    pub(crate) use k8s_openapi::jiff::Timestamp;
+}
+
+async fn until_answer(
+    client: &kube::Client,
+    since: jiff_ts::Timestamp,
+    ok: bool,
+    within: Duration,
+) -> jiff_ts::Timestamp {
+    let t = Instant::now();
+    loop {
+        if let Some((ts, _, _)) = answers(client, since).await.into_iter().find(|a| a.1 == ok) {
+            return ts;
+        }
+        if t.elapsed() > within {
+            let ep = Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), SHOP)
+                .get_opt("web-east")
+                .await;
+            if std::env::var_os("SM_DEBUG_HOLD").is_some() {
+                eprintln!(
+                    "holding for debugging: {:?}",
+                    answers(client, since).await.last()
+                );
+                tokio::time::sleep(Duration::from_secs(900)).await;
+            }
+            panic!(
+                "an answer ok={ok} within {within:?}: {:?}\nmirror endpoints: {ep:?}",
+                answers(client, since).await.last()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_manifests_the_controller_pod_runs_locked_down_in_cluster_and_serves_a_client_pod_across_clusters()
+ {
+    if skip(
+        "by_manifests_the_controller_pod_runs_locked_down_in_cluster_and_serves_a_client_pod_across_clusters",
+    ) {
+        return;
+    }
+    let _turn = turn().await;
+    let west = cluster("west", 2).await;
+    let east = cluster("east", 1).await;
+    east_world(&east).await;
+    let wc = west.client().await.unwrap();
+    let ec = east.client().await.unwrap();
+    let ns = "sm-manifests";
+    local_cluster::ensure_namespace(&wc, SHOP).await.unwrap();
+
+    // Installed by the unchanged output of `install`.
+    let run = service_mirror(&[
+        "install",
+        "--namespace",
+        ns,
+        "--image",
+        &format!("{REPO}:{TAG}"),
+    ]);
+    assert!(run.ok, "install: {}", run.stderr);
+    let t = Instant::now();
+    apply_yaml(&wc, &run.stdout).await.unwrap();
+    let pods = ready_pods(&wc, ns, SELECTOR, 1, Duration::from_secs(90)).await;
+    let pod = name(&pods[0]);
+    eprintln!("controller pod {pod} Ready {:?} after apply", t.elapsed());
+
+    // In-cluster config and its projected token: ServiceAccount admission gave the pod a
+    // projected token volume, and the token it sends names the pod (bound token): the
+    // leader Lease is written by `system:serviceaccount:<ns>:service-mirror` as this pod.
+    let volumes = pods[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v.projected.as_ref().is_some_and(|p| p
+                .sources
+                .iter()
+                .flatten()
+                .any(|s| s.service_account_token.is_some()))),
+        "a projected ServiceAccount token volume: {volumes:?}"
+    );
+    let (holder, _) = new_leader(&wc, ns, None, Duration::from_secs(30)).await;
+    assert_eq!(holder, pod);
+    let writes = pod_writes(&west, ns);
+    assert!(
+        writes
+            .iter()
+            .any(|w| w.pod == pod && w.write.resource == "leases"),
+        "the Lease written with the pod's own token: {writes:?}"
+    );
+
+    // Runs as 65532 with a read-only root filesystem (the manifests' securityContext on
+    // the image's user).
+    let pid = controller_pid(&pod).expect("the controller's process");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for key in ["Uid:", "Gid:"] {
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+        let ids: BTreeSet<&str> = line.split_whitespace().skip(1).collect();
+        assert_eq!(ids, BTreeSet::from(["65532"]), "{line}");
+    }
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root = mountinfo
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .expect("a root mount");
+    let options = root.split_whitespace().nth(5).unwrap();
+    assert!(
+        options.split(',').any(|o| o == "ro"),
+        "read-only root: {root}"
+    );
+
+    // The startup permission check passes with exactly the installed RBAC.
+    let log = Api::<Pod>::namespaced(wc.clone(), ns)
+        .logs(&pod, &LogParams::default())
+        .await
+        .unwrap();
+    assert!(log.contains("permissions checked: all granted"), "{log}");
+    assert!(!log.contains("missing permission"), "{log}");
+
+    // End to end: a client Pod in west asks `web-east`; east's web Pod answers through
+    // east's gateway Pod.
+    link_east(&west, &east, ns).await;
+    let uids = wait_mirror(&wc, Duration::from_secs(60)).await;
+    client_pod(&wc).await;
+    let t = Instant::now();
+    let start = jiff_ts::Timestamp::now();
+    until_answer(&wc, start, true, Duration::from_secs(60)).await;
+    eprintln!(
+        "client pod answered by east/web {:?} after it was created",
+        t.elapsed()
+    );
+    let ok = answers(&wc, start).await;
+    assert!(
+        ok.iter().any(|a| a.1 && a.2.ends_with(" east/web")),
+        "{ok:?}"
+    );
+
+    // The gateway Pod deleted: requests fail fast (refused: no endpoint behind the
+    // gateway's address), and succeed again once its replacement is Ready.
+    let gateways: Api<Pod> = Api::namespaced(ec.clone(), "linkerd-multicluster");
+    let old = ready_pods(
+        &ec,
+        "linkerd-multicluster",
+        "app=linkerd-gateway",
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+    let deleted = jiff_ts::Timestamp::now();
+    gateways
+        .delete(&name(&old[0]), &DeleteParams::default())
+        .await
+        .unwrap();
+    let first_fail = until_answer(&wc, deleted, false, Duration::from_secs(30)).await;
+    let replacement = ready_pods(
+        &ec,
+        "linkerd-multicluster",
+        "app=linkerd-gateway",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_ne!(name(&replacement[0]), name(&old[0]));
+    let back = until_answer(&wc, first_fail, true, Duration::from_secs(60)).await;
+    let during = answers(&wc, first_fail).await;
+    let fails: Vec<_> = during.iter().filter(|a| a.0 < back && !a.1).collect();
+    // Each failed request ends well before wget's own 2 s timeout: refused, not hung.
+    let gaps: Vec<f64> = fails
+        .windows(2)
+        .map(|w| w[1].0.duration_since(w[0].0).as_secs_f64())
+        .collect();
+    let worst = gaps.iter().cloned().fold(0.0, f64::max);
+    eprintln!(
+        "gateway deleted: first failure {:.2} s later, {} failed requests, at most {worst:.2} s apart, answered again {:.2} s after the first failure",
+        first_fail.duration_since(deleted).as_secs_f64(),
+        fails.len(),
+        back.duration_since(first_fail).as_secs_f64()
+    );
+    assert!(worst < 1.5, "failures came {worst:.2} s apart: {fails:?}");
+    assert_eq!(
+        mirror_uids(&wc).await,
+        uids,
+        "the mirror stayed through the gateway's loss"
+    );
+
+    // Leave west to the next test: stop this controller (mirrors stay).
+    Api::<Deployment>::namespaced(wc.clone(), ns)
+        .delete("service-mirror", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Pod>::namespaced(wc.clone(), SHOP)
+        .delete("client", &DeleteParams::default())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    while !Api::<Pod>::namespaced(wc.clone(), ns)
+        .list(&ListParams::default().labels(SELECTOR))
+        .await
+        .unwrap()
+        .items
+        .is_empty()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "controller pods gone"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
