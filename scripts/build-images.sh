@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the container images of real-node tests without a registry (docs/real-node.md,
+# Builds the container images of real-node tests without a registry (docs/operations.md,
 # "Images without a registry") as docker-archive tars that `ctr -n k8s.io images import`
 # loads, and prints the one (absolute) directory holding them:
 #
