@@ -443,7 +443,7 @@ fn local_release_image_agrees_with_the_dockerfile() {
     let config = &image.config["config"];
 
     assert_eq!(config["Entrypoint"], serde_json::json!(want.entrypoint));
-    assert_eq!(want.entrypoint, [want.binary_path.clone()]);
+    assert_eq!(want.entrypoint, std::slice::from_ref(&want.binary_path));
     assert_eq!(config["User"], want.user.as_str());
     assert_eq!(
         want.user.split(':').next(),

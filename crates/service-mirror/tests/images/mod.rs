@@ -88,9 +88,10 @@ pub(crate) fn parse_dockerfile(text: &str) -> Dockerfile {
     let entrypoint = serde_json::from_str(last("ENTRYPOINT ")).expect("ENTRYPOINT in exec form");
     let binary_path = final_stage
         .iter()
-        .filter_map(|l| l.strip_prefix("COPY --from="))
-        .map(|rest| rest.split_whitespace().last().unwrap().to_string())
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix("COPY --from="))
+        .and_then(|rest| rest.split_whitespace().next_back())
+        .map(String::from)
         .expect("the final stage copies the binary from the build stage");
     let exposed = last("EXPOSE ")
         .split_whitespace()
