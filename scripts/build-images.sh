@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the container images of real-node tests without a registry (docs/real-node.md,
+# Builds the container images of real-node tests without a registry (docs/operations.md,
 # "Images without a registry") as docker-archive tars that `ctr -n k8s.io images import`
 # loads, and prints the one (absolute) directory holding them:
 #
@@ -207,6 +207,15 @@ if [[ -n "${SERVICE_MIRROR_IMAGE_BINARY:-}" ]]; then
   [[ -x "$binary" ]] || die "SERVICE_MIRROR_IMAGE_BINARY=$binary is not an executable"
 else
   command -v cargo >/dev/null 2>&1 || die "cargo is needed to build the release binary"
+  # Run from a test, cargo's per-process variables are set; some build scripts (ring's)
+  # rerun when CARGO_MANIFEST_DIR changes, and the release build would then recompile
+  # ring and everything above it (3-6 min) each time it flips between a shell and a test.
+  for v in $(compgen -e); do
+    case "$v" in
+      CARGO_MANIFEST_* | CARGO_PKG_* | CARGO_CRATE_NAME | CARGO_BIN_* | CARGO_PRIMARY_PACKAGE | \
+        CARGO_TARGET_TMPDIR | CARGO_RUSTC_CURRENT_DIR | OUT_DIR) unset "$v" ;;
+    esac
+  done
   log "cargo ${cargo_args[*]} (as the Dockerfile; a no-op when current)"
   (cd "$root" && nice -n 10 cargo "${cargo_args[@]}" >&2) || die "cargo ${cargo_args[*]} failed"
   target_dir=$(cd "$root" && cargo metadata --format-version 1 --no-deps | jq -r .target_directory)

@@ -20,6 +20,13 @@ SERVICE_MIRROR_DATA_PLANE_DIR=$(bash scripts/build-control-plane.sh --data-plane
 export SERVICE_MIRROR_DATA_PLANE_DIR
 SERVICE_MIRROR_NODE_DIR=$(bash scripts/build-control-plane.sh --node)
 export SERVICE_MIRROR_NODE_DIR
+# The registry-less images (docs/operations.md, "Images without a registry"): the release
+# binary (a cold release build takes ~6.5 min on 2 cores) and the test images. Without
+# them (no busybox-static, say) the image tests skip, or fail under CI=true.
+# SERVICE_MIRROR_IMAGES_DIR=<dir> given: used as is, nothing built.
+if images_dir=$(bash scripts/build-images.sh); then
+  export SERVICE_MIRROR_IMAGES_DIR=$images_dir
+fi
 # `-p <package>` narrows the run (with --workspace cargo would run every package).
 for arg in "$@"; do
   case "$arg" in

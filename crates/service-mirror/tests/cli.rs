@@ -8,6 +8,7 @@ use local_cluster::{LocalCluster, apply_yaml, client_from_yaml, shared_cluster, 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod images;
 mod support;
 
 use support::controller::service_mirror;
@@ -424,4 +425,183 @@ fn allow_prints_yaml_and_json() {
     let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(list["kind"], "List");
     assert_eq!(list["items"], serde_json::Value::Array(docs));
+}
+
+/// The image built without a registry (`scripts/build-images.sh`) is the Dockerfile's
+/// image: the same entrypoint, user 65532, ports and binary path, a binary built with the
+/// Dockerfile's cargo arguments, and that binary reports no default features.
+#[test]
+fn local_release_image_agrees_with_the_dockerfile() {
+    let dir = match images::images_dir() {
+        Ok(dir) => dir,
+        Err(e) => return images::skip(&format!("scripts/build-images.sh cannot run: {e}")),
+    };
+    let dockerfile = std::fs::read_to_string(images::workspace_root().join("Dockerfile")).unwrap();
+    let want = images::parse_dockerfile(&dockerfile);
+    let image = images::unpack(&dir.join("service-mirror.tar"));
+    assert_eq!(image.repo_tags, [images::SERVICE_MIRROR_TAG]);
+    let config = &image.config["config"];
+
+    assert_eq!(config["Entrypoint"], serde_json::json!(want.entrypoint));
+    assert_eq!(want.entrypoint, std::slice::from_ref(&want.binary_path));
+    assert_eq!(config["User"], want.user.as_str());
+    assert_eq!(
+        want.user.split(':').next(),
+        Some("65532"),
+        "runs as nonroot"
+    );
+    let exposed: std::collections::BTreeSet<String> = config["ExposedPorts"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(exposed, want.exposed);
+    let passwd = std::fs::read_to_string(image.rootfs.join("etc/passwd")).unwrap();
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with("nonroot:x:65532:65532:")),
+        "{passwd}"
+    );
+
+    // Built as the Dockerfile builds it: the same cargo arguments (recorded in the image),
+    // no default features (the binary says so itself).
+    assert!(
+        want.cargo_args.iter().any(|a| a == "--no-default-features")
+            && !want.cargo_args.iter().any(|a| a.starts_with("--features")),
+        "{:?}",
+        want.cargo_args
+    );
+    assert_eq!(
+        config["Labels"]["dev.service-mirror.build"],
+        format!("cargo {}", want.cargo_args.join(" "))
+    );
+    let binary = image.rootfs.join(want.binary_path.trim_start_matches('/'));
+    let version = images::run(std::process::Command::new(&binary).arg("--version"))
+        .expect("the image's binary runs on the build host");
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(version.contains("(features: none)"), "{version}");
+    assert_eq!(
+        config["Labels"]["dev.service-mirror.version"],
+        version.trim()
+    );
+}
+
+/// An image that cannot start is caught here, not by a user: the controller starts in a
+/// chroot of its layer as 65532 (every library it needs is in the image), each shipped
+/// library is needed (removing it makes the same check fail), the busybox image runs its
+/// shell and the pause image stops cleanly on SIGTERM as 65535.
+#[test]
+fn local_images_start_from_their_layer_alone() {
+    let dir = match images::images_dir() {
+        Ok(dir) => dir,
+        Err(e) => return images::skip(&format!("scripts/build-images.sh cannot run: {e}")),
+    };
+    if unsafe { libc::geteuid() } != 0 {
+        return images::skip("needs root to chroot into the image layers");
+    }
+    let image = images::unpack(&dir.join("service-mirror.tar"));
+    let entrypoint: Vec<String> =
+        serde_json::from_value(image.config["config"]["Entrypoint"].clone()).unwrap();
+    let user = image.config["config"]["User"].as_str().unwrap().to_string();
+    let argv = [entrypoint[0].as_str(), "--version"];
+    let version = images::start_in(&image.rootfs, &user, &argv).expect("the controller starts");
+    assert!(version.contains("(features: none)"), "{version}");
+
+    let libraries = images::shipped_libraries(&image.rootfs);
+    assert!(libraries.len() >= 3, "glibc at least: {libraries:?}");
+    for library in libraries {
+        let aside = library.with_extension("aside");
+        std::fs::rename(&library, &aside).unwrap();
+        let err = images::start_in(&image.rootfs, &user, &argv)
+            .expect_err("a missing library must stop the controller from starting");
+        let name = library.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            err.contains(&name) || name.starts_with("ld-linux"),
+            "{name}: {err}"
+        );
+        std::fs::rename(&aside, &library).unwrap();
+    }
+    images::start_in(&image.rootfs, &user, &argv).expect("starts again with all libraries");
+
+    let busybox = images::unpack(&dir.join("busybox.tar"));
+    let out = images::start_in(
+        &busybox.rootfs,
+        "65534:65534",
+        &["sh", "-c", "cat /www/index.html"],
+    )
+    .expect("busybox runs its shell");
+    assert!(!out.is_empty());
+
+    let pause = images::unpack(&dir.join("pause.tar"));
+    let pause_user = pause.config["config"]["User"].as_str().unwrap();
+    let mut child = std::process::Command::new("chroot")
+        .arg(format!("--userspec={pause_user}"))
+        .arg(&pause.rootfs)
+        .arg("/pause")
+        .spawn()
+        .unwrap();
+    // chroot execs /pause; signal it once its SIGTERM handler is in place (SigCgt bit 15).
+    let status = format!("/proc/{}/status", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(&status).is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & (1 << (libc::SIGTERM - 1)) != 0)
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pause never handled SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success(), "pause exits 0 on SIGTERM");
+}
+
+/// Two builds from the same inputs give the same bytes: every archive and the pause binary
+/// (so a node never re-imports an unchanged image under a new digest).
+#[test]
+fn local_image_archives_are_reproducible() {
+    let dir = match images::images_dir() {
+        Ok(dir) => dir,
+        Err(e) => return images::skip(&format!("scripts/build-images.sh cannot run: {e}")),
+    };
+    // The same binary as the one packaged, so no cargo build runs here.
+    let image = images::unpack(&dir.join("service-mirror.tar"));
+    let entrypoint = image.config["config"]["Entrypoint"][0].as_str().unwrap();
+    let binary = image.rootfs.join(entrypoint.trim_start_matches('/'));
+    let builds: Vec<std::path::PathBuf> = (0..2)
+        .map(|_| {
+            let cache = tempfile::tempdir().unwrap().keep();
+            let out = images::run(
+                std::process::Command::new("bash")
+                    .arg("scripts/build-images.sh")
+                    .current_dir(images::workspace_root())
+                    .env_remove("SERVICE_MIRROR_IMAGES_DIR")
+                    .env("SERVICE_MIRROR_CACHE", &cache)
+                    .env("SERVICE_MIRROR_IMAGE_BINARY", &binary),
+            )
+            .expect("build-images.sh");
+            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .collect();
+    for file in ["service-mirror.tar", "pause.tar", "busybox.tar", "pause"] {
+        let first = std::fs::read(builds[0].join(file)).unwrap();
+        assert!(
+            first == std::fs::read(builds[1].join(file)).unwrap(),
+            "{file} differs between two builds"
+        );
+        assert!(
+            first == std::fs::read(dir.join(file)).unwrap(),
+            "{file} differs from {}",
+            dir.display()
+        );
+    }
+    for build in builds {
+        // <cache>/images/<key>: remove the whole cache.
+        std::fs::remove_dir_all(build.parent().unwrap().parent().unwrap()).unwrap();
+    }
 }
