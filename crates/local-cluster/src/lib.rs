@@ -47,7 +47,10 @@ pub use data_plane::{
 pub use endpoints::publish_endpoints;
 pub use fault_proxy::{Fault, FaultProxy};
 pub use kubeconfig::{Kubeconfig, client_from_yaml, with_server};
-pub use node::{Node, PAUSE_IMAGE, is_ready, leftover_cgroups, node_support, skip_without_nodes};
+pub use node::{
+    Node, PAUSE_IMAGE, is_ready, leftover_cgroups, node_support, skip_without_nodes,
+    sweep_node_cgroups,
+};
 pub use process::spawn_tied;
 pub use proxy::TcpProxy;
 pub use shared::{shared_cluster, shared_cluster_with, unique_namespace};

@@ -278,3 +278,139 @@ async fn sigkilled_owner_leaves_no_data_plane_process_namespace_or_link() {
         killed.elapsed()
     );
 }
+
+/// Processes whose pid namespace is that of `pid` (a node's processes, pods included).
+fn in_pid_namespace_of(pid: u32) -> Vec<(u32, u64)> {
+    let Some(ns) = netns_inode(Path::new(&format!("/proc/{pid}/ns/pid"))) else {
+        return Vec::new();
+    };
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| netns_inode(Path::new(&format!("/proc/{p}/ns/pid"))).as_deref() == Some(&ns))
+        .filter_map(|p| Some((p, stat(p)?.1)))
+        .collect()
+}
+
+#[tokio::test]
+async fn sigkilled_owner_leaves_no_node_process_or_pod_and_its_cgroups_are_swept() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+    if local_cluster::skip_without_nodes("sigkilled_owner_leaves_no_node_process_or_pod") {
+        return;
+    }
+    let (mut guard, rx) = spawn_local_cluster(&["--nodes", "1", "k9n"]);
+    let mut kubeconfig = None;
+    let mut node_pids: Vec<u32> = Vec::new();
+    let mut output = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while node_pids.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|e| {
+            panic!(
+                "no real node line ({e}); output so far:\n{}",
+                output.join("\n")
+            )
+        });
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("kubectl --kubeconfig ") {
+            kubeconfig = rest.split_whitespace().next().map(PathBuf::from);
+        }
+        if let Some(rest) = t.strip_prefix("real node: ") {
+            node_pids = rest
+                .split(" pids ")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .map(|p| p.parse().unwrap())
+                .collect();
+        }
+        output.push(line);
+    }
+    // A pod on the node: its shim and containers must die with the owner too.
+    let yaml = std::fs::read_to_string(kubeconfig.expect("a kubectl line")).unwrap();
+    let client = local_cluster::client_from_yaml(&yaml).await.unwrap();
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sleeper"},
+        "spec": {"nodeName": "k9n-node", "automountServiceAccountToken": false,
+            "containers": [{"name": "s", "image": "service-mirror.local/busybox:1.35",
+                "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]}
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let t = Instant::now();
+    loop {
+        // The namespace's ServiceAccount comes a moment after the cluster.
+        if pods.create(&PostParams::default(), &pod).await.is_ok() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "create the pod");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let init = *node_pids.last().unwrap();
+    let t = Instant::now();
+    let procs = loop {
+        let running = pods
+            .get("sleeper")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p == "Running");
+        let procs = in_pid_namespace_of(init);
+        if running && procs.len() >= 4 {
+            break procs;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the pod runs: {procs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let owner = guard.0.id();
+    let prefix = format!("service-mirror-{owner}-");
+    let ours = || {
+        local_cluster::leftover_cgroups()
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(!ours().is_empty(), "the node's cgroup roots exist");
+
+    // SAFETY: signalling our own child.
+    assert_eq!(
+        unsafe { libc::kill(owner as libc::pid_t, libc::SIGKILL) },
+        0
+    );
+    let killed = Instant::now();
+    assert!(!guard.0.wait().unwrap().success());
+    for (pid, start) in procs.iter().chain(
+        node_pids
+            .iter()
+            .filter_map(|p| Some((*p, stat(*p)?.1)))
+            .collect::<Vec<_>>()
+            .iter(),
+    ) {
+        while !gone(*pid, *start) && killed.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            gone(*pid, *start),
+            "pid {pid} of the node still runs {:?} after its owner was killed",
+            killed.elapsed()
+        );
+    }
+    eprintln!(
+        "{} node processes (kubelet, containerd, shim, pause, the pod's sleep) gone {:?} after SIGKILL",
+        procs.len() + node_pids.len(),
+        killed.elapsed()
+    );
+    // Its empty cgroup roots are swept by the next node start (this sweep).
+    local_cluster::sweep_node_cgroups();
+    assert!(ours().is_empty(), "swept: {:?}", ours());
+}

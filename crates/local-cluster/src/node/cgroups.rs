@@ -78,8 +78,9 @@ fn remove_tree(dir: &Path) -> bool {
     std::fs::remove_dir(dir).is_ok() || !dir.exists()
 }
 
-/// Removes the roots of processes that no longer run.
-pub(crate) fn sweep() {
+/// Removes the roots of processes that no longer run (done by every node start; a
+/// SIGKILLed owner cannot remove its own).
+pub fn sweep() {
     for h in hierarchies() {
         let Ok(entries) = std::fs::read_dir(&h) else {
             continue;

@@ -7,7 +7,7 @@
 mod cgroups;
 mod config;
 
-pub use cgroups::leftover_cgroups;
+pub use cgroups::{leftover_cgroups, sweep as sweep_node_cgroups};
 pub use config::PAUSE_IMAGE;
 
 use crate::certs::Pki;
