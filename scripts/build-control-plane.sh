@@ -179,7 +179,7 @@ if [[ "$mode" == --data-plane || "$mode" == --print-data-plane ]]; then
 fi
 
 # A directory given by the user wins over the cache, and needs no Go.
-if [[ "$mode" != --regen && "$mode" != --data-plane && -n "${SERVICE_MIRROR_CONTROL_PLANE_DIR:-}" ]]; then
+if [[ "$mode" != --regen && "$mode" != --data-plane && "$mode" != --node && -n "${SERVICE_MIRROR_CONTROL_PLANE_DIR:-}" ]]; then
   given=$SERVICE_MIRROR_CONTROL_PLANE_DIR
   if [[ ! -x "$given/etcd" || ! -x "$given/kube-apiserver" ]]; then
     log "error: SERVICE_MIRROR_CONTROL_PLANE_DIR=$given lacks an executable etcd or kube-apiserver"

@@ -771,7 +771,11 @@ fn chart_values(replicas: usize, tag: &str) -> Vec<String> {
 
 /// Flips the port of east's exported `shop/tick` every 400 ms until dropped: the leader
 /// then writes its mirror all along, so the audit log shows who writes at every moment.
-struct Churn(tokio::task::JoinHandle<()>);
+struct Churn {
+    task: tokio::task::JoinHandle<()>,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+    east: kube::Client,
+}
 
 impl Churn {
     async fn start(east: &LocalCluster) -> Self {
@@ -780,22 +784,71 @@ impl Churn {
             "metadata": {"name": "tick", "namespace": SHOP, "labels": {"mirror.linkerd.io/exported": "true"}},
             "spec": {"ports": [{"name": "tick", "port": 9000}]}});
         apply_yaml(&client, &yaml_objects(svc)).await.unwrap();
-        let api: Api<Service> = Api::namespaced(client, SHOP);
-        Self(tokio::spawn(async move {
+        let api: Api<Service> = Api::namespaced(client.clone(), SHOP);
+        let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pause = paused.clone();
+        let task = tokio::spawn(async move {
             for i in 0u64.. {
-                let patch = serde_json::json!({"spec": {"ports": [{"name": "tick", "port": 9000 + i % 2, "protocol": "TCP"}]}});
-                let _ = api
-                    .patch("tick", &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
+                if !pause.load(std::sync::atomic::Ordering::SeqCst) {
+                    let patch = serde_json::json!({"spec": {"ports": [{"name": "tick", "port": 9000 + i % 2, "protocol": "TCP"}]}});
+                    let _ = api
+                        .patch("tick", &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                }
                 tokio::time::sleep(Duration::from_millis(400)).await;
             }
-        }))
+        });
+        Self {
+            task,
+            paused,
+            east: client,
+        }
+    }
+
+    /// The mirrors are current: with the churn paused, west's `tick-east` comes to the
+    /// port east's `tick` has (within 15 s), then the churn goes on.
+    async fn assert_current(&self, west: &kube::Client, step: &str) {
+        self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let port = |s: Service| {
+            s.spec
+                .and_then(|s| s.ports)
+                .and_then(|p| p.first().map(|p| p.port))
+        };
+        let want = port(
+            Api::<Service>::namespaced(self.east.clone(), SHOP)
+                .get("tick")
+                .await
+                .unwrap(),
+        );
+        let t = Instant::now();
+        loop {
+            let got = Api::<Service>::namespaced(west.clone(), SHOP)
+                .get_opt("tick-east")
+                .await
+                .unwrap()
+                .and_then(port);
+            if got == want {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{step}: tick-east has port {got:?}, east's tick {want:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        eprintln!(
+            "{step}: mirrors current {:?} after the churn paused",
+            t.elapsed()
+        );
+        self.paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 impl Drop for Churn {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -988,6 +1041,7 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
     );
     new_leader(&wc, ns, None, lease + Duration::from_secs(5)).await;
     eprintln!("helm upgrade (rolling update): done in {:?}", t.elapsed());
+    churn.assert_current(&wc, "upgrade").await;
     let t = Instant::now();
     helm(&h, &west, &["rollback", "service-mirror", "1", "-n", ns]);
     loop {
@@ -999,6 +1053,7 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
     }
     new_leader(&wc, ns, None, lease + Duration::from_secs(5)).await;
     eprintln!("helm rollback: done in {:?}", t.elapsed());
+    churn.assert_current(&wc, "rollback").await;
 
     // A node drained: evictions respect the PodDisruptionBudget (minAvailable 1).
     let pods = ready_pods(&wc, ns, SELECTOR, 2, Duration::from_secs(60)).await;
@@ -1073,6 +1128,7 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
         .unwrap();
     new_leader(&wc, ns, None, lease + Duration::from_secs(5)).await;
     eprintln!("drain of {drained}: second eviction refused (429), replicas Ready elsewhere");
+    churn.assert_current(&wc, "drain").await;
 
     // The audit log, from the first handover on: mirror writes one pod at a time, no
     // delete, the mirror's uids unchanged.

@@ -146,6 +146,11 @@ impl Fabric {
         self.bridge
             .ip(&["link", "set", &bridge_end, "master", "br0", "up"])?;
         ns.ip(&["link", "set", "lo", "up"])?;
+        // kube-proxy refuses a connection to a Service without endpoints with an ICMP
+        // reject; the kernel's default rate limit (one per second per destination) would
+        // leave a client asking several times a second hanging until its timeout.
+        // Namespaced: the host's own limit is untouched.
+        ns.enter(|| std::fs::write("/proc/sys/net/ipv4/icmp_ratelimit", "0"))?;
         ns.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", "eth0"])?;
         ns.ip(&["link", "set", "eth0", "up"])?;
         // A ClusterIP must be routable before netfilter (kube-proxy's DNAT) sees it. Via
