@@ -4,9 +4,17 @@
 use clap::{Parser, Subcommand};
 use service_mirror_controller::cli::Command as ControllerCommand;
 
+/// `--version` names the build's features, so a check can tell the release image's binary
+/// (`--no-default-features`, as the Dockerfile builds it) from a development build without
+/// trusting how it was built.
+#[cfg(feature = "demo")]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: demo)");
+#[cfg(not(feature = "demo"))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: none)");
+
 /// Kubernetes multi-cluster service mirror.
 #[derive(Debug, Parser)]
-#[command(name = "service-mirror", version, about)]
+#[command(name = "service-mirror", version = VERSION, about)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
