@@ -9,13 +9,13 @@
 //! from its log. `check` and `gateways` reach the controller's admin port through west's
 //! node (a NodePort Service beside install's `service-mirror-admin`).
 
-use crate::pods::{self, ClientLog, Request, between};
+use crate::pods::{self, ClientLog, Request, answered, between, failing};
 use crate::table::step;
 use crate::{LEASE_NAME, METRICS_PORT, NS, WORKLOAD_PORT, exported, merge, set_gateway_ip};
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ListParams, PatchParams, PostParams};
@@ -133,7 +133,8 @@ async fn serve(r: &Remote, name: &str, more: &[(u16, &str)]) -> anyhow::Result<(
     Ok(())
 }
 
-/// The controller Pod once Ready: its name, node, and the Lease holder.
+/// The controller Pod once Ready and behind its admin Services: its name, node, and the
+/// Lease holder.
 async fn controller_ready(local: &Client, since: Instant) -> anyhow::Result<()> {
     let deployments = Api::<Deployment>::namespaced(local.clone(), DEFAULT_NAMESPACE)
         .list(&ListParams::default())
@@ -149,6 +150,22 @@ async fn controller_ready(local: &Client, since: Instant) -> anyhow::Result<()> 
         .unwrap_or_default();
     let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let pod = pods::ready(local, DEFAULT_NAMESPACE, &selector.join(","), POD_READY).await?;
+    let endpoints: Api<Endpoints> = Api::namespaced(local.clone(), DEFAULT_NAMESPACE);
+    for name in ["service-mirror-admin", ADMIN_NODE_PORT] {
+        let start = Instant::now();
+        while !endpoints.get_opt(name).await?.is_some_and(|e| {
+            e.subsets
+                .iter()
+                .flatten()
+                .any(|s| s.addresses.as_ref().is_some_and(|a| !a.is_empty()))
+        }) {
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_secs(30),
+                "{name} has no ready endpoint within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let holder = Api::<Lease>::namespaced(local.clone(), DEFAULT_NAMESPACE)
         .get_opt(LEASE_NAME)
         .await?
@@ -164,56 +181,6 @@ async fn controller_ready(local: &Client, since: Instant) -> anyhow::Result<()> 
             .first()
             .and_then(|c| c.image.clone())
             .unwrap_or_default(),
-    );
-    Ok(())
-}
-
-/// Waits until the client's requests to `url` answer `body`, and prints the first.
-async fn answered(log: &ClientLog, url: &str, body: &str, note: &str) -> anyhow::Result<()> {
-    let since = Timestamp::now();
-    let r = log
-        .until(url, since, &format!("answer {body:?}"), |rs| {
-            rs.iter().find(|r| r.ok && r.text == body).cloned()
-        })
-        .await?;
-    println!(
-        "  GET {url:<50} -> 200 {body:?}  ({note}{:.1?})",
-        between(since, r.at)
-    );
-    Ok(())
-}
-
-/// Waits until requests to `url` fail, then looks at the next ten: none may answer. Each
-/// ends within the client's 3 s cut; how fast is printed, not asserted: west's kube-proxy
-/// rejects them at once, but the node's kernel sends a client at most one ICMP reject per
-/// second (`net.ipv4.icmp_ratelimit`, 1000 ms, burst 6) and the client's three loops to
-/// east's dead mirrors ask for about 12 a second, so most SYNs are dropped and retried
-/// (refused after 1-2 s, some cut at 3 s). From west's node namespace (the other modes,
-/// where the kernel does not limit replies to itself) the same rejects take milliseconds.
-async fn failing(log: &ClientLog, url: &str) -> anyhow::Result<()> {
-    let since = Timestamp::now();
-    let first = log
-        .until(url, since, "a failure", |rs| {
-            rs.iter().find(|r| !r.ok).cloned()
-        })
-        .await?;
-    let next: Vec<Request> = log
-        .until(url, first.at, "ten more requests", |rs| {
-            (rs.len() >= 10).then(|| rs[..10].to_vec())
-        })
-        .await?;
-    let answered: Vec<&Request> = next.iter().filter(|r| r.ok).collect();
-    anyhow::ensure!(answered.is_empty(), "a dead gateway answered: {answered:?}");
-    let refused = next.iter().filter(|r| r.text.contains("refused")).count();
-    let mut slowest = Duration::ZERO;
-    let mut previous = first.at;
-    for r in &next {
-        slowest = slowest.max(between(previous, r.at));
-        previous = r.at;
-    }
-    println!(
-        "  10 x GET {url}: 10 failed, {refused} refused by west's kube-proxy, the others cut at 3 s (at most {slowest:.1?} apart; the node's kernel rate-limits its ICMP rejects to 1/s per client), failing {:.1?} after the step",
-        between(since, first.at)
     );
     Ok(())
 }
@@ -268,7 +235,9 @@ pub(crate) async fn story(keep: bool, started: Instant) -> anyhow::Result<()> {
     .map(|(m, p)| url(m, *p))
     .collect();
     pods::create(&local, &pods::client(CLIENT, CLIENT_NS, &urls)).await?;
-    // What the mirror must never touch: every object of west before its first link.
+    // What the mirror must never touch: every object of west before its first link, once
+    // the controller's own objects settled (its admin Services' Endpoints list it).
+    controller_ready(&local, installed).await?;
     let baseline = Baseline::capture(&local).await?;
 
     println!(
@@ -312,7 +281,6 @@ pub(crate) async fn story(keep: bool, started: Instant) -> anyhow::Result<()> {
             crate::link_cluster(&local, &r.cluster, &server, &token).await?;
         }
     }
-    controller_ready(&local, installed).await?;
 
     step(
         &local,

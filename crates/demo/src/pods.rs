@@ -293,3 +293,58 @@ impl ClientLog {
 pub(crate) fn between(a: Timestamp, b: Timestamp) -> Duration {
     Duration::try_from(b.duration_since(a)).unwrap_or_default()
 }
+
+/// Waits until the client's requests to `url` answer `body`, and prints the first.
+pub(crate) async fn answered(
+    log: &ClientLog,
+    url: &str,
+    body: &str,
+    note: &str,
+) -> anyhow::Result<()> {
+    let since = Timestamp::now();
+    let r = log
+        .until(url, since, &format!("answer {body:?}"), |rs| {
+            rs.iter().find(|r| r.ok && r.text == body).cloned()
+        })
+        .await?;
+    println!(
+        "  GET {url:<50} -> 200 {body:?}  ({note}{:.1?})",
+        between(since, r.at)
+    );
+    Ok(())
+}
+
+/// Waits until requests to `url` fail, then looks at the next ten: none may answer. Each
+/// ends within the client's 3 s cut; how fast is printed, not asserted: west's kube-proxy
+/// rejects them at once, but the node's kernel sends a client at most one ICMP reject per
+/// second (`net.ipv4.icmp_ratelimit`, 1000 ms, burst 6) and the client's three loops to
+/// east's dead mirrors ask for about 12 a second, so most SYNs are dropped and retried
+/// (refused after 1-2 s, some cut at 3 s). From west's node namespace (the other modes,
+/// where the kernel does not limit replies to itself) the same rejects take milliseconds.
+pub(crate) async fn failing(log: &ClientLog, url: &str) -> anyhow::Result<()> {
+    let since = Timestamp::now();
+    let first = log
+        .until(url, since, "a failure", |rs| {
+            rs.iter().find(|r| !r.ok).cloned()
+        })
+        .await?;
+    let next: Vec<Request> = log
+        .until(url, first.at, "ten more requests", |rs| {
+            (rs.len() >= 10).then(|| rs[..10].to_vec())
+        })
+        .await?;
+    let answered: Vec<&Request> = next.iter().filter(|r| r.ok).collect();
+    anyhow::ensure!(answered.is_empty(), "a dead gateway answered: {answered:?}");
+    let refused = next.iter().filter(|r| r.text.contains("refused")).count();
+    let mut slowest = Duration::ZERO;
+    let mut previous = first.at;
+    for r in &next {
+        slowest = slowest.max(between(previous, r.at));
+        previous = r.at;
+    }
+    println!(
+        "  10 x GET {url}: 10 failed, {refused} refused by west's kube-proxy, the others cut at 3 s (at most {slowest:.1?} apart; the node's kernel rate-limits its ICMP rejects to 1/s per client), failing {:.1?} after the step",
+        between(since, first.at)
+    );
+    Ok(())
+}
