@@ -94,9 +94,9 @@ pub async fn prepare(binary: &Path, data_plane: bool, dir: &Path) -> anyhow::Res
     // Each cluster reads the other with the remote RBAC of `allow` (ServiceExports and
     // Services), by a link Secret as `link` makes it.
     let east_token = crate::allowed_token(&east, &ec).await?;
-    crate::link_cluster(&wc, &east, &east_token).await?;
+    crate::link_cluster(&wc, &east, &east.server_url(), &east_token).await?;
     let west_token = crate::allowed_token(&west, &wc).await?;
-    crate::link_cluster(&ec, &west, &west_token).await?;
+    crate::link_cluster(&ec, &west, &west.server_url(), &west_token).await?;
     let controllers = vec![controller(binary, &west)?, controller(binary, &east)?];
     let pod_steps = vec![
         tokio::spawn(pod_step(wc, node_address(&west, 10))),

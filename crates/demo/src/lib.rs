@@ -17,6 +17,10 @@
 #![forbid(unsafe_code)]
 
 pub mod conformance;
+pub mod mode;
+mod nodes;
+mod pods;
+mod table;
 pub mod traffic;
 
 use anyhow::Context;
@@ -28,6 +32,7 @@ use local_cluster::{
     ClusterOptions, DataPlane, GATEWAY_PORT, Gateway, LocalCluster, PROBE_PORT, Workload,
     apply_yaml, publish_endpoints,
 };
+use mode::{Host, Mode};
 use service_mirror_controller::admin::{self, AdminState};
 use service_mirror_controller::cli::allow::{
     DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT, allow_manifests, token_secret_name,
@@ -45,15 +50,15 @@ use service_mirror_controller::links::{
 use service_mirror_controller::metrics::Metrics;
 use service_mirror_core::NamespaceFilter;
 use service_mirror_core::labels::{
-    CLUSTER_NAME_LABEL, GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, MIRRORED_SERVICE_LABEL,
-    MIRRORED_SERVICE_VALUE, PROBE_PATH_ANNOTATION, PROBE_PERIOD_ANNOTATION,
-    REMOTE_SVC_FQ_NAME_ANNOTATION, owner_selector,
+    GATEWAY_NAME_ANNOTATION, GATEWAY_NS_ANNOTATION, PROBE_PATH_ANNOTATION, PROBE_PERIOD_ANNOTATION,
+    owner_selector,
 };
 use service_mirror_testkit::{Baseline, Remote as InvariantRemote, Violation, World, check};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use table::step;
 use tokio_util::sync::CancellationToken;
 use traffic::Traffic;
 
@@ -67,6 +72,11 @@ pub struct DemoArgs {
     /// data-plane binaries built).
     #[arg(long)]
     no_traffic: bool,
+    /// Tell the story with the controller in this process and requests from west's node
+    /// namespace, even where real nodes can run (as root, with the node binaries and
+    /// images built).
+    #[arg(long)]
+    no_nodes: bool,
     /// Instead of the story: two linked clusters, each named by its ClusterProperty
     /// `id.k8s.io` (MCS on by default),
     /// and a kubeconfig for the upstream MCS conformance suite (see `conformance.rs`),
@@ -75,14 +85,14 @@ pub struct DemoArgs {
     mcs_conformance: bool,
 }
 
-const NS: &str = "shop";
+pub(crate) const NS: &str = "shop";
 /// Probe settings of the demo's gateways: quick, so a dead gateway shows within seconds.
-const PROBE_PERIOD_SECS: &str = "1";
+pub(crate) const PROBE_PERIOD_SECS: &str = "1";
 /// Port of the `metrics` port the story adds to east's web (and, with traffic, of its
 /// workload).
-const METRICS_PORT: u16 = 9090;
+pub(crate) const METRICS_PORT: u16 = 9090;
 /// Port of the workload of a remote's i-th service: this + i (on the remote's node).
-const WORKLOAD_PORT: u16 = 8080;
+pub(crate) const WORKLOAD_PORT: u16 = 8080;
 
 /// A remote cluster of the demo and its gateway.
 struct Remote {
@@ -218,12 +228,14 @@ async fn start_clusters(
 
 async fn story(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let traffic = match traffic::decide_here(args.no_traffic)? {
-        Traffic::Run => true,
-        Traffic::Skip(why) => {
-            println!("skipped: real traffic through the mirrors: {why}");
-            false
-        }
+    let decision = mode::decide(&Host::here(args.no_traffic, args.no_nodes))?;
+    if let Some(line) = &decision.skipped {
+        println!("{line}");
+    }
+    let traffic = match decision.mode {
+        Mode::Nodes => return nodes::story(args.keep, started).await,
+        Mode::Traffic => true,
+        Mode::Story => false,
     };
     if traffic {
         println!(
@@ -288,7 +300,14 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         // A Link carries the gateway's values: the gateway comes first.
         if r.by_link {
             setup_remote(r).await?;
-            link_remote_by_link(&local, r, &token).await?;
+            link_by_link(
+                &local,
+                &r.cluster,
+                &r.client,
+                &r.cluster.server_url(),
+                &token,
+            )
+            .await?;
         } else {
             link_remote(&local, r, &token).await?;
             setup_remote(r).await?;
@@ -433,14 +452,7 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
 
     let north_svcs: Api<Service> = Api::namespaced(remotes[1].client.clone(), NS);
     north_svcs
-        .patch(
-            "search",
-            &PatchParams::default(),
-            // The annotation exports from a Secret link, the label from a Link.
-            &merge(serde_json::json!({"metadata": {
-                "annotations": {GATEWAY_NAME_ANNOTATION: null},
-                "labels": {EXPORTED_LABEL: null}}})),
-        )
+        .patch("search", &PatchParams::default(), &unexport_patch())
         .await?;
     step(
         &local,
@@ -536,40 +548,12 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
         traffic::answered(wp, &host, 80, "north/reviews", "after ").await?;
     }
 
-    // The oracle knows the 2020 contract (Secret links) only: north's Link mirrors are
-    // checked by `check` below, and are the only mirrors it may call unexplained.
-    let world = World {
-        local: local.clone(),
-        remotes: remotes
-            .iter()
-            .filter(|r| !r.by_link)
-            .map(|r| InvariantRemote {
-                cluster: r.cluster.name().to_string(),
-                domain: None,
-                client: r.client.clone(),
-            })
-            .collect(),
-        namespaces: NamespaceFilter::default(),
-        controller_namespace: Some(DEFAULT_NAMESPACE.into()),
-    };
-    let mut violations = check(&world, &baseline).await;
-    let mut by_link = std::collections::BTreeSet::new();
-    for r in remotes.iter().filter(|r| r.by_link) {
-        by_link.extend(owned_by(&local, r.cluster.name()).await?);
-    }
-    violations.retain(|v| !matches!(v, Violation::Extra(_, key, _) if by_link.contains(key)));
-    println!(
-        "\nInvariant check of east (mirrors = exported services of linked clusters, nothing foreign changed): {} violation(s).",
-        violations.len()
-    );
-    for v in &violations {
-        println!("  {v:?}");
-    }
-    anyhow::ensure!(
-        violations.is_empty(),
-        "the world does not keep its invariants"
-    );
-    print_check(&local, admin_addr).await?;
+    let checked: Vec<(&str, &Client, bool)> = remotes
+        .iter()
+        .map(|r| (r.cluster.name(), &r.client, r.by_link))
+        .collect();
+    invariants(&local, &checked, &baseline).await?;
+    print_check(&local, &admin_addr.to_string()).await?;
     println!("Story told in {:.1?}.", started.elapsed());
     if args.keep {
         println!("\nThe clusters keep running (Ctrl-C stops them and removes their files):");
@@ -610,7 +594,14 @@ async fn story(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn merge(v: serde_json::Value) -> Patch<serde_json::Value> {
+/// Unexports a Service: the annotation exports from a Secret link, the label from a Link.
+pub(crate) fn unexport_patch() -> Patch<serde_json::Value> {
+    merge(serde_json::json!({"metadata": {
+        "annotations": {GATEWAY_NAME_ANNOTATION: null},
+        "labels": {EXPORTED_LABEL: null}}}))
+}
+
+pub(crate) fn merge(v: serde_json::Value) -> Patch<serde_json::Value> {
     Patch::Merge(v)
 }
 
@@ -703,20 +694,22 @@ pub(crate) async fn allowed_token(
 
 /// `link`'s Secret applied to the local cluster.
 async fn link_remote(local: &Client, r: &Remote, token: &str) -> anyhow::Result<()> {
-    link_cluster(local, &r.cluster, token).await
+    link_cluster(local, &r.cluster, &r.cluster.server_url(), token).await
 }
 
-/// `link`'s Secret of `remote` (its ServiceAccount's `token`) applied through `local`.
+/// `link`'s Secret of `remote` (its ServiceAccount's `token`; its apiserver at `server`)
+/// applied through `local`.
 pub(crate) async fn link_cluster(
     local: &Client,
     remote: &LocalCluster,
+    server: &str,
     token: &str,
 ) -> anyhow::Result<()> {
     let secret = link_secret(
         remote.name(),
         "cluster.local",
         DEFAULT_NAMESPACE,
-        &remote.server_url(),
+        server,
         remote.ca_pem().as_bytes(),
         token,
     )?;
@@ -726,19 +719,21 @@ pub(crate) async fn link_cluster(
     Ok(())
 }
 
-/// What `link --format link` prints (same code), applied to the local cluster.
-async fn link_remote_by_link(local: &Client, r: &Remote, token: &str) -> anyhow::Result<()> {
-    let cluster = r.cluster.name();
+/// What `link --format link` prints (same code) for `remote` (reached through
+/// `remote_client`; its apiserver at `server` in the kubeconfig), applied to `local`.
+pub(crate) async fn link_by_link(
+    local: &Client,
+    remote: &LocalCluster,
+    remote_client: &Client,
+    server: &str,
+    token: &str,
+) -> anyhow::Result<()> {
+    let cluster = remote.name();
     let args = LinkGenArgs::default();
-    let gateway = Api::<Service>::namespaced(r.client.clone(), &args.gateway_namespace)
+    let gateway = Api::<Service>::namespaced(remote_client.clone(), &args.gateway_namespace)
         .get(&args.gateway_name)
         .await?;
-    let kubeconfig = kubeconfig_yaml(
-        cluster,
-        &r.cluster.server_url(),
-        r.cluster.ca_pem().as_bytes(),
-        token,
-    )?;
+    let kubeconfig = kubeconfig_yaml(cluster, server, remote.ca_pem().as_bytes(), token)?;
     let (link, _warnings) = link_resource(
         cluster,
         "cluster.local",
@@ -749,6 +744,48 @@ async fn link_remote_by_link(local: &Client, r: &Remote, token: &str) -> anyhow:
     let secret = credentials_secret(cluster, DEFAULT_NAMESPACE, kubeconfig);
     let docs = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [secret, link]});
     apply_yaml(local, &docs.to_string()).await?;
+    Ok(())
+}
+
+/// The oracle's check of west against `baseline`, printed; `remotes` are (name, client,
+/// linked by a Link). The oracle knows the 2020 contract (Secret links) only: Link mirrors
+/// are checked by `check`, and are the only mirrors it may call unexplained.
+pub(crate) async fn invariants(
+    local: &Client,
+    remotes: &[(&str, &Client, bool)],
+    baseline: &Baseline,
+) -> anyhow::Result<()> {
+    let world = World {
+        local: local.clone(),
+        remotes: remotes
+            .iter()
+            .filter(|r| !r.2)
+            .map(|r| InvariantRemote {
+                cluster: r.0.to_string(),
+                domain: None,
+                client: r.1.clone(),
+            })
+            .collect(),
+        namespaces: NamespaceFilter::default(),
+        controller_namespace: Some(DEFAULT_NAMESPACE.into()),
+    };
+    let mut violations = check(&world, baseline).await;
+    let mut by_link = std::collections::BTreeSet::new();
+    for r in remotes.iter().filter(|r| r.2) {
+        by_link.extend(owned_by(local, r.0).await?);
+    }
+    violations.retain(|v| !matches!(v, Violation::Extra(_, key, _) if by_link.contains(key)));
+    println!(
+        "\nInvariant check of east (mirrors = exported services of linked clusters, nothing foreign changed): {} violation(s).",
+        violations.len()
+    );
+    for v in &violations {
+        println!("  {v:?}");
+    }
+    anyhow::ensure!(
+        violations.is_empty(),
+        "the world does not keep its invariants"
+    );
     Ok(())
 }
 
@@ -787,7 +824,7 @@ async fn owned_by(local: &Client, cluster: &str) -> anyhow::Result<Vec<(String, 
 }
 
 /// The Link CRD, applied and served (at most 30 s).
-async fn install_link_crd(local: &Client) -> anyhow::Result<()> {
+pub(crate) async fn install_link_crd(local: &Client) -> anyhow::Result<()> {
     apply_yaml(local, LINK_CRD_YAML).await?;
     let links: Api<LinkResource> = Api::namespaced(local.clone(), DEFAULT_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -801,14 +838,14 @@ async fn install_link_crd(local: &Client) -> anyhow::Result<()> {
 }
 
 /// `check` on west (the same checks), and the gateways it saw.
-async fn print_check(local: &Client, admin: SocketAddr) -> anyhow::Result<()> {
+pub(crate) async fn print_check(local: &Client, admin: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let lines = loop {
         let g = gather(
             local,
             DEFAULT_NAMESPACE,
             LEASE_NAME,
-            &MetricsSource::Addr(admin.to_string()),
+            &MetricsSource::Addr(admin.into()),
         )
         .await?;
         let lines = checks::all(&g);
@@ -823,7 +860,7 @@ async fn print_check(local: &Client, admin: SocketAddr) -> anyhow::Result<()> {
     println!("\n$ service-mirror gateways --admin-addr {admin}");
     print!(
         "{}",
-        service_mirror_controller::cli::gateways::gateways_table(&admin.to_string()).await?
+        service_mirror_controller::cli::gateways::gateways_table(admin).await?
     );
     anyhow::ensure!(
         lines.iter().all(|l| l.ok),
@@ -835,11 +872,11 @@ async fn print_check(local: &Client, admin: SocketAddr) -> anyhow::Result<()> {
 /// Linkerd's default export label (a Link's selector).
 const EXPORTED_LABEL: &str = "mirror.linkerd.io/exported";
 /// The leader-election Lease (`run`'s default name).
-const LEASE_NAME: &str = "service-mirror";
+pub(crate) const LEASE_NAME: &str = "service-mirror";
 
 /// A Service exported both ways: the gateway annotations (Secret links) and the label
 /// of a Link's default selector.
-fn exported(name: &str) -> anyhow::Result<Service> {
+pub(crate) fn exported(name: &str) -> anyhow::Result<Service> {
     Ok(serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {EXPORTED_LABEL: "true"}, "annotations": {
             GATEWAY_NAME_ANNOTATION: "linkerd-gateway", GATEWAY_NS_ANNOTATION: DEFAULT_NAMESPACE}},
@@ -847,7 +884,7 @@ fn exported(name: &str) -> anyhow::Result<Service> {
     }))?)
 }
 
-async fn set_gateway_ip(remote: &Client, ip: Ipv4Addr) -> anyhow::Result<()> {
+pub(crate) async fn set_gateway_ip(remote: &Client, ip: Ipv4Addr) -> anyhow::Result<()> {
     // No cloud here: the load balancer status is written by hand.
     let status =
         serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}});
@@ -879,144 +916,4 @@ async fn setup_remote(r: &mut Remote) -> anyhow::Result<()> {
             .await?;
     }
     Ok(())
-}
-
-/// One row of the table.
-struct Row {
-    cluster: String,
-    remote: String,
-    mirror: String,
-    endpoints: String,
-    state: &'static str,
-}
-
-async fn table(local: &Client) -> anyhow::Result<Vec<Row>> {
-    let lp = ListParams::default().labels(&format!(
-        "{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE}"
-    ));
-    let services = Api::<Service>::namespaced(local.clone(), NS)
-        .list(&lp)
-        .await?;
-    let endpoints = Api::<Endpoints>::namespaced(local.clone(), NS)
-        .list(&lp)
-        .await?;
-    let mut rows = Vec::new();
-    for s in services.items {
-        let name = s.metadata.name.clone().unwrap_or_default();
-        let label = |k: &str| {
-            s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(k))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let fq = s
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(REMOTE_SVC_FQ_NAME_ANNOTATION))
-            .cloned()
-            .unwrap_or_default();
-        let subsets = endpoints
-            .items
-            .iter()
-            .find(|e| e.metadata.name.as_deref() == Some(name.as_str()))
-            .and_then(|e| e.subsets.clone())
-            .unwrap_or_default();
-        let (mut ready, mut not_ready, mut ports) = (Vec::new(), Vec::new(), Vec::new());
-        for ss in &subsets {
-            ready.extend(ss.addresses.iter().flatten().map(|a| a.ip.clone()));
-            not_ready.extend(
-                ss.not_ready_addresses
-                    .iter()
-                    .flatten()
-                    .map(|a| a.ip.clone()),
-            );
-            ports.extend(
-                ss.ports
-                    .iter()
-                    .flatten()
-                    .map(|p| format!("{}={}", p.name.as_deref().unwrap_or("-"), p.port)),
-            );
-        }
-        let state = match (ready.is_empty(), not_ready.is_empty()) {
-            (false, _) => "ready",
-            (true, false) => "not ready",
-            (true, true) => "no gateway",
-        };
-        let addrs: Vec<String> = ready.into_iter().chain(not_ready).collect();
-        rows.push(Row {
-            cluster: label(CLUSTER_NAME_LABEL),
-            remote: fq.split('.').next().unwrap_or_default().to_string(),
-            endpoints: if addrs.is_empty() {
-                "-".into()
-            } else {
-                format!("{} [{}]", addrs.join(","), ports.join(" "))
-            },
-            state,
-            mirror: name,
-        });
-    }
-    rows.sort_by(|a, b| (&a.cluster, &a.mirror).cmp(&(&b.cluster, &b.mirror)));
-    Ok(rows)
-}
-
-/// Narrates a step and prints the local table live, each time it changes, until it
-/// satisfies `done` (at most 30 s).
-async fn step(
-    local: &Client,
-    narration: &str,
-    done: impl Fn(&[Row]) -> bool,
-) -> anyhow::Result<()> {
-    println!("\n> {narration}");
-    let start = Instant::now();
-    let mut shown = String::new();
-    loop {
-        let rows = table(local).await?;
-        let rendered = render(&rows);
-        let finished = done(&rows);
-        if rendered != shown {
-            // Intermediate states are shown as they happen, marked with their time.
-            if !finished {
-                println!("  [{:>6.1?}]", start.elapsed());
-            }
-            print!("{rendered}");
-            shown = rendered;
-        }
-        if finished {
-            println!("  (converged in {:.1?})", start.elapsed());
-            return Ok(());
-        }
-        anyhow::ensure!(
-            start.elapsed() < Duration::from_secs(30),
-            "the mirror did not converge within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn render(rows: &[Row]) -> String {
-    let h = [
-        "CLUSTER",
-        "NAMESPACE",
-        "REMOTE",
-        "MIRROR",
-        "ENDPOINTS",
-        "STATE",
-    ];
-    let mut out = format!(
-        "  {:<7} {:<9} {:<9} {:<16} {:<42} {}\n",
-        h[0], h[1], h[2], h[3], h[4], h[5]
-    );
-    if rows.is_empty() {
-        out += "  (no mirror yet)\n";
-    }
-    for r in rows {
-        out += &format!(
-            "  {:<7} {:<9} {:<9} {:<16} {:<42} {}\n",
-            r.cluster, NS, r.remote, r.mirror, r.endpoints, r.state
-        );
-    }
-    out
 }
