@@ -22,6 +22,10 @@
 #                                              printed. As root it also installs the host
 #                                              tools they need (nft, ip: Debian packages
 #                                              nftables, iproute2) when missing.
+#   scripts/build-control-plane.sh --node-packages
+#                                              only the node's Debian packages (as root),
+#                                              no Go: what .ci/run installs before it
+#                                              builds images beside the Go builds
 #   scripts/build-control-plane.sh --node [--print]
 #                                              real nodes (docs/real-node.md): kubelet and
 #                                              kube-scheduler (same wrapper module and
@@ -85,7 +89,7 @@ if [[ "$mode" == --node ]]; then
   esac
 fi
 case "$mode" in
-  build | --print | --check | --regen | --data-plane | --print-data-plane | --node | --print-node) ;;
+  build | --print | --check | --regen | --data-plane | --print-data-plane | --node | --print-node | --node-packages) ;;
   -h | --help)
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
     exit 0
@@ -141,6 +145,10 @@ node_packages() {
   [[ $(id -u) != 0 ]]
 }
 
+if [[ "$mode" == --node-packages ]]; then
+  node_packages
+  exit
+fi
 if [[ "$mode" == --node || "$mode" == --print-node ]] && [[ -n "${SERVICE_MIRROR_NODE_DIR:-}" ]]; then
   given=$SERVICE_MIRROR_NODE_DIR
   for b in kubelet kube-scheduler helm; do

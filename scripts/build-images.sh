@@ -139,8 +139,8 @@ archive() { # rootfs tag config_json out
   mv "$a/config.json" "$a/$config_sha.json"
   jq -c -n --arg config "$config_sha.json" --arg tag "$tag" --arg layer "$layer_sha/layer.tar" \
     '[{Config: $config, RepoTags: [$tag], Layers: [$layer]}]' >"$a/manifest.json"
-  layer_tar "$a" "$out.tmp"
-  mv "$out.tmp" "$out"
+  layer_tar "$a" "$out.tmp.$$"
+  mv "$out.tmp.$$" "$out"
 }
 
 # Rebuilds <name> only when the hash of its inputs changed: prints nothing, returns 1
@@ -164,7 +164,7 @@ if stale pause.tar "$pause_key" || [[ ! -x "$dir/pause" ]]; then
   chmod 0755 "$r/pause"
   archive "$r" service-mirror.local/pause:3.10 \
     '{"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/"}' "$dir/pause.tar"
-  install -m 0755 "$r/pause" "$dir/pause.tmp" && mv "$dir/pause.tmp" "$dir/pause"
+  install -m 0755 "$r/pause" "$dir/pause.tmp.$$" && mv "$dir/pause.tmp.$$" "$dir/pause"
   echo "$pause_key" >"$dir/pause.tar.inputs"
   log "built pause.tar and pause"
 fi

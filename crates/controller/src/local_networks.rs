@@ -490,9 +490,27 @@ const NOT_SERVED_RETRY: Duration = Duration::from_secs(600);
 /// routine (the watcher lists or watches again by itself). Forbidden and not served
 /// are states at once; anything else only after [`UNREACHABLE_AFTER`] in a row.
 fn judge(error: &watcher::Error, failures: u32) -> Option<State> {
+    // 410 Gone (the resume point compacted away) is always routine: the watcher lists
+    // again. Seen in the chaos suite: after a compaction of the local etcd the nodes
+    // watch met 410 three times in a row (its backoff re-watching the same resource
+    // version) and an Event was written about a source that was readable.
+    if is_gone(error) {
+        return None;
+    }
     match State::of(error) {
         State::Unreachable if failures < UNREACHABLE_AFTER => None,
         state => Some(state),
+    }
+}
+
+/// Whether `error` is a 410 Gone (an expired resource version).
+fn is_gone(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::WatchError(e) => e.code == 410,
+        watcher::Error::WatchFailed(kube::Error::Api(e))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(e))
+        | watcher::Error::InitialListFailed(kube::Error::Api(e)) => e.code == 410,
+        _ => false,
     }
 }
 
@@ -531,7 +549,10 @@ async fn follow<K>(
                 e
             }
             Err(e) => {
-                failures += 1;
+                // A 410 Gone is routine (see `judge`): not a failure in a row.
+                if !is_gone(&e) {
+                    failures += 1;
+                }
                 shared.heard(source);
                 // The last good CIDRs stay: nothing is forgotten because of a failure.
                 if let Some(now) = judge(&e, failures) {
@@ -673,6 +694,8 @@ mod tests {
         let judged = [
             (gone(), 1, None),
             (gone(), 2, None),
+            (gone(), 3, None),
+            (gone(), 10, None),
             (watcher::Error::WatchFailed(api_error(500)), 1, None),
             (watcher::Error::InitialListFailed(api_error(500)), 2, None),
             (

@@ -66,6 +66,8 @@ pub(crate) struct Process {
     name: String,
     child: Child,
     log: PathBuf,
+    /// Whether [`Process::kill`] ran.
+    killed: bool,
 }
 
 impl Process {
@@ -93,6 +95,7 @@ impl Process {
             name: name.to_string(),
             child,
             log: log.to_path_buf(),
+            killed: false,
         })
     }
 
@@ -131,6 +134,11 @@ impl Process {
 
     /// Kills the process group with SIGKILL and reaps the child.
     pub(crate) fn kill(&mut self) {
+        // Once: after the first the pid (and group) may belong to another process.
+        if self.killed {
+            return;
+        }
+        self.killed = true;
         let pid = self.child.id() as libc::pid_t;
         // SAFETY: plain signal delivery to the group this child leads.
         unsafe {

@@ -301,6 +301,14 @@ async fn real_nodes_run_pods_reachable_across_nodes_and_leave_nothing_behind() {
     assert_eq!(answer.status, 200);
     let pids: Vec<u32> = nodes.iter().flat_map(|n| n.pids()).collect();
     drop(c);
+    // kubelet's and kube-controller-manager's fixed host paths stayed in the node's own
+    // mounts or the cluster's directory.
+    for path in ["/var/log/containers", "/usr/libexec/kubernetes"] {
+        assert!(
+            !std::path::Path::new(path).exists(),
+            "{path} made on the host"
+        );
+    }
     // Every node process, shim and container is gone, and every cgroup root.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -308,7 +316,14 @@ async fn real_nodes_run_pods_reachable_across_nodes_and_leave_nothing_behind() {
             .iter()
             .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
             .collect();
-        let cgroups = local_cluster::leftover_cgroups();
+        let ours = format!("service-mirror-{}-", std::process::id());
+        let cgroups: Vec<_> = local_cluster::leftover_cgroups()
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&ours))
+            })
+            .collect();
         if alive.is_empty() && cgroups.is_empty() {
             break;
         }

@@ -498,6 +498,8 @@ impl DataPlane {
                 "--node-monitor-period=2s".into(),
                 "--node-monitor-grace-period=10s".into(),
                 "--allocate-node-cidrs=false".into(),
+                // Else its flexvolume prober makes /usr/libexec/kubernetes on the host.
+                format!("--flex-volume-plugin-dir={}", d("kcm-flexvolume")),
             ]);
         } else {
             kcm.arg("--controllers=endpointslice-controller,endpointslice-mirroring-controller");

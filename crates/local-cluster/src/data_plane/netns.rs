@@ -19,6 +19,8 @@ pub(crate) struct Netns {
     holder: Process,
     /// A real node's first process (pid 1 of its pid namespace), inside the namespaces.
     init: Option<u32>,
+    /// Whether [`Netns::kill`] ran.
+    killed: std::sync::atomic::AtomicBool,
 }
 
 impl Netns {
@@ -52,6 +54,7 @@ impl Netns {
                     fd,
                     holder,
                     init: None,
+                    killed: Default::default(),
                 });
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -70,9 +73,10 @@ impl Netns {
     /// and its mounts go with the mount namespace: a SIGKILLed test leaves none behind.
     ///
     /// Before `init` runs, a shell in the new namespaces sets the hostname, mounts a
-    /// fresh /proc (for the new pid namespace), private tmpfs on /run and /var/lib
-    /// (containerd 1.6's pod netns mounts, kubelet's device-plugin socket, libcni's
-    /// cache: fixed host paths otherwise shared by every node) and binds each file of
+    /// fresh /proc (for the new pid namespace), private tmpfs on /run, /var/lib and
+    /// /var/log (containerd 1.6's pod netns mounts, kubelet's device-plugin socket,
+    /// libcni's cache, kubelet's /var/log/containers links: fixed host paths otherwise
+    /// shared by every node, and left behind by a killed one) and binds each file of
     /// `sysctls` (`(proc path under /proc/sys, file holding the value)`) over its
     /// sysctl, which kubelet would otherwise rewrite on the host.
     pub(crate) fn create_node(
@@ -84,6 +88,8 @@ impl Netns {
         let mut script = format!("set -e\nhostname {name}\n");
         script.push_str("mount -t tmpfs -o mode=755 tmpfs /run\n");
         script.push_str("mount -t tmpfs -o mode=755 tmpfs /var/lib\n");
+        // kubelet links every container log into the fixed /var/log/containers.
+        script.push_str("mount -t tmpfs -o mode=755 tmpfs /var/log\n");
         for (sysctl, file) in sysctls {
             script.push_str(&format!(
                 "mount --bind {} /proc/sys/{sysctl}\n",
@@ -133,6 +139,7 @@ impl Netns {
                         fd,
                         holder,
                         init: Some(first),
+                        killed: Default::default(),
                     });
                 }
             }
@@ -172,6 +179,10 @@ impl Netns {
     /// Kills the node at once, as a power loss would: SIGKILL to its first process,
     /// which takes every process of the node's pid namespace with it.
     pub(crate) fn kill(&self) {
+        // Once: the pid is reaped (and may be reused) after the first.
+        if self.killed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         if let Some(pid) = self.init {
             // SAFETY: plain signal delivery.
             unsafe {

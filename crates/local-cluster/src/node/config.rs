@@ -9,14 +9,17 @@ use std::path::Path;
 /// harness (`scripts/build-images.sh`), never pulled.
 pub const PAUSE_IMAGE: &str = "service-mirror.local/pause:3.10";
 
-/// The four kernel tunables kubelet rewrites when they differ from these values. They are
-/// not namespaced, so each node bind-mounts files holding these values over them in its
-/// own mount namespace: the host's values never change.
-pub(crate) const KUBELET_SYSCTLS: [(&str, &str); 4] = [
+/// The six kernel tunables kubelet 1.34 rewrites when they differ from these values
+/// (`setupKernelTunables`). They are not namespaced, so each node bind-mounts files
+/// holding these values over them in its own mount namespace: the host's values never
+/// change.
+pub(crate) const KUBELET_SYSCTLS: [(&str, &str); 6] = [
     ("vm/overcommit_memory", "1"),
     ("vm/panic_on_oom", "0"),
     ("kernel/panic", "10"),
     ("kernel/panic_on_oops", "1"),
+    ("kernel/keys/root_maxkeys", "1000000"),
+    ("kernel/keys/root_maxbytes", "25000000"),
 ];
 
 /// Where a node keeps its state: everything below its directory.

@@ -111,6 +111,7 @@ pub struct Node {
     paths: NodePaths,
     cgroup_root: String,
     ns: Arc<Netns>,
+    fabric: Arc<Fabric>,
     processes: Mutex<Vec<Process>>,
 }
 
@@ -159,6 +160,7 @@ impl Node {
             paths,
             cgroup_root,
             ns,
+            fabric: spec.fabric.clone(),
             processes: Mutex::new(Vec::new()),
         };
         node.write_files(&spec)?;
@@ -392,6 +394,10 @@ impl Node {
     /// cluster's node-lifecycle controller marks it NotReady and evicts its pods).
     pub fn kill(&self) {
         self.ns.kill();
+        self.fabric
+            .pod_routes
+            .lock()
+            .retain(|r| r.pid != self.ns.pid());
         for p in self.processes.lock().iter_mut() {
             p.kill();
         }
@@ -413,6 +419,11 @@ impl Node {
         }
         self.ns.kill();
         cgroups::remove(&self.cgroup_root, Duration::from_secs(10));
+        // Its pid may be reused by a process of another network namespace.
+        self.fabric
+            .pod_routes
+            .lock()
+            .retain(|r| r.pid != self.ns.pid());
     }
 }
 
