@@ -455,6 +455,7 @@ async fn ha_manifests_are_accepted_by_the_apiserver() {
             format!("ClusterRoleBinding/service-mirror-controller:{ns}"),
             format!("Role/{ns}/service-mirror"),
             format!("RoleBinding/{ns}/service-mirror"),
+            format!("Service/{ns}/service-mirror-admin"),
             format!("Deployment/{ns}/service-mirror"),
             format!("PodDisruptionBudget/{ns}/service-mirror"),
         ]
