@@ -87,10 +87,12 @@ async fn east_world(east: &LocalCluster) {
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": SHOP,
                 "labels": {"mirror.linkerd.io/exported": "true"}},
              "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
-            // Ready 3 s after it starts (a real gateway is not at once), and on SIGTERM
-            // it turns unready first and exits 3 s later, as a gateway draining its
-            // connections: kube-proxy refuses new ones meanwhile instead of sending
-            // them to an address that no longer answers.
+            // Ready 6 s after it starts (a real gateway is not at once, and a deleted
+            // one leaves a window of refusals several requests long: with 3 s one
+            // run saw none), and on SIGTERM it turns unready first and exits 3 s
+            // later, as a gateway draining its connections: kube-proxy refuses new
+            // ones meanwhile instead of sending them to an address that no longer
+            // answers.
             gateway_deployment(),
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "linkerd-gateway", "namespace": "linkerd-multicluster"},
              "spec": {"type": "LoadBalancer", "selector": {"app": "linkerd-gateway"}, "ports": [
@@ -142,12 +144,12 @@ fn gateway_deployment() -> serde_json::Value {
         "linkerd-multicluster",
         "linkerd-gateway",
         &["sh", "-c", script],
-        (4191, 3),
+        (4191, 6),
     );
     let spec = &mut d["spec"]["template"]["spec"];
     spec["terminationGracePeriodSeconds"] = 10.into();
     spec["containers"][0]["readinessProbe"] = serde_json::json!({"httpGet": {"path": "/ready", "port": 4191},
-        "initialDelaySeconds": 3, "periodSeconds": 1, "failureThreshold": 1});
+        "initialDelaySeconds": 6, "periodSeconds": 1, "failureThreshold": 1});
     d
 }
 
@@ -853,6 +855,45 @@ fn images(pods: &[Pod]) -> BTreeSet<String> {
         .collect()
 }
 
+/// `helm install`s the chart in `ns` of `local` (2 replicas, [`chart_values`]), links
+/// east into it and waits for both controller pods to be Ready; returns them.
+async fn helm_install_linked(
+    h: &support::chart::Helm,
+    local: &LocalCluster,
+    east: &LocalCluster,
+    ns: &str,
+) -> Vec<Pod> {
+    let chart = support::chart::chart_dir().display().to_string();
+    let mut args = vec![
+        "install",
+        "service-mirror",
+        &chart,
+        "-n",
+        ns,
+        "--create-namespace",
+    ];
+    let values = chart_values(2, TAG);
+    args.extend(values.iter().map(String::as_str));
+    helm(h, local, &args);
+    link_east(local, east, ns).await;
+    let client = local.client().await.unwrap();
+    ready_pods(&client, ns, SELECTOR, 2, Duration::from_secs(90)).await
+}
+
+/// Waits until the container of pod `pod` restarted (more than `before` restarts) and,
+/// if `ready`, is Ready again.
+async fn until_restarted(api: &Api<Pod>, pod: &str, before: i32, ready: bool, within: Duration) {
+    let t = Instant::now();
+    loop {
+        let p = api.get(pod).await.unwrap();
+        if restarts(&p) > before && (!ready || is_ready(&p)) {
+            return;
+        }
+        assert!(t.elapsed() < within, "{pod} restarted within {within:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_through_kills_upgrades_and_a_drain()
  {
@@ -872,20 +913,8 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
     let ns = "sm-helm";
     local_cluster::ensure_namespace(&wc, SHOP).await.unwrap();
     let chart = support::chart::chart_dir().display().to_string();
-    let mut args = vec![
-        "install",
-        "service-mirror",
-        &chart,
-        "-n",
-        ns,
-        "--create-namespace",
-    ];
-    let values = chart_values(2, TAG);
-    args.extend(values.iter().map(String::as_str));
     let t = Instant::now();
-    helm(&h, &west, &args);
-    link_east(&west, &east, ns).await;
-    let pods = ready_pods(&wc, ns, SELECTOR, 2, Duration::from_secs(90)).await;
+    let pods = helm_install_linked(&h, &west, &east, ns).await;
     eprintln!("helm install: 2 controller pods Ready in {:?}", t.elapsed());
     let nodes: BTreeSet<String> = pods
         .iter()
@@ -931,18 +960,7 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
     )
     .await;
     eprintln!("leader killed -9: {third} leads {took:?} later");
-    let t = Instant::now();
-    loop {
-        let p = pod_api.get(&second).await.unwrap();
-        if restarts(&p) > before && is_ready(&p) {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "{second} restarted after kill -9"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    until_restarted(&pod_api, &second, before, true, Duration::from_secs(60)).await;
     eprintln!(
         "killed container restarted and Ready {:?} after the kill",
         killed.elapsed()
@@ -993,17 +1011,7 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
     );
     signal(pid, libc::SIGSTOP);
     let stopped_at = Instant::now();
-    loop {
-        let p = pod_api.get(&third).await.unwrap();
-        if restarts(&p) > before {
-            break;
-        }
-        assert!(
-            stopped_at.elapsed() < Duration::from_secs(90),
-            "{third} restarted by its liveness probe"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    until_restarted(&pod_api, &third, before, false, Duration::from_secs(90)).await;
     eprintln!(
         "stopped container restarted by liveness {:?} after SIGSTOP",
         stopped_at.elapsed()
@@ -1257,20 +1265,7 @@ async fn a_lost_node_moves_the_controller_to_another_node_and_no_mirror_is_lost(
         )
         .await
         .unwrap();
-    let chart = support::chart::chart_dir().display().to_string();
-    let mut args = vec![
-        "install",
-        "service-mirror",
-        &chart,
-        "-n",
-        ns,
-        "--create-namespace",
-    ];
-    let values = chart_values(2, TAG);
-    args.extend(values.iter().map(String::as_str));
-    helm(&h, &local, &args);
-    link_east(&local, &east, ns).await;
-    let pods = ready_pods(&lc, ns, SELECTOR, 2, Duration::from_secs(90)).await;
+    let pods = helm_install_linked(&h, &local, &east, ns).await;
     assert!(
         pods.iter()
             .all(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(doomed.name()))

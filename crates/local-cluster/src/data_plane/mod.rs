@@ -74,19 +74,36 @@ pub fn data_plane_support() -> std::result::Result<(), String> {
 /// `CI` is not `true`, after printing one uncaptured `skipped: needs root for network
 /// namespaces` line; panics under `CI=true` or when root lacks a tool.
 pub fn skip_without_data_plane(test: &str) -> bool {
-    let Err(why) = data_plane_support() else {
+    skip_unless(
+        test,
+        data_plane_support(),
+        "the data plane",
+        "network namespaces",
+    )
+}
+
+/// `true` (skip) when `support` says why `what` cannot run and `CI` is not `true`,
+/// after printing one uncaptured `skipped: needs root for <needs>` line; panics under
+/// `CI=true` or as root (root lacking a tool is a broken setup, not a skip).
+pub(crate) fn skip_unless(
+    test: &str,
+    support: std::result::Result<(), String>,
+    what: &str,
+    needs: &str,
+) -> bool {
+    let Err(why) = support else {
         return false;
     };
     // SAFETY: plain getter.
     let root = unsafe { libc::geteuid() } == 0;
     if std::env::var("CI").as_deref() == Ok("true") || root {
-        panic!("{test}: the data plane cannot run: {why}");
+        panic!("{test}: {what} cannot run: {why}");
     }
     use std::io::Write;
     // Straight to fd 2: the test harness captures print!/eprint!, not this.
     let _ = writeln!(
         std::io::stderr(),
-        "{test}: skipped: needs root for network namespaces ({why})"
+        "{test}: skipped: needs root for {needs} ({why})"
     );
     true
 }

@@ -53,20 +53,7 @@ pub fn node_support() -> std::result::Result<(), String> {
 /// `true`, after printing one uncaptured `skipped: needs root for real nodes` line;
 /// panics under `CI=true` or when root lacks a package.
 pub fn skip_without_nodes(test: &str) -> bool {
-    let Err(why) = node_support() else {
-        return false;
-    };
-    // SAFETY: plain getter.
-    let root = unsafe { libc::geteuid() } == 0;
-    if std::env::var("CI").as_deref() == Ok("true") || root {
-        panic!("{test}: real nodes cannot run: {why}");
-    }
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "{test}: skipped: needs root for real nodes ({why})"
-    );
-    true
+    crate::data_plane::skip_unless(test, node_support(), "real nodes", "real nodes")
 }
 
 /// The pod CIDR of the next node of this process: 198.18.(192+n).0/24, outside every
