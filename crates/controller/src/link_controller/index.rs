@@ -130,6 +130,15 @@ impl Index {
         self.gateway_of.keys().chain(self.discovery.iter())
     }
 
+    /// Every key with something to do: the exported ones and those with local mirrors
+    /// (a mirror whose remote Service is gone or no longer selected is deleted by its
+    /// key's reconcile). A complete list that decisions waited for looks at all of them.
+    pub(crate) fn all_keys(&self) -> HashSet<ServiceKey> {
+        let mut keys = self.local_keys();
+        keys.extend(self.exported().cloned());
+        keys
+    }
+
     /// Forgets every gateway association (before a rebuild after a relist).
     pub(crate) fn clear_gateways(&mut self) {
         self.discovery.clear();
@@ -212,5 +221,18 @@ mod tests {
         assert_eq!(i.services().remove("ns", "a-east"), Some(key("a")));
         assert!(i.local_names(&key("a")).0.is_empty());
         assert_eq!(i.local_keys(), HashSet::from([key("b")]));
+    }
+
+    #[test]
+    fn every_key_holds_unexported_keys_that_still_have_mirrors() {
+        let mut i = Index::default();
+        i.set_gateway(&key("exported"), Some(GatewayRef::new("gw", "one")));
+        i.set_discovery(&key("discovered"), true);
+        // No longer selected: only its mirror is left, which its reconcile deletes.
+        i.services().set("ns", "gone-east", key("gone"));
+        assert_eq!(
+            i.all_keys(),
+            HashSet::from([key("exported"), key("discovered"), key("gone")])
+        );
     }
 }

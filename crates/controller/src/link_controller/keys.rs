@@ -92,8 +92,7 @@ pub(super) fn keys_for_remote(
                     }
                 }
             });
-            keys.extend(index.exported().cloned());
-            keys.extend(index.local_keys());
+            keys.extend(index.all_keys());
         }
     }
     keys

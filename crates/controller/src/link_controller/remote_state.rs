@@ -490,12 +490,7 @@ impl Reporter {
 
     /// Every key the link has: exported remote Services and local mirrors.
     fn requeue_all(&self) {
-        let keys: Vec<ServiceKey> = {
-            let index = self.index.lock();
-            let mut keys = index.local_keys();
-            keys.extend(index.exported().cloned());
-            keys.into_iter().collect()
-        };
+        let keys = self.index.lock().all_keys();
         for k in keys {
             self.queue.add(k);
         }

@@ -353,8 +353,11 @@ impl RemoteSliceEvents {
             keys.extend(h.lock().take_changed());
         }
         if matches!(ev, watcher::Event::InitDone) {
-            // Gateway mirrors wait for this list (their endpoints depend on it).
-            keys.extend(self.index.lock().exported().cloned());
+            // Every decision waits for this list (a Link's gateway endpoints depend on
+            // it) and a key that waited is not queued again by anything else: all keys,
+            // also those whose mirrors go (a Link's selector edit restarted the link and
+            // a no longer selected Service's key waited here: its mirror stayed).
+            keys.extend(self.index.lock().all_keys());
             match self.held.load(Ordering::SeqCst) {
                 0 => keys.extend(release(&self.readiness, &self.hostnames)),
                 hold if self.timed.swap(hold, Ordering::SeqCst) != hold => self.hold_started(hold),
@@ -395,8 +398,8 @@ impl RemoteSliceEvents {
             && h.lock().set_unavailable()
         {
             tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: new headless services get ClusterIP mirrors through the gateway, existing headless mirrors are kept as they are (grant it with `service-mirror allow`)");
-            // Headless keys waited for the slices' list: they are planned without it now.
-            let keys: Vec<ServiceKey> = self.index.lock().exported().cloned().collect();
+            // Keys waited for the slices' list: they are planned without it now.
+            let keys = self.index.lock().all_keys();
             for k in keys {
                 self.queue.add(k);
             }
@@ -406,7 +409,7 @@ impl RemoteSliceEvents {
             && readiness.lock().set_unavailable()
         {
             tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: mirrors get the gateway's endpoints whether or not the remote Service has ready endpoints (grant it with `service-mirror allow`)");
-            let keys: Vec<ServiceKey> = self.index.lock().exported().cloned().collect();
+            let keys = self.index.lock().all_keys();
             for k in keys {
                 self.queue.add(k);
             }

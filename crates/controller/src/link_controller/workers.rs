@@ -211,14 +211,7 @@ pub(super) async fn follow_leader(
         }
         if leader.leading_and_update() {
             reset_slots(&rec.index, &rec.limit);
-            let keys: Vec<ServiceKey> = {
-                let index = rec.index.lock();
-                index
-                    .exported()
-                    .cloned()
-                    .chain(index.local_keys())
-                    .collect()
-            };
+            let keys = rec.index.lock().all_keys();
             tracing::info!(cluster = %rec.link.cluster_name, keys = keys.len(), "leader: reconciling everything");
             for k in keys {
                 rec.queue.add(k);
