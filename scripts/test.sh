@@ -34,4 +34,7 @@ for arg in "$@"; do
     --) break ;;
   esac
 done
-exec cargo test --workspace "$@"
+# Other arguments go to `cargo test --workspace` (one binary after another); none runs
+# every test binary, several at once (scripts/test-parallel.sh).
+[ "$#" -gt 0 ] && exec cargo test --workspace "$@"
+exec bash scripts/test-parallel.sh

@@ -741,7 +741,19 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
                     .is_some_and(|f| f.ends_with(&format!(".svc.{domain}")))
             })
             .await;
-        assert_eq!(svc.metadata.uid, uid, "round {round}: the same mirror");
+        assert_eq!(
+            svc.metadata.uid,
+            uid,
+            "round {round}: the same mirror; writes {:?}\n{}",
+            env.local_writes(),
+            ctl.log_lines("")
+                .iter()
+                .rev()
+                .take(40)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
         source_is(&ctl, &env.cluster, made.metadata.uid.as_deref().unwrap()).await;
         let deleted = deletes(&env.local_writes());
         assert!(

@@ -7,8 +7,9 @@
 //! states still come at the configured times.
 //! Needs root: without it each test prints `skipped: needs root for network namespaces`.
 
-mod support;
-
+use crate::support::controller::{Controller, link_secret, reader_kubeconfig};
+use crate::support::wire::data_plane_cluster;
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, PostParams};
@@ -17,9 +18,6 @@ use local_cluster::{
     skip_without_data_plane,
 };
 use std::time::{Duration, Instant};
-use support::controller::{Controller, link_secret, reader_kubeconfig};
-use support::wire::data_plane_cluster;
-use support::*;
 
 /// The stale settings of these tests, in seconds.
 const GRACE: u64 = 2;

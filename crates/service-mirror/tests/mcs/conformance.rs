@@ -7,14 +7,13 @@
 //! each cluster named by its ClusterProperty `id.k8s.io`, as their logs say).
 #![cfg(feature = "demo")]
 
-mod support;
-
+use crate::support;
+use crate::support::eventually;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use service_mirror_demo::conformance::{Prepared, SUITE_NAMESPACE_PREFIX, prepare};
 use std::path::Path;
-use support::eventually;
 
 /// A client of context `context` of the harness's kubeconfig.
 async fn client(prepared: &Prepared, context: &str) -> kube::Client {

@@ -6,20 +6,18 @@
 //! `web-federated.shop.svc.cluster.local` go through west's kube-proxy, which reads the
 //! per-cluster EndpointSlices the federation writes. Needs root (network namespaces).
 
-mod support;
-
+use crate::support::controller::Controller;
+use crate::support::links::allowed_kubeconfig;
+use crate::support::wire::{
+    await_failover, data_plane_cluster, link_through_gateway, serve_web, slice_ready,
+    until_each_answers,
+};
+use crate::support::*;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use local_cluster::{DataPlane, Gateway, LocalCluster, Workload, skip_without_data_plane};
 use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
 use std::time::{Duration, Instant};
-use support::controller::Controller;
-use support::links::allowed_kubeconfig;
-use support::wire::{
-    await_failover, data_plane_cluster, link_through_gateway, serve_web, slice_ready,
-    until_each_answers,
-};
-use support::*;
 
 const FEDERATED: &str = "web-federated.shop.svc.cluster.local";
 /// The Links' probe: every second, dead after three failures.

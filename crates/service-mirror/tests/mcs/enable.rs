@@ -6,8 +6,10 @@
 //! And docs/operations.md's MCS recipe, read from the document and followed as written
 //! on two apiservers of its own.
 
-mod support;
-
+use crate::support;
+use crate::support::controller::{Controller, service_mirror};
+use crate::support::mcs::mcs_api;
+use crate::support::{create_namespace, events_on, eventually};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -21,9 +23,6 @@ use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD
 use service_mirror_controller::permissions::service_export_api_served;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use support::controller::{Controller, service_mirror};
-use support::mcs::mcs_api;
-use support::{create_namespace, events_on, eventually};
 
 /// Longest wait for a start's verdict (a start asks two questions).
 const VERDICT_WITHIN: Duration = Duration::from_secs(30);
@@ -315,7 +314,7 @@ struct Step {
 /// The commands of the recipe block of docs/operations.md, in order: comments and
 /// blank lines dropped, `\` continuations joined, `<<EOF` heredocs attached.
 fn recipe_steps() -> Vec<Step> {
-    let doc = include_str!("../../../docs/operations.md");
+    let doc = include_str!("../../../../docs/operations.md");
     let at = doc.find(RECIPE_MARKER).expect("the recipe marker");
     let rest = &doc[at..];
     let body = &rest[rest.find("```sh\n").expect("a sh block after the marker") + 6..];

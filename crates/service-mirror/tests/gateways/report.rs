@@ -2,15 +2,13 @@
 //! names, on a real controller process linked to a real remote: one gateway answers its
 //! probes, one does not (its probe port is closed).
 
-mod support;
-
+use crate::support::controller::{
+    LinkSecrets, OPENMETRICS_ACCEPT, controller_in_new_namespace, reader_kubeconfig, service_mirror,
+};
+use crate::support::*;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, PostParams};
 use std::net::{IpAddr, SocketAddr};
-use support::controller::{
-    LinkSecrets, OPENMETRICS_ACCEPT, controller_in_new_namespace, reader_kubeconfig, service_mirror,
-};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// This machine's address on its default route: probes from the controller process reach

@@ -4,8 +4,8 @@
 //! Every expected field is written out from the KEP and the contract and read as plain
 //! JSON, never computed with the core.
 
-mod support;
-
+use crate::support::eventually;
+use crate::support::mcs::*;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
@@ -15,8 +15,6 @@ use service_mirror_controller::writer::{LocalWriter, MirrorSelector};
 use service_mirror_core::federated::MemberGateway;
 use service_mirror_core::mcs_slices::SourceGateway;
 use std::time::Duration;
-use support::eventually;
-use support::mcs::*;
 
 const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 

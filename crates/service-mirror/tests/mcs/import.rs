@@ -3,14 +3,12 @@
 //! expected import is written out from the KEP and read as plain JSON, never computed
 //! with the core.
 
-mod support;
-
+use crate::support::mcs::*;
+use crate::support::{create_namespace, eventually};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::net::Ipv4Addr;
 use std::time::Duration;
-use support::mcs::*;
-use support::{create_namespace, eventually};
 
 const BOTH: [&str; 2] = ["west", "east"];
 

@@ -6,17 +6,15 @@
 //! `web-1.web.shop.svc.cluster.local` in east. Needs root (network namespaces): without
 //! it the test prints `skipped: needs root for network namespaces`.
 
-mod support;
-
+use crate::support::controller::{Controller, kubeconfig_with_rules, link_secret};
+use crate::support::wire::data_plane_cluster;
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, PostParams};
 use local_cluster::skip_without_data_plane;
 use std::time::{Duration, Instant};
-use support::controller::{Controller, kubeconfig_with_rules, link_secret};
-use support::wire::data_plane_cluster;
-use support::*;
 
 /// The pods' port (the headless Service's port and target port).
 const POD_PORT: u16 = 8080;

@@ -9,19 +9,18 @@
 //! `clusterset.local`: the requests carry `web.shop.svc.clusterset.local` as their Host
 //! only (the stand-in gateway routes by it). Needs root (network namespaces).
 
-mod support;
-
+use crate::support;
+use crate::support::controller::Controller;
+use crate::support::wire::{
+    await_failover, data_plane_cluster, link_through_gateway, serve_web, slice_ready,
+    until_each_answers,
+};
+use crate::support::*;
 use kube::api::{Api, DynamicObject, PostParams};
 use local_cluster::{DataPlane, Gateway, LocalCluster, Workload, skip_without_data_plane};
 use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
-use support::controller::Controller;
-use support::wire::{
-    await_failover, data_plane_cluster, link_through_gateway, serve_web, slice_ready,
-    until_each_answers,
-};
-use support::*;
 
 const HOST: &str = "web.shop.svc.clusterset.local";
 /// The Link's probe: every second, dead after three failures.

@@ -4,17 +4,15 @@
 //!
 //! Expected conditions are written out from the KEP here, never computed with the core.
 
-mod support;
-
+use crate::support::controller::{Controller, LinkSecrets};
+use crate::support::mcs::*;
+use crate::support::{create_namespace, eventually};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use local_cluster::{shared_cluster, unique_namespace};
 use service_mirror_controller::leader::Leadership;
 use std::time::Duration;
-use support::controller::{Controller, LinkSecrets};
-use support::mcs::*;
-use support::{create_namespace, eventually};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,8 +4,9 @@
 //! Needs root: without it each test prints `skipped: needs root for network namespaces`
 //! (under CI=true it fails).
 
-mod support;
-
+use crate::support::controller::{Controller, link_secret, own_identity, reader_kubeconfig};
+use crate::support::wire::data_plane_cluster;
+use crate::support::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Secret, Service, ServicePort,
@@ -21,9 +22,6 @@ use service_mirror_core::NamespaceFilter;
 use service_mirror_testkit::monitor::{Monitor, Remit, WatchedRemote};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::controller::{Controller, link_secret, own_identity, reader_kubeconfig};
-use support::wire::data_plane_cluster;
-use support::*;
 
 /// Ports of east's `shop/web`: (name, service port, workload port).
 const WEB_PORTS: [(&str, i32, u16); 2] = [("http", 80, 8080), ("admin", 8081, 9090)];

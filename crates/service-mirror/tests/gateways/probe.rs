@@ -1,8 +1,7 @@
 //! Gateway probing on real apiservers, against small HTTP servers run by the test on
 //! 127.0.0.x addresses standing in for remote gateways.
 
-mod support;
-
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::PostParams;
 use service_mirror_controller::gateway::ProbeRedirect;
@@ -12,7 +11,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, Copy, Debug, PartialEq)]

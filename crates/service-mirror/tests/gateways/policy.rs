@@ -3,8 +3,8 @@
 //! by a stub resolver; every probe is redirected to one local server and recorded, so no
 //! traffic leaves loopback.
 
-mod support;
-
+use crate::support::resolver::MapResolver;
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use kube::api::PostParams;
 use service_mirror_controller::gateway::ProbeRedirect;
@@ -14,8 +14,6 @@ use service_mirror_core::{AddressPolicy, Cidr};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::resolver::MapResolver;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A local HTTP server answering every probe 200; returns its address.

@@ -7,8 +7,7 @@
 //! import type other than ClusterSetIP/Headless, three IPs, no ports, a port without a
 //! number, a condition reason with a space) is refused by the apiserver itself.
 
-mod support;
-
+use crate::support::eventually;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -19,7 +18,6 @@ use service_mirror_controller::mcs::{
     SERVED_VERSIONS, SERVICE_EXPORT_CRD_NAME, SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_NAME,
     SERVICE_IMPORT_CRD_YAML,
 };
-use support::eventually;
 
 const GROUP: &str = "multicluster.x-k8s.io";
 
