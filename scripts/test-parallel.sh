@@ -16,8 +16,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs=${SERVICE_MIRROR_TEST_JOBS:-3}
 # Longest first (seconds in the last CI runs), so the long poles start at once.
-ORDER="nodes scale federated least_privilege hostile_apiserver idle chaos demo wire mcs_enable
-  stale_remote link_gateway data_plane crash watcher smoke probe wire_stale cli_links"
+ORDER="scale nodes chaos demo data_plane crash wire mirrors links hostile_apiserver idle
+  least_privilege federated mcs write_leases gateways cli smoke run harness ha"
 HEAVY=" nodes scale demo chaos data_plane crash "
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/sm-tests.XXXXXX")

@@ -6,8 +6,7 @@
 //! slices and nothing garbage-collects by ownerReference, so every slice seen here is
 //! one the controller wrote, and every one gone is one it deleted.
 
-mod support;
-
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -20,7 +19,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GW_PORT: i32 = 4143;

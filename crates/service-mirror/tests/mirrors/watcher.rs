@@ -1,7 +1,7 @@
 //! Every behaviour of one cluster watcher, on two real apiservers (remote + local).
 
-mod support;
-
+use crate::support::resolver::MapResolver;
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -10,8 +10,6 @@ use local_cluster::{ClusterOptions, LocalCluster, TcpProxy};
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use std::sync::Arc;
 use std::time::Duration;
-use support::resolver::MapResolver;
-use support::*;
 
 const GW_PORT: i32 = 4143;
 

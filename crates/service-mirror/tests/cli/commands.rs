@@ -8,10 +8,10 @@ use local_cluster::{LocalCluster, apply_yaml, client_from_yaml, shared_cluster, 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+#[path = "../images/mod.rs"]
 mod images;
-mod support;
 
-use support::controller::service_mirror;
+use crate::support::controller::service_mirror;
 
 const GATEWAY_NAME: &str = "mirror.linkerd.io/gateway-name";
 const GATEWAY_NS: &str = "mirror.linkerd.io/gateway-ns";

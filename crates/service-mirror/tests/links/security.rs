@@ -3,19 +3,17 @@
 //! delete a mirror and never disturb another link; transport weakenings work only with
 //! the per-link opt-in; text from the remote is bounded in Events.
 
-mod support;
-
+use crate::support::controller::{
+    Controller, LinkSecrets, controller_in_new_namespace, link_secret, reader_kubeconfig,
+};
+use crate::support::hostile_apiserver::{assert_bounded_and_clean, hostile_text};
+use crate::support::*;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use local_cluster::{Kubeconfig, with_server};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::controller::{
-    Controller, LinkSecrets, controller_in_new_namespace, link_secret, reader_kubeconfig,
-};
-use support::hostile_apiserver::{assert_bounded_and_clean, hostile_text};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

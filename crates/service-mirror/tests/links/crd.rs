@@ -4,10 +4,8 @@
 //! parse, bad input is stored (the CRD's fields are strings) and refused by
 //! `parse_link` with its reason, and the installed Role grants the Link permissions.
 
-#[path = "support/rbac.rs"]
-mod rbac_support;
-mod support;
-
+use crate::rbac_support;
+use crate::support::*;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
@@ -21,7 +19,6 @@ use service_mirror_controller::permissions::{
     link_api_served, link_permissions, missing_link_permissions, missing_permissions,
 };
 use std::time::Duration;
-use support::*;
 
 const KUBECONFIG: &str = "apiVersion: v1
 kind: Config

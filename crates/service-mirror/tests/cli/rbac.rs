@@ -3,10 +3,9 @@
 //! with exactly those permissions; each one removed is named in the log at startup; a
 //! remote credential that may not read Services is reported.
 
-#[path = "support/rbac.rs"]
-mod rbac_support;
-mod support;
-
+use crate::rbac_support;
+use crate::support::controller::service_mirror;
+use crate::support::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
@@ -16,8 +15,6 @@ use rbac_support::{
 };
 use service_mirror_controller::permissions::{Permission, is_allowed, missing_permissions};
 use std::time::{Duration, Instant};
-use support::controller::service_mirror;
-use support::*;
 
 const GW: i32 = 4143;
 /// The remote ServiceAccount `allow` creates by default.

@@ -3,8 +3,10 @@
 //! builds (`links::link_config` of `parse_link`'s spec), hostnames answered by a stub
 //! resolver, probes redirected to small HTTP servers on 127.0.0.x.
 
-mod support;
-
+use crate::support;
+use crate::support::links::{credentials_secret, link, remote_slice};
+use crate::support::resolver::MapResolver;
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
@@ -14,9 +16,6 @@ use service_mirror_controller::links::{LinkSpec, link_config, parse_link};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::links::{credentials_secret, link, remote_slice};
-use support::resolver::MapResolver;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The namespace the test Links and their credentials Secrets claim to live in (nothing

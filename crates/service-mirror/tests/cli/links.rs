@@ -5,8 +5,10 @@
 //! where a test needs probes answered, the controller runs in this process with its
 //! probes redirected to a health server on 127.0.0.1.
 
-mod support;
-
+use crate::support::controller::{
+    Controller, LinkSecrets, Run, controller_in_new_namespace, reader_kubeconfig, service_mirror,
+};
+use crate::support::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -27,10 +29,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use support::controller::{
-    Controller, LinkSecrets, Run, controller_in_new_namespace, reader_kubeconfig, service_mirror,
-};
-use support::*;
 use tokio_util::sync::CancellationToken;
 
 const GW_PORT: i32 = 4143;
@@ -1147,7 +1145,7 @@ async fn check_compares_trust_anchors_and_reports_orphans_foreign_write_leases_a
 // (`build-control-plane.sh --node`); without it these print one `skipped:` line (they
 // fail under CI=true).
 
-use support::chart::{self, compare_with_install, without_helm_metadata};
+use crate::support::chart::{self, compare_with_install, without_helm_metadata};
 
 /// `values` written to a file of its own; returns its path.
 fn values_file(name: &str, values: &serde_json::Value) -> String {

@@ -4,8 +4,8 @@
 //! slices are written by hand (no kube-controller-manager runs here), with pod addresses
 //! at documentation addresses never contacted.
 
-mod support;
-
+use crate::support;
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -13,7 +13,6 @@ use service_mirror_controller::link_controller::{LinkConfig, LinkController, Lin
 use service_mirror_core::{EndpointsMode, NamespaceFilter};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use support::*;
 
 const GW_PORT: i32 = 4143;
 const HEADLESS_PARENT: &str = "mirror.linkerd.io/headless-mirror-svc-name";

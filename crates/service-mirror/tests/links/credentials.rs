@@ -3,15 +3,13 @@
 //! this test's clients): rotate then revoke the old token, revoke with no replacement,
 //! and a rotation whose new credentials never sync.
 
-mod support;
-
+use crate::support::controller::{Controller, LinkSecrets, link_secret, reader_kubeconfig};
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use local_cluster::{Kubeconfig, LocalCluster, shared_cluster};
 use std::sync::Arc;
 use std::time::Duration;
-use support::controller::{Controller, LinkSecrets, link_secret, reader_kubeconfig};
-use support::*;
 
 const GW: i32 = 4143;
 const LINK: &str = "cluster-credentials-creds";

@@ -3,19 +3,18 @@
 //! empties Endpoints, remote discovery, status, namespaces, bad Links, credentials and
 //! Link lifecycle.
 
-mod support;
-
+use crate::support;
+use crate::support::controller::link_secret;
+use crate::support::links::{LinkWorld, remote_slice};
+use crate::support::{
+    CONVERGE, annotation, create_namespace, has_subsets, ports, subset_ips, subset_ports,
+    wait_event,
+};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use support::controller::link_secret;
-use support::links::{LinkWorld, remote_slice};
-use support::{
-    CONVERGE, annotation, create_namespace, has_subsets, ports, subset_ips, subset_ports,
-    wait_event,
-};
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

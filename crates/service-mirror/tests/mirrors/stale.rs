@@ -6,8 +6,8 @@
 //! empty list after an outage deletes nothing until confirmed; a restart starts no
 //! gateway as dead.
 
-mod support;
-
+use crate::support;
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
@@ -20,7 +20,6 @@ use service_mirror_core::{EndpointsMode, RemoteState, StalePolicy};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GW_PORT: i32 = 4143;
