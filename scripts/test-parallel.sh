@@ -16,8 +16,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs=${SERVICE_MIRROR_TEST_JOBS:-3}
 # Longest first (seconds in the last CI runs), so the long poles start at once.
-ORDER="scale nodes chaos demo data_plane crash wire mirrors links hostile_apiserver idle
-  least_privilege federated mcs write_leases gateways cli smoke run harness ha"
+ORDER="scale nodes chaos demo data_plane crash wire mirrors links hostile idle
+  least_privilege federated mcs run gateways cli smoke harness"
 HEAVY=" nodes scale demo chaos data_plane crash "
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/sm-tests.XXXXXX")

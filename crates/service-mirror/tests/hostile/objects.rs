@@ -1,14 +1,12 @@
 //! Hostile and bad input from a remote cluster: every case ends in a valid mirror or a
 //! reported refusal, never a crash, a stuck queue or a write outside the remit.
 
-mod support;
-
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::{Api, ListParams, PostParams};
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use service_mirror_controller::metrics::Metrics;
 use service_mirror_core::NamespaceFilter;
-use support::*;
 
 fn svc(value: serde_json::Value) -> Service {
     serde_json::from_value(value).unwrap()

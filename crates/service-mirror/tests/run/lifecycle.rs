@@ -1,16 +1,15 @@
 //! The `service-mirror run` binary: links from Secrets, bad links, many clusters, admin.
 
-mod support;
-
+use crate::support;
+use crate::support::controller::{
+    Controller, LinkSecrets, controller_in_new_namespace, link_secret, reader_kubeconfig,
+};
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, ListParams, PostParams};
 use local_cluster::{Kubeconfig, LocalCluster, shared_cluster, unique_namespace};
 use std::sync::Arc;
 use std::time::Duration;
-use support::controller::{
-    Controller, LinkSecrets, controller_in_new_namespace, link_secret, reader_kubeconfig,
-};
-use support::*;
 
 const GW: i32 = 4143;
 

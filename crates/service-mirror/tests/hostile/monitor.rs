@@ -3,8 +3,8 @@
 //! one of each forbidden kind; the monitor must pass the first and report each of the
 //! others as the breach it is, and ignore the same writes by another identity.
 
-mod support;
-
+use crate::support;
+use crate::support::{create_namespace, exported, sa_client};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -13,7 +13,6 @@ use local_cluster::LocalCluster;
 use service_mirror_core::NamespaceFilter;
 use service_mirror_testkit::monitor::{Breach, Monitor, Remit, UNCHANGED_FOR, WatchedRemote};
 use std::time::Duration;
-use support::{create_namespace, exported, sa_client};
 
 fn meta(ns: &str, name: &str) -> ObjectMeta {
     ObjectMeta {

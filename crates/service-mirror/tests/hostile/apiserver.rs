@@ -9,20 +9,18 @@
 //! `--max-remote-cache-bytes=0 --max-remote-response-bytes=0` to see the cases fail
 //! without the bounds.
 
-mod support;
-
+use crate::support::controller::{Controller, LinkSecrets, link_secret, reader_kubeconfig};
+use crate::support::hostile_apiserver::{
+    Fail, Hostile, List, Script, Watch, assert_bounded_and_clean, exported, gateway, hostile_text,
+    service,
+};
+use crate::support::*;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::controller::{Controller, LinkSecrets, link_secret, reader_kubeconfig};
-use support::hostile_apiserver::{
-    Fail, Hostile, List, Script, Watch, assert_bounded_and_clean, exported, gateway, hostile_text,
-    service,
-};
-use support::*;
 
 const GW: i32 = 4143;
 /// The install's memory limit (deploy manifests: 256Mi).

@@ -1,7 +1,7 @@
 //! High availability: two `service-mirror run` replicas, one Lease, one writer.
 
-mod support;
-
+use crate::support::controller::{Controller, link_secret, reader_kubeconfig};
+use crate::support::*;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
@@ -10,8 +10,6 @@ use service_mirror_core::NamespaceFilter;
 use service_mirror_testkit::monitor::{AuditWrite, Breach, Monitor, Remit};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use support::controller::{Controller, link_secret, reader_kubeconfig};
-use support::*;
 
 const LEASE: &str = "4s";
 

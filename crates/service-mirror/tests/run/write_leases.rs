@@ -5,8 +5,8 @@
 //! label never touched while its holder renews it: that link writes nothing until the
 //! Lease is released or expires, then it is taken over and the mirrors adopted in place.
 
-mod support;
-
+use crate::support::controller::{Controller, LinkSecrets, reader_kubeconfig};
+use crate::support::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Service, ServiceSpec,
@@ -16,8 +16,6 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use local_cluster::unique_namespace;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use support::controller::{Controller, LinkSecrets, reader_kubeconfig};
-use support::*;
 
 const LEASE_SECS: u64 = 3;
 
