@@ -9,7 +9,7 @@
 # CoreDNS: `build-control-plane.sh --data-plane`, which as root also installs nftables and
 # iproute2 when missing) are built too; SERVICE_MIRROR_DATA_PLANE_DIR=<dir> skips that.
 # So are the node binaries (kubelet, kube-scheduler and helm: `--node`; helm renders and
-# installs the chart in tests/cli_links.rs); SERVICE_MIRROR_NODE_DIR=<dir> skips that.
+# installs the chart in tests/cli/links.rs); SERVICE_MIRROR_NODE_DIR=<dir> skips that.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The tests then use this directory as is (an absolute path) instead of each test binary

@@ -679,7 +679,7 @@ async fn local_network_step(
     let env = &w.env;
     // A /24 of its own per case (cluster-wide objects on the shared apiserver): this
     // file's /16s are 10.252 (ServiceCIDRs) and 10.253 (Nodes);
-    // tests/gateway_policy.rs has 10.254 and 10.255.
+    // tests/gateways/policy.rs has 10.254 and 10.255.
     let n = 1 + (std::process::id() as usize + verb.len() * 7) % 250;
     let (cidr, addr) = match resource {
         // The list case uses the cluster's own ServiceCIDR `kubernetes` (the

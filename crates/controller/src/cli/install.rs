@@ -18,7 +18,7 @@
 //! Deployment. With `--ha`: three replicas spread over nodes and a PodDisruptionBudget.
 //!
 //! The Helm chart `charts/service-mirror` renders the same objects (the Namespace
-//! aside: Helm's `--create-namespace` makes it); `tests/cli_links.rs` compares the two
+//! aside: Helm's `--create-namespace` makes it); `tests/cli/links.rs` compares the two
 //! object by object.
 
 use super::allow::check_names;

@@ -75,7 +75,7 @@ impl GatewaySource {
 
 /// A gateway with more addresses than this is probed on its first address alone, as
 /// Linkerd probes every gateway, and that verdict is every address's: each of 1,200
-/// addresses (a gateway `tests/wire.rs` runs) probed every 3 s would be 400 probes a
+/// addresses (a gateway `tests/wire/links.rs` runs) probed every 3 s would be 400 probes a
 /// second for one gateway. Up to it, every address is probed (21 probes a second at
 /// most, at the default 3 s period) and goes not ready alone.
 pub(crate) const MAX_PROBED_ADDRESSES: usize = 64;

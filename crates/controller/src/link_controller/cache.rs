@@ -35,7 +35,7 @@ type Objects = HashMap<Key, Box<[u8]>>;
 /// cluster. A link's cache never passes it, a relist in progress included (both lists
 /// are in memory until the new one completes), so a remote relists whole up to about
 /// 55,000 Services: tests/scale.rs's 50,000 (45 MB while relisting) fit, which 32 MiB
-/// would refuse. Measured (tests/hostile_apiserver.rs, debug build, a remote listing
+/// would refuse. Measured (tests/hostile/apiserver.rs, debug build, a remote listing
 /// 500,000 Services beside a second, small link): refused at the 48 MiB cap the process
 /// peaked at 120 MiB of RSS, at a 32 MiB cap at 104 MiB; about one byte of RSS per
 /// cached byte over a ~72 MiB base (the process, a list page being decoded). By that

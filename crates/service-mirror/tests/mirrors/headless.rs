@@ -1059,7 +1059,7 @@ async fn a_hostname_whose_endpoint_mirror_would_be_the_parent_or_another_service
 
 /// Not a benchmark (the bench crate compares against the reference writer): how long a
 /// cold sync of one headless Service with 1,000 ready pods takes in-process, in `both`
-/// mode. `cargo test -p service-mirror --test headless -- --ignored --nocapture`.
+/// mode. `cargo test -p service-mirror --test mirrors headless:: -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "a measurement, about a minute"]
 async fn measure_cold_sync_of_a_thousand_headless_pods() {

@@ -87,7 +87,7 @@ impl Env {
     }
 
     /// The link's config in `endpoints` mode: the in-process tests check that mode's
-    /// objects and write counts (today's behaviour, kept exactly); tests/endpointslices.rs
+    /// objects and write counts (today's behaviour, kept exactly); tests/mirrors/endpointslices.rs
     /// sets the other modes, and the binary's tests run its default (`both`).
     pub(crate) fn config(&self) -> LinkConfig {
         LinkConfig {
@@ -318,7 +318,7 @@ pub(crate) async fn gateway_in(client: &Client, ns: &str, name: &str, port: i32,
     let spec = ServiceSpec {
         type_: Some("LoadBalancer".into()),
         // No mc-probe port: these gateways' addresses are documentation ranges that must
-        // never be contacted (probing is tested against local servers in tests/probe.rs).
+        // never be contacted (probing is tested against local servers in tests/gateways/probe.rs).
         ports: Some(ports(&[("mc-gateway", port)])),
         ..Default::default()
     };

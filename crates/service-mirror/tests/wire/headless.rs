@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 const POD_PORT: u16 = 8080;
 
 /// East's gateway Service `shop/gateway` in front of the stand-in gateway at `ip` (as
-/// tests/wire.rs makes it: ingress and Endpoints at the gateway's address).
+/// tests/wire/links.rs makes it: ingress and Endpoints at the gateway's address).
 async fn east_gateway(east: &kube::Client, ip: &str) {
     stand_in_gateway_service(east, "shop", ip, &[ip]).await;
 }
