@@ -7,6 +7,7 @@
 //! mirrors go); deleting a Link stops its link and keeps the mirrors, as Linkerd does
 //! (`service-mirror unlink` removes them).
 
+use super::choice;
 use super::cleanup::Cleanups;
 use super::collector::Collector;
 use super::connect::connect;
@@ -126,7 +127,8 @@ pub fn link_config(
     config
 }
 
-/// A link source object: a key of the manager's queue.
+/// A link source object: a key of the manager's queue. (Which of several links a
+/// cluster: choice.rs, not this type's order.)
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum SourceKey {
     /// A link Secret, by name.
@@ -602,46 +604,42 @@ impl Inner {
             .spawn(cluster, writer, only, leader, &self.cancel);
     }
 
-    /// Every source object that validly links `cluster`, oldest first (creation time,
-    /// then Links before Secrets, then name): the rule for which one links a cluster
-    /// two of them name, the same after a restart.
+    /// Every source object that validly links `cluster`, oldest first (the rule:
+    /// choice.rs), the same after a restart.
     fn candidates(&self, cluster: &str) -> Vec<SourceKey> {
-        let mut found: Vec<(Option<k8s_openapi::jiff::Timestamp>, SourceKey)> = Vec::new();
+        let mut sources = Vec::new();
         if self.opts.sources.secrets() {
             for s in self.secrets.state() {
-                if parse_link_secret(&s).is_ok_and(|spec| spec.link().cluster_name == cluster) {
-                    let created = s.metadata.creation_timestamp.clone().map(|t| t.0);
-                    found.push((created, SourceKey::Secret(s.name_any())));
-                }
+                sources.push(choice::Named {
+                    key: SourceKey::Secret(s.name_any()),
+                    created: s.metadata.creation_timestamp.clone().map(|t| t.0),
+                    cluster: parse_link_secret(&s)
+                        .ok()
+                        .map(|spec| spec.link().cluster_name.clone()),
+                });
             }
         }
         if self.opts.sources.links() {
             for l in self.links.state() {
-                if self
-                    .parse(&l)
-                    .is_ok_and(|spec| spec.link().cluster_name == cluster)
-                {
-                    let created = l.metadata.creation_timestamp.clone().map(|t| t.0);
-                    found.push((created, SourceKey::Link(l.name_any())));
-                }
+                sources.push(choice::Named {
+                    key: SourceKey::Link(l.name_any()),
+                    created: l.metadata.creation_timestamp.clone().map(|t| t.0),
+                    cluster: self
+                        .parse(&l)
+                        .ok()
+                        .map(|spec| spec.link().cluster_name.clone()),
+                });
             }
         }
-        // Links sort before Secrets at the same instant (the enum's order); one whose
-        // remote cannot be reached now does not hold up the others.
         let failing = self.failing.lock().clone();
-        found.retain(|(_, k)| !failing.contains(k));
-        found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        found.into_iter().map(|(_, k)| k).collect()
+        choice::candidates(cluster, sources, &failing)
     }
 
-    /// Another source that links `cluster` (a Secret renamed by creating the new one
-    /// before deleting the old, a Secret link replaced by a Link), not running a link of
-    /// its own and not failing to connect.
+    /// Another source that links `cluster` (choice.rs), not running a link of its own
+    /// and not failing to connect.
     fn successor(&self, gone: &SourceKey, cluster: &str) -> Option<SourceKey> {
-        let active: Vec<SourceKey> = self.active().keys().cloned().collect();
-        self.candidates(cluster)
-            .into_iter()
-            .find(|k| k != gone && !active.contains(k))
+        let active: std::collections::HashSet<SourceKey> = self.active().keys().cloned().collect();
+        choice::successor(gone, self.candidates(cluster), &active)
     }
 
     /// Reads a Link with its credentials Secret from the store.

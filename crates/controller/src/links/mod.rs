@@ -1,6 +1,7 @@
 //! Links: one link controller per remote cluster, started, swapped and stopped from the link
 //! Secrets and Linkerd `Link` resources in the controller's namespace.
 
+mod choice;
 mod cleanup;
 mod collector;
 mod connect;
