@@ -27,7 +27,7 @@ pub mod logging;
 pub mod mcs;
 pub mod metrics;
 pub mod permissions;
-pub(crate) mod watch;
+pub(crate) mod runtime;
 pub mod write_lease_report;
 pub mod write_leases;
 pub mod writer;

@@ -16,6 +16,7 @@ use super::remote_state::RemoteHealth;
 use super::{Outcome, Synced, WorkQueue};
 use crate::error::{Error, Result};
 use crate::gateway::{GatewaySource, Gateways, Resolution};
+use crate::runtime::once::Say;
 use crate::writer::{Applied, CreateLimit, LocalWriter};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
@@ -86,6 +87,8 @@ pub(super) struct Reconciler {
     pub(super) create_limit: CreateLimit,
     /// The link Secret, where link-wide Events (the mirror limit) are recorded.
     pub(super) link_secret: Option<ObjectReference>,
+    /// Where the link says its conditions once per episode (Events on `link_secret`).
+    pub(super) reporter: crate::runtime::once::Reporter,
     pub(super) metrics: LinkMetrics,
     /// The state of the remote apiserver (stale-remote policy).
     pub(super) health: Arc<RemoteHealth>,
@@ -542,13 +545,16 @@ impl Reconciler {
         let note = format!(
             "the credentials of cluster {cluster} may not list and watch endpointslices (or the remote does not serve discovery.k8s.io/v1): headless services such as {key} get ClusterIP mirrors through the gateway, without per-pod DNS; existing headless mirrors are kept as they are. Grant it with `service-mirror allow`"
         );
-        tracing::warn!(%cluster, %key, "{note}");
-        self.metrics.error("headless_slices_unavailable");
-        if let Some(link) = &self.link_secret {
-            self.writer
-                .record(link, "HeadlessSlicesUnavailable", "Mirror", note)
-                .await;
-        }
+        // Counted as an error of the link's mirroring, not as a refusal of its object.
+        let metrics = self.metrics.clone();
+        let reporter = self.reporter.counting(Arc::new(move |_| {
+            metrics.error("headless_slices_unavailable")
+        }));
+        reporter.say(Say {
+            reason: "HeadlessSlicesUnavailable",
+            action: "Mirror",
+            note,
+        });
     }
 
     /// The headless mirror of `svc`, its endpoint mirrors, and the refused hostnames.
