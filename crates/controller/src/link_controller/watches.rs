@@ -580,3 +580,7 @@ pub(super) fn spawn(
     ]);
     tasks
 }
+
+#[cfg(test)]
+#[path = "watches_tests.rs"]
+mod tests;
