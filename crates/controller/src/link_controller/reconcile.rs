@@ -554,6 +554,7 @@ impl Reconciler {
             reason: "HeadlessSlicesUnavailable",
             action: "Mirror",
             note,
+            key: Some(key.to_string()),
         });
     }
 
@@ -969,24 +970,29 @@ impl Reconciler {
     /// Event on the mirror Service); the key is held meanwhile (contention.rs).
     async fn report_contention(&self, key: &ServiceKey, g: &Gathered) {
         let cluster = &self.link.cluster_name;
-        self.metrics.error("mirror_contention");
         let note = format!(
             "another writer changed this mirror of cluster {cluster} back {CORRECTIONS} times within {} s; this controller now rewrites it at most once per {} s and up to {} min: look for a second service mirror (Linkerd's own?) linked to the same cluster",
             WINDOW.as_secs(),
             FIRST_HOLD.as_secs(),
             MAX_HOLD.as_secs() / 60
         );
-        tracing::warn!(%cluster, %key, "{note}");
-        if let Some(svc) = g.services.iter().find(|s| {
+        let mirror = g.services.iter().find(|s| {
             g.desired
                 .as_ref()
                 .is_some_and(|d| d.service.metadata.name == s.metadata.name)
-        }) {
-            use kube::Resource;
-            self.writer
-                .record(&svc.object_ref(&()), "MirrorContention", "Mirror", note)
-                .await;
-        }
+        });
+        let metrics = self.metrics.clone();
+        let reporter = self
+            .reporter
+            .counting(Arc::new(move |_| metrics.error("mirror_contention")));
+        use kube::Resource;
+        let say = Say {
+            reason: "MirrorContention",
+            action: "Mirror",
+            note,
+            key: Some(key.to_string()),
+        };
+        reporter.say_about(mirror.map(|svc| svc.object_ref(&())), say);
     }
 
     /// A mirror's namespace is missing and the link may not create it (a `Link`

@@ -133,6 +133,7 @@ impl RemoteEvents {
             reason,
             action: "Watch",
             note,
+            key: None,
         });
     }
 
@@ -229,6 +230,7 @@ impl RemoteEvents {
             reason,
             action: "Watch",
             note,
+            key: None,
         };
         self.reporter
             .say_if(self.refused.start_or_change(reason), say);

@@ -72,6 +72,8 @@ pub(crate) struct Say {
     pub(crate) action: &'static str,
     /// What happened, what stays, what to do.
     pub(crate) note: String,
+    /// The key (namespace/name) the condition is about, for the log, if one.
+    pub(crate) key: Option<String>,
 }
 
 impl Reporter {
@@ -110,14 +112,26 @@ impl Reporter {
 
     /// Says `say` now (the caller decided it is news).
     pub(crate) fn say(&self, say: Say) {
+        let regarding = self.events.as_ref().map(|(_, r)| r.clone());
+        self.say_about(regarding, say);
+    }
+
+    /// Says `say` now with its Event on `regarding` (e.g. the mirror a condition is
+    /// about) rather than the reporter's object; `None`: no Event.
+    pub(crate) fn say_about(&self, regarding: Option<ObjectReference>, say: Say) {
         let Say {
             reason,
             action,
             note,
+            key,
         } = say;
-        tracing::warn!(cluster = %self.cluster, reason, "{note}");
+        match key {
+            Some(key) => tracing::warn!(cluster = %self.cluster, %key, reason, "{note}"),
+            None => tracing::warn!(cluster = %self.cluster, reason, "{note}"),
+        }
         (self.count)(reason);
-        if let Some((recorder, regarding)) = self.events.clone() {
+        let recorder = self.events.as_ref().map(|(r, _)| r.clone());
+        if let Some((recorder, regarding)) = recorder.zip(regarding) {
             tokio::spawn(async move {
                 recorder
                     .publish(&regarding, EventType::Warning, reason, action, note)
@@ -178,6 +192,7 @@ mod tests {
             reason: "RemoteForbidden",
             action: "Watch",
             note: "refused".into(),
+            key: None,
         };
         for _ in 0..3 {
             r.say_if(e.start_or_change("RemoteForbidden"), say());
