@@ -4,7 +4,7 @@
 //! 10 s, `gateway::resolve::RETRY_FAILED_AFTER`: DNS answers are not load to back off
 //! from.)
 //!
-//! The watch loops use it too, through [`crate::watch::WatchBackoff`] (kube's numbers:
+//! The watch loops use it too, through [`crate::runtime::watch::WatchBackoff`] (kube's numbers:
 //! 0.8 s doubling to 30 s, started over after two minutes without an error).
 
 use std::time::Duration;

@@ -7,6 +7,9 @@
 //! [`gateway`]) → the pure core
 //! (`service_mirror_core`: desired mirrors, naming, ownership, plans) → [`writer`] (the
 //! only code that writes to the local cluster).
+//!
+//! Every component runs on one runtime (`runtime/`: watch driver, work queue, write
+//! gate, workers, relist table, feed generations, once-per-episode reports).
 
 #![forbid(unsafe_code)]
 
@@ -27,7 +30,7 @@ pub mod logging;
 pub mod mcs;
 pub mod metrics;
 pub mod permissions;
-pub(crate) mod watch;
+pub(crate) mod runtime;
 pub mod write_lease_report;
 pub mod write_leases;
 pub mod writer;

@@ -4,6 +4,7 @@
 
 use super::Generation;
 use super::feed::LinkIdentity;
+use crate::runtime::generation::{Verdict, Verdicts};
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use service_mirror_core::ServiceKey;
 use service_mirror_core::federated::{Member, MemberGateway};
@@ -13,14 +14,6 @@ use std::sync::Arc;
 /// Who a member belongs to: `None` is the local cluster.
 type Cluster = Option<String>;
 
-/// Whose a feed message is (see [`Index::verdict`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    Current,
-    Candidate,
-    Old,
-}
-
 #[derive(Default)]
 pub(super) struct Index {
     members: BTreeMap<ServiceKey, BTreeMap<Cluster, Member>>,
@@ -28,7 +21,7 @@ pub(super) struct Index {
     member_generation: BTreeMap<(String, ServiceKey), Generation>,
     /// Each remote cluster's newest feed generation, and whether its link was removed
     /// since (then that generation's late messages are dropped too).
-    generations: BTreeMap<String, (Generation, bool)>,
+    generations: Verdicts<String>,
     /// The last gateway report of a cluster's candidate feed.
     candidate_gateways: BTreeMap<String, (Generation, Option<MemberGateway>)>,
     gateways: BTreeMap<String, MemberGateway>,
@@ -92,17 +85,7 @@ impl Index {
     /// older feed's (dropped). A cluster's first feed, and the first after its link was
     /// removed, is current at once.
     fn verdict(&mut self, cluster: &str, generation: Generation) -> Verdict {
-        match self.generations.get(cluster) {
-            Some((g, false)) if generation == *g => Verdict::Current,
-            Some((g, false)) if generation > *g => Verdict::Candidate,
-            Some((g, true)) if generation <= *g => Verdict::Old,
-            None | Some((_, true)) => {
-                self.generations
-                    .insert(cluster.to_owned(), (generation, false));
-                Verdict::Current
-            }
-            Some(_) => Verdict::Old,
-        }
+        self.generations.verdict(&cluster.to_owned(), generation)
     }
 
     /// A feed of `cluster` starts.
@@ -171,12 +154,10 @@ impl Index {
         generation: Generation,
     ) -> Option<Vec<ServiceKey>> {
         let mut keys = Vec::new();
-        match self.verdict(cluster, generation) {
+        match self.generations.listed(&cluster.to_owned(), generation) {
             Verdict::Old => return None,
             Verdict::Current => {}
             Verdict::Candidate => {
-                self.generations
-                    .insert(cluster.to_owned(), (generation, false));
                 if let Some((g, gw)) = self.candidate_gateways.remove(cluster)
                     && g == generation
                 {
@@ -245,9 +226,7 @@ impl Index {
         self.candidate_gateways.remove(cluster);
         self.links.remove(cluster);
         // The removed link's feed was stopped: anything it still sends is dropped.
-        if let Some((_, removed)) = self.generations.get_mut(cluster) {
-            *removed = true;
-        }
+        self.generations.removed(&cluster.to_owned());
         let was_pending = self.pending.remove(cluster);
         let mut keys = keys;
         if was_pending {

@@ -32,11 +32,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The number of a link feed: a link controller replaced (new selector, namespaces or
-/// credentials) gets a new feed with a higher one, so the index can drop what the old
-/// one still sends during the overlap and replace the cluster's older members at the new
-/// feed's first complete list.
-pub(crate) type Generation = u64;
+// The number of a link feed (see the runtime's `generation.rs`).
+pub(crate) use crate::runtime::generation::Generation;
 
 /// What the federation's worker is told.
 #[derive(Debug)]
@@ -125,7 +122,7 @@ pub struct FederationOptions {
 pub struct Federation {
     tx: mpsc::UnboundedSender<Msg>,
     /// The last feed generation handed out (process-wide, so always increasing).
-    generations: Arc<std::sync::atomic::AtomicU64>,
+    generations: Arc<crate::runtime::generation::Generations>,
     /// The newest feed's state of each cluster: a replacing feed starts from it.
     feeds: Arc<
         parking_lot::Mutex<
@@ -169,9 +166,7 @@ impl Federation {
         selector: Selector,
         namespaces: NamespaceFilter,
     ) -> LinkFeed {
-        let generation = 1 + self
-            .generations
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let generation = self.generations.next();
         // A replacing feed starts from what the old one announced: members its first
         // list lacks leave at that list's end, and an untrusted (empty, after an
         // outage) list is held as the old feed would have held it.

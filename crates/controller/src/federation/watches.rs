@@ -3,7 +3,7 @@
 //! Each event becomes a [`Msg`] for the worker, which alone holds the state.
 
 use super::{FederationOptions, Msg};
-use crate::watch::{Store, Watch, drive};
+use crate::runtime::watch::{Store, Watch, drive};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;

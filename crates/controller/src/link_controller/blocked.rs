@@ -10,7 +10,7 @@
 //! recheck: the label-selected watch brings it.
 
 use super::expect::LocalObject;
-use super::queue::WorkQueue;
+use crate::runtime::WorkQueue;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;

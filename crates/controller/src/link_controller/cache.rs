@@ -15,7 +15,7 @@
 //! cap is refused: a list in progress is dropped, the last complete content stays (no
 //! mirror changes because of it), and the caller stops the watch (watches.rs).
 
-use crate::watch::OverCap;
+use crate::runtime::watch::OverCap;
 use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -231,7 +231,7 @@ where
     }
 }
 
-impl<K> crate::watch::Store<K> for Cache<K>
+impl<K> crate::runtime::watch::Store<K> for Cache<K>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
 {

@@ -10,6 +10,7 @@
 //! writers cost the apiserver a few writes an hour instead of one per watch event.
 //! A change of the desired state (the remote moved) ends the episode.
 
+use crate::runtime::once::Episode;
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use std::collections::{HashMap, VecDeque};
@@ -43,7 +44,8 @@ struct KeyState {
     corrections: VecDeque<Instant>,
     holds: u32,
     hold_until: Option<Instant>,
-    reported: bool,
+    /// The contention was said (once per episode: a new desired state ends it).
+    reported: Episode,
 }
 
 /// The contention state of one link's keys.
@@ -86,7 +88,7 @@ impl Contention {
             .min(MAX_HOLD);
         s.holds = s.holds.saturating_add(1);
         s.hold_until = Some(now + hold);
-        let report = !std::mem::replace(&mut s.reported, true);
+        let report = s.reported.start("MirrorContention");
         Verdict::Write { report }
     }
 

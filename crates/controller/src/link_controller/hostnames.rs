@@ -3,36 +3,28 @@
 //! its name, address count, ports and `(hostname, ready)` entries, nothing else. A slice
 //! without that label keeps no entry: the caches are most of the controller's memory.
 
+use crate::runtime::once::Episode;
+use crate::runtime::relist::{Relisted, Row};
 use k8s_openapi::api::core::v1::EndpointPort;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 use service_mirror_core::labels::{HEADLESS_SLICE_LABEL, SERVICE_NAME_LABEL};
 use service_mirror_core::{NamespaceFilter, RemoteEndpoint, RemoteHeadlessSlice, ServiceKey};
-use std::collections::{BTreeSet, HashMap};
 
-/// Per remote Service key: its headless slices by name.
-type Slices = HashMap<ServiceKey, HashMap<String, RemoteHeadlessSlice>>;
-
-/// The remote headless slices of a link.
+/// The remote headless slices of a link: per remote Service key, its headless slices
+/// by name.
 #[derive(Debug, Default)]
 pub(crate) struct RemoteHostnames {
-    slices: Slices,
-    /// The table readers see while an empty relist is held (see watches.rs).
-    held: Option<Slices>,
-    /// A relist in progress (between `Init` and `InitDone`).
-    relisting: Option<Slices>,
-    listed: bool,
+    table: Relisted<ServiceKey, RemoteHeadlessSlice>,
     /// An address without `hostname` takes its `targetRef.name` (Linkerd #10916).
     from_target_ref: bool,
     /// Slices of namespaces not mirrored keep no entry.
     namespaces: NamespaceFilter,
-    /// Keys whose entries the last events changed.
-    changed: Vec<ServiceKey>,
     /// The remote refused the slice watch (said once until a list succeeds).
     unavailable: bool,
     /// The refusal was reported as an Event (once per refusal episode of the link).
-    unavailable_reported: bool,
+    reported: Episode,
 }
 
 /// What is kept of `slice`: `None` when it has no `kubernetes.io/service-name` or no
@@ -88,24 +80,20 @@ fn entry(
     ))
 }
 
-/// The key of the Service a slice belongs to (by label), whatever its other labels.
-fn owner(slice: &EndpointSlice) -> Option<ServiceKey> {
+/// A slice as a row of the table: its Service's key (by label, whatever its other
+/// labels), its name, and what is kept of it (`None`: not a headless slice, or of a
+/// namespace not mirrored).
+fn row(
+    slice: &EndpointSlice,
+    from_target_ref: bool,
+    namespaces: &NamespaceFilter,
+) -> Option<Row<ServiceKey, RemoteHeadlessSlice>> {
     let service = slice.labels().get(SERVICE_NAME_LABEL)?;
-    Some(ServiceKey::new(
-        slice.namespace().unwrap_or_default(),
-        service,
-    ))
-}
-
-fn remove(slices: &mut Slices, key: &ServiceKey, name: &str) -> bool {
-    let Some(s) = slices.get_mut(key) else {
-        return false;
-    };
-    let removed = s.remove(name).is_some();
-    if s.is_empty() {
-        slices.remove(key);
-    }
-    removed
+    let key = ServiceKey::new(slice.namespace().unwrap_or_default(), service);
+    let kept = entry(slice, from_target_ref)
+        .filter(|(k, _)| namespaces.allows(&k.namespace))
+        .map(|(_, e)| e);
+    Some((key, slice.name_any(), kept))
 }
 
 impl RemoteHostnames {
@@ -119,15 +107,11 @@ impl RemoteHostnames {
         }
     }
 
-    fn entry(&self, slice: &EndpointSlice) -> Option<(ServiceKey, RemoteHeadlessSlice)> {
-        entry(slice, self.from_target_ref).filter(|(k, _)| self.namespaces.allows(&k.namespace))
-    }
-
     /// Whether the remote slices have been listed: until then a headless remote's
     /// mirrors cannot be planned (an endpoint mirror missing from a partial view would
     /// be deleted).
     pub(crate) fn listed(&self) -> bool {
-        self.listed
+        self.table.listed()
     }
 
     /// The remote refused the watch: true the first time (to say so once). Until a
@@ -139,70 +123,35 @@ impl RemoteHostnames {
 
     /// The remote refused the watch and no list has succeeded since.
     pub(crate) fn unavailable(&self) -> bool {
-        self.unavailable && !self.listed
+        self.unavailable && !self.table.listed()
     }
 
     /// True once per refusal episode while [`RemoteHostnames::unavailable`]: the
     /// link-wide Event is recorded once, not once per headless key.
     pub(crate) fn take_unavailable_report(&mut self) -> bool {
-        self.unavailable() && !std::mem::replace(&mut self.unavailable_reported, true)
+        self.unavailable() && self.reported.start("HeadlessSlicesUnavailable")
     }
 
     /// An empty relist after an outage would empty the table: until [`Self::release`],
     /// readers keep seeing the table as it was (false if there was nothing to keep).
     pub(crate) fn hold_if_emptied(&mut self) -> bool {
-        // A held table counts as kept: an empty list after a new outage holds again.
-        let emptied = self.relisting.as_ref().is_none_or(|r| r.is_empty())
-            && (self.held.is_some() || !self.slices.is_empty());
-        if emptied && self.held.is_none() {
-            self.held = Some(self.slices.clone());
-        }
-        emptied
+        self.table.hold_if_emptied()
     }
 
     /// Ends a hold: the keys whose view changed.
     pub(crate) fn release(&mut self) -> Vec<ServiceKey> {
-        let Some(old) = self.held.take() else {
-            return Vec::new();
-        };
-        let keys: BTreeSet<&ServiceKey> = old.keys().chain(self.slices.keys()).collect();
-        keys.into_iter()
-            .filter(|k| old.get(*k) != self.slices.get(*k))
-            .cloned()
-            .collect()
+        self.table.release()
     }
 
     /// The headless slices of `key`, sorted by name.
     pub(crate) fn slices(&self, key: &ServiceKey) -> Vec<RemoteHeadlessSlice> {
         let mut out: Vec<RemoteHeadlessSlice> = self
-            .held
-            .as_ref()
-            .unwrap_or(&self.slices)
+            .table
             .get(key)
             .map(|s| s.values().cloned().collect())
             .unwrap_or_default();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
-    }
-
-    fn upsert(&mut self, slice: &EndpointSlice) {
-        match self.entry(slice) {
-            Some((key, e)) => {
-                let by_name = self.slices.entry(key.clone()).or_default();
-                if by_name.get(&e.name) != Some(&e) {
-                    by_name.insert(e.name.clone(), e);
-                    self.changed.push(key);
-                }
-            }
-            // Not (or no longer) a headless slice: its entry, if any, goes.
-            None => {
-                if let Some(key) = owner(slice)
-                    && remove(&mut self.slices, &key, &slice.name_any())
-                {
-                    self.changed.push(key);
-                }
-            }
-        }
     }
 
     /// Applies one watch event; [`RemoteHostnames::take_changed`] then says which keys
@@ -213,45 +162,16 @@ impl RemoteHostnames {
         // the once-per-link report came again at every retry, ~30 s apart).
         if !matches!(ev, watcher::Event::Init) {
             self.unavailable = false;
-            self.unavailable_reported = false;
+            self.reported.end();
         }
-        match ev {
-            watcher::Event::Apply(s) => self.upsert(s),
-            watcher::Event::Delete(s) => {
-                if let Some(key) = owner(s)
-                    && remove(&mut self.slices, &key, &s.name_any())
-                {
-                    self.changed.push(key);
-                }
-            }
-            watcher::Event::Init => self.relisting = Some(Slices::new()),
-            watcher::Event::InitApply(s) => {
-                if let Some((key, e)) = self.entry(s) {
-                    self.relisting
-                        .get_or_insert_with(Slices::new)
-                        .entry(key)
-                        .or_default()
-                        .insert(e.name.clone(), e);
-                }
-            }
-            watcher::Event::InitDone => {
-                let new = self.relisting.take().unwrap_or_default();
-                let old = std::mem::replace(&mut self.slices, new);
-                let keys: BTreeSet<&ServiceKey> = old.keys().chain(self.slices.keys()).collect();
-                let changed: Vec<ServiceKey> = keys
-                    .into_iter()
-                    .filter(|k| old.get(*k) != self.slices.get(*k))
-                    .cloned()
-                    .collect();
-                self.changed.extend(changed);
-                self.listed = true;
-            }
-        }
+        let (from_target_ref, namespaces) = (self.from_target_ref, &self.namespaces);
+        self.table
+            .apply(ev, |s| row(s, from_target_ref, namespaces));
     }
 
     /// The keys whose entries changed since the last call.
     pub(crate) fn take_changed(&mut self) -> Vec<ServiceKey> {
-        std::mem::take(&mut self.changed)
+        self.table.take_changed()
     }
 }
 

@@ -1,9 +1,10 @@
 //! The controller of one linked remote cluster.
 //!
 //! The flow, one file each: three watches (`watches.rs`, over the one driver in
-//! [`crate::watch`]) feed compact caches (`cache.rs`, objects stripped by `strip.rs`) and
+//! [`crate::runtime::watch`]) feed compact caches (`cache.rs`, objects stripped by `strip.rs`) and
 //! an index (`index.rs`); each event becomes keys (a remote Service's namespace/name,
-//! `keys.rs`, pure) on a work queue (`queue.rs`); workers (`workers.rs`) reconcile a key
+//! `keys.rs`, pure) on the runtime's work queue; the runtime's workers (`workers.rs`
+//! implements their `Reconcile`) reconcile a key
 //! (`reconcile.rs`: gather → pure decide in `decide.rs` → apply) by comparing the desired
 //! mirror, computed by the pure core, with the local objects in the caches, and let the
 //! writer carry out the difference. Nothing is written when nothing differs. Gateways
@@ -21,7 +22,6 @@ mod limit;
 pub(crate) mod link_status;
 pub(crate) mod metrics;
 mod options;
-mod queue;
 mod readiness;
 mod reconcile;
 mod remote_state;
@@ -30,10 +30,11 @@ mod strip;
 mod watches;
 mod workers;
 
+use crate::runtime::once::Reporter;
+use crate::runtime::{Outcome, WorkQueue};
 pub use cache::DEFAULT_MAX_REMOTE_CACHE_BYTES;
 pub use link_status::CONTROLLER_NAME;
 pub use options::{LinkConfig, LinkDeps};
-pub(crate) use queue::{Outcome, WorkQueue};
 use status::Synced;
 pub use status::{GatewayStatus, LinkStatus};
 
@@ -57,7 +58,7 @@ pub struct LinkController {
     synced: watch::Receiver<Synced>,
     connected: Arc<AtomicBool>,
     relists: Arc<AtomicU64>,
-    writable: watch::Sender<bool>,
+    gate: workers::Gate,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -96,7 +97,7 @@ impl LinkController {
     /// Lets a paused controller write.
     pub fn resume(&self) {
         workers::reset_slots(&self.rec.index, &self.rec.limit);
-        self.writable.send_replace(true);
+        self.gate.resume();
     }
 
     fn start_inner(
@@ -184,14 +185,30 @@ impl LinkController {
             watch::channel(Synced::new(!config.endpoints_mode.writes_slices()));
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();
         let health = Arc::new(remote_state::RemoteHealth::new(config.stale_policy));
+        let recorder = deps
+            .recorder
+            .clone()
+            .unwrap_or_else(|| EventRecorder::new(local.clone(), None));
+        // Refusals are counted where those of the link object are (by link and reason).
+        let reporter = {
+            let (metrics, link) = (metrics.clone(), deps.link_secret.clone());
+            Reporter::new(
+                &cluster,
+                Some(recorder.clone()),
+                deps.link_secret.clone(),
+                Arc::new(move |reason| {
+                    if let Some(link) = &link {
+                        metrics.link_refused(link, reason);
+                    }
+                }),
+            )
+        };
         let rec = Arc::new(Reconciler {
             writer: LocalWriter::with_recorder(
                 local.clone(),
                 &cluster,
                 deps.metrics.clone(),
-                deps.recorder
-                    .clone()
-                    .unwrap_or_else(|| EventRecorder::new(local.clone(), None)),
+                recorder,
             )
             .creating_namespaces(config.create_namespaces)
             .led_by(deps.leader.clone()),
@@ -233,6 +250,7 @@ impl LinkController {
             ),
             create_limit: deps.create_limit.clone(),
             link_secret: deps.link_secret.clone(),
+            reporter: reporter.clone(),
             metrics: metrics.clone(),
             health: health.clone(),
             member_writes: config.workers,
@@ -246,6 +264,7 @@ impl LinkController {
                 relists: relists.clone(),
                 metrics,
                 federation: feed.clone(),
+                reporter,
             },
             local.clone(),
             remote.clone(),
@@ -258,7 +277,7 @@ impl LinkController {
             tasks.extend(mcs_tasks);
             mcs_gateway = feed;
         }
-        let writable = watch::Sender::new(!paused);
+        let gate = workers::Gate::new(synced.clone(), deps.leader.clone(), paused);
         tasks.push(tokio::spawn(remote_state::run(
             health,
             remote_state::Reporter {
@@ -271,7 +290,7 @@ impl LinkController {
                     .map(|(ns, _)| kube::Api::namespaced(local.clone(), ns)),
                 link_name: status_of.as_ref().map(|(_, name)| name.clone()),
                 leader: deps.leader.clone(),
-                writable: writable.subscribe(),
+                writable: gate.writable.subscribe(),
                 index: rec.index.clone(),
                 queue: rec.queue.clone(),
                 remote: kube::Api::all(remote),
@@ -318,11 +337,6 @@ impl LinkController {
             rec.queue.clone(),
             cancel.clone(),
         )));
-        let gate = workers::Gate {
-            writable,
-            leader: deps.leader.clone(),
-            synced: synced.clone(),
-        };
         if let (Some(book), Some((ns, name))) = (status, status_of) {
             tasks.push(tokio::spawn(link_status::write_status(
                 book,
@@ -347,7 +361,7 @@ impl LinkController {
             synced,
             connected,
             relists,
-            writable: gate.writable,
+            gate: gate.clone(),
             cancel,
             tasks,
         })

@@ -5,38 +5,41 @@
 //! Only a flag per slice is kept, not the slices: a remote with 10,000 Services has at
 //! least as many slices, and the caches are most of the controller's memory.
 
+use crate::runtime::relist::{Entries, Relisted, Row};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::labels::SERVICE_NAME_LABEL;
-use std::collections::{BTreeSet, HashMap};
 
-/// Per remote Service key: its slices (by name) and whether each has a ready endpoint.
-type Slices = HashMap<ServiceKey, HashMap<String, bool>>;
-
-/// The readiness of remote Services, fed by a watch of the remote EndpointSlices.
-#[derive(Debug, Default)]
+/// The readiness of remote Services, fed by a watch of the remote EndpointSlices: per
+/// remote Service key, its slices by name and whether each has a ready endpoint. Readers
+/// see only whether one has: a change that leaves that alone changes no key.
+#[derive(Debug)]
 pub(crate) struct RemoteReadiness {
-    slices: Slices,
-    /// A relist in progress (between `Init` and `InitDone`).
-    relisting: Option<Slices>,
-    listed: bool,
+    table: Relisted<ServiceKey, bool>,
     /// The remote refused the slice watch (credentials from before Links): readiness is
     /// unknown, and every Service counts as ready (mirrored as before) rather than none.
     unavailable: bool,
-    /// Keys whose readiness the last event changed.
-    changed: Vec<ServiceKey>,
-    /// The table readers see while an empty relist is held (see watches.rs).
-    held: Option<Slices>,
 }
 
-/// The key of the Service a slice belongs to; None for a slice without the label.
-fn slice_owner(slice: &EndpointSlice) -> Option<(ServiceKey, String)> {
+impl Default for RemoteReadiness {
+    fn default() -> Self {
+        Self {
+            table: Relisted::with_view(any_ready),
+            unavailable: false,
+        }
+    }
+}
+
+/// A slice as a row of the table: its Service's key, its name, whether it has a ready
+/// endpoint. None for a slice without the label.
+fn row(slice: &EndpointSlice) -> Option<Row<ServiceKey, bool>> {
     let service = slice.labels().get(SERVICE_NAME_LABEL)?;
     Some((
         ServiceKey::new(slice.namespace().unwrap_or_default(), service),
         slice.name_any(),
+        Some(has_ready_endpoint(slice)),
     ))
 }
 
@@ -48,64 +51,31 @@ fn has_ready_endpoint(slice: &EndpointSlice) -> bool {
         .any(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
 }
 
-fn any_ready(slices: &Slices, key: &ServiceKey) -> bool {
-    slices.get(key).is_some_and(|s| s.values().any(|r| *r))
-}
-
-fn insert(slices: &mut Slices, slice: &EndpointSlice) -> Option<ServiceKey> {
-    let (key, name) = slice_owner(slice)?;
-    slices
-        .entry(key.clone())
-        .or_default()
-        .insert(name, has_ready_endpoint(slice));
-    Some(key)
-}
-
-fn remove(slices: &mut Slices, slice: &EndpointSlice) -> Option<ServiceKey> {
-    let (key, name) = slice_owner(slice)?;
-    if let Some(s) = slices.get_mut(&key) {
-        s.remove(&name);
-        if s.is_empty() {
-            slices.remove(&key);
-        }
-    }
-    Some(key)
+fn any_ready(slices: Option<&Entries<bool>>) -> bool {
+    slices.is_some_and(|s| s.values().any(|r| *r))
 }
 
 impl RemoteReadiness {
     /// Whether the remote has listed its slices (or refused to): until then a gateway
     /// mirror cannot be planned, as its endpoints depend on it.
     pub(crate) fn listed(&self) -> bool {
-        self.listed || self.unavailable
+        self.table.listed() || self.unavailable
     }
 
     /// Whether `key` has a ready endpoint in the remote (true when unknown).
     pub(crate) fn ready(&self, key: &ServiceKey) -> bool {
-        self.unavailable || any_ready(self.held.as_ref().unwrap_or(&self.slices), key)
+        self.unavailable || any_ready(self.table.get(key))
     }
 
     /// An empty relist after an outage would empty the table: until [`Self::release`],
     /// readers keep seeing the table as it was (false if there was nothing to keep).
     pub(crate) fn hold_if_emptied(&mut self) -> bool {
-        // A held table counts as kept: an empty list after a new outage holds again.
-        let emptied = self.relisting.as_ref().is_none_or(|r| r.is_empty())
-            && (self.held.is_some() || !self.slices.is_empty());
-        if emptied && self.held.is_none() {
-            self.held = Some(self.slices.clone());
-        }
-        emptied
+        self.table.hold_if_emptied()
     }
 
     /// Ends a hold: the keys whose view changed.
     pub(crate) fn release(&mut self) -> Vec<ServiceKey> {
-        let Some(old) = self.held.take() else {
-            return Vec::new();
-        };
-        let keys: BTreeSet<&ServiceKey> = old.keys().chain(self.slices.keys()).collect();
-        keys.into_iter()
-            .filter(|k| old.get(*k) != self.slices.get(*k))
-            .cloned()
-            .collect()
+        self.table.release()
     }
 
     /// The remote refused the watch: count every Service as ready from now on.
@@ -121,42 +91,12 @@ impl RemoteReadiness {
         if !matches!(ev, watcher::Event::Init) {
             self.unavailable = false;
         }
-        match ev {
-            watcher::Event::Apply(s) | watcher::Event::Delete(s) => {
-                let Some((key, _)) = slice_owner(s) else {
-                    return;
-                };
-                let before = any_ready(&self.slices, &key);
-                match ev {
-                    watcher::Event::Apply(_) => insert(&mut self.slices, s),
-                    _ => remove(&mut self.slices, s),
-                };
-                if before != any_ready(&self.slices, &key) {
-                    self.changed.push(key);
-                }
-            }
-            watcher::Event::Init => self.relisting = Some(Slices::new()),
-            watcher::Event::InitApply(s) => {
-                insert(self.relisting.get_or_insert_with(Slices::new), s);
-            }
-            watcher::Event::InitDone => {
-                let new = self.relisting.take().unwrap_or_default();
-                let old = std::mem::replace(&mut self.slices, new);
-                let keys: BTreeSet<&ServiceKey> = old.keys().chain(self.slices.keys()).collect();
-                let changed: Vec<ServiceKey> = keys
-                    .into_iter()
-                    .filter(|k| any_ready(&old, k) != any_ready(&self.slices, k))
-                    .cloned()
-                    .collect();
-                self.changed.extend(changed);
-                self.listed = true;
-            }
-        }
+        self.table.apply(ev, row);
     }
 
     /// The keys whose readiness changed since the last call.
     pub(crate) fn take_changed(&mut self) -> Vec<ServiceKey> {
-        std::mem::take(&mut self.changed)
+        self.table.take_changed()
     }
 }
 

@@ -16,6 +16,7 @@ use super::remote_state::RemoteHealth;
 use super::{Outcome, Synced, WorkQueue};
 use crate::error::{Error, Result};
 use crate::gateway::{GatewaySource, Gateways, Resolution};
+use crate::runtime::once::Say;
 use crate::writer::{Applied, CreateLimit, LocalWriter};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
@@ -86,6 +87,8 @@ pub(super) struct Reconciler {
     pub(super) create_limit: CreateLimit,
     /// The link Secret, where link-wide Events (the mirror limit) are recorded.
     pub(super) link_secret: Option<ObjectReference>,
+    /// Where the link says its conditions once per episode (Events on `link_secret`).
+    pub(super) reporter: crate::runtime::once::Reporter,
     pub(super) metrics: LinkMetrics,
     /// The state of the remote apiserver (stale-remote policy).
     pub(super) health: Arc<RemoteHealth>,
@@ -542,13 +545,17 @@ impl Reconciler {
         let note = format!(
             "the credentials of cluster {cluster} may not list and watch endpointslices (or the remote does not serve discovery.k8s.io/v1): headless services such as {key} get ClusterIP mirrors through the gateway, without per-pod DNS; existing headless mirrors are kept as they are. Grant it with `service-mirror allow`"
         );
-        tracing::warn!(%cluster, %key, "{note}");
-        self.metrics.error("headless_slices_unavailable");
-        if let Some(link) = &self.link_secret {
-            self.writer
-                .record(link, "HeadlessSlicesUnavailable", "Mirror", note)
-                .await;
-        }
+        // Counted as an error of the link's mirroring, not as a refusal of its object.
+        let metrics = self.metrics.clone();
+        let reporter = self.reporter.counting(Arc::new(move |_| {
+            metrics.error("headless_slices_unavailable")
+        }));
+        reporter.say(Say {
+            reason: "HeadlessSlicesUnavailable",
+            action: "Mirror",
+            note,
+            key: Some(key.to_string()),
+        });
     }
 
     /// The headless mirror of `svc`, its endpoint mirrors, and the refused hostnames.
@@ -963,24 +970,29 @@ impl Reconciler {
     /// Event on the mirror Service); the key is held meanwhile (contention.rs).
     async fn report_contention(&self, key: &ServiceKey, g: &Gathered) {
         let cluster = &self.link.cluster_name;
-        self.metrics.error("mirror_contention");
         let note = format!(
             "another writer changed this mirror of cluster {cluster} back {CORRECTIONS} times within {} s; this controller now rewrites it at most once per {} s and up to {} min: look for a second service mirror (Linkerd's own?) linked to the same cluster",
             WINDOW.as_secs(),
             FIRST_HOLD.as_secs(),
             MAX_HOLD.as_secs() / 60
         );
-        tracing::warn!(%cluster, %key, "{note}");
-        if let Some(svc) = g.services.iter().find(|s| {
+        let mirror = g.services.iter().find(|s| {
             g.desired
                 .as_ref()
                 .is_some_and(|d| d.service.metadata.name == s.metadata.name)
-        }) {
-            use kube::Resource;
-            self.writer
-                .record(&svc.object_ref(&()), "MirrorContention", "Mirror", note)
-                .await;
-        }
+        });
+        let metrics = self.metrics.clone();
+        let reporter = self
+            .reporter
+            .counting(Arc::new(move |_| metrics.error("mirror_contention")));
+        use kube::Resource;
+        let say = Say {
+            reason: "MirrorContention",
+            action: "Mirror",
+            note,
+            key: Some(key.to_string()),
+        };
+        reporter.say_about(mirror.map(|svc| svc.object_ref(&())), say);
     }
 
     /// A mirror's namespace is missing and the link may not create it (a `Link`

@@ -13,6 +13,12 @@ pub(super) struct Synced {
     pub(super) slices_optional: bool,
 }
 
+impl crate::runtime::Listed for Synced {
+    fn listed(&self) -> bool {
+        self.local()
+    }
+}
+
 impl Synced {
     /// Nothing synced yet; `slices_optional` as above.
     pub(super) fn new(slices_optional: bool) -> Self {

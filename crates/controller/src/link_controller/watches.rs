@@ -15,7 +15,9 @@ use super::reconcile::Reconciler;
 use super::remote_state::RemoteHealth;
 use super::strip::{strip_managed_fields, strip_remote, strip_remote_keeping_metadata};
 use super::{Synced, WorkQueue};
-use crate::watch::{OverCap, Store, Watch, drive, drive_restartable, keep_all};
+use crate::runtime::once::{Episode, Reporter, Say};
+use crate::runtime::relist::{AfterList, Holds};
+use crate::runtime::watch::{OverCap, Store, Watch, drive, drive_restartable, keep_all};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
@@ -27,7 +29,7 @@ use service_mirror_core::labels::slice_owner_selector;
 use service_mirror_core::owner_selector;
 use service_mirror_core::{ExportPolicy, ExportRule, ServiceKey};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -43,28 +45,21 @@ pub(super) struct RemoteEvents {
     pub(super) relists: Arc<AtomicU64>,
     pub(super) metrics: LinkMetrics,
     pub(super) queue: WorkQueue<ServiceKey>,
-    /// Where a refusal of the credentials by the running remote is said (an Event on
-    /// the link object, when it has one).
-    pub(super) report: RefusalReport,
-    /// The HTTP status (401 or 403) of the refusal last said; 0: none since the remote
+    /// Where refusals by the running remote are said (a warning, the reason counted
+    /// by link, an Event on the link object when it has one).
+    pub(super) reporter: Reporter,
+    /// The remote refuses the credentials (its reason says 401 or 403): since the remote
     /// last answered.
-    pub(super) refused: AtomicU16,
+    pub(super) refused: Episode,
     /// What the remote answers, for the stale-remote policy.
     pub(super) health: Arc<RemoteHealth>,
     /// The link's mirrors (how many a list would delete).
     pub(super) local_services: Cache<Service>,
     /// A refusal of the remote's size (the cache cap, or a response over the frame
-    /// limit) was said since the remote's last complete list: said once per link.
-    pub(super) too_large: AtomicBool,
+    /// limit) since the remote's last complete list: said once per link.
+    pub(super) too_large: Episode,
     /// This link's feed of federated members, if any.
     pub(super) federation: Option<crate::federation::LinkFeed>,
-}
-
-/// Says, on the link object, that the remote refuses the link's credentials.
-#[derive(Clone)]
-pub(super) struct RefusalReport {
-    pub(super) writer: crate::writer::LocalWriter,
-    pub(super) link: Option<k8s_openapi::api::core::v1::ObjectReference>,
 }
 
 /// The status of a remote watch failure that refuses the credentials: 401 (revoked or
@@ -119,7 +114,7 @@ impl RemoteEvents {
         let cluster = &self.cluster;
         let services = self.remote.len();
         tracing::debug!(%cluster, cap = over.cap, would_hold = over.would_hold, wait_s = wait.as_secs(), "remote services over the cache cap");
-        if self.too_large.swap(true, Ordering::SeqCst) {
+        if !self.too_large.start("RemoteTooLarge") {
             return;
         }
         let note = format!(
@@ -131,15 +126,15 @@ impl RemoteEvents {
     }
 
     /// Says a refusal of the remote's size: a warning, the reason counted (by link),
-    /// a Warning Event on the link object.
+    /// a Warning Event on the link object; the stale-remote policy hears of it.
     fn said_too_large(&self, reason: &'static str, note: String) {
-        tracing::warn!(cluster = %self.cluster, reason, "{note}");
         self.health.refused(reason, note.clone());
-        if let Some(link) = self.report.link.clone() {
-            self.metrics.link_refused(&link, reason);
-            let writer = self.report.writer.clone();
-            tokio::spawn(async move { writer.record(&link, reason, "Watch", note).await });
-        }
+        self.reporter.say(Say {
+            reason,
+            action: "Watch",
+            note,
+            key: None,
+        });
     }
 
     fn on_event(&self, ev: &watcher::Event<Service>) {
@@ -147,7 +142,7 @@ impl RemoteEvents {
         // list): only what came from the remote counts as an answer.
         if !matches!(ev, watcher::Event::Init) {
             self.connected.store(true, Ordering::SeqCst);
-            self.refused.store(0, Ordering::SeqCst);
+            self.refused.end();
             self.metrics.remote_connected(true);
         }
         // The watch works: an event of the watch (a list counts once complete, below).
@@ -159,7 +154,7 @@ impl RemoteEvents {
         }
         // A complete list fits again: a later refusal is news.
         if matches!(ev, watcher::Event::InitDone) {
-            self.too_large.store(false, Ordering::SeqCst);
+            self.too_large.end();
         }
         if let Some(feed) = &self.federation {
             feed.remote_event(ev);
@@ -199,12 +194,11 @@ impl RemoteEvents {
             let error = crate::links::sanitize_remote_text(&e.to_string());
             tracing::warn!(cluster = %self.cluster, %error, "remote watch failed; retrying with backoff, mirrors kept");
         }
-        if let Some(code) = refusal(e)
-            && self.refused.swap(code, Ordering::SeqCst) != code
-        {
+        if let Some(code) = refusal(e) {
             self.refused_now(code);
         }
-        if crate::frame_limit::is_frame_too_large(e) && !self.too_large.swap(true, Ordering::SeqCst)
+        if crate::frame_limit::is_frame_too_large(e)
+            && self.too_large.start("RemoteResponseTooLarge")
         {
             let note = format!(
                 "the remote apiserver of cluster {} sent a response with more bytes without a line break than the limit (--max-remote-response-bytes): it was dropped unread, mirrors are kept as they are and the watch is retried with backoff",
@@ -215,7 +209,7 @@ impl RemoteEvents {
     }
 
     /// The remote refuses the credentials of a running link (a token revoked or expired,
-    /// rights taken away): said once per refusal (a warning, the reason counted, an
+    /// rights taken away): said once per refusal episode and reason (a warning, the reason counted, an
     /// Event on the link object), retried with backoff, every mirror kept.
     fn refused_now(&self, code: u16) {
         let cluster = &self.cluster;
@@ -232,12 +226,14 @@ impl RemoteEvents {
         let note = format!(
             "the remote apiserver of cluster {cluster} {what}; mirrors are kept as they are and the watch is retried: link the cluster again with valid credentials"
         );
-        tracing::warn!(%cluster, reason, "{note}");
-        if let Some(link) = self.report.link.clone() {
-            self.metrics.link_refused(&link, reason);
-            let writer = self.report.writer.clone();
-            tokio::spawn(async move { writer.record(&link, reason, "Watch", note).await });
-        }
+        let say = Say {
+            reason,
+            action: "Watch",
+            note,
+            key: None,
+        };
+        self.reporter
+            .say_if(self.refused.start_or_change(reason), say);
     }
 }
 
@@ -270,12 +266,8 @@ pub(super) struct RemoteSliceEvents {
     pub(super) queue: WorkQueue<ServiceKey>,
     /// For the length of the hold of an empty relist.
     pub(super) health: Arc<RemoteHealth>,
-    /// The slice watch failed since its last complete list.
-    pub(super) outage: Arc<AtomicBool>,
-    /// The number of the hold of an empty relist in force (0: none).
-    pub(super) held: Arc<AtomicU64>,
-    /// The hold whose timer runs.
-    pub(super) timed: AtomicU64,
+    /// The holds of an empty relist after an outage.
+    pub(super) holds: Arc<Holds>,
 }
 
 /// The readiness and hostname tables as the watch driver's store. A complete list
@@ -286,35 +278,22 @@ pub(super) struct RemoteSliceEvents {
 struct ReadinessStore {
     readiness: Option<Arc<Mutex<RemoteReadiness>>>,
     hostnames: Option<Arc<Mutex<RemoteHostnames>>>,
-    outage: Arc<AtomicBool>,
-    held: Arc<AtomicU64>,
-    /// The number of the last hold (each hold has its own timer).
-    holds: u64,
+    holds: Arc<Holds>,
 }
 
 impl Store<EndpointSlice> for ReadinessStore {
     fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
         if matches!(ev, watcher::Event::InitDone) {
-            let after_outage = self.outage.swap(false, Ordering::SeqCst);
-            // Either table emptied: both keep their view (one list, one verdict).
-            let emptied = after_outage
-                && (self
-                    .readiness
+            // Either table emptied: one hold (one list, one verdict), ended for both.
+            self.holds.list_complete(|| {
+                self.readiness
                     .as_ref()
                     .is_some_and(|r| r.lock().hold_if_emptied())
                     | self
                         .hostnames
                         .as_ref()
-                        .is_some_and(|h| h.lock().hold_if_emptied()));
-            match emptied {
-                // A new hold (one after a new outage starts again).
-                true => {
-                    self.holds += 1;
-                    self.held.swap(self.holds, Ordering::SeqCst)
-                }
-                // Not empty, or a second list with no outage since: trusted.
-                false => self.held.swap(0, Ordering::SeqCst),
-            };
+                        .is_some_and(|h| h.lock().hold_if_emptied())
+            });
         }
         if let Some(r) = &self.readiness {
             r.lock().apply(ev);
@@ -335,9 +314,7 @@ impl RemoteSliceEvents {
             store: ReadinessStore {
                 readiness: self.readiness.clone(),
                 hostnames: self.hostnames.clone(),
-                outage: self.outage.clone(),
-                held: self.held.clone(),
-                holds: 0,
+                holds: self.holds.clone(),
             },
         };
         drive(watch, cancel, |ev| self.on_event(ev), |e| self.on_error(e)).await
@@ -358,10 +335,10 @@ impl RemoteSliceEvents {
             // also those whose mirrors go (a Link's selector edit restarted the link and
             // a no longer selected Service's key waited here: its mirror stayed).
             keys.extend(self.index.lock().all_keys());
-            match self.held.load(Ordering::SeqCst) {
-                0 => keys.extend(release(&self.readiness, &self.hostnames)),
-                hold if self.timed.swap(hold, Ordering::SeqCst) != hold => self.hold_started(hold),
-                _ => {}
+            match self.holds.after_list() {
+                AfterList::Release => keys.extend(release(&self.readiness, &self.hostnames)),
+                AfterList::Started(hold) => self.hold_started(hold),
+                AfterList::Running => {}
             }
         }
         for k in keys {
@@ -373,14 +350,11 @@ impl RemoteSliceEvents {
     fn hold_started(&self, hold: u64) {
         let wait = self.health.relist_hold();
         tracing::warn!(cluster = %self.cluster, hold_s = wait.as_secs(), "remote endpointslices listed empty after an outage: the previous readiness and hostnames are kept until a second complete list or the end of the hold");
-        let (held, queue) = (self.held.clone(), self.queue.clone());
+        let (holds, queue) = (self.holds.clone(), self.queue.clone());
         let (readiness, hostnames) = (self.readiness.clone(), self.hostnames.clone());
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            if held
-                .compare_exchange(hold, 0, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
+            if holds.expire(hold) {
                 for k in release(&readiness, &hostnames) {
                     queue.add(k);
                 }
@@ -389,7 +363,7 @@ impl RemoteSliceEvents {
     }
 
     fn on_error(&self, e: &watcher::Error) {
-        self.outage.store(true, Ordering::SeqCst);
+        self.holds.failed();
         // Forbidden (credentials from before Links), or not served (a remote without
         // discovery.k8s.io/v1): readiness cannot be known, so it is not waited for.
         let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403 || s.code == 404);
@@ -526,6 +500,8 @@ pub(super) struct Shared {
     pub(super) metrics: LinkMetrics,
     /// This link's feed of federated members, if any.
     pub(super) federation: Option<crate::federation::LinkFeed>,
+    /// Where the remote watch says its refusals.
+    pub(super) reporter: Reporter,
 }
 
 /// Starts the three watches of a link: every remote Service, and the local Services and
@@ -550,14 +526,11 @@ pub(super) fn spawn(
         relists: shared.relists,
         metrics: shared.metrics,
         queue: rec.queue.clone(),
-        report: RefusalReport {
-            writer: rec.writer.clone(),
-            link: rec.link_secret.clone(),
-        },
-        refused: AtomicU16::new(0),
+        reporter: shared.reporter,
+        refused: Episode::default(),
         health: rec.health.clone(),
         local_services: rec.local_services.clone(),
-        too_large: AtomicBool::new(false),
+        too_large: Episode::default(),
         federation: shared.federation,
     };
     let slice_events =
@@ -568,9 +541,7 @@ pub(super) fn spawn(
             index: rec.index.clone(),
             queue: rec.queue.clone(),
             health: rec.health.clone(),
-            outage: Arc::default(),
-            held: Arc::default(),
-            timed: AtomicU64::new(0),
+            holds: Arc::default(),
         });
     let local_events = LocalEvents {
         local_services: rec.local_services.clone(),
@@ -611,3 +582,7 @@ pub(super) fn spawn(
     ]);
     tasks
 }
+
+#[cfg(test)]
+#[path = "watches_tests.rs"]
+mod tests;

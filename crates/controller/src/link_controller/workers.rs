@@ -6,11 +6,12 @@ use super::limit::MirrorLimit;
 use super::reconcile::Reconciler;
 use super::{LinkConfig, Outcome, Synced, WorkQueue};
 use crate::gateway::Gateways;
+use crate::runtime::Reconcile;
 use parking_lot::Mutex;
 use service_mirror_core::{GatewayRef, ServiceKey};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -45,15 +46,13 @@ pub(super) fn spawn(
             cancel.clone(),
         )),
     ];
-    for _ in 0..config.workers.max(1) {
-        let work = worker(
-            rec.clone(),
-            gate.clone(),
-            config.requeue_limit,
-            cancel.clone(),
-        );
-        tasks.push(tokio::spawn(work));
-    }
+    tasks.extend(crate::runtime::worker::spawn(
+        config.workers,
+        &rec.queue,
+        gate,
+        rec,
+        cancel,
+    ));
     if let Some(leader) = leader {
         tasks.push(tokio::spawn(follow_leader(
             rec.clone(),
@@ -65,121 +64,48 @@ pub(super) fn spawn(
 }
 
 /// When the link may write: local caches listed, not paused, and leader if elected.
-#[derive(Clone)]
-pub(super) struct Gate {
-    /// False while the controller is paused (a rotated link syncing before it takes over).
-    pub(super) writable: watch::Sender<bool>,
-    /// Leader election, if any.
-    pub(super) leader: Option<crate::leader::Leadership>,
-    pub(super) synced: watch::Receiver<Synced>,
-}
+pub(super) type Gate = crate::runtime::Gate<Synced>;
 
-impl Gate {
-    /// Not paused, and leader if elected.
-    pub(super) fn open_now(&self) -> bool {
-        *self.writable.borrow() && self.leader.as_ref().is_none_or(|l| l.leading())
-    }
+/// A link's reconcile of one remote Service key, run by the runtime's workers.
+impl Reconcile<ServiceKey> for Reconciler {
+    type Error = crate::error::Error;
 
-    /// Waits until this link may write: local caches listed (reconciling against caches
-    /// that have not listed would create what exists), not paused, and leader if
-    /// elected. Woken by each of the three watch channels. False when cancelled.
-    pub(super) async fn wait_open(&self, cancel: &CancellationToken) -> bool {
-        let mut own = self.writable.subscribe();
-        let mut synced = self.synced.clone();
-        let mut leader = self.leader.clone();
-        loop {
-            own.borrow_and_update();
-            let local_synced = synced.borrow_and_update().local();
-            if let Some(l) = &mut leader {
-                l.leading_and_update();
-            }
-            if self.open_now() && local_synced {
-                return true;
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                _ = next_change(&mut own) => {}
-                _ = next_change(&mut synced) => {}
-                _ = changed(&mut leader) => {}
-            }
-        }
-    }
-}
-
-/// The next change of an optional watch; never, without one or once its sender is gone.
-async fn changed(rx: &mut Option<crate::leader::Leadership>) {
-    match rx {
-        Some(rx) => {
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await
-            }
-        }
-        None => std::future::pending().await,
-    }
-}
-
-/// The next change of a watch; never once its sender is gone (a gone sender would
-/// otherwise answer at once, every time, and spin the loop waiting on it).
-async fn next_change<T>(rx: &mut watch::Receiver<T>) {
-    if rx.changed().await.is_err() {
-        std::future::pending::<()>().await
-    }
-}
-
-/// Reconciles keys from the queue while the gate is open.
-pub(super) async fn worker(
-    rec: Arc<Reconciler>,
-    gate: Gate,
-    requeue_limit: u32,
-    cancel: CancellationToken,
-) {
-    let queue = &rec.queue;
-    let cluster = &rec.link.cluster_name;
-    loop {
-        if !gate.wait_open(&cancel).await {
-            return;
-        }
-        let Some(key) = queue.next().await else {
-            return;
-        };
-        if !gate.open_now() {
-            // Leadership was lost (or the controller paused) while waiting: keep the key.
-            queue.done(key.clone(), Outcome::Done);
-            queue.add(key);
-            continue;
-        }
-        let timer = rec.metrics.reconcile_timer();
-        let result = rec.reconcile(&key).await;
+    async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome, Self::Error> {
+        let timer = self.metrics.reconcile_timer();
+        let result = Reconciler::reconcile(self, key).await;
         drop(timer);
-        rec.metrics
-            .state(rec.local_services.len(), queue.depth(), rec.limit.refused());
-        let outcome = match result {
-            Ok(o) => o,
-            Err(e) => {
-                let failures = queue.done(key.clone(), Outcome::Failed);
-                rec.metrics.error(e.metric_label());
-                if let crate::error::Error::MissingNamespace(ns) = &e {
-                    rec.missing_namespace(&key, ns).await;
-                }
-                if let crate::error::Error::OwnershipConflict {
-                    kind,
-                    namespace,
-                    name,
-                    ..
-                } = &e
-                {
-                    rec.blocked.hold(&key, kind, namespace, name);
-                }
-                if failures > requeue_limit {
-                    tracing::warn!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying slowly");
-                } else {
-                    tracing::debug!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying");
-                }
-                continue;
-            }
-        };
-        rec.blocked.clear(&key);
-        queue.done(key, outcome);
+        self.metrics.state(
+            self.local_services.len(),
+            self.queue.depth(),
+            self.limit.refused(),
+        );
+        result
+    }
+
+    fn succeeded(&self, key: &ServiceKey) {
+        self.blocked.clear(key);
+    }
+
+    async fn failed(&self, key: &ServiceKey, e: Self::Error, failures: u32) {
+        let cluster = &self.link.cluster_name;
+        self.metrics.error(e.metric_label());
+        if let crate::error::Error::MissingNamespace(ns) = &e {
+            self.missing_namespace(key, ns).await;
+        }
+        if let crate::error::Error::OwnershipConflict {
+            kind,
+            namespace,
+            name,
+            ..
+        } = &e
+        {
+            self.blocked.hold(key, kind, namespace, name);
+        }
+        if self.queue.retrying_slowly(failures) {
+            tracing::warn!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying slowly");
+        } else {
+            tracing::debug!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying");
+        }
     }
 }
 

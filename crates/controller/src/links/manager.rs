@@ -19,11 +19,10 @@ use super::secret::{LinkError, LinkSource, LinkSpec, parse_link_secret};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::gateway::GatewaySource;
-use crate::link_controller::{
-    GatewayStatus, LinkConfig, LinkController, LinkDeps, LinkStatus, Outcome, WorkQueue,
-};
+use crate::link_controller::{GatewayStatus, LinkConfig, LinkController, LinkDeps, LinkStatus};
 use crate::metrics::Metrics;
-use crate::watch::{Watch, drive, keep_all};
+use crate::runtime::watch::{Watch, drive, keep_all};
+use crate::runtime::{Outcome, WorkQueue};
 use crate::writer::{LocalWriter, MirrorSelector};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, ListParams};

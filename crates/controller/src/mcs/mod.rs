@@ -38,7 +38,6 @@ use kube::runtime::watcher;
 use resource::{ServiceExport, ServiceImport};
 use service_mirror_core::mcs_slices::SourceGateway;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -128,7 +127,7 @@ pub struct Mcs {
     metrics: Arc<Metrics>,
     /// The last feed generation handed out (process-wide, so always increasing; the
     /// local feed is 0).
-    generations: Arc<AtomicU64>,
+    generations: Arc<crate::runtime::generation::Generations>,
 }
 
 impl std::fmt::Debug for Mcs {
@@ -262,7 +261,7 @@ impl Mcs {
             tracing::error!(%cluster, "a link names this cluster's own MCS cluster name: its ServiceExports are not read");
             return (Vec::new(), None);
         }
-        let generation = 1 + self.generations.fetch_add(1, Ordering::SeqCst);
+        let generation = self.generations.next();
         let cluster: Arc<str> = cluster.into();
         let _ = self.tx.send(Msg::Feed {
             cluster: cluster.clone(),

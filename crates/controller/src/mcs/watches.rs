@@ -6,7 +6,7 @@ use super::Msg;
 use super::index::Generation;
 use super::resource::{ServiceExport, ServiceImport};
 use crate::metrics::{ClusterLabels, Metrics};
-use crate::watch::{Store, Watch, drive};
+use crate::runtime::watch::{Store, Watch, drive};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;

@@ -12,7 +12,7 @@
 //! Delayed adds (backoff, requeue-after) share one timer task holding a
 //! `tokio_util::time::DelayQueue`, not one task per delayed key.
 
-pub(crate) use crate::backoff::Backoff;
+use crate::backoff::Backoff;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -169,6 +169,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub(crate) fn depth(&self) -> usize {
         let s = self.lock();
         s.queued.len() + s.delayed.len()
+    }
+
+    /// Whether a key that failed `failures` times in a row is past its fast retries
+    /// (`--event-requeue-limit`): retried on the slow schedule.
+    pub(crate) fn retrying_slowly(&self, failures: u32) -> bool {
+        failures > self.backoff.fast_retries
     }
 
     /// Keys whose last attempt failed.
