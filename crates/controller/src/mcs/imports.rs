@@ -38,10 +38,10 @@ use crate::writer::{Applied, LocalWriter};
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::watcher::Event;
-use kube::{Client, Resource};
 use service_mirror_core::mcs::{ImportPort, ImportSpec, ImportType, Merge, SERVICE_NAME_LABEL};
 use service_mirror_core::mcs_derived::{
     DerivedAction, derived_action, derived_service_name, desired_derived_service, import_ips,
@@ -754,16 +754,7 @@ fn delete_params(meta: &ObjectMeta) -> DeleteParams {
 
 /// A stored ServiceImport as the core compares it.
 fn view_of(i: &ServiceImport) -> ImportObject {
-    let mut clusters: Vec<String> = i
-        .status
-        .as_ref()
-        .and_then(|s| s.get("clusters"))
-        .and_then(|c| c.as_array())
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("cluster")?.as_str().map(str::to_string))
-        .collect();
-    clusters.sort();
+    let clusters = i.clusters();
     let spec = &i.spec;
     ImportObject {
         labels: i.metadata.labels.clone().unwrap_or_default(),
@@ -823,12 +814,6 @@ fn import_object(
         },
     };
     ServiceImport {
-        api_version: Some(format!(
-            "{}/{}",
-            service_mirror_core::mcs::GROUP,
-            super::VERSION
-        )),
-        kind: Some(ServiceImport::kind(&()).into_owned()),
         metadata,
         spec: ServiceImportSpec {
             type_: desired.type_.map(|t| t.as_str().to_string()),
@@ -856,6 +841,7 @@ fn import_object(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcs::resource::{ClusterStatus, ServiceImportStatus};
     use service_mirror_core::mcs::ImportSpec;
 
     fn spec() -> ImportSpec {
@@ -899,7 +885,12 @@ mod tests {
             serde_json::to_value(import_object(&key, &desired, None)).unwrap(),
         )
         .unwrap();
-        stored.status = Some(serde_json::json!({"clusters": [{"cluster": "west"}]}));
+        stored.status = Some(ServiceImportStatus {
+            clusters: vec![ClusterStatus {
+                cluster: "west".into(),
+            }],
+            conditions: vec![],
+        });
         assert_eq!(view_of(&stored), desired);
         assert!(is_owned_import(
             stored.metadata.labels.as_ref().unwrap(),
