@@ -2,8 +2,9 @@
 //!
 //! Nothing here talks to a cluster: every function maps Kubernetes objects (as
 //! `k8s_openapi` values) to other values, so each rule is unit-tested without an
-//! apiserver. This crate does not depend on `kube` or `tokio`: purity is a compile
-//! error to break. The rest of the program uses it in three steps:
+//! apiserver. This crate does not depend on `kube`'s client or `tokio`: purity is a
+//! compile error to break; the custom resources it builds (the ServiceImport) are the
+//! api crate's derived types, plain data over kube-core. The rest of the program uses it in three steps:
 //!
 //! 1. the per-link controller reads its caches (remote Services, remote gateways, local
 //!    mirrors) and, for a remote Service key, decides with [`export_decision`], then

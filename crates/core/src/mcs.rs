@@ -22,7 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The API group of ServiceExport and ServiceImport.
-pub const GROUP: &str = "multicluster.x-k8s.io";
+pub use service_mirror_api::mcs::GROUP;
 /// Label of an imported EndpointSlice (and of the ServiceImport's objects): the
 /// imported Service's name.
 pub const SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";

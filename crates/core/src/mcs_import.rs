@@ -15,9 +15,12 @@
 
 use crate::ServiceKey;
 use crate::labels::CONTROLLER_NAMESPACE_ANNOTATION;
-use crate::mcs::{ImportPort, ImportSpec, ImportType};
+use crate::mcs::{ImportSpec, ImportType};
 use crate::mcs_derived::{DERIVED_SERVICE_ANNOTATION, derived_service_name};
-use k8s_openapi::api::core::v1::SessionAffinityConfig;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use service_mirror_api::mcs::{
+    ClusterStatus, ServiceImport, ServiceImportPort, ServiceImportSpec, ServiceImportStatus,
+};
 use std::collections::BTreeMap;
 
 /// Label marking a ServiceImport as ours (with [`CONTROLLER_NAMESPACE_ANNOTATION`]).
@@ -25,59 +28,43 @@ pub const IMPORT_LABEL: &str = "service-mirror.io/mcs-import";
 /// Value of [`IMPORT_LABEL`].
 pub const IMPORT_VALUE: &str = "true";
 
-/// A ServiceImport as compared: what we write of it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ImportObject {
-    /// `metadata.labels`.
-    pub labels: BTreeMap<String, String>,
-    /// `metadata.annotations`.
-    pub annotations: BTreeMap<String, String>,
-    /// `spec.type` (`None`: missing or unknown).
-    pub type_: Option<ImportType>,
-    /// `spec.ports`.
-    pub ports: Vec<ImportPort>,
-    /// `spec.ips`.
-    pub ips: Vec<String>,
-    /// `spec.ipFamilies`.
-    pub ip_families: Vec<String>,
-    /// `spec.sessionAffinity`.
-    pub session_affinity: Option<String>,
-    /// `spec.sessionAffinityConfig`.
-    pub session_affinity_config: Option<SessionAffinityConfig>,
-    /// `spec.internalTrafficPolicy`.
-    pub internal_traffic_policy: Option<String>,
-    /// `spec.trafficDistribution`.
-    pub traffic_distribution: Option<String>,
-    /// `status.clusters[].cluster`, sorted.
-    pub clusters: Vec<String>,
-}
-
-impl ImportObject {
-    /// The spec alone.
-    fn spec_only(&self) -> Self {
-        Self {
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-            clusters: Vec::new(),
-            ..self.clone()
-        }
+/// The spec as compared: a port's absent name is the empty one and its absent protocol
+/// `TCP` (the apiserver stores what it is given; the KEP's defaults).
+fn comparable(spec: &ServiceImportSpec) -> ServiceImportSpec {
+    ServiceImportSpec {
+        ports: spec
+            .ports
+            .iter()
+            .map(|p| ServiceImportPort {
+                name: p.name.clone().filter(|n| !n.is_empty()),
+                protocol: Some(p.protocol.clone().unwrap_or_else(|| "TCP".into())),
+                ..p.clone()
+            })
+            .collect(),
+        ..spec.clone()
     }
 }
 
 /// Whether every entry of `ours` is in `stored` with the same value.
-fn holds(stored: &BTreeMap<String, String>, ours: &BTreeMap<String, String>) -> bool {
-    ours.iter().all(|(k, v)| stored.get(k) == Some(v))
+fn holds(
+    stored: &Option<BTreeMap<String, String>>,
+    ours: &Option<BTreeMap<String, String>>,
+) -> bool {
+    let stored = stored.as_ref();
+    ours.iter()
+        .flatten()
+        .all(|(k, v)| stored.and_then(|s| s.get(k)) == Some(v))
 }
 
-/// The ServiceImport of `key` with `spec`, the exporting `clusters` and `ips` (the
-/// derived Service's ClusterIPs; none while headless or not yet allocated).
+/// The ServiceImport of `key` with `spec`, the exporting `clusters` (its status) and
+/// `ips` (the derived Service's ClusterIPs; none while headless or not yet allocated).
 pub fn desired_import(
     key: &ServiceKey,
     spec: &ImportSpec,
     clusters: &[String],
     ips: Vec<String>,
     controller_namespace: &str,
-) -> ImportObject {
+) -> ServiceImport {
     let mut labels = spec.labels.clone();
     labels.insert(IMPORT_LABEL.into(), IMPORT_VALUE.into());
     let mut annotations = spec.annotations.clone();
@@ -89,35 +76,57 @@ pub fn desired_import(
     let mut clusters = clusters.to_vec();
     clusters.sort();
     clusters.dedup();
-    ImportObject {
-        labels,
-        annotations,
-        type_: Some(spec.type_),
-        ports: spec.ports.clone(),
-        ips: match spec.type_ {
-            ImportType::ClusterSetIp => ips,
-            ImportType::Headless => Vec::new(),
+    ServiceImport {
+        metadata: ObjectMeta {
+            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
         },
-        ip_families: spec.ip_families.clone(),
-        session_affinity: spec.session_affinity.clone(),
-        session_affinity_config: spec.session_affinity_config.clone(),
-        internal_traffic_policy: spec.internal_traffic_policy.clone(),
-        traffic_distribution: spec.traffic_distribution.clone(),
-        clusters,
+        spec: ServiceImportSpec {
+            type_: Some(spec.type_.as_str().into()),
+            ports: spec
+                .ports
+                .iter()
+                .map(|p| ServiceImportPort {
+                    name: (!p.name.is_empty()).then(|| p.name.clone()),
+                    protocol: Some(p.protocol.clone()),
+                    app_protocol: p.app_protocol.clone(),
+                    port: p.port,
+                })
+                .collect(),
+            ips: match spec.type_ {
+                ImportType::ClusterSetIp => ips,
+                ImportType::Headless => Vec::new(),
+            },
+            ip_families: spec.ip_families.clone(),
+            session_affinity: spec.session_affinity.clone(),
+            session_affinity_config: spec.session_affinity_config.clone(),
+            internal_traffic_policy: spec.internal_traffic_policy.clone(),
+            traffic_distribution: spec.traffic_distribution.clone(),
+        },
+        status: Some(ServiceImportStatus {
+            clusters: clusters
+                .into_iter()
+                .map(|cluster| ClusterStatus { cluster })
+                .collect(),
+            conditions: Vec::new(),
+        }),
     }
 }
 
-/// Whether a ServiceImport with these labels and annotations is ours.
-pub fn is_owned_import(
-    labels: &BTreeMap<String, String>,
-    annotations: &BTreeMap<String, String>,
-    controller_namespace: &str,
-) -> bool {
-    labels.get(IMPORT_LABEL).map(String::as_str) == Some(IMPORT_VALUE)
-        && annotations
-            .get(CONTROLLER_NAMESPACE_ANNOTATION)
-            .map(String::as_str)
-            == Some(controller_namespace)
+/// Whether a ServiceImport with this metadata is ours.
+pub fn is_owned_import(meta: &ObjectMeta, controller_namespace: &str) -> bool {
+    let has = |map: &Option<BTreeMap<String, String>>, k: &str, v: &str| {
+        map.as_ref().and_then(|m| m.get(k)).map(String::as_str) == Some(v)
+    };
+    has(&meta.labels, IMPORT_LABEL, IMPORT_VALUE)
+        && has(
+            &meta.annotations,
+            CONTROLLER_NAMESPACE_ANNOTATION,
+            controller_namespace,
+        )
 }
 
 /// What to do with the stored ServiceImport of a name to make it `desired`.
@@ -141,9 +150,9 @@ pub enum ImportAction {
 /// What makes `current` (`None`: no ServiceImport of the name; `owned`: it is ours, see
 /// [`is_owned_import`]) say `desired`.
 pub fn import_action(
-    current: Option<&ImportObject>,
+    current: Option<&ServiceImport>,
     owned: bool,
-    desired: &ImportObject,
+    desired: &ServiceImport,
 ) -> ImportAction {
     let Some(current) = current else {
         return ImportAction::Create;
@@ -151,10 +160,11 @@ pub fn import_action(
     if !owned {
         return ImportAction::Foreign;
     }
-    let spec = current.spec_only() != desired.spec_only()
-        || !holds(&current.labels, &desired.labels)
-        || !holds(&current.annotations, &desired.annotations);
-    let status = current.clusters != desired.clusters;
+    let (stored, ours) = (&current.metadata, &desired.metadata);
+    let spec = comparable(&current.spec) != comparable(&desired.spec)
+        || !holds(&stored.labels, &ours.labels)
+        || !holds(&stored.annotations, &ours.annotations);
+    let status = current.clusters() != desired.clusters();
     match (spec, status) {
         (false, false) => ImportAction::Nothing,
         (spec, status) => ImportAction::Update { spec, status },

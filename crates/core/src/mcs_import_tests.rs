@@ -1,7 +1,7 @@
 //! The ServiceImport: its desired form, ownership and the action that keeps it.
 
 use super::*;
-use k8s_openapi::api::core::v1::ClientIPConfig;
+use k8s_openapi::api::core::v1::{ClientIPConfig, SessionAffinityConfig};
 
 use crate::mcs_test_support::{CTL, key, port};
 
@@ -24,13 +24,25 @@ fn spec(type_: ImportType) -> ImportSpec {
 }
 
 /// A change to a stored import.
-type Edit = Box<dyn Fn(&mut ImportObject)>;
+type Edit = Box<dyn Fn(&mut ServiceImport)>;
+
+fn labels(o: &mut ServiceImport) -> &mut BTreeMap<String, String> {
+    o.metadata.labels.get_or_insert_default()
+}
+
+fn annotations(o: &mut ServiceImport) -> &mut BTreeMap<String, String> {
+    o.metadata.annotations.get_or_insert_default()
+}
+
+fn listed(o: &mut ServiceImport) -> &mut Vec<ClusterStatus> {
+    &mut o.status.get_or_insert_default().clusters
+}
 
 fn clusters(names: &[&str]) -> Vec<String> {
     names.iter().map(|n| n.to_string()).collect()
 }
 
-fn desired(type_: ImportType) -> ImportObject {
+fn desired(type_: ImportType) -> ServiceImport {
     desired_import(
         &key(),
         &spec(type_),
@@ -42,36 +54,65 @@ fn desired(type_: ImportType) -> ImportObject {
 
 #[test]
 fn the_import_carries_every_merged_field_the_exporters_labels_and_our_marks() {
-    let d = desired(ImportType::ClusterSetIp);
-    assert_eq!(d.type_, Some(ImportType::ClusterSetIp));
-    assert_eq!(d.ports, spec(ImportType::ClusterSetIp).ports);
-    assert_eq!(d.ips, vec!["10.96.0.10".to_string()]);
-    assert_eq!(d.ip_families, vec!["IPv4".to_string()]);
-    assert_eq!(d.session_affinity.as_deref(), Some("ClientIP"));
+    let mut d = desired(ImportType::ClusterSetIp);
+    assert_eq!(d.metadata.name.as_deref(), Some("hello"));
+    assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
+    let s = &d.spec;
+    assert_eq!(s.type_.as_deref(), Some("ClusterSetIP"));
+    let ports: Vec<_> = s
+        .ports
+        .iter()
+        .map(|p| (p.name.as_deref(), p.protocol.as_deref(), p.port))
+        .collect();
     assert_eq!(
-        d.session_affinity_config
+        ports,
+        [
+            (Some("http"), Some("TCP"), 80),
+            (Some("dns"), Some("UDP"), 53)
+        ]
+    );
+    assert_eq!(s.ips, vec!["10.96.0.10".to_string()]);
+    assert_eq!(s.ip_families, vec!["IPv4".to_string()]);
+    assert_eq!(s.session_affinity.as_deref(), Some("ClientIP"));
+    assert_eq!(
+        s.session_affinity_config
+            .clone()
             .and_then(|c| c.client_ip)
             .and_then(|c| c.timeout_seconds),
         Some(30)
     );
-    assert_eq!(d.internal_traffic_policy.as_deref(), Some("Local"));
-    assert_eq!(d.traffic_distribution.as_deref(), Some("PreferClose"));
-    assert_eq!(d.labels["team"], "shop");
-    assert_eq!(d.labels[IMPORT_LABEL], IMPORT_VALUE);
-    assert_eq!(d.annotations["owner"], "ann");
-    assert_eq!(d.annotations[CONTROLLER_NAMESPACE_ANNOTATION], CTL);
+    assert_eq!(s.internal_traffic_policy.as_deref(), Some("Local"));
+    assert_eq!(s.traffic_distribution.as_deref(), Some("PreferClose"));
+    assert_eq!(d.clusters(), clusters(&["east", "west"]), "sorted");
+    assert_eq!(labels(&mut d)["team"], "shop");
+    assert_eq!(labels(&mut d)[IMPORT_LABEL], IMPORT_VALUE);
+    let a = annotations(&mut d);
+    assert_eq!(a["owner"], "ann");
+    assert_eq!(a[CONTROLLER_NAMESPACE_ANNOTATION], CTL);
+    assert_eq!(a[DERIVED_SERVICE_ANNOTATION], derived_service_name(&key()));
+}
+
+#[test]
+fn a_nameless_port_is_written_without_a_name() {
+    let mut s = spec(ImportType::ClusterSetIp);
+    s.ports = vec![port("", "TCP", 80)];
+    let d = desired_import(&key(), &s, &[], vec![], CTL);
+    assert_eq!(d.spec.ports[0].name, None);
+    assert_eq!(d.spec.ports[0].protocol.as_deref(), Some("TCP"));
+    // Stored with an empty name (another writer's spelling): the same port.
+    let mut stored = d.clone();
+    stored.spec.ports[0].name = Some(String::new());
     assert_eq!(
-        d.annotations[DERIVED_SERVICE_ANNOTATION],
-        derived_service_name(&key())
+        import_action(Some(&stored), true, &d),
+        ImportAction::Nothing
     );
-    assert_eq!(d.clusters, clusters(&["east", "west"]), "sorted");
 }
 
 #[test]
 fn a_headless_import_has_no_ips_whatever_it_is_given() {
     let d = desired(ImportType::Headless);
-    assert_eq!(d.type_, Some(ImportType::Headless));
-    assert!(d.ips.is_empty());
+    assert_eq!(d.spec.type_.as_deref(), Some("Headless"));
+    assert!(d.spec.ips.is_empty());
 }
 
 #[test]
@@ -82,10 +123,10 @@ fn our_marks_win_over_exported_labels_and_annotations_of_the_same_key() {
         .insert(CONTROLLER_NAMESPACE_ANNOTATION.into(), "elsewhere".into());
     s.annotations
         .insert(DERIVED_SERVICE_ANNOTATION.into(), "kube-dns".into());
-    let d = desired_import(&key(), &s, &clusters(&["west"]), vec![], CTL);
-    assert!(is_owned_import(&d.labels, &d.annotations, CTL));
+    let mut d = desired_import(&key(), &s, &clusters(&["west"]), vec![], CTL);
+    assert!(is_owned_import(&d.metadata, CTL));
     assert_eq!(
-        d.annotations[DERIVED_SERVICE_ANNOTATION],
+        annotations(&mut d)[DERIVED_SERVICE_ANNOTATION],
         derived_service_name(&key())
     );
 }
@@ -99,7 +140,8 @@ fn duplicate_clusters_are_listed_once() {
         vec![],
         CTL,
     );
-    assert_eq!(d.clusters, clusters(&["east", "west"]));
+    assert_eq!(d.clusters(), clusters(&["east", "west"]));
+    assert_eq!(listed(&mut d.clone()).len(), 2, "written once each");
 }
 
 #[test]
@@ -110,36 +152,35 @@ fn ownership_needs_our_label_and_our_controller_namespace() {
         (
             "label removed",
             Box::new(|o| {
-                o.labels.remove(IMPORT_LABEL);
+                labels(o).remove(IMPORT_LABEL);
             }),
             false,
         ),
         (
             "label false",
             Box::new(|o| {
-                o.labels.insert(IMPORT_LABEL.into(), "false".into());
+                labels(o).insert(IMPORT_LABEL.into(), "false".into());
             }),
             false,
         ),
         (
             "another controller namespace",
             Box::new(|o| {
-                o.annotations
-                    .insert(CONTROLLER_NAMESPACE_ANNOTATION.into(), "other".into());
+                annotations(o).insert(CONTROLLER_NAMESPACE_ANNOTATION.into(), "other".into());
             }),
             false,
         ),
         (
             "no annotation",
             Box::new(|o| {
-                o.annotations.remove(CONTROLLER_NAMESPACE_ANNOTATION);
+                annotations(o).remove(CONTROLLER_NAMESPACE_ANNOTATION);
             }),
             false,
         ),
         (
             "someone else's label added",
             Box::new(|o| {
-                o.labels.insert("extra".into(), "1".into());
+                labels(o).insert("extra".into(), "1".into());
             }),
             true,
         ),
@@ -147,11 +188,7 @@ fn ownership_needs_our_label_and_our_controller_namespace() {
     for (what, edit, owned) in cases {
         let mut o = d.clone();
         edit(&mut o);
-        assert_eq!(
-            is_owned_import(&o.labels, &o.annotations, CTL),
-            owned,
-            "{what}"
-        );
+        assert_eq!(is_owned_import(&o.metadata, CTL), owned, "{what}");
     }
 }
 
@@ -162,7 +199,11 @@ fn the_action_depends_on_what_differs() {
         ("equal", Box::new(|_| {}), ImportAction::Nothing),
         (
             "a cluster more",
-            Box::new(|o| o.clusters.push("south".into())),
+            Box::new(|o| {
+                listed(o).push(ClusterStatus {
+                    cluster: "south".into(),
+                })
+            }),
             ImportAction::Update {
                 spec: false,
                 status: true,
@@ -170,7 +211,7 @@ fn the_action_depends_on_what_differs() {
         ),
         (
             "no clusters yet (just created)",
-            Box::new(|o| o.clusters.clear()),
+            Box::new(|o| o.status = None),
             ImportAction::Update {
                 spec: false,
                 status: true,
@@ -179,7 +220,7 @@ fn the_action_depends_on_what_differs() {
         (
             "a port less",
             Box::new(|o| {
-                o.ports.pop();
+                o.spec.ports.pop();
             }),
             ImportAction::Update {
                 spec: true,
@@ -188,7 +229,7 @@ fn the_action_depends_on_what_differs() {
         ),
         (
             "no ips yet",
-            Box::new(|o| o.ips.clear()),
+            Box::new(|o| o.spec.ips.clear()),
             ImportAction::Update {
                 spec: true,
                 status: false,
@@ -196,7 +237,7 @@ fn the_action_depends_on_what_differs() {
         ),
         (
             "another affinity",
-            Box::new(|o| o.session_affinity = Some("None".into())),
+            Box::new(|o| o.spec.session_affinity = Some("None".into())),
             ImportAction::Update {
                 spec: true,
                 status: false,
@@ -205,7 +246,7 @@ fn the_action_depends_on_what_differs() {
         (
             "another affinity timeout",
             Box::new(|o| {
-                o.session_affinity_config = Some(SessionAffinityConfig {
+                o.spec.session_affinity_config = Some(SessionAffinityConfig {
                     client_ip: Some(ClientIPConfig {
                         timeout_seconds: Some(31),
                     }),
@@ -218,7 +259,7 @@ fn the_action_depends_on_what_differs() {
         ),
         (
             "another traffic policy",
-            Box::new(|o| o.internal_traffic_policy = None),
+            Box::new(|o| o.spec.internal_traffic_policy = None),
             ImportAction::Update {
                 spec: true,
                 status: false,
@@ -226,7 +267,7 @@ fn the_action_depends_on_what_differs() {
         ),
         (
             "another traffic distribution",
-            Box::new(|o| o.traffic_distribution = None),
+            Box::new(|o| o.spec.traffic_distribution = None),
             ImportAction::Update {
                 spec: true,
                 status: false,
@@ -234,7 +275,7 @@ fn the_action_depends_on_what_differs() {
         ),
         (
             "another family",
-            Box::new(|o| o.ip_families = vec!["IPv6".into()]),
+            Box::new(|o| o.spec.ip_families = vec!["IPv6".into()]),
             ImportAction::Update {
                 spec: true,
                 status: false,
@@ -242,24 +283,49 @@ fn the_action_depends_on_what_differs() {
         ),
         (
             "headless",
-            Box::new(|o| o.type_ = Some(ImportType::Headless)),
+            Box::new(|o| o.spec.type_ = Some("Headless".into())),
             ImportAction::Update {
                 spec: true,
                 status: false,
             },
         ),
         (
+            "a type we do not know",
+            Box::new(|o| o.spec.type_ = Some("Bogus".into())),
+            ImportAction::Update {
+                spec: true,
+                status: false,
+            },
+        ),
+        (
+            "a TCP port stored without its protocol (the KEP's default)",
+            Box::new(|o| o.spec.ports[0].protocol = None),
+            ImportAction::Nothing,
+        ),
+        (
+            "a cluster listed twice",
+            Box::new(|o| {
+                listed(o).push(ClusterStatus {
+                    cluster: "west".into(),
+                })
+            }),
+            ImportAction::Update {
+                spec: false,
+                status: true,
+            },
+        ),
+        (
             "another writer's label and annotation (or an exported label since dropped)",
             Box::new(|o| {
-                o.labels.insert("old".into(), "1".into());
-                o.annotations.insert("webhook".into(), "1".into());
+                labels(o).insert("old".into(), "1".into());
+                annotations(o).insert("webhook".into(), "1".into());
             }),
             ImportAction::Nothing,
         ),
         (
             "an exported label changed",
             Box::new(|o| {
-                o.labels.insert("team".into(), "other".into());
+                labels(o).insert("team".into(), "other".into());
             }),
             ImportAction::Update {
                 spec: true,
@@ -269,7 +335,7 @@ fn the_action_depends_on_what_differs() {
         (
             "our mark removed",
             Box::new(|o| {
-                o.annotations.remove(DERIVED_SERVICE_ANNOTATION);
+                annotations(o).remove(DERIVED_SERVICE_ANNOTATION);
             }),
             ImportAction::Update {
                 spec: true,
@@ -279,8 +345,8 @@ fn the_action_depends_on_what_differs() {
         (
             "an annotation edited and a cluster gone",
             Box::new(|o| {
-                o.annotations.insert("owner".into(), "bob".into());
-                o.clusters.pop();
+                annotations(o).insert("owner".into(), "bob".into());
+                listed(o).pop();
             }),
             ImportAction::Update {
                 spec: true,
@@ -301,7 +367,7 @@ fn none_stored_is_created_and_a_foreign_one_is_never_touched_even_if_equal() {
     assert_eq!(import_action(None, false, &d), ImportAction::Create);
     assert_eq!(import_action(Some(&d), false, &d), ImportAction::Foreign);
     let mut other = d.clone();
-    other.ports.clear();
+    other.spec.ports.clear();
     assert_eq!(
         import_action(Some(&other), false, &d),
         ImportAction::Foreign

@@ -28,7 +28,7 @@
 //! Only the leader writes: leadership is checked before each write, not once per name.
 
 use super::index::{Changed, Grouped, Listed};
-use super::resource::{ServiceImport, ServiceImportPort, ServiceImportSpec};
+use super::resource::ServiceImport;
 use super::worker::Outcome;
 use crate::events::EventRecorder;
 use crate::leader::Leadership;
@@ -38,17 +38,17 @@ use crate::writer::{Applied, LocalWriter};
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::watcher::Event;
-use kube::{Client, Resource};
-use service_mirror_core::mcs::{ImportPort, ImportSpec, ImportType, Merge, SERVICE_NAME_LABEL};
+use service_mirror_core::mcs::{ImportSpec, ImportType, Merge, SERVICE_NAME_LABEL};
 use service_mirror_core::mcs_derived::{
     DerivedAction, derived_action, derived_service_name, desired_derived_service, import_ips,
     is_owned_derived,
 };
 use service_mirror_core::mcs_import::{
-    ImportAction, ImportObject, desired_import, import_action, is_owned_import,
+    ImportAction, desired_import, import_action, is_owned_import,
 };
 use service_mirror_core::mcs_slices::{
     DesiredImportSlices, ImportSlicesInput, SourceGateway, desired_import_slices,
@@ -260,7 +260,7 @@ impl Imports {
             .imports
             .items
             .get(key)
-            .map(|i| view_of(i).clusters)
+            .map(ServiceImport::clusters)
             .unwrap_or_default()
             .into_iter()
             .filter(|c| !merged.clusters.contains(c) && !settled(c))
@@ -485,13 +485,12 @@ impl Imports {
         let desired = desired_import(key, spec, clusters, ips, &self.controller_namespace);
         let current = self.imports.items.get(key).cloned();
         let owned = current.as_ref().is_some_and(|c| self.owns(c));
-        let view = current.as_ref().map(view_of);
         let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let action = import_action(view.as_ref(), owned, &desired);
+        let action = import_action(current.as_ref(), owned, &desired);
         // A foreign import stopped `sync` before (only this worker changes the cache).
         if matches!(action, ImportAction::Nothing | ImportAction::Foreign) {
             return Outcome::Done;
@@ -502,12 +501,12 @@ impl Imports {
         let (write_spec, write_status) = match action {
             ImportAction::Nothing | ImportAction::Foreign => return Outcome::Done,
             ImportAction::Create => {
-                let body = import_object(key, &desired, None);
+                let body = import_object(&desired, None);
                 match api.create(&params, &body).await {
                     Ok(stored) => {
                         self.wrote(Kind::Import, "created");
                         let rv = stored.metadata.resource_version.clone();
-                        return self.write_status(key, &api, rv, &desired.clusters).await;
+                        return self.write_status(key, &api, rv, &desired.clusters()).await;
                     }
                     // Made meanwhile (ours not yet seen, or another's): its event
                     // judges it again.
@@ -525,7 +524,7 @@ impl Imports {
         };
         let mut rv = current.metadata.resource_version.clone();
         if write_spec {
-            let body = import_object(key, &desired, Some(&current));
+            let body = import_object(&desired, Some(&current));
             match api.replace(&key.name, &params, &body).await {
                 Ok(stored) => {
                     self.wrote(Kind::Import, "updated");
@@ -535,7 +534,7 @@ impl Imports {
             }
         }
         match write_status {
-            true => self.write_status(key, &api, rv, &desired.clusters).await,
+            true => self.write_status(key, &api, rv, &desired.clusters()).await,
             false => Outcome::Done,
         }
     }
@@ -581,7 +580,7 @@ impl Imports {
         all_settled: bool,
     ) -> Outcome {
         if let Some(import) = self.imports.items.get(key).cloned() {
-            let listed = view_of(&import).clusters;
+            let listed = import.clusters();
             let unsettled: Vec<String> = listed.iter().filter(|c| !settled(c)).cloned().collect();
             // One whose status names no cluster (its status write never came) may be
             // any cluster's: it goes only once every cluster counts or is known gone.
@@ -643,15 +642,7 @@ impl Imports {
     }
 
     fn owns(&self, import: &ServiceImport) -> bool {
-        is_owned_import(
-            import.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
-            import
-                .metadata
-                .annotations
-                .as_ref()
-                .unwrap_or(&BTreeMap::new()),
-            &self.controller_namespace,
-        )
+        is_owned_import(&import.metadata, &self.controller_namespace)
     }
 
     /// A write failed: counted, and what follows.
@@ -752,103 +743,29 @@ fn delete_params(meta: &ObjectMeta) -> DeleteParams {
     }
 }
 
-/// A stored ServiceImport as the core compares it.
-fn view_of(i: &ServiceImport) -> ImportObject {
-    let mut clusters: Vec<String> = i
-        .status
-        .as_ref()
-        .and_then(|s| s.get("clusters"))
-        .and_then(|c| c.as_array())
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("cluster")?.as_str().map(str::to_string))
-        .collect();
-    clusters.sort();
-    let spec = &i.spec;
-    ImportObject {
-        labels: i.metadata.labels.clone().unwrap_or_default(),
-        annotations: i.metadata.annotations.clone().unwrap_or_default(),
-        type_: match spec.type_.as_deref() {
-            Some("ClusterSetIP") => Some(ImportType::ClusterSetIp),
-            Some("Headless") => Some(ImportType::Headless),
-            _ => None,
-        },
-        ports: spec
-            .ports
-            .iter()
-            .map(|p| ImportPort {
-                name: p.name.clone().unwrap_or_default(),
-                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-                port: p.port,
-                app_protocol: p.app_protocol.clone(),
-            })
-            .collect(),
-        ips: spec.ips.clone(),
-        ip_families: spec.ip_families.clone(),
-        session_affinity: spec.session_affinity.clone(),
-        session_affinity_config: spec.session_affinity_config.clone(),
-        internal_traffic_policy: spec.internal_traffic_policy.clone(),
-        traffic_distribution: spec.traffic_distribution.clone(),
-        clusters,
-    }
-}
-
 /// The ServiceImport object for `desired` (status apart); over `base`, the stored one,
 /// its metadata kept but for our labels and annotations (its resourceVersion is the
 /// precondition of the replace).
-fn import_object(
-    key: &ServiceKey,
-    desired: &ImportObject,
-    base: Option<&ServiceImport>,
-) -> ServiceImport {
-    let merged = |theirs: &Option<BTreeMap<String, String>>, ours: &BTreeMap<String, String>| {
+fn import_object(desired: &ServiceImport, base: Option<&ServiceImport>) -> ServiceImport {
+    let merged = |theirs: &Option<BTreeMap<String, String>>,
+                  ours: &Option<BTreeMap<String, String>>| {
         let mut all = theirs.clone().unwrap_or_default();
-        all.extend(ours.clone());
+        all.extend(ours.clone().unwrap_or_default());
         Some(all)
     };
     let metadata = match base {
         // Another writer's labels and annotations stay (see core::mcs_import).
         Some(b) => ObjectMeta {
-            labels: merged(&b.metadata.labels, &desired.labels),
-            annotations: merged(&b.metadata.annotations, &desired.annotations),
+            labels: merged(&b.metadata.labels, &desired.metadata.labels),
+            annotations: merged(&b.metadata.annotations, &desired.metadata.annotations),
             managed_fields: None,
             ..b.metadata.clone()
         },
-        None => ObjectMeta {
-            name: Some(key.name.clone()),
-            namespace: Some(key.namespace.clone()),
-            labels: Some(desired.labels.clone()),
-            annotations: Some(desired.annotations.clone()),
-            ..Default::default()
-        },
+        None => desired.metadata.clone(),
     };
     ServiceImport {
-        api_version: Some(format!(
-            "{}/{}",
-            service_mirror_core::mcs::GROUP,
-            super::VERSION
-        )),
-        kind: Some(ServiceImport::kind(&()).into_owned()),
         metadata,
-        spec: ServiceImportSpec {
-            type_: desired.type_.map(|t| t.as_str().to_string()),
-            ports: desired
-                .ports
-                .iter()
-                .map(|p| ServiceImportPort {
-                    name: (!p.name.is_empty()).then(|| p.name.clone()),
-                    protocol: Some(p.protocol.clone()),
-                    app_protocol: p.app_protocol.clone(),
-                    port: p.port,
-                })
-                .collect(),
-            ips: desired.ips.clone(),
-            ip_families: desired.ip_families.clone(),
-            session_affinity: desired.session_affinity.clone(),
-            session_affinity_config: desired.session_affinity_config.clone(),
-            internal_traffic_policy: desired.internal_traffic_policy.clone(),
-            traffic_distribution: desired.traffic_distribution.clone(),
-        },
+        spec: desired.spec.clone(),
         status: None,
     }
 }
@@ -856,7 +773,8 @@ fn import_object(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use service_mirror_core::mcs::ImportSpec;
+    use crate::mcs::resource::{ClusterStatus, ServiceImportStatus};
+    use service_mirror_core::mcs::{ImportPort, ImportSpec};
 
     fn spec() -> ImportSpec {
         ImportSpec {
@@ -895,24 +813,27 @@ mod tests {
             vec!["10.96.0.9".into()],
             "sm",
         );
-        let mut stored: ServiceImport = serde_json::from_value(
-            serde_json::to_value(import_object(&key, &desired, None)).unwrap(),
-        )
-        .unwrap();
-        stored.status = Some(serde_json::json!({"clusters": [{"cluster": "west"}]}));
-        assert_eq!(view_of(&stored), desired);
-        assert!(is_owned_import(
-            stored.metadata.labels.as_ref().unwrap(),
-            stored.metadata.annotations.as_ref().unwrap(),
-            "sm"
-        ));
+        let mut stored: ServiceImport =
+            serde_json::from_value(serde_json::to_value(import_object(&desired, None)).unwrap())
+                .unwrap();
+        stored.status = Some(ServiceImportStatus {
+            clusters: vec![ClusterStatus {
+                cluster: "west".into(),
+            }],
+            conditions: vec![],
+        });
+        assert_eq!(
+            import_action(Some(&stored), true, &desired),
+            ImportAction::Nothing
+        );
+        assert!(is_owned_import(&stored.metadata, "sm"));
     }
 
     #[test]
     fn the_body_is_the_api_object_with_no_status() {
         let key = ServiceKey::new("shop", "hello");
         let desired = desired_import(&key, &spec(), &["west".into()], vec![], "sm");
-        let body = serde_json::to_value(import_object(&key, &desired, None)).unwrap();
+        let body = serde_json::to_value(import_object(&desired, None)).unwrap();
         assert_eq!(body["apiVersion"], "multicluster.x-k8s.io/v1beta1");
         assert_eq!(body["kind"], "ServiceImport");
         assert_eq!(body["spec"]["type"], "ClusterSetIP");
@@ -938,11 +859,11 @@ mod tests {
             },
             ..Default::default()
         };
-        let body = import_object(&key, &desired, Some(&base));
+        let body = import_object(&desired, Some(&base));
         assert_eq!(body.metadata.resource_version.as_deref(), Some("41"));
         assert_eq!(body.metadata.uid.as_deref(), Some("u1"));
         assert_eq!(body.metadata.finalizers, base.metadata.finalizers);
-        let mut want = desired.labels.clone();
+        let mut want = desired.metadata.labels.clone().unwrap_or_default();
         want.insert("stale".into(), "1".into());
         assert_eq!(body.metadata.labels, Some(want), "theirs kept, ours set");
     }

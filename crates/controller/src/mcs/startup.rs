@@ -13,42 +13,26 @@ use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::metrics::Metrics;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::Resource;
+use kube::api::{Api, ApiResource};
 use kube::runtime::events::EventType;
 use std::future::Future;
 use std::time::Duration;
 
-/// The About API group (KEP-2149).
-pub const ABOUT_GROUP: &str = "about.k8s.io";
-/// The About API version.
-pub const ABOUT_VERSION: &str = "v1alpha1";
-/// The ClusterProperty whose value names the cluster in its cluster set.
-pub const CLUSTER_ID_PROPERTY: &str = "id.k8s.io";
-/// The ClusterProperty CRD, as we install it beside the MCS ones.
-pub const CLUSTER_PROPERTY_CRD_YAML: &str = include_str!("clusterproperty-crd.yaml");
-/// Name of the ClusterProperty CRD.
-pub const CLUSTER_PROPERTY_CRD_NAME: &str = "clusterproperties.about.k8s.io";
+pub use service_mirror_api::about::{
+    ABOUT_GROUP, ABOUT_VERSION, CLUSTER_ID_PROPERTY, CLUSTER_PROPERTY_CRD_NAME,
+    CLUSTER_PROPERTY_CRD_YAML, ClusterProperty,
+};
 
 /// The ClusterProperty resource (cluster-scoped).
 pub fn cluster_property_resource() -> ApiResource {
-    ApiResource {
-        group: ABOUT_GROUP.into(),
-        version: ABOUT_VERSION.into(),
-        api_version: format!("{ABOUT_GROUP}/{ABOUT_VERSION}"),
-        kind: "ClusterProperty".into(),
-        plural: "clusterproperties".into(),
-    }
+    ApiResource::erase::<ClusterProperty>(&())
 }
 
 /// The ClusterProperty `id.k8s.io` naming this cluster `name`, as an operator applies
 /// it (the harnesses and tests that name clusters).
 pub fn cluster_id_property(name: &str) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": format!("{ABOUT_GROUP}/{ABOUT_VERSION}"),
-        "kind": "ClusterProperty",
-        "metadata": {"name": CLUSTER_ID_PROPERTY},
-        "spec": {"value": name},
-    })
+    serde_json::to_value(ClusterProperty::cluster_id(name)).expect("a ClusterProperty serialises")
 }
 
 /// One question's longest wait (the client's own read timeout is minutes long).
@@ -198,23 +182,18 @@ pub fn spawn_recheck(
 async fn cluster_property(
     client: &kube::Client,
 ) -> kube::Result<(PropertyLookup, Option<ObjectReference>)> {
-    let resource = cluster_property_resource();
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let api: Api<ClusterProperty> = Api::all(client.clone());
     match api.get_opt(CLUSTER_ID_PROPERTY).await {
         Ok(Some(o)) => {
-            // A value that is not a string (the schema forbids it) is shown as its JSON.
-            let value = match &o.data["spec"]["value"] {
-                serde_json::Value::String(v) => v.clone(),
-                other => other.to_string(),
-            };
+            // A value that is not a string (the schema forbids it) reads as its JSON.
             let reference = ObjectReference {
-                api_version: Some(resource.api_version.clone()),
-                kind: Some(resource.kind.clone()),
+                api_version: Some(ClusterProperty::api_version(&()).into_owned()),
+                kind: Some(ClusterProperty::kind(&()).into_owned()),
                 name: Some(CLUSTER_ID_PROPERTY.into()),
                 uid: o.metadata.uid.clone(),
                 ..Default::default()
             };
-            Ok((PropertyLookup::Value(value), Some(reference)))
+            Ok((PropertyLookup::Value(o.spec.value), Some(reference)))
         }
         Ok(None) => Ok((PropertyLookup::Absent, None)),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok((PropertyLookup::Absent, None)),

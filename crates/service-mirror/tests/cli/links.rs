@@ -1228,18 +1228,18 @@ fn the_chart_renders_exactly_what_install_prints_object_by_object() {
 fn the_charts_crds_are_the_controllers_byte_for_byte_and_its_version_is_the_crates() {
     // No helm needed: the chart's copies of the CRDs the controller embeds.
     let crds = chart::chart_dir().join("files/crds");
-    let src = chart::repo_root().join("crates/controller/src");
+    let src = chart::repo_root().join("crates/api/crds");
     for (file, embedded) in [
-        ("link-crd.yaml", "links/link-crd.yaml"),
-        ("serviceexport-crd.yaml", "mcs/serviceexport-crd.yaml"),
-        ("serviceimport-crd.yaml", "mcs/serviceimport-crd.yaml"),
-        ("clusterproperty-crd.yaml", "mcs/clusterproperty-crd.yaml"),
+        ("link-crd.yaml", "link-crd.yaml"),
+        ("serviceexport-crd.yaml", "serviceexport-crd.yaml"),
+        ("serviceimport-crd.yaml", "serviceimport-crd.yaml"),
+        ("clusterproperty-crd.yaml", "clusterproperty-crd.yaml"),
     ] {
         let ours = std::fs::read(crds.join(file)).unwrap();
         let theirs = std::fs::read(src.join(embedded)).unwrap();
         assert!(
             ours == theirs,
-            "charts/service-mirror/files/crds/{file} differs from crates/controller/src/{embedded}: copy it over"
+            "charts/service-mirror/files/crds/{file} differs from crates/api/crds/{embedded}: copy it over"
         );
     }
     let chart_yaml: serde_json::Value = serde_saphyr::from_str(

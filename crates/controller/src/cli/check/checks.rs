@@ -143,7 +143,7 @@ pub fn crd(state: &CrdState) -> Line {
         CrdState::Established => pass(WHAT),
         CrdState::Missing => fail(
             WHAT,
-            "not found: apply ours (crates/controller/src/links/link-crd.yaml) or Linkerd's multicluster CRDs before any Link; Secret links work without it",
+            "not found: apply ours (crates/api/crds/link-crd.yaml) or Linkerd's multicluster CRDs before any Link; Secret links work without it",
         ),
         CrdState::NotEstablished => fail(
             WHAT,
