@@ -1,0 +1,316 @@
+//! A source's link started, rotated (new credentials or spec: the new controller
+//! syncs before the old one stops) and stopped, with the cleanup of its mirrors.
+
+use super::*;
+
+impl Inner {
+    /// Brings the link of a valid source to `spec`: start, restart with new settings, or
+    /// nothing.
+    pub(super) async fn apply_spec(
+        &self,
+        key: &SourceKey,
+        source: &SourceObject<'_>,
+        spec: LinkSpec,
+    ) -> Outcome {
+        let current = self.active().get(key).map(|a| a.spec.clone());
+        match current {
+            Some(cur) if cur == spec => {
+                // The same spec, maybe from a re-created object: it runs from that one.
+                let uid = source.meta().uid.clone();
+                let moved = match self.active().get_mut(key) {
+                    Some(a) if a.uid != uid => {
+                        a.uid = uid;
+                        true
+                    }
+                    _ => false,
+                };
+                if moved {
+                    self.update_links_gauge();
+                }
+                // Back to the running spec after a refused change: ready again.
+                self.ready(source, &spec.link().cluster_name).await;
+                Outcome::Done
+            }
+            // Same cluster name: new credentials, domain or (a Link's) settings; the
+            // mirror names stay, and the new link controller syncs before the old stops.
+            Some(cur) if cur.link().cluster_name == spec.link().cluster_name => {
+                self.rotate(key, source, spec).await
+            }
+            Some(_) => {
+                // Another cluster name: a different link. A source refused as a
+                // duplicate of the old cluster may link it now.
+                if let Some(a) = self.take(key) {
+                    self.unlink(key, a).await;
+                }
+                self.queue_all();
+                self.link(key, source, spec).await
+            }
+            None => self.link(key, source, spec).await,
+        }
+    }
+
+    pub(super) async fn link(
+        &self,
+        key: &SourceKey,
+        source: &SourceObject<'_>,
+        spec: LinkSpec,
+    ) -> Outcome {
+        let cluster = spec.link().cluster_name.clone();
+        // The oldest valid source of a cluster links it, whichever is reconciled first;
+        // one that runs keeps it (no flapping when an older one becomes valid).
+        let taken_by = {
+            let oldest = self.candidates(&cluster).into_iter().next();
+            let mut claims = self.claims();
+            match claims.get(&cluster) {
+                Some(other) if other != key => Some(other.clone()),
+                Some(_) => None,
+                None => match oldest {
+                    Some(older) if &older != key => {
+                        self.queue.add(older.clone());
+                        Some(older)
+                    }
+                    _ => {
+                        claims.insert(cluster.clone(), key.clone());
+                        None
+                    }
+                },
+            }
+        };
+        if let Some(other) = taken_by {
+            self.report(
+                source,
+                &LinkError::DuplicateClusterName(cluster, other.to_string()),
+            )
+            .await;
+            return Outcome::Done;
+        }
+        // A background cleanup of an earlier link of this cluster must not delete the
+        // mirrors of this one.
+        self.cleanups.cancel(&cluster);
+        let client = match connect(
+            &spec,
+            &self.metrics().client,
+            self.opts.config.max_remote_response_bytes,
+        )
+        .await
+        {
+            Ok(c) => {
+                self.failing.lock().remove(key);
+                self.failing_clusters.lock().remove(key);
+                c
+            }
+            Err(e) => {
+                self.claims().remove(&cluster);
+                self.failing.lock().insert(key.clone());
+                self.failing_clusters
+                    .lock()
+                    .insert(key.clone(), cluster.clone());
+                self.report(source, &e).await;
+                // Another source of the cluster may link it meanwhile.
+                for other in self.candidates(&cluster) {
+                    self.queue.add(other);
+                }
+                return if e.retryable() {
+                    Outcome::Failed
+                } else {
+                    Outcome::Done
+                };
+            }
+        };
+        match LinkController::start(
+            self.local.clone(),
+            client,
+            spec.link().clone(),
+            self.link_config(&spec),
+            self.link_deps(source),
+        ) {
+            Ok(controller) => {
+                self.active().insert(
+                    key.clone(),
+                    Active {
+                        spec,
+                        controller,
+                        uid: source.meta().uid.clone(),
+                    },
+                );
+                self.update_links_gauge();
+                tracing::info!(%cluster, source = %key, "linked");
+                self.ready(source, &cluster).await;
+                self.event(
+                    source,
+                    EventType::Normal,
+                    "Linked",
+                    format!("watching remote cluster {cluster}"),
+                )
+                .await;
+                Outcome::Done
+            }
+            Err(e) => {
+                self.claims().remove(&cluster);
+                let err = LinkError::InvalidClusterName(cluster, e.to_string());
+                self.report(source, &err).await;
+                Outcome::Done
+            }
+        }
+    }
+
+    /// New credentials or settings for a running link: the new link controller syncs
+    /// before the old stops, so no mirror is deleted or flaps.
+    pub(super) async fn rotate(
+        &self,
+        key: &SourceKey,
+        source: &SourceObject<'_>,
+        spec: LinkSpec,
+    ) -> Outcome {
+        let cluster = spec.link().cluster_name.clone();
+        let _counted = RotationInProgress::start(&self.metrics().links.rotations_in_progress);
+        let client = match connect(
+            &spec,
+            &self.metrics().client,
+            self.opts.config.max_remote_response_bytes,
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                self.report(source, &e).await;
+                return if e.retryable() {
+                    Outcome::Failed
+                } else {
+                    Outcome::Done
+                };
+            }
+        };
+        // The new link controller syncs without writing; it writes only once the old one
+        // stopped, so the two never work on the same mirror at once.
+        let new = match LinkController::start_paused(
+            self.local.clone(),
+            client,
+            spec.link().clone(),
+            self.link_config(&spec),
+            self.link_deps(source),
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(%cluster, error = %e, "could not start the rotated link controller");
+                return Outcome::Failed;
+            }
+        };
+        tokio::select! {
+            _ = new.wait_synced() => {}
+            _ = self.cancel.cancelled() => {
+                let _ = new.stop(false).await;
+                return Outcome::Done;
+            }
+            _ = tokio::time::sleep(self.opts.rotation_timeout) => {
+                let _ = new.stop(false).await;
+                self.metrics().links.rotation_ended("timeout");
+                self.report(
+                    source,
+                    &LinkError::RotationTimeout(self.opts.rotation_timeout.as_secs()),
+                )
+                .await;
+                return Outcome::Failed;
+            }
+        }
+        let old = self.active().remove(key);
+        if let Some(old) = old {
+            let _ = old.controller.stop(false).await;
+        }
+        new.resume();
+        self.active().insert(
+            key.clone(),
+            Active {
+                spec,
+                controller: new,
+                uid: source.meta().uid.clone(),
+            },
+        );
+        self.update_links_gauge();
+        tracing::info!(%cluster, source = %key, "link restarted with new credentials or settings");
+        self.metrics().links.rotation_ended("rotated");
+        self.ready(source, &cluster).await;
+        self.event(
+            source,
+            EventType::Normal,
+            "CredentialsRotated",
+            format!("now using the new credentials and settings for {cluster}"),
+        )
+        .await;
+        Outcome::Done
+    }
+
+    /// Stops a link: a Secret's mirrors are deleted with it, a Link's are kept (as
+    /// Linkerd keeps them; `service-mirror unlink` removes them).
+    pub(super) async fn unlink(&self, key: &SourceKey, a: Active) {
+        let cluster = a.spec.link().cluster_name.clone();
+        self.update_links_gauge();
+        let cleanup = matches!(key, SourceKey::Secret(_));
+        // Claimed while its mirrors are deleted: its write Lease is kept until then
+        // (deleted at the next Lease pass otherwise, failing a long deletion).
+        let begun = cleanup.then(|| self.cleanups.begin(&cluster));
+        let stopped = a.controller.stop(cleanup).await;
+        // A Link's mirrors stay, but its series go with it (`remote_state` would
+        // otherwise say `stale` forever).
+        self.metrics().link.forget(&cluster);
+        // Stopped first, so none of its member reports comes after this.
+        if let Some(federation) = &self.opts.deps.federation {
+            federation.link_removed(&cluster);
+        }
+        // Only if no source names it any more (a duplicate refused so far may link it
+        // next; a failing one still may).
+        if let Some(mcs) = &self.opts.deps.mcs
+            && self.candidates(&cluster).is_empty()
+        {
+            mcs.link_removed(&cluster);
+        }
+        match stopped {
+            Ok(()) => {
+                if let Some(id) = begun {
+                    self.cleanups.end(&cluster, id);
+                }
+            }
+            // The leader deletes them (or, under a write Lease another writer holds,
+            // nobody until it is ours); this replica does if it comes to lead first.
+            Err(crate::error::Error::NotLeader) => {
+                tracing::debug!(%cluster, "unlinked on a replica that does not lead: the leader deletes the mirrors");
+                self.spawn_cleanup(&cluster, None);
+            }
+            Err(e) => {
+                // Keep trying in the background: the mirrors must not outlive the link.
+                // A new link of the same cluster cancels this (see `link`).
+                tracing::warn!(%cluster, error = %e, "cleanup after unlink failed; retrying");
+                self.spawn_cleanup(&cluster, None);
+            }
+        }
+        match cleanup {
+            true => tracing::info!(%cluster, source = %key, "unlinked"),
+            false => {
+                tracing::info!(%cluster, source = %key, "Link deleted: link stopped, mirrors kept")
+            }
+        }
+    }
+
+    /// Deletes every mirror of `cluster` in the background until it succeeds, unless the
+    /// cluster is linked again first.
+    pub(super) fn spawn_cleanup(&self, cluster: &str, only: Option<MirrorSelector>) {
+        // Under the cluster's write gate: mirrors of a cluster whose Lease another
+        // writer (Linkerd's controller) holds may be its own, and are left alone.
+        let leader = match &self.opts.deps.write_gates {
+            Some(gates) => Some(crate::leader::Leadership::gated(
+                self.opts.deps.leader.clone(),
+                gates.receiver(cluster),
+            )),
+            None => self.opts.deps.leader.clone(),
+        };
+        let writer = LocalWriter::with_recorder(
+            self.local.clone(),
+            cluster,
+            self.opts.deps.metrics.clone(),
+            self.recorder.clone(),
+        )
+        .led_by(leader.clone());
+        self.cleanups
+            .spawn(cluster, writer, only, leader, &self.cancel);
+    }
+}

@@ -1,0 +1,190 @@
+//! The two watched sources (link Secrets and Links), their first lists, and the
+//! collection of mirrors no source names.
+
+use super::*;
+
+impl Inner {
+    /// The clusters the valid Links name.
+    pub(super) fn clusters_of_links(&self) -> std::collections::BTreeSet<String> {
+        self.links
+            .state()
+            .iter()
+            .filter_map(|l| self.parse(l).ok())
+            .map(|spec| spec.link().cluster_name.clone())
+            .collect()
+    }
+
+    /// A source listed (`first`: for the first time): every source is looked at again,
+    /// and once both are listed the first time, unlinked mirrors are collected.
+    pub(super) fn listed_once(self: &Arc<Self>, first: bool) {
+        if !self.listed() {
+            return;
+        }
+        // Only from a Links list: refused (403), the Links are unknown, and planning
+        // without their clusters pending would delete their federated Services; the
+        // federation writes nothing until the Links can be listed.
+        if self.links_known.load(Ordering::SeqCst)
+            && !self.federation_expected.swap(true, Ordering::SeqCst)
+            && let Some(federation) = &self.opts.deps.federation
+        {
+            // Clusters a valid Link names: their federated entries wait for their lists.
+            federation.expect(self.clusters_of_links().into_iter().collect());
+        }
+        // The same for the MCS imports, with every source kind: a cluster none names is
+        // gone. Not while the Links are unknown (their clusters would look gone).
+        if self.links_known.load(Ordering::SeqCst)
+            && !self.mcs_expected.swap(true, Ordering::SeqCst)
+            && let Some(mcs) = &self.opts.deps.mcs
+        {
+            let mut clusters = self.clusters_of_links();
+            if self.opts.sources.secrets() {
+                clusters.extend(
+                    self.secrets
+                        .state()
+                        .iter()
+                        .filter_map(|s| parse_link_secret(s).ok())
+                        .map(|spec| spec.link().cluster_name.clone()),
+                );
+            }
+            mcs.expect(clusters);
+        }
+        if first && self.opts.collect_unlinked {
+            match self.links_known.load(Ordering::SeqCst) {
+                true => {
+                    tokio::spawn(collect_unlinked(self.clone()));
+                }
+                false => tracing::warn!(
+                    "not collecting mirrors of unlinked clusters: the Links could not be listed (a cluster a Link names would look unlinked)"
+                ),
+            }
+        }
+        self.queue_all();
+    }
+}
+
+pub(super) async fn watch_secrets(
+    inner: Arc<Inner>,
+    store: reflector::store::Writer<Secret>,
+    cancel: CancellationToken,
+) {
+    let watch = Watch {
+        api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
+        config: watcher::Config::default().fields(&format!("type={LINK_SECRET_TYPE}")),
+        strip: keep_all,
+        store,
+    };
+    let on_event = |ev: &watcher::Event<Secret>| match ev {
+        watcher::Event::Apply(s) | watcher::Event::Delete(s) => {
+            inner.queue.add(SourceKey::Secret(s.name_any()))
+        }
+        watcher::Event::InitDone => {
+            let first = !inner.synced.swap(true, Ordering::SeqCst);
+            inner.listed_once(first);
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    };
+    let on_error = |e: &watcher::Error| tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching link Secrets failed; retrying");
+    drive(watch, cancel, on_event, on_error).await
+}
+
+/// Watches the `Link`s of the namespace. Without the CRD (a cluster that only uses link
+/// Secrets) the list fails with 404: the Links count as listed, and the watch keeps
+/// retrying, so a CRD installed later is picked up.
+pub(super) async fn watch_links(
+    inner: Arc<Inner>,
+    store: reflector::store::Writer<LinkResource>,
+    cancel: CancellationToken,
+) {
+    let watch = Watch {
+        api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
+        config: watcher::Config::default(),
+        strip: keep_all,
+        store,
+    };
+    let on_event = |ev: &watcher::Event<LinkResource>| match ev {
+        watcher::Event::Apply(l) | watcher::Event::Delete(l) => {
+            inner.queue.add(SourceKey::Link(l.name_any()))
+        }
+        watcher::Event::InitDone => {
+            inner.links_known.store(true, Ordering::SeqCst);
+            let first = !inner.links_synced.swap(true, Ordering::SeqCst);
+            inner.listed_once(first);
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    };
+    let mut said = false;
+    let on_error = |e: &watcher::Error| {
+        let code = match e {
+            watcher::Error::InitialListFailed(kube::Error::Api(s)) => Some(s.code),
+            _ => None,
+        };
+        if let Some(code @ (403 | 404)) = code {
+            // Not installed: no Link can exist. Forbidden: unknown (the collector waits).
+            if code == 404 {
+                inner.links_known.store(true, Ordering::SeqCst);
+            }
+            if !inner.links_synced.swap(true, Ordering::SeqCst) {
+                inner.listed_once(true);
+            }
+            if !std::mem::replace(&mut said, true) {
+                match code {
+                    404 => {
+                        tracing::info!(namespace = %inner.opts.namespace, "the Link CRD (links.multicluster.linkerd.io) is not installed: linking by Secrets only until it is")
+                    }
+                    _ => {
+                        tracing::warn!(namespace = %inner.opts.namespace, error = %e, "not allowed to list Links: linking by Secrets only; grant links get/list/watch (service-mirror install)")
+                    }
+                }
+            }
+        } else {
+            tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching Links failed; retrying");
+        }
+    };
+    drive(watch, cancel, on_event, on_error).await
+}
+
+/// Deletes the mirrors of clusters that no link source names (see [`Collector`]); only
+/// on the leader.
+async fn collect_unlinked(inner: Arc<Inner>) {
+    let collector = Collector {
+        local: inner.local.clone(),
+        secrets: inner.secrets.clone(),
+        links: inner.links.clone(),
+        namespace: inner.opts.namespace.clone(),
+        namespaces: inner.opts.config.namespaces.clone(),
+        leader: inner.opts.deps.leader.clone(),
+        cancel: inner.cancel.clone(),
+    };
+    let Some(unlinked) = collector.unlinked().await else {
+        return;
+    };
+    for cluster in unlinked.clusters {
+        // Linked since the collector looked: its link owns these mirrors now.
+        let running = inner
+            .active()
+            .values()
+            .any(|a| a.spec.link().cluster_name == cluster);
+        if running {
+            continue;
+        }
+        // Another writer (Linkerd's controller) holding the cluster's write Lease may
+        // serve these mirrors: left alone (the cleanup's write gate would also wait).
+        if inner.opts.deps.write_gates.is_some() {
+            match crate::write_leases::held_elsewhere(&inner.local, &inner.opts.namespace, &cluster)
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(holder)) => {
+                    tracing::info!(%cluster, holder = %service_mirror_core::write_lease::shown_holder(&holder), "not collecting the mirrors of an unlinked cluster: its write Lease is held by another writer");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(%cluster, error = %e, "not collecting the mirrors of an unlinked cluster: cannot read its write Lease");
+                    continue;
+                }
+            }
+        }
+        tracing::info!(%cluster, "deleting the mirrors of a cluster no link Secret names");
+        inner.spawn_cleanup(&cluster, Some(unlinked.select.clone()));
+    }
+}
