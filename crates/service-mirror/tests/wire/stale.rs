@@ -195,8 +195,11 @@ async fn with_the_gateway_up_traffic_flows_through_disconnected_and_stale_and_st
     }
     let w = World::new("west-st", "east-st").await;
     w.until_answered().await;
-    w.east.stop_apiserver();
+    // t0 before the kill: the controller cannot see east gone earlier, so a state
+    // reported before its set time counts as early (one run, with t0 taken after the
+    // gateway's drop, saw `stale` 18 ms before it).
     let t0 = Instant::now();
+    w.east.stop_apiserver();
     let t = observe(&w, t0).await;
     eprintln!("measured (gateway up): {t:?}");
     let (disc, stale, exp) = (at(&t, "disconnected"), at(&t, "stale"), at(&t, "expired"));
@@ -228,9 +231,10 @@ async fn with_the_gateway_and_the_apiserver_down_the_states_come_at_the_set_time
     }
     let mut w = World::new("west-sb", "east-sb").await;
     w.until_answered().await;
+    // As above: t0 before the kill and the gateway's drop.
+    let t0 = Instant::now();
     w.east.stop_apiserver();
     drop(w.gateway.take());
-    let t0 = Instant::now();
     let t = observe(&w, t0).await;
     eprintln!("measured (both down): {t:?}");
     let (stale, exp) = (at(&t, "stale"), at(&t, "expired"));
