@@ -14,6 +14,14 @@ mod wire;
 pub(crate) use netns::{Netns, run};
 
 pub use wire::HttpAnswer;
+mod fabric;
+mod gateway;
+mod workload;
+
+pub(crate) use fabric::*;
+pub use gateway::Gateway;
+use gateway::*;
+pub use workload::Workload;
 
 use crate::binaries::{DataPlaneBinaries, ensure_data_plane_binaries};
 use crate::kubeconfig::with_server;
@@ -106,174 +114,6 @@ pub(crate) fn skip_unless(
         "{test}: skipped: needs root for {needs} ({why})"
     );
     true
-}
-
-/// The bridge namespace of this process and the host's veth into it; shared by every
-/// data plane of the process, removed with the last.
-#[derive(Debug)]
-pub(crate) struct Fabric {
-    /// Third octet K of 198.19.K.0/24.
-    subnet: u8,
-    bridge: Netns,
-    next_node: AtomicU32,
-    next_extra: AtomicU32,
-    /// The pod CIDR of every real node of this process, routed from every other.
-    pub(crate) pod_routes: Mutex<Vec<PodRoute>>,
-}
-
-/// A real node's pod CIDR and the node address it is routed to.
-#[derive(Debug)]
-pub(crate) struct PodRoute {
-    /// A process in the node's network namespace (its first process).
-    pub pid: u32,
-    pub ip: Ipv4Addr,
-    pub pod_cidr: String,
-}
-
-impl Fabric {
-    pub(crate) fn host_ip(&self) -> Ipv4Addr {
-        Ipv4Addr::new(198, 19, self.subnet, 1)
-    }
-
-    /// A new node address 198.19.K.(10+i) and a network namespace (`ns`) plugged into
-    /// the bridge with it as `eth0`, the service CIDR routed to a dead-end veth.
-    fn plug(&self, ns: &Netns, service_cidr: &str) -> Result<Ipv4Addr> {
-        let index = self.next_node.fetch_add(1, Ordering::Relaxed);
-        if index >= 200 {
-            return Err(Error::DataPlane(
-                "more than 200 nodes in one process".into(),
-            ));
-        }
-        let node_ip = Ipv4Addr::new(198, 19, self.subnet, 10 + index as u8);
-        let bridge_end = format!("n{index}");
-        netns::host_ip(&[
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            &ns.pid().to_string(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &bridge_end,
-            "netns",
-            &self.bridge.pid().to_string(),
-        ])?;
-        self.bridge
-            .ip(&["link", "set", &bridge_end, "master", "br0", "up"])?;
-        ns.ip(&["link", "set", "lo", "up"])?;
-        // kube-proxy refuses a connection to a Service without endpoints with an ICMP
-        // reject; the kernel's default rate limit (one per second per destination) would
-        // leave a client asking several times a second hanging until its timeout.
-        // Namespaced: the host's own limit is untouched.
-        ns.enter(|| std::fs::write("/proc/sys/net/ipv4/icmp_ratelimit", "0"))?;
-        ns.ip(&["addr", "add", &format!("{node_ip}/24"), "dev", "eth0"])?;
-        ns.ip(&["link", "set", "eth0", "up"])?;
-        // A ClusterIP must be routable before netfilter (kube-proxy's DNAT) sees it. Via
-        // a veth pair whose far end has no address: a packet that is not DNATed goes
-        // nowhere. Not via `lo`: kube-proxy's reject of a Service without ready endpoints
-        // then never reaches the client, whose connect hangs instead of being refused.
-        ns.ip(&[
-            "link", "add", "svc0", "type", "veth", "peer", "name", "svc0p",
-        ])?;
-        ns.ip(&["link", "set", "svc0p", "up"])?;
-        ns.ip(&["link", "set", "svc0", "up"])?;
-        ns.ip(&[
-            "route",
-            "add",
-            service_cidr,
-            "dev",
-            "svc0",
-            "src",
-            &node_ip.to_string(),
-        ])?;
-        Ok(node_ip)
-    }
-
-    pub(crate) fn get(dir: &Path) -> Result<Arc<Fabric>> {
-        data_plane_support().map_err(Error::DataPlane)?;
-        static FABRIC: Mutex<Weak<Fabric>> = Mutex::new(Weak::new());
-        let mut slot = FABRIC.lock();
-        if let Some(f) = slot.upgrade() {
-            return Ok(f);
-        }
-        sweep();
-        let used = netns::host_ip_output(&["-o", "-4", "addr", "show"])?;
-        let pid = std::process::id();
-        // 250 subnets; start at one derived from the pid so concurrent processes differ.
-        let subnet = (0..250u32)
-            .map(|i| ((pid + i) % 250 + 1) as u8)
-            .find(|k| !used.contains(&format!("inet 198.19.{k}.")))
-            .ok_or_else(|| Error::DataPlane("every 198.19.K.0/24 is in use".into()))?;
-        let bridge = Netns::create("bridge", dir)?;
-        bridge.ip(&["link", "set", "lo", "up"])?;
-        bridge.ip(&["link", "add", "br0", "type", "bridge"])?;
-        bridge.ip(&["link", "set", "br0", "up"])?;
-        let host_if = format!("smh{pid}");
-        let bpid = bridge.pid().to_string();
-        netns::host_ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", "host", "netns", &bpid,
-        ])?;
-        let fabric = Fabric {
-            subnet,
-            bridge,
-            next_node: AtomicU32::new(0),
-            next_extra: AtomicU32::new(0),
-            pod_routes: Mutex::new(Vec::new()),
-        };
-        netns::host_ip(&[
-            "addr",
-            "add",
-            &format!("{}/24", fabric.host_ip()),
-            "dev",
-            &host_if,
-        ])?;
-        // No IPv6 on the host's link (no link-local address, no router solicitations):
-        // the host talks to the fabric over 198.19.K.0/24 only.
-        let _ = std::fs::write(
-            format!("/proc/sys/net/ipv6/conf/{host_if}/disable_ipv6"),
-            "1",
-        );
-        netns::host_ip(&["link", "set", &host_if, "up"])?;
-        fabric
-            .bridge
-            .ip(&["link", "set", "host", "master", "br0", "up"])?;
-        let fabric = Arc::new(fabric);
-        *slot = Arc::downgrade(&fabric);
-        Ok(fabric)
-    }
-}
-
-/// Removes host veths `smh<pid>` of processes that no longer run. (Their namespaces die
-/// with their holder processes, which die with their owner; this is the safety net.)
-fn sweep() {
-    let Ok(links) = netns::host_ip_output(&["-o", "link", "show"]) else {
-        return;
-    };
-    for line in links.lines() {
-        let Some(name) = line
-            .split(": ")
-            .nth(1)
-            .map(|n| n.split('@').next().unwrap_or(n))
-        else {
-            continue;
-        };
-        let Some(pid) = name.strip_prefix("smh").and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = netns::host_ip(&["link", "del", name]);
-        }
-    }
-}
-
-/// The service CIDR of the next data-plane cluster of this process: 198.18.N.0/24.
-pub(crate) fn next_service_cidr() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    // 190, not 254: 198.18.192.0/18 holds real nodes' pod CIDRs.
-    format!("198.18.{}.0/24", 1 + n % 190)
 }
 
 /// What a data plane needs to know of its cluster.
@@ -740,40 +580,6 @@ impl DataPlane {
             .expect("runtime lives as long as the data plane")
     }
 
-    /// Starts an HTTP server on `<node ip>:<port>` of this node that answers every
-    /// request with 200 and `body`: a workload whose address a test publishes as a
-    /// Service's Endpoints. Stops when the handle drops.
-    pub fn serve_http(&self, port: u16, body: &str) -> Result<Workload> {
-        self.serve_http_at(self.inner.node_ip, port, body)
-    }
-
-    /// [`DataPlane::serve_http`] on another address of this node
-    /// ([`DataPlane::add_address`]): a second "pod" of the node.
-    pub fn serve_http_at(&self, ip: Ipv4Addr, port: u16, body: &str) -> Result<Workload> {
-        let addr = SocketAddr::from((ip, port));
-        let listener = self.inner.node.tcp_listener(addr)?;
-        let body = body.to_string();
-        let _guard = self.runtime().enter();
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let task = self.runtime().spawn(async move {
-            loop {
-                let Ok((mut s, _)) = listener.accept().await else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                let body = body.clone();
-                tokio::spawn(async move {
-                    let answer = async {
-                        wire::read_head(&mut s).await?;
-                        wire::respond(&mut s, 200, &body).await
-                    };
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer).await;
-                });
-            }
-        });
-        Ok(Workload { addr, task })
-    }
-
     /// Adds another address of the fabric (198.19.K.210-254) to this node and returns it:
     /// where a second gateway can listen, so that a test can move a gateway.
     pub fn add_address(&self) -> Result<Ipv4Addr> {
@@ -822,75 +628,6 @@ impl DataPlane {
             .map(|p| format!("route replace {p} via {via} dev eth0\n"))
             .collect();
         self.inner.node.ip_batch(&batch)
-    }
-
-    /// Starts the stand-in gateway of cluster `cluster` on this node's address; see
-    /// [`Gateway`].
-    pub fn start_gateway(&self, cluster: &str) -> Result<Gateway> {
-        self.start_gateway_at(cluster, self.inner.node_ip)
-    }
-
-    /// [`DataPlane::start_gateway`] on another address of this node
-    /// ([`DataPlane::add_address`]).
-    pub fn start_gateway_at(&self, cluster: &str, ip: Ipv4Addr) -> Result<Gateway> {
-        let gateway_addr = SocketAddr::from((ip, GATEWAY_PORT));
-        let probe_addr = SocketAddr::from((ip, PROBE_PORT));
-        let gw = self.inner.node.tcp_listener(gateway_addr)?;
-        let probe = self.inner.node.tcp_listener(probe_addr)?;
-        let _guard = self.runtime().enter();
-        let gw = tokio::net::TcpListener::from_std(gw)?;
-        let probe = tokio::net::TcpListener::from_std(probe)?;
-        let suffix = format!("-{cluster}");
-        let inner = self.inner.clone();
-        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let count = accepted.clone();
-        let reached_on = Arc::new(Mutex::new(BTreeMap::new()));
-        let reached = reached_on.clone();
-        let forward = self.runtime().spawn(async move {
-            loop {
-                let Ok((s, _)) = gw.accept().await else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                count.fetch_add(1, Ordering::Relaxed);
-                if let Some(dst) = original_destination(&s) {
-                    *reached.lock().entry(dst).or_insert(0) += 1;
-                }
-                let inner = inner.clone();
-                let suffix = suffix.clone();
-                tokio::spawn(async move {
-                    // Bounded: a stuck connection is dropped after 30 s.
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(30),
-                        inner.gateway_forward(s, &suffix),
-                    )
-                    .await;
-                });
-            }
-        });
-        let probe_task = self.runtime().spawn(async move {
-            loop {
-                let Ok((mut s, _)) = probe.accept().await else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                tokio::spawn(async move {
-                    let answer = async {
-                        let (_, path, _) = wire::read_head(&mut s).await?;
-                        let status = if path == "/ready" { 200 } else { 404 };
-                        wire::respond(&mut s, status, "ok").await
-                    };
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer).await;
-                });
-            }
-        });
-        Ok(Gateway {
-            gateway_addr,
-            probe_addr,
-            accepted,
-            reached_on,
-            tasks: vec![forward, probe_task],
-        })
     }
 }
 
@@ -951,68 +688,6 @@ impl Inner {
     }
 }
 
-/// The IPv4 destination the client of `s` connected to: conntrack's original destination
-/// (`SO_ORIGINAL_DST`) when the connection was DNATed, else the socket's local address.
-fn original_destination(s: &tokio::net::TcpStream) -> Option<Ipv4Addr> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a zeroed sockaddr_in is valid; getsockopt writes at most `len` bytes to it.
-    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_IP,
-            libc::SO_ORIGINAL_DST,
-            (&mut addr as *mut libc::sockaddr_in).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 && addr.sin_family == libc::AF_INET as libc::sa_family_t {
-        return Some(Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)));
-    }
-    match s.local_addr().ok()?.ip() {
-        std::net::IpAddr::V4(ip) => Some(ip),
-        std::net::IpAddr::V6(_) => None,
-    }
-}
-
-/// `web-east.shop.svc.cluster.local:8080` with suffix `-east` →
-/// (`web.shop.svc.cluster.local`, 8080); port 80 when absent.
-fn local_target(host: &str, suffix: &str) -> Option<(String, u16)> {
-    let (name, port) = match host.rsplit_once(':') {
-        Some((n, p)) => (n, p.parse().ok()?),
-        None => (host, 80),
-    };
-    let labels: Vec<&str> = name.split('.').collect();
-    // `<hostname>.<svc>-<cluster>.<ns>.svc...`: one pod of a headless mirror, reached
-    // at `<hostname>.<svc>.<ns>.svc.cluster.local` (the remote's per-pod DNS name).
-    if let [host, svc, ns, rest @ ..] = labels.as_slice()
-        && let Some(service) = svc.strip_suffix(suffix)
-        && rest.first().is_none_or(|l| *l == "svc")
-        && *ns != "svc"
-        && ![host, &service, ns].iter().any(|l| l.is_empty())
-    {
-        return Some((format!("{host}.{service}.{ns}.svc.cluster.local"), port));
-    }
-    // A ServiceImport's name, `<svc>.<ns>.svc.clusterset.local` (KEP-1645).
-    if let [svc, ns, "svc", "clusterset", "local"] = labels.as_slice()
-        && !svc.is_empty()
-        && !ns.is_empty()
-    {
-        return Some((format!("{svc}.{ns}.svc.cluster.local"), port));
-    }
-    let first = labels.first()?;
-    // A mirror `<svc>-<cluster>`, or a federated Service `<svc>-federated`.
-    let service = first
-        .strip_suffix(suffix)
-        .or_else(|| first.strip_suffix("-federated"))?;
-    let namespace = labels.get(1)?;
-    if service.is_empty() || namespace.is_empty() {
-        return None;
-    }
-    Some((format!("{service}.{namespace}.svc.cluster.local"), port))
-}
-
 pub(crate) fn first_service_ip(cidr: &str) -> Result<Ipv4Addr> {
     let base: Ipv4Addr = cidr
         .split('/')
@@ -1033,81 +708,6 @@ impl Drop for DataPlane {
         drop(self.forwarder.take());
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
-        }
-    }
-}
-
-/// A test workload: an HTTP server in a node namespace (see [`DataPlane::serve_http`]).
-#[derive(Debug)]
-pub struct Workload {
-    addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Workload {
-    /// Where it listens (a node address): publish it as the Service's endpoint.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Test infrastructure standing in for Linkerd's multicluster gateway (it is not
-/// Linkerd's gateway, has no mTLS and no identity): on `<node ip>:4143` (`mc-gateway`) it
-/// reads a request's Host header, `<name>-<cluster>.<ns>.svc.cluster.local[:port]` (or a
-/// federated `<name>-federated.<ns>...`, or an MCS `<name>.<ns>.svc.clusterset.local`), and
-/// forwards the connection to `<name>.<ns>.svc.cluster.local:<port>` of its own cluster,
-/// resolved by that cluster's CoreDNS and routed by its kube-proxy; on `<node ip>:4191`
-/// (`mc-probe`) it answers `GET /ready` with 200. Stops when the handle drops.
-///
-/// A gateway Service of type LoadBalancer whose ingress is this address needs Endpoints
-/// at this address too (as a real gateway's pods give it): the cluster's kube-proxy
-/// routes traffic to a LoadBalancer IP to the Service's endpoints, and rejects it while
-/// there are none.
-#[derive(Debug)]
-pub struct Gateway {
-    gateway_addr: SocketAddr,
-    probe_addr: SocketAddr,
-    accepted: Arc<std::sync::atomic::AtomicU64>,
-    /// `mc-gateway` connections per address the client connected to.
-    reached_on: Arc<Mutex<BTreeMap<Ipv4Addr, u64>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Gateway {
-    /// The `mc-gateway` address: the gateway Service's `status.loadBalancer.ingress` IP
-    /// and its `mc-gateway` port.
-    pub fn addr(&self) -> SocketAddr {
-        self.gateway_addr
-    }
-
-    /// The `mc-probe` address.
-    pub fn probe_addr(&self) -> SocketAddr {
-        self.probe_addr
-    }
-
-    /// Connections accepted on `mc-gateway` so far.
-    pub fn accepted(&self) -> u64 {
-        self.accepted.load(Ordering::Relaxed)
-    }
-
-    /// Connections accepted on `mc-gateway` so far, per address the client connected to
-    /// (the destination before any DNAT of this node's kube-proxy, which sends traffic for
-    /// a LoadBalancer IP of the gateway Service to the gateway's own address).
-    pub fn reached_on(&self) -> BTreeMap<Ipv4Addr, u64> {
-        self.reached_on.lock().clone()
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
         }
     }
 }
