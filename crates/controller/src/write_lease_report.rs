@@ -7,7 +7,6 @@
 use crate::events::EventRecorder;
 use crate::links::LinkResource;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -148,7 +147,7 @@ impl Reporter<'_> {
         };
         let api: Api<LinkResource> = Api::namespaced(self.client.clone(), ns);
         let written =
-            crate::links::write_condition(&api, name, CONDITION_TYPE, |old, generation| {
+            crate::links::write_condition(&api, name, CONDITION_TYPE, None, |old, generation| {
                 match old {
                     Some(c) if c.status == status && c.reason == reason => return None,
                     // Never blocked: no condition to clear (a Link that never met a foreign
@@ -156,14 +155,14 @@ impl Reporter<'_> {
                     None if status == "True" => return None,
                     _ => {}
                 }
-                Some(Condition {
-                    type_: CONDITION_TYPE.into(),
-                    status: status.into(),
-                    reason: reason.into(),
-                    message: note.chars().take(1024).collect(),
-                    observed_generation: generation,
-                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
-                })
+                Some(crate::links::condition(
+                    old,
+                    CONDITION_TYPE,
+                    status,
+                    reason,
+                    note,
+                    generation,
+                ))
             })
             .await;
         if let Err(e) = written {

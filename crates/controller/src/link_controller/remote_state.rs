@@ -24,9 +24,9 @@ use super::WorkQueue;
 use super::index::Index;
 use super::metrics::LinkMetrics;
 use crate::links::LinkResource;
+use crate::links::condition;
 use crate::writer::LocalWriter;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams};
 use parking_lot::Mutex;
 use service_mirror_core::{RemoteState, ServiceKey, StalePolicy, relist_untrusted};
@@ -615,22 +615,19 @@ impl Reporter {
             return;
         };
         let written =
-            crate::links::write_condition(api, name, CONDITION_TYPE, |old, generation| {
+            crate::links::write_condition(api, name, CONDITION_TYPE, None, |old, generation| {
                 // Unchanged (a restarted link controller): not written again.
                 if old.is_some_and(|c| c.status == status && c.reason == reason) {
                     return None;
                 }
-                Some(Condition {
-                    type_: CONDITION_TYPE.into(),
-                    status: status.into(),
-                    reason: reason.into(),
-                    message: note.chars().take(1024).collect(),
-                    observed_generation: generation,
-                    last_transition_time: match old.filter(|c| c.status == status) {
-                        Some(c) => c.last_transition_time.clone(),
-                        None => Time(k8s_openapi::jiff::Timestamp::now()),
-                    },
-                })
+                Some(condition(
+                    old,
+                    CONDITION_TYPE,
+                    status,
+                    reason,
+                    note,
+                    generation,
+                ))
             })
             .await;
         if let Err(e) = written {

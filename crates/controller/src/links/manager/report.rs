@@ -26,7 +26,8 @@ impl Inner {
 
     /// Sets the Link's `Ready` condition (ours, beside Linkerd's per-Service entries),
     /// only when its status, reason or message changes: an unchanged Link is not
-    /// written. A failure to write is logged; the Event and metric still say it.
+    /// written (nor read: the cached Link is looked at first). A failure to write is
+    /// logged; the Event and metric still say it.
     pub(super) async fn set_ready(
         &self,
         link: &LinkResource,
@@ -34,77 +35,28 @@ impl Inner {
         reason: &str,
         message: &str,
     ) {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        use crate::links::resource::{MESSAGE_MAX_CHARS, condition, write_condition};
         // Only the leader writes (a follower's view of a remote may differ).
         if !self.opts.deps.leader.as_ref().is_none_or(|l| l.leading()) {
             return;
         }
         let status = if ready { "True" } else { "False" };
-        let message: String = message.chars().take(1024).collect();
+        let message: String = message.chars().take(MESSAGE_MAX_CHARS).collect();
         let api: Api<LinkResource> = Api::namespaced(self.local.clone(), &self.opts.namespace);
-        let params = kube::api::PatchParams {
-            field_manager: Some(crate::writer::FIELD_MANAGER.into()),
-            ..Default::default()
-        };
         let name = link.name_any();
-        // First from the cached Link; a 409 (another writer, the link controller's
-        // `RemoteReachable`, came in between) reads it again: 3 tries.
-        let mut read = std::borrow::Cow::Borrowed(link);
-        for _ in 0..3 {
-            let link = read.as_ref();
-            let current = link
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-            if current
-                .is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
+        let written = write_condition(&api, &name, "Ready", Some(link), |old, generation| {
+            if old.is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
             {
-                return;
+                return None;
             }
-            let condition = Condition {
-                type_: "Ready".into(),
-                status: status.into(),
-                reason: reason.into(),
-                message: message.clone(),
-                observed_generation: link.metadata.generation,
-                last_transition_time: match current.filter(|c| c.status == status) {
-                    Some(c) => c.last_transition_time.clone(),
-                    None => Time(k8s_openapi::jiff::Timestamp::now()),
-                },
-            };
-            // A merge patch replaces the whole list: the other conditions (the link
-            // controller's `RemoteReachable`) are written back as read, at the version
-            // read.
-            let conditions = crate::links::resource::with_condition(
-                link.status
-                    .as_ref()
-                    .map(|s| s.conditions.clone())
-                    .unwrap_or_default(),
-                condition,
-            );
-            let body = serde_json::json!({
-                "metadata": { "resourceVersion": link.metadata.resource_version },
-                "status": { "conditions": conditions },
-            });
-            match api
-                .patch_status(&name, &params, &kube::api::Patch::Merge(&body))
-                .await
-            {
-                Ok(_) => return,
-                Err(kube::Error::Api(s)) if s.code == 409 => match api.get(&name).await {
-                    Ok(fresh) => read = std::borrow::Cow::Owned(fresh),
-                    Err(e) => {
-                        tracing::warn!(link = %name, error = %e, "could not read the Link again for its Ready condition");
-                        return;
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!(link = %name, error = %e, "could not write the Link's Ready condition");
-                    return;
-                }
-            }
+            Some(condition(
+                old, "Ready", status, reason, &message, generation,
+            ))
+        })
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(link = %name, error = %e, "could not write the Link's Ready condition");
         }
-        tracing::warn!(link = %name, "the Link's Ready condition lost 3 write races; left to the next pass");
     }
 
     /// Log + metric + Event for a refused or failing link source.
