@@ -39,6 +39,7 @@ use super::decide::{ImportPlan, Settling, StoredImport, decide_import};
 use super::index::{Changed, Grouped, Listed};
 use super::resource::ServiceImport;
 use super::worker::Outcome;
+use super::write_errors::{api_status, import_write_error};
 use crate::events::EventRecorder;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
@@ -313,24 +314,19 @@ impl Imports {
 
     /// A write failed: counted, and what follows.
     fn failed(&mut self, kind: Kind, key: &ServiceKey, e: &kube::Error) -> Outcome {
-        let (outcome, next) = match e {
-            // Changed or deleted since the cache showed it: its event judges it again.
-            kube::Error::Api(s) if s.code == 409 => ("stale", Outcome::Dropped),
-            kube::Error::Api(s) if s.code == 404 && s.message.contains("namespaces") => {
-                // Not created: the KEP leaves namespaces to their owners.
+        let (outcome, next) = import_write_error(api_status(e));
+        match (outcome, e) {
+            ("no_namespace", _) => {
                 tracing::info!(import = %key, "namespace missing: no ServiceImport until it exists (retried with backoff)");
-                ("no_namespace", Outcome::Retry)
             }
-            kube::Error::Api(s) if s.code == 404 => ("gone", Outcome::Dropped),
-            kube::Error::Api(s) if s.code == 400 || s.code == 422 => {
+            ("refused", kube::Error::Api(s)) => {
                 tracing::warn!(import = %key, kind = kind.label(), error = %crate::links::sanitize_remote_text(&s.message), "the apiserver refused a ServiceImport write");
-                ("refused", Outcome::Dropped)
             }
-            e => {
+            ("failed", e) => {
                 tracing::warn!(import = %key, kind = kind.label(), error = %e, "ServiceImport write failed; retrying with backoff");
-                ("failed", Outcome::Retry)
             }
-        };
+            _ => {}
+        }
         self.wrote(kind, outcome);
         next
     }

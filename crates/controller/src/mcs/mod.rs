@@ -16,7 +16,7 @@
 //! (the links' gateway reports, per feed), `index.rs`
 //! (every cluster's exports, fed by those watches), `worker.rs` (gather, judge, write
 //! the status, report), `decide.rs` (the pure judgement of a name: what to write,
-//! delete and tell), `imports.rs` (the local imports and their writer; its children
+//! delete and tell), `write_errors.rs` (what a refused write means), `imports.rs` (the local imports and their writer; its children
 //! `imports/service_import.rs`, `imports/derived.rs`, `imports/slices.rs` write the
 //! ServiceImport, the derived Service and the import EndpointSlices), `metrics.rs`.
 
@@ -30,6 +30,7 @@ pub mod resource;
 pub mod startup;
 mod watches;
 mod worker;
+mod write_errors;
 
 use crate::events::EventRecorder;
 use crate::leader::Leadership;

@@ -14,6 +14,7 @@ use super::decide::{ExportFacts, ExportStep, Settling, Verdict, decide_export};
 use super::imports::Imports;
 use super::index::{Changed, ExportIndex};
 use super::resource::{ServiceExport, status_apply};
+use super::write_errors::{api_status, status_write_error};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::leader::Leadership;
@@ -26,7 +27,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Client, Resource};
 use service_mirror_core::ServiceKey;
-use service_mirror_core::mcs::{EXPORT_CONDITION_TYPES, Merge, Validity, merge};
+use service_mirror_core::mcs::{Merge, Validity, merge};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -421,49 +422,20 @@ impl Worker {
                 }
                 ("applied", Outcome::Done)
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => ("gone", Outcome::Dropped),
-            Err(kube::Error::Api(e)) if e.code == 409 && !e.message.starts_with("Apply failed") => {
-                // The resourceVersion precondition: the export changed (or was made
-                // again) since the cache showed it; its watch event judges it again.
-                ("stale", Outcome::Dropped)
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                // Another field manager owns one of these conditions: never forced.
-                self.tell(
-                    export,
-                    EventType::Warning,
-                    "ExportConditionsOwned",
-                    format!(
-                        "another writer owns this ServiceExport's {} conditions; not overwritten: {}",
-                        EXPORT_CONDITION_TYPES.join("/"),
-                        crate::links::sanitize_remote_text(&e.message)
-                    ),
-                )
-                .await;
-                if let Some(rv) = before.clone() {
-                    self.written.insert(key.clone(), rv);
-                }
-                ("owned_by_another", Outcome::Dropped)
-            }
-            Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
-                self.tell(
-                    export,
-                    EventType::Warning,
-                    "ExportStatusRefused",
-                    format!(
-                        "the apiserver refused this ServiceExport's conditions: {}",
-                        crate::links::sanitize_remote_text(&e.message)
-                    ),
-                )
-                .await;
-                if let Some(rv) = before.clone() {
-                    self.written.insert(key.clone(), rv);
-                }
-                ("refused", Outcome::Dropped)
-            }
             Err(e) => {
-                tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
-                ("failed", Outcome::Retry)
+                let end = status_write_error(api_status(&e));
+                if let Some(told) = end.event {
+                    self.tell(export, told.type_, told.reason, told.note).await;
+                }
+                if end.remember
+                    && let Some(rv) = before.clone()
+                {
+                    self.written.insert(key.clone(), rv);
+                }
+                if end.outcome == Outcome::Retry {
+                    tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
+                }
+                (end.label, end.outcome)
             }
         };
         self.metrics.mcs.wrote(outcome);
