@@ -540,9 +540,12 @@ impl ExportIndex {
             .is_some_and(|f| f.effective().is_some())
     }
 
-    /// Whether a feed of `cluster` runs (listed or not).
-    pub(super) fn has_feed(&self, cluster: &str) -> bool {
-        self.clusters.contains_key(cluster)
+    /// Each cluster with a feed (the local one included), and whether it counts.
+    pub(super) fn feeds(&self) -> BTreeMap<String, bool> {
+        self.clusters
+            .iter()
+            .map(|(name, f)| (name.clone(), f.effective().is_some()))
+            .collect()
     }
 
     /// Every key exported in a cluster that counts.

@@ -14,10 +14,13 @@
 //! `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
 //! cluster's exports and Services; the local imports and derived Services), `gateways.rs`
 //! (the links' gateway reports, per feed), `index.rs`
-//! (every cluster's exports, fed by those watches), `worker.rs` (judge, write the
-//! status, report), `imports.rs` (the local imports, derived Services and import
-//! EndpointSlices, and their writer), `metrics.rs`.
+//! (every cluster's exports, fed by those watches), `worker.rs` (gather, judge, write
+//! the status, report), `decide.rs` (the pure judgement of a name: what to write,
+//! delete and tell), `write_errors.rs` (what a refused write means), `imports.rs` (the local imports and their writer; its children
+//! `imports/service_import.rs`, `imports/derived.rs`, `imports/slices.rs` write the
+//! ServiceImport, the derived Service and the import EndpointSlices), `metrics.rs`.
 
+mod decide;
 pub mod enable;
 mod gateways;
 mod imports;
@@ -27,6 +30,7 @@ pub mod resource;
 pub mod startup;
 mod watches;
 mod worker;
+mod write_errors;
 
 use crate::events::EventRecorder;
 use crate::leader::Leadership;

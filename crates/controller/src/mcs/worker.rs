@@ -2,15 +2,19 @@
 //! exports of the same name in every listed cluster (`service_mirror_core::mcs`), and
 //! applies its conditions to the export's status; then brings the name's local
 //! ServiceImport and derived Service to the merge (`imports.rs`). Only while leader.
+//! Each step gathers what the index and caches hold, asks `decide.rs` what to do (pure,
+//! table-tested), and applies that.
 //!
 //! One status write per change: the conditions are compared with the export as the
 //! cache holds it (transition times kept where the status did not change), and a write
 //! is not repeated while the cache still shows the export as it was before that write.
 
 use super::Msg;
+use super::decide::{ExportFacts, ExportStep, Settling, Verdict, decide_export};
 use super::imports::Imports;
 use super::index::{Changed, ExportIndex};
 use super::resource::{ServiceExport, status_apply};
+use super::write_errors::{api_status, status_write_error};
 use crate::backoff::Backoff;
 use crate::events::EventRecorder;
 use crate::leader::Leadership;
@@ -23,10 +27,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Client, Resource};
 use service_mirror_core::ServiceKey;
-use service_mirror_core::mcs::{
-    EXPORT_CONDITION_TYPES, Merge, Validity, conflict_reason, export_conditions, merge,
-    with_transition_times,
-};
+use service_mirror_core::mcs::{Merge, Validity, merge};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,35 +37,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Retries of a failed status write: 1 s doubling to 1 min.
 const RETRY: Backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
-
-/// What a local export was last judged to be (for Events and the gauge).
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Verdict {
-    /// Valid, no conflict.
-    Exported,
-    /// Valid, with these conflicts (the KEP's reasons, comma-joined).
-    Conflict(String),
-    /// Not valid: `NoService` or `InvalidServiceType`.
-    Invalid(&'static str),
-}
-
-impl Verdict {
-    fn of(validity: Validity, merge: &Merge) -> Self {
-        match (validity.is_valid(), merge.conflicts.is_empty()) {
-            (false, _) => Self::Invalid(validity.reason()),
-            (true, true) => Self::Exported,
-            (true, false) => Self::Conflict(conflict_reason(&merge.conflicts)),
-        }
-    }
-
-    fn state(&self) -> &'static str {
-        match self {
-            Self::Exported => "Exported",
-            Self::Conflict(_) => "Conflict",
-            Self::Invalid(reason) => reason,
-        }
-    }
-}
 
 /// How a write ended, and what follows (ordered: the worse of two counts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -380,55 +352,54 @@ impl Worker {
         if !self.imports.listed() {
             return status; // the import is looked at once both local lists are in
         }
-        let (index, expected, removed) = (&self.index, &self.expected, &self.removed);
-        // A cluster an import lists counts now, or is known gone (module doc of
-        // imports.rs): else its import is kept.
-        let settled = |c: &str| {
-            index.counts(c)
-                || (!index.has_feed(c)
-                    && (removed.contains(c) || expected.as_ref().is_some_and(|e| !e.contains(c))))
+        let settling = Settling {
+            feeds: self.index.feeds(),
+            local: self.index.local(),
+            expected: self.expected.as_ref(),
+            removed: &self.removed,
         };
-        // For an import whose status names no cluster (its status write never came):
-        // every cluster a source names, and every one with a feed, counts.
-        let all_settled = expected
-            .as_ref()
-            .is_some_and(|e| e.iter().all(|c| settled(c)))
-            && index.unlisted().is_empty();
-        let import = self.imports.sync(key, &merged, &settled, all_settled).await;
+        let import = self.imports.sync(key, &merged, &settling).await;
         status.max(import)
     }
 
-    /// The conditions of the local export of `key`, if there is one.
+    /// The conditions of the local export of `key`, if there is one: gathered, judged
+    /// (`decide::decide_export`), then remembered, told and written.
     async fn judge_export(
         &mut self,
         key: &ServiceKey,
         exports: &[service_mirror_core::mcs::ClusterExport],
         merged: &Merge,
     ) -> Outcome {
-        let Some(export) = self.index.local_export(key).cloned() else {
-            self.verdicts.remove(key);
-            self.written.remove(key);
-            return Outcome::Done;
+        let export = self.index.local_export(key).cloned();
+        let local = exports.iter().find(|e| e.cluster == self.index.local());
+        let step = decide_export(&ExportFacts {
+            export: export.as_ref(),
+            local,
+            merged,
+            last: self.verdicts.get(key),
+            written: self.written.get(key),
+            leading: self.leading(),
+            now: Timestamp::now(),
+        });
+        let (export, judged) = match (export, step) {
+            (Some(export), ExportStep::Judged(judged)) => (export, judged),
+            (_, ExportStep::Forget) => {
+                self.verdicts.remove(key);
+                self.written.remove(key);
+                return Outcome::Done;
+            }
+            _ => return Outcome::Done,
         };
-        let Some(local) = exports.iter().find(|e| e.cluster == self.index.local()) else {
-            return Outcome::Done;
-        };
-        let validity = Validity::of(local);
-        let verdict = Verdict::of(validity, merged);
-        self.report(&export, key, &verdict, merged).await;
-        if self.written.get(key) == export.metadata.resource_version.as_ref() {
-            return Outcome::Done; // our last write has not come back yet, or was refused
+        if let Some(verdict) = judged.remember {
+            self.verdicts.insert(key.clone(), verdict);
         }
-        let desired = export_conditions(validity, merged);
-        let Some(all) = with_transition_times(export.conditions(), &desired, Timestamp::now())
-        else {
-            return Outcome::Done;
-        };
-        let ours: Vec<Condition> = all
-            .into_iter()
-            .filter(|c| EXPORT_CONDITION_TYPES.contains(&c.type_.as_str()))
-            .collect();
-        self.write(key, &export, &ours).await
+        if let Some(told) = judged.event {
+            self.tell(&export, told.type_, told.reason, told.note).await;
+        }
+        match judged.conditions {
+            Some(conditions) => self.write(key, &export, &conditions).await,
+            None => Outcome::Done,
+        }
     }
 
     /// Applies `conditions` to the status of `export`.
@@ -451,99 +422,24 @@ impl Worker {
                 }
                 ("applied", Outcome::Done)
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => ("gone", Outcome::Dropped),
-            Err(kube::Error::Api(e)) if e.code == 409 && !e.message.starts_with("Apply failed") => {
-                // The resourceVersion precondition: the export changed (or was made
-                // again) since the cache showed it; its watch event judges it again.
-                ("stale", Outcome::Dropped)
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                // Another field manager owns one of these conditions: never forced.
-                self.tell(
-                    export,
-                    EventType::Warning,
-                    "ExportConditionsOwned",
-                    format!(
-                        "another writer owns this ServiceExport's {} conditions; not overwritten: {}",
-                        EXPORT_CONDITION_TYPES.join("/"),
-                        crate::links::sanitize_remote_text(&e.message)
-                    ),
-                )
-                .await;
-                if let Some(rv) = before.clone() {
-                    self.written.insert(key.clone(), rv);
-                }
-                ("owned_by_another", Outcome::Dropped)
-            }
-            Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
-                self.tell(
-                    export,
-                    EventType::Warning,
-                    "ExportStatusRefused",
-                    format!(
-                        "the apiserver refused this ServiceExport's conditions: {}",
-                        crate::links::sanitize_remote_text(&e.message)
-                    ),
-                )
-                .await;
-                if let Some(rv) = before.clone() {
-                    self.written.insert(key.clone(), rv);
-                }
-                ("refused", Outcome::Dropped)
-            }
             Err(e) => {
-                tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
-                ("failed", Outcome::Retry)
+                let end = status_write_error(api_status(&e));
+                if let Some(told) = end.event {
+                    self.tell(export, told.type_, told.reason, told.note).await;
+                }
+                if end.remember
+                    && let Some(rv) = before.clone()
+                {
+                    self.written.insert(key.clone(), rv);
+                }
+                if end.outcome == Outcome::Retry {
+                    tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
+                }
+                (end.label, end.outcome)
             }
         };
         self.metrics.mcs.wrote(outcome);
         result
-    }
-
-    /// A new problem of an export (or its end) is told once: an Event on the export.
-    async fn report(
-        &mut self,
-        export: &ServiceExport,
-        key: &ServiceKey,
-        verdict: &Verdict,
-        merged: &Merge,
-    ) {
-        if !self.leading() {
-            return; // told by the leader, or by us once we lead
-        }
-        let uid = export.metadata.uid.clone();
-        let was = self
-            .verdicts
-            .insert(key.clone(), (uid.clone(), verdict.clone()));
-        if was.as_ref() == Some(&(uid, verdict.clone())) {
-            return;
-        }
-        let (type_, reason, note) = match verdict {
-            Verdict::Invalid(reason) => (
-                EventType::Warning,
-                "ExportInvalid",
-                format!("{reason}: not exported; see its Valid condition"),
-            ),
-            Verdict::Conflict(reasons) => (
-                EventType::Warning,
-                "ExportConflict",
-                format!(
-                    "{reasons}: the exports of this name in clusters {} differ; the oldest export's value is imported",
-                    merged.clusters.join(", ")
-                ),
-            ),
-            // Back to normal after a problem: said; a first clean verdict is not.
-            Verdict::Exported if was.is_some() => (
-                EventType::Normal,
-                "Exported",
-                format!(
-                    "exported, with no conflict, from clusters {}",
-                    merged.clusters.join(", ")
-                ),
-            ),
-            Verdict::Exported => return,
-        };
-        self.tell(export, type_, reason, note).await;
     }
 
     async fn tell(&self, export: &ServiceExport, type_: EventType, reason: &str, note: String) {

@@ -1,0 +1,238 @@
+//! The ServiceImport of a name: created, replaced and its `status.clusters` written, as
+//! `core::mcs_import` says (only ours, and only as the cache holds it).
+
+use super::{Imports, Kind};
+use crate::mcs::resource::ServiceImport;
+use crate::mcs::worker::Outcome;
+use crate::writer::FIELD_MANAGER;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use service_mirror_core::ServiceKey;
+use service_mirror_core::mcs::ImportSpec;
+use service_mirror_core::mcs_import::{ImportAction, desired_import, import_action};
+use std::collections::BTreeMap;
+
+impl Imports {
+    /// The ServiceImport of `key` as `spec`, `clusters` and `ips` say.
+    pub(super) async fn sync_import(
+        &mut self,
+        key: &ServiceKey,
+        spec: &ImportSpec,
+        clusters: &[String],
+        ips: Vec<String>,
+    ) -> Outcome {
+        let desired = desired_import(key, spec, clusters, ips, &self.controller_namespace);
+        let current = self.imports.items.get(key).cloned();
+        let owned = current.as_ref().is_some_and(|c| self.owns(c));
+        let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let action = import_action(current.as_ref(), owned, &desired);
+        // A foreign import stopped `sync` before (only this worker changes the cache).
+        if matches!(action, ImportAction::Nothing | ImportAction::Foreign) {
+            return Outcome::Done;
+        }
+        if !self.leading() {
+            return Outcome::Retry;
+        }
+        let (write_spec, write_status) = match action {
+            ImportAction::Nothing | ImportAction::Foreign => return Outcome::Done,
+            ImportAction::Create => {
+                let body = import_object(&desired, None);
+                match api.create(&params, &body).await {
+                    Ok(stored) => {
+                        self.wrote(Kind::Import, "created");
+                        let rv = stored.metadata.resource_version.clone();
+                        return self.write_status(key, &api, rv, &desired.clusters()).await;
+                    }
+                    // Made meanwhile (ours not yet seen, or another's): its event
+                    // judges it again.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        self.wrote(Kind::Import, "stale");
+                        return Outcome::Dropped;
+                    }
+                    Err(e) => return self.failed(Kind::Import, key, &e),
+                }
+            }
+            ImportAction::Update { spec, status } => (spec, status),
+        };
+        let Some(current) = current else {
+            return Outcome::Done;
+        };
+        let mut rv = current.metadata.resource_version.clone();
+        if write_spec {
+            let body = import_object(&desired, Some(&current));
+            match api.replace(&key.name, &params, &body).await {
+                Ok(stored) => {
+                    self.wrote(Kind::Import, "updated");
+                    rv = stored.metadata.resource_version;
+                }
+                Err(e) => return self.failed(Kind::Import, key, &e),
+            }
+        }
+        match write_status {
+            true => self.write_status(key, &api, rv, &desired.clusters()).await,
+            false => Outcome::Done,
+        }
+    }
+
+    /// `status.clusters` of the import `key`, at resourceVersion `rv` (a merge patch:
+    /// the list is replaced whole).
+    async fn write_status(
+        &mut self,
+        key: &ServiceKey,
+        api: &Api<ServiceImport>,
+        rv: Option<String>,
+        clusters: &[String],
+    ) -> Outcome {
+        let body = serde_json::json!({
+            "metadata": {"resourceVersion": rv},
+            "status": {"clusters": clusters.iter().map(|c| serde_json::json!({"cluster": c})).collect::<Vec<_>>()},
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        if !self.leading() {
+            return Outcome::Retry;
+        }
+        match api
+            .patch_status(&key.name, &params, &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => {
+                self.wrote(Kind::ImportStatus, "updated");
+                Outcome::Done
+            }
+            Err(e) => self.failed(Kind::ImportStatus, key, &e),
+        }
+    }
+}
+
+/// The ServiceImport object for `desired` (status apart); over `base`, the stored one,
+/// its metadata kept but for our labels and annotations (its resourceVersion is the
+/// precondition of the replace).
+fn import_object(desired: &ServiceImport, base: Option<&ServiceImport>) -> ServiceImport {
+    let merged = |theirs: &Option<BTreeMap<String, String>>,
+                  ours: &Option<BTreeMap<String, String>>| {
+        let mut all = theirs.clone().unwrap_or_default();
+        all.extend(ours.clone().unwrap_or_default());
+        Some(all)
+    };
+    let metadata = match base {
+        // Another writer's labels and annotations stay (see core::mcs_import).
+        Some(b) => ObjectMeta {
+            labels: merged(&b.metadata.labels, &desired.metadata.labels),
+            annotations: merged(&b.metadata.annotations, &desired.metadata.annotations),
+            managed_fields: None,
+            ..b.metadata.clone()
+        },
+        None => desired.metadata.clone(),
+    };
+    ServiceImport {
+        metadata,
+        spec: desired.spec.clone(),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcs::resource::{ClusterStatus, ServiceImportStatus};
+    use service_mirror_core::mcs::{ImportPort, ImportSpec, ImportType};
+    use service_mirror_core::mcs_import::is_owned_import;
+
+    fn spec() -> ImportSpec {
+        ImportSpec {
+            type_: ImportType::ClusterSetIp,
+            ports: vec![
+                ImportPort {
+                    name: "http".into(),
+                    protocol: "TCP".into(),
+                    port: 80,
+                    app_protocol: Some("http".into()),
+                },
+                ImportPort {
+                    name: String::new(),
+                    protocol: "UDP".into(),
+                    port: 53,
+                    app_protocol: None,
+                },
+            ],
+            session_affinity: Some("None".into()),
+            session_affinity_config: None,
+            internal_traffic_policy: Some("Cluster".into()),
+            traffic_distribution: None,
+            ip_families: vec!["IPv4".into()],
+            labels: BTreeMap::from([("team".into(), "shop".into())]),
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn an_import_we_write_reads_back_as_what_we_wanted() {
+        let key = ServiceKey::new("shop", "hello");
+        let desired = desired_import(
+            &key,
+            &spec(),
+            &["west".into()],
+            vec!["10.96.0.9".into()],
+            "sm",
+        );
+        let mut stored: ServiceImport =
+            serde_json::from_value(serde_json::to_value(import_object(&desired, None)).unwrap())
+                .unwrap();
+        stored.status = Some(ServiceImportStatus {
+            clusters: vec![ClusterStatus {
+                cluster: "west".into(),
+            }],
+            conditions: vec![],
+        });
+        assert_eq!(
+            import_action(Some(&stored), true, &desired),
+            ImportAction::Nothing
+        );
+        assert!(is_owned_import(&stored.metadata, "sm"));
+    }
+
+    #[test]
+    fn the_body_is_the_api_object_with_no_status() {
+        let key = ServiceKey::new("shop", "hello");
+        let desired = desired_import(&key, &spec(), &["west".into()], vec![], "sm");
+        let body = serde_json::to_value(import_object(&desired, None)).unwrap();
+        assert_eq!(body["apiVersion"], "multicluster.x-k8s.io/v1beta1");
+        assert_eq!(body["kind"], "ServiceImport");
+        assert_eq!(body["spec"]["type"], "ClusterSetIP");
+        assert_eq!(body["spec"]["ports"][0]["appProtocol"], "http");
+        assert!(body["spec"]["ports"][1].get("name").is_none());
+        assert!(body["spec"].get("ips").is_none(), "none yet: {body}");
+        assert!(body.get("status").is_none());
+    }
+
+    #[test]
+    fn a_replace_keeps_the_stored_metadata_and_sets_our_labels_and_annotations() {
+        let key = ServiceKey::new("shop", "hello");
+        let desired = desired_import(&key, &spec(), &[], vec![], "sm");
+        let base = ServiceImport {
+            metadata: ObjectMeta {
+                name: Some("hello".into()),
+                namespace: Some("shop".into()),
+                uid: Some("u1".into()),
+                resource_version: Some("41".into()),
+                labels: Some(BTreeMap::from([("stale".into(), "1".into())])),
+                finalizers: Some(vec!["x/y".into()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let body = import_object(&desired, Some(&base));
+        assert_eq!(body.metadata.resource_version.as_deref(), Some("41"));
+        assert_eq!(body.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(body.metadata.finalizers, base.metadata.finalizers);
+        let mut want = desired.metadata.labels.clone().unwrap_or_default();
+        want.insert("stale".into(), "1".into());
+        assert_eq!(body.metadata.labels, Some(want), "theirs kept, ours set");
+    }
+}

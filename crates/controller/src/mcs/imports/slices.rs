@@ -1,0 +1,95 @@
+//! The EndpointSlices of an import: gathered, planned (`decide::decide_slices`), then
+//! written through the process's `LocalWriter::mcs_imports` (ownership checked on a
+//! create that meets a name).
+
+use super::{Imports, Kind};
+use crate::mcs::decide::{SliceFacts, decide_slices};
+use crate::mcs::worker::Outcome;
+use crate::writer::Applied;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ObjectMeta;
+use service_mirror_core::mcs::ImportSpec;
+use service_mirror_core::{Action, ServiceKey};
+use std::collections::BTreeSet;
+
+impl Imports {
+    /// The slices of `key` as `spec` (`None`: no import of ours; every slice of ours of
+    /// the name goes) and the exporting `clusters` say, owned by the import as cached
+    /// (a new import's slices come with its watch event, which brings its uid).
+    pub(super) async fn sync_slices(
+        &mut self,
+        key: &ServiceKey,
+        spec: Option<&ImportSpec>,
+        clusters: &[String],
+        keep: BTreeSet<String>,
+    ) -> Outcome {
+        let import = self
+            .imports
+            .items
+            .get(key)
+            .filter(|i| self.owns(i))
+            .and_then(|i| i.metadata.uid.clone());
+        // Until listed, this cluster's slices of ours are left as they are.
+        let local: Option<Vec<EndpointSlice>> = self
+            .local_slices
+            .listed
+            .then(|| self.local_slices.of(key).cloned().collect());
+        let stored: Vec<EndpointSlice> = self.slices.of(key).cloned().collect();
+        let Some(actions) = decide_slices(SliceFacts {
+            key,
+            listed: self.slices.listed,
+            spec,
+            clusters,
+            keep,
+            import_uid: import.as_deref(),
+            local_slices: local.as_deref(),
+            gateways: &self.gateways,
+            local_cluster: &self.local_cluster,
+            controller_namespace: &self.controller_namespace,
+            stored: &stored,
+        }) else {
+            return Outcome::Done; // judged again when the list, or the new import, is in
+        };
+        let mut outcome = Outcome::Done;
+        for action in &actions {
+            let verb = match action {
+                Action::CreateEndpointSlice(_) => "created",
+                Action::UpdateEndpointSlice(_) => "updated",
+                _ => "deleted",
+            };
+            match self.writer.execute(action).await {
+                Ok(Applied::Done) => self.wrote(Kind::Slice, verb),
+                // Changed, made or gone since the cache showed it (or leadership
+                // lost): its event, or the next leader, judges it again.
+                Ok(Applied::Stale) => {
+                    self.wrote(Kind::Slice, "stale");
+                    return Outcome::Dropped;
+                }
+                Err(crate::error::Error::MissingNamespace(_)) => {
+                    self.wrote(Kind::Slice, "no_namespace");
+                    return Outcome::Retry;
+                }
+                Err(crate::error::Error::OwnershipConflict {
+                    namespace, name, ..
+                }) => {
+                    let meta = ObjectMeta {
+                        name: Some(name),
+                        namespace: Some(namespace),
+                        ..Default::default()
+                    };
+                    // That one slice is not written; the others are (judged again
+                    // at the name's next change).
+                    self.foreign(key, &meta, Kind::Slice, "SliceNameTaken")
+                        .await;
+                    outcome = Outcome::Dropped;
+                }
+                Err(e) => {
+                    tracing::warn!(import = %key, error = %e, "import EndpointSlice write failed; retrying with backoff");
+                    self.wrote(Kind::Slice, "failed");
+                    return Outcome::Retry;
+                }
+            }
+        }
+        outcome
+    }
+}
