@@ -363,3 +363,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod run_tests;
