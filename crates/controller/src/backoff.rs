@@ -1,6 +1,6 @@
 //! The one retry schedule of the controller: per-key retries of the work queues (link
-//! reconciles and link Secrets), the cleanup of an unlinked cluster's mirrors, and
-//! taking up the leader Lease. (A failed gateway hostname lookup is retried at a fixed
+//! reconciles, link Secrets and federated Services), the cleanup of an unlinked
+//! cluster's mirrors, and taking up the leader Lease. (A failed gateway hostname lookup is retried at a fixed
 //! 10 s, `gateway::resolve::RETRY_FAILED_AFTER`: DNS answers are not load to back off
 //! from.)
 //!
