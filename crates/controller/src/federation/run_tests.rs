@@ -7,6 +7,7 @@ use crate::leader::Leadership;
 use http_body_util::{BodyExt, Full};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector;
+use service_mirror_core::federated::MemberGateway;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +21,10 @@ use tokio::time::Instant;
 struct FakeApi {
     fail: Arc<AtomicBool>,
     creates: mpsc::UnboundedSender<Instant>,
+    /// The path of every create, in order.
+    posts: Arc<parking_lot::Mutex<Vec<String>>>,
+    /// Set false at the first slice create (the lead lost in the middle of a plan).
+    lose_lead: Arc<parking_lot::Mutex<Option<Arc<tokio::sync::watch::Sender<bool>>>>>,
 }
 
 type Reply = http::Response<Full<bytes::Bytes>>;
@@ -58,8 +63,17 @@ impl tower_service::Service<http::Request<kube::client::Body>> for FakeApi {
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
+            if parts.method == http::Method::PUT {
+                return Ok(reply(200, body.to_vec()));
+            }
             if parts.method != http::Method::POST {
                 return Ok(status(404, "NotFound"));
+            }
+            this.posts.lock().push(parts.uri.path().to_owned());
+            if parts.uri.path().ends_with("/endpointslices")
+                && let Some(lead) = this.lose_lead.lock().take()
+            {
+                lead.send_replace(false);
             }
             if parts.uri.path().ends_with("/services") {
                 let _ = this.creates.send(Instant::now());
@@ -73,6 +87,7 @@ impl tower_service::Service<http::Request<kube::client::Body>> for FakeApi {
 }
 
 struct Running {
+    posts: Arc<parking_lot::Mutex<Vec<String>>>,
     tx: mpsc::UnboundedSender<Msg>,
     fail: Arc<AtomicBool>,
     creates: mpsc::UnboundedReceiver<Instant>,
@@ -82,14 +97,29 @@ struct Running {
 /// The federation over empty stores and the fake apiserver, with a local member
 /// `shop/web` and everything listed (no links).
 fn start(leader: Option<Leadership>, fail: bool) -> Running {
+    start_with(leader, fail, None, None)
+}
+
+fn start_with(
+    leader: Option<Leadership>,
+    fail: bool,
+    lose_lead: Option<Arc<tokio::sync::watch::Sender<bool>>>,
+    stored: Option<Service>,
+) -> Running {
     let (creates_tx, creates) = mpsc::unbounded_channel();
     let fail = Arc::new(AtomicBool::new(fail));
+    let posts = Arc::default();
     let api = FakeApi {
         fail: fail.clone(),
         creates: creates_tx,
+        posts: Arc::clone(&posts),
+        lose_lead: Arc::new(parking_lot::Mutex::new(lose_lead)),
     };
     let client = Client::new(api, "default");
-    let (services, _) = reflector::store();
+    let (services, mut writer) = reflector::store();
+    if let Some(svc) = stored {
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(svc));
+    }
     let (slices, _) = reflector::store();
     let opts = FederationOptions {
         controller_namespace: "mc".into(),
@@ -108,7 +138,32 @@ fn start(leader: Option<Leadership>, fail: bool) -> Running {
         (tx.clone(), rx),
         &cancel,
     );
-    let web = Service {
+    for msg in [
+        Msg::LocalListing,
+        Msg::Local {
+            key: ServiceKey::new("shop", "web"),
+            service: Some(Box::new(web())),
+        },
+        Msg::LocalListed,
+        Msg::Expect {
+            clusters: Vec::new(),
+        },
+        Msg::StoreListed(true),
+        Msg::StoreListed(false),
+    ] {
+        tx.send(msg).unwrap();
+    }
+    Running {
+        posts,
+        tx,
+        fail,
+        creates,
+        cancel,
+    }
+}
+
+fn web() -> Service {
+    Service {
         metadata: ObjectMeta {
             name: Some("web".into()),
             namespace: Some("shop".into()),
@@ -122,27 +177,6 @@ fn start(leader: Option<Leadership>, fail: bool) -> Running {
             ..Default::default()
         }),
         ..Default::default()
-    };
-    for msg in [
-        Msg::LocalListing,
-        Msg::Local {
-            key: ServiceKey::new("shop", "web"),
-            service: Some(Box::new(web)),
-        },
-        Msg::LocalListed,
-        Msg::Expect {
-            clusters: Vec::new(),
-        },
-        Msg::StoreListed(true),
-        Msg::StoreListed(false),
-    ] {
-        tx.send(msg).unwrap();
-    }
-    Running {
-        tx,
-        fail,
-        creates,
-        cancel,
     }
 }
 
@@ -192,5 +226,86 @@ async fn nothing_is_written_until_leading_and_then_every_key_is_planned() {
             .is_some(),
         "the new leader plans shop/web"
     );
+    run.cancel.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lead_lost_in_the_middle_of_a_plan_stops_its_writes_until_leading_again() {
+    use service_mirror_core::labels::{CONTROLLER_NAMESPACE_ANNOTATION, FEDERATED_LABEL};
+    let (lead, leader) = Leadership::manual(true);
+    let lead = Arc::new(lead);
+    // Our stored federated Service: the plan updates it, then creates a slice per
+    // remote cluster (east, west). The fake API takes the lead away at the first slice.
+    let stored = Service {
+        metadata: ObjectMeta {
+            name: Some("web-federated".into()),
+            namespace: Some("shop".into()),
+            uid: Some("u1".into()),
+            labels: Some([(FEDERATED_LABEL.into(), "true".into())].into()),
+            annotations: Some([(CONTROLLER_NAMESPACE_ANNOTATION.into(), "mc".into())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut run = start_with(Some(leader), false, Some(lead.clone()), Some(stored));
+    for (generation, cluster) in [(1, "east"), (2, "west")] {
+        let link = Arc::new(LinkIdentity {
+            cluster: cluster.into(),
+            created: None,
+            domain: "cluster.local".into(),
+            exclusions: Default::default(),
+            link: None,
+        });
+        let gateway = MemberGateway {
+            addresses: vec![format!("198.18.1.{generation}").parse().unwrap()],
+            port: 4143,
+            identity: None,
+            alive: true,
+            dead: vec![],
+        };
+        for msg in [
+            Msg::Feed {
+                cluster: cluster.into(),
+                generation,
+            },
+            Msg::Member {
+                link,
+                generation,
+                service: Box::new(web()),
+            },
+            Msg::Gateway {
+                cluster: cluster.into(),
+                generation,
+                gateway: Some(gateway),
+            },
+        ] {
+            run.tx.send(msg).unwrap();
+        }
+    }
+    let posts = run.posts.clone();
+    let slices = move || {
+        posts
+            .lock()
+            .iter()
+            .filter(|p| p.ends_with("/endpointslices"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while slices() == 0 && Instant::now() < deadline {
+        let _ = next_create(&mut run, Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        slices(),
+        1,
+        "the first slice is written (and the lead lost)"
+    );
+    let _ = next_create(&mut run, Duration::from_secs(120)).await;
+    assert_eq!(slices(), 1, "no write after the lead was lost");
+    lead.send_replace(true);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while slices() < 3 && Instant::now() < deadline {
+        let _ = next_create(&mut run, Duration::from_secs(1)).await;
+    }
+    assert!(slices() >= 3, "leading again: the key was planned again");
     run.cancel.cancel();
 }
