@@ -1,8 +1,8 @@
 //! The one retry schedule of the controller: per-key retries of the work queues (link
-//! reconciles and link Secrets), the cleanup of an unlinked cluster's mirrors, and
-//! taking up the leader Lease. (A failed gateway hostname lookup is retried at a fixed
-//! 10 s, `gateway::resolve::RETRY_FAILED_AFTER`: DNS answers are not load to back off
-//! from.)
+//! reconciles, link Secrets and federated Services), the cleanup of an unlinked
+//! cluster's mirrors, and taking up the leader Lease. (A failed gateway hostname
+//! lookup is retried at a fixed 10 s, `gateway::resolve::RETRY_FAILED_AFTER`: DNS
+//! answers are not load to back off from.)
 //!
 //! The watch loops use it too, through [`crate::runtime::watch::WatchBackoff`] (kube's numbers:
 //! 0.8 s doubling to 30 s, started over after two minutes without an error).

@@ -5,24 +5,33 @@
 //! link's controller update it, so they fight with 409 conflicts and the last writer's
 //! view wins. Here the link controllers only report (each through a [`LinkFeed`]: its
 //! remote members, complete-list markers, its gateway's addresses and verdict), a
-//! local watch reports the local members, and one worker plans and writes, through
-//! the federation's [`crate::writer::LocalWriter`], only while leader.
+//! local watch reports the local members, and one component plans and writes, through
+//! the federation's [`crate::writer::LocalWriter`], only while leader. It runs on the
+//! runtime: an index task takes every [`Msg`] into the index and adds the keys it
+//! changes to a `runtime::WorkQueue`; the runtime's workers run `reconcile(key)`, and a
+//! failed write is retried with the queue's backoff.
 //!
 //! Files: `feed.rs` (the link side), `index.rs` (members, gateways, pending clusters),
-//! `watches.rs` (local members and our stored federated objects), `worker.rs` (plan,
-//! write, report), `metrics.rs`.
+//! `held.rs` (messages of a link kept out by its write Lease), `indexer.rs` (the index
+//! task), `shared.rs` (what it shares with reconcile), `reconcile.rs` (plan, write),
+//! `report.rs` (what is said once per episode), `watches.rs` (local members and our
+//! stored federated objects), `metrics.rs`.
 
 mod feed;
 mod held;
 mod index;
+mod indexer;
 pub(crate) mod metrics;
+mod reconcile;
+mod report;
+mod shared;
 mod watches;
-mod worker;
 
 pub use feed::{LinkFeed, LinkIdentity};
 
 use crate::events::EventRecorder;
 use crate::metrics::Metrics;
+use crate::writer::LocalWriter;
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
 use service_mirror_core::federated::MemberGateway;
@@ -35,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 // The number of a link feed (see the runtime's `generation.rs`).
 pub(crate) use crate::runtime::generation::Generation;
 
-/// What the federation's worker is told.
+/// What the federation's index task is told.
 #[derive(Debug)]
 pub(crate) enum Msg {
     /// A new feed of `cluster` starts (sent before any of its messages).
@@ -95,8 +104,6 @@ pub(crate) enum Msg {
     StoreListed(bool),
     /// Leadership changed.
     Leader(bool),
-    /// Try a key again (after a failed write).
-    Retry(ServiceKey),
     /// The foreign Service holding `key`'s `<svc>-federated` name is there (`true`) or
     /// gone (or ours now).
     Foreign { key: ServiceKey, present: bool },
@@ -138,7 +145,8 @@ impl std::fmt::Debug for Federation {
 }
 
 impl Federation {
-    /// Starts the federation: its local watches and its worker, until `cancel`.
+    /// Starts the federation: its local watches, its index task and its reconcile
+    /// workers, until `cancel`.
     pub fn start(
         local: Client,
         recorder: EventRecorder,
@@ -148,8 +156,15 @@ impl Federation {
     ) -> (Self, Vec<JoinHandle<()>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stored, mut tasks) = watches::spawn(&local, &opts, &tx, &cancel);
-        let worker = worker::Worker::new(local, recorder, metrics, &opts, stored, tx.clone());
-        tasks.push(tokio::spawn(worker.run(rx, cancel)));
+        tasks.extend(run_on(
+            local,
+            recorder,
+            metrics,
+            &opts,
+            stored,
+            (tx.clone(), rx),
+            &cancel,
+        ));
         let federation = Self {
             tx,
             generations: Arc::default(),
@@ -228,6 +243,65 @@ impl Federation {
     }
 }
 
+/// The federation on the runtime, over the stores of our federated objects and the
+/// message channel (the watches feeding them are started by [`Federation::start`]): the
+/// index task, the leader follower, and the reconcile workers behind their gate.
+fn run_on(
+    local: Client,
+    recorder: EventRecorder,
+    metrics: Arc<Metrics>,
+    opts: &FederationOptions,
+    stored: watches::Stored,
+    (tx, rx): (mpsc::UnboundedSender<Msg>, mpsc::UnboundedReceiver<Msg>),
+    cancel: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let queue = crate::runtime::WorkQueue::new(reconcile::RETRY, cancel.clone());
+    let shared = Arc::default();
+    let indexer = indexer::Indexer::new(
+        Arc::clone(&shared),
+        stored.clone(),
+        queue.clone(),
+        opts.write_gates.clone(),
+    );
+    // Writes wait for the index and the stores (see `indexer.rs`) and the lead.
+    let gate = crate::runtime::Gate::new(indexer.ready.subscribe(), opts.leader.clone(), false);
+    let rec = Arc::new(reconcile::Reconciler {
+        shared,
+        stored,
+        queue: queue.clone(),
+        leader: opts.leader.clone(),
+        writer: LocalWriter::federated(
+            local.clone(),
+            &opts.controller_namespace,
+            metrics.clone(),
+            recorder.clone(),
+        )
+        .led_by(opts.leader.clone()),
+        recorder,
+        metrics,
+        namespace: opts.controller_namespace.clone(),
+        client: local,
+        tx: tx.clone(),
+    });
+    tasks.push(tokio::spawn(indexer.run(rx, cancel.clone())));
+    if let Some(leader) = opts.leader.clone() {
+        tasks.push(tokio::spawn(indexer::follow_leader(
+            leader,
+            tx.clone(),
+            cancel.clone(),
+        )));
+    }
+    tasks.extend(crate::runtime::worker::spawn(
+        reconcile::WORKERS,
+        &queue,
+        &gate,
+        &rec,
+        cancel,
+    ));
+    tasks
+}
+
 /// Parses `--federated-service-selector` (`key=value[,...]`; empty: no local members)
 /// into the label selector string the local watch uses.
 pub fn local_selector(flag: &str) -> anyhow::Result<Option<String>> {
@@ -289,3 +363,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod run_tests;

@@ -1,6 +1,6 @@
 //! The federation's local watches: the local members (`--federated-service-selector`)
 //! and our stored federated Services and slices (label-selected: our federated mark).
-//! Each event becomes a [`Msg`] for the worker, which alone holds the state.
+//! Each event becomes a [`Msg`] for the index task, which alone takes them in.
 
 use super::{FederationOptions, Msg};
 use crate::runtime::watch::{Store, Watch, drive};
@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The worker's view of our stored federated objects.
+/// The reconcile's view of our stored federated objects (read by the workers).
 #[derive(Clone)]
 pub(super) struct Stored {
     pub(super) services: reflector::Store<Service>,
@@ -62,7 +62,7 @@ fn key_of_slice(slice: &EndpointSlice) -> Option<ServiceKey> {
     (slice.metadata.namespace.as_deref() == Some(key.namespace.as_str())).then_some(key)
 }
 
-/// Starts the watches; returns the stores of our federated objects (for the worker)
+/// Starts the watches; returns the stores of our federated objects (for reconcile)
 /// and the tasks.
 pub(super) fn spawn(
     local: &Client,
@@ -145,7 +145,7 @@ async fn watch_stored<K>(
 }
 
 /// Watches the one Service `namespace/name` that holds `key`'s federated name without
-/// our mark: tells the worker whether it is still there (foreign), so that no create is
+/// our mark: tells the index task whether it is still there (foreign), so that no create is
 /// tried (each would be a 409) until it changes or goes.
 pub(super) async fn watch_foreign(
     client: Client,
