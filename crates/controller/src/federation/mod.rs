@@ -363,7 +363,3 @@ mod tests {
         }
     }
 }
-
-#[cfg(test)]
-#[path = "run_tests.rs"]
-mod run_tests;
