@@ -193,10 +193,21 @@ impl Term {
     /// Sets the end of the term (`None`: over), under the lock the expiry task takes.
     fn set(&self, end: Option<Instant>) {
         let mut held = self.end.lock();
+        let now = Instant::now();
+        // Leading again after the clock ended the term but before the expiry task said
+        // so: `said` never left true, yet a waiter that read the clock (a worker parked
+        // at its gate) saw the term over and waits for a transition, which `say` alone
+        // would not send. Sent here, or every such worker stays parked until the next
+        // real transition (days, on a healthy leader).
+        let regained_quietly = *self.said.borrow() && !may_write(*held, now);
         *held = end;
         // A renewal answered after its term already ended (a pause mid-request) is no
         // transition to leading.
-        self.say(may_write(end, Instant::now()));
+        let leading = may_write(end, now);
+        self.say(leading);
+        if leading && regained_quietly {
+            self.said.send_modify(|_| {});
+        }
         drop(held);
         self.moved.notify_one();
     }
@@ -856,5 +867,42 @@ mod tests {
         term.set(Some(Instant::now() - secs(1.0)));
         assert!(!*l.said.borrow());
         assert!(!l.leading());
+    }
+    #[tokio::test]
+    async fn a_renewal_after_the_clock_ended_the_term_but_before_the_expiry_task_wakes_waiters() {
+        let (said, rx) = watch::channel(false);
+        let term = Arc::new(Term {
+            end: Mutex::new(None),
+            said,
+            moved: Notify::new(),
+            metrics: Metrics::new(),
+            identity: ME.into(),
+        });
+        let mut l = Leadership {
+            said: rx,
+            term: Some(term.clone()),
+            gate: None,
+            _always: None,
+        };
+        term.set(Some(Instant::now() + secs(60.0)));
+        assert!(l.leading_and_update());
+        // The clock ends the term; the expiry task has not run: a waiter reads "not
+        // leading" and waits for a change.
+        *term.end.lock() = Some(Instant::now() - secs(1.0));
+        assert!(!l.leading_and_update());
+        // A renewal lands now: the flag stays true, and the waiter is still woken.
+        term.set(Some(Instant::now() + secs(60.0)));
+        tokio::time::timeout(Duration::from_secs(5), l.changed())
+            .await
+            .expect("a waiter parked on the clock's verdict is woken by the renewal")
+            .unwrap();
+        assert!(l.leading_and_update());
+        // A plain renewal while leading is no transition.
+        term.set(Some(Instant::now() + secs(90.0)));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), l.changed())
+                .await
+                .is_err()
+        );
     }
 }

@@ -77,16 +77,28 @@ impl Indexer {
     /// Applies what was held for the links whose gate opened.
     fn release_held(&mut self) {
         let gates = self.gates.clone();
-        let released = self
-            .shared
-            .lock()
-            .held
-            .release(|c| Self::gate_open(&gates, c));
-        if released.is_empty() {
-            return;
+        // Released and applied under one guard: a held cluster counts as pending until
+        // its held messages are all in the index, so no worker plans a key between the
+        // release and the last of them (it would drop that cluster's entries, which
+        // another writer still maintains, until its `Listed` came).
+        let mut keys = Vec::new();
+        {
+            let mut shared = self.shared.lock();
+            let released = shared.held.release(|c| Self::gate_open(&gates, c));
+            if released.is_empty() {
+                return;
+            }
+            for msg in released {
+                match &msg {
+                    Msg::StoreListed(true) => self.services_listed = true,
+                    Msg::StoreListed(false) => self.slices_listed = true,
+                    _ => {}
+                }
+                keys.extend(apply(&mut shared, &self.stored, msg));
+            }
         }
-        for msg in released {
-            self.apply(msg);
+        for key in keys {
+            self.queue.add(key);
         }
         // The released clusters are no longer kept as pending: every key looks again.
         self.queue_all();
