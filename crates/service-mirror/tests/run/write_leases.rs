@@ -341,19 +341,7 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
         (n >= 2).then_some(n)
     })
     .await;
-    let renewer = {
-        let leases = leases.clone();
-        let name = held_lease.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                let mut l = leases.get(&name).await.unwrap();
-                l.spec.as_mut().unwrap().renew_time =
-                    Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-                let _ = leases.replace(&name, &PostParams::default(), &l).await;
-            }
-        })
-    };
+    let renewer = renew_forever(&leases, &held_lease);
 
     let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
     let secrets = LinkSecrets::new(&env.lc, &ctl_ns);
@@ -457,14 +445,7 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
     // in place.
     renewer.abort();
     let _ = renewer.await;
-    let mut l = leases.get(&held_lease).await.unwrap();
-    let spec = l.spec.as_mut().unwrap();
-    spec.holder_identity = Some(String::new());
-    spec.lease_duration_seconds = Some(1);
-    leases
-        .replace(&held_lease, &PostParams::default(), &l)
-        .await
-        .unwrap();
+    release(&leases, &held_lease).await;
     let released = Instant::now();
     eventually("the released Lease taken over", || async {
         let l = leases.get(&held_lease).await.ok()?;
@@ -502,6 +483,32 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
     secrets.unlink("held").await;
     secrets.unlink("gone").await;
     env.mirror_gone("web").await;
+}
+
+/// Releases the foreign holder's Lease `name` as client-go does (holder "", 1 s). An
+/// aborted renewer's last replace may still land after the abort (it was on the wire), so
+/// a 409 reads the Lease again: 5 tries.
+async fn release(leases: &Api<Lease>, name: &str) {
+    let mut holder_before = None;
+    for attempt in 1..=5 {
+        let mut l = leases.get(name).await.unwrap();
+        // What changed it in between was the renewer (the same foreign holder), never
+        // this controller writing a Lease held elsewhere.
+        let now = holder(&l);
+        assert!(
+            holder_before.as_ref().is_none_or(|h| *h == now),
+            "the Lease {name} changed holder under a foreign hold: {holder_before:?} -> {now:?}"
+        );
+        holder_before = Some(now);
+        let spec = l.spec.as_mut().unwrap();
+        spec.holder_identity = Some(String::new());
+        spec.lease_duration_seconds = Some(1);
+        match leases.replace(name, &PostParams::default(), &l).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 5 => continue,
+            Err(e) => panic!("release the Lease {name}: {e}"),
+        }
+    }
 }
 
 /// Renews Lease `name` every 1.5 s as its holder would, until aborted.
@@ -601,14 +608,7 @@ async fn unlinking_while_another_writer_renews_the_write_lease_deletes_no_mirror
     // then is the Lease deleted.
     renewer.abort();
     let _ = renewer.await;
-    let mut l = leases.get(&name).await.unwrap();
-    let spec = l.spec.as_mut().unwrap();
-    spec.holder_identity = Some(String::new());
-    spec.lease_duration_seconds = Some(1);
-    leases
-        .replace(&name, &PostParams::default(), &l)
-        .await
-        .unwrap();
+    release(&leases, &name).await;
     let released = Instant::now();
     env.mirror_gone("web").await;
     eventually("the write Lease deleted after the cleanup", || async {
