@@ -145,9 +145,13 @@ async fn a_remote_listing_50000_services_is_mirrored_up_to_the_limit_and_reporte
         LIMIT + 10
     );
     let wanted_refused = (remote_services() - LIMIT) as u64;
+    // A bound, not a speed test (speed is the bench's, as ratios). Judging 49,000
+    // refusals after the 1,000 mirrors took ~180 s on a quiet 2-core machine on
+    // 2026-12-04 at e991c29 and up to ~300 s (one CI run timed out here) after that
+    // day's merges: a lead to measure, not a limit to assert.
     wait_for(
         "the limit's mirrors and the refusals",
-        Duration::from_secs(300),
+        Duration::from_secs(480),
         || async {
             let (svcs, eps) = mirrors().await;
             let ready = eps
