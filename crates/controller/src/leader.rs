@@ -836,8 +836,8 @@ mod tests {
         assert!(l.leading());
     }
 
-    #[tokio::test]
-    async fn a_term_past_its_end_is_not_leading_before_the_expiry_task_runs() {
+    /// A term not yet begun and the leadership reading it (no expiry task).
+    fn elected_term() -> (Arc<Term>, Leadership) {
         let (said, rx) = watch::channel(false);
         let term = Arc::new(Term {
             end: Mutex::new(None),
@@ -846,12 +846,18 @@ mod tests {
             metrics: Metrics::new(),
             identity: ME.into(),
         });
-        let mut l = Leadership {
+        let l = Leadership {
             said: rx,
             term: Some(term.clone()),
             gate: None,
             _always: None,
         };
+        (term, l)
+    }
+
+    #[tokio::test]
+    async fn a_term_past_its_end_is_not_leading_before_the_expiry_task_runs() {
+        let (term, mut l) = elected_term();
         term.set(Some(Instant::now() + secs(60.0)));
         assert!(l.leading_and_update());
         // The clock passed the end (a resumed process; the same as moving the end back):
@@ -870,20 +876,7 @@ mod tests {
     }
     #[tokio::test]
     async fn a_renewal_after_the_clock_ended_the_term_but_before_the_expiry_task_wakes_waiters() {
-        let (said, rx) = watch::channel(false);
-        let term = Arc::new(Term {
-            end: Mutex::new(None),
-            said,
-            moved: Notify::new(),
-            metrics: Metrics::new(),
-            identity: ME.into(),
-        });
-        let mut l = Leadership {
-            said: rx,
-            term: Some(term.clone()),
-            gate: None,
-            _always: None,
-        };
+        let (term, mut l) = elected_term();
         term.set(Some(Instant::now() + secs(60.0)));
         assert!(l.leading_and_update());
         // The clock ends the term; the expiry task has not run: a waiter reads "not
