@@ -19,6 +19,7 @@ use service_mirror_controller::gateway::ProbeRedirect;
 use service_mirror_controller::link_controller::{LinkConfig, LinkController, LinkDeps};
 use service_mirror_controller::links::{LinkResource, LinkSpec, link_config, parse_link};
 use service_mirror_controller::metrics::Metrics;
+use service_mirror_controller::write_leases::{self, LinkSet, WriteGates, WriteLeaseOptions};
 use service_mirror_controller::writer::FIELD_MANAGER;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -100,6 +101,14 @@ struct Running {
 }
 
 impl Running {
+    /// Stops `links` (keeping their mirrors), then the federation.
+    async fn stop_with<const N: usize>(self, links: [LinkController; N]) {
+        for link in links {
+            link.stop(false).await.unwrap();
+        }
+        self.stop().await;
+    }
+
     async fn stop(self) {
         self.cancel.cancel();
         for t in self.tasks {
@@ -149,6 +158,15 @@ impl World {
         &self,
         leader: Option<service_mirror_controller::leader::Leadership>,
     ) -> Running {
+        self.federation_with(leader, None)
+    }
+
+    /// [`World::federation_led`] whose links write only while `gates` are open.
+    fn federation_with(
+        &self,
+        leader: Option<service_mirror_controller::leader::Leadership>,
+        write_gates: Option<WriteGates>,
+    ) -> Running {
         let cancel = CancellationToken::new();
         let (federation, tasks) = Federation::start(
             self.lc.clone(),
@@ -158,7 +176,7 @@ impl World {
                 controller_namespace: self.ctl_ns.clone(),
                 local_selector: Some(self.local_selector()),
                 leader,
-                write_gates: None,
+                write_gates,
             },
             cancel.clone(),
         );
@@ -167,6 +185,37 @@ impl World {
             cancel,
             tasks,
         }
+    }
+
+    /// A replica's write Leases as `identity`, claiming `cluster`'s (3 s), until `fed`
+    /// stops; while `leader` says so when given. `gates` open as the Leases are ours.
+    fn hold_write_lease(
+        &self,
+        fed: &Running,
+        gates: &WriteGates,
+        cluster: &str,
+        identity: &str,
+        leader: Option<service_mirror_controller::leader::Leadership>,
+    ) -> JoinHandle<()> {
+        let cluster = cluster.to_string();
+        write_leases::spawn(
+            self.lc.clone(),
+            WriteLeaseOptions {
+                namespace: self.ctl_ns.clone(),
+                identity: identity.into(),
+                duration: Duration::from_secs(3),
+            },
+            leader,
+            Arc::new(move || LinkSet {
+                running: [cluster.clone()].into(),
+                claimed: [cluster.clone()].into(),
+                ..LinkSet::default()
+            }),
+            gates.clone(),
+            None,
+            self.metrics.clone(),
+            fed.cancel.clone(),
+        )
     }
 
     fn redirect(&self) -> ProbeRedirect {
@@ -236,6 +285,23 @@ impl World {
         self.start_link_with(fed, spec, rc, age_s)
     }
 
+    /// East's link (created 100 s ago, gateway 192.0.2.`e`) and north's (50 s ago,
+    /// 192.0.2.`n`), both feeding `fed`.
+    async fn east_and_north(
+        &self,
+        fed: &Running,
+        e: u8,
+        n: u8,
+    ) -> (LinkController, LinkController) {
+        let east = self
+            .start_link(fed, &self.spec("east", &self.east, e), &self.east, 100)
+            .await;
+        let north = self
+            .start_link(fed, &self.spec("north", &self.north, n), &self.north, 50)
+            .await;
+        (east, north)
+    }
+
     /// [`World::start_link`] reaching its remote through `rc`.
     fn start_link_with(
         &self,
@@ -243,6 +309,20 @@ impl World {
         spec: &LinkSpec,
         rc: Client,
         age_s: i64,
+    ) -> LinkController {
+        self.start_link_gated(fed, spec, rc, age_s, None, None)
+    }
+
+    /// [`World::start_link_with`] writing only while its `gates` entry is open and
+    /// `leader` says so (as the link manager starts it under write Leases).
+    fn start_link_gated(
+        &self,
+        fed: &Running,
+        spec: &LinkSpec,
+        rc: Client,
+        age_s: i64,
+        write_gates: Option<WriteGates>,
+        leader: Option<service_mirror_controller::leader::Leadership>,
     ) -> LinkController {
         let base = LinkConfig {
             namespaces: service_mirror_core::NamespaceFilter::allow_only([self.ns.clone()]),
@@ -267,10 +347,54 @@ impl World {
                 link_secret: Some(reference),
                 federation: Some(fed.federation.clone()),
                 link_created: Some(created),
+                write_gates,
+                leader,
                 ..LinkDeps::default()
             },
         )
         .expect("start the link controller")
+    }
+
+    /// Linkerd's controller (`linkerd-service-mirror-0`) takes `cluster`'s write Lease
+    /// for `duration_s` seconds.
+    async fn foreign_write_lease(&self, cluster: &str, duration_s: i32) {
+        use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let lease = Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(write_leases::lease_name(cluster)),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("linkerd-service-mirror-0".into()),
+                lease_duration_seconds: Some(duration_s),
+                renew_time: Some(MicroTime(Timestamp::now())),
+                ..Default::default()
+            }),
+        };
+        Api::namespaced(self.lc.clone(), &self.ctl_ns)
+            .create(&PostParams::default(), &lease)
+            .await
+            .unwrap();
+    }
+
+    /// A first leader (no write Leases) writes east's member `web` into
+    /// `web-federated` and stops; returns the Service it wrote.
+    async fn written_by_a_first_leader(&self, spec: &LinkSpec) -> Service {
+        let ec = self.client(&self.east).await;
+        self.member(&ec, "web", &[("http", 80)], "east", false)
+            .await;
+        let first = self.federation();
+        first.federation.expect(vec![]);
+        let link = self.start_link(&first, spec, &self.east, 100).await;
+        let written = self
+            .federated_until("written by the first leader", "web", |s| {
+                remote_discovery(s) == Some("web@east")
+            })
+            .await;
+        link.stop(false).await.unwrap();
+        first.stop().await;
+        written
     }
 
     /// Creates (or replaces) member Service `name` on `client` with `ports`; `headless`
@@ -380,12 +504,7 @@ async fn two_links_and_local_give_one_sorted_federated_service_and_an_idle_world
     w.member(&ec, "web", &[("http", 80)], "east", false).await;
     w.member(&w.lc, "web", &[("http", 80)], "local", false)
         .await;
-    let east = w
-        .start_link(&fed, &w.spec("east", &w.east, 61), &w.east, 100)
-        .await;
-    let north = w
-        .start_link(&fed, &w.spec("north", &w.north, 62), &w.north, 50)
-        .await;
+    let (east, north) = w.east_and_north(&fed, 61, 62).await;
 
     let svc = w
         .federated_until("federated with both remotes and local", "web", |s| {
@@ -478,9 +597,7 @@ async fn two_links_and_local_give_one_sorted_federated_service_and_an_idle_world
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(w.writes(), before, "an idle federation writes nothing");
 
-    east.stop(false).await.unwrap();
-    north.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east, north]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,9 +660,7 @@ async fn oldest_link_gives_metadata_and_conflicting_ports_are_a_union_with_an_ev
             ("grpc".into(), IntOrString::Int(9191))
         ]
     );
-    east.stop(false).await.unwrap();
-    north.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east, north]).await;
 }
 
 /// (name, targetPort) of a Service's ports.
@@ -572,12 +687,7 @@ async fn headless_member_is_refused_with_an_event_and_the_others_are_unaffected(
     let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
     w.member(&ec, "db", &[("pg", 5432)], "east", true).await;
     w.member(&nc, "db", &[("pg", 5432)], "north", false).await;
-    let east = w
-        .start_link(&fed, &w.spec("east", &w.east, 65), &w.east, 100)
-        .await;
-    let north = w
-        .start_link(&fed, &w.spec("north", &w.north, 66), &w.north, 50)
-        .await;
+    let (east, north) = w.east_and_north(&fed, 65, 66).await;
     let svc = w
         .federated_until("north only", "db", |s| {
             remote_discovery(s) == Some("db@north")
@@ -597,9 +707,7 @@ async fn headless_member_is_refused_with_an_event_and_the_others_are_unaffected(
     })
     .await;
     assert_eq!(view[0].0, "north");
-    east.stop(false).await.unwrap();
-    north.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east, north]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -612,12 +720,7 @@ async fn members_leaving_shrink_the_annotation_and_the_last_one_deletes_the_serv
     let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
     w.member(&ec, "web", &[("http", 80)], "east", false).await;
     w.member(&nc, "web", &[("http", 80)], "north", false).await;
-    let east = w
-        .start_link(&fed, &w.spec("east", &w.east, 67), &w.east, 100)
-        .await;
-    let north = w
-        .start_link(&fed, &w.spec("north", &w.north, 68), &w.north, 50)
-        .await;
+    let (east, north) = w.east_and_north(&fed, 67, 68).await;
     let first = w
         .federated_until("both", "web", |s| {
             remote_discovery(s) == Some("web@east,web@north")
@@ -672,9 +775,7 @@ async fn members_leaving_shrink_the_annotation_and_the_last_one_deletes_the_serv
             .then_some(())
     })
     .await;
-    east.stop(false).await.unwrap();
-    north.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east, north]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -711,8 +812,7 @@ async fn a_foreign_federated_service_is_never_adopted_or_changed() {
         w.slices("web").await.is_empty(),
         "no slice points at a foreign Service"
     );
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
 }
 
 /// Create requests for `services/<name>` in the test namespace (any user, any answer).
@@ -785,8 +885,7 @@ async fn a_foreign_federated_name_is_tried_once_reported_once_and_ours_follows_i
         (w.slices("web").await.len() == 1).then_some(())
     })
     .await;
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -841,8 +940,7 @@ async fn a_foreign_slice_holding_a_federated_slice_name_is_retried_with_backoff_
         now.metadata.resource_version, foreign.metadata.resource_version,
         "the foreign slice untouched"
     );
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -857,12 +955,7 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
     let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
     w.member(&ec, "web", &[("http", 80)], "east", false).await;
     w.member(&nc, "web", &[("http", 80)], "north", false).await;
-    let east = w
-        .start_link(&fed, &w.spec("east", &w.east, 70), &w.east, 100)
-        .await;
-    let north = w
-        .start_link(&fed, &w.spec("north", &w.north, 71), &w.north, 50)
-        .await;
+    let (east, north) = w.east_and_north(&fed, 70, 71).await;
     eventually("both ready", || async {
         let v = slice_view(&w.slices("web").await);
         (v.len() == 2 && v.iter().all(|s| s.2)).then_some(())
@@ -953,9 +1046,7 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
         .collect();
     assert_eq!(after, slice_uids, "slices kept across the restart");
     assert_eq!(w.writes(), before, "a restart writes nothing");
-    east.stop(false).await.unwrap();
-    north.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east, north]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -990,8 +1081,7 @@ async fn the_federation_writes_only_while_leader() {
         (w.slices("web").await.len() == 1).then_some(())
     })
     .await;
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1006,12 +1096,7 @@ async fn a_removed_link_and_a_local_member_leaving_shrink_the_membership() {
     w.member(&nc, "web", &[("http", 80)], "north", false).await;
     w.member(&w.lc, "web", &[("http", 80)], "local", false)
         .await;
-    let east = w
-        .start_link(&fed, &w.spec("east", &w.east, 74), &w.east, 100)
-        .await;
-    let north = w
-        .start_link(&fed, &w.spec("north", &w.north, 75), &w.north, 50)
-        .await;
+    let (east, north) = w.east_and_north(&fed, 74, 75).await;
     let first = w
         .federated_until("all three", "web", |s| {
             remote_discovery(s) == Some("web@east,web@north")
@@ -1142,8 +1227,7 @@ async fn a_refused_links_list_at_start_deletes_no_federated_service() {
             remote_discovery(s) == Some("web@east")
         })
         .await;
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
     // Restarted with an identity that may not list Links: the manager cannot know
     // east is linked, so the federation must not plan without it.
     let client = no_links_identity(&w, "nolinks").await;
@@ -1211,8 +1295,7 @@ async fn a_deleted_link_that_never_connected_releases_its_federated_entries() {
         remote_discovery(s) == Some("web@east")
     })
     .await;
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
     // Restarted with east's Link valid but its apiserver unreachable (a dead port):
     // east stays pending and web-federated is kept.
     let secret = "cluster-credentials-east";
@@ -1467,8 +1550,7 @@ async fn a_pending_clusters_entry_is_kept_while_the_other_clusters_changes_land(
     })
     .await;
     wl.stop(false).await.unwrap();
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
 }
 
 /// The Link `east`'s `federatedServices` entries (all controllers'), as
@@ -1571,8 +1653,7 @@ async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_
         (federated_status(&w).await == want).then_some(())
     })
     .await;
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1626,39 +1707,22 @@ async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
         (n >= N).then_some(())
     })
     .await;
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_service_until_ours() {
-    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    use service_mirror_controller::write_leases::{self, LinkSet, WriteGates, WriteLeaseOptions};
     let mut w = World::new("fedgate").await;
     w.fake(74).await;
     let spec = w.spec("east", &w.east, 74);
     let cluster = spec.link().cluster_name.clone();
     // Linkerd's controller holds east's write Lease and renews it.
+    w.foreign_write_lease(&cluster, 30).await;
     let leases: Api<Lease> = Api::namespaced(w.lc.clone(), &w.ctl_ns);
     let name = write_leases::lease_name(&cluster);
     let now = || MicroTime(Timestamp::now());
-    let foreign = Lease {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("linkerd-service-mirror-0".into()),
-            lease_duration_seconds: Some(30),
-            renew_time: Some(now()),
-            ..Default::default()
-        }),
-    };
-    leases
-        .create(&PostParams::default(), &foreign)
-        .await
-        .unwrap();
     let renewer = {
         let (leases, name) = (leases.clone(), name.clone());
         tokio::spawn(async move {
@@ -1671,69 +1735,15 @@ async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_serv
         })
     };
     let gates = WriteGates::default();
-    let cancel = CancellationToken::new();
-    let (federation, tasks) = Federation::start(
-        w.lc.clone(),
-        EventRecorder::new(w.lc.clone(), None),
-        w.metrics.clone(),
-        FederationOptions {
-            controller_namespace: w.ctl_ns.clone(),
-            local_selector: Some(w.local_selector()),
-            leader: None,
-            write_gates: Some(gates.clone()),
-        },
-        cancel.clone(),
-    );
-    let fed = Running {
-        federation,
-        cancel,
-        tasks,
-    };
+    let fed = w.federation_with(None, Some(gates.clone()));
     fed.federation.expect(vec![]);
-    let holder = {
-        let cluster = cluster.clone();
-        write_leases::spawn(
-            w.lc.clone(),
-            WriteLeaseOptions {
-                namespace: w.ctl_ns.clone(),
-                identity: "ours-0".into(),
-                duration: Duration::from_secs(3),
-            },
-            None,
-            Arc::new(move || LinkSet {
-                running: [cluster.clone()].into(),
-                claimed: [cluster.clone()].into(),
-                ..LinkSet::default()
-            }),
-            gates.clone(),
-            None,
-            w.metrics.clone(),
-            fed.cancel.clone(),
-        )
-    };
+    let holder = w.hold_write_lease(&fed, &gates, &cluster, "ours-0", None);
     let ec = w.client(&w.east).await;
     w.member(&ec, "web", &[("http", 80)], "east", false).await;
     let before = w.writes();
     // The link runs under its gate, as the link manager starts it.
     let rc = w.east.client().await.unwrap();
-    let base = LinkConfig {
-        namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
-        ..LinkConfig::default()
-    };
-    let east = LinkController::start(
-        w.lc.clone(),
-        rc,
-        spec.link().clone(),
-        link_config(&base, &spec, false),
-        LinkDeps {
-            metrics: w.metrics.clone(),
-            probe_redirect: Some(w.redirect()),
-            federation: Some(fed.federation.clone()),
-            write_gates: Some(gates.clone()),
-            ..LinkDeps::default()
-        },
-    )
-    .expect("start the link controller");
+    let east = w.start_link_gated(&fed, &spec, rc, 100, Some(gates.clone()), None);
     // Held elsewhere: east's member creates nothing (Linkerd's controller owns that
     // link's part meanwhile).
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -1760,8 +1770,7 @@ async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_serv
         "federated Service written {:?} after the release",
         released.elapsed()
     );
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
     let _ = holder.await;
 }
 
@@ -1772,88 +1781,20 @@ async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_serv
 /// not deleted and re-created (uid and ClusterIP would change under every client).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_taking_over_keeps_the_federated_service_of_a_link_started_after_it() {
-    use service_mirror_controller::write_leases::{self, LinkSet, WriteGates, WriteLeaseOptions};
     let mut w = World::new("fedfailover").await;
     w.fake(84).await;
     let spec = w.spec("east", &w.east, 84);
     let cluster = spec.link().cluster_name.clone();
-    let ec = w.client(&w.east).await;
-    w.member(&ec, "web", &[("http", 80)], "east", false).await;
-    // The first leader wrote east's federated Service.
-    let first = w.federation();
-    first.federation.expect(vec![]);
-    let link = w.start_link(&first, &spec, &w.east, 100).await;
-    let written = w
-        .federated_until("written by the first leader", "web", |s| {
-            remote_discovery(s) == Some("web@east")
-        })
-        .await;
-    link.stop(false).await.unwrap();
-    first.stop().await;
+    let written = w.written_by_a_first_leader(&spec).await;
     // The replica taking over: a follower, its write Leases with the same election.
     let (leader, rx) = service_mirror_controller::leader::Leadership::manual(false);
     let gates = WriteGates::default();
-    let cancel = CancellationToken::new();
-    let (federation, tasks) = Federation::start(
-        w.lc.clone(),
-        EventRecorder::new(w.lc.clone(), None),
-        w.metrics.clone(),
-        FederationOptions {
-            controller_namespace: w.ctl_ns.clone(),
-            local_selector: Some(w.local_selector()),
-            leader: Some(rx.clone()),
-            write_gates: Some(gates.clone()),
-        },
-        cancel.clone(),
-    );
-    let fed = Running {
-        federation,
-        cancel,
-        tasks,
-    };
+    let fed = w.federation_with(Some(rx.clone()), Some(gates.clone()));
     fed.federation.expect(vec![]);
-    let holder = {
-        let cluster = cluster.clone();
-        write_leases::spawn(
-            w.lc.clone(),
-            WriteLeaseOptions {
-                namespace: w.ctl_ns.clone(),
-                identity: "ours-1".into(),
-                duration: Duration::from_secs(3),
-            },
-            Some(rx.clone()),
-            Arc::new(move || LinkSet {
-                running: [cluster.clone()].into(),
-                claimed: [cluster.clone()].into(),
-                ..LinkSet::default()
-            }),
-            gates.clone(),
-            None,
-            w.metrics.clone(),
-            fed.cancel.clone(),
-        )
-    };
+    let holder = w.hold_write_lease(&fed, &gates, &cluster, "ours-1", Some(rx.clone()));
     // East is linked after the follower started (not pending for it).
     let rc = w.east.client().await.unwrap();
-    let base = LinkConfig {
-        namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
-        ..LinkConfig::default()
-    };
-    let east = LinkController::start(
-        w.lc.clone(),
-        rc,
-        spec.link().clone(),
-        link_config(&base, &spec, false),
-        LinkDeps {
-            metrics: w.metrics.clone(),
-            probe_redirect: Some(w.redirect()),
-            federation: Some(fed.federation.clone()),
-            write_gates: Some(gates.clone()),
-            leader: Some(rx.clone()),
-            ..LinkDeps::default()
-        },
-    )
-    .expect("start the link controller");
+    let east = w.start_link_gated(&fed, &spec, rc, 100, Some(gates.clone()), Some(rx.clone()));
     // Its list reaches the follower's federation (no observable: a fixed wait).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let took = std::time::Instant::now();
@@ -1871,8 +1812,7 @@ async fn a_follower_taking_over_keeps_the_federated_service_of_a_link_started_af
         "the takeover kept the federated Service (not deleted and re-created)"
     );
     assert_eq!(remote_discovery(&now), Some("web@east"));
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
     let _ = holder.await;
 }
 
@@ -1882,100 +1822,19 @@ async fn a_follower_taking_over_keeps_the_federated_service_of_a_link_started_af
 /// link is pending meanwhile: the Service is kept as it is).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_links_stored_entry_stays_when_its_federated_service_is_planned_again() {
-    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    use service_mirror_controller::write_leases::{self, LinkSet, WriteGates, WriteLeaseOptions};
     let mut w = World::new("fedheldkeep").await;
     w.fake(85).await;
     let spec = w.spec("east", &w.east, 85);
     let cluster = spec.link().cluster_name.clone();
-    let ec = w.client(&w.east).await;
-    w.member(&ec, "web", &[("http", 80)], "east", false).await;
-    let first = w.federation();
-    first.federation.expect(vec![]);
-    let link = w.start_link(&first, &spec, &w.east, 100).await;
-    let written = w
-        .federated_until("written with east", "web", |s| {
-            remote_discovery(s) == Some("web@east")
-        })
-        .await;
-    link.stop(false).await.unwrap();
-    first.stop().await;
+    let written = w.written_by_a_first_leader(&spec).await;
     // Another writer (Linkerd's controller) holds east's Lease from now on.
-    let leases: Api<Lease> = Api::namespaced(w.lc.clone(), &w.ctl_ns);
-    let lease = Lease {
-        metadata: kube::api::ObjectMeta {
-            name: Some(write_leases::lease_name(&cluster)),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("linkerd-service-mirror-0".into()),
-            lease_duration_seconds: Some(3600),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            ..Default::default()
-        }),
-    };
-    leases.create(&PostParams::default(), &lease).await.unwrap();
+    w.foreign_write_lease(&cluster, 3600).await;
     let gates = WriteGates::default();
-    let cancel = CancellationToken::new();
-    let (federation, tasks) = Federation::start(
-        w.lc.clone(),
-        EventRecorder::new(w.lc.clone(), None),
-        w.metrics.clone(),
-        FederationOptions {
-            controller_namespace: w.ctl_ns.clone(),
-            local_selector: Some(w.local_selector()),
-            leader: None,
-            write_gates: Some(gates.clone()),
-        },
-        cancel.clone(),
-    );
-    let fed = Running {
-        federation,
-        cancel,
-        tasks,
-    };
+    let fed = w.federation_with(None, Some(gates.clone()));
     fed.federation.expect(vec![]);
-    let holder = {
-        let cluster = cluster.clone();
-        write_leases::spawn(
-            w.lc.clone(),
-            WriteLeaseOptions {
-                namespace: w.ctl_ns.clone(),
-                identity: "ours-0".into(),
-                duration: Duration::from_secs(3),
-            },
-            None,
-            Arc::new(move || LinkSet {
-                running: [cluster.clone()].into(),
-                claimed: [cluster.clone()].into(),
-                ..LinkSet::default()
-            }),
-            gates.clone(),
-            None,
-            w.metrics.clone(),
-            fed.cancel.clone(),
-        )
-    };
+    let holder = w.hold_write_lease(&fed, &gates, &cluster, "ours-0", None);
     let rc = w.east.client().await.unwrap();
-    let base = LinkConfig {
-        namespaces: service_mirror_core::NamespaceFilter::allow_only([w.ns.clone()]),
-        ..LinkConfig::default()
-    };
-    let east = LinkController::start(
-        w.lc.clone(),
-        rc,
-        spec.link().clone(),
-        link_config(&base, &spec, false),
-        LinkDeps {
-            metrics: w.metrics.clone(),
-            probe_redirect: Some(w.redirect()),
-            federation: Some(fed.federation.clone()),
-            write_gates: Some(gates.clone()),
-            ..LinkDeps::default()
-        },
-    )
-    .expect("start the link controller");
+    let east = w.start_link_gated(&fed, &spec, rc, 100, Some(gates.clone()), None);
     // A local member joins: the key is planned again while east is held (and was at
     // the start, the stores listed). East pending, the stored Service is kept as it is
     // (DesiredService::Keep): no write observable, so a fixed wait.
@@ -1990,7 +1849,6 @@ async fn a_held_links_stored_entry_stays_when_its_federated_service_is_planned_a
         "east's entry stays while another writer holds east"
     );
     assert!(!gates.is_open(&cluster), "east was held throughout");
-    east.stop(false).await.unwrap();
-    fed.stop().await;
+    fed.stop_with([east]).await;
     let _ = holder.await;
 }
