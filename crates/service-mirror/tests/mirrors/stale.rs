@@ -178,6 +178,14 @@ async fn routing(env: &Env, remote: &str) -> &'static str {
     }
 }
 
+/// Waits until the mirror of `remote` routes to ready endpoints.
+async fn ready(env: &Env, remote: &str) {
+    eventually("mirror ready", || async {
+        (routing(env, remote).await == "ready").then_some(())
+    })
+    .await;
+}
+
 async fn uid(env: &Env, remote: &str) -> Option<String> {
     env.mirror(remote).await.0.and_then(|s| s.metadata.uid)
 }
@@ -257,10 +265,7 @@ async fn a_silent_remote_goes_disconnected_stale_expired_at_the_set_times_keepin
     env.export("b", "gw", &[("http", 80)]).await;
     let w = o.start(&env, config(&env, 1, 3, 6), LinkDeps::default());
     for s in ["a", "b"] {
-        eventually("mirror ready", || async {
-            (routing(&env, s).await == "ready").then_some(())
-        })
-        .await;
+        ready(&env, s).await;
     }
     assert_eq!(o.metric_state(&env).as_deref(), Some("connected"));
     let uids = (uid(&env, "a").await, uid(&env, "b").await);
@@ -344,10 +349,7 @@ async fn an_alive_gateway_probe_keeps_endpoints_ready_through_stale_but_not_expi
         ..LinkDeps::default()
     };
     let w = o.start(&env, config(&env, 1, 2, 6), deps);
-    eventually("mirror ready", || async {
-        (routing(&env, "a").await == "ready").then_some(())
-    })
-    .await;
+    ready(&env, "a").await;
     let t0 = Instant::now();
     o.proxy.cut().await.unwrap();
     state_at(&o, &env, &w, "stale", t0).await;
@@ -378,10 +380,7 @@ async fn with_stale_and_expiry_off_a_silent_remote_changes_no_mirror() {
     env.export("a", "gw", &[("http", 80)]).await;
     // The defaults but a 1 s grace, so that Disconnected comes within the test.
     let w = o.start(&env, config(&env, 1, 0, 0), LinkDeps::default());
-    eventually("mirror ready", || async {
-        (routing(&env, "a").await == "ready").then_some(())
-    })
-    .await;
+    ready(&env, "a").await;
     tokio::time::sleep(secs(1)).await;
     let before = env.local_writes();
     let t0 = Instant::now();
@@ -424,10 +423,7 @@ async fn an_empty_list_after_an_outage_deletes_no_mirror_until_the_hold_ends() {
     // Grace 1 s: the hold is its floor, 5 s.
     let w = o.start(&env, config(&env, 1, 0, 0), LinkDeps::default());
     for s in ["a", "b"] {
-        eventually("mirror ready", || async {
-            (routing(&env, s).await == "ready").then_some(())
-        })
-        .await;
+        ready(&env, s).await;
     }
     o.proxy.cut().await.unwrap();
     eventually("outage seen", || async {
@@ -486,10 +482,7 @@ async fn a_restart_starts_no_gateway_as_dead() {
         ..LinkDeps::default()
     };
     let w = o.start(&env, config(&env, 1, 2, 0), alive);
-    eventually("mirror ready", || async {
-        (routing(&env, "a").await == "ready").then_some(())
-    })
-    .await;
+    ready(&env, "a").await;
     w.stop(false).await.unwrap();
     tokio::time::sleep(secs(1)).await;
     let before = env.local_writes();
@@ -668,10 +661,7 @@ async fn a_restart_during_an_outage_holds_the_deletes_of_an_empty_first_list() {
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("a", "gw", &[("http", 80)]).await;
     let w = o.start(&env, config(&env, 1, 0, 0), LinkDeps::default());
-    eventually("mirror ready", || async {
-        (routing(&env, "a").await == "ready").then_some(())
-    })
-    .await;
+    ready(&env, "a").await;
     w.stop(false).await.unwrap();
     // Restarted while the remote is away; meanwhile the remote lost its Service.
     o.proxy.cut().await.unwrap();
@@ -713,10 +703,7 @@ async fn a_restart_during_an_outage_goes_stale_at_the_set_time_without_flapping(
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("a", "gw", &[("http", 80)]).await;
     let w = o.start(&env, config(&env, 1, 3, 0), LinkDeps::default());
-    eventually("mirror ready", || async {
-        (routing(&env, "a").await == "ready").then_some(())
-    })
-    .await;
+    ready(&env, "a").await;
     w.stop(false).await.unwrap();
     // Restarted while the remote refuses every connection: the watcher retries its list
     // with backoff (0.8 s doubling), and each retry begins with an `Init` event that
@@ -899,10 +886,7 @@ async fn an_expired_remote_reconnects_on_a_complete_list_not_on_the_first_answer
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("a", "gw", &[("http", 80)]).await;
     let w = o.start(&env, config(&env, 1, 2, 3), LinkDeps::default());
-    eventually("mirror ready", || async {
-        (routing(&env, "a").await == "ready").then_some(())
-    })
-    .await;
+    ready(&env, "a").await;
     let t0 = Instant::now();
     o.proxy.cut().await.unwrap();
     state_at(&o, &env, &w, "expired", t0).await;
@@ -944,10 +928,7 @@ async fn a_replica_that_becomes_leader_while_the_remote_is_stale_asserts_it_with
     env.export("a", "gw", &[("http", 80)]).await;
     // The old leader makes the mirror, then goes away before the remote does.
     let old = o.start(&env, config(&env, 1, 3, 10), LinkDeps::default());
-    eventually("mirror ready", || async {
-        (routing(&env, "a").await == "ready").then_some(())
-    })
-    .await;
+    ready(&env, "a").await;
     // The other replica: warm caches and its own state, no writes.
     let (lead, leader) = service_mirror_controller::leader::Leadership::manual(false);
     let deps = LinkDeps {
