@@ -100,6 +100,19 @@ async fn remote_slice_in(env: &Env, ns: &str, svc: &str, slice: &str, pods: &[Po
     }
 }
 
+/// A world with gateway `gw` at 192.0.2.1 and headless `web` exported.
+async fn web_env(prefix: &str) -> Env {
+    let env = Env::new(prefix).await;
+    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
+    export_headless(&env, "web").await;
+    env
+}
+
+/// `web`'s remote slice `web-abc` with `pods`.
+async fn web_slice(env: &Env, pods: &[Pod<'_>]) {
+    remote_slice(env, "web", "web-abc", pods).await;
+}
+
 async fn remote_slice(env: &Env, svc: &str, slice: &str, pods: &[Pod<'_>]) {
     remote_slice_in(env, &env.ns, svc, slice, pods).await;
 }
@@ -218,13 +231,9 @@ fn names(env: &Env, remote: &[&str]) -> Vec<String> {
 }
 
 async fn creation_in(mode: EndpointsMode) {
-    let env = Env::new("headless-shape").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
-    remote_slice(
+    let env = web_env("headless-shape").await;
+    web_slice(
         &env,
-        "web",
-        "web-abc",
         &[
             ready("web-0"),
             ready("web-1"),
@@ -330,16 +339,8 @@ async fn a_headless_remote_gets_a_headless_mirror_and_an_endpoint_mirror_per_rea
 #[tokio::test]
 async fn scaling_deletes_only_the_gone_pods_endpoint_mirror_and_keeps_the_others_uids_and_a_restart_writes_nothing()
  {
-    let env = Env::new("headless-scale").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
-    remote_slice(
-        &env,
-        "web",
-        "web-abc",
-        &[ready("web-0"), ready("web-1"), ready("web-2")],
-    )
-    .await;
+    let env = web_env("headless-scale").await;
+    web_slice(&env, &[ready("web-0"), ready("web-1"), ready("web-2")]).await;
     let mode = EndpointsMode::Both;
     let w = start(&env, headless(&env, mode));
     let all = set_until(
@@ -350,7 +351,7 @@ async fn scaling_deletes_only_the_gone_pods_endpoint_mirror_and_keeps_the_others
     )
     .await;
     // Scale down: web-2 goes, the others stay the same objects.
-    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    web_slice(&env, &[ready("web-0"), ready("web-1")]).await;
     let down = set_until(
         &env,
         mode,
@@ -362,20 +363,14 @@ async fn scaling_deletes_only_the_gone_pods_endpoint_mirror_and_keeps_the_others
         assert_eq!(uid(s), uid(&all[name]), "{name} kept");
     }
     // Scale to zero: the headless mirror stays, empty; the endpoint mirrors go.
-    remote_slice(&env, "web", "web-abc", &[]).await;
+    web_slice(&env, &[]).await;
     let zero = set_until(&env, mode, &names(&env, &["web"]), &[]).await;
     assert_eq!(
         uid(&zero[&env.mirror_name("web")]),
         uid(&all[&env.mirror_name("web")])
     );
     // Scale up: new endpoint mirrors, the parent unchanged.
-    remote_slice(
-        &env,
-        "web",
-        "web-abc",
-        &[ready("web-0"), ready("web-1"), ready("web-3")],
-    )
-    .await;
+    web_slice(&env, &[ready("web-0"), ready("web-1"), ready("web-3")]).await;
     let up = set_until(
         &env,
         mode,
@@ -407,14 +402,12 @@ async fn scaling_deletes_only_the_gone_pods_endpoint_mirror_and_keeps_the_others
 #[tokio::test]
 async fn a_headless_remote_without_pods_yet_gets_an_empty_headless_mirror_that_pods_join_without_a_flip()
  {
-    let env = Env::new("headless-empty").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
+    let env = web_env("headless-empty").await;
     let mode = EndpointsMode::EndpointSlices;
     let w = start(&env, headless(&env, mode));
     let empty = set_until(&env, mode, &names(&env, &["web"]), &[]).await;
     assert_eq!(cluster_ip(&empty[&env.mirror_name("web")]), "None");
-    remote_slice(&env, "web", "web-abc", &[ready("web-0")]).await;
+    web_slice(&env, &[ready("web-0")]).await;
     let set = set_until(&env, mode, &names(&env, &["web", "web-0"]), &["web-0"]).await;
     assert_eq!(
         uid(&set[&env.mirror_name("web")]),
@@ -433,10 +426,8 @@ async fn a_headless_remote_without_pods_yet_gets_an_empty_headless_mirror_that_p
 #[tokio::test]
 async fn with_the_flag_off_a_headless_remote_is_a_cluster_ip_mirror_and_turning_it_on_recreates_it_with_an_event()
  {
-    let env = Env::new("headless-flip").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
-    remote_slice(&env, "web", "web-abc", &[ready("web-0")]).await;
+    let env = web_env("headless-flip").await;
+    web_slice(&env, &[ready("web-0")]).await;
     let mode = EndpointsMode::Both;
     let w = start(
         &env,
@@ -468,7 +459,7 @@ async fn with_the_flag_off_a_headless_remote_is_a_cluster_ip_mirror_and_turning_
     assert!(note.contains("from ClusterIP to headless"), "{note}");
 
     // The pods lose their hostnames: back to a ClusterIP mirror, endpoint mirrors gone.
-    remote_slice(&env, "web", "web-abc", &[(None, true, Some("web-0"))]).await;
+    web_slice(&env, &[(None, true, Some("web-0"))]).await;
     let (back, _) = env
         .mirror_until("web", "ClusterIP again", |s, e| {
             cluster_ip(s) != "None" && has_subsets(e)
@@ -493,14 +484,10 @@ async fn with_the_flag_off_a_headless_remote_is_a_cluster_ip_mirror_and_turning_
 #[tokio::test]
 async fn a_missing_hostname_falls_back_to_the_target_ref_only_behind_its_flag_and_no_target_ref_is_no_crash()
  {
-    let env = Env::new("headless-tref").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
+    let env = web_env("headless-tref").await;
     // web-0 has a hostname; web-1 only a targetRef; one address has neither.
-    remote_slice(
+    web_slice(
         &env,
-        "web",
-        "web-abc",
         &[
             ready("web-0"),
             (None, true, Some("web-1")),
@@ -532,9 +519,7 @@ async fn a_missing_hostname_falls_back_to_the_target_ref_only_behind_its_flag_an
 
 #[tokio::test]
 async fn bad_hostnames_are_refused_with_an_event_and_duplicates_get_one_endpoint_mirror() {
-    let env = Env::new("headless-bad").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
+    let env = web_env("headless-bad").await;
     // The apiserver validates `hostname` as a DNS-1123 label, not `targetRef.name`: a
     // pod name with a dot, or anything a remote writes there, comes in through the
     // fallback.
@@ -587,9 +572,7 @@ async fn bad_hostnames_are_refused_with_an_event_and_duplicates_get_one_endpoint
 
 #[tokio::test]
 async fn ten_thousand_hostnames_are_refused_cleanly_by_the_mirror_limit_and_others_are_mirrored() {
-    let env = Env::new("headless-10k").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
+    let env = web_env("headless-10k").await;
     // The API takes at most 1000 endpoints per slice: ten of them.
     let hosts: Vec<String> = (0..10_000).map(|i| format!("web-{i}")).collect();
     for chunk in 0..10 {
@@ -628,10 +611,8 @@ async fn ten_thousand_hostnames_are_refused_cleanly_by_the_mirror_limit_and_othe
 
 #[tokio::test]
 async fn endpoint_mirrors_count_against_the_mirror_limit() {
-    let env = Env::new("headless-limit").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
-    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    let env = web_env("headless-limit").await;
+    web_slice(&env, &[ready("web-0"), ready("web-1")]).await;
     let mode = EndpointsMode::Endpoints;
     let w = start(
         &env,
@@ -654,13 +635,7 @@ async fn endpoint_mirrors_count_against_the_mirror_limit() {
     })
     .await;
     // ...and so is a third pod; the existing mirrors are kept as they are.
-    remote_slice(
-        &env,
-        "web",
-        "web-abc",
-        &[ready("web-0"), ready("web-1"), ready("web-2")],
-    )
-    .await;
+    web_slice(&env, &[ready("web-0"), ready("web-1"), ready("web-2")]).await;
     eventually("web refused too", || async {
         (w.status().refused == 2).then_some(())
     })
@@ -675,13 +650,11 @@ async fn endpoint_mirrors_count_against_the_mirror_limit() {
 
 #[tokio::test]
 async fn a_headless_mirror_grown_past_the_limit_keeps_updating_its_mirrors_and_creates_no_more() {
-    let env = Env::new("headless-limit-grow").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
+    let env = web_env("headless-limit-grow").await;
     // Limit N = 4: the parent and N - 1 = 3 pods fill it.
     let hosts: Vec<String> = (0..9).map(|i| format!("web-{i}")).collect();
     let pods = |n: usize| -> Vec<Pod> { hosts[..n].iter().map(|h| ready(h)).collect() };
-    remote_slice(&env, "web", "web-abc", &pods(3)).await;
+    web_slice(&env, &pods(3)).await;
     let mode = EndpointsMode::Both;
     let w = start(
         &env,
@@ -699,7 +672,7 @@ async fn a_headless_mirror_grown_past_the_limit_keeps_updating_its_mirrors_and_c
     )
     .await;
     // Grows to N + 5 = 9 pods: refused beyond the limit...
-    remote_slice(&env, "web", "web-abc", &pods(9)).await;
+    web_slice(&env, &pods(9)).await;
     eventually("web refused in part", || async {
         (w.status().refused == 1).then_some(())
     })
@@ -737,10 +710,8 @@ async fn not_ready_pods_get_endpoint_mirrors_when_the_remote_publishes_not_ready
     let env = Env::new("headless-pnr").await;
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     export_headless_in(&env, &env.ns, "web", true).await;
-    remote_slice(
+    web_slice(
         &env,
-        "web",
-        "web-abc",
         &[ready("web-0"), (Some("web-1"), false, Some("web-1"))],
     )
     .await;
@@ -814,10 +785,8 @@ async fn same_named_headless_services_in_two_namespaces_do_not_churn() {
 
 #[tokio::test]
 async fn without_a_complete_list_of_the_remote_slices_no_endpoint_mirror_is_deleted() {
-    let env = Env::new("headless-nolist").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
-    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    let env = web_env("headless-nolist").await;
+    web_slice(&env, &[ready("web-0"), ready("web-1")]).await;
     let mode = EndpointsMode::Endpoints;
     let w = start(&env, headless(&env, mode));
     let set = set_until(
@@ -830,7 +799,7 @@ async fn without_a_complete_list_of_the_remote_slices_no_endpoint_mirror_is_dele
     w.stop(false).await.unwrap();
     // web-1 goes while the controller is down; its successor may list Services but not
     // EndpointSlices: it cannot know, so it deletes nothing (and writes nothing).
-    remote_slice(&env, "web", "web-abc", &[ready("web-0")]).await;
+    web_slice(&env, &[ready("web-0")]).await;
     let services_only: &[(&[&str], &[&str])] = &[(&["services"], &["get", "list", "watch"])];
     let remote = sa_client(&env.remote, &env.ns, "headless-reader", services_only).await;
     let attempts = env.local_write_attempts().len();
@@ -890,11 +859,9 @@ async fn link_ref(env: &Env) -> k8s_openapi::api::core::v1::ObjectReference {
 #[tokio::test]
 async fn without_endpointslices_read_a_new_headless_remote_gets_a_cluster_ip_mirror_said_once_per_link()
  {
-    let env = Env::new("headless-noslices").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
+    let env = web_env("headless-noslices").await;
     export_headless(&env, "db").await;
-    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    web_slice(&env, &[ready("web-0"), ready("web-1")]).await;
     remote_slice(&env, "db", "db-abc", &[ready("db-0")]).await;
     // What `service-mirror allow` grants, without endpointslices (an older `allow`).
     let services_only: &[(&[&str], &[&str])] = &[(&["services"], &["list", "watch"])];
@@ -976,7 +943,7 @@ async fn a_links_headless_remote_reads_hostnames_and_readiness_from_one_slice_wa
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
-    remote_slice(&env, "web", "web-abc", &[ready("web-0"), ready("web-1")]).await;
+    web_slice(&env, &[ready("web-0"), ready("web-1")]).await;
     let mode = EndpointsMode::Both;
     let w = LinkController::start(
         env.lc.clone(),
@@ -1019,13 +986,7 @@ async fn a_hostname_whose_endpoint_mirror_would_be_the_parent_or_another_service
     env.export("api", "gw", &[("http", 80)]).await;
     export_headless(&env, "web").await;
     // `web` would be named like the parent, `api` like api's mirror.
-    remote_slice(
-        &env,
-        "web",
-        "web-abc",
-        &[ready("web"), ready("api"), ready("web-0")],
-    )
-    .await;
+    web_slice(&env, &[ready("web"), ready("api"), ready("web-0")]).await;
     let mode = EndpointsMode::Endpoints;
     let w = start(&env, headless(&env, mode));
     let set = set_until(
@@ -1063,15 +1024,13 @@ async fn a_hostname_whose_endpoint_mirror_would_be_the_parent_or_another_service
 #[tokio::test]
 #[ignore = "a measurement, about a minute"]
 async fn measure_cold_sync_of_a_thousand_headless_pods() {
-    let env = Env::new("headless-1k").await;
-    env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
-    export_headless(&env, "web").await;
+    let env = web_env("headless-1k").await;
     let hosts: Vec<String> = (0..1000).map(|i| format!("web-{i}")).collect();
     let pods: Vec<Pod> = hosts
         .iter()
         .map(|h| (Some(h.as_str()), true, None))
         .collect();
-    remote_slice(&env, "web", "web-abc", &pods).await;
+    web_slice(&env, &pods).await;
     let mode = EndpointsMode::Both;
     let start = std::time::Instant::now();
     let w = start_link_measured(&env, mode);
