@@ -199,3 +199,7 @@ impl View {
         (g, notes)
     }
 }
+
+#[cfg(test)]
+#[path = "gather_tests.rs"]
+mod tests;
