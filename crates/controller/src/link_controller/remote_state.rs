@@ -254,6 +254,12 @@ impl RemoteHealth {
         relist_hold(&self.policy)
     }
 
+    /// Publishes `state` as the task would (for tests that feed a state to a reader).
+    #[cfg(test)]
+    pub(super) fn publish(&self, state: RemoteState) {
+        self.inner.lock().state = state;
+    }
+
     /// The state last published (what reconciles build endpoints from).
     pub(crate) fn state(&self) -> RemoteState {
         self.inner.lock().state

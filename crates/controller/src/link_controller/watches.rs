@@ -513,43 +513,43 @@ pub(super) fn spawn(
     remote: Client,
     cancel: CancellationToken,
 ) -> Vec<JoinHandle<()>> {
-    let cluster = rec.link.cluster_name.clone();
+    let cluster = rec.view.link.cluster_name.clone();
     let cluster_name = cluster.clone();
     let local_config = watcher::Config::default().labels(&owner_selector(&cluster));
     let remote_events = RemoteEvents {
         cluster,
-        remote: rec.remote.clone(),
-        export: rec.export.clone(),
-        index: rec.index.clone(),
+        remote: rec.view.remote.clone(),
+        export: rec.view.export.clone(),
+        index: rec.view.index.clone(),
         synced: shared.synced.clone(),
         connected: shared.connected,
         relists: shared.relists,
         metrics: shared.metrics,
-        queue: rec.queue.clone(),
+        queue: rec.fx.queue.clone(),
         reporter: shared.reporter,
         refused: Episode::default(),
-        health: rec.health.clone(),
-        local_services: rec.local_services.clone(),
+        health: rec.view.health.clone(),
+        local_services: rec.view.local_services.clone(),
         too_large: Episode::default(),
         federation: shared.federation,
     };
     let slice_events =
-        (rec.readiness.is_some() || rec.hostnames.is_some()).then(|| RemoteSliceEvents {
+        (rec.view.readiness.is_some() || rec.view.hostnames.is_some()).then(|| RemoteSliceEvents {
             cluster: cluster_name.clone(),
-            readiness: rec.readiness.clone(),
-            hostnames: rec.hostnames.clone(),
-            index: rec.index.clone(),
-            queue: rec.queue.clone(),
-            health: rec.health.clone(),
+            readiness: rec.view.readiness.clone(),
+            hostnames: rec.view.hostnames.clone(),
+            index: rec.view.index.clone(),
+            queue: rec.fx.queue.clone(),
+            health: rec.view.health.clone(),
             holds: Arc::default(),
         });
     let local_events = LocalEvents {
-        local_services: rec.local_services.clone(),
-        index: rec.index.clone(),
-        expectations: rec.expectations.clone(),
-        limit: rec.limit.clone(),
+        local_services: rec.view.local_services.clone(),
+        index: rec.view.index.clone(),
+        expectations: rec.view.expectations.clone(),
+        limit: rec.fx.limit.clone(),
         synced: shared.synced,
-        queue: rec.queue.clone(),
+        queue: rec.fx.queue.clone(),
     };
     let mut tasks = Vec::new();
     if let Some(slice_events) = slice_events {
@@ -562,13 +562,13 @@ pub(super) fn spawn(
         tokio::spawn(local_events.clone().run(
             Api::<Service>::all(local.clone()),
             local_config.clone(),
-            rec.local_services.clone(),
+            rec.view.local_services.clone(),
             cancel.clone(),
         )),
         tokio::spawn(local_events.clone().run(
             Api::<Endpoints>::all(local.clone()),
             local_config,
-            rec.local_endpoints.clone(),
+            rec.view.local_endpoints.clone(),
             cancel.clone(),
         )),
         // Our slices only (our managed-by): kube-controller-manager's mirrored slices
@@ -576,7 +576,7 @@ pub(super) fn spawn(
         tokio::spawn(local_events.run(
             Api::<EndpointSlice>::all(local),
             watcher::Config::default().labels(&slice_owner_selector(&cluster_name)),
-            rec.local_slices.clone(),
+            rec.view.local_slices.clone(),
             cancel,
         )),
     ]);

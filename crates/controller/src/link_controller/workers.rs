@@ -27,28 +27,28 @@ pub(super) fn spawn(
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
         tokio::spawn(refresh_hostnames(
-            rec.gateways.clone(),
-            rec.index.clone(),
-            rec.queue.clone(),
+            rec.view.gateways.clone(),
+            rec.view.index.clone(),
+            rec.fx.queue.clone(),
             config.endpoint_refresh_period,
             cancel.clone(),
         )),
         tokio::spawn(forward_verdicts(
             verdicts,
-            rec.index.clone(),
-            rec.queue.clone(),
+            rec.view.index.clone(),
+            rec.fx.queue.clone(),
             cancel.clone(),
         )),
         tokio::spawn(super::blocked::recheck(
-            rec.blocked.clone(),
-            rec.local.clone(),
-            rec.queue.clone(),
+            rec.fx.blocked.clone(),
+            rec.fx.local.clone(),
+            rec.fx.queue.clone(),
             cancel.clone(),
         )),
     ];
     tasks.extend(crate::runtime::worker::spawn(
         config.workers,
-        &rec.queue,
+        &rec.fx.queue,
         gate,
         rec,
         cancel,
@@ -71,24 +71,24 @@ impl Reconcile<ServiceKey> for Reconciler {
     type Error = crate::error::Error;
 
     async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome, Self::Error> {
-        let timer = self.metrics.reconcile_timer();
+        let timer = self.fx.metrics.reconcile_timer();
         let result = Reconciler::reconcile(self, key).await;
         drop(timer);
-        self.metrics.state(
-            self.local_services.len(),
-            self.queue.depth(),
-            self.limit.refused(),
+        self.fx.metrics.state(
+            self.view.local_services.len(),
+            self.fx.queue.depth(),
+            self.fx.limit.refused(),
         );
         result
     }
 
     fn succeeded(&self, key: &ServiceKey) {
-        self.blocked.clear(key);
+        self.fx.blocked.clear(key);
     }
 
     async fn failed(&self, key: &ServiceKey, e: Self::Error, failures: u32) {
-        let cluster = &self.link.cluster_name;
-        self.metrics.error(e.metric_label());
+        let cluster = &self.view.link.cluster_name;
+        self.fx.metrics.error(e.metric_label());
         if let crate::error::Error::MissingNamespace(ns) = &e {
             self.missing_namespace(key, ns).await;
         }
@@ -99,9 +99,9 @@ impl Reconcile<ServiceKey> for Reconciler {
             ..
         } = &e
         {
-            self.blocked.hold(key, kind, namespace, name);
+            self.fx.blocked.hold(key, kind, namespace, name);
         }
-        if self.queue.retrying_slowly(failures) {
+        if self.fx.queue.retrying_slowly(failures) {
             tracing::warn!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying slowly");
         } else {
             tracing::debug!(%cluster, %key, failures, error = %e, kind = e.metric_label(), "reconcile failed; retrying");
@@ -136,11 +136,11 @@ pub(super) async fn follow_leader(
             changed = leader.changed() => if changed.is_err() { return },
         }
         if leader.leading_and_update() {
-            reset_slots(&rec.index, &rec.limit);
-            let keys = rec.index.lock().all_keys();
-            tracing::info!(cluster = %rec.link.cluster_name, keys = keys.len(), "leader: reconciling everything");
+            reset_slots(&rec.view.index, &rec.fx.limit);
+            let keys = rec.view.index.lock().all_keys();
+            tracing::info!(cluster = %rec.view.link.cluster_name, keys = keys.len(), "leader: reconciling everything");
             for k in keys {
-                rec.queue.add(k);
+                rec.fx.queue.add(k);
             }
         }
     }

@@ -1,40 +1,26 @@
 //! The read-only step of a reconcile: what the decision needs from the caches, the
-//! index, the gateways and the pending writes, as one `Gathered` value.
+//! index, the gateways and the pending writes, as one `Gathered` value. It writes
+//! nothing: what it finds to say comes back as [`Notes`], recorded by the reconcile.
 
 use super::*;
 
-impl Reconciler {
-    /// The mirror limit for a headless key that has mirrors: its existing objects keep
-    /// being written however many pods it grows to; new endpoint mirrors beyond the
-    /// limit are left out of `g` (name order, the same each pass) and refused as over
-    /// the limit. True when the key's slots were taken here.
-    pub(super) async fn admit_members(&self, key: &ServiceKey, g: &mut Gathered) -> bool {
-        let Some(members) = g.members.as_mut().filter(|_| !g.pending) else {
-            return false;
-        };
-        match self.limit.admit_members(key, 1 + members.len()) {
-            None => false,
-            Some(Members::All) => true,
-            Some(Members::Part { allowed, first }) => {
-                let existing: BTreeSet<&str> = g
-                    .services
-                    .iter()
-                    .filter_map(|s| s.metadata.name.as_deref())
-                    .collect();
-                let wanted = members.len();
-                *members =
-                    admitted_members(std::mem::take(members), |n| existing.contains(n), allowed);
-                let cluster = &self.link.cluster_name;
-                tracing::debug!(%cluster, %key, wanted, admitted = members.len(), "mirror limit reached: new endpoint mirrors refused");
-                self.refuse_over_limit(key, first, true).await;
-                true
-            }
-        }
-    }
+/// What gather found to say; the reconcile records it (gather writes nothing).
+#[derive(Debug, Default, PartialEq)]
+pub(in crate::link_controller) struct Notes {
+    /// The gateway's notes (Event reason, text), set once per gateway and episode by
+    /// whichever caller resolved it first: every one is recorded on the link.
+    pub(in crate::link_controller) gateway: Vec<(&'static str, String)>,
+    /// A headless remote Service was planned as a ClusterIP mirror (said once per
+    /// link when the remote refuses the slice watch).
+    pub(in crate::link_controller) headless_as_cluster_ip: bool,
+}
 
+impl View {
     /// Reads what the decision needs: the remote Service and its export decision, the
     /// gateway (asked once), the local objects that stand for the key, pending writes.
-    pub(super) async fn gather(&self, key: &ServiceKey) -> Gathered {
+    /// Neither the Endpoints-first memory nor kube-controller-manager's slices: the
+    /// reconcile adds those (see `mirroring.rs`).
+    pub(in crate::link_controller) async fn gather(&self, key: &ServiceKey) -> (Gathered, Notes) {
         let remote = self
             .remote
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
@@ -45,11 +31,12 @@ impl Reconciler {
             mode: self.mode,
             ..Gathered::default()
         };
+        let mut notes = Notes::default();
         // A list after an outage that would delete every mirror is not trusted yet
         // (remote_state.rs): a key whose remote Service it lacks waits.
         if !g.remote_listed || (remote.is_none() && self.health.holding_deletes()) {
             g.remote_listed = false;
-            return g;
+            return (g, notes);
         }
         let export = remote
             .as_deref()
@@ -59,7 +46,7 @@ impl Reconciler {
         if let ExportDecision::Refused { .. } = export {
             g.has_local_services = !self.index.lock().local_names(key).0.is_empty();
             g.export = Some(export);
-            return g;
+            return (g, notes);
         }
         match (remote.as_deref(), &export) {
             (Some(svc), ExportDecision::Mirror(gw)) => {
@@ -78,13 +65,10 @@ impl Reconciler {
                     source => self.gateways.resolve(key, gw, source).await,
                 };
                 g.requeue = resolution.retry_after;
-                if let Some(link) = &self.link_secret {
-                    for (reason, note) in resolution.notes() {
-                        self.writer
-                            .record(link, reason, "Mirror", note.to_owned())
-                            .await;
-                    }
-                }
+                notes.gateway = resolution
+                    .notes()
+                    .map(|(reason, note)| (reason, note.to_owned()))
+                    .collect();
                 let mut gateway = resolution.gateway;
                 // A remote Service without a ready endpoint: Endpoints without subsets,
                 // as Linkerd makes them (failover tools read that as "remote empty").
@@ -106,7 +90,7 @@ impl Reconciler {
                         // The remote slices are not listed yet: a pod missing from a
                         // partial view would lose its endpoint mirror.
                         g.remote_listed = false;
-                        return g;
+                        return (g, notes);
                     }
                     Some(true) => {
                         let (parent, members, refused) =
@@ -116,7 +100,7 @@ impl Reconciler {
                         g.refused_hostnames = refused;
                     }
                     Some(false) => {
-                        self.report_slices_unavailable(key, svc).await;
+                        notes.headless_as_cluster_ip = is_headless(svc);
                         g.desired = Some(desired_mirror(svc, &self.link, gw, gateway.as_ref()));
                     }
                 }
@@ -212,52 +196,10 @@ impl Reconciler {
             })
             .filter(|s| slice_key(&self.local_services, s) == *key)
             .collect();
-        g.endpoints_written_first = self.endpoints_first.lock().get(key).cloned();
-        // `endpoints` mode with slices of ours left (a switch from a mode that writes
-        // them, so transitional): they go only once kube-controller-manager's mirrored
-        // slices route the same, as kube-proxy reads only slices and kcm makes them
-        // asynchronously. Our slice watch does not see kcm's, so they are read here.
-        if self.mode == EndpointsMode::Endpoints
-            && !g.pending
-            && !g.slices.is_empty()
-            && let Some(name) = &desired_name
-        {
-            g.mirrored = self.mirrored_routes(&key.namespace, name).await;
-            g.mirroring_waits = self
-                .mirroring_waits
-                .lock()
-                .get(key)
-                .copied()
-                .unwrap_or_default();
-        }
-        g
-    }
-
-    /// What kube-controller-manager's mirrored slices of the mirror `namespace/name`
-    /// route, by one label-selected LIST served from the apiserver's watch cache
-    /// (resourceVersion 0: at most as fresh as a watch would be); `None` when it fails
-    /// (the slices of ours then stay, and the key comes back). Read only: kcm's slices
-    /// are never written.
-    pub(super) async fn mirrored_routes(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Option<BTreeSet<Route>> {
-        let api: Api<EndpointSlice> = Api::namespaced(self.local.clone(), namespace);
-        let lp = ListParams::default()
-            .labels(&mirrored_slice_selector(name))
-            .match_any();
-        match api.list(&lp).await {
-            Ok(list) => Some(slice_routes(
-                list.items
-                    .iter()
-                    .filter(|s| is_mirrored_slice(&s.metadata, name)),
-            )),
-            Err(err) => {
-                let cluster = &self.link.cluster_name;
-                tracing::debug!(%cluster, namespace, name, error = %err, "listing kube-controller-manager's mirrored slices failed");
-                None
-            }
-        }
+        (g, notes)
     }
 }
+
+#[cfg(test)]
+#[path = "gather_tests.rs"]
+mod tests;

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Reconciler {
+impl View {
     /// Whether the exported remote `svc` gets a headless mirror: `Some(false)` with
     /// `--enable-headless-services` off or a Service with a ClusterIP; `None` while the
     /// remote slices are not listed. With no address at all the mirror keeps its shape
@@ -43,34 +43,6 @@ impl Reconciler {
             // would otherwise flip once its pods come).
             Shape::Keep => mirror().is_none_or(|m| is_headless(&m)),
         })
-    }
-
-    /// A headless remote `svc` planned as a ClusterIP mirror because the remote refuses
-    /// the slice watch: said once per link (log, metric, Event on the link Secret).
-    pub(super) async fn report_slices_unavailable(&self, key: &ServiceKey, svc: &Service) {
-        let first = is_headless(svc)
-            && self
-                .hostnames
-                .as_ref()
-                .is_some_and(|h| h.lock().take_unavailable_report());
-        if !first {
-            return;
-        }
-        let cluster = &self.link.cluster_name;
-        let note = format!(
-            "the credentials of cluster {cluster} may not list and watch endpointslices (or the remote does not serve discovery.k8s.io/v1): headless services such as {key} get ClusterIP mirrors through the gateway, without per-pod DNS; existing headless mirrors are kept as they are. Grant it with `service-mirror allow`"
-        );
-        // Counted as an error of the link's mirroring, not as a refusal of its object.
-        let metrics = self.metrics.clone();
-        let reporter = self.reporter.counting(Arc::new(move |_| {
-            metrics.error("headless_slices_unavailable")
-        }));
-        reporter.say(Say {
-            reason: "HeadlessSlicesUnavailable",
-            action: "Mirror",
-            note,
-            key: Some(key.to_string()),
-        });
     }
 
     /// The headless mirror of `svc`, its endpoint mirrors, and the refused hostnames.
@@ -134,13 +106,43 @@ impl Reconciler {
         let m = headless_mirror(svc, &self.link, gw, resolved, &pods.pods, &cluster_ips);
         (m.parent, m.members, pods.refused)
     }
+}
+
+impl Reconciler {
+    /// A headless remote `svc` planned as a ClusterIP mirror because the remote refuses
+    /// the slice watch: said once per link (log, metric, Event on the link Secret).
+    pub(super) async fn report_slices_unavailable(&self, key: &ServiceKey) {
+        let first = self
+            .view
+            .hostnames
+            .as_ref()
+            .is_some_and(|h| h.lock().take_unavailable_report());
+        if !first {
+            return;
+        }
+        let cluster = &self.view.link.cluster_name;
+        let note = format!(
+            "the credentials of cluster {cluster} may not list and watch endpointslices (or the remote does not serve discovery.k8s.io/v1): headless services such as {key} get ClusterIP mirrors through the gateway, without per-pod DNS; existing headless mirrors are kept as they are. Grant it with `service-mirror allow`"
+        );
+        // Counted as an error of the link's mirroring, not as a refusal of its object.
+        let metrics = self.fx.metrics.clone();
+        let reporter = self.fx.reporter.counting(Arc::new(move |_| {
+            metrics.error("headless_slices_unavailable")
+        }));
+        reporter.say(Say {
+            reason: "HeadlessSlicesUnavailable",
+            action: "Mirror",
+            note,
+            key: Some(key.to_string()),
+        });
+    }
 
     /// Says what a headless key's plan does beyond writes: hostnames refused (log,
     /// metric and Event on the headless mirror, when the refused set changes) and a mirror
     /// recreated because it flips between headless and ClusterIP (Event on it).
     pub(super) async fn report_headless(&self, key: &ServiceKey, g: &Gathered) {
-        let cluster = &self.link.cluster_name;
-        if self.hostnames.is_none() || g.pending {
+        let cluster = &self.view.link.cluster_name;
+        if self.view.hostnames.is_none() || g.pending {
             return;
         }
         // Said on the headless mirror once it exists (its namespace may not before it is
@@ -151,7 +153,7 @@ impl Reconciler {
                 .is_some_and(|d| d.service.metadata.name == s.metadata.name)
         });
         let changed = {
-            let mut refused = self.refused_hostnames.lock();
+            let mut refused = self.memory.refused_hostnames.lock();
             if g.refused_hostnames.is_empty() {
                 refused.remove(key);
                 false
@@ -178,8 +180,9 @@ impl Reconciler {
                 shown.join(", ")
             );
             tracing::warn!(%cluster, %key, refused = g.refused_hostnames.len(), "{note}");
-            self.metrics.error("headless_hostname_invalid");
-            self.writer
+            self.fx.metrics.error("headless_hostname_invalid");
+            self.fx
+                .writer
                 .record(
                     &parent.object_ref(&()),
                     "HeadlessHostnameInvalid",
@@ -201,8 +204,9 @@ impl Reconciler {
                 "the mirror of {key} of cluster {cluster} changes from {from} to {to}; clusterIP is immutable, so it is deleted and created again (a short gap in its traffic and DNS)"
             );
             tracing::warn!(%cluster, %key, from, to, "{note}");
-            self.metrics.error("mirror_recreated");
-            self.writer
+            self.fx.metrics.error("mirror_recreated");
+            self.fx
+                .writer
                 .record(&old.object_ref(&()), "MirrorRecreated", "Mirror", note)
                 .await;
         }

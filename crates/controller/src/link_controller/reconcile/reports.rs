@@ -4,10 +4,23 @@
 use super::*;
 
 impl Reconciler {
+    /// Records what gather found to say: the gateway's notes on the link, and a
+    /// headless Service mirrored as ClusterIP because the remote refuses its slices.
+    pub(super) async fn say_gathered(&self, key: &ServiceKey, notes: Notes) {
+        if let Some(link) = &self.fx.link_secret {
+            for (reason, note) in notes.gateway {
+                self.fx.writer.record(link, reason, "Mirror", note).await;
+            }
+        }
+        if notes.headless_as_cluster_ip {
+            self.report_slices_unavailable(key).await;
+        }
+    }
+
     /// Another writer keeps undoing this mirror: said once per episode (log, metric,
     /// Event on the mirror Service); the key is held meanwhile (contention.rs).
     pub(super) async fn report_contention(&self, key: &ServiceKey, g: &Gathered) {
-        let cluster = &self.link.cluster_name;
+        let cluster = &self.view.link.cluster_name;
         let note = format!(
             "another writer changed this mirror of cluster {cluster} back {CORRECTIONS} times within {} s; this controller now rewrites it at most once per {} s and up to {} min: look for a second service mirror (Linkerd's own?) linked to the same cluster",
             WINDOW.as_secs(),
@@ -19,8 +32,9 @@ impl Reconciler {
                 .as_ref()
                 .is_some_and(|d| d.service.metadata.name == s.metadata.name)
         });
-        let metrics = self.metrics.clone();
+        let metrics = self.fx.metrics.clone();
         let reporter = self
+            .fx
             .reporter
             .counting(Arc::new(move |_| metrics.error("mirror_contention")));
         use kube::Resource;
@@ -41,13 +55,14 @@ impl Reconciler {
         key: &ServiceKey,
         namespace: &str,
     ) {
-        let cluster = &self.link.cluster_name;
+        let cluster = &self.view.link.cluster_name;
         tracing::info!(%cluster, %key, namespace, "skipped mirroring: the namespace does not exist locally");
-        if let Some(link) = &self.link_secret {
+        if let Some(link) = &self.fx.link_secret {
             let note = format!(
                 "skipped mirroring service {key} of cluster {cluster}: namespace {namespace} does not exist (create it, or run with --enable-namespace-creation)"
             );
-            self.writer
+            self.fx
+                .writer
                 .record(link, "MissingNamespace", "Mirror", note)
                 .await;
         }
@@ -58,9 +73,9 @@ impl Reconciler {
     /// Secret. The key is looked at again when a slot frees. `partly`: a headless key
     /// whose existing mirrors are kept and written, only its new endpoint mirrors refused.
     pub(super) async fn refuse_over_limit(&self, key: &ServiceKey, first: bool, partly: bool) {
-        let cluster = &self.link.cluster_name;
-        let max = self.limit.max().unwrap_or_default();
-        self.metrics.error("mirror_limit");
+        let cluster = &self.view.link.cluster_name;
+        let max = self.fx.limit.max().unwrap_or_default();
+        self.fx.metrics.error("mirror_limit");
         tracing::debug!(%cluster, %key, max, "mirror limit reached; not mirrored until a mirror goes");
         if !first {
             return;
@@ -74,8 +89,9 @@ impl Reconciler {
             ),
         };
         tracing::warn!(%cluster, %key, max, "{note}");
-        if let Some(secret) = &self.link_secret {
-            self.writer
+        if let Some(secret) = &self.fx.link_secret {
+            self.fx
+                .writer
                 .record(secret, "MirrorLimitReached", "Mirror", note)
                 .await;
         }
@@ -92,7 +108,7 @@ impl Reconciler {
         steps: &Steps,
     ) -> Vec<(ObjectReference, String)> {
         let mut events = Vec::new();
-        if self.mode != EndpointsMode::Endpoints {
+        if self.view.mode != EndpointsMode::Endpoints {
             return events;
         }
         let actions: Vec<&Action> = match steps {
@@ -106,14 +122,14 @@ impl Reconciler {
             let Some(addresses) = mirroring_overflow(e) else {
                 continue;
             };
-            let cluster = &self.link.cluster_name;
+            let cluster = &self.view.link.cluster_name;
             let max = MIRRORING_MAX_ENDPOINTS_PER_SUBSET;
             let note = format!(
                 "the Endpoints of this mirror hold {addresses} gateway addresses; kube-controller-manager mirrors at most {max} per subset into EndpointSlices (--mirroring-max-endpoints-per-subset), so {} never reach kube-proxy; run service-mirror with --endpoints-mode=both to write the EndpointSlices directly",
                 addresses - max
             );
             tracing::warn!(%cluster, %key, addresses, max, "mirror Endpoints over EndpointSliceMirroring's capacity");
-            self.metrics.endpoints_over_capacity();
+            self.fx.metrics.endpoints_over_capacity();
             let service = ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Service".into()),
@@ -129,7 +145,8 @@ impl Reconciler {
     /// Records `events` (from [`Self::over_capacity`]) as `EndpointsOverCapacity`.
     pub(super) async fn record_all(&self, events: Vec<(ObjectReference, String)>) {
         for (regarding, note) in events {
-            self.writer
+            self.fx
+                .writer
                 .record(&regarding, "EndpointsOverCapacity", "Mirror", note)
                 .await;
         }
