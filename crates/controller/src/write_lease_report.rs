@@ -5,9 +5,7 @@
 //! condition `WriteLeaseHeld` (False while blocked, True once taken over).
 
 use crate::events::EventRecorder;
-use crate::links::LinkResource;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::Api;
 use kube::runtime::events::EventType;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -60,6 +58,8 @@ pub(crate) struct Reporter<'a> {
     pub(crate) client: &'a kube::Client,
     pub(crate) blocked: &'a Family<BlockedLabels, Gauge>,
     pub(crate) takeovers: &'a Family<TakeoverLabels, Counter>,
+    /// Where the condition writes are counted.
+    pub(crate) metrics: &'a std::sync::Arc<crate::metrics::Metrics>,
 }
 
 const HELD_BY_FOREIGN: &str = "held_by_foreign";
@@ -145,9 +145,13 @@ impl Reporter<'_> {
         let (Some(ns), Some(name)) = (&src.namespace, &src.name) else {
             return;
         };
-        let api: Api<LinkResource> = Api::namespaced(self.client.clone(), ns);
-        let written =
-            crate::links::write_condition(&api, name, CONDITION_TYPE, None, |old, generation| {
+        let writer = crate::writer::link_status::LinkStatusWriter::new(
+            self.client.clone(),
+            ns,
+            self.metrics.clone(),
+        );
+        let written = writer
+            .condition(name, CONDITION_TYPE, None, |old, generation| {
                 match old {
                     Some(c) if c.status == status && c.reason == reason => return None,
                     // Never blocked: no condition to clear (a Link that never met a foreign
@@ -155,7 +159,7 @@ impl Reporter<'_> {
                     None if status == "True" => return None,
                     _ => {}
                 }
-                Some(crate::links::condition(
+                Some(crate::writer::link_status::condition(
                     old,
                     CONDITION_TYPE,
                     status,

@@ -351,6 +351,7 @@ impl WriteLeases {
             client: &self.client,
             blocked: &self.metrics.write_leases.blocked,
             takeovers: &self.metrics.write_leases.takeovers,
+            metrics: &self.metrics,
         }
     }
 

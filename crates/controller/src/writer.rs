@@ -1,5 +1,8 @@
 //! The only code that writes to the local cluster: creates, compare-then-updates and
-//! deletes mirror objects under a field manager, with ownership checks at the API.
+//! deletes mirror objects under a field manager, with ownership checks at the API;
+//! its child `link_status` writes the status of our Links.
+
+pub(crate) mod link_status;
 
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;

@@ -10,9 +10,9 @@
 //! [`MAX_STATUS_BYTES`] of entries, failures first (the count left out is a metric).
 
 use super::workers::Gate;
-use crate::links::{LinkCondition, LinkObjectRef, LinkResource, LinkServiceStatus};
+use crate::links::{LinkCondition, LinkObjectRef, LinkServiceStatus};
+use crate::writer::link_status::LinkStatusWriter;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use std::collections::BTreeMap;
@@ -201,7 +201,7 @@ pub(crate) fn interval_after(bytes: usize) -> Duration {
 /// `gate` is open (leader, not paused), until `cancel` fires.
 pub(super) async fn write_status(
     book: Arc<StatusBook>,
-    api: Api<LinkResource>,
+    api: LinkStatusWriter,
     name: String,
     gate: Gate,
     metrics: super::metrics::LinkMetrics,
@@ -251,13 +251,11 @@ pub(super) async fn write_status(
 /// other controllers' (read first: a merge patch replaces a list whole). Returns the
 /// bytes sent, `None` when `gate` closed before the write.
 async fn patch(
-    api: &Api<LinkResource>,
+    api: &LinkStatusWriter,
     name: &str,
     ours: &Rendered,
     gate: &Gate,
 ) -> kube::Result<Option<usize>> {
-    // The object, not its `status` subresource: the same body, under `get links`
-    // (a `get` on `links/status` is a permission of its own that the Role does not grant).
     let current = api.get(name).await?;
     let version = current.metadata.resource_version.clone();
     let status = current.status.unwrap_or_default();
@@ -275,22 +273,16 @@ async fn patch(
     federated.extend(ours.1.iter().cloned());
     // With the version read: a write of another controller in between fails this one
     // (409), and the loop writes again on top of it rather than dropping its entries.
-    let body = serde_json::json!({
-        "metadata": { "resourceVersion": version },
-        "status": { "mirrorServices": services, "federatedServices": federated },
-    });
-    let bytes = serde_json::to_vec(&body).map_or(0, |b| b.len());
-    let params = PatchParams::apply(crate::writer::FIELD_MANAGER);
-    let params = PatchParams {
-        force: false,
-        ..params
-    };
+    let status = serde_json::json!({ "mirrorServices": services, "federatedServices": federated });
+    // What goes on the wire: the status and the version.
+    let bytes = serde_json::to_vec(&status).map_or(0, |b| b.len())
+        + version.as_ref().map_or(0, |v| v.len())
+        + r#"{"metadata":{"resourceVersion":""},"status":}"#.len();
     // Checked at the last moment: the read may have waited out a pause (SIGSTOP).
     if !gate.open_now() {
         return Ok(None);
     }
-    api.patch_status(name, &params, &Patch::Merge(&body))
-        .await?;
+    api.patch(name, version, status).await?;
     Ok(Some(bytes))
 }
 

@@ -176,9 +176,13 @@ impl LinkController {
                 metrics: rec.fx.metrics.clone(),
                 writer: rec.fx.writer.clone(),
                 link_object: deps.link_secret.clone(),
-                link_status: status_of
-                    .as_ref()
-                    .map(|(ns, _)| kube::Api::namespaced(local.clone(), ns)),
+                link_status: status_of.as_ref().map(|(ns, _)| {
+                    crate::writer::link_status::LinkStatusWriter::new(
+                        local.clone(),
+                        ns,
+                        deps.metrics.clone(),
+                    )
+                }),
                 link_name: status_of.as_ref().map(|(_, name)| name.clone()),
                 leader: deps.leader.clone(),
                 writable: gate.writable.subscribe(),
@@ -208,7 +212,11 @@ impl LinkController {
         if let (Some(book), Some((ns, name))) = (status, status_of) {
             tasks.push(tokio::spawn(link_status::write_status(
                 book,
-                kube::Api::namespaced(local.clone(), &ns),
+                crate::writer::link_status::LinkStatusWriter::new(
+                    local.clone(),
+                    &ns,
+                    deps.metrics.clone(),
+                ),
                 name,
                 gate.clone(),
                 rec.fx.metrics.clone(),

@@ -23,9 +23,8 @@
 use super::WorkQueue;
 use super::index::Index;
 use super::metrics::LinkMetrics;
-use crate::links::LinkResource;
-use crate::links::condition;
 use crate::writer::LocalWriter;
+use crate::writer::link_status::{LinkStatusWriter, condition};
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use kube::api::{Api, ListParams};
 use parking_lot::Mutex;
@@ -279,7 +278,7 @@ pub(super) struct Reporter {
     /// The link object (Secret or Link) Events are recorded on.
     pub(super) link_object: Option<ObjectReference>,
     /// The `Link` whose condition is written (Link links only).
-    pub(super) link_status: Option<Api<LinkResource>>,
+    pub(super) link_status: Option<LinkStatusWriter>,
     pub(super) link_name: Option<String>,
     /// Only the leader writes Events and conditions.
     pub(super) leader: Option<crate::leader::Leadership>,
@@ -617,11 +616,11 @@ impl Reporter {
 
     /// Writes `RemoteReachable` as given (see [`Reporter::set_condition`]).
     async fn write_condition(&self, status: &str, reason: &str, note: &str) {
-        let (Some(api), Some(name)) = (&self.link_status, &self.link_name) else {
+        let (Some(writer), Some(name)) = (&self.link_status, &self.link_name) else {
             return;
         };
-        let written =
-            crate::links::write_condition(api, name, CONDITION_TYPE, None, |old, generation| {
+        let written = writer
+            .condition(name, CONDITION_TYPE, None, |old, generation| {
                 // Unchanged (a restarted link controller): not written again.
                 if old.is_some_and(|c| c.status == status && c.reason == reason) {
                     return None;

@@ -20,7 +20,6 @@ pub use link::{
     MAX_LINK_PROBE_DURATION, MAX_LINK_PROBE_FAILURE_THRESHOLD, MIN_LINK_PROBE_DURATION, parse_link,
 };
 pub use manager::{LinkManager, LinkManagerOptions, LinkSources, link_config};
-pub(crate) use resource::{condition, write_condition};
 // `LinkResource`: the name `Link` is the core's link (name, domain, style).
 pub use resource::{
     LINK_CRD_NAME, LINK_CRD_YAML, LINK_GROUP, LINK_KIND, LINK_PLURAL, LINK_VERSION,

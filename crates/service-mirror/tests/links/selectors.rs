@@ -509,6 +509,21 @@ async fn a_missing_local_namespace_skips_the_service_with_status_and_an_event() 
     wait_service(&w, "web", |_| true).await;
     let e = w.status_entry(&cluster, "api", "MissingNamespace").await;
     assert_eq!(e["conditions"][0]["status"], "False");
+    // The status patch (and the Ready condition's) went through the writer: counted
+    // like every local write.
+    let metrics = w.ctl.metrics().await;
+    let patches = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "service_mirror_local_writes_total{verb=\"patch\",resource=\"links/status\"} ",
+            )
+        })
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(
+        patches.is_some_and(|n| n >= 1.0),
+        "Link status patches counted: {patches:?}"
+    );
     wait_event(&w.env.lc, &w.ctl_ns, &cluster, "MissingNamespace").await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(w.env.lc.clone());
     assert!(

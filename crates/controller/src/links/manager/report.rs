@@ -35,25 +35,31 @@ impl Inner {
         reason: &str,
         message: &str,
     ) {
-        use crate::links::resource::{MESSAGE_MAX_CHARS, condition, write_condition};
+        use crate::writer::link_status::{LinkStatusWriter, MESSAGE_MAX_CHARS, condition};
         // Only the leader writes (a follower's view of a remote may differ).
         if !self.opts.deps.leader.as_ref().is_none_or(|l| l.leading()) {
             return;
         }
         let status = if ready { "True" } else { "False" };
         let message: String = message.chars().take(MESSAGE_MAX_CHARS).collect();
-        let api: Api<LinkResource> = Api::namespaced(self.local.clone(), &self.opts.namespace);
+        let writer = LinkStatusWriter::new(
+            self.local.clone(),
+            &self.opts.namespace,
+            self.opts.deps.metrics.clone(),
+        );
         let name = link.name_any();
-        let written = write_condition(&api, &name, "Ready", Some(link), |old, generation| {
-            if old.is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
-            {
-                return None;
-            }
-            Some(condition(
-                old, "Ready", status, reason, &message, generation,
-            ))
-        })
-        .await;
+        let written = writer
+            .condition(&name, "Ready", Some(link), |old, generation| {
+                if old.is_some_and(|c| {
+                    c.status == status && c.reason == reason && c.message == message
+                }) {
+                    return None;
+                }
+                Some(condition(
+                    old, "Ready", status, reason, &message, generation,
+                ))
+            })
+            .await;
         if let Err(e) = written {
             tracing::warn!(link = %name, error = %e, "could not write the Link's Ready condition");
         }
