@@ -17,6 +17,8 @@ pub enum Error {
         namespace: String,
         /// Its name.
         name: String,
+        /// Its uid, as read (an Event on it names it).
+        uid: Option<String>,
         /// The cluster whose mirror wanted that name.
         cluster: String,
     },

@@ -6,6 +6,7 @@ pub(crate) mod link_status;
 
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
+use crate::mcs::resource::ServiceImport;
 use crate::metrics::{ClusterLabels, Metrics};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
@@ -19,7 +20,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use service_mirror_core::{Action, desired_namespace, is_our_slice, is_owned};
+use service_mirror_core::{
+    Action, Object, ObjectKind, ObjectRef, desired_namespace, is_our_slice, is_owned,
+};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -119,8 +122,8 @@ enum Owner {
     /// The federation's: by the federated mark of this controller namespace
     /// (`is_owned_federated`).
     Federated(String),
-    /// The MCS component's import slices: by the import mark of this controller
-    /// namespace (`is_owned_import_slice`).
+    /// The MCS component's ServiceImports, derived Services and import slices: by the
+    /// marks of this controller namespace (see [`mcs_owned`]).
     McsImport(String),
 }
 
@@ -132,15 +135,19 @@ impl std::fmt::Debug for LocalWriter {
     }
 }
 
-/// The kinds of mirror objects (Service, Endpoints, EndpointSlice): namespaced, with a
-/// static type, read and written as JSON, and a rule for which objects are ours.
+/// The kinds of objects written (Service, Endpoints, EndpointSlice, ServiceImport):
+/// namespaced, with a static type, read and written as JSON, and a rule for which
+/// objects of a link are ours.
 trait MirrorKind:
     Resource<Scope = NamespaceResourceScope, DynamicType = ()>
     + Clone
     + DeserializeOwned
     + Serialize
     + Debug
+    + Into<Object>
 {
+    /// Its kind in the vocabulary of [`Action`].
+    const OBJECT_KIND: ObjectKind;
     /// Whether an object of this kind is ours for `cluster` (may be changed or deleted).
     fn ours(meta: &kube::api::ObjectMeta, cluster: &str) -> bool {
         is_owned(meta, cluster)
@@ -151,9 +158,18 @@ trait MirrorKind:
     }
 }
 
-impl MirrorKind for Service {}
-impl MirrorKind for Endpoints {}
+impl MirrorKind for Service {
+    const OBJECT_KIND: ObjectKind = ObjectKind::Service;
+}
+impl MirrorKind for Endpoints {
+    const OBJECT_KIND: ObjectKind = ObjectKind::Endpoints;
+}
+// Written only by the MCS component (`Owner::McsImport`): a link never plans one.
+impl MirrorKind for ServiceImport {
+    const OBJECT_KIND: ObjectKind = ObjectKind::ServiceImport;
+}
 impl MirrorKind for EndpointSlice {
+    const OBJECT_KIND: ObjectKind = ObjectKind::EndpointSlice;
     // kube-controller-manager's mirrored slices copy our labels: our managed-by tells.
     fn ours(meta: &kube::api::ObjectMeta, cluster: &str) -> bool {
         is_our_slice(meta, cluster)
@@ -161,6 +177,40 @@ impl MirrorKind for EndpointSlice {
     fn selector(cluster: &str) -> String {
         service_mirror_core::labels::slice_owner_selector(cluster)
     }
+}
+
+/// Whether `meta`, stored where the MCS component writes `wanted` (of `kind`), is the
+/// component's of `controller_namespace`: a ServiceImport by its import mark
+/// (`is_owned_import`), a derived Service by its derived mark and the name of the
+/// import it serves, which the one written names in its service-name label
+/// (`is_owned_derived`), a slice by its import mark (`is_owned_import_slice`). It
+/// writes no Endpoints.
+fn mcs_owned(
+    kind: ObjectKind,
+    meta: &kube::api::ObjectMeta,
+    wanted: &kube::api::ObjectMeta,
+    controller_namespace: &str,
+) -> bool {
+    use service_mirror_core::{mcs, mcs_derived, mcs_import, mcs_slices};
+    match kind {
+        ObjectKind::ServiceImport => mcs_import::is_owned_import(meta, controller_namespace),
+        ObjectKind::Service => wanted
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(mcs::SERVICE_NAME_LABEL))
+            .is_some_and(|import| {
+                mcs_derived::is_owned_derived(meta, import, controller_namespace)
+            }),
+        ObjectKind::EndpointSlice => mcs_slices::is_owned_import_slice(meta, controller_namespace),
+        ObjectKind::Endpoints => false,
+    }
+}
+
+/// The stored object of a create or replace, as an [`Object`].
+fn stored<K: MirrorKind>(
+    written: Result<(Applied, Option<K>)>,
+) -> Result<(Applied, Option<Object>)> {
+    written.map(|(applied, obj)| (applied, obj.map(Into::into)))
 }
 
 fn api_code(e: &kube::Error) -> Option<u16> {
@@ -236,16 +286,13 @@ impl LocalWriter {
         }
     }
 
-    /// Whether `meta` is ours (may be changed or deleted) for this writer.
-    fn ours<K: MirrorKind>(&self, meta: &kube::api::ObjectMeta) -> bool {
+    /// Whether `meta`, stored where `wanted` is to be written, is ours (may be changed
+    /// or deleted) for this writer.
+    fn ours<K: MirrorKind>(&self, meta: &kube::api::ObjectMeta, wanted: &K) -> bool {
         match &self.owner {
             Owner::Link => K::ours(meta, &self.cluster),
             Owner::Federated(ns) => service_mirror_core::is_owned_federated(meta, ns),
-            // Only slices: a Service or Endpoints is never one of these.
-            Owner::McsImport(ns) => {
-                K::kind(&()) == "EndpointSlice"
-                    && service_mirror_core::mcs_slices::is_owned_import_slice(meta, ns)
-            }
+            Owner::McsImport(ns) => mcs_owned(K::OBJECT_KIND, meta, wanted.meta(), ns),
         }
     }
 
@@ -279,70 +326,46 @@ impl LocalWriter {
     /// the cache the plan was made from: the rest of the plan is skipped, and the watch
     /// event bringing that version queues the key again.
     pub async fn execute(&self, action: &Action) -> Result<Applied> {
-        if !self.leading() {
-            return Ok(Applied::Stale);
-        }
-        match action {
-            Action::CreateService(s) => self.create(s).await,
-            Action::UpdateService(s) => self.update(s).await,
-            Action::CreateEndpoints(e) => self.create(e).await,
-            Action::UpdateEndpoints(e) => self.update(e).await,
-            Action::DeleteService {
-                namespace,
-                name,
-                uid,
-                resource_version,
-            } => {
-                self.delete::<Service>(namespace, name, uid, resource_version)
-                    .await
-            }
-            Action::DeleteEndpoints {
-                namespace,
-                name,
-                uid,
-                resource_version,
-            } => {
-                self.delete::<Endpoints>(namespace, name, uid, resource_version)
-                    .await
-            }
-            Action::CreateEndpointSlice(e) => self.create(e).await,
-            Action::UpdateEndpointSlice(e) => self.update(e).await,
-            Action::DeleteEndpointSlice {
-                namespace,
-                name,
-                uid,
-                resource_version,
-            } => {
-                self.delete::<EndpointSlice>(namespace, name, uid, resource_version)
-                    .await
-            }
-        }
+        Ok(self.write(action).await?.0)
     }
 
-    /// Creates a mirror Service, as [`LocalWriter::execute`] does, and gives the uid the
-    /// apiserver assigned when it was created now: its slices name it as their owner.
-    pub async fn create_service(&self, svc: &Service) -> Result<(Applied, Option<String>)> {
+    /// As [`LocalWriter::execute`], with the object as the apiserver stored it when it
+    /// was created or replaced now (its uid, resourceVersion and allocated fields: a new
+    /// mirror's slices name its Service's uid, an import's status is written at the
+    /// version its replace gave, a derived Service's ClusterIPs are the import's ips).
+    pub async fn write(&self, action: &Action) -> Result<(Applied, Option<Object>)> {
         if !self.leading() {
             return Ok((Applied::Stale, None));
         }
-        self.create_returning_uid(svc).await
+        match action {
+            Action::Create(Object::Service(o)) => stored(self.create(o).await),
+            Action::Create(Object::Endpoints(o)) => stored(self.create(o).await),
+            Action::Create(Object::EndpointSlice(o)) => stored(self.create(o).await),
+            Action::Create(Object::ServiceImport(o)) => stored(self.create(o).await),
+            Action::Update(Object::Service(o)) => stored(self.update(o).await),
+            Action::Update(Object::Endpoints(o)) => stored(self.update(o).await),
+            Action::Update(Object::EndpointSlice(o)) => stored(self.update(o).await),
+            Action::Update(Object::ServiceImport(o)) => stored(self.update(o).await),
+            Action::Delete(r) => {
+                let applied = match r.kind {
+                    ObjectKind::Service => self.delete::<Service>(r).await,
+                    ObjectKind::Endpoints => self.delete::<Endpoints>(r).await,
+                    ObjectKind::EndpointSlice => self.delete::<EndpointSlice>(r).await,
+                    ObjectKind::ServiceImport => self.delete::<ServiceImport>(r).await,
+                };
+                Ok((applied?, None))
+            }
+        }
     }
 
-    async fn create<K: MirrorKind>(&self, obj: &K) -> Result<Applied> {
-        Ok(self.create_returning_uid(obj).await?.0)
-    }
-
-    async fn create_returning_uid<K: MirrorKind>(
-        &self,
-        obj: &K,
-    ) -> Result<(Applied, Option<String>)> {
+    async fn create<K: MirrorKind>(&self, obj: &K) -> Result<(Applied, Option<K>)> {
         let ns = obj.namespace().unwrap_or_default();
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
         loop {
             self.metrics.writer.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
-                Ok(created) => return Ok((Applied::Done, created.meta().uid.clone())),
+                Ok(created) => return Ok((Applied::Done, Some(created))),
                 Err(e) if api_code(&e) == Some(404) && !self.create_namespaces => {
                     return Err(Error::MissingNamespace(ns));
                 }
@@ -365,11 +388,12 @@ impl LocalWriter {
         let ns = obj.namespace().unwrap_or_default();
         let existing = api.get_opt(&name).await?;
         match existing {
-            Some(o) if !self.ours::<K>(o.meta()) => {
+            Some(o) if !self.ours(o.meta(), obj) => {
                 let err = Error::OwnershipConflict {
                     kind: K::kind(&()).into_owned(),
                     namespace: ns,
                     name,
+                    uid: o.meta().uid.clone(),
                     cluster: self.cluster.clone(),
                 };
                 // The federation and the MCS component report their conflicts
@@ -431,7 +455,7 @@ impl LocalWriter {
             .await;
     }
 
-    async fn update<K: MirrorKind>(&self, obj: &K) -> Result<Applied> {
+    async fn update<K: MirrorKind>(&self, obj: &K) -> Result<(Applied, Option<K>)> {
         // `obj` carries the resourceVersion read from the cache: the update fails with
         // 409 if anyone changed (or relabelled) the object since. That newer version is
         // on its way to the cache, and its watch event queues this key again.
@@ -442,35 +466,26 @@ impl LocalWriter {
             .replace(&obj.name_any(), &Self::post_params(), obj)
             .await
         {
-            Ok(_) => Ok(Applied::Done),
+            Ok(replaced) => Ok((Applied::Done, Some(replaced))),
             Err(e) if api_code(&e) == Some(409) => {
                 tracing::debug!(cluster = %self.cluster, kind = %K::kind(&()), name = %obj.name_any(), "update raced a newer version: cache behind");
-                Ok(Applied::Stale)
+                Ok((Applied::Stale, None))
             }
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn delete<K>(
-        &self,
-        ns: &str,
-        name: &str,
-        uid: &Option<String>,
-        resource_version: &Option<String>,
-    ) -> Result<Applied>
-    where
-        K: MirrorKind,
-    {
-        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+    async fn delete<K: MirrorKind>(&self, target: &ObjectRef) -> Result<Applied> {
+        let api: Api<K> = Api::namespaced(self.client.clone(), &target.namespace);
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: uid.clone(),
-                resource_version: resource_version.clone(),
+                uid: target.uid.clone(),
+                resource_version: target.resource_version.clone(),
             }),
             ..Default::default()
         };
         self.metrics.writer.write("delete", K::plural(&()).as_ref());
-        match api.delete(name, &dp).await {
+        match api.delete(&target.name, &dp).await {
             Ok(_) => Ok(Applied::Done),
             Err(e) if api_code(&e) == Some(404) => Ok(Applied::Done),
             // The object changed since we read it (maybe it is no longer ours): its watch
@@ -549,12 +564,7 @@ impl LocalWriter {
             if !self.leading() {
                 return Err(Error::NotLeader);
             }
-            let (ns, name) = (
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default(),
-            );
-            self.delete::<K>(ns, name, &m.uid, &m.resource_version)
-                .await?;
+            self.delete::<K>(&ObjectRef::of(K::OBJECT_KIND, m)).await?;
         }
         Ok(mine.len())
     }

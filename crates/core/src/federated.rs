@@ -17,6 +17,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 
+use super::action::{Action, Object, ObjectKind, ObjectRef};
 use super::desired::{ResourceStyle, target_port_or_default};
 use super::diff::{MetadataOwnership, service_update_with};
 use super::gateway_slices::{GatewaySlices, delete_slice, gateway_slices, plan_slices};
@@ -29,7 +30,6 @@ use super::labels::{
 use super::metadata::{copied_annotations, copied_labels};
 use super::naming::{fq_name, mirror_name};
 use super::ownership::is_owned_federated;
-use super::plan::Action;
 
 /// The name of the federated Service of local name `svc`: `<svc>-federated`, through
 /// the mirror names' 63-character rule.
@@ -475,21 +475,22 @@ pub fn plan_federated(
         (DesiredService::Keep, None) | (DesiredService::Absent, None) => {}
         (DesiredService::Absent, Some(svc)) => {
             actions.extend(slices.iter().map(|s| delete_slice(s)));
-            actions.push(Action::DeleteService {
+            actions.push(Action::Delete(ObjectRef {
+                kind: ObjectKind::Service,
                 namespace: svc.metadata.namespace.clone().unwrap_or_default(),
                 name: svc.metadata.name.clone().unwrap_or_default(),
                 uid: svc.metadata.uid.clone(),
                 resource_version: svc.metadata.resource_version.clone(),
-            });
+            }));
         }
         (DesiredService::Present(want), None) => {
-            actions.push(Action::CreateService((**want).clone()));
+            actions.push(Action::Create(Object::Service((**want).clone())));
         }
         (want, Some(svc)) => {
             if let DesiredService::Present(want) = want
                 && let Some(updated) = service_update_with(svc, want, MetadataOwnership::All)
             {
-                actions.push(Action::UpdateService(updated));
+                actions.push(Action::Update(Object::Service(updated)));
             }
             let uid = svc.metadata.uid.clone().unwrap_or_default();
             let owner = OwnerReference {

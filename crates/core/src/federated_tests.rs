@@ -145,7 +145,7 @@ fn stored_slices(d: &DesiredFederation) -> Vec<EndpointSlice> {
         .actions
         .into_iter()
         .filter_map(|a| match a {
-            Action::CreateEndpointSlice(mut s) => {
+            Action::Create(Object::EndpointSlice(mut s)) => {
                 s.metadata.uid = Some(format!("s-{}", s.metadata.name.clone().unwrap()));
                 s.metadata.resource_version = Some("3".into());
                 Some(s)
@@ -499,12 +499,12 @@ fn create_then_slices_once_the_service_has_a_uid() {
     let first = plan_federated(&d, None, &[], NS);
     assert!(matches!(
         first.actions.as_slice(),
-        [Action::CreateService(_)]
+        [Action::Create(Object::Service(_))]
     ));
     let svc = stored(service_of(&d));
     let second = plan_federated(&d, Some(&svc), &[], NS);
     match second.actions.as_slice() {
-        [Action::CreateEndpointSlice(s)] => {
+        [Action::Create(Object::EndpointSlice(s))] => {
             let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
             assert_eq!(
                 (owner.kind.as_str(), owner.uid.as_str()),
@@ -545,7 +545,7 @@ fn membership_changes_update_the_annotation() {
     let svc = stored(service_of(&two.desired(None)));
     let one = World::new(vec![web(Some("north"), at(2), "n")]).desired(Some("web@east,web@north"));
     match plan_federated(&one, Some(&svc), &[], NS).actions.as_slice() {
-        [Action::UpdateService(u)] => {
+        [Action::Update(Object::Service(u))] => {
             assert_eq!(
                 annotation(u, REMOTE_DISCOVERY_ANNOTATION).as_deref(),
                 Some("web@north")
@@ -568,12 +568,17 @@ fn last_member_leaving_deletes_slices_then_service_with_preconditions() {
     let plan = plan_federated(&gone, Some(&svc), &slices, NS);
     match plan.actions.as_slice() {
         [
-            Action::DeleteEndpointSlice { uid: su, .. },
-            Action::DeleteService {
+            Action::Delete(ObjectRef {
+                kind: ObjectKind::EndpointSlice,
+                uid: su,
+                ..
+            }),
+            Action::Delete(ObjectRef {
+                kind: ObjectKind::Service,
                 uid,
                 resource_version,
                 ..
-            },
+            }),
         ] => {
             assert_eq!(su.as_deref(), Some("s-web-federated-east-ipv4-0"));
             assert_eq!(uid.as_deref(), Some("uid-1"));
@@ -631,7 +636,7 @@ fn gateway_moves_and_verdicts_update_slices_only() {
             .actions
             .as_slice()
         {
-            [Action::UpdateEndpointSlice(s)] => {
+            [Action::Update(Object::EndpointSlice(s))] => {
                 assert_eq!(s.endpoints[0].addresses, [ip], "{what}");
                 let c = s.endpoints[0].conditions.as_ref().unwrap();
                 assert_eq!(c.ready, Some(ready), "{what}");
@@ -708,7 +713,11 @@ fn slices_of_pending_or_unreported_clusters_are_untouched() {
         .actions
         .into_iter()
         .filter_map(|a| match a {
-            Action::DeleteEndpointSlice { name, .. } => Some(name),
+            Action::Delete(ObjectRef {
+                kind: ObjectKind::EndpointSlice,
+                name,
+                ..
+            }) => Some(name),
             _ => None,
         })
         .collect();
@@ -732,7 +741,7 @@ fn foreign_slices_are_ignored() {
     // Ours is created; theirs neither updated nor deleted.
     assert!(matches!(
         plan.actions.as_slice(),
-        [Action::CreateEndpointSlice(_)]
+        [Action::Create(Object::EndpointSlice(_))]
     ));
 }
 

@@ -10,9 +10,9 @@ use std::net::IpAddr;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use super::action::{Action, Object, ObjectKind, ObjectRef};
 use super::diff::MetadataOwnership;
 use super::federated::MemberGateway;
-use super::plan::Action;
 use super::slices::{MAX_ENDPOINTS_PER_SLICE, slice_name, slice_updatable, slice_update_with};
 
 /// What the slices of one cluster's gateway carry.
@@ -93,12 +93,13 @@ pub fn gateway_slices(input: &GatewaySlices<'_>) -> Vec<EndpointSlice> {
 
 /// The delete of exactly the stored slice `s` (uid and resourceVersion preconditions).
 pub fn delete_slice(s: &EndpointSlice) -> Action {
-    Action::DeleteEndpointSlice {
+    Action::Delete(ObjectRef {
+        kind: ObjectKind::EndpointSlice,
         namespace: s.metadata.namespace.clone().unwrap_or_default(),
         name: s.metadata.name.clone().unwrap_or_default(),
         uid: s.metadata.uid.clone(),
         resource_version: s.metadata.resource_version.clone(),
-    }
+    })
 }
 
 /// The writes that bring `stored` (slices of ours, all of one owner) to `desired`, each
@@ -123,14 +124,14 @@ pub fn plan_slices(
             .find(|s| s.metadata.name.as_deref() == Some(&name));
         wanted.insert(name);
         match current {
-            None => actions.push(Action::CreateEndpointSlice(d)),
+            None => actions.push(Action::Create(Object::EndpointSlice(d))),
             Some(cur) if !slice_updatable(cur, &d) => {
                 actions.push(delete_slice(cur));
-                actions.push(Action::CreateEndpointSlice(d));
+                actions.push(Action::Create(Object::EndpointSlice(d)));
             }
             Some(cur) => {
                 if let Some(u) = slice_update_with(cur, &d, MetadataOwnership::All) {
-                    actions.push(Action::UpdateEndpointSlice(u));
+                    actions.push(Action::Update(Object::EndpointSlice(u)));
                 }
             }
         }

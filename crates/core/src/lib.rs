@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod action;
 pub mod address_policy;
 pub mod desired;
 pub mod diff;
@@ -49,6 +50,7 @@ mod slice_invariants_tests;
 pub mod slices;
 pub mod write_lease;
 
+pub use action::{Action, Object, ObjectKind, ObjectRef};
 pub use address_policy::{AddressPolicy, Cidr, CidrError, LocalCidrs, Refused, RefusedBy};
 pub use desired::{
     DesiredMirror, Link, MirrorStyle, ResourceStyle, desired_mirror, desired_namespace,
@@ -74,7 +76,7 @@ pub use naming::{
     validate_cluster_name,
 };
 pub use ownership::{is_owned, is_owned_federated, remote_key};
-pub use plan::{Action, mirroring_took_over, plan};
+pub use plan::{mirroring_took_over, plan};
 pub use probe::{AddressVerdict, ProbeSpec, gateway_verdict, probe_spec};
 pub use remote_state::{
     RemoteState, StaleEffect, StalePolicy, StalePolicyError, relist_untrusted, stale_effect,

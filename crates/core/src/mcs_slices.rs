@@ -19,6 +19,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::ServiceKey;
+use crate::action::Action;
 use crate::federated::MemberGateway;
 use crate::gateway_slices::{GatewaySlices, gateway_slices, plan_slices};
 use crate::labels::{
@@ -30,7 +31,6 @@ use crate::mcs::{ImportPort, SERVICE_NAME_LABEL, SOURCE_CLUSTER_LABEL};
 use crate::mcs_derived::derived_service_name;
 use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
 use crate::naming::{fnv1a32, fq_name};
-use crate::plan::Action;
 use crate::slices::slice_name;
 
 /// A linked cluster's gateway, as its link reports it.

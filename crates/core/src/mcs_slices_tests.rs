@@ -1,4 +1,5 @@
 use super::*;
+use crate::action::Object;
 use crate::mcs_test_support::{CTL, key, port};
 use std::net::IpAddr;
 
@@ -191,7 +192,7 @@ fn a_new_import_uid_a_dead_gateway_or_a_moved_address_updates_in_place() {
     // The gateway's probe fails: not ready, not serving, same addresses.
     let dead = desired(false, &["east"], &east(&["192.0.2.7"], false));
     let actions = plan(&dead, &before, "u1");
-    let [Action::UpdateEndpointSlice(s)] = actions.as_slice() else {
+    let [Action::Update(Object::EndpointSlice(s))] = actions.as_slice() else {
         panic!("{actions:?}");
     };
     let c = s.endpoints[0].conditions.clone().unwrap();

@@ -2,13 +2,14 @@
 //! objects to the desired state. Pure: the writer executes the actions.
 
 use std::collections::BTreeSet;
-use std::fmt;
 
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+pub use super::action::Action;
+use super::action::{Object, ObjectKind, ObjectRef};
 use super::desired::DesiredMirror;
 use super::diff::{MetadataOwnership, endpoints_update_with, service_update_with};
 use super::headless::flipped;
@@ -18,102 +19,6 @@ use super::slices::{
     EndpointsMode, Route, desired_slices, is_our_slice, skips_mirroring, slice_routes,
     slice_updatable, slice_update_with, with_skip_mirror,
 };
-
-/// One write to the local cluster.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Action {
-    /// Create this mirror Service.
-    CreateService(Service),
-    /// Replace the stored mirror Service with this one (carries its resourceVersion).
-    UpdateService(Service),
-    /// Delete a mirror Service, with uid and resourceVersion preconditions so that a
-    /// recreated or changed object is not deleted by mistake.
-    DeleteService {
-        /// Namespace of the object.
-        namespace: String,
-        /// Name of the object.
-        name: String,
-        /// Precondition: the uid the object had when planned.
-        uid: Option<String>,
-        /// Precondition: the resourceVersion the object had when planned.
-        resource_version: Option<String>,
-    },
-    /// Create this mirror Endpoints.
-    CreateEndpoints(Endpoints),
-    /// Replace the stored mirror Endpoints with this one (carries its resourceVersion).
-    UpdateEndpoints(Endpoints),
-    /// Delete a mirror Endpoints, with the same preconditions as `DeleteService`.
-    DeleteEndpoints {
-        /// Namespace of the object.
-        namespace: String,
-        /// Name of the object.
-        name: String,
-        /// Precondition: the uid the object had when planned.
-        uid: Option<String>,
-        /// Precondition: the resourceVersion the object had when planned.
-        resource_version: Option<String>,
-    },
-    /// Create this EndpointSlice of a mirror.
-    CreateEndpointSlice(EndpointSlice),
-    /// Replace the stored EndpointSlice with this one (carries its resourceVersion).
-    UpdateEndpointSlice(EndpointSlice),
-    /// Delete an EndpointSlice of ours, with the same preconditions as `DeleteService`.
-    DeleteEndpointSlice {
-        /// Namespace of the object.
-        namespace: String,
-        /// Name of the object.
-        name: String,
-        /// Precondition: the uid the object had when planned.
-        uid: Option<String>,
-        /// Precondition: the resourceVersion the object had when planned.
-        resource_version: Option<String>,
-    },
-}
-
-fn ns_name(meta: &ObjectMeta) -> (&str, &str) {
-    (
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default(),
-    )
-}
-
-impl Action {
-    /// Whether this action creates an object.
-    pub fn is_create(&self) -> bool {
-        matches!(
-            self,
-            Action::CreateService(_) | Action::CreateEndpoints(_) | Action::CreateEndpointSlice(_)
-        )
-    }
-}
-
-impl fmt::Display for Action {
-    /// `<verb> <Kind> <namespace>/<name>`, for logs and events.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (verb, kind, (ns, name)) = match self {
-            Action::CreateService(s) => ("create", "Service", ns_name(&s.metadata)),
-            Action::UpdateService(s) => ("update", "Service", ns_name(&s.metadata)),
-            Action::DeleteService {
-                namespace, name, ..
-            } => ("delete", "Service", (namespace.as_str(), name.as_str())),
-            Action::CreateEndpoints(e) => ("create", "Endpoints", ns_name(&e.metadata)),
-            Action::UpdateEndpoints(e) => ("update", "Endpoints", ns_name(&e.metadata)),
-            Action::DeleteEndpoints {
-                namespace, name, ..
-            } => ("delete", "Endpoints", (namespace.as_str(), name.as_str())),
-            Action::CreateEndpointSlice(e) => ("create", "EndpointSlice", ns_name(&e.metadata)),
-            Action::UpdateEndpointSlice(e) => ("update", "EndpointSlice", ns_name(&e.metadata)),
-            Action::DeleteEndpointSlice {
-                namespace, name, ..
-            } => (
-                "delete",
-                "EndpointSlice",
-                (namespace.as_str(), name.as_str()),
-            ),
-        };
-        write!(f, "{verb} {kind} {ns}/{name}")
-    }
-}
 
 /// What to do with one kind of object.
 struct KindPlan<T> {
@@ -377,46 +282,42 @@ pub fn plan(
         eps.delete.clear();
     }
 
-    let deletes =
-        |list: Vec<Deletion>,
-         make: fn(String, String, Option<String>, Option<String>) -> Action| {
-            list.into_iter()
-                .map(move |(namespace, name, uid, rv)| make(namespace, name, uid, rv))
-        };
+    let deletes = |list: Vec<Deletion>, kind: ObjectKind| {
+        list.into_iter()
+            .map(move |(namespace, name, uid, resource_version)| {
+                Action::Delete(ObjectRef {
+                    kind,
+                    namespace,
+                    name,
+                    uid,
+                    resource_version,
+                })
+            })
+    };
+    let create = |o: Object| Action::Create(o);
+    let update = |o: Object| Action::Update(o);
     let mut actions = Vec::new();
-    actions.extend(svc.create.map(Action::CreateService));
-    actions.extend(svc.update.map(Action::UpdateService));
-    actions.extend(eps.create.map(Action::CreateEndpoints));
-    actions.extend(eps.update.map(Action::UpdateEndpoints));
-    actions.extend(slices.create.drain(..).map(Action::CreateEndpointSlice));
-    actions.extend(slices.update.drain(..).map(Action::UpdateEndpointSlice));
-    actions.extend(deletes(
-        slices.delete,
-        |namespace, name, uid, resource_version| Action::DeleteEndpointSlice {
-            namespace,
-            name,
-            uid,
-            resource_version,
-        },
-    ));
-    actions.extend(deletes(
-        eps.delete,
-        |namespace, name, uid, resource_version| Action::DeleteEndpoints {
-            namespace,
-            name,
-            uid,
-            resource_version,
-        },
-    ));
-    actions.extend(deletes(
-        svc.delete,
-        |namespace, name, uid, resource_version| Action::DeleteService {
-            namespace,
-            name,
-            uid,
-            resource_version,
-        },
-    ));
+    actions.extend(svc.create.map(Object::Service).map(create));
+    actions.extend(svc.update.map(Object::Service).map(update));
+    actions.extend(eps.create.map(Object::Endpoints).map(create));
+    actions.extend(eps.update.map(Object::Endpoints).map(update));
+    actions.extend(
+        slices
+            .create
+            .drain(..)
+            .map(Object::EndpointSlice)
+            .map(create),
+    );
+    actions.extend(
+        slices
+            .update
+            .drain(..)
+            .map(Object::EndpointSlice)
+            .map(update),
+    );
+    actions.extend(deletes(slices.delete, ObjectKind::EndpointSlice));
+    actions.extend(deletes(eps.delete, ObjectKind::Endpoints));
+    actions.extend(deletes(svc.delete, ObjectKind::Service));
     actions
 }
 
@@ -740,26 +641,30 @@ mod tests {
             );
             for action in actions {
                 match action {
-                    Action::CreateService(s) => services.push(s),
-                    Action::UpdateService(s) => {
+                    Action::Create(Object::Service(s)) => services.push(s),
+                    Action::Update(Object::Service(s)) => {
                         let i = services
                             .iter()
                             .position(|x| x.metadata.name == s.metadata.name);
                         services[i.unwrap()] = s;
                     }
-                    Action::DeleteService { name, .. } => {
-                        services.retain(|x| x.metadata.name.as_deref() != Some(&name))
-                    }
-                    Action::CreateEndpoints(e) => endpoints.push(e),
-                    Action::UpdateEndpoints(e) => {
+                    Action::Delete(ObjectRef {
+                        kind: ObjectKind::Service,
+                        name,
+                        ..
+                    }) => services.retain(|x| x.metadata.name.as_deref() != Some(&name)),
+                    Action::Create(Object::Endpoints(e)) => endpoints.push(e),
+                    Action::Update(Object::Endpoints(e)) => {
                         let i = endpoints
                             .iter()
                             .position(|x| x.metadata.name == e.metadata.name);
                         endpoints[i.unwrap()] = e;
                     }
-                    Action::DeleteEndpoints { name, .. } => {
-                        endpoints.retain(|x| x.metadata.name.as_deref() != Some(&name))
-                    }
+                    Action::Delete(ObjectRef {
+                        kind: ObjectKind::Endpoints,
+                        name,
+                        ..
+                    }) => endpoints.retain(|x| x.metadata.name.as_deref() != Some(&name)),
                     other => panic!("no slices in endpoints mode: {other}"),
                 }
             }
@@ -801,18 +706,20 @@ mod tests {
         assert_eq!(
             actions,
             vec![
-                Action::DeleteEndpoints {
+                Action::Delete(ObjectRef {
+                    kind: ObjectKind::Endpoints,
                     namespace: "shop".into(),
                     name: "web-east".into(),
                     uid: Some("ep-uid".into()),
                     resource_version: Some("12".into()),
-                },
-                Action::DeleteService {
+                }),
+                Action::Delete(ObjectRef {
+                    kind: ObjectKind::Service,
                     namespace: "shop".into(),
                     name: "web-east".into(),
                     uid: Some("svc-uid".into()),
                     resource_version: Some("11".into()),
-                },
+                }),
             ]
         );
     }
@@ -833,8 +740,8 @@ mod tests {
         assert_eq!(
             actions,
             vec![
-                Action::CreateService(m.service.clone()),
-                Action::CreateEndpoints(m.endpoints.clone()),
+                Action::Create(Object::Service(m.service.clone())),
+                Action::Create(Object::Endpoints(m.endpoints.clone())),
             ]
         );
     }
@@ -854,7 +761,11 @@ mod tests {
             CLUSTER,
             EndpointsMode::Endpoints,
         );
-        let [Action::UpdateService(s), Action::UpdateEndpoints(e)] = actions.as_slice() else {
+        let [
+            Action::Update(Object::Service(s)),
+            Action::Update(Object::Endpoints(e)),
+        ] = actions.as_slice()
+        else {
             panic!("unexpected {actions:?}");
         };
         assert_eq!(s.metadata.uid.as_deref(), Some("svc-uid"));
@@ -897,7 +808,11 @@ mod tests {
             CLUSTER,
             EndpointsMode::Endpoints,
         );
-        let [Action::UpdateService(s), Action::UpdateEndpoints(e)] = actions.as_slice() else {
+        let [
+            Action::Update(Object::Service(s)),
+            Action::Update(Object::Endpoints(e)),
+        ] = actions.as_slice()
+        else {
             panic!("unexpected {actions:?}");
         };
         let ports = s.spec.as_ref().unwrap().ports.as_ref().unwrap();
@@ -915,23 +830,24 @@ mod tests {
     fn action_display() {
         let table = [
             (
-                Action::DeleteService {
+                Action::Delete(ObjectRef {
+                    kind: ObjectKind::Service,
                     namespace: "a".into(),
                     name: "b".into(),
                     uid: None,
                     resource_version: None,
-                },
+                }),
                 "delete Service a/b",
             ),
             (
-                Action::UpdateEndpoints(Endpoints {
+                Action::Update(Object::Endpoints(Endpoints {
                     metadata: ObjectMeta {
                         namespace: Some("a".into()),
                         name: Some("c".into()),
                         ..Default::default()
                     },
                     subsets: None,
-                }),
+                })),
                 "update Endpoints a/c",
             ),
         ];
@@ -1039,21 +955,36 @@ mod tests {
                 list.retain(|x| x.metadata().name.as_deref() != Some(name));
             }
             match action {
-                Action::CreateService(mut o) | Action::UpdateService(mut o) => {
+                Action::Create(Object::Service(mut o)) | Action::Update(Object::Service(mut o)) => {
                     self.stamp(&mut o.metadata);
                     put(&mut self.services, o)
                 }
-                Action::CreateEndpoints(mut o) | Action::UpdateEndpoints(mut o) => {
+                Action::Create(Object::Endpoints(mut o))
+                | Action::Update(Object::Endpoints(mut o)) => {
                     self.stamp(&mut o.metadata);
                     put(&mut self.endpoints, o)
                 }
-                Action::CreateEndpointSlice(mut o) | Action::UpdateEndpointSlice(mut o) => {
+                Action::Create(Object::EndpointSlice(mut o))
+                | Action::Update(Object::EndpointSlice(mut o)) => {
                     self.stamp(&mut o.metadata);
                     put(&mut self.slices, o)
                 }
-                Action::DeleteService { name, .. } => del(&mut self.services, &name),
-                Action::DeleteEndpoints { name, .. } => del(&mut self.endpoints, &name),
-                Action::DeleteEndpointSlice { name, .. } => del(&mut self.slices, &name),
+                Action::Delete(ObjectRef {
+                    kind: ObjectKind::Service,
+                    name,
+                    ..
+                }) => del(&mut self.services, &name),
+                Action::Delete(ObjectRef {
+                    kind: ObjectKind::Endpoints,
+                    name,
+                    ..
+                }) => del(&mut self.endpoints, &name),
+                Action::Delete(ObjectRef {
+                    kind: ObjectKind::EndpointSlice,
+                    name,
+                    ..
+                }) => del(&mut self.slices, &name),
+                other => panic!("a mirror plan writes no {other}"),
             }
         }
 
@@ -1123,7 +1054,7 @@ mod tests {
             ],
             "slices wait for the Service's uid"
         );
-        let Action::CreateEndpoints(e) = &first[1] else {
+        let Action::Create(Object::Endpoints(e)) = &first[1] else {
             panic!()
         };
         assert!(
@@ -1514,8 +1445,11 @@ mod tests {
         s.converge(Some(&m), EndpointsMode::EndpointSlices);
         let dead = mirror(&[("http", 80)], "gw", Some(&r.clone().with_alive(false)));
         let actions = s.plan(Some(&dead), EndpointsMode::EndpointSlices);
-        let ([Action::UpdateService(_), Action::UpdateEndpointSlice(e)]
-        | [Action::UpdateEndpointSlice(e)]) = actions.as_slice()
+        let ([
+            Action::Update(Object::Service(_)),
+            Action::Update(Object::EndpointSlice(e)),
+        ]
+        | [Action::Update(Object::EndpointSlice(e))]) = actions.as_slice()
         else {
             panic!("{actions:?}")
         };
@@ -1585,13 +1519,21 @@ mod tests {
             // The deletes carry the stored objects' preconditions.
             for a in &actions {
                 match a {
-                    Action::DeleteEndpoints { uid, .. } => {
+                    Action::Delete(ObjectRef {
+                        kind: ObjectKind::Endpoints,
+                        uid,
+                        ..
+                    }) => {
                         assert_eq!(uid, &ep.as_ref().unwrap().metadata.uid, "{mode}")
                     }
-                    Action::DeleteEndpointSlice { uid, .. } => {
+                    Action::Delete(ObjectRef {
+                        kind: ObjectKind::EndpointSlice,
+                        uid,
+                        ..
+                    }) => {
                         assert_eq!(uid, &slice.as_ref().unwrap().metadata.uid, "{mode}")
                     }
-                    Action::UpdateService(svc) => {
+                    Action::Update(Object::Service(svc)) => {
                         let labels = svc.metadata.labels.as_ref().unwrap();
                         assert_eq!(labels[REMOTE_DISCOVERY_LABEL], CLUSTER, "{mode}");
                         assert_eq!(labels[REMOTE_SERVICE_LABEL], "web", "{mode}");
@@ -1648,7 +1590,7 @@ mod tests {
             assert!(s.endpoints.is_empty() && s.slices.is_empty(), "{mode}");
             // Back: the Service loses the discovery labels, endpoints come back.
             let back = s.plan(Some(&gateway), mode);
-            let Some(Action::UpdateService(svc)) = back.first() else {
+            let Some(Action::Update(Object::Service(svc))) = back.first() else {
                 panic!("{mode}: {back:?}")
             };
             assert_eq!(

@@ -32,6 +32,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::ServiceKey;
+use crate::action::{Action, Object, ObjectKind, ObjectRef};
 use crate::desired::{DesiredMirror, Link, desired_mirror};
 use crate::federated::{
     DesiredFederation, DesiredService, FederationInput, Member, MemberGateway, desired_federated,
@@ -43,7 +44,7 @@ use crate::mcs::ImportPort;
 use crate::mcs_slices::{
     ImportSlicesInput, SourceGateway, desired_import_slices, plan_import_slices,
 };
-use crate::plan::{Action, plan};
+use crate::plan::plan;
 use crate::slices::EndpointsMode;
 
 const CLUSTER: &str = "east";
@@ -296,7 +297,7 @@ fn written(d: &DesiredMirror) -> Vec<EndpointSlice> {
     )
     .into_iter()
     .filter_map(|a| match a {
-        Action::CreateEndpointSlice(s) => Some(s),
+        Action::Create(Object::EndpointSlice(s)) => Some(s),
         _ => None,
     })
     .collect()
@@ -558,7 +559,9 @@ fn federated_written(
         .actions
         .into_iter()
         .filter_map(|a| match a {
-            Action::CreateEndpointSlice(s) | Action::UpdateEndpointSlice(s) => Some(s),
+            Action::Create(Object::EndpointSlice(s)) | Action::Update(Object::EndpointSlice(s)) => {
+                Some(s)
+            }
             _ => None,
         })
         .collect()
@@ -688,7 +691,7 @@ fn import_cases() -> Vec<Case> {
             let slices = plan_import_slices(&key, &d, &[], &import_owner(), CTL)
                 .into_iter()
                 .filter_map(|a| match a {
-                    Action::CreateEndpointSlice(s) => Some(s),
+                    Action::Create(Object::EndpointSlice(s)) => Some(s),
                     _ => None,
                 })
                 .collect();
@@ -877,9 +880,13 @@ fn a_numberless_port_slice_from_an_older_version_is_updated_in_place_to_the_plac
         let mut deleted = Vec::new();
         for a in &actions {
             match a {
-                Action::UpdateEndpointSlice(s) => updated.push(s.clone()),
-                Action::DeleteEndpointSlice { name, .. } => deleted.push(name.clone()),
-                Action::CreateEndpointSlice(s) => panic!("recreated: {s:?}"),
+                Action::Update(Object::EndpointSlice(s)) => updated.push(s.clone()),
+                Action::Delete(ObjectRef {
+                    kind: ObjectKind::EndpointSlice,
+                    name,
+                    ..
+                }) => deleted.push(name.clone()),
+                Action::Create(Object::EndpointSlice(s)) => panic!("recreated: {s:?}"),
                 _ => {}
             }
         }
@@ -929,7 +936,7 @@ fn federated_and_import_slices_of_an_older_version_gain_the_cluster_label_in_pla
         })
         .collect();
     let actions = plan_federated(&d, Some(&svc), &old, CTL).actions;
-    let [Action::UpdateEndpointSlice(s)] = actions.as_slice() else {
+    let [Action::Update(Object::EndpointSlice(s))] = actions.as_slice() else {
         panic!("{actions:?}")
     };
     assert_eq!(s.metadata.uid.as_deref(), Some("fed-slice"));
@@ -978,7 +985,7 @@ fn federated_and_import_slices_of_an_older_version_gain_the_cluster_label_in_pla
         })
         .collect();
     let actions = plan_import_slices(&key, &d, &old, &import_owner(), CTL);
-    let [Action::UpdateEndpointSlice(s)] = actions.as_slice() else {
+    let [Action::Update(Object::EndpointSlice(s))] = actions.as_slice() else {
         panic!("{actions:?}")
     };
     assert_eq!(s.metadata.uid.as_deref(), Some("import-slice"));

@@ -28,7 +28,7 @@ use service_mirror_core::federated::{
 };
 use service_mirror_core::is_owned_federated;
 use service_mirror_core::labels::{REMOTE_DISCOVERY_ANNOTATION, SERVICE_NAME_LABEL};
-use service_mirror_core::{Action, ServiceKey};
+use service_mirror_core::{Action, Object, ServiceKey};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,7 +176,7 @@ impl Reconciler {
                 // held by someone else would unblock at once and loop; it is retried
                 // with the queue's backoff instead.
                 Err(Error::OwnershipConflict { .. })
-                    if matches!(action, Action::CreateService(_)) =>
+                    if matches!(action, Action::Create(Object::Service(_))) =>
                 {
                     self.record_status(key, &members, &desired.refused, true);
                     self.report_foreign(key, &name, true).await;

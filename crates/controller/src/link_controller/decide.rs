@@ -5,7 +5,7 @@ use crate::backoff::Backoff;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use service_mirror_core::{
-    Action, DesiredMirror, EndpointsMode, ExportDecision, Refusal, Route, ServiceKey,
+    Action, DesiredMirror, EndpointsMode, ExportDecision, Object, Refusal, Route, ServiceKey,
     mirroring_took_over, plan, plan_set,
 };
 use std::collections::BTreeSet;
@@ -127,7 +127,7 @@ pub(super) enum Steps {
 }
 
 fn creates_slice(a: &Action) -> bool {
-    matches!(a, Action::CreateEndpointSlice(_))
+    matches!(a, Action::Create(Object::EndpointSlice(_)))
 }
 
 /// Decides what to do for `key` of link `cluster` from what was gathered.
@@ -187,7 +187,7 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
     };
     let admit = actions
         .iter()
-        .any(|a| matches!(a, Action::CreateService(_)));
+        .any(|a| matches!(a, Action::Create(Object::Service(_))));
     let create_permit = actions.iter().any(Action::is_create);
     let mut writes = Writes {
         steps: Steps::InOrder(Vec::new()),
@@ -213,7 +213,7 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
                 let created: std::collections::BTreeSet<&str> = actions
                     .iter()
                     .filter_map(|a| match a {
-                        Action::CreateService(s) => s.metadata.name.as_deref(),
+                        Action::Create(Object::Service(s)) => s.metadata.name.as_deref(),
                         _ => None,
                     })
                     .collect();
@@ -246,19 +246,19 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
     let endpointish = |a: &Action| {
         matches!(
             a,
-            Action::UpdateEndpoints(_) | Action::UpdateEndpointSlice(_)
+            Action::Update(Object::Endpoints(_)) | Action::Update(Object::EndpointSlice(_))
         )
     };
     if let Some(replaced) = &g.endpoints_written_first {
         // Second pass: a cached Endpoints or slice still at the version our write replaced
         // means the cache is behind that write, not that it is to be done again.
         let version = |a: &Action| match a {
-            Action::UpdateEndpoints(e) => e.metadata.resource_version.clone(),
-            Action::UpdateEndpointSlice(e) => e.metadata.resource_version.clone(),
+            Action::Update(Object::Endpoints(e)) => e.metadata.resource_version.clone(),
+            Action::Update(Object::EndpointSlice(e)) => e.metadata.resource_version.clone(),
             _ => None,
         };
         actions.retain(|a| !(endpointish(a) && version(a).is_some_and(|v| replaced.contains(&v))));
-    } else if let [Action::UpdateService(updated), rest @ ..] = actions.as_slice()
+    } else if let [Action::Update(Object::Service(updated)), rest @ ..] = actions.as_slice()
         && !rest.is_empty()
         && rest.iter().all(endpointish)
         && services.iter().any(|actual| {
@@ -284,7 +284,9 @@ pub(super) fn decide(key: &ServiceKey, cluster: &str, g: &Gathered) -> Decision 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use service_mirror_core::{GatewayRef, Link, ResolvedGateway, desired_mirror};
+    use service_mirror_core::{
+        GatewayRef, Link, ObjectKind, ObjectRef, ResolvedGateway, desired_mirror,
+    };
 
     const CLUSTER: &str = "east";
 
@@ -359,15 +361,25 @@ mod tests {
 
     fn kinds(steps: &Steps) -> Vec<&'static str> {
         let name = |a: &Action| match a {
-            Action::CreateService(_) => "create svc",
-            Action::UpdateService(_) => "update svc",
-            Action::CreateEndpoints(_) => "create ep",
-            Action::UpdateEndpoints(_) => "update ep",
-            Action::DeleteService { .. } => "delete svc",
-            Action::DeleteEndpoints { .. } => "delete ep",
-            Action::CreateEndpointSlice(_) => "create slice",
-            Action::UpdateEndpointSlice(_) => "update slice",
-            Action::DeleteEndpointSlice { .. } => "delete slice",
+            Action::Create(Object::Service(_)) => "create svc",
+            Action::Update(Object::Service(_)) => "update svc",
+            Action::Create(Object::Endpoints(_)) => "create ep",
+            Action::Update(Object::Endpoints(_)) => "update ep",
+            Action::Delete(ObjectRef {
+                kind: ObjectKind::Service,
+                ..
+            }) => "delete svc",
+            Action::Delete(ObjectRef {
+                kind: ObjectKind::Endpoints,
+                ..
+            }) => "delete ep",
+            Action::Create(Object::EndpointSlice(_)) => "create slice",
+            Action::Update(Object::EndpointSlice(_)) => "update slice",
+            Action::Delete(ObjectRef {
+                kind: ObjectKind::EndpointSlice,
+                ..
+            }) => "delete slice",
+            other => panic!("a link plans no {other}"),
         };
         match steps {
             Steps::InOrder(actions) => actions.iter().map(name).collect(),

@@ -33,8 +33,8 @@ use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use service_mirror_core::{
     Action, EndpointsMode, ExportDecision, ExportPolicy, ExportRule, Link,
-    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, RemoteState, Route, ServiceKey, desired_mirror,
-    desired_slices, export_decision, is_mirrored_slice, mirrored_slice_selector,
+    MIRRORING_MAX_ENDPOINTS_PER_SUBSET, Object, ObjectKind, RemoteState, Route, ServiceKey,
+    desired_mirror, desired_slices, export_decision, is_mirrored_slice, mirrored_slice_selector,
     mirroring_overflow, remote_discovery_mirror, slice_routes, stale_effect, stale_gateway,
 };
 use service_mirror_core::{
@@ -75,7 +75,7 @@ pub(super) struct Reconciler {
 fn updates(d: &Decision) -> bool {
     matches!(d, Decision::Write(w) if matches!(&w.steps, Steps::InOrder(a) if a.iter().any(|a| matches!(
         a,
-        Action::UpdateService(_) | Action::UpdateEndpoints(_) | Action::UpdateEndpointSlice(_)
+        Action::Update(Object::Service(_)) | Action::Update(Object::Endpoints(_)) | Action::Update(Object::EndpointSlice(_))
     ))))
 }
 

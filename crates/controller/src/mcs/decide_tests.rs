@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::ServiceSpec;
 use kube::api::ObjectMeta;
 use service_mirror_core::mcs::{Conflict, ImportPort};
 use service_mirror_core::mcs_derived::desired_derived_service;
+use service_mirror_core::{Object, ObjectKind};
 
 const CTL: &str = "sm";
 
@@ -604,7 +605,7 @@ impl Slices {
             .unwrap()
             .into_iter()
             .map(|a| match a {
-                Action::CreateEndpointSlice(s) => s,
+                Action::Create(Object::EndpointSlice(s)) => s,
                 other => panic!("not a create: {other:?}"),
             })
             .collect()
@@ -615,9 +616,9 @@ fn verbs(actions: &[Action]) -> Vec<&'static str> {
     actions
         .iter()
         .map(|a| match a {
-            Action::CreateEndpointSlice(_) => "create",
-            Action::UpdateEndpointSlice(_) => "update",
-            Action::DeleteEndpointSlice { .. } => "delete",
+            Action::Create(Object::EndpointSlice(_)) => "create",
+            Action::Update(Object::EndpointSlice(_)) => "update",
+            Action::Delete(r) if r.kind == ObjectKind::EndpointSlice => "delete",
             _ => "other",
         })
         .collect()

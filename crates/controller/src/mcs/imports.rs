@@ -43,18 +43,19 @@ use super::write_errors::{api_status, import_write_error};
 use crate::events::EventRecorder;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::writer::Applied;
 use crate::writer::LocalWriter;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, Preconditions};
+use kube::api::ObjectMeta;
 use kube::runtime::events::EventType;
 use kube::runtime::watcher::Event;
 use service_mirror_core::mcs::{Merge, SERVICE_NAME_LABEL};
 use service_mirror_core::mcs_derived::derived_service_name;
 use service_mirror_core::mcs_import::is_owned_import;
 use service_mirror_core::mcs_slices::SourceGateway;
-use service_mirror_core::{NamespaceFilter, ServiceKey};
+use service_mirror_core::{Action, NamespaceFilter, Object, ObjectKind, ObjectRef, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -293,10 +294,9 @@ impl Imports {
             if slices != Outcome::Done {
                 return slices;
             }
-            let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
-            match api.delete(&key.name, &delete_params(&import)).await {
-                Ok(_) => self.wrote(Kind::Import, "deleted"),
-                Err(e) => return self.failed(Kind::Import, key, &e),
+            let delete = Action::Delete(ObjectRef::of(ObjectKind::ServiceImport, &import));
+            if let Err(outcome) = self.write(Kind::Import, key, &delete, "deleted").await {
+                return outcome;
             }
         } else {
             // Slices of ours with no import of ours (left by a failed delete): they go.
@@ -329,6 +329,68 @@ impl Imports {
         }
         self.wrote(kind, outcome);
         next
+    }
+
+    /// Writes `action` (of `kind`) through the process's `LocalWriter` (leadership,
+    /// preconditions, field manager, ownership on a create that meets a name): the
+    /// object as stored if it was created or replaced now, counted as `done`; an
+    /// outcome to stop at otherwise (a create that met another's object: dropped, its
+    /// watch event judges it again).
+    async fn write(
+        &mut self,
+        kind: Kind,
+        key: &ServiceKey,
+        action: &Action,
+        done: &str,
+    ) -> Result<Option<Object>, Outcome> {
+        let result = self.writer.write(action).await;
+        self.written(kind, key, result, done)
+    }
+
+    /// What a write through the writer (see [`Imports::write`]) gave, counted.
+    fn written(
+        &mut self,
+        kind: Kind,
+        key: &ServiceKey,
+        result: crate::error::Result<(Applied, Option<Object>)>,
+        done: &str,
+    ) -> Result<Option<Object>, Outcome> {
+        match result {
+            Ok((Applied::Done, stored)) => {
+                self.wrote(kind, done);
+                Ok(stored)
+            }
+            // Changed, made or gone since the cache showed it (or leadership lost): its
+            // event, or the next leader, judges it again.
+            Ok((Applied::Stale, _)) => {
+                self.wrote(kind, "stale");
+                Err(Outcome::Dropped)
+            }
+            Err(e) => Err(self.write_failed(kind, key, e)),
+        }
+    }
+
+    /// A write through the writer failed: counted, and what follows.
+    fn write_failed(&mut self, kind: Kind, key: &ServiceKey, e: crate::error::Error) -> Outcome {
+        match e {
+            crate::error::Error::Kube(e) => self.failed(kind, key, &e),
+            // A create's 404: the namespace is not there (the KEP leaves it to its owner).
+            crate::error::Error::MissingNamespace(_) => {
+                tracing::info!(import = %key, "namespace missing: no ServiceImport until it exists (retried with backoff)");
+                self.wrote(kind, "no_namespace");
+                Outcome::Retry
+            }
+            // A create met another's object of the name: its watch event judges it.
+            crate::error::Error::OwnershipConflict { .. } => {
+                self.wrote(kind, "stale");
+                Outcome::Dropped
+            }
+            e => {
+                tracing::warn!(import = %key, kind = kind.label(), error = %e, "ServiceImport write failed; retrying with backoff");
+                self.wrote(kind, "failed");
+                Outcome::Retry
+            }
+        }
     }
 
     fn wrote(&self, kind: Kind, outcome: &str) {
@@ -382,16 +444,5 @@ impl Imports {
         self.recorder
             .publish(&reference, EventType::Warning, reason, "Import", note)
             .await;
-    }
-}
-
-/// A delete of exactly the object the cache holds.
-fn delete_params(meta: &ObjectMeta) -> DeleteParams {
-    DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: meta.uid.clone(),
-            resource_version: meta.resource_version.clone(),
-        }),
-        ..Default::default()
     }
 }

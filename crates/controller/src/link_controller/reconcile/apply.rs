@@ -4,6 +4,11 @@
 
 use super::*;
 
+/// The name of an object written.
+fn name_of(o: &Object) -> String {
+    o.metadata().name.clone().unwrap_or_default()
+}
+
 /// What [`Reconciler::write_in_order`] did.
 #[derive(Debug, Default)]
 struct Written {
@@ -16,12 +21,7 @@ struct Written {
 }
 
 pub(super) fn is_delete(a: &Action) -> bool {
-    matches!(
-        a,
-        Action::DeleteService { .. }
-            | Action::DeleteEndpoints { .. }
-            | Action::DeleteEndpointSlice { .. }
-    )
+    matches!(a, Action::Delete(_))
 }
 
 /// A headless set's writes by mirror, each mirror's in the plan's order (Service before
@@ -34,15 +34,20 @@ pub(super) fn by_mirror(actions: &[Action]) -> Vec<Vec<&Action>> {
     let mut deletes = Vec::new();
     for a in actions {
         let name = match a {
-            Action::CreateService(s) | Action::UpdateService(s) => s.metadata.name.as_deref(),
-            Action::CreateEndpoints(e) | Action::UpdateEndpoints(e) => e.metadata.name.as_deref(),
-            Action::CreateEndpointSlice(e) | Action::UpdateEndpointSlice(e) => e
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL))
-                .or(e.metadata.name.as_ref())
-                .map(String::as_str),
+            Action::Create(Object::Service(s)) | Action::Update(Object::Service(s)) => {
+                s.metadata.name.as_deref()
+            }
+            Action::Create(Object::Endpoints(e)) | Action::Update(Object::Endpoints(e)) => {
+                e.metadata.name.as_deref()
+            }
+            Action::Create(Object::EndpointSlice(e)) | Action::Update(Object::EndpointSlice(e)) => {
+                e.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                    .or(e.metadata.name.as_ref())
+                    .map(String::as_str)
+            }
             _ => {
                 deletes.push(a);
                 continue;
@@ -165,8 +170,10 @@ impl Reconciler {
                 let mut replaced = Vec::new();
                 for action in &endpoints {
                     let rv = match action {
-                        Action::UpdateEndpoints(e) => e.metadata.resource_version.clone(),
-                        Action::UpdateEndpointSlice(e) => e.metadata.resource_version.clone(),
+                        Action::Update(Object::Endpoints(e)) => e.metadata.resource_version.clone(),
+                        Action::Update(Object::EndpointSlice(e)) => {
+                            e.metadata.resource_version.clone()
+                        }
                         _ => unreachable!("decide puts only Endpoints and slice updates first"),
                     };
                     match self.execute(action).await {
@@ -239,7 +246,7 @@ impl Reconciler {
         // mirrors in `both` mode 1.86x the reference writer's time).
         if let (Some(uid), Some(d)) = (created_uid, &slices_of_new_service) {
             for slice in desired_slices(d, &uid) {
-                let action = Action::CreateEndpointSlice(slice);
+                let action = Action::Create(Object::EndpointSlice(slice));
                 tracing::debug!(%cluster, %key, ?action, "writing");
                 if self.execute(&action).await? == Applied::Stale {
                     break;
@@ -284,7 +291,7 @@ impl Reconciler {
                 out.stale = true;
                 break;
             }
-            if let (Action::CreateService(s), Some(uid)) = (action, &uid) {
+            if let (Action::Create(Object::Service(s)), Some(uid)) = (action, &uid) {
                 out.created.push((s.name_any(), uid.clone()));
             }
             out.created_uid = out.created_uid.or(uid);
@@ -297,7 +304,7 @@ impl Reconciler {
     async fn write_slices(&self, key: &ServiceKey, d: &DesiredMirror, uid: &str) -> Result<()> {
         let cluster = &self.view.link.cluster_name;
         for slice in desired_slices(d, uid) {
-            let action = Action::CreateEndpointSlice(slice);
+            let action = Action::Create(Object::EndpointSlice(slice));
             tracing::debug!(%cluster, %key, ?action, "writing");
             if self.execute(&action).await? == Applied::Stale {
                 break;
@@ -313,77 +320,36 @@ impl Reconciler {
 
     /// As [`Reconciler::execute`], with the uid of a Service created now.
     async fn execute_returning_uid(&self, action: &Action) -> Result<(Applied, Option<String>)> {
-        let (applied, uid) = match action {
-            Action::CreateService(s) => self.fx.writer.create_service(s).await?,
-            _ => (self.fx.writer.execute(action).await?, None),
+        let (applied, stored) = self.fx.writer.write(action).await?;
+        // Only a Service created now: its slices name its uid.
+        let uid = match (action, stored) {
+            (Action::Create(Object::Service(_)), Some(o)) => o.metadata().uid.clone(),
+            _ => None,
         };
         if applied != Applied::Done {
             return Ok((applied, None));
         }
         // What the write replaced: the version updated or deleted (a precondition of the
         // write), nothing for a create.
-        let (kind, ns, name, replaced) = match action {
-            Action::CreateService(s) => (LocalObject::Service, s.namespace(), s.name_any(), None),
-            Action::UpdateService(s) => (
-                LocalObject::Service,
-                s.namespace(),
-                s.name_any(),
-                s.metadata.resource_version.clone(),
+        let kind = match action.kind() {
+            ObjectKind::Service => LocalObject::Service,
+            ObjectKind::Endpoints => LocalObject::Endpoints,
+            ObjectKind::EndpointSlice => LocalObject::EndpointSlice,
+            // A link plans no ServiceImport: nothing to expect.
+            ObjectKind::ServiceImport => return Ok((applied, uid)),
+        };
+        let (ns, name, replaced) = match action {
+            Action::Create(o) => (o.metadata().namespace.clone(), name_of(o), None),
+            Action::Update(o) => (
+                o.metadata().namespace.clone(),
+                name_of(o),
+                o.metadata().resource_version.clone(),
             ),
-            Action::CreateEndpoints(e) => {
-                (LocalObject::Endpoints, e.namespace(), e.name_any(), None)
-            }
-            Action::UpdateEndpoints(e) => (
-                LocalObject::Endpoints,
-                e.namespace(),
-                e.name_any(),
-                e.metadata.resource_version.clone(),
-            ),
-            Action::DeleteService {
-                namespace,
-                name,
-                resource_version,
-                ..
-            } => (
-                LocalObject::Service,
-                Some(namespace.clone()),
-                name.clone(),
+            Action::Delete(r) => (
+                Some(r.namespace.clone()),
+                r.name.clone(),
                 // No version precondition: whatever the cache shows next counts.
-                Some(resource_version.clone().unwrap_or_default()),
-            ),
-            Action::DeleteEndpoints {
-                namespace,
-                name,
-                resource_version,
-                ..
-            } => (
-                LocalObject::Endpoints,
-                Some(namespace.clone()),
-                name.clone(),
-                Some(resource_version.clone().unwrap_or_default()),
-            ),
-            Action::CreateEndpointSlice(e) => (
-                LocalObject::EndpointSlice,
-                e.namespace(),
-                e.name_any(),
-                None,
-            ),
-            Action::UpdateEndpointSlice(e) => (
-                LocalObject::EndpointSlice,
-                e.namespace(),
-                e.name_any(),
-                e.metadata.resource_version.clone(),
-            ),
-            Action::DeleteEndpointSlice {
-                namespace,
-                name,
-                resource_version,
-                ..
-            } => (
-                LocalObject::EndpointSlice,
-                Some(namespace.clone()),
-                name.clone(),
-                Some(resource_version.clone().unwrap_or_default()),
+                Some(r.resource_version.clone().unwrap_or_default()),
             ),
         };
         let ns = ns.unwrap_or_default();

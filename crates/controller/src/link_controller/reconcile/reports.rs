@@ -116,7 +116,9 @@ impl Reconciler {
             Steps::EndpointsFirst { endpoints, .. } => endpoints.iter().collect(),
         };
         for action in actions {
-            let (Action::CreateEndpoints(e) | Action::UpdateEndpoints(e)) = action else {
+            let (Action::Create(Object::Endpoints(e)) | Action::Update(Object::Endpoints(e))) =
+                action
+            else {
                 continue;
             };
             let Some(addresses) = mirroring_overflow(e) else {

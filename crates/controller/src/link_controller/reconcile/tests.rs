@@ -26,26 +26,27 @@ fn slice(name: &str, of: &str) -> EndpointSlice {
 }
 
 fn delete(name: &str) -> Action {
-    Action::DeleteService {
+    Action::Delete(service_mirror_core::ObjectRef {
+        kind: ObjectKind::Service,
         namespace: "shop".into(),
         name: name.into(),
         uid: None,
         resource_version: Some("3".into()),
-    }
+    })
 }
 
 /// What an action writes, for comparing groups: kind and name.
 fn label(a: &Action) -> String {
+    let kind = match a.kind() {
+        ObjectKind::Service => "svc",
+        ObjectKind::Endpoints => "ep",
+        ObjectKind::EndpointSlice => "slice",
+        ObjectKind::ServiceImport => "import",
+    };
     match a {
-        Action::CreateService(s) => format!("+svc {}", s.name_any()),
-        Action::UpdateService(s) => format!("~svc {}", s.name_any()),
-        Action::CreateEndpoints(e) => format!("+ep {}", e.name_any()),
-        Action::UpdateEndpoints(e) => format!("~ep {}", e.name_any()),
-        Action::CreateEndpointSlice(e) => format!("+slice {}", e.name_any()),
-        Action::UpdateEndpointSlice(e) => format!("~slice {}", e.name_any()),
-        Action::DeleteService { name, .. } => format!("-svc {name}"),
-        Action::DeleteEndpoints { name, .. } => format!("-ep {name}"),
-        Action::DeleteEndpointSlice { name, .. } => format!("-slice {name}"),
+        Action::Create(o) => format!("+{kind} {}", o.metadata().name.as_deref().unwrap_or("")),
+        Action::Update(o) => format!("~{kind} {}", o.metadata().name.as_deref().unwrap_or("")),
+        Action::Delete(r) => format!("-{kind} {}", r.name),
     }
 }
 
@@ -58,18 +59,18 @@ fn a_set_is_written_by_mirror_in_the_plan_order_with_the_deletes_last_in_one_gro
         (
             "one mirror is one group, in the plan's order",
             vec![
-                Action::CreateService(service("db-east")),
-                Action::CreateEndpoints(endpoints("db-east")),
+                Action::Create(Object::Service(service("db-east"))),
+                Action::Create(Object::Endpoints(endpoints("db-east"))),
             ],
             vec![vec!["+svc db-east", "+ep db-east"]],
         ),
         (
             "each mirror's writes together, the mirrors in order of first write",
             vec![
-                Action::UpdateService(service("db-0-east")),
-                Action::CreateService(service("db-1-east")),
-                Action::UpdateEndpoints(endpoints("db-0-east")),
-                Action::CreateEndpoints(endpoints("db-1-east")),
+                Action::Update(Object::Service(service("db-0-east"))),
+                Action::Create(Object::Service(service("db-1-east"))),
+                Action::Update(Object::Endpoints(endpoints("db-0-east"))),
+                Action::Create(Object::Endpoints(endpoints("db-1-east"))),
             ],
             vec![
                 vec!["~svc db-0-east", "~ep db-0-east"],
@@ -79,8 +80,8 @@ fn a_set_is_written_by_mirror_in_the_plan_order_with_the_deletes_last_in_one_gro
         (
             "a slice goes with the mirror its label names, not its own name",
             vec![
-                Action::CreateService(service("db-0-east")),
-                Action::CreateEndpointSlice(slice("db-0-east-x7k2p", "db-0-east")),
+                Action::Create(Object::Service(service("db-0-east"))),
+                Action::Create(Object::EndpointSlice(slice("db-0-east-x7k2p", "db-0-east"))),
             ],
             vec![vec!["+svc db-0-east", "+slice db-0-east-x7k2p"]],
         ),
@@ -88,7 +89,7 @@ fn a_set_is_written_by_mirror_in_the_plan_order_with_the_deletes_last_in_one_gro
             "the deletes of every mirror come last, in one group in the plan's order",
             vec![
                 delete("db-2-east"),
-                Action::UpdateService(service("db-0-east")),
+                Action::Update(Object::Service(service("db-0-east"))),
                 delete("db-3-east"),
             ],
             vec![
@@ -109,25 +110,27 @@ fn a_set_is_written_by_mirror_in_the_plan_order_with_the_deletes_last_in_one_gro
 #[test]
 fn only_deletes_are_deletes() {
     let table = [
-        (Action::CreateService(service("a")), false),
-        (Action::UpdateEndpoints(endpoints("a")), false),
+        (Action::Create(Object::Service(service("a"))), false),
+        (Action::Update(Object::Endpoints(endpoints("a"))), false),
         (delete("a"), true),
         (
-            Action::DeleteEndpoints {
+            Action::Delete(service_mirror_core::ObjectRef {
+                kind: ObjectKind::Endpoints,
                 namespace: "shop".into(),
                 name: "a".into(),
                 uid: None,
                 resource_version: None,
-            },
+            }),
             true,
         ),
         (
-            Action::DeleteEndpointSlice {
+            Action::Delete(service_mirror_core::ObjectRef {
+                kind: ObjectKind::EndpointSlice,
                 namespace: "shop".into(),
                 name: "a".into(),
                 uid: None,
                 resource_version: None,
-            },
+            }),
             true,
         ),
     ];
@@ -158,7 +161,9 @@ fn only_a_plan_updating_in_its_own_order_counts_for_the_contention_check() {
         ("nothing to write", write(Steps::InOrder(vec![])), false),
         (
             "creates only",
-            write(Steps::InOrder(vec![Action::CreateService(service("a"))])),
+            write(Steps::InOrder(vec![Action::Create(Object::Service(
+                service("a"),
+            ))])),
             false,
         ),
         (
@@ -168,29 +173,31 @@ fn only_a_plan_updating_in_its_own_order_counts_for_the_contention_check() {
         ),
         (
             "a Service update",
-            write(Steps::InOrder(vec![Action::UpdateService(service("a"))])),
+            write(Steps::InOrder(vec![Action::Update(Object::Service(
+                service("a"),
+            ))])),
             true,
         ),
         (
             "an Endpoints update among creates",
             write(Steps::InOrder(vec![
-                Action::CreateService(service("b")),
-                Action::UpdateEndpoints(endpoints("a")),
+                Action::Create(Object::Service(service("b"))),
+                Action::Update(Object::Endpoints(endpoints("a"))),
             ])),
             true,
         ),
         (
             "a slice update",
-            write(Steps::InOrder(vec![Action::UpdateEndpointSlice(slice(
-                "a-x", "a",
+            write(Steps::InOrder(vec![Action::Update(Object::EndpointSlice(
+                slice("a-x", "a"),
             ))])),
             true,
         ),
         (
             "the Endpoints-first half of a gateway move",
             write(Steps::EndpointsFirst {
-                endpoints: vec![Action::UpdateEndpoints(endpoints("a"))],
-                service: Box::new(Action::UpdateService(service("a"))),
+                endpoints: vec![Action::Update(Object::Endpoints(endpoints("a")))],
+                service: Box::new(Action::Update(Object::Service(service("a")))),
             }),
             false,
         ),

@@ -1,17 +1,18 @@
 //! The derived Service of an import: created, brought to the import, or deleted (as the
-//! cache holds it); another's Service of the name is never touched.
+//! cache holds it), through the process's `LocalWriter::mcs_imports`; another's Service
+//! of the name is never touched.
 
-use super::{Imports, Kind, delete_params};
+use super::{Imports, Kind};
+use crate::error::Error;
 use crate::mcs::decide::{DerivedStep, decide_derived};
 use crate::mcs::worker::Outcome;
-use crate::writer::FIELD_MANAGER;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use service_mirror_core::ServiceKey;
+use kube::api::ObjectMeta;
 use service_mirror_core::mcs::ImportSpec;
 use service_mirror_core::mcs_derived::{
-    DerivedAction, derived_service_name, desired_derived_service, import_ips, is_owned_derived,
+    DerivedAction, desired_derived_service, import_ips, is_owned_derived,
 };
+use service_mirror_core::{Action, Object, ObjectKind, ObjectRef, ServiceKey};
 
 impl Imports {
     /// The derived Service of `key` as `spec` says: its ClusterIPs (none if headless,
@@ -22,12 +23,6 @@ impl Imports {
         spec: &ImportSpec,
     ) -> Result<Found, Outcome> {
         let desired = desired_derived_service(key, spec, &self.controller_namespace);
-        let name = derived_service_name(key);
-        let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
         let current = self.derived.items.get(key).cloned();
         let owned = current
             .as_ref()
@@ -45,34 +40,23 @@ impl Imports {
                 .await;
                 return Ok((Vec::new(), None));
             }
-            _ => return self.create_derived(key, &api, &params, &desired).await,
+            _ => return self.create_derived(key, desired).await,
         };
         if action != DerivedAction::Nothing && !self.leading() {
             return Err(Outcome::Retry);
         }
         match action {
             DerivedAction::Nothing => Ok(addresses(&current)),
-            DerivedAction::Update(next) => match api.replace(&name, &params, &next).await {
-                Ok(stored) => {
-                    self.wrote(Kind::Derived, "updated");
-                    Ok(addresses(&stored))
-                }
-                Err(e) => Err(self.failed(Kind::Derived, key, &e)),
-            },
+            DerivedAction::Update(next) => {
+                let update = Action::Update(Object::Service(*next));
+                let stored = self.write(Kind::Derived, key, &update, "updated").await?;
+                Ok(addresses_of(stored))
+            }
             DerivedAction::Recreate => {
                 // Headless and not cannot change in place: the ClusterSetIP changes.
-                let delete = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: current.metadata.uid.clone(),
-                        resource_version: current.metadata.resource_version.clone(),
-                    }),
-                    ..Default::default()
-                };
-                match api.delete(&name, &delete).await {
-                    Ok(_) => self.wrote(Kind::Derived, "deleted"),
-                    Err(e) => return Err(self.failed(Kind::Derived, key, &e)),
-                }
-                self.create_derived(key, &api, &params, &desired).await
+                let delete = Action::Delete(ObjectRef::of(ObjectKind::Service, &current.metadata));
+                self.write(Kind::Derived, key, &delete, "deleted").await?;
+                self.create_derived(key, desired).await
             }
         }
     }
@@ -80,42 +64,41 @@ impl Imports {
     async fn create_derived(
         &mut self,
         key: &ServiceKey,
-        api: &Api<Service>,
-        params: &PostParams,
-        desired: &Service,
+        desired: Service,
     ) -> Result<Found, Outcome> {
         if !self.leading() {
             return Err(Outcome::Retry);
         }
-        match api.create(params, desired).await {
-            Ok(stored) => {
-                self.wrote(Kind::Derived, "created");
-                Ok(addresses(&stored))
+        // A Service of the name that is not ours (the writer's ownership rule for the
+        // MCS component: `is_owned_derived` of this import) is never touched.
+        match self
+            .writer
+            .write(&Action::Create(Object::Service(desired)))
+            .await
+        {
+            Err(Error::OwnershipConflict {
+                namespace,
+                name,
+                uid,
+                ..
+            }) => {
+                let meta = ObjectMeta {
+                    namespace: Some(namespace),
+                    name: Some(name),
+                    uid,
+                    ..Default::default()
+                };
+                self.foreign(key, &meta, Kind::Derived, "DerivedServiceNameTaken")
+                    .await;
+                Ok((Vec::new(), None))
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                // Ours, and our watch has not shown it yet (its event judges again), or
-                // someone else's Service holds the name: never touched.
-                let name = derived_service_name(key);
-                match api.get_opt(&name).await {
-                    Ok(Some(s))
-                        if !is_owned_derived(
-                            &s.metadata,
-                            &key.name,
-                            &self.controller_namespace,
-                        ) =>
-                    {
-                        self.foreign(key, &s.metadata, Kind::Derived, "DerivedServiceNameTaken")
-                            .await;
-                        Ok((Vec::new(), None))
-                    }
-                    Ok(_) => {
-                        self.wrote(Kind::Derived, "stale");
-                        Err(Outcome::Dropped)
-                    }
-                    Err(e) => Err(self.failed(Kind::Derived, key, &e)),
-                }
-            }
-            Err(e) => Err(self.failed(Kind::Derived, key, &e)),
+            // Ours, and our watch has not shown it yet: stale (its event judges again).
+            result => Ok(addresses_of(self.written(
+                Kind::Derived,
+                key,
+                result,
+                "created",
+            )?)),
         }
     }
 
@@ -130,20 +113,24 @@ impl Imports {
         if !self.leading() {
             return Outcome::Retry;
         }
-        let api: Api<Service> = Api::namespaced(self.client.clone(), &key.namespace);
-        let name = derived_service_name(key);
-        match api.delete(&name, &delete_params(&derived.metadata)).await {
-            Ok(_) => {
-                self.wrote(Kind::Derived, "deleted");
-                Outcome::Done
-            }
-            Err(e) => self.failed(Kind::Derived, key, &e),
+        let delete = Action::Delete(ObjectRef::of(ObjectKind::Service, &derived.metadata));
+        match self.write(Kind::Derived, key, &delete, "deleted").await {
+            Ok(_) => Outcome::Done,
+            Err(outcome) => outcome,
         }
     }
 }
 
 /// A derived Service's ClusterIPs, and its IP families if set.
 type Found = (Vec<String>, Option<Vec<String>>);
+
+/// The ClusterIPs and IP families of the derived Service a create or replace stored.
+fn addresses_of(stored: Option<Object>) -> Found {
+    match stored {
+        Some(Object::Service(s)) => addresses(&s),
+        _ => (Vec::new(), None),
+    }
+}
 
 /// A derived Service's ClusterIPs and IP families, as stored.
 fn addresses(derived: &Service) -> Found {

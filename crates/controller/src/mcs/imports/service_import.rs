@@ -1,14 +1,15 @@
-//! The ServiceImport of a name: created, replaced and its `status.clusters` written, as
+//! The ServiceImport of a name: created and replaced through the process's
+//! `LocalWriter::mcs_imports`, and its `status.clusters` written (a status patch), as
 //! `core::mcs_import` says (only ours, and only as the cache holds it).
 
 use super::{Imports, Kind};
 use crate::mcs::resource::ServiceImport;
 use crate::mcs::worker::Outcome;
 use crate::writer::FIELD_MANAGER;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use service_mirror_core::ServiceKey;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use service_mirror_core::mcs::ImportSpec;
 use service_mirror_core::mcs_import::{ImportAction, desired_import, import_action};
+use service_mirror_core::{Action, Object, ServiceKey};
 use std::collections::BTreeMap;
 
 impl Imports {
@@ -24,10 +25,6 @@ impl Imports {
         let current = self.imports.items.get(key).cloned();
         let owned = current.as_ref().is_some_and(|c| self.owns(c));
         let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
         let action = import_action(current.as_ref(), owned, &desired);
         // A foreign import stopped `sync` before (only this worker changes the cache).
         if matches!(action, ImportAction::Nothing | ImportAction::Foreign) {
@@ -39,21 +36,16 @@ impl Imports {
         let (write_spec, write_status) = match action {
             ImportAction::Nothing | ImportAction::Foreign => return Outcome::Done,
             ImportAction::Create => {
-                let body = import_object(&desired, None);
-                match api.create(&params, &body).await {
+                // Made meanwhile (ours not yet seen, or another's): stale, its event
+                // judges it again.
+                let create = Action::Create(Object::ServiceImport(import_object(&desired, None)));
+                return match self.write(Kind::Import, key, &create, "created").await {
                     Ok(stored) => {
-                        self.wrote(Kind::Import, "created");
-                        let rv = stored.metadata.resource_version.clone();
-                        return self.write_status(key, &api, rv, &desired.clusters()).await;
+                        let rv = version(stored);
+                        self.write_status(key, &api, rv, &desired.clusters()).await
                     }
-                    // Made meanwhile (ours not yet seen, or another's): its event
-                    // judges it again.
-                    Err(kube::Error::Api(e)) if e.code == 409 => {
-                        self.wrote(Kind::Import, "stale");
-                        return Outcome::Dropped;
-                    }
-                    Err(e) => return self.failed(Kind::Import, key, &e),
-                }
+                    Err(outcome) => outcome,
+                };
             }
             ImportAction::Update { spec, status } => (spec, status),
         };
@@ -62,13 +54,13 @@ impl Imports {
         };
         let mut rv = current.metadata.resource_version.clone();
         if write_spec {
-            let body = import_object(&desired, Some(&current));
-            match api.replace(&key.name, &params, &body).await {
-                Ok(stored) => {
-                    self.wrote(Kind::Import, "updated");
-                    rv = stored.metadata.resource_version;
-                }
-                Err(e) => return self.failed(Kind::Import, key, &e),
+            let update = Action::Update(Object::ServiceImport(import_object(
+                &desired,
+                Some(&current),
+            )));
+            match self.write(Kind::Import, key, &update, "updated").await {
+                Ok(stored) => rv = version(stored),
+                Err(outcome) => return outcome,
             }
         }
         match write_status {
@@ -108,6 +100,12 @@ impl Imports {
             Err(e) => self.failed(Kind::ImportStatus, key, &e),
         }
     }
+}
+
+/// The resourceVersion of the object a create or replace stored: its status is
+/// written at that version.
+fn version(stored: Option<Object>) -> Option<String> {
+    stored.and_then(|o| o.metadata().resource_version.clone())
 }
 
 /// The ServiceImport object for `desired` (status apart); over `base`, the stored one,

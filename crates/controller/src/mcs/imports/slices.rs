@@ -53,9 +53,9 @@ impl Imports {
         let mut outcome = Outcome::Done;
         for action in &actions {
             let verb = match action {
-                Action::CreateEndpointSlice(_) => "created",
-                Action::UpdateEndpointSlice(_) => "updated",
-                _ => "deleted",
+                Action::Create(_) => "created",
+                Action::Update(_) => "updated",
+                Action::Delete(_) => "deleted",
             };
             match self.writer.execute(action).await {
                 Ok(Applied::Done) => self.wrote(Kind::Slice, verb),
