@@ -371,11 +371,6 @@ impl ExportIndex {
         }
     }
 
-    /// The local cluster's name.
-    pub(super) fn local(&self) -> &str {
-        &self.local
-    }
-
     /// A feed of `cluster` starts at `now`. Refused for the local cluster (a link named
     /// like this cluster: its exports would pass for ours) and for a generation not
     /// newer than every live one.

@@ -25,11 +25,13 @@ pub mod enable;
 mod gateways;
 mod imports;
 mod index;
+mod indexer;
 pub(crate) mod metrics;
+mod reconcile;
 pub mod resource;
+mod shared;
 pub mod startup;
 mod watches;
-mod worker;
 mod write_errors;
 
 use crate::events::EventRecorder;
@@ -52,7 +54,7 @@ pub use service_mirror_api::mcs::{
     SERVICE_IMPORT_CRD_YAML, VERSION,
 };
 
-/// What the worker is told.
+/// What the index task is told.
 #[derive(Debug)]
 enum Msg {
     /// A feed of `cluster` starts (sent before any of its events).
@@ -99,6 +101,8 @@ enum Msg {
         generation: Option<index::Generation>,
         gateway: Option<SourceGateway>,
     },
+    /// Leadership changed (becoming leader judges every name).
+    Leader(bool),
 }
 
 /// Settings of the MCS component.
@@ -143,7 +147,7 @@ pub(crate) struct GatewayFeed {
 }
 
 impl crate::gateway::report::GatewayListener for GatewayFeed {
-    /// Always: which imports the cluster exports is the worker's to know.
+    /// Always: which imports the cluster exports is the reconcile's to know.
     fn in_use(&self) -> bool {
         true
     }
@@ -168,7 +172,8 @@ impl crate::gateway::report::GatewayListener for GatewayFeed {
 }
 
 impl Mcs {
-    /// Starts the component: the local watches and the worker, until `cancel`.
+    /// Starts the component: the local watches, the index task and the reconcile
+    /// workers behind their gate, until `cancel`.
     pub fn start(
         local: Client,
         recorder: EventRecorder,
@@ -185,18 +190,42 @@ impl Mcs {
         };
         let mut tasks = watches::spawn(&local, feed.clone(), &cancel);
         tasks.extend(watches::spawn_imports(&local, feed, &cancel));
+        let queue = crate::runtime::WorkQueue::new(reconcile::RETRY, cancel.clone());
+        let shared = Arc::new(parking_lot::Mutex::new(shared::Shared::new(
+            &opts.cluster_name,
+            opts.namespaces.clone(),
+        )));
+        let indexer = indexer::Indexer::new(shared.clone(), queue.clone(), metrics.clone());
+        // Judgements wait for the local lists (see `indexer.rs`) and the lead.
+        let gate = crate::runtime::Gate::new(indexer.ready.subscribe(), opts.leader.clone(), false);
         let imports =
             imports::Imports::new(local.clone(), recorder.clone(), metrics.clone(), &opts);
-        let worker = worker::Worker::new(
-            local,
+        let rec = Arc::new(reconcile::Reconciler {
+            shared,
+            queue: queue.clone(),
+            client: local,
             recorder,
-            metrics.clone(),
-            opts.leader,
-            &opts.cluster_name,
-            opts.namespaces,
+            metrics: metrics.clone(),
+            leader: opts.leader.clone(),
+            local: opts.cluster_name.clone(),
             imports,
-        );
-        tasks.push(tokio::spawn(worker.run(rx, cancel)));
+        });
+        rec.count(); // every state's gauge from the start
+        tasks.push(tokio::spawn(indexer.run(rx, cancel.clone())));
+        if let Some(leader) = opts.leader.clone() {
+            tasks.push(tokio::spawn(indexer::follow_leader(
+                leader,
+                tx.clone(),
+                cancel.clone(),
+            )));
+        }
+        tasks.extend(crate::runtime::worker::spawn(
+            reconcile::WORKERS,
+            &queue,
+            &gate,
+            &rec,
+            &cancel,
+        ));
         let mcs = Self {
             tx,
             local: opts.cluster_name.as_str().into(),

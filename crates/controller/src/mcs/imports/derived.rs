@@ -1,9 +1,9 @@
 //! The derived Service of an import: created, brought to the import, or deleted (as the
 //! cache holds it); another's Service of the name is never touched.
 
-use super::{Imports, Kind, delete_params};
+use super::{ImportFacts, Imports, Kind, delete_params};
 use crate::mcs::decide::{DerivedStep, decide_derived};
-use crate::mcs::worker::Outcome;
+use crate::mcs::write_errors::Outcome;
 use crate::writer::FIELD_MANAGER;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
@@ -17,8 +17,9 @@ impl Imports {
     /// The derived Service of `key` as `spec` says: its ClusterIPs (none if headless,
     /// or if another's Service holds the name) and IP families (if known).
     pub(super) async fn sync_derived(
-        &mut self,
+        &self,
         key: &ServiceKey,
+        facts: &ImportFacts,
         spec: &ImportSpec,
     ) -> Result<Found, Outcome> {
         let desired = desired_derived_service(key, spec, &self.controller_namespace);
@@ -28,7 +29,7 @@ impl Imports {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let current = self.derived.items.get(key).cloned();
+        let current = facts.derived.clone();
         let owned = current
             .as_ref()
             .is_some_and(|c| is_owned_derived(&c.metadata, &key.name, &self.controller_namespace));
@@ -78,7 +79,7 @@ impl Imports {
     }
 
     async fn create_derived(
-        &mut self,
+        &self,
         key: &ServiceKey,
         api: &Api<Service>,
         params: &PostParams,
@@ -120,8 +121,8 @@ impl Imports {
     }
 
     /// Our derived Service of `key`, if the cache holds one, goes.
-    pub(super) async fn remove_derived(&mut self, key: &ServiceKey) -> Outcome {
-        let Some(derived) = self.derived.items.get(key).cloned() else {
+    pub(super) async fn remove_derived(&self, key: &ServiceKey, facts: &ImportFacts) -> Outcome {
+        let Some(derived) = facts.derived.as_ref() else {
             return Outcome::Done;
         };
         if !is_owned_derived(&derived.metadata, &key.name, &self.controller_namespace) {
