@@ -9,14 +9,21 @@
 //! (the import's and derived Service's forms in `mcs_import`, `mcs_derived`); we never
 //! write to a remote cluster.
 //!
+//! It runs on the runtime, as the federation: an index task takes every [`Msg`] into
+//! the shared state and adds the keys it changes to a `runtime::WorkQueue`; the
+//! runtime's workers run `reconcile(key)` behind a gate (local lists in, leader), and a
+//! failed write is retried with the queue's backoff.
+//!
 //! Files: `enable.rs` (whether it runs, and as which cluster: `--mcs`, the CRD, the
 //! ClusterProperty `id.k8s.io`) and `startup.rs` (asking the apiserver that, once),
 //! `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
-//! cluster's exports and Services; the local imports and derived Services), `gateways.rs`
-//! (the links' gateway reports, per feed), `index.rs`
-//! (every cluster's exports, fed by those watches), `worker.rs` (gather, judge, write
-//! the status, report), `decide.rs` (the pure judgement of a name: what to write,
-//! delete and tell), `write_errors.rs` (what a refused write means), `imports.rs` (the local imports and their writer; its children
+//! cluster's exports and Services; the local imports, derived Services and slices),
+//! `gateways.rs` (the links' gateway reports, per feed), `index.rs` (every cluster's
+//! exports, fed by those watches), `indexer.rs` (the index task: messages in, keys
+//! out), `shared.rs` (what it shares with reconcile), `reconcile.rs` (gather, judge,
+//! write the status, report), `decide.rs` (the pure judgement of a name: what to write,
+//! delete and tell), `write_errors.rs` (what a refused write means), `imports.rs` (the
+//! local imports' writer; its children `imports/cache.rs` hold the local caches,
 //! `imports/service_import.rs`, `imports/derived.rs`, `imports/slices.rs` write the
 //! ServiceImport, the derived Service and the import EndpointSlices), `metrics.rs`.
 

@@ -1,6 +1,6 @@
 //! The watches of one cluster's ServiceExports and Services (the local cluster's, or a
 //! linked one's through its link's client). Each event becomes a [`Msg`] for the
-//! worker, which alone holds the index.
+//! index task, which alone applies them to the index.
 
 use super::Msg;
 use super::index::Generation;
