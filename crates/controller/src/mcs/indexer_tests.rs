@@ -276,3 +276,67 @@ async fn the_import_lists_gateways_and_link_changes_queue_the_imports() {
     feed(&ix, [Msg::Expect(["east".to_string()].into())]);
     assert_eq!(queued(&ix).await, ["shop/old"], "the linked clusters said");
 }
+
+#[tokio::test]
+async fn a_links_remote_service_events_reach_the_index_through_its_mcs_feed() {
+    let ix = indexer();
+    feed(&ix, exports(LOCAL, 0, list(&[])));
+    feed(&ix, services(LOCAL, 0, list(&[])));
+    feed(&ix, imports_listed(&[]));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let link = crate::mcs::McsFeed {
+        tx,
+        cluster: "east".into(),
+        generation: 1,
+    };
+    // The link's remote watch: a full Service, as the link's strip leaves it.
+    let mut api = service("api", 80);
+    api.metadata.labels = Some([("app".to_string(), "api".to_string())].into());
+    let events = [
+        Event::Init,
+        Event::InitApply(api.clone()),
+        Event::InitApply(service("other", 81)),
+        Event::InitDone,
+    ];
+    let mut msgs = vec![Msg::Feed {
+        cluster: "east".into(),
+        generation: 1,
+    }];
+    msgs.extend(exports("east", 1, list(&[export("api")])));
+    for event in &events {
+        link.remote_event(event);
+    }
+    while let Ok(msg) = rx.try_recv() {
+        if let Msg::Service { event, .. } = &msg
+            && let Event::InitApply(s) = &**event
+        {
+            assert!(s.metadata.labels.is_none(), "sent stripped: {s:?}");
+        }
+        msgs.push(msg);
+    }
+    feed(&ix, msgs);
+    assert_eq!(
+        queued(&ix).await,
+        ["shop/api"],
+        "its exported Service counts once the link's list is in"
+    );
+    assert_eq!(
+        ix.shared
+            .lock()
+            .index
+            .exports(&ServiceKey::new("shop", "api"))
+            .len(),
+        1
+    );
+    // A relist cut short (no InitDone) drops nothing.
+    link.remote_event(&Event::Init);
+    let msg = rx.try_recv().unwrap();
+    feed(&ix, [msg]);
+    assert!(queued(&ix).await.is_empty());
+    let exports = ix
+        .shared
+        .lock()
+        .index
+        .exports(&ServiceKey::new("shop", "api"));
+    assert!(exports[0].service.is_some(), "the Service stays");
+}

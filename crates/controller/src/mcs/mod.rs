@@ -266,33 +266,58 @@ impl Mcs {
         let _ = self.tx.send(Msg::Removed(cluster.into()));
     }
 
-    /// Reads the exports of linked cluster `cluster` through `remote` until `cancel`
-    /// (the link controller's), when they leave the merge: a newer call for the same
-    /// cluster (a link restarted with new credentials) replaces this one, whose objects
-    /// stay until the newer one's lists are complete.
+    /// Reads the exports and Services of linked cluster `cluster` through `remote`
+    /// until `cancel` (the link controller's), when they leave the merge: a newer call
+    /// for the same cluster (a link restarted with new credentials) replaces this one,
+    /// whose objects stay until the newer one's lists are complete.
     pub fn link(
         &self,
         cluster: &str,
         remote: &Client,
         cancel: &CancellationToken,
     ) -> Vec<JoinHandle<()>> {
-        self.link_with_gateway(cluster, "cluster.local", remote, cancel)
-            .0
+        let Some(feed) = self.start_feed(cluster) else {
+            return Vec::new();
+        };
+        let mut tasks = watches::spawn(remote, feed.watches(&self.metrics), cancel);
+        tasks.push(feed.ended(cancel));
+        tasks
     }
 
-    /// [`Mcs::link`], and the feed its link controller reports its gateway to (the
-    /// cluster's DNS domain `domain` names the remote Service in the slices).
+    /// A link controller's feed: its remote ServiceExports read through `remote` here,
+    /// its remote Services sent by its own remote Service watch through the returned
+    /// [`McsFeed`], and the feed its gateway is reported to (the cluster's DNS domain
+    /// `domain` names the remote Service in the slices); until `cancel`.
     pub(crate) fn link_with_gateway(
         &self,
         cluster: &str,
         domain: &str,
         remote: &Client,
         cancel: &CancellationToken,
-    ) -> (Vec<JoinHandle<()>>, Option<GatewayFeed>) {
+    ) -> (Vec<JoinHandle<()>>, Option<GatewayFeed>, Option<McsFeed>) {
+        let Some(feed) = self.start_feed(cluster) else {
+            return (Vec::new(), None, None);
+        };
+        let tasks = vec![
+            watches::spawn_exports(remote, feed.watches(&self.metrics), cancel),
+            feed.ended(cancel),
+        ];
+        let gateway = GatewayFeed {
+            mcs: self.clone(),
+            cluster: feed.cluster.to_string(),
+            generation: feed.generation,
+            domain: domain.into(),
+        };
+        (tasks, Some(gateway), Some(feed))
+    }
+
+    /// Starts a feed of linked cluster `cluster` (a new generation, told before any of
+    /// its events); `None` for this cluster's own name.
+    fn start_feed(&self, cluster: &str) -> Option<McsFeed> {
         if *cluster == *self.local {
             // Its exports would pass for this cluster's own: never read.
             tracing::error!(%cluster, "a link names this cluster's own MCS cluster name: its ServiceExports are not read");
-            return (Vec::new(), None);
+            return None;
         }
         let generation = self.generations.next();
         let cluster: Arc<str> = cluster.into();
@@ -300,27 +325,65 @@ impl Mcs {
             cluster: cluster.clone(),
             generation,
         });
-        let feed = watches::Feed {
-            cluster: cluster.clone(),
-            generation,
+        Some(McsFeed {
             tx: self.tx.clone(),
-            metrics: self.metrics.clone(),
-        };
-        let mut tasks = watches::spawn(remote, feed, cancel);
-        let gateway = GatewayFeed {
-            mcs: self.clone(),
-            cluster: cluster.to_string(),
+            cluster,
             generation,
-            domain: domain.into(),
-        };
+        })
+    }
+}
+
+/// One feed of a linked cluster into the MCS component: its generation, and the link's
+/// remote Service events (the link's remote Service watch sends them here, so MCS needs
+/// no second watch of every remote Service). The index keeps the last complete list's
+/// Services until the next list completes (`index.rs`): a relist cut short, or an
+/// unreachable remote, drops none.
+#[derive(Clone)]
+pub(crate) struct McsFeed {
+    tx: mpsc::UnboundedSender<Msg>,
+    cluster: Arc<str>,
+    generation: index::Generation,
+}
+
+impl McsFeed {
+    /// A remote Service watch event of the link (stripped as the link keeps it, with
+    /// the spec fields MCS reads).
+    pub(crate) fn remote_event(&self, event: &watcher::Event<Service>) {
+        let mut event = event.clone();
+        match &mut event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) | watcher::Event::Delete(s) => {
+                watches::strip_service(s)
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+        let _ = self.tx.send(Msg::Service {
+            cluster: self.cluster.clone(),
+            generation: self.generation,
+            event: Box::new(event),
+        });
+    }
+
+    /// Where this feed's own watches send.
+    fn watches(&self, metrics: &Arc<Metrics>) -> watches::Feed {
+        watches::Feed {
+            cluster: self.cluster.clone(),
+            generation: self.generation,
+            tx: self.tx.clone(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Tells the end of the feed when `cancel` fires: its objects leave, unless a newer
+    /// feed replaced it.
+    fn ended(&self, cancel: &CancellationToken) -> JoinHandle<()> {
         let (tx, cancel) = (self.tx.clone(), cancel.clone());
-        tasks.push(tokio::spawn(async move {
+        let (cluster, generation) = (self.cluster.clone(), self.generation);
+        tokio::spawn(async move {
             cancel.cancelled().await;
             let _ = tx.send(Msg::Ended {
                 cluster,
                 generation,
             });
-        }));
-        (tasks, Some(gateway))
+        })
     }
 }
