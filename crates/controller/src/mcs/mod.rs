@@ -17,7 +17,8 @@
 //! Files: `enable.rs` (whether it runs, and as which cluster: `--mcs`, the CRD, the
 //! ClusterProperty `id.k8s.io`) and `startup.rs` (asking the apiserver that, once),
 //! `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
-//! cluster's exports and Services; the local imports, derived Services and slices),
+//! cluster's exports and Services; a link's Services come from its own remote Service
+//! watch, through an [`McsFeed`]; the local imports, derived Services and slices),
 //! `gateways.rs` (the links' gateway reports, per feed), `index.rs` (every cluster's
 //! exports, fed by those watches), `indexer.rs` (the index task: messages in, keys
 //! out), `shared.rs` (what it shares with reconcile), `reconcile.rs` (gather, judge,
