@@ -147,6 +147,13 @@ impl LinkController {
                 &cancel,
             ),
         });
+        // MCS first: its feed starts (a generation) before the remote watch sends it
+        // the remote Services; its own watch reads the remote ServiceExports.
+        let (mut mcs_tasks, mut mcs_gateway, mut mcs_feed) = (Vec::new(), None, None);
+        if let Some(mcs) = &deps.mcs {
+            (mcs_tasks, mcs_gateway, mcs_feed) =
+                mcs.link_with_gateway(&cluster, &rec.view.link.cluster_domain, &remote, &cancel);
+        }
         let mut tasks = watches::spawn(
             &rec,
             watches::Shared {
@@ -155,19 +162,14 @@ impl LinkController {
                 relists: relists.clone(),
                 metrics: rec.fx.metrics.clone(),
                 federation: feed.clone(),
+                mcs: mcs_feed,
                 reporter: rec.fx.reporter.clone(),
             },
             local.clone(),
             remote.clone(),
             cancel.clone(),
         );
-        let mut mcs_gateway = None;
-        if let Some(mcs) = &deps.mcs {
-            let (mcs_tasks, feed) =
-                mcs.link_with_gateway(&cluster, &rec.view.link.cluster_domain, &remote, &cancel);
-            tasks.extend(mcs_tasks);
-            mcs_gateway = feed;
-        }
+        tasks.append(&mut mcs_tasks);
         let gate = workers::Gate::new(synced.clone(), deps.leader.clone(), paused);
         tasks.push(tokio::spawn(remote_state::run(
             rec.view.health.clone(),

@@ -62,6 +62,40 @@ pub(super) fn strip_remote_keeping_metadata(svc: &mut Service) {
     }
 }
 
+/// What the MCS merge reads of a remote Service's spec beyond what the link keeps (its
+/// type, affinity, traffic policies, IP families, external name; see `mcs/index.rs`):
+/// kept when the link also feeds MCS, which reads the remote Services from this watch.
+fn keep_mcs_spec(svc: &mut Service, spec: Option<k8s_openapi::api::core::v1::ServiceSpec>) {
+    let (Some(kept), Some(spec)) = (svc.spec.as_mut(), spec) else {
+        return;
+    };
+    kept.type_ = spec.type_;
+    kept.cluster_ip = kept
+        .cluster_ip
+        .take()
+        .or(spec.cluster_ip.filter(|ip| ip == "None"));
+    kept.session_affinity = spec.session_affinity;
+    kept.session_affinity_config = spec.session_affinity_config;
+    kept.internal_traffic_policy = spec.internal_traffic_policy;
+    kept.traffic_distribution = spec.traffic_distribution;
+    kept.ip_families = spec.ip_families;
+    kept.external_name = spec.external_name;
+}
+
+/// [`strip_remote`], keeping what MCS reads (the link feeds MCS).
+pub(super) fn strip_remote_for_mcs(svc: &mut Service) {
+    let spec = svc.spec.clone();
+    strip_remote(svc);
+    keep_mcs_spec(svc, spec);
+}
+
+/// [`strip_remote_keeping_metadata`], keeping what MCS reads (the link feeds MCS).
+pub(super) fn strip_remote_keeping_metadata_for_mcs(svc: &mut Service) {
+    let spec = svc.spec.clone();
+    strip_remote_keeping_metadata(svc);
+    keep_mcs_spec(svc, spec);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +145,41 @@ mod tests {
             desired_mirror(&s, &link, &gref, Some(&resolved)),
             desired_mirror(&svc, &link, &gref, Some(&resolved))
         );
+    }
+
+    #[test]
+    fn a_link_feeding_mcs_keeps_what_the_mcs_merge_reads_and_mirrors_the_same() {
+        let svc = full(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "42",
+                "labels": {"app": "web"}, "annotations": {"mirror.linkerd.io/gateway-name": "gw"}},
+            "spec": {"selector": {"app": "web"}, "clusterIP": "10.0.0.7", "type": "NodePort",
+                "sessionAffinity": "ClientIP", "internalTrafficPolicy": "Local",
+                "ipFamilies": ["IPv4"], "trafficDistribution": "PreferClose",
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+        }));
+        for (strip, mcs) in [
+            (
+                strip_remote as fn(&mut Service),
+                strip_remote_for_mcs as fn(&mut Service),
+            ),
+            (
+                strip_remote_keeping_metadata,
+                strip_remote_keeping_metadata_for_mcs,
+            ),
+        ] {
+            let (mut plain, mut kept) = (svc.clone(), svc.clone());
+            strip(&mut plain);
+            mcs(&mut kept);
+            let spec = kept.spec.as_ref().unwrap();
+            assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+            assert_eq!(spec.session_affinity.as_deref(), Some("ClientIP"));
+            assert_eq!(spec.internal_traffic_policy.as_deref(), Some("Local"));
+            assert_eq!(spec.ip_families, Some(vec!["IPv4".to_string()]));
+            assert_eq!(spec.traffic_distribution.as_deref(), Some("PreferClose"));
+            assert!(spec.selector.is_none(), "still not kept");
+            assert_eq!(kept.metadata, plain.metadata);
+            assert_eq!(spec.ports, plain.spec.as_ref().unwrap().ports);
+            assert_eq!(spec.cluster_ip, plain.spec.as_ref().unwrap().cluster_ip);
+        }
     }
 }

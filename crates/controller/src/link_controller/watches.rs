@@ -13,7 +13,10 @@ use super::metrics::LinkMetrics;
 use super::readiness::RemoteReadiness;
 use super::reconcile::Reconciler;
 use super::remote_state::RemoteHealth;
-use super::strip::{strip_managed_fields, strip_remote, strip_remote_keeping_metadata};
+use super::strip::{
+    strip_managed_fields, strip_remote, strip_remote_for_mcs, strip_remote_keeping_metadata,
+    strip_remote_keeping_metadata_for_mcs,
+};
 use super::{Synced, WorkQueue};
 use crate::runtime::once::{Episode, Reporter, Say};
 use crate::runtime::relist::{AfterList, Holds};
@@ -60,6 +63,8 @@ pub(super) struct RemoteEvents {
     pub(super) too_large: Episode,
     /// This link's feed of federated members, if any.
     pub(super) federation: Option<crate::federation::LinkFeed>,
+    /// This link's feed of remote Services into MCS, if MCS runs.
+    pub(super) mcs: Option<crate::mcs::McsFeed>,
 }
 
 /// The status of a remote watch failure that refuses the credentials: 401 (revoked or
@@ -83,9 +88,12 @@ impl RemoteEvents {
     pub(super) async fn run(self, api: Api<Service>, cancel: CancellationToken) {
         // A Link's mirrors copy the remote labels and annotations, and its selectors read
         // the labels: keep them.
-        let strip = match self.export.rule {
-            ExportRule::GatewayAnnotations => strip_remote,
-            ExportRule::Selectors { .. } => strip_remote_keeping_metadata,
+        let strip = match (&self.export.rule, self.mcs.is_some()) {
+            (ExportRule::GatewayAnnotations, false) => strip_remote,
+            (ExportRule::Selectors { .. }, false) => strip_remote_keeping_metadata,
+            // MCS reads the remote Services from this watch: its spec fields stay.
+            (ExportRule::GatewayAnnotations, true) => strip_remote_for_mcs,
+            (ExportRule::Selectors { .. }, true) => strip_remote_keeping_metadata_for_mcs,
         };
         let watch = Watch {
             api,
@@ -157,6 +165,9 @@ impl RemoteEvents {
             self.too_large.end();
         }
         if let Some(feed) = &self.federation {
+            feed.remote_event(ev);
+        }
+        if let Some(feed) = &self.mcs {
             feed.remote_event(ev);
         }
         let keys = keys_for_remote(&mut self.index.lock(), &self.remote, &self.export, ev);
@@ -500,6 +511,8 @@ pub(super) struct Shared {
     pub(super) metrics: LinkMetrics,
     /// This link's feed of federated members, if any.
     pub(super) federation: Option<crate::federation::LinkFeed>,
+    /// This link's feed of remote Services into MCS, if MCS runs.
+    pub(super) mcs: Option<crate::mcs::McsFeed>,
     /// Where the remote watch says its refusals.
     pub(super) reporter: Reporter,
 }
@@ -532,6 +545,7 @@ pub(super) fn spawn(
         local_services: rec.view.local_services.clone(),
         too_large: Episode::default(),
         federation: shared.federation,
+        mcs: shared.mcs,
     };
     let slice_events =
         (rec.view.readiness.is_some() || rec.view.hostnames.is_some()).then(|| RemoteSliceEvents {

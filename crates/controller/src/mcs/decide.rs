@@ -1,6 +1,6 @@
-//! The pure middle of the MCS worker: from what was gathered about one name (the merge
-//! of its exports, the local export and import as the caches hold them, which clusters
-//! have settled) to what to write, delete and tell. `worker.rs` gathers and applies the
+//! The pure middle of the MCS reconcile: from what was gathered about one name (the
+//! merge of its exports, the local export and import as the caches hold them, which
+//! clusters have settled) to what to write, delete and tell. `reconcile.rs` gathers and applies the
 //! export's side, `imports.rs` (and its children) the import's, derived Service's and
 //! slices'.
 

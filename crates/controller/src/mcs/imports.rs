@@ -27,63 +27,54 @@
 //!
 //! Only the leader writes: leadership is checked before each write, not once per name.
 //!
-//! This file holds the caches, `sync` (gather, `decide::decide_import`, apply), the
-//! removal, and the Events on another's objects; each kind is written by a child:
-//! `imports/service_import.rs`, `imports/derived.rs`, `imports/slices.rs`.
+//! The caches live in the shared state (`imports/cache.rs`); a reconcile reads one
+//! key's copy of them ([`cache::ImportFacts`]). This file holds `sync` (gather,
+//! `decide::decide_import`, apply), the removal, and the Events on another's objects;
+//! each kind is written by a child: `imports/service_import.rs`, `imports/derived.rs`,
+//! `imports/slices.rs`.
 
+pub(super) mod cache;
 mod derived;
 mod service_import;
 mod slices;
 
 use super::decide::{ImportPlan, Settling, StoredImport, decide_import};
-use super::index::{Changed, Grouped, Listed};
 use super::resource::ServiceImport;
-use super::worker::Outcome;
+use super::write_errors::Outcome;
 use super::write_errors::{api_status, import_write_error};
 use crate::events::EventRecorder;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::writer::Applied;
 use crate::writer::LocalWriter;
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use cache::ImportFacts;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::ObjectMeta;
 use kube::runtime::events::EventType;
-use kube::runtime::watcher::Event;
-use service_mirror_core::mcs::{Merge, SERVICE_NAME_LABEL};
-use service_mirror_core::mcs_derived::derived_service_name;
+use parking_lot::Mutex;
+use service_mirror_core::ServiceKey;
+use service_mirror_core::mcs::Merge;
 use service_mirror_core::mcs_import::is_owned_import;
-use service_mirror_core::mcs_slices::SourceGateway;
-use service_mirror_core::{Action, NamespaceFilter, Object, ObjectKind, ObjectRef, ServiceKey};
+use service_mirror_core::{Action, Object, ObjectKind, ObjectRef};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// The local imports and derived Services, and their writer.
+/// The writer of the local imports, derived Services and import slices. Shared by the
+/// reconcile workers: the queue hands a key to one worker at a time, and every key
+/// writes only its own objects.
 pub(super) struct Imports {
     client: Client,
     recorder: EventRecorder,
     metrics: Arc<Metrics>,
     controller_namespace: String,
-    namespaces: NamespaceFilter,
-    /// Every ServiceImport of the allowed namespaces, ours or not, by its key.
-    imports: Listed<ServiceImport>,
-    /// Our derived Services, by the key of their import.
-    derived: Listed<Service>,
-    /// Our import slices, by the key of their import.
-    slices: Grouped<EndpointSlice>,
-    /// This cluster's Services' own slices (stripped), by the key of their Service.
-    local_slices: Grouped<EndpointSlice>,
-    /// Each linked cluster's gateway, as its link last reported it (`None`: none
-    /// usable; absent: not reported).
-    gateways: BTreeMap<String, Option<SourceGateway>>,
     /// This cluster's name: its own exports' slices copy its Services' slices.
     local_cluster: String,
     /// The writer of the slices (ownership checked on a create that meets a name).
     writer: LocalWriter,
     /// The foreign object last reported for a key and kind (a slice: and its name), by
-    /// its uid (its name if unknown): told once.
-    told: BTreeMap<(ServiceKey, String), Option<String>>,
+    /// its uid (its name if unknown): told once. Locked between awaits only.
+    told: Mutex<BTreeMap<(ServiceKey, String), Option<String>>>,
     /// Writes only while this says true; `None`: always.
     leader: Option<Leadership>,
 }
@@ -128,114 +119,23 @@ impl Imports {
             recorder,
             metrics,
             controller_namespace: opts.controller_namespace.clone(),
-            namespaces: opts.namespaces.clone(),
-            imports: Listed::default(),
-            derived: Listed::default(),
-            slices: Grouped::default(),
-            local_slices: Grouped::default(),
-            gateways: BTreeMap::new(),
             local_cluster: opts.cluster_name.clone(),
             writer,
-            told: BTreeMap::new(),
+            told: Mutex::new(BTreeMap::new()),
         }
-    }
-
-    /// An import-slice watch event: the keys (of their imports) it changed.
-    pub(super) fn slice_event(&mut self, ev: &Event<EndpointSlice>) -> Changed {
-        let namespaces = &self.namespaces;
-        self.slices.apply(ev, |s| {
-            let ns = s.metadata.namespace.as_deref()?;
-            let import = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-            namespaces.allows(ns).then(|| ServiceKey::new(ns, import))
-        })
-    }
-
-    /// A local Service-slice watch event: the keys (of their Services) it changed.
-    pub(super) fn local_slice_event(&mut self, ev: &Event<EndpointSlice>) -> Changed {
-        let namespaces = &self.namespaces;
-        let mut changed = self.local_slices.apply(ev, |s| {
-            let ns = s.metadata.namespace.as_deref()?;
-            let labels = s.metadata.labels.as_ref()?;
-            let service = labels.get(service_mirror_core::labels::SERVICE_NAME_LABEL)?;
-            namespaces.allows(ns).then(|| ServiceKey::new(ns, service))
-        });
-        // Only imports here read them (a new import reads them when made).
-        changed.retain(|k| self.imports.items.contains_key(k) || self.slices.items.contains_key(k));
-        changed
-    }
-
-    /// What `cluster`'s slices point at changed (see `gateways.rs`): every import is
-    /// looked at again (those the cluster does not export plan no write).
-    pub(super) fn gateway(&mut self, cluster: &str, now: super::gateways::Effective) -> Changed {
-        match now {
-            Some(g) => self.gateways.insert(cluster.into(), g),
-            None => self.gateways.remove(cluster),
-        };
-        self.imports.items.keys().cloned().collect()
-    }
-
-    /// A ServiceImport watch event: the keys it changed.
-    pub(super) fn import_event(&mut self, ev: &Event<ServiceImport>) -> Changed {
-        let namespaces = &self.namespaces;
-        self.imports.apply(
-            ev,
-            |i| ServiceKey::from_meta(&i.metadata).filter(|k| namespaces.allows(&k.namespace)),
-            |i| Some(i.clone()),
-        )
-    }
-
-    /// A derived-Service watch event: the keys (of their imports) it changed. One not
-    /// named as its import's derived Service is not ours to keep.
-    pub(super) fn derived_event(&mut self, ev: &Event<Service>) -> Changed {
-        let namespaces = &self.namespaces;
-        self.derived.apply(
-            ev,
-            |s| {
-                let ns = s.metadata.namespace.as_deref()?;
-                let import = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-                let key = ServiceKey::new(ns, import);
-                (namespaces.allows(ns)
-                    && s.metadata.name.as_deref() == Some(&derived_service_name(&key)))
-                .then_some(key)
-            },
-            |s| Some(s.clone()),
-        )
-    }
-
-    /// Whether the local import and derived-Service lists are complete (nothing is
-    /// written before).
-    pub(super) fn listed(&self) -> bool {
-        self.imports.listed && self.derived.listed
-    }
-
-    /// Whether our import slices are listed (no slice is written before: a failing
-    /// slice watch holds the slices back, not the imports).
-    pub(super) fn slices_listed(&self) -> bool {
-        self.slices.listed
-    }
-
-    /// The keys of every local import, derived Service and import slice (to look at
-    /// them all again).
-    pub(super) fn keys(&self) -> Changed {
-        self.imports
-            .items
-            .keys()
-            .chain(self.derived.items.keys())
-            .chain(self.slices.items.keys())
-            .cloned()
-            .collect()
     }
 
     /// Brings the import of `key`, its derived Service and its slices to `merged`:
     /// gathered, planned (`decide::decide_import`; `settling`: which clusters count now
     /// or are known gone, see the module's doc), then applied.
     pub(super) async fn sync(
-        &mut self,
+        &self,
         key: &ServiceKey,
+        facts: &ImportFacts,
         merged: &Merge,
         settling: &Settling<'_>,
     ) -> Outcome {
-        let cached = self.imports.items.get(key);
+        let cached = facts.import.as_ref();
         let stored = cached.map(|i| StoredImport {
             owned: self.owns(i),
             clusters: i.clusters(),
@@ -248,8 +148,10 @@ impl Imports {
                 let meta = meta.unwrap_or_default();
                 self.foreign(key, &meta, Kind::Import, "ImportOwnedByAnother")
                     .await;
-                let slices = self.sync_slices(key, None, &[], BTreeSet::new()).await;
-                slices.max(self.remove_derived(key).await)
+                let slices = self
+                    .sync_slices(key, facts, None, &[], BTreeSet::new())
+                    .await;
+                slices.max(self.remove_derived(key, facts).await)
             }
             ImportPlan::Keep { unsettled } => {
                 // Kept: those clusters may export it still (judged again when they list
@@ -257,18 +159,21 @@ impl Imports {
                 tracing::debug!(import = %key, clusters = ?unsettled, "no export seen, but clusters it lists are not listed: import kept");
                 Outcome::Done
             }
-            ImportPlan::Remove { import } => self.remove(key, meta.filter(|_| import)).await,
+            ImportPlan::Remove { import } => self.remove(key, facts, meta.filter(|_| import)).await,
             ImportPlan::Write { mut spec, keep } => {
-                let (ips, families) = match self.sync_derived(key, &spec).await {
+                let (ips, families) = match self.sync_derived(key, facts, &spec).await {
                     Ok(found) => found,
                     Err(outcome) => return outcome,
                 };
                 if let Some(families) = families {
                     spec.ip_families = families; // this cluster's, as the derived Service has them
                 }
-                match self.sync_import(key, &spec, &merged.clusters, ips).await {
+                match self
+                    .sync_import(key, facts, &spec, &merged.clusters, ips)
+                    .await
+                {
                     Outcome::Done => {
-                        self.sync_slices(key, Some(&spec), &merged.clusters, keep)
+                        self.sync_slices(key, facts, Some(&spec), &merged.clusters, keep)
                             .await
                     }
                     other => other,
@@ -283,14 +188,21 @@ impl Imports {
 
     /// No export of `key` anywhere, and every cluster the import lists settled: our
     /// slices, our import (`import`: its metadata as cached) and our derived Service go.
-    async fn remove(&mut self, key: &ServiceKey, import: Option<ObjectMeta>) -> Outcome {
+    async fn remove(
+        &self,
+        key: &ServiceKey,
+        facts: &ImportFacts,
+        import: Option<ObjectMeta>,
+    ) -> Outcome {
         if let Some(import) = import {
             if !self.leading() {
                 return Outcome::Retry;
             }
             // Its slices first: none outlives it pointing at a cluster (the garbage
             // collector would take them too, where one runs).
-            let slices = self.sync_slices(key, None, &[], BTreeSet::new()).await;
+            let slices = self
+                .sync_slices(key, facts, None, &[], BTreeSet::new())
+                .await;
             if slices != Outcome::Done {
                 return slices;
             }
@@ -300,20 +212,22 @@ impl Imports {
             }
         } else {
             // Slices of ours with no import of ours (left by a failed delete): they go.
-            let slices = self.sync_slices(key, None, &[], BTreeSet::new()).await;
+            let slices = self
+                .sync_slices(key, facts, None, &[], BTreeSet::new())
+                .await;
             if slices != Outcome::Done {
                 return slices;
             }
         }
-        self.told.retain(|(k, _), _| k != key);
-        self.remove_derived(key).await
+        self.told.lock().retain(|(k, _), _| k != key);
+        self.remove_derived(key, facts).await
     }
     fn owns(&self, import: &ServiceImport) -> bool {
         is_owned_import(&import.metadata, &self.controller_namespace)
     }
 
     /// A write failed: counted, and what follows.
-    fn failed(&mut self, kind: Kind, key: &ServiceKey, e: &kube::Error) -> Outcome {
+    fn failed(&self, kind: Kind, key: &ServiceKey, e: &kube::Error) -> Outcome {
         let (outcome, next) = import_write_error(api_status(e));
         match (outcome, e) {
             ("no_namespace", _) => {
@@ -337,7 +251,7 @@ impl Imports {
     /// outcome to stop at otherwise (a create that met another's object: dropped, its
     /// watch event judges it again).
     async fn write(
-        &mut self,
+        &self,
         kind: Kind,
         key: &ServiceKey,
         action: &Action,
@@ -349,7 +263,7 @@ impl Imports {
 
     /// What a write through the writer (see [`Imports::write`]) gave, counted.
     fn written(
-        &mut self,
+        &self,
         kind: Kind,
         key: &ServiceKey,
         result: crate::error::Result<(Applied, Option<Object>)>,
@@ -371,7 +285,7 @@ impl Imports {
     }
 
     /// A write through the writer failed: counted, and what follows.
-    fn write_failed(&mut self, kind: Kind, key: &ServiceKey, e: crate::error::Error) -> Outcome {
+    fn write_failed(&self, kind: Kind, key: &ServiceKey, e: crate::error::Error) -> Outcome {
         match e {
             crate::error::Error::Kube(e) => self.failed(kind, key, &e),
             // A create's 404: the namespace is not there (the KEP leaves it to its owner).
@@ -398,17 +312,16 @@ impl Imports {
     }
 
     /// Someone else's object where ours would be: a Warning Event on it, once per object.
-    async fn foreign(&mut self, key: &ServiceKey, meta: &ObjectMeta, kind: Kind, reason: &str) {
+    async fn foreign(&self, key: &ServiceKey, meta: &ObjectMeta, kind: Kind, reason: &str) {
         let slot = match kind {
             Kind::Slice => format!("{}/{}", kind.label(), meta.name.as_deref().unwrap_or("")),
             _ => kind.label().to_string(),
         };
         let told = (key.clone(), slot);
         let id = meta.uid.clone().or_else(|| meta.name.clone());
-        if self.told.get(&told) == Some(&id) {
+        if self.told.lock().insert(told, id.clone()) == Some(id) {
             return;
         }
-        self.told.insert(told, id);
         // Counted once per object, as the Event: nothing is written.
         self.wrote(kind, "foreign");
         let (api_version, kind_name) = match kind {

@@ -1,7 +1,7 @@
 //! The exports of the cluster set as this controller sees them: for the local cluster
 //! and each linked one, its ServiceExports and the Services they name, fed by watch
-//! events. Each event returns the keys whose exports it may have changed, so that the
-//! worker judges only those.
+//! events. Each event returns the keys whose exports it may have changed, so that only
+//! those are queued for a reconcile.
 //!
 //! A cluster counts once both its lists are complete: before that its exports are
 //! unknown, and judging without them would flip `Conflict` when they arrive. A relist
@@ -369,11 +369,6 @@ impl ExportIndex {
                 Feeds(BTreeMap::from([(0, ClusterView::new(now))])),
             )]),
         }
-    }
-
-    /// The local cluster's name.
-    pub(super) fn local(&self) -> &str {
-        &self.local
     }
 
     /// A feed of `cluster` starts at `now`. Refused for the local cluster (a link named

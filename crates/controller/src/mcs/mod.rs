@@ -9,14 +9,22 @@
 //! (the import's and derived Service's forms in `mcs_import`, `mcs_derived`); we never
 //! write to a remote cluster.
 //!
+//! It runs on the runtime, as the federation: an index task takes every [`Msg`] into
+//! the shared state and adds the keys it changes to a `runtime::WorkQueue`; the
+//! runtime's workers run `reconcile(key)` behind a gate (local lists in, leader), and a
+//! failed write is retried with the queue's backoff.
+//!
 //! Files: `enable.rs` (whether it runs, and as which cluster: `--mcs`, the CRD, the
 //! ClusterProperty `id.k8s.io`) and `startup.rs` (asking the apiserver that, once),
 //! `resource.rs` (the ServiceExport and ServiceImport types), `watches.rs` (one
-//! cluster's exports and Services; the local imports and derived Services), `gateways.rs`
-//! (the links' gateway reports, per feed), `index.rs`
-//! (every cluster's exports, fed by those watches), `worker.rs` (gather, judge, write
-//! the status, report), `decide.rs` (the pure judgement of a name: what to write,
-//! delete and tell), `write_errors.rs` (what a refused write means), `imports.rs` (the local imports and their writer; its children
+//! cluster's exports and Services; a link's Services come from its own remote Service
+//! watch, through an [`McsFeed`]; the local imports, derived Services and slices),
+//! `gateways.rs` (the links' gateway reports, per feed), `index.rs` (every cluster's
+//! exports, fed by those watches), `indexer.rs` (the index task: messages in, keys
+//! out), `shared.rs` (what it shares with reconcile), `reconcile.rs` (gather, judge,
+//! write the status, report), `decide.rs` (the pure judgement of a name: what to write,
+//! delete and tell), `write_errors.rs` (what a refused write means), `imports.rs` (the
+//! local imports' writer; its children `imports/cache.rs` hold the local caches,
 //! `imports/service_import.rs`, `imports/derived.rs`, `imports/slices.rs` write the
 //! ServiceImport, the derived Service and the import EndpointSlices), `metrics.rs`.
 
@@ -25,11 +33,13 @@ pub mod enable;
 mod gateways;
 mod imports;
 mod index;
+mod indexer;
 pub(crate) mod metrics;
+mod reconcile;
 pub mod resource;
+mod shared;
 pub mod startup;
 mod watches;
-mod worker;
 mod write_errors;
 
 use crate::events::EventRecorder;
@@ -52,7 +62,7 @@ pub use service_mirror_api::mcs::{
     SERVICE_IMPORT_CRD_YAML, VERSION,
 };
 
-/// What the worker is told.
+/// What the index task is told.
 #[derive(Debug)]
 enum Msg {
     /// A feed of `cluster` starts (sent before any of its events).
@@ -99,6 +109,8 @@ enum Msg {
         generation: Option<index::Generation>,
         gateway: Option<SourceGateway>,
     },
+    /// Leadership changed (becoming leader judges every name).
+    Leader(bool),
 }
 
 /// Settings of the MCS component.
@@ -143,7 +155,7 @@ pub(crate) struct GatewayFeed {
 }
 
 impl crate::gateway::report::GatewayListener for GatewayFeed {
-    /// Always: which imports the cluster exports is the worker's to know.
+    /// Always: which imports the cluster exports is the reconcile's to know.
     fn in_use(&self) -> bool {
         true
     }
@@ -168,7 +180,8 @@ impl crate::gateway::report::GatewayListener for GatewayFeed {
 }
 
 impl Mcs {
-    /// Starts the component: the local watches and the worker, until `cancel`.
+    /// Starts the component: the local watches, the index task and the reconcile
+    /// workers behind their gate, until `cancel`.
     pub fn start(
         local: Client,
         recorder: EventRecorder,
@@ -185,18 +198,42 @@ impl Mcs {
         };
         let mut tasks = watches::spawn(&local, feed.clone(), &cancel);
         tasks.extend(watches::spawn_imports(&local, feed, &cancel));
+        let queue = crate::runtime::WorkQueue::new(reconcile::RETRY, cancel.clone());
+        let shared = Arc::new(parking_lot::Mutex::new(shared::Shared::new(
+            &opts.cluster_name,
+            opts.namespaces.clone(),
+        )));
+        let indexer = indexer::Indexer::new(shared.clone(), queue.clone(), metrics.clone());
+        // Judgements wait for the local lists (see `indexer.rs`) and the lead.
+        let gate = crate::runtime::Gate::new(indexer.ready.subscribe(), opts.leader.clone(), false);
         let imports =
             imports::Imports::new(local.clone(), recorder.clone(), metrics.clone(), &opts);
-        let worker = worker::Worker::new(
-            local,
+        let rec = Arc::new(reconcile::Reconciler {
+            shared,
+            queue: queue.clone(),
+            client: local,
             recorder,
-            metrics.clone(),
-            opts.leader,
-            &opts.cluster_name,
-            opts.namespaces,
+            metrics: metrics.clone(),
+            leader: opts.leader.clone(),
+            local: opts.cluster_name.clone(),
             imports,
-        );
-        tasks.push(tokio::spawn(worker.run(rx, cancel)));
+        });
+        rec.count(); // every state's gauge from the start
+        tasks.push(tokio::spawn(indexer.run(rx, cancel.clone())));
+        if let Some(leader) = opts.leader.clone() {
+            tasks.push(tokio::spawn(indexer::follow_leader(
+                leader,
+                tx.clone(),
+                cancel.clone(),
+            )));
+        }
+        tasks.extend(crate::runtime::worker::spawn(
+            reconcile::WORKERS,
+            &queue,
+            &gate,
+            &rec,
+            &cancel,
+        ));
         let mcs = Self {
             tx,
             local: opts.cluster_name.as_str().into(),
@@ -230,33 +267,58 @@ impl Mcs {
         let _ = self.tx.send(Msg::Removed(cluster.into()));
     }
 
-    /// Reads the exports of linked cluster `cluster` through `remote` until `cancel`
-    /// (the link controller's), when they leave the merge: a newer call for the same
-    /// cluster (a link restarted with new credentials) replaces this one, whose objects
-    /// stay until the newer one's lists are complete.
+    /// Reads the exports and Services of linked cluster `cluster` through `remote`
+    /// until `cancel` (the link controller's), when they leave the merge: a newer call
+    /// for the same cluster (a link restarted with new credentials) replaces this one,
+    /// whose objects stay until the newer one's lists are complete.
     pub fn link(
         &self,
         cluster: &str,
         remote: &Client,
         cancel: &CancellationToken,
     ) -> Vec<JoinHandle<()>> {
-        self.link_with_gateway(cluster, "cluster.local", remote, cancel)
-            .0
+        let Some(feed) = self.start_feed(cluster) else {
+            return Vec::new();
+        };
+        let mut tasks = watches::spawn(remote, feed.watches(&self.metrics), cancel);
+        tasks.push(feed.ended(cancel));
+        tasks
     }
 
-    /// [`Mcs::link`], and the feed its link controller reports its gateway to (the
-    /// cluster's DNS domain `domain` names the remote Service in the slices).
+    /// A link controller's feed: its remote ServiceExports read through `remote` here,
+    /// its remote Services sent by its own remote Service watch through the returned
+    /// [`McsFeed`], and the feed its gateway is reported to (the cluster's DNS domain
+    /// `domain` names the remote Service in the slices); until `cancel`.
     pub(crate) fn link_with_gateway(
         &self,
         cluster: &str,
         domain: &str,
         remote: &Client,
         cancel: &CancellationToken,
-    ) -> (Vec<JoinHandle<()>>, Option<GatewayFeed>) {
+    ) -> (Vec<JoinHandle<()>>, Option<GatewayFeed>, Option<McsFeed>) {
+        let Some(feed) = self.start_feed(cluster) else {
+            return (Vec::new(), None, None);
+        };
+        let tasks = vec![
+            watches::spawn_exports(remote, feed.watches(&self.metrics), cancel),
+            feed.ended(cancel),
+        ];
+        let gateway = GatewayFeed {
+            mcs: self.clone(),
+            cluster: feed.cluster.to_string(),
+            generation: feed.generation,
+            domain: domain.into(),
+        };
+        (tasks, Some(gateway), Some(feed))
+    }
+
+    /// Starts a feed of linked cluster `cluster` (a new generation, told before any of
+    /// its events); `None` for this cluster's own name.
+    fn start_feed(&self, cluster: &str) -> Option<McsFeed> {
         if *cluster == *self.local {
             // Its exports would pass for this cluster's own: never read.
             tracing::error!(%cluster, "a link names this cluster's own MCS cluster name: its ServiceExports are not read");
-            return (Vec::new(), None);
+            return None;
         }
         let generation = self.generations.next();
         let cluster: Arc<str> = cluster.into();
@@ -264,27 +326,65 @@ impl Mcs {
             cluster: cluster.clone(),
             generation,
         });
-        let feed = watches::Feed {
-            cluster: cluster.clone(),
-            generation,
+        Some(McsFeed {
             tx: self.tx.clone(),
-            metrics: self.metrics.clone(),
-        };
-        let mut tasks = watches::spawn(remote, feed, cancel);
-        let gateway = GatewayFeed {
-            mcs: self.clone(),
-            cluster: cluster.to_string(),
+            cluster,
             generation,
-            domain: domain.into(),
-        };
+        })
+    }
+}
+
+/// One feed of a linked cluster into the MCS component: its generation, and the link's
+/// remote Service events (the link's remote Service watch sends them here, so MCS needs
+/// no second watch of every remote Service). The index keeps the last complete list's
+/// Services until the next list completes (`index.rs`): a relist cut short, or an
+/// unreachable remote, drops none.
+#[derive(Clone)]
+pub(crate) struct McsFeed {
+    tx: mpsc::UnboundedSender<Msg>,
+    cluster: Arc<str>,
+    generation: index::Generation,
+}
+
+impl McsFeed {
+    /// A remote Service watch event of the link (stripped as the link keeps it, with
+    /// the spec fields MCS reads).
+    pub(crate) fn remote_event(&self, event: &watcher::Event<Service>) {
+        let mut event = event.clone();
+        match &mut event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) | watcher::Event::Delete(s) => {
+                watches::strip_service(s)
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+        let _ = self.tx.send(Msg::Service {
+            cluster: self.cluster.clone(),
+            generation: self.generation,
+            event: Box::new(event),
+        });
+    }
+
+    /// Where this feed's own watches send.
+    fn watches(&self, metrics: &Arc<Metrics>) -> watches::Feed {
+        watches::Feed {
+            cluster: self.cluster.clone(),
+            generation: self.generation,
+            tx: self.tx.clone(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Tells the end of the feed when `cancel` fires: its objects leave, unless a newer
+    /// feed replaced it.
+    fn ended(&self, cancel: &CancellationToken) -> JoinHandle<()> {
         let (tx, cancel) = (self.tx.clone(), cancel.clone());
-        tasks.push(tokio::spawn(async move {
+        let (cluster, generation) = (self.cluster.clone(), self.generation);
+        tokio::spawn(async move {
             cancel.cancelled().await;
             let _ = tx.send(Msg::Ended {
                 cluster,
                 generation,
             });
-        }));
-        (tasks, Some(gateway))
+        })
     }
 }

@@ -1,6 +1,6 @@
 //! The watches of one cluster's ServiceExports and Services (the local cluster's, or a
 //! linked one's through its link's client). Each event becomes a [`Msg`] for the
-//! worker, which alone holds the index.
+//! index task, which alone applies them to the index.
 
 use super::Msg;
 use super::index::Generation;
@@ -31,7 +31,7 @@ fn strip_export(e: &mut ServiceExport) {
 }
 
 /// The index reads a Service's spec only (see `index.rs`): the rest is not sent.
-fn strip_service(s: &mut Service) {
+pub(super) fn strip_service(s: &mut Service) {
     s.metadata.managed_fields = None;
     s.metadata.annotations = None;
     s.metadata.labels = None;
@@ -47,26 +47,15 @@ pub(super) struct Feed {
     pub(super) metrics: Arc<Metrics>,
 }
 
-/// Starts the two watches of `client`'s cluster.
+/// Starts the two watches of `client`'s cluster (the local one's, or a linked one's
+/// read through [`super::Mcs::link`]).
 pub(super) fn spawn(
     client: &Client,
     feed: Feed,
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     vec![
-        tokio::spawn(watch_kind(
-            Api::<ServiceExport>::all(client.clone()),
-            strip_export,
-            |cluster, generation, event| Msg::Export {
-                cluster,
-                generation,
-                event,
-            },
-            "ServiceExport",
-            watcher::Config::default(),
-            feed.clone(),
-            cancel.clone(),
-        )),
+        spawn_exports(client, feed.clone(), cancel),
         tokio::spawn(watch_kind(
             Api::<Service>::all(client.clone()),
             strip_service,
@@ -81,6 +70,28 @@ pub(super) fn spawn(
             cancel.clone(),
         )),
     ]
+}
+
+/// Starts the ServiceExport watch of `client`'s cluster (a link's: its remote Services
+/// come from the link's own remote Service watch, through a [`super::McsFeed`]).
+pub(super) fn spawn_exports(
+    client: &Client,
+    feed: Feed,
+    cancel: &CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(watch_kind(
+        Api::<ServiceExport>::all(client.clone()),
+        strip_export,
+        |cluster, generation, event| Msg::Export {
+            cluster,
+            generation,
+            event,
+        },
+        "ServiceExport",
+        watcher::Config::default(),
+        feed,
+        cancel.clone(),
+    ))
 }
 
 fn strip_import(i: &mut ServiceImport) {

@@ -1,11 +1,23 @@
 //! What the apiserver's refusal of one of our writes means (pure): its metric label,
 //! whether it is retried, and for an export's status what is remembered and told.
-//! `worker.rs` and `imports.rs` apply it (and log).
+//! `reconcile.rs` and `imports.rs` apply it (and log).
 
 use super::decide::Told;
-use super::worker::Outcome;
 use kube::runtime::events::EventType;
 use service_mirror_core::mcs::EXPORT_CONDITION_TYPES;
+
+/// How one write of a reconcile ended, and what follows (ordered: the worse of two
+/// counts). A reconcile's worst is the runtime's outcome: `Retry` fails it (the queue's
+/// backoff retries the key), the others are done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Outcome {
+    /// Applied (or nothing to apply).
+    Done,
+    /// Not to be retried: the object's next change judges it again.
+    Dropped,
+    /// Retried with backoff.
+    Retry,
+}
 
 /// The apiserver's answer to a failed write: its status code and message (`None`: no
 /// answer, the request failed on the way).

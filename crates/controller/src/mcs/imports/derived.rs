@@ -2,10 +2,10 @@
 //! cache holds it), through the process's `LocalWriter::mcs_imports`; another's Service
 //! of the name is never touched.
 
-use super::{Imports, Kind};
+use super::{ImportFacts, Imports, Kind};
 use crate::error::Error;
 use crate::mcs::decide::{DerivedStep, decide_derived};
-use crate::mcs::worker::Outcome;
+use crate::mcs::write_errors::Outcome;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::ObjectMeta;
 use service_mirror_core::mcs::ImportSpec;
@@ -18,12 +18,13 @@ impl Imports {
     /// The derived Service of `key` as `spec` says: its ClusterIPs (none if headless,
     /// or if another's Service holds the name) and IP families (if known).
     pub(super) async fn sync_derived(
-        &mut self,
+        &self,
         key: &ServiceKey,
+        facts: &ImportFacts,
         spec: &ImportSpec,
     ) -> Result<Found, Outcome> {
         let desired = desired_derived_service(key, spec, &self.controller_namespace);
-        let current = self.derived.items.get(key).cloned();
+        let current = facts.derived.clone();
         let owned = current
             .as_ref()
             .is_some_and(|c| is_owned_derived(&c.metadata, &key.name, &self.controller_namespace));
@@ -61,11 +62,7 @@ impl Imports {
         }
     }
 
-    async fn create_derived(
-        &mut self,
-        key: &ServiceKey,
-        desired: Service,
-    ) -> Result<Found, Outcome> {
+    async fn create_derived(&self, key: &ServiceKey, desired: Service) -> Result<Found, Outcome> {
         if !self.leading() {
             return Err(Outcome::Retry);
         }
@@ -103,8 +100,8 @@ impl Imports {
     }
 
     /// Our derived Service of `key`, if the cache holds one, goes.
-    pub(super) async fn remove_derived(&mut self, key: &ServiceKey) -> Outcome {
-        let Some(derived) = self.derived.items.get(key).cloned() else {
+    pub(super) async fn remove_derived(&self, key: &ServiceKey, facts: &ImportFacts) -> Outcome {
+        let Some(derived) = facts.derived.as_ref() else {
             return Outcome::Done;
         };
         if !is_owned_derived(&derived.metadata, &key.name, &self.controller_namespace) {

@@ -2,9 +2,9 @@
 //! `LocalWriter::mcs_imports`, and its `status.clusters` written (a status patch), as
 //! `core::mcs_import` says (only ours, and only as the cache holds it).
 
-use super::{Imports, Kind};
+use super::{ImportFacts, Imports, Kind};
 use crate::mcs::resource::ServiceImport;
-use crate::mcs::worker::Outcome;
+use crate::mcs::write_errors::Outcome;
 use crate::writer::FIELD_MANAGER;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use service_mirror_core::mcs::ImportSpec;
@@ -15,18 +15,19 @@ use std::collections::BTreeMap;
 impl Imports {
     /// The ServiceImport of `key` as `spec`, `clusters` and `ips` say.
     pub(super) async fn sync_import(
-        &mut self,
+        &self,
         key: &ServiceKey,
+        facts: &ImportFacts,
         spec: &ImportSpec,
         clusters: &[String],
         ips: Vec<String>,
     ) -> Outcome {
         let desired = desired_import(key, spec, clusters, ips, &self.controller_namespace);
-        let current = self.imports.items.get(key).cloned();
+        let current = facts.import.clone();
         let owned = current.as_ref().is_some_and(|c| self.owns(c));
         let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
         let action = import_action(current.as_ref(), owned, &desired);
-        // A foreign import stopped `sync` before (only this worker changes the cache).
+        // A foreign import stopped `sync` before (the facts are one copy of the cache).
         if matches!(action, ImportAction::Nothing | ImportAction::Foreign) {
             return Outcome::Done;
         }
@@ -72,7 +73,7 @@ impl Imports {
     /// `status.clusters` of the import `key`, at resourceVersion `rv` (a merge patch:
     /// the list is replaced whole).
     async fn write_status(
-        &mut self,
+        &self,
         key: &ServiceKey,
         api: &Api<ServiceImport>,
         rv: Option<String>,

@@ -2,11 +2,10 @@
 //! written through the process's `LocalWriter::mcs_imports` (ownership checked on a
 //! create that meets a name).
 
-use super::{Imports, Kind};
+use super::{ImportFacts, Imports, Kind};
 use crate::mcs::decide::{SliceFacts, decide_slices};
-use crate::mcs::worker::Outcome;
+use crate::mcs::write_errors::Outcome;
 use crate::writer::Applied;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ObjectMeta;
 use service_mirror_core::mcs::ImportSpec;
 use service_mirror_core::{Action, ServiceKey};
@@ -17,36 +16,32 @@ impl Imports {
     /// the name goes) and the exporting `clusters` say, owned by the import as cached
     /// (a new import's slices come with its watch event, which brings its uid).
     pub(super) async fn sync_slices(
-        &mut self,
+        &self,
         key: &ServiceKey,
+        facts: &ImportFacts,
         spec: Option<&ImportSpec>,
         clusters: &[String],
         keep: BTreeSet<String>,
     ) -> Outcome {
-        let import = self
-            .imports
-            .items
-            .get(key)
+        let import = facts
+            .import
+            .as_ref()
             .filter(|i| self.owns(i))
             .and_then(|i| i.metadata.uid.clone());
         // Until listed, this cluster's slices of ours are left as they are.
-        let local: Option<Vec<EndpointSlice>> = self
-            .local_slices
-            .listed
-            .then(|| self.local_slices.of(key).cloned().collect());
-        let stored: Vec<EndpointSlice> = self.slices.of(key).cloned().collect();
+        let local = facts.local_slices.as_deref();
         let Some(actions) = decide_slices(SliceFacts {
             key,
-            listed: self.slices.listed,
+            listed: facts.slices_listed,
             spec,
             clusters,
             keep,
             import_uid: import.as_deref(),
-            local_slices: local.as_deref(),
-            gateways: &self.gateways,
+            local_slices: local,
+            gateways: &facts.gateways,
             local_cluster: &self.local_cluster,
             controller_namespace: &self.controller_namespace,
-            stored: &stored,
+            stored: &facts.slices,
         }) else {
             return Outcome::Done; // judged again when the list, or the new import, is in
         };

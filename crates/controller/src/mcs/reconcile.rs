@@ -1,0 +1,283 @@
+//! The reconcile of one name, run by the runtime's workers behind the gate (the local
+//! cluster listed, leader): judges the local ServiceExport of the name against the
+//! exports of the same name in every listed cluster (`service_mirror_core::mcs`) and
+//! applies its conditions to the export's status; then brings the name's local
+//! ServiceImport, derived Service and slices to the merge (`imports.rs`). Each step
+//! gathers what the shared index and caches hold (copied under the lock), asks
+//! `decide.rs` what to do (pure, table-tested), and applies that, unlocked.
+//!
+//! One status write per change: the conditions are compared with the export as the
+//! cache holds it (transition times kept where the status did not change), and a write
+//! is not repeated while the cache still shows the export as it was before that write.
+//!
+//! Workers: the queue hands a key to one worker at a time, and every key writes only
+//! its own export's status and its own import's objects; what reconcile remembers is
+//! kept per key in the shared state. A write that fails is retried with the queue's
+//! backoff (1 s doubling to 1 min).
+
+use super::decide::{ExportFacts, ExportStep, Settling, decide_export};
+use super::imports::Imports;
+use super::imports::cache::ImportFacts;
+use super::resource::{ServiceExport, status_apply};
+use super::shared::Shared;
+use super::write_errors::{Outcome as Wrote, api_status, status_write_error};
+use crate::backoff::Backoff;
+use crate::events::EventRecorder;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::runtime::{Outcome, Reconcile, WorkQueue};
+use crate::writer::FIELD_MANAGER;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Client, Resource};
+use parking_lot::Mutex;
+use service_mirror_core::ServiceKey;
+use service_mirror_core::mcs::{ClusterExport, Merge, Validity, merge};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Retries of a failed write: 1 s doubling to 1 min.
+pub(super) const RETRY: Backoff =
+    Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
+
+/// Reconcile workers. A name's writes are a few requests (a status patch; an import,
+/// its status, a derived Service, a slice per cluster), each a round trip: one worker
+/// judged one name at a time, and the cold sync of 1,000 exports x 2 clusters took
+/// 2.55x the reference writer. 16 keep the apiserver, not our round trips, the bound.
+pub(super) const WORKERS: usize = 16;
+
+/// A reconcile had a write to retry (already logged and counted where it failed).
+#[derive(Debug)]
+pub(super) struct Retry;
+
+pub(super) struct Reconciler {
+    pub(super) shared: Arc<Mutex<Shared>>,
+    pub(super) queue: WorkQueue<ServiceKey>,
+    pub(super) client: Client,
+    pub(super) recorder: EventRecorder,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) leader: Option<Leadership>,
+    /// This cluster's name.
+    pub(super) local: String,
+    /// The writer of the local imports.
+    pub(super) imports: Imports,
+}
+
+/// What one reconcile judges from: copied from the shared state under its lock.
+struct Gathered {
+    exports: Vec<ClusterExport>,
+    export: Option<ServiceExport>,
+    last: Option<(Option<String>, super::decide::Verdict)>,
+    written: Option<String>,
+    /// Both local import lists are in (no import is written before).
+    imports_listed: bool,
+    feeds: BTreeMap<String, bool>,
+    expected: Option<BTreeSet<String>>,
+    removed: BTreeSet<String>,
+    facts: ImportFacts,
+}
+
+impl Reconcile<ServiceKey> for Reconciler {
+    type Error = Retry;
+
+    async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome, Retry> {
+        let gathered = match self.gather(key) {
+            Ok(gathered) => gathered,
+            Err(hold) => return Ok(Outcome::RequeueAfter(hold)),
+        };
+        match self.judge(key, gathered).await {
+            Wrote::Retry => Err(Retry),
+            Wrote::Done | Wrote::Dropped => Ok(Outcome::Done),
+        }
+    }
+
+    async fn failed(&self, key: &ServiceKey, _: Retry, failures: u32) {
+        tracing::debug!(name = %key, failures, "MCS write failed; retrying with backoff");
+    }
+}
+
+impl Reconciler {
+    fn leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(Leadership::leading)
+    }
+
+    /// What `key` is judged from; `Err(left)` while an unlisted linked cluster holds
+    /// every judgement (the key comes back at the hold's end).
+    fn gather(&self, key: &ServiceKey) -> Result<Gathered, Duration> {
+        let now = std::time::Instant::now();
+        let mut s = self.shared.lock();
+        if let Some(end) = s.index.held_until(now) {
+            return Err(end
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(1)));
+        }
+        self.note_unlisted(&mut s);
+        Ok(Gathered {
+            exports: s.index.exports(key),
+            export: s.index.local_export(key).cloned(),
+            last: s.verdicts.get(key).cloned(),
+            written: s.written.get(key).cloned(),
+            imports_listed: s.cache.listed(),
+            feeds: s.index.feeds(),
+            expected: s.expected.clone(),
+            removed: s.removed.clone(),
+            facts: s.cache.facts(key),
+        })
+    }
+
+    /// Logs a change of the linked clusters judged without (not listed, past their
+    /// hold), once, and looks at every import again: one kept while a cluster was
+    /// unlisted may go now.
+    fn note_unlisted(&self, s: &mut Shared) {
+        let unlisted: Vec<String> = s.index.unlisted().into_iter().map(String::from).collect();
+        if unlisted == s.unlisted {
+            return;
+        }
+        if !unlisted.is_empty() {
+            tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (an import they are listed in is kept)");
+        }
+        s.unlisted = unlisted;
+        for key in s.cache.keys() {
+            self.queue.add(key);
+        }
+    }
+
+    /// Judges the name `key`: the local export's conditions, then the local import.
+    async fn judge(&self, key: &ServiceKey, g: Gathered) -> Wrote {
+        let merged = merge(&g.exports);
+        let status = self.judge_export(key, &g, &merged).await;
+        // No export left anywhere deletes the import only if every cluster counts.
+        if !g.imports_listed {
+            return status; // the import is looked at once both local lists are in
+        }
+        let settling = Settling {
+            feeds: g.feeds,
+            local: &self.local,
+            expected: g.expected.as_ref(),
+            removed: &g.removed,
+        };
+        let import = self.imports.sync(key, &g.facts, &merged, &settling).await;
+        status.max(import)
+    }
+
+    /// The conditions of the local export of `key`, if there is one: gathered, judged
+    /// (`decide::decide_export`), then remembered, told and written.
+    async fn judge_export(&self, key: &ServiceKey, g: &Gathered, merged: &Merge) -> Wrote {
+        let local = g.exports.iter().find(|e| e.cluster == self.local);
+        let step = decide_export(&ExportFacts {
+            export: g.export.as_ref(),
+            local,
+            merged,
+            last: g.last.as_ref(),
+            written: g.written.as_ref(),
+            leading: self.leading(),
+            now: Timestamp::now(),
+        });
+        let (export, judged) = match (&g.export, step) {
+            (Some(export), ExportStep::Judged(judged)) => (export, judged),
+            (_, ExportStep::Forget) => {
+                let forgot = {
+                    let mut s = self.shared.lock();
+                    s.written.remove(key);
+                    s.verdicts.remove(key).is_some()
+                };
+                if forgot {
+                    self.count();
+                }
+                return Wrote::Done;
+            }
+            _ => return Wrote::Done,
+        };
+        if let Some(verdict) = judged.remember {
+            self.shared.lock().verdicts.insert(key.clone(), verdict);
+            self.count();
+        }
+        if let Some(told) = judged.event {
+            self.tell(export, told.type_, told.reason, told.note).await;
+        }
+        match judged.conditions {
+            Some(conditions) => self.write(key, export, &conditions).await,
+            None => Wrote::Done,
+        }
+    }
+
+    /// The gauge of local exports by verdict.
+    pub(super) fn count(&self) {
+        let mut by_state: BTreeMap<&str, i64> = [
+            "Exported",
+            "Conflict",
+            Validity::NoService.reason(),
+            Validity::InvalidServiceType.reason(),
+        ]
+        .into_iter()
+        .map(|s| (s, 0))
+        .collect();
+        {
+            let s = self.shared.lock();
+            for (_, verdict) in s.verdicts.values() {
+                *by_state.entry(verdict.state()).or_default() += 1;
+            }
+        }
+        for (state, n) in by_state {
+            self.metrics
+                .mcs
+                .exports
+                .get_or_create(&super::metrics::StateLabels {
+                    state: state.into(),
+                })
+                .set(n);
+        }
+    }
+
+    /// Applies `conditions` to the status of `export`.
+    async fn write(
+        &self,
+        key: &ServiceKey,
+        export: &ServiceExport,
+        conditions: &[Condition],
+    ) -> Wrote {
+        let api: Api<ServiceExport> = Api::namespaced(self.client.clone(), &key.namespace);
+        let params = PatchParams::apply(FIELD_MANAGER);
+        let body = Patch::Apply(status_apply(export, conditions));
+        let before = export.metadata.resource_version.clone();
+        let (outcome, result) = match api.patch_status(&key.name, &params, &body).await {
+            Ok(after) => {
+                if after.metadata.resource_version != before
+                    && let Some(rv) = before
+                {
+                    self.shared.lock().written.insert(key.clone(), rv);
+                }
+                ("applied", Wrote::Done)
+            }
+            Err(e) => {
+                let end = status_write_error(api_status(&e));
+                if let Some(told) = end.event {
+                    self.tell(export, told.type_, told.reason, told.note).await;
+                }
+                if end.remember
+                    && let Some(rv) = before.clone()
+                {
+                    self.shared.lock().written.insert(key.clone(), rv);
+                }
+                if end.outcome == Wrote::Retry {
+                    tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
+                }
+                (end.label, end.outcome)
+            }
+        };
+        self.metrics.mcs.wrote(outcome);
+        result
+    }
+
+    async fn tell(&self, export: &ServiceExport, type_: EventType, reason: &str, note: String) {
+        let mut reference: ObjectReference = export.object_ref(&());
+        reference.resource_version = None;
+        self.recorder
+            .publish(&reference, type_, reason, "Export", note)
+            .await;
+    }
+}
