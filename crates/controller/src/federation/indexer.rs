@@ -260,22 +260,6 @@ fn apply(s: &mut Shared, stored: &Stored, msg: Msg) -> Vec<ServiceKey> {
     }
 }
 
-/// Tells the index task of each leadership change (becoming leader queues every key).
-pub(super) async fn follow_leader(
-    mut leader: crate::leader::Leadership,
-    tx: mpsc::UnboundedSender<Msg>,
-    cancel: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            changed = leader.changed() => if changed.is_err() { return },
-        }
-        let now = leader.leading_and_update();
-        let _ = tx.send(Msg::Leader(now));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

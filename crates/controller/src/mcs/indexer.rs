@@ -195,22 +195,6 @@ fn imports_listed(s: &Shared, was: bool, mut changed: Changed) -> Changed {
     changed
 }
 
-/// Tells the index task of each leadership change (becoming leader queues every name).
-pub(super) async fn follow_leader(
-    mut leader: crate::leader::Leadership,
-    tx: mpsc::UnboundedSender<Msg>,
-    cancel: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            changed = leader.changed() => if changed.is_err() { return },
-        }
-        let now = leader.leading_and_update();
-        let _ = tx.send(Msg::Leader(now));
-    }
-}
-
 #[cfg(test)]
 #[path = "indexer_tests.rs"]
 mod tests;

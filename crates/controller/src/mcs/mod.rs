@@ -221,9 +221,10 @@ impl Mcs {
         rec.count(); // every state's gauge from the start
         tasks.push(tokio::spawn(indexer.run(rx, cancel.clone())));
         if let Some(leader) = opts.leader.clone() {
-            tasks.push(tokio::spawn(indexer::follow_leader(
+            tasks.push(tokio::spawn(crate::runtime::gate::follow_leader(
                 leader,
                 tx.clone(),
+                Msg::Leader,
                 cancel.clone(),
             )));
         }

@@ -113,6 +113,25 @@ async fn next_change<T>(rx: &mut watch::Receiver<T>) {
     }
 }
 
+/// Sends `msg(leading)` to an index task on each leadership change, until `cancel`:
+/// a component's index task queues every key on becoming leader (its gate held them
+/// meanwhile). The one follower of leadership for the federation and MCS.
+pub(crate) async fn follow_leader<M>(
+    mut leader: Leadership,
+    tx: tokio::sync::mpsc::UnboundedSender<M>,
+    msg: fn(bool) -> M,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = leader.changed() => if changed.is_err() { return },
+        }
+        let now = leader.leading_and_update();
+        let _ = tx.send(msg(now));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
