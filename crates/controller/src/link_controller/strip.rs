@@ -84,16 +84,19 @@ fn keep_mcs_spec(svc: &mut Service, spec: Option<k8s_openapi::api::core::v1::Ser
 
 /// [`strip_remote`], keeping what MCS reads (the link feeds MCS).
 pub(super) fn strip_remote_for_mcs(svc: &mut Service) {
-    let spec = svc.spec.clone();
+    let (spec, deleting) = (svc.spec.clone(), svc.metadata.deletion_timestamp.take());
     strip_remote(svc);
     keep_mcs_spec(svc, spec);
+    // MCS counts a terminating Service as gone (`mcs/index.rs`, as its own watch did).
+    svc.metadata.deletion_timestamp = deleting;
 }
 
 /// [`strip_remote_keeping_metadata`], keeping what MCS reads (the link feeds MCS).
 pub(super) fn strip_remote_keeping_metadata_for_mcs(svc: &mut Service) {
-    let spec = svc.spec.clone();
+    let (spec, deleting) = (svc.spec.clone(), svc.metadata.deletion_timestamp.take());
     strip_remote_keeping_metadata(svc);
     keep_mcs_spec(svc, spec);
+    svc.metadata.deletion_timestamp = deleting;
 }
 
 #[cfg(test)]
@@ -180,6 +183,14 @@ mod tests {
             assert_eq!(kept.metadata, plain.metadata);
             assert_eq!(spec.ports, plain.spec.as_ref().unwrap().ports);
             assert_eq!(spec.cluster_ip, plain.spec.as_ref().unwrap().cluster_ip);
+            // A terminating Service stays terminating for MCS (it is gone to the merge).
+            let mut deleting = svc.clone();
+            deleting.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+            mcs(&mut deleting);
+            assert!(deleting.metadata.deletion_timestamp.is_some());
         }
     }
 }

@@ -216,11 +216,11 @@ impl Reconciler {
         .into_iter()
         .map(|s| (s, 0))
         .collect();
-        {
-            let s = self.shared.lock();
-            for (_, verdict) in s.verdicts.values() {
-                *by_state.entry(verdict.state()).or_default() += 1;
-            }
+        // Counted and set under the lock: with 16 workers an older count set after a
+        // newer one would leave the gauge wrong until the next change.
+        let s = self.shared.lock();
+        for (_, verdict) in s.verdicts.values() {
+            *by_state.entry(verdict.state()).or_default() += 1;
         }
         for (state, n) in by_state {
             self.metrics

@@ -1,8 +1,8 @@
 //! The one writer of a Link's status: its conditions (`Ready`, `RemoteReachable`,
 //! `WriteLeaseHeld`) and our entries of its `mirrorServices` and `federatedServices`.
 //!
-//! Every write is a merge patch of the Link's `status` (through the object, not the
-//! subresource: the installed Role grants `get links`, not `get links/status`) carrying
+//! Every write is a merge patch of the Link's `status` subresource, read first through
+//! the object (the installed Role grants `get links`, not `get links/status`), carrying
 //! the resourceVersion read, so a write of another controller in between fails it with
 //! 409 and it is made again on top of that one, never over it; by our field manager,
 //! never forced; counted like every other local write, in
