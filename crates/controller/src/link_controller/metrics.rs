@@ -249,6 +249,10 @@ impl LinkFamilies {
 pub(super) struct LinkMetrics {
     metrics: Arc<Metrics>,
     labels: ClusterLabels,
+    /// Held while the state gauges are read and set: workers finishing together
+    /// would otherwise set an older reading after a newer one (an idle link then showed
+    /// a queue depth of 1 for good: tests/scale.rs).
+    state: Arc<parking_lot::Mutex<()>>,
 }
 
 impl LinkMetrics {
@@ -257,6 +261,7 @@ impl LinkMetrics {
         Self {
             metrics,
             labels: ClusterLabels::of(cluster),
+            state: Arc::default(),
         }
     }
 
@@ -317,7 +322,9 @@ impl LinkMetrics {
     }
 
     /// The link's state after a reconcile: mirrors, queue depth, refused keys.
-    pub(super) fn state(&self, mirrors: usize, queue_depth: usize, refused: usize) {
+    pub(super) fn state(&self, read: impl FnOnce() -> (usize, usize, usize)) {
+        let _one_at_a_time = self.state.lock();
+        let (mirrors, queue_depth, refused) = read();
         let m = &self.metrics.link;
         let l = &self.labels;
         m.mirrored_services.get_or_create(l).set(mirrors as i64);

@@ -74,11 +74,13 @@ impl Reconcile<ServiceKey> for Reconciler {
         let timer = self.fx.metrics.reconcile_timer();
         let result = Reconciler::reconcile(self, key).await;
         drop(timer);
-        self.fx.metrics.state(
-            self.view.local_services.len(),
-            self.fx.queue.depth(),
-            self.fx.limit.refused(),
-        );
+        self.fx.metrics.state(|| {
+            (
+                self.view.local_services.len(),
+                self.fx.queue.depth(),
+                self.fx.limit.refused(),
+            )
+        });
         result
     }
 
