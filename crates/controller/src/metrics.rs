@@ -1,8 +1,8 @@
 //! The controller's Prometheus registry. Each component defines its own metric families
 //! and registers them: the link controllers (`link_controller/metrics.rs`), gateway
 //! probes (`gateway/metrics.rs`), the writer (`writer.rs`), leader election
-//! (`leader.rs`) and the write Leases (`write_leases.rs`), the link manager (`links/metrics.rs`) and the Kubernetes clients
-//! (`kube_client.rs`). This file only holds them together and encodes them: everything
+//! (`leader.rs`) and the write Leases (`write_leases.rs`), the link manager (`links/metrics.rs`), the Kubernetes clients
+//! (`kube_client.rs`) and the runtime's workers (`runtime/metrics.rs`). This file only holds them together and encodes them: everything
 //! under the `service_mirror_` prefix except Linkerd's gateway series, which keep their
 //! unprefixed names so its dashboards and `linkerd multicluster gateways` work.
 
@@ -20,6 +20,7 @@ use crate::link_controller::metrics::LinkFamilies;
 use crate::links::metrics::LinksFamilies;
 use crate::local_networks::LocalNetworkFamilies;
 use crate::mcs::metrics::McsFamilies;
+use crate::runtime::metrics::RuntimeFamilies;
 use crate::write_leases::WriteLeaseFamilies;
 use crate::writer::WriterFamilies;
 
@@ -62,6 +63,8 @@ pub struct Metrics {
     pub(crate) mcs: McsFamilies,
     /// The local networks the gateway address policy refuses.
     pub(crate) local_networks: LocalNetworkFamilies,
+    /// Every component's reconciles (the runtime's workers).
+    pub(crate) runtime: RuntimeFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -78,6 +81,7 @@ impl Metrics {
         let federation = FederationFamilies::default();
         let mcs = McsFamilies::default();
         let local_networks = LocalNetworkFamilies::default();
+        let runtime = RuntimeFamilies::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -91,6 +95,7 @@ impl Metrics {
                 federation,
                 mcs,
                 local_networks,
+                runtime,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -103,6 +108,7 @@ impl Metrics {
             m.federation.register(prefixed);
             m.mcs.register(prefixed);
             m.local_networks.register(prefixed);
+            m.runtime.register(prefixed);
             m.registry = registry;
             m
         };

@@ -590,6 +590,13 @@ async fn two_links_and_local_give_one_sorted_federated_service_and_an_idle_world
             .is_none()
     );
     assert!(w.metric("service_mirror_federated_services 1"));
+    // The runtime counted the federation's reconciles, none failed.
+    assert!(w.metric(
+        r#"service_mirror_component_reconciles_total{component="federation",outcome="done"}"#
+    ));
+    assert!(!w.metric(
+        r#"service_mirror_component_reconciles_total{component="federation",outcome="failed"}"#
+    ));
 
     // Idle: nothing is written (probes keep running, verdicts unchanged).
     tokio::time::sleep(Duration::from_secs(2)).await;

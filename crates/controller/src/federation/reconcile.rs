@@ -63,6 +63,13 @@ pub(super) struct Reconciler {
 impl Reconcile<ServiceKey> for Reconciler {
     type Error = Error;
 
+    fn meter(&self) -> Option<crate::runtime::metrics::Meter<'_>> {
+        Some(crate::runtime::metrics::Meter {
+            families: &self.metrics.runtime,
+            component: "federation",
+        })
+    }
+
     async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome, Error> {
         let result = Reconciler::reconcile(self, key).await;
         let present = self.shared.lock().present.len();

@@ -265,6 +265,15 @@ impl LinkMetrics {
         }
     }
 
+    /// Where the runtime's workers count this link's reconciles (summed over links:
+    /// `reconcile_duration_seconds{cluster}` has them per link).
+    pub(super) fn meter(&self) -> crate::runtime::metrics::Meter<'_> {
+        crate::runtime::metrics::Meter {
+            families: &self.metrics.runtime,
+            component: "link",
+        }
+    }
+
     /// Whether the last remote watch call succeeded.
     pub(super) fn remote_connected(&self, connected: bool) {
         let m = &self.metrics.link.remote_connected;

@@ -70,6 +70,10 @@ pub(super) type Gate = crate::runtime::Gate<Synced>;
 impl Reconcile<ServiceKey> for Reconciler {
     type Error = crate::error::Error;
 
+    fn meter(&self) -> Option<crate::runtime::metrics::Meter<'_>> {
+        Some(self.fx.metrics.meter())
+    }
+
     async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome, Self::Error> {
         let timer = self.fx.metrics.reconcile_timer();
         let result = Reconciler::reconcile(self, key).await;

@@ -84,6 +84,13 @@ struct Gathered {
 impl Reconcile<ServiceKey> for Reconciler {
     type Error = Retry;
 
+    fn meter(&self) -> Option<crate::runtime::metrics::Meter<'_>> {
+        Some(crate::runtime::metrics::Meter {
+            families: &self.metrics.runtime,
+            component: "mcs",
+        })
+    }
+
     async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome, Retry> {
         let gathered = match self.gather(key) {
             Ok(gathered) => gathered,

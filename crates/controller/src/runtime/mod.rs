@@ -12,10 +12,12 @@
 //!   completes, and holds an empty list after an outage;
 //! - [`generation`]: the generation of a feed, so a replaced feed's late messages drop;
 //! - [`once`]: say a condition once per episode (log, Event, metric with a bounded
-//!   reason).
+//!   reason);
+//! - [`metrics`]: every component's reconciles, by outcome, and their duration.
 
 pub(crate) mod gate;
 pub(crate) mod generation;
+pub(crate) mod metrics;
 pub(crate) mod once;
 pub(crate) mod queue;
 pub(crate) mod relist;

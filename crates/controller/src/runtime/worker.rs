@@ -6,6 +6,7 @@
 //! [`Reconcile::reconcile`] of one key, as kubert's `IndexNamespacedResource` + requeue.
 
 use super::gate::{Gate, Listed};
+use super::metrics::Meter;
 use super::queue::{Outcome, WorkQueue};
 use std::future::Future;
 use std::hash::Hash;
@@ -20,6 +21,11 @@ pub(crate) trait Reconcile<K>: Send + Sync + 'static {
 
     /// Brings what `key` names to its desired state.
     fn reconcile(&self, key: &K) -> impl Future<Output = Result<Outcome, Self::Error>> + Send;
+
+    /// Where the workers count this component's reconciles (`None`: not counted).
+    fn meter(&self) -> Option<Meter<'_>> {
+        None
+    }
 
     /// The reconcile of `key` succeeded (before the queue hears of it).
     fn succeeded(&self, _key: &K) {}
@@ -79,7 +85,13 @@ pub(crate) async fn work<K, S, R>(
             queue.add(key);
             continue;
         }
-        match rec.reconcile(&key).await {
+        let started = std::time::Instant::now();
+        let result = rec.reconcile(&key).await;
+        if let Some(m) = rec.meter() {
+            m.families
+                .observe(m.component, result.as_ref().ok(), started.elapsed());
+        }
+        match result {
             Ok(outcome) => {
                 rec.succeeded(&key);
                 queue.done(key, outcome);

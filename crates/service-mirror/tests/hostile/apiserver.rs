@@ -274,6 +274,17 @@ async fn invalid_names_ports_and_huge_port_and_ingress_lists_keep_every_mirror()
         })
         .await;
     }
+    // A refusal is a decision, not a failure: the runtime counts those reconciles done,
+    // none failed (a refused Service is not retried with backoff forever).
+    let metrics = w.ctl.metrics().await;
+    let reconciles = |outcome: &str| {
+        let series = format!(
+            r#"service_mirror_component_reconciles_total{{component="link",outcome="{outcome}"}}"#
+        );
+        metrics.lines().any(|l| l.starts_with(&series))
+    };
+    assert!(reconciles("done"), "link reconciles counted: {metrics}");
+    assert!(!reconciles("failed"), "no failed link reconcile: {metrics}");
     for name in ["many-ports", "many-ingress"] {
         w.hostile_mirror(name, |_| true).await;
     }

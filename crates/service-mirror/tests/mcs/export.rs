@@ -47,6 +47,8 @@ async fn an_export_is_invalid_without_its_service_valid_once_it_comes_and_never_
         r#"service_mirror_mcs_exports{state="InvalidServiceType"} 1"#,
         r#"service_mirror_mcs_exports{state="Exported"} 1"#,
         r#"service_mirror_mcs_exports{state="NoService"} 0"#,
+        // The runtime counted MCS's reconciles.
+        r#"service_mirror_component_reconciles_total{component="mcs",outcome="done"}"#,
     ] {
         west.metric(series).await;
     }
