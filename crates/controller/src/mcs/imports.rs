@@ -57,7 +57,8 @@ use service_mirror_core::ServiceKey;
 use service_mirror_core::mcs::Merge;
 use service_mirror_core::mcs_import::is_owned_import;
 use service_mirror_core::{Action, Object, ObjectKind, ObjectRef};
-use std::collections::{BTreeMap, BTreeSet};
+use slices::SliceTarget;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The writer of the local imports, derived Services and import slices. Shared by the
@@ -148,9 +149,7 @@ impl Imports {
                 let meta = meta.unwrap_or_default();
                 self.foreign(key, &meta, Kind::Import, "ImportOwnedByAnother")
                     .await;
-                let slices = self
-                    .sync_slices(key, facts, None, &[], BTreeSet::new())
-                    .await;
+                let slices = self.sync_slices(key, facts, SliceTarget::none()).await;
                 slices.max(self.remove_derived(key, facts).await)
             }
             ImportPlan::Keep { unsettled } => {
@@ -172,11 +171,16 @@ impl Imports {
                     .sync_import(key, facts, &spec, &merged.clusters, ips)
                     .await
                 {
-                    Outcome::Done => {
-                        self.sync_slices(key, facts, Some(&spec), &merged.clusters, keep)
-                            .await
+                    Ok(created) => {
+                        let slices = SliceTarget {
+                            spec: Some(&spec),
+                            clusters: &merged.clusters,
+                            keep,
+                            created,
+                        };
+                        self.sync_slices(key, facts, slices).await
                     }
-                    other => other,
+                    Err(other) => other,
                 }
             }
         }
@@ -200,9 +204,7 @@ impl Imports {
             }
             // Its slices first: none outlives it pointing at a cluster (the garbage
             // collector would take them too, where one runs).
-            let slices = self
-                .sync_slices(key, facts, None, &[], BTreeSet::new())
-                .await;
+            let slices = self.sync_slices(key, facts, SliceTarget::none()).await;
             if slices != Outcome::Done {
                 return slices;
             }
@@ -212,9 +214,7 @@ impl Imports {
             }
         } else {
             // Slices of ours with no import of ours (left by a failed delete): they go.
-            let slices = self
-                .sync_slices(key, facts, None, &[], BTreeSet::new())
-                .await;
+            let slices = self.sync_slices(key, facts, SliceTarget::none()).await;
             if slices != Outcome::Done {
                 return slices;
             }

@@ -13,7 +13,10 @@ use service_mirror_core::{Action, Object, ServiceKey};
 use std::collections::BTreeMap;
 
 impl Imports {
-    /// The ServiceImport of `key` as `spec`, `clusters` and `ips` say.
+    /// The ServiceImport of `key` as `spec`, `clusters` and `ips` say. `Ok`: written
+    /// (or nothing to write), with the uid of an import created now, so that its slices
+    /// are written in the same pass (the cache shows it only with its watch event: a
+    /// round trip and a second reconcile per name otherwise); `Err`: what follows.
     pub(super) async fn sync_import(
         &self,
         key: &ServiceKey,
@@ -21,7 +24,7 @@ impl Imports {
         spec: &ImportSpec,
         clusters: &[String],
         ips: Vec<String>,
-    ) -> Outcome {
+    ) -> Result<Option<String>, Outcome> {
         let desired = desired_import(key, spec, clusters, ips, &self.controller_namespace);
         let current = facts.import.clone();
         let owned = current.as_ref().is_some_and(|c| self.owns(c));
@@ -29,29 +32,29 @@ impl Imports {
         let action = import_action(current.as_ref(), owned, &desired);
         // A foreign import stopped `sync` before (the facts are one copy of the cache).
         if matches!(action, ImportAction::Nothing | ImportAction::Foreign) {
-            return Outcome::Done;
+            return Ok(None);
         }
         if !self.leading() {
-            return Outcome::Retry;
+            return Err(Outcome::Retry);
         }
         let (write_spec, write_status) = match action {
-            ImportAction::Nothing | ImportAction::Foreign => return Outcome::Done,
+            ImportAction::Nothing | ImportAction::Foreign => return Ok(None),
             ImportAction::Create => {
                 // Made meanwhile (ours not yet seen, or another's): stale, its event
                 // judges it again.
                 let create = Action::Create(Object::ServiceImport(import_object(&desired, None)));
-                return match self.write(Kind::Import, key, &create, "created").await {
-                    Ok(stored) => {
-                        let rv = version(stored);
-                        self.write_status(key, &api, rv, &desired.clusters()).await
-                    }
-                    Err(outcome) => outcome,
+                let stored = self.write(Kind::Import, key, &create, "created").await?;
+                let uid = stored.as_ref().and_then(|o| o.metadata().uid.clone());
+                let rv = version(stored);
+                return match self.write_status(key, &api, rv, &desired.clusters()).await {
+                    Outcome::Done => Ok(uid),
+                    other => Err(other),
                 };
             }
             ImportAction::Update { spec, status } => (spec, status),
         };
         let Some(current) = current else {
-            return Outcome::Done;
+            return Ok(None);
         };
         let mut rv = current.metadata.resource_version.clone();
         if write_spec {
@@ -59,14 +62,14 @@ impl Imports {
                 &desired,
                 Some(&current),
             )));
-            match self.write(Kind::Import, key, &update, "updated").await {
-                Ok(stored) => rv = version(stored),
-                Err(outcome) => return outcome,
-            }
+            rv = version(self.write(Kind::Import, key, &update, "updated").await?);
         }
         match write_status {
-            true => self.write_status(key, &api, rv, &desired.clusters()).await,
-            false => Outcome::Done,
+            true => match self.write_status(key, &api, rv, &desired.clusters()).await {
+                Outcome::Done => Ok(None),
+                other => Err(other),
+            },
+            false => Ok(None),
         }
     }
 

@@ -11,23 +11,55 @@ use service_mirror_core::mcs::ImportSpec;
 use service_mirror_core::{Action, ServiceKey};
 use std::collections::BTreeSet;
 
+/// What an import's slices are synced to.
+pub(super) struct SliceTarget<'a> {
+    /// The import's spec; `None`: no import of ours (every slice of ours of the name
+    /// goes).
+    pub(super) spec: Option<&'a ImportSpec>,
+    /// The exporting clusters.
+    pub(super) clusters: &'a [String],
+    /// Clusters whose slices are kept as they are.
+    pub(super) keep: BTreeSet<String>,
+    /// The uid of the import created in this pass (the cache shows it only with its
+    /// watch event).
+    pub(super) created: Option<String>,
+}
+
+impl SliceTarget<'_> {
+    /// No import of ours: every slice of ours of the name goes.
+    pub(super) fn none() -> Self {
+        Self {
+            spec: None,
+            clusters: &[],
+            keep: BTreeSet::new(),
+            created: None,
+        }
+    }
+}
+
 impl Imports {
-    /// The slices of `key` as `spec` (`None`: no import of ours; every slice of ours of
-    /// the name goes) and the exporting `clusters` say, owned by the import as cached
-    /// (a new import's slices come with its watch event, which brings its uid).
+    /// The slices of `key` as `target` says, owned by the import: as cached, or the one
+    /// created in this pass (so a new import's slices are written with it, not a watch
+    /// round trip later).
     pub(super) async fn sync_slices(
         &self,
         key: &ServiceKey,
         facts: &ImportFacts,
-        spec: Option<&ImportSpec>,
-        clusters: &[String],
-        keep: BTreeSet<String>,
+        target: SliceTarget<'_>,
     ) -> Outcome {
-        let import = facts
-            .import
-            .as_ref()
-            .filter(|i| self.owns(i))
-            .and_then(|i| i.metadata.uid.clone());
+        let SliceTarget {
+            spec,
+            clusters,
+            keep,
+            created,
+        } = target;
+        let import = created.or_else(|| {
+            facts
+                .import
+                .as_ref()
+                .filter(|i| self.owns(i))
+                .and_then(|i| i.metadata.uid.clone())
+        });
         // Until listed, this cluster's slices of ours are left as they are.
         let local = facts.local_slices.as_deref();
         let Some(actions) = decide_slices(SliceFacts {
