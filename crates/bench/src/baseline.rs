@@ -105,13 +105,14 @@ pub(crate) fn objects(
             LinkSource::Secrets => (
                 Link::new(remote.name.clone(), None).with_controller_namespace(controller_ns),
                 GatewayRef::new(GATEWAY_NAMESPACE, GATEWAY_NAME),
-                ResolvedGateway::new([ip], GATEWAY_PORT, "1000001"),
+                ResolvedGateway::new([ip], GATEWAY_PORT).with_resource_version("1000001"),
             ),
             LinkSource::Links => (
                 Link::new(remote.name.clone(), Some("cluster.local"))
                     .with_style(MirrorStyle::Resource(ResourceStyle::default())),
                 GatewayRef::new(controller_ns, remote.name.clone()),
-                ResolvedGateway::new([ip], GATEWAY_PORT, "")
+                ResolvedGateway::new([ip], GATEWAY_PORT)
+                    .with_resource_version("")
                     .with_identity(Some(GATEWAY_IDENTITY.into())),
             ),
         };

@@ -140,7 +140,8 @@ async fn baseline(
 ) -> anyhow::Result<(Duration, usize)> {
     let link = Link::new("remote", None).with_controller_namespace(crate::CONTROLLER_NAMESPACE);
     let gw = GatewayRef::new(GATEWAY_NAMESPACE, GATEWAY_NAME);
-    let resolved = ResolvedGateway::new([gateway_ip.parse()?], GATEWAY_PORT, gateway_rv);
+    let resolved =
+        ResolvedGateway::new([gateway_ip.parse()?], GATEWAY_PORT).with_resource_version(gateway_rv);
     let pods: Vec<Pod> = (0..run.pods)
         .map(|i| Pod {
             hostname: hostname(i),

@@ -28,8 +28,8 @@ use service_mirror_controller::links::LINK_CRD_YAML;
 use service_mirror_controller::mcs::startup::{CLUSTER_PROPERTY_CRD_YAML, cluster_id_property};
 use service_mirror_controller::mcs::{SERVICE_EXPORT_CRD_YAML, SERVICE_IMPORT_CRD_YAML};
 use service_mirror_controller::permissions::service_export_api_served;
+use service_mirror_core::ResolvedGateway;
 use service_mirror_core::ServiceKey;
-use service_mirror_core::federated::MemberGateway;
 use service_mirror_core::mcs::{ImportPort, ImportSpec, ImportType};
 use service_mirror_core::mcs_derived::{desired_derived_service, import_ips};
 use service_mirror_core::mcs_slices::{ImportSlicesInput, SourceGateway, desired_import_slices};
@@ -213,13 +213,8 @@ fn reference_slices(
     let key = ServiceKey::new(REFERENCE, name(i));
     let local = [source_slice(REFERENCE, i)?];
     let gateway = SourceGateway {
-        gateway: MemberGateway {
-            addresses: vec![GATEWAY.parse()?],
-            port: GATEWAY_PORT,
-            identity: Some(GATEWAY_IDENTITY.into()),
-            alive: true,
-            dead: vec![],
-        },
+        gateway: ResolvedGateway::new([GATEWAY.parse()?], GATEWAY_PORT)
+            .with_identity(Some(GATEWAY_IDENTITY.into())),
         domain: "cluster.local".into(),
     };
     let gateways = BTreeMap::from([("west".to_string(), Some(gateway))]);

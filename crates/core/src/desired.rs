@@ -240,10 +240,12 @@ fn mirror_metadata(
                 None => owner_labels(&link.cluster_name),
             };
             let mut annotations = BTreeMap::from(fixed);
+            // A link's resolved gateway always has its version (`gateway_spec`); one
+            // without is written as the empty version it would have read.
             if let Some(r) = resolved {
                 annotations.insert(
                     REMOTE_GATEWAY_RESOURCE_VERSION_ANNOTATION.to_owned(),
-                    r.resource_version.clone(),
+                    r.resource_version.clone().unwrap_or_default(),
                 );
             }
             if let Some(ns) = &link.controller_namespace {
@@ -513,7 +515,7 @@ mod tests {
 
     #[test]
     fn gateway_resource_version_only_when_resolved() {
-        let r = ResolvedGateway::new([ip("1.1.1.1")], 4143, "gw-7");
+        let r = ResolvedGateway::new([ip("1.1.1.1")], 4143).with_resource_version("gw-7");
         let m = desired_mirror(&remote(vec![]), &link(), &gw(), Some(&r));
         assert_eq!(
             m.service.metadata.annotations.as_ref().unwrap()
@@ -621,8 +623,9 @@ mod tests {
             port(Some("http"), None, 80, None),
             port(Some("dns"), Some("UDP"), 53, None),
         ];
-        let two = ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.1")], 4143, "1");
-        let none = ResolvedGateway::new([], 4143, "1");
+        let two =
+            ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.1")], 4143).with_resource_version("1");
+        let none = ResolvedGateway::new([], 4143).with_resource_version("1");
         let want = vec![EndpointSubset {
             addresses: Some(vec![
                 EndpointAddress {
@@ -696,7 +699,7 @@ mod tests {
 
     #[test]
     fn ipv6_addresses_are_written_canonically() {
-        let r = ResolvedGateway::new([ip("fd00:0:0::1")], 4143, "1");
+        let r = ResolvedGateway::new([ip("fd00:0:0::1")], 4143).with_resource_version("1");
         let m = desired_mirror(
             &remote(vec![port(None, None, 80, None)]),
             &link(),
@@ -786,7 +789,9 @@ mod tests {
     const FQ: &str = "web.shop.svc.cluster.local";
 
     fn resolved_with(identity: Option<&str>) -> ResolvedGateway {
-        ResolvedGateway::new([ip("10.0.0.1")], 4143, "gw-7").with_identity(identity.map(Into::into))
+        ResolvedGateway::new([ip("10.0.0.1")], 4143)
+            .with_resource_version("gw-7")
+            .with_identity(identity.map(Into::into))
     }
 
     #[test]
@@ -1089,7 +1094,8 @@ mod tests {
         ];
         let mut remote = remote(ports);
         remote.metadata.labels = Some(map(&[("app", "web")]));
-        let r = ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.1")], 4143, "1");
+        let r =
+            ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.1")], 4143).with_resource_version("1");
         for resolved in [None, Some(r.clone()), Some(r.with_alive(false))] {
             let secret = desired_mirror(&remote, &link(), &gw(), resolved.as_ref());
             let resource =

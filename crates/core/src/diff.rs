@@ -353,7 +353,7 @@ mod tests {
     }
 
     fn gw() -> ResolvedGateway {
-        ResolvedGateway::new([ip("10.0.0.1"), ip("10.0.0.2")], 4143, "g1")
+        ResolvedGateway::new([ip("10.0.0.1"), ip("10.0.0.2")], 4143).with_resource_version("g1")
     }
 
     /// What the apiserver returns after storing `s`: identity, clusterIP, and other
@@ -687,7 +687,7 @@ mod tests {
 
     #[test]
     fn endpoints_no_update_for_non_canonical_ipv6() {
-        let r = ResolvedGateway::new([ip("fd00::1")], 4143, "g1");
+        let r = ResolvedGateway::new([ip("fd00::1")], 4143).with_resource_version("g1");
         let (_, d) = desired(Some(&r));
         let mut actual = stored_endpoints(&d);
         actual.subsets.as_mut().unwrap()[0].addresses = Some(vec![addr("fd00:0:0:0::1")]);

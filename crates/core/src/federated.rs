@@ -10,7 +10,6 @@
 //! no action: the remote-discovery annotation is sorted, ports keep a fixed order.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -20,6 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::action::{Action, Object, ObjectKind, ObjectRef};
 use super::desired::{ResourceStyle, target_port_or_default};
 use super::diff::{MetadataOwnership, service_update_with};
+use super::gateway::ResolvedGateway;
 use super::gateway_slices::{GatewaySlices, delete_slice, gateway_slices, plan_slices};
 use super::labels::{
     CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, FEDERATED_CLUSTER_LABEL, FEDERATED_LABEL,
@@ -72,34 +72,6 @@ impl Member {
     }
 }
 
-/// What a member cluster's gateway offers, from that link's gateway component.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberGateway {
-    /// Resolved, policy-accepted addresses.
-    pub addresses: Vec<IpAddr>,
-    /// The port every endpoint listens on (`gatewayPort`).
-    pub port: i32,
-    /// The gateway's TLS identity, if known.
-    pub identity: Option<String>,
-    /// The probe verdict: endpoints are ready only while it is alive.
-    pub alive: bool,
-    /// The addresses whose own probes fail, sorted: not ready alone while the others
-    /// stay ready (as `ResolvedGateway::dead` in a link's mirrors).
-    pub dead: Vec<IpAddr>,
-}
-
-impl MemberGateway {
-    /// Whether address `ip` is ready: the gateway alive and that address's own probes
-    /// passing.
-    pub fn is_ready(&self, ip: &IpAddr) -> bool {
-        self.alive
-            && !self
-                .dead
-                .iter()
-                .any(|d| d.to_canonical() == ip.to_canonical())
-    }
-}
-
 /// Why a member is not part of its federated Service (reported, others unaffected).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MemberRefusal {
@@ -135,8 +107,9 @@ pub struct FederationInput<'a> {
     pub name: &'a str,
     /// Every member seen (refused ones included, in any order).
     pub members: &'a [Member],
-    /// The gateway of each remote member cluster (absent: not reported yet).
-    pub gateways: &'a BTreeMap<String, MemberGateway>,
+    /// The gateway of each remote member cluster, as its link reports it (absent: not
+    /// reported yet).
+    pub gateways: &'a BTreeMap<String, ResolvedGateway>,
     /// Clusters linked but whose membership is not known yet (no complete remote list
     /// since the start): their entries of the stored annotation are kept, their slices
     /// left alone.
@@ -377,7 +350,7 @@ fn member_slices(
     fed: &str,
     member: &Member,
     cluster: &str,
-    gw: &MemberGateway,
+    gw: &ResolvedGateway,
     ports: &[ServicePort],
 ) -> Vec<EndpointSlice> {
     let mut labels = BTreeMap::new();

@@ -69,19 +69,15 @@ fn web(cluster: Option<&str>, created: Option<Timestamp>, tag: &str) -> Member {
     )
 }
 
-fn gw(ip: &str, alive: bool) -> MemberGateway {
-    MemberGateway {
-        addresses: vec![ip.parse().unwrap()],
-        port: 4143,
-        identity: Some("gw.id".into()),
-        alive,
-        dead: vec![],
-    }
+fn gw(ip: &str, alive: bool) -> ResolvedGateway {
+    ResolvedGateway::new([ip.parse().unwrap()], 4143)
+        .with_identity(Some("gw.id".into()))
+        .with_alive(alive)
 }
 
 struct World {
     members: Vec<Member>,
-    gateways: BTreeMap<String, MemberGateway>,
+    gateways: BTreeMap<String, ResolvedGateway>,
     pending: BTreeSet<String>,
 }
 
@@ -93,7 +89,7 @@ impl World {
             pending: BTreeSet::new(),
         }
     }
-    fn gw(mut self, cluster: &str, g: MemberGateway) -> Self {
+    fn gw(mut self, cluster: &str, g: ResolvedGateway) -> Self {
         self.gateways.insert(cluster.into(), g);
         self
     }
@@ -466,16 +462,13 @@ fn slices_per_remote_cluster_point_at_its_gateway() {
 
 #[test]
 fn dual_stack_gateway_gives_one_slice_per_family() {
-    let g = MemberGateway {
-        addresses: vec![
+    let g = ResolvedGateway::new(
+        [
             "2001:db8::1".parse().unwrap(),
             "198.18.1.1".parse().unwrap(),
         ],
-        port: 4143,
-        identity: None,
-        alive: true,
-        dead: vec![],
-    };
+        4143,
+    );
     let d = World::new(vec![web(Some("east"), at(1), "e")])
         .gw("east", g)
         .desired(None);
@@ -649,14 +642,15 @@ fn gateway_moves_and_verdicts_update_slices_only() {
 
 #[test]
 fn a_member_address_failing_its_own_probes_goes_not_ready_alone() {
-    let two = |alive: bool, dead: &[&str]| MemberGateway {
-        addresses: vec!["198.18.1.1".parse().unwrap(), "198.18.1.2".parse().unwrap()],
-        port: 4143,
-        identity: None,
-        alive,
-        dead: dead.iter().map(|a| a.parse().unwrap()).collect(),
+    let two = |alive: bool, dead: &[&str]| {
+        ResolvedGateway::new(
+            ["198.18.1.1".parse().unwrap(), "198.18.1.2".parse().unwrap()],
+            4143,
+        )
+        .with_alive(alive)
+        .with_dead(dead.iter().map(|a| a.parse().unwrap()))
     };
-    type Row<'a> = (&'a str, MemberGateway, [bool; 2]);
+    type Row<'a> = (&'a str, ResolvedGateway, [bool; 2]);
     let table: [Row; 4] = [
         ("both alive", two(true, &[]), [true, true]),
         ("the second dead", two(true, &["198.18.1.2"]), [true, false]),

@@ -104,12 +104,9 @@ impl GatewaySpec {
         self,
         resolved_hostnames: impl IntoIterator<Item = IpAddr>,
     ) -> ResolvedGateway {
-        ResolvedGateway::new(
-            self.ips.into_iter().chain(resolved_hostnames),
-            self.port,
-            self.resource_version,
-        )
-        .with_identity(self.identity)
+        ResolvedGateway::new(self.ips.into_iter().chain(resolved_hostnames), self.port)
+            .with_resource_version(self.resource_version)
+            .with_identity(self.identity)
     }
 }
 
@@ -211,26 +208,70 @@ pub fn endpoint_ip_allowed(ip: &IpAddr) -> bool {
     !(ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || link_local)
 }
 
-/// A gateway whose addresses are all IPs: what a mirror's Endpoints point at.
+/// A gateway whose addresses are all IPs: what a link's mirrors, a federated Service's
+/// member slices and a ServiceImport's source slices point at (the one gateway value
+/// of the crate; a link resolves it and reports it to federation and MCS).
+///
+/// Canonical, so equal gateways are equal values (and give equal objects): built by
+/// [`ResolvedGateway::new`] and [`ResolvedGateway::with_dead`], `addresses` and `dead`
+/// are canonical (an IPv4-mapped IPv6 address is the IPv4 one), sorted and without
+/// duplicates; [`ResolvedGateway::is_ready`] relies on it (a binary search).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedGateway {
-    /// Gateway addresses, sorted and without duplicates.
+    /// Gateway addresses: canonical, sorted and without duplicates.
     pub addresses: Vec<IpAddr>,
     /// The gateway's `mc-gateway` port.
     pub port: i32,
-    /// The gateway Service's resourceVersion when resolved.
-    pub resource_version: String,
+    /// The gateway Service's resourceVersion when resolved, for a link's mirrors (their
+    /// `remote-gateway-resource-version`); `None` where no object carries it (the
+    /// gateway a link reports to federation and MCS: a new version alone is no change
+    /// of theirs).
+    pub resource_version: Option<String>,
     /// False while every address fails its probes (or the remote's stale policy says
-    /// so): every mirror address is then not ready.
+    /// so): every address is then not ready.
     pub alive: bool,
-    /// The addresses whose own probes fail, sorted: not ready alone while the others
-    /// stay ready (each address of a gateway is probed).
+    /// The addresses whose own probes fail: canonical, sorted, without duplicates. Not
+    /// ready alone while the others stay ready (each address of a gateway is probed).
     pub dead: Vec<IpAddr>,
     /// The gateway's TLS identity, if it has one.
     pub identity: Option<String>,
 }
 
+/// `addresses`, canonical, sorted and without duplicates.
+fn canonical(addresses: impl IntoIterator<Item = IpAddr>) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = addresses.into_iter().map(|a| a.to_canonical()).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 impl ResolvedGateway {
+    /// Builds a resolved gateway: alive, no dead address, no identity, no
+    /// resourceVersion. Addresses are made canonical, sorted and deduplicated so that
+    /// equal sets give equal values (and so equal objects).
+    pub fn new(addresses: impl IntoIterator<Item = IpAddr>, port: i32) -> Self {
+        Self {
+            addresses: canonical(addresses),
+            port,
+            resource_version: None,
+            alive: true,
+            dead: Vec::new(),
+            identity: None,
+        }
+    }
+
+    /// The same gateway with the gateway Service's resourceVersion.
+    pub fn with_resource_version(mut self, resource_version: impl Into<String>) -> Self {
+        self.resource_version = Some(resource_version.into());
+        self
+    }
+
+    /// The same gateway without a resourceVersion (what federation and MCS are told).
+    pub fn without_resource_version(mut self) -> Self {
+        self.resource_version = None;
+        self
+    }
+
     /// The same gateway with its identity.
     pub fn with_identity(mut self, identity: Option<String>) -> Self {
         self.identity = identity;
@@ -243,12 +284,10 @@ impl ResolvedGateway {
         self
     }
 
-    /// The same gateway with the addresses whose own probes fail.
+    /// The same gateway with the addresses whose own probes fail (made canonical,
+    /// sorted and deduplicated).
     pub fn with_dead(mut self, dead: impl IntoIterator<Item = IpAddr>) -> Self {
-        let mut dead: Vec<IpAddr> = dead.into_iter().map(|a| a.to_canonical()).collect();
-        dead.sort();
-        dead.dedup();
-        self.dead = dead;
+        self.dead = canonical(dead);
         self
     }
 
@@ -256,26 +295,6 @@ impl ResolvedGateway {
     /// address's own probes passing.
     pub fn is_ready(&self, ip: &IpAddr) -> bool {
         self.alive && self.dead.binary_search(&ip.to_canonical()).is_err()
-    }
-
-    /// Builds a resolved gateway; addresses are sorted and deduplicated so that equal
-    /// sets give equal values (and so equal mirrors).
-    pub fn new(
-        addresses: impl IntoIterator<Item = IpAddr>,
-        port: i32,
-        resource_version: impl Into<String>,
-    ) -> Self {
-        let mut addresses: Vec<IpAddr> = addresses.into_iter().map(|a| a.to_canonical()).collect();
-        addresses.sort();
-        addresses.dedup();
-        Self {
-            addresses,
-            port,
-            resource_version: resource_version.into(),
-            alive: true,
-            dead: Vec::new(),
-            identity: None,
-        }
     }
 }
 
@@ -512,18 +531,56 @@ mod tests {
         let r = ResolvedGateway::new(
             [ip("10.0.0.2"), ip("::1"), ip("10.0.0.1"), ip("10.0.0.2")],
             4143,
-            "7",
-        );
+        )
+        .with_resource_version("7");
         assert_eq!(r.addresses, vec![ip("10.0.0.1"), ip("10.0.0.2"), ip("::1")]);
         assert_eq!(r.port, 4143);
-        assert_eq!(r.resource_version, "7");
+        assert_eq!(r.resource_version.as_deref(), Some("7"));
+        assert_eq!(ResolvedGateway::new([], 4143).resource_version, None);
     }
 
     #[test]
     fn an_ipv4_mapped_address_is_the_ipv4_address() {
-        let r = ResolvedGateway::new([ip("::ffff:192.0.2.1"), ip("192.0.2.1")], 4143, "1");
+        let r = ResolvedGateway::new([ip("::ffff:192.0.2.1"), ip("192.0.2.1")], 4143);
         assert_eq!(r.addresses, vec![ip("192.0.2.1")]);
         assert!(r.addresses[0].is_ipv4(), "so it goes to the IPv4 slice");
+    }
+
+    #[test]
+    fn an_address_is_ready_unless_dead_whatever_order_or_form_the_dead_come_in() {
+        let addrs = [ip("192.0.2.1"), ip("192.0.2.2"), ip("2001:db8::1")];
+        type Row<'a> = (&'a str, bool, Vec<IpAddr>, [bool; 3]);
+        let table: Vec<Row> = vec![
+            ("none dead", true, vec![], [true, true, true]),
+            ("one dead", true, vec![ip("192.0.2.2")], [true, false, true]),
+            (
+                "unsorted, duplicated",
+                true,
+                vec![ip("2001:db8::1"), ip("192.0.2.1"), ip("2001:db8::1")],
+                [false, true, false],
+            ),
+            (
+                "IPv4-mapped",
+                true,
+                vec![ip("::ffff:192.0.2.2")],
+                [true, false, true],
+            ),
+            ("the gateway dead", false, vec![], [false, false, false]),
+        ];
+        for (what, alive, dead, want) in table {
+            let g = ResolvedGateway::new(addrs, 4143)
+                .with_alive(alive)
+                .with_dead(dead);
+            let mut sorted = g.dead.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(g.dead, sorted, "{what}: dead kept canonical");
+            let got = addrs.map(|a| g.is_ready(&a));
+            assert_eq!(got, want, "{what}");
+            // Asked in the mapped form, the same answer.
+            let mapped = ip("::ffff:192.0.2.2");
+            assert_eq!(g.is_ready(&mapped), want[1], "{what}: mapped");
+        }
     }
 
     #[test]
@@ -540,7 +597,8 @@ mod tests {
             .into_resolved([ip("10.0.0.3"), ip("10.0.0.2")]);
         assert_eq!(
             r,
-            ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.3")], 4143, "42")
+            ResolvedGateway::new([ip("10.0.0.2"), ip("10.0.0.3")], 4143)
+                .with_resource_version("42")
         );
     }
 
@@ -612,6 +670,6 @@ mod tests {
             "gw.mc".to_owned(),
         )]));
         assert_eq!(gateway_spec(&g).unwrap().identity, None);
-        assert_eq!(ResolvedGateway::new([], 1, "1").identity, None);
+        assert_eq!(ResolvedGateway::new([], 1).identity, None);
     }
 }

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::action::{Action, Object, ObjectKind, ObjectRef};
 use super::diff::MetadataOwnership;
-use super::federated::MemberGateway;
+use super::gateway::ResolvedGateway;
 use super::slices::{MAX_ENDPOINTS_PER_SLICE, slice_name, slice_updatable, slice_update_with};
 
 /// What the slices of one cluster's gateway carry.
@@ -27,7 +27,7 @@ pub struct GatewaySlices<'a> {
     /// Annotations of every slice.
     pub annotations: &'a BTreeMap<String, String>,
     /// The gateway.
-    pub gateway: &'a MemberGateway,
+    pub gateway: &'a ResolvedGateway,
     /// The service's ports: `(name, protocol)`, each reaching the gateway's port.
     pub ports: &'a [(String, String)],
 }
@@ -50,14 +50,13 @@ pub fn gateway_slices(input: &GatewaySlices<'_>) -> Vec<EndpointSlice> {
         .collect();
     let mut out = Vec::new();
     for (family, v6) in [("ipv4", false), ("ipv6", true)] {
+        // Sorted and without duplicates already (a `ResolvedGateway`'s addresses are).
         let mut addrs: Vec<IpAddr> = gw
             .addresses
             .iter()
             .copied()
             .filter(|a| a.is_ipv6() == v6)
             .collect();
-        addrs.sort();
-        addrs.dedup();
         addrs.truncate(MAX_ENDPOINTS_PER_SLICE);
         if addrs.is_empty() {
             continue;

@@ -389,7 +389,8 @@ mod tests {
     }
 
     fn resolved() -> ResolvedGateway {
-        let mut r = ResolvedGateway::new(["192.0.2.1".parse::<IpAddr>().unwrap()], 4143, "g1");
+        let mut r = ResolvedGateway::new(["192.0.2.1".parse::<IpAddr>().unwrap()], 4143)
+            .with_resource_version("g1");
         r.identity = Some("gw.identity".into());
         r
     }

@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::ServiceKey;
 use crate::action::Action;
-use crate::federated::MemberGateway;
+use crate::gateway::ResolvedGateway;
 use crate::gateway_slices::{GatewaySlices, gateway_slices, plan_slices};
 use crate::labels::{
     CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
@@ -33,11 +33,12 @@ use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
 use crate::naming::{fnv1a32, fq_name};
 use crate::slices::slice_name;
 
-/// A linked cluster's gateway, as its link reports it.
+/// A linked cluster's gateway as its link reports it, with the cluster's domain (which
+/// only the slices of an import need, so it is not part of the gateway).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceGateway {
     /// Addresses (policy-accepted), port, identity and probe verdict.
-    pub gateway: MemberGateway,
+    pub gateway: ResolvedGateway,
     /// The cluster's DNS domain (the slices' `remote-svc-fq-name`).
     pub domain: String,
 }

@@ -5,13 +5,11 @@ use std::net::IpAddr;
 
 fn gw(addrs: &[&str], alive: bool) -> Option<SourceGateway> {
     Some(SourceGateway {
-        gateway: MemberGateway {
-            addresses: addrs.iter().map(|a| a.parse::<IpAddr>().unwrap()).collect(),
-            port: 4143,
-            identity: Some("gateway.east.serviceaccount.identity.linkerd.cluster.local".into()),
-            alive,
-            dead: vec![],
-        },
+        gateway: ResolvedGateway::new(addrs.iter().map(|a| a.parse::<IpAddr>().unwrap()), 4143)
+            .with_identity(Some(
+                "gateway.east.serviceaccount.identity.linkerd.cluster.local".into(),
+            ))
+            .with_alive(alive),
         domain: "cluster.local".into(),
     })
 }

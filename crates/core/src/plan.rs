@@ -375,8 +375,8 @@ mod tests {
                 "10.0.0.2".parse().unwrap(),
             ],
             4143,
-            "g1",
         )
+        .with_resource_version("g1")
     }
 
     fn mirror(ports: &[(&str, i32)], gw: &str, r: Option<&ResolvedGateway>) -> DesiredMirror {
@@ -1167,11 +1167,10 @@ mod tests {
         let moved = mirror(
             &[("http", 80)],
             "gw",
-            Some(&ResolvedGateway::new(
-                ["10.0.0.9".parse::<IpAddr>().unwrap()],
-                4143,
-                "g2",
-            )),
+            Some(
+                &ResolvedGateway::new(["10.0.0.9".parse::<IpAddr>().unwrap()], 4143)
+                    .with_resource_version("g2"),
+            ),
         );
         s.converge(Some(&moved), EndpointsMode::Endpoints);
         assert_eq!(s.slices.len(), 1);

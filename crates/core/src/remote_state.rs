@@ -373,7 +373,7 @@ mod tests {
         let gw = ResolvedGateway {
             addresses: vec![ip],
             port: 4143,
-            resource_version: "7".into(),
+            resource_version: Some("7".into()),
             alive: true,
             dead: vec![],
             identity: Some("gw.id".into()),

@@ -35,8 +35,7 @@ use crate::ServiceKey;
 use crate::action::{Action, Object, ObjectKind, ObjectRef};
 use crate::desired::{DesiredMirror, Link, desired_mirror};
 use crate::federated::{
-    DesiredFederation, DesiredService, FederationInput, Member, MemberGateway, desired_federated,
-    plan_federated,
+    DesiredFederation, DesiredService, FederationInput, Member, desired_federated, plan_federated,
 };
 use crate::gateway::{GatewayRef, ResolvedGateway};
 use crate::headless::{Pod, headless_mirror};
@@ -261,7 +260,9 @@ fn many_ports(n: usize) -> Vec<(String, Option<&'static str>, i32)> {
 }
 
 fn gateway(addrs: Vec<IpAddr>, alive: bool) -> ResolvedGateway {
-    ResolvedGateway::new(addrs, 4143, "g1").with_alive(alive)
+    ResolvedGateway::new(addrs, 4143)
+        .with_resource_version("g1")
+        .with_alive(alive)
 }
 
 /// The Service's ports as the checker reads them: (name or "", protocol or TCP).
@@ -455,14 +456,10 @@ fn mirror_cases() -> Vec<Case> {
     out
 }
 
-fn member_gw(addrs: Vec<IpAddr>, alive: bool) -> MemberGateway {
-    MemberGateway {
-        addresses: addrs,
-        port: 4143,
-        identity: Some("gw.id".into()),
-        alive,
-        dead: vec![],
-    }
+fn member_gw(addrs: Vec<IpAddr>, alive: bool) -> ResolvedGateway {
+    ResolvedGateway::new(addrs, 4143)
+        .with_identity(Some("gw.id".into()))
+        .with_alive(alive)
 }
 
 fn federated_cases() -> Vec<Case> {
@@ -474,7 +471,7 @@ fn federated_cases() -> Vec<Case> {
         service: remote("web", ports, false),
     };
     let two = [("http", None, 80), ("dns", Some("UDP"), 53)];
-    let rows: Vec<(&str, Vec<Member>, BTreeMap<String, MemberGateway>)> = vec![
+    let rows: Vec<(&str, Vec<Member>, BTreeMap<String, ResolvedGateway>)> = vec![
         (
             "two members alive and dead, and local",
             vec![

@@ -644,7 +644,7 @@ mod tests {
     }
 
     fn resolved(addrs: Vec<IpAddr>) -> ResolvedGateway {
-        ResolvedGateway::new(addrs, 4143, "g1")
+        ResolvedGateway::new(addrs, 4143).with_resource_version("g1")
     }
 
     /// (name, addressType, endpoints, ports) of each slice.

@@ -10,7 +10,7 @@ use super::Msg;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use kube::runtime::watcher;
 use parking_lot::Mutex;
-use service_mirror_core::federated::MemberGateway;
+use service_mirror_core::ResolvedGateway;
 use service_mirror_core::{NamespaceFilter, ResourceStyle, Selector, ServiceKey};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -243,7 +243,7 @@ impl LinkFeed {
 
     /// The link's gateway as its gateway component resolved and probed it (`None`: no
     /// usable address).
-    pub fn gateway(&self, gateway: Option<MemberGateway>) {
+    pub fn gateway(&self, gateway: Option<ResolvedGateway>) {
         self.send(Msg::Gateway {
             cluster: self.id.cluster.clone(),
             generation: self.generation,
@@ -273,7 +273,7 @@ impl crate::gateway::report::GatewayListener for LinkFeed {
         self.has_members()
     }
 
-    fn report(&self, gateway: Option<MemberGateway>) {
+    fn report(&self, gateway: Option<ResolvedGateway>) {
         self.gateway(gateway);
     }
 }

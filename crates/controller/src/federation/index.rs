@@ -6,8 +6,9 @@ use super::Generation;
 use super::feed::LinkIdentity;
 use crate::runtime::generation::{Verdict, Verdicts};
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use service_mirror_core::ResolvedGateway;
 use service_mirror_core::ServiceKey;
-use service_mirror_core::federated::{Member, MemberGateway};
+use service_mirror_core::federated::Member;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -23,8 +24,8 @@ pub(super) struct Index {
     /// since (then that generation's late messages are dropped too).
     generations: Verdicts<String>,
     /// The last gateway report of a cluster's candidate feed.
-    candidate_gateways: BTreeMap<String, (Generation, Option<MemberGateway>)>,
-    gateways: BTreeMap<String, MemberGateway>,
+    candidate_gateways: BTreeMap<String, (Generation, Option<ResolvedGateway>)>,
+    gateways: BTreeMap<String, ResolvedGateway>,
     /// Linked clusters whose membership is not known yet.
     pending: BTreeSet<String>,
     /// Where each remote cluster's refusals are reported (its Link).
@@ -193,7 +194,7 @@ impl Index {
         &mut self,
         cluster: &str,
         generation: Generation,
-        gw: Option<MemberGateway>,
+        gw: Option<ResolvedGateway>,
     ) -> Vec<ServiceKey> {
         match self.verdict(cluster, generation) {
             Verdict::Old => return Vec::new(),
@@ -295,7 +296,7 @@ impl Index {
     }
 
     /// Every member cluster's gateway.
-    pub(super) fn gateways(&self) -> &BTreeMap<String, MemberGateway> {
+    pub(super) fn gateways(&self) -> &BTreeMap<String, ResolvedGateway> {
         &self.gateways
     }
 
@@ -370,13 +371,7 @@ mod tests {
         let mut i = Index::default();
         i.remote_member(&link("east"), 1, svc("web"));
         i.remote_member(&link("north"), 1, svc("api"));
-        let gw = MemberGateway {
-            addresses: vec!["198.18.1.1".parse().unwrap()],
-            port: 4143,
-            identity: None,
-            alive: true,
-            dead: vec![],
-        };
+        let gw = ResolvedGateway::new(["198.18.1.1".parse().unwrap()], 4143);
         assert_eq!(i.gateway("east", 1, Some(gw.clone())), [key("web")]);
         assert!(i.gateway("east", 1, Some(gw)).is_empty(), "unchanged");
         assert_eq!(i.gateway("east", 1, None), [key("web")]);
@@ -415,14 +410,8 @@ mod tests {
         assert_eq!(i.members(&key("db")).len(), 1, "remote members stay");
     }
 
-    fn gw(ip: &str) -> MemberGateway {
-        MemberGateway {
-            addresses: vec![ip.parse().unwrap()],
-            port: 4143,
-            identity: None,
-            alive: true,
-            dead: vec![],
-        }
+    fn gw(ip: &str) -> ResolvedGateway {
+        ResolvedGateway::new([ip.parse().unwrap()], 4143)
     }
 
     #[test]

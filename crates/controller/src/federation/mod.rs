@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::writer::LocalWriter;
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
-use service_mirror_core::federated::MemberGateway;
+use service_mirror_core::ResolvedGateway;
 use service_mirror_core::{NamespaceFilter, ResourceStyle, Selector, ServiceKey};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -78,7 +78,7 @@ pub(crate) enum Msg {
     Gateway {
         cluster: String,
         generation: Generation,
-        gateway: Option<MemberGateway>,
+        gateway: Option<ResolvedGateway>,
     },
     /// A link's status book: its federated members' entries are recorded there.
     StatusBook {

@@ -6,8 +6,7 @@
 //! address, so the cluster's slices go), so a lost cluster's slices go only by that
 //! policy; the federation's follow the probe alone (docs/operations.md).
 
-use service_mirror_core::federated::MemberGateway;
-use service_mirror_core::{RemoteState, ServiceKey, stale_effect};
+use service_mirror_core::{RemoteState, ResolvedGateway, ServiceKey, stale_effect};
 use std::sync::Arc;
 
 /// How often a link's gateway verdict is looked at for its listeners: the prober's
@@ -19,7 +18,7 @@ pub(crate) trait GatewayListener: Send + Sync {
     /// Whether it needs the gateway now: it is resolved and probed only while one does.
     fn in_use(&self) -> bool;
     /// The gateway changed (`None`: none usable now).
-    fn report(&self, gateway: Option<MemberGateway>);
+    fn report(&self, gateway: Option<ResolvedGateway>);
     /// Whether the gateway it is told has the link's stale policy applied.
     fn follows_stale_policy(&self) -> bool {
         false
@@ -61,8 +60,8 @@ pub(crate) async fn report_gateway(
     // the Link's gateway as its listeners use it.
     let key = ServiceKey::new(gw.namespace.clone(), format!("{}-link-gateway", gw.name));
     // What each listener was last told.
-    let mut sent: Vec<Option<Option<MemberGateway>>> = vec![None; listeners.len()];
-    let mut current: Option<MemberGateway> = None;
+    let mut sent: Vec<Option<Option<ResolvedGateway>>> = vec![None; listeners.len()];
+    let mut current: Option<ResolvedGateway> = None;
     let mut resolved_at: Option<std::time::Instant> = None;
     loop {
         if listeners.iter().any(|l| l.in_use()) {
@@ -71,23 +70,24 @@ pub(crate) async fn report_gateway(
                 for (reason, note) in resolution.notes() {
                     (link.notes)(reason, note.to_owned());
                 }
-                current = resolution.gateway.map(|g| MemberGateway {
-                    addresses: g.addresses,
-                    port: g.port,
-                    identity: g.identity,
-                    alive: g.alive,
-                    // Each address's own verdict: a dead one not ready alone.
-                    dead: g.dead,
-                });
+                // Each address's own verdict kept: a dead one not ready alone. No version:
+                // no slice of theirs carries it, so a new version alone is no change.
+                current = resolution
+                    .gateway
+                    .map(ResolvedGateway::without_resource_version);
                 resolved_at = Some(std::time::Instant::now());
-            } else if let (Some(g), Some(state)) = (current.as_mut(), gateways.probe_state(&gw)) {
-                g.alive = state.alive;
-                // Past MAX_PROBED_ADDRESSES only the first is probed and its verdict is
-                // the gateway's (`alive`), as `resolve` does.
-                g.dead = match g.addresses.len() <= super::MAX_PROBED_ADDRESSES {
-                    true => state.dead,
-                    false => Vec::new(),
-                };
+            } else if current.is_some()
+                && let Some(state) = gateways.probe_state(&gw)
+            {
+                current = current.take().map(|g| {
+                    // Past MAX_PROBED_ADDRESSES only the first is probed and its verdict
+                    // is the gateway's (`alive`), as `resolve` does.
+                    let dead = match g.addresses.len() <= super::MAX_PROBED_ADDRESSES {
+                        true => state.dead,
+                        false => Vec::new(),
+                    };
+                    g.with_alive(state.alive).with_dead(dead)
+                });
             }
             let state = (link.remote)();
             let stale = current.clone().map(|mut g| {
@@ -143,7 +143,7 @@ mod tests {
         fn in_use(&self) -> bool {
             true
         }
-        fn report(&self, _gateway: Option<MemberGateway>) {}
+        fn report(&self, _gateway: Option<ResolvedGateway>) {}
     }
 
     #[tokio::test]

@@ -314,7 +314,8 @@ mod tests {
 
     /// The desired mirror of `shop/web` through gateway `gw_name` at address `ip`.
     fn desired(gw_name: &str, ip: &str, gw_version: &str) -> DesiredMirror {
-        let resolved = ResolvedGateway::new([ip.parse().unwrap()], 4143, gw_version);
+        let resolved =
+            ResolvedGateway::new([ip.parse().unwrap()], 4143).with_resource_version(gw_version);
         desired_mirror(
             &remote(true),
             &Link::new(CLUSTER, None),

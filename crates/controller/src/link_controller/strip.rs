@@ -143,7 +143,8 @@ mod tests {
         assert_eq!(probe_spec(&g), probe_spec(&gw));
         let link = Link::new("east", None);
         let gref = exported_gateway(&svc).unwrap();
-        let resolved = ResolvedGateway::new(["192.0.2.1".parse().unwrap()], 4143, "7");
+        let resolved =
+            ResolvedGateway::new(["192.0.2.1".parse().unwrap()], 4143).with_resource_version("7");
         assert_eq!(
             desired_mirror(&s, &link, &gref, Some(&resolved)),
             desired_mirror(&svc, &link, &gref, Some(&resolved))

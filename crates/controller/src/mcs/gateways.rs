@@ -80,17 +80,11 @@ impl Gateways {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use service_mirror_core::federated::MemberGateway;
+    use service_mirror_core::ResolvedGateway;
 
     fn gw(addr: &str) -> Option<SourceGateway> {
         Some(SourceGateway {
-            gateway: MemberGateway {
-                addresses: vec![addr.parse().unwrap()],
-                port: 4143,
-                identity: None,
-                alive: true,
-                dead: vec![],
-            },
+            gateway: ResolvedGateway::new([addr.parse().unwrap()], 4143),
             domain: "cluster.local".into(),
         })
     }

@@ -253,13 +253,7 @@ async fn the_import_lists_gateways_and_link_changes_queue_the_imports() {
         "both import lists in: every name"
     );
     let gateway = service_mirror_core::mcs_slices::SourceGateway {
-        gateway: service_mirror_core::federated::MemberGateway {
-            addresses: vec!["192.0.2.1".parse().unwrap()],
-            port: 4143,
-            identity: None,
-            alive: true,
-            dead: vec![],
-        },
+        gateway: service_mirror_core::ResolvedGateway::new(["192.0.2.1".parse().unwrap()], 4143),
         domain: "cluster.local".into(),
     };
     let report = |gateway: Option<service_mirror_core::mcs_slices::SourceGateway>| Msg::Gateway {

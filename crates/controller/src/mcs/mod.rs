@@ -166,7 +166,7 @@ impl crate::gateway::report::GatewayListener for GatewayFeed {
         true
     }
 
-    fn report(&self, gateway: Option<service_mirror_core::federated::MemberGateway>) {
+    fn report(&self, gateway: Option<service_mirror_core::ResolvedGateway>) {
         let gateway = gateway.map(|gateway| SourceGateway {
             gateway,
             domain: self.domain.clone(),

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::metrics::Metrics;
 use service_mirror_controller::writer::{LocalWriter, MirrorSelector};
-use service_mirror_core::federated::MemberGateway;
+use service_mirror_core::ResolvedGateway;
 use service_mirror_core::mcs_slices::SourceGateway;
 use std::time::Duration;
 
@@ -20,15 +20,11 @@ const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 
 fn gateway(addr: &str, alive: bool) -> Option<SourceGateway> {
     Some(SourceGateway {
-        gateway: MemberGateway {
-            addresses: vec![addr.parse().unwrap()],
-            port: 4143,
-            identity: Some(
+        gateway: ResolvedGateway::new([addr.parse().unwrap()], 4143)
+            .with_identity(Some(
                 "gateway.linkerd-multicluster.serviceaccount.identity.linkerd.east".into(),
-            ),
-            alive,
-            dead: vec![],
-        },
+            ))
+            .with_alive(alive),
         domain: "cluster.local".into(),
     })
 }
