@@ -435,8 +435,10 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
         )
     };
     let t0 = Instant::now();
-    let mut ctl_west = spawn(&west, "west", "127.0.0.1:0")?;
-    let mut ctl_east = spawn(&east, "east", "127.0.0.1:0")?;
+    let admin_west = format!("127.0.0.1:{}", crate::free_port()?);
+    let admin_east = format!("127.0.0.1:{}", crate::free_port()?);
+    let mut ctl_west = spawn(&west, "west", &admin_west)?;
+    let mut ctl_east = spawn(&east, "east", &admin_east)?;
     let controller_time = loop {
         let ((wi, wr), (ei, _)) =
             tokio::try_join!(done(&wc, true, None), done(&ec, false, Some(GATEWAY)))?;
@@ -453,11 +455,31 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let ratio = controller_time.as_secs_f64() / reference_time.as_secs_f64();
-    let usage = |c: &Controller| {
+    // How many passes a name took: MCS's reconciles by outcome, and its writes.
+    let passes = |metrics: &str| {
+        let mut by: BTreeMap<String, f64> = BTreeMap::new();
+        for line in metrics.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let counted = series
+                .starts_with("service_mirror_component_reconciles_total{component=\"mcs\"")
+                || series.starts_with("service_mirror_mcs_import_writes_total{")
+                || series.starts_with("service_mirror_mcs_export_status_writes_total{");
+            if counted {
+                *by.entry(series.to_string()).or_default() += value.parse::<f64>().unwrap_or(0.0);
+            }
+        }
+        by
+    };
+    let counted_west = passes(&crate::scrape::scrape_metrics(&admin_west).await?);
+    let counted_east = passes(&crate::scrape::scrape_metrics(&admin_east).await?);
+    let usage = |c: &Controller, counted: &BTreeMap<String, f64>| {
         serde_json::json!({
             "cpu_s": cpu_seconds(c.pid),
             "rss_mib": memory_mib(c.pid, "VmRSS"),
             "hwm_mib": memory_mib(c.pid, "VmHWM"),
+            "counted": counted,
         })
     };
     let result = serde_json::json!({
@@ -466,8 +488,8 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
         "reference_s": reference_time.as_secs_f64(),
         "controller_s": controller_time.as_secs_f64(),
         "ratio": ratio,
-        "west": usage(&ctl_west),
-        "east": usage(&ctl_east),
+        "west": usage(&ctl_west, &counted_west),
+        "east": usage(&ctl_east, &counted_east),
     });
     eprintln!(
         "mcs: cold sync of {n} exports across 2 clusters: controllers {:.2} s, reference {:.2} s, ratio {ratio:.2}; {result}",
