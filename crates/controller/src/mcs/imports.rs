@@ -47,6 +47,7 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::writer::Applied;
 use crate::writer::LocalWriter;
+use crate::writer::mcs_status::McsStatusWriter;
 use cache::ImportFacts;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -64,7 +65,6 @@ use std::sync::Arc;
 /// reconcile workers: the queue hands a key to one worker at a time, and every key
 /// writes only its own objects.
 pub(super) struct Imports {
-    client: Client,
     recorder: EventRecorder,
     metrics: Arc<Metrics>,
     controller_namespace: String,
@@ -72,6 +72,8 @@ pub(super) struct Imports {
     local_cluster: String,
     /// The writer of the slices (ownership checked on a create that meets a name).
     writer: LocalWriter,
+    /// The writer of the imports' status.
+    status: McsStatusWriter,
     /// The foreign object last reported for a key and kind (a slice: and its name), by
     /// its uid (its name if unknown): told once. Locked between awaits only.
     told: Mutex<BTreeMap<(ServiceKey, String), Option<String>>>,
@@ -113,9 +115,15 @@ impl Imports {
             recorder.clone(),
         )
         .led_by(opts.leader.clone());
+        let status = McsStatusWriter::new(
+            client,
+            &opts.controller_namespace,
+            metrics.clone(),
+            opts.leader.clone(),
+        );
         Self {
             leader: opts.leader.clone(),
-            client,
+            status,
             recorder,
             metrics,
             controller_namespace: opts.controller_namespace.clone(),

@@ -211,7 +211,12 @@ impl Mcs {
         let rec = Arc::new(reconcile::Reconciler {
             shared,
             queue: queue.clone(),
-            client: local,
+            status: crate::writer::mcs_status::McsStatusWriter::new(
+                local,
+                &opts.controller_namespace,
+                metrics.clone(),
+                opts.leader.clone(),
+            ),
             recorder,
             metrics: metrics.clone(),
             leader: opts.leader.clone(),

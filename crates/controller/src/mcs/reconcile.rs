@@ -18,7 +18,7 @@
 use super::decide::{ExportFacts, ExportStep, Settling, decide_export};
 use super::imports::Imports;
 use super::imports::cache::ImportFacts;
-use super::resource::{ServiceExport, status_apply};
+use super::resource::ServiceExport;
 use super::shared::Shared;
 use super::write_errors::{Outcome as Wrote, api_status, status_write_error};
 use crate::backoff::Backoff;
@@ -26,13 +26,12 @@ use crate::events::EventRecorder;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::runtime::{Outcome, Reconcile, WorkQueue};
-use crate::writer::FIELD_MANAGER;
+use crate::writer::mcs_status::McsStatusWriter;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::Resource;
 use kube::runtime::events::EventType;
-use kube::{Client, Resource};
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::mcs::{ClusterExport, Merge, Validity, merge};
@@ -57,7 +56,8 @@ pub(super) struct Retry;
 pub(super) struct Reconciler {
     pub(super) shared: Arc<Mutex<Shared>>,
     pub(super) queue: WorkQueue<ServiceKey>,
-    pub(super) client: Client,
+    /// The writer of the local exports' conditions.
+    pub(super) status: McsStatusWriter,
     pub(super) recorder: EventRecorder,
     pub(super) metrics: Arc<Metrics>,
     pub(super) leader: Option<Leadership>,
@@ -233,18 +233,15 @@ impl Reconciler {
         }
     }
 
-    /// Applies `conditions` to the status of `export`.
+    /// Applies `conditions` to the status of `export`, through the status writer.
     async fn write(
         &self,
         key: &ServiceKey,
         export: &ServiceExport,
         conditions: &[Condition],
     ) -> Wrote {
-        let api: Api<ServiceExport> = Api::namespaced(self.client.clone(), &key.namespace);
-        let params = PatchParams::apply(FIELD_MANAGER);
-        let body = Patch::Apply(status_apply(export, conditions));
         let before = export.metadata.resource_version.clone();
-        let (outcome, result) = match api.patch_status(&key.name, &params, &body).await {
+        let (outcome, result) = match self.status.export_conditions(export, conditions).await {
             Ok(after) => {
                 if after.metadata.resource_version != before
                     && let Some(rv) = before
@@ -253,7 +250,10 @@ impl Reconciler {
                 }
                 ("applied", Wrote::Done)
             }
-            Err(e) => {
+            // The lead was lost since the gate let this key through: nothing was sent;
+            // the next leader judges every name (and so do we once we lead again).
+            Err(crate::error::Error::NotLeader) => return Wrote::Dropped,
+            Err(crate::error::Error::Kube(e)) => {
                 let end = status_write_error(api_status(&e));
                 if let Some(told) = end.event {
                     self.tell(export, told.type_, told.reason, told.note).await;
@@ -267,6 +267,11 @@ impl Reconciler {
                     tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
                 }
                 (end.label, end.outcome)
+            }
+            // None other comes back from a status write.
+            Err(e) => {
+                tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
+                ("failed", Wrote::Retry)
             }
         };
         self.metrics.mcs.wrote(outcome);
