@@ -224,16 +224,9 @@ impl Mcs {
             imports,
         });
         rec.count(); // every state's gauge from the start
-        tasks.push(tokio::spawn(indexer.run(rx, cancel.clone())));
-        if let Some(leader) = opts.leader.clone() {
-            tasks.push(tokio::spawn(crate::runtime::gate::follow_leader(
-                leader,
-                tx.clone(),
-                Msg::Leader,
-                cancel.clone(),
-            )));
-        }
-        tasks.extend(crate::runtime::worker::spawn(
+        tasks.extend(crate::runtime::spawn_component(
+            indexer.run(rx, cancel.clone()),
+            (&tx, Msg::Leader),
             reconcile::WORKERS,
             &queue,
             &gate,
