@@ -109,41 +109,33 @@ impl Reconciler {
     /// every judgement (the key comes back at the hold's end).
     fn gather(&self, key: &ServiceKey) -> Result<Gathered, Duration> {
         let now = std::time::Instant::now();
-        let mut s = self.shared.lock();
-        if let Some(end) = s.index.held_until(now) {
-            return Err(end
-                .saturating_duration_since(now)
-                .max(Duration::from_millis(1)));
-        }
-        self.note_unlisted(&mut s);
-        Ok(Gathered {
-            exports: s.index.exports(key),
-            export: s.index.local_export(key).cloned(),
-            last: s.verdicts.get(key).cloned(),
-            written: s.written.get(key).cloned(),
-            imports_listed: s.cache.listed(),
-            feeds: s.index.feeds(),
-            expected: s.expected.clone(),
-            removed: s.removed.clone(),
-            facts: s.cache.facts(key),
-        })
-    }
-
-    /// Logs a change of the linked clusters judged without (not listed, past their
-    /// hold), once, and looks at every import again: one kept while a cluster was
-    /// unlisted may go now.
-    fn note_unlisted(&self, s: &mut Shared) {
-        let unlisted: Vec<String> = s.index.unlisted().into_iter().map(String::from).collect();
-        if unlisted == s.unlisted {
-            return;
-        }
-        if !unlisted.is_empty() {
-            tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (an import they are listed in is kept)");
-        }
-        s.unlisted = unlisted;
-        for key in s.cache.keys() {
+        let (gathered, again) = {
+            let mut s = self.shared.lock();
+            if let Some(end) = s.index.held_until(now) {
+                return Err(end
+                    .saturating_duration_since(now)
+                    .max(Duration::from_millis(1)));
+            }
+            let again = note_unlisted(&mut s);
+            let gathered = Gathered {
+                exports: s.index.exports(key),
+                export: s.index.local_export(key).cloned(),
+                last: s.verdicts.get(key).cloned(),
+                written: s.written.get(key).cloned(),
+                imports_listed: s.cache.listed(),
+                feeds: s.index.feeds(),
+                expected: s.expected.clone(),
+                removed: s.removed.clone(),
+                facts: s.cache.facts(key),
+            };
+            (gathered, again)
+        };
+        // Queued with the shared state unlocked: the queue has its own lock, and the
+        // index task and 16 workers wait on this one.
+        for key in again {
             self.queue.add(key);
         }
+        Ok(gathered)
     }
 
     /// Judges the name `key`: the local export's conditions, then the local import.
@@ -285,4 +277,19 @@ impl Reconciler {
             .publish(&reference, type_, reason, "Export", note)
             .await;
     }
+}
+
+/// Logs a change of the linked clusters judged without (not listed, past their hold),
+/// once, and says which names to look at again: every import (one kept while a
+/// cluster was unlisted may go now); none while the clusters are as last noted.
+fn note_unlisted(s: &mut Shared) -> super::index::Changed {
+    let unlisted: Vec<String> = s.index.unlisted().into_iter().map(String::from).collect();
+    if unlisted == s.unlisted {
+        return super::index::Changed::new();
+    }
+    if !unlisted.is_empty() {
+        tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (an import they are listed in is kept)");
+    }
+    s.unlisted = unlisted;
+    s.cache.keys()
 }
