@@ -206,6 +206,23 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 }
 
+/// The keys queued now, each taken and done (so it can be queued again), as text,
+/// sorted: what an index test reads from its queue.
+#[cfg(test)]
+pub(crate) async fn queued<K>(queue: &WorkQueue<K>) -> Vec<String>
+where
+    K: Clone + Eq + Hash + Send + std::fmt::Display + 'static,
+{
+    let mut keys = Vec::new();
+    while queue.depth() > 0 {
+        let k = queue.next().await.unwrap();
+        keys.push(k.to_string());
+        queue.done(k, Outcome::Done);
+    }
+    keys.sort();
+    keys
+}
+
 fn add<K: Clone + Eq + Hash>(s: &mut State<K>, tx: &mpsc::UnboundedSender<K>, key: K) {
     if s.active.contains(&key) {
         s.dirty.insert(key);
