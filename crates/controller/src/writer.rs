@@ -1,8 +1,10 @@
 //! The only code that writes to the local cluster: creates, compare-then-updates and
 //! deletes mirror objects under a field manager, with ownership checks at the API;
-//! its child `link_status` writes the status of our Links.
+//! its children write status subresources: `link_status` of our Links, `mcs_status` of
+//! the MCS component's ServiceImports and of the local ServiceExports.
 
 pub(crate) mod link_status;
+pub(crate) mod mcs_status;
 
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
@@ -38,9 +40,10 @@ pub enum Applied {
 /// Labels of local API writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct WriteLabels {
-    /// create, update or delete.
+    /// create, update, delete or patch (a status subresource).
     pub(crate) verb: String,
-    /// services, endpoints, endpointslices or namespaces.
+    /// services, endpoints, endpointslices, serviceimports, namespaces, or a status
+    /// subresource (links/status, serviceimports/status, serviceexports/status).
     pub(crate) resource: String,
 }
 

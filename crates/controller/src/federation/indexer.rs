@@ -264,6 +264,7 @@ fn apply(s: &mut Shared, stored: &Stored, msg: Msg) -> Vec<ServiceKey> {
 mod tests {
     use super::*;
     use crate::backoff::Backoff;
+    use crate::runtime::queue::queued;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::runtime::reflector::{self, store::Writer};
@@ -305,18 +306,6 @@ mod tests {
         }
     }
 
-    /// The keys queued now, each taken and done (so it can be queued again).
-    async fn queued(ix: &Indexer) -> Vec<String> {
-        let mut keys = Vec::new();
-        while ix.queue.depth() > 0 {
-            let k = ix.queue.next().await.unwrap();
-            keys.push(k.to_string());
-            ix.queue.done(k, crate::runtime::Outcome::Done);
-        }
-        keys.sort();
-        keys
-    }
-
     fn ready() -> Vec<Msg> {
         vec![
             Msg::LocalListing,
@@ -346,22 +335,30 @@ mod tests {
         let (mut ix, _) = indexer();
         let mut ready = ready().into_iter();
         feed(&mut ix, ready.by_ref().take(1).chain([local("web")]));
-        assert_eq!(queued(&ix).await, ["shop/web"]);
+        assert_eq!(queued(&ix.queue).await, ["shop/web"]);
         assert!(!*ix.ready.borrow());
         feed(&mut ix, ready);
-        assert_eq!(queued(&ix).await, ["shop/web"], "every key when it opens");
+        assert_eq!(
+            queued(&ix.queue).await,
+            ["shop/web"],
+            "every key when it opens"
+        );
         feed(
             &mut ix,
             [local("api"), local("api"), Msg::Stored(key("db"))],
         );
-        assert_eq!(queued(&ix).await, ["shop/api", "shop/db"], "deduplicated");
+        assert_eq!(
+            queued(&ix.queue).await,
+            ["shop/api", "shop/db"],
+            "deduplicated"
+        );
     }
 
     #[tokio::test]
     async fn becoming_leader_queues_every_key_with_a_member_or_a_stored_service() {
         let (mut ix, mut writer) = indexer();
         feed(&mut ix, ready().into_iter().chain([local("web")]));
-        let _ = queued(&ix).await;
+        let _ = queued(&ix.queue).await;
         // A stored federated Service of a key without members (it is to be deleted).
         let stored = Service {
             metadata: ObjectMeta {
@@ -375,11 +372,11 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Apply(stored));
         feed(&mut ix, [Msg::Leader(false)]);
         assert!(
-            queued(&ix).await.is_empty(),
+            queued(&ix.queue).await.is_empty(),
             "losing the lead plans nothing"
         );
         feed(&mut ix, [Msg::Leader(true)]);
-        assert_eq!(queued(&ix).await, ["shop/old", "shop/web"]);
+        assert_eq!(queued(&ix.queue).await, ["shop/old", "shop/web"]);
     }
 
     #[tokio::test]
@@ -397,7 +394,10 @@ mod tests {
                 present: true,
             }],
         );
-        assert!(queued(&ix).await.is_empty(), "still there: nothing to try");
+        assert!(
+            queued(&ix.queue).await.is_empty(),
+            "still there: nothing to try"
+        );
         assert!(ix.shared.lock().blocked[&key("web")].0);
         feed(
             &mut ix,
@@ -406,7 +406,7 @@ mod tests {
                 present: false,
             }],
         );
-        assert_eq!(queued(&ix).await, ["shop/web"]);
+        assert_eq!(queued(&ix.queue).await, ["shop/web"]);
         assert!(ix.shared.lock().blocked.is_empty());
         assert!(watch.is_cancelled());
     }

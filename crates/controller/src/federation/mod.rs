@@ -255,7 +255,6 @@ fn run_on(
     (tx, rx): (mpsc::UnboundedSender<Msg>, mpsc::UnboundedReceiver<Msg>),
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
     let queue = crate::runtime::WorkQueue::new(reconcile::RETRY, cancel.clone());
     let shared = Arc::default();
     let indexer = indexer::Indexer::new(
@@ -284,23 +283,15 @@ fn run_on(
         client: local,
         tx: tx.clone(),
     });
-    tasks.push(tokio::spawn(indexer.run(rx, cancel.clone())));
-    if let Some(leader) = opts.leader.clone() {
-        tasks.push(tokio::spawn(crate::runtime::gate::follow_leader(
-            leader,
-            tx.clone(),
-            Msg::Leader,
-            cancel.clone(),
-        )));
-    }
-    tasks.extend(crate::runtime::worker::spawn(
+    crate::runtime::spawn_component(
+        indexer.run(rx, cancel.clone()),
+        (&tx, Msg::Leader),
         reconcile::WORKERS,
         &queue,
         &gate,
         &rec,
         cancel,
-    ));
-    tasks
+    )
 }
 
 /// Parses `--federated-service-selector` (`key=value[,...]`; empty: no local members)

@@ -113,7 +113,8 @@ pub(super) async fn recheck(
                 && let Some(key) = blocked.freed(&name)
             {
                 tracing::debug!(kind = ?name.0, ns = %name.1, name = %name.2, %key, "a mirror's name is free again");
-                queue.add(key);
+                // The cause of its failures is gone: not left to its backoff.
+                queue.retry_now(key);
             }
         }
     }

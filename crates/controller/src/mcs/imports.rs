@@ -47,6 +47,7 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::writer::Applied;
 use crate::writer::LocalWriter;
+use crate::writer::mcs_status::McsStatusWriter;
 use cache::ImportFacts;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -65,7 +66,6 @@ use std::sync::Arc;
 /// reconcile workers: the queue hands a key to one worker at a time, and every key
 /// writes only its own objects.
 pub(super) struct Imports {
-    client: Client,
     recorder: EventRecorder,
     metrics: Arc<Metrics>,
     controller_namespace: String,
@@ -73,11 +73,29 @@ pub(super) struct Imports {
     local_cluster: String,
     /// The writer of the slices (ownership checked on a create that meets a name).
     writer: LocalWriter,
-    /// The foreign object last reported for a key and kind (a slice: and its name), by
-    /// its uid (its name if unknown): told once. Locked between awaits only.
-    told: Mutex<BTreeMap<(ServiceKey, String), Option<String>>>,
+    /// The writer of the imports' status.
+    status: McsStatusWriter,
+    /// The foreign object last reported for a key and kind (a slice: and its name): see
+    /// [`first_told`]. Locked between awaits only.
+    told: Mutex<Told>,
     /// Writes only while this says true; `None`: always.
     leader: Option<Leadership>,
+}
+
+/// The foreign objects reported, by key and slot (see [`first_told`]).
+type Told = BTreeMap<(ServiceKey, String), Option<String>>;
+
+/// Whether the foreign object `meta`, where `key`'s object of `kind` would be, is new
+/// to `told` (and then remembered): told once per object, by its uid (its name if
+/// unknown), so one deleted and made anew under the name is told again. One slot per
+/// key and kind, and per name for slices (a name's several slices each).
+fn first_told(told: &mut Told, key: &ServiceKey, kind: Kind, meta: &ObjectMeta) -> bool {
+    let slot = match kind {
+        Kind::Slice => format!("{}/{}", kind.label(), meta.name.as_deref().unwrap_or("")),
+        _ => kind.label().to_string(),
+    };
+    let id = meta.uid.clone().or_else(|| meta.name.clone());
+    told.insert((key.clone(), slot), id.clone()) != Some(id)
 }
 
 /// Which object a write was of (a metric label).
@@ -114,9 +132,15 @@ impl Imports {
             recorder.clone(),
         )
         .led_by(opts.leader.clone());
+        let status = McsStatusWriter::new(
+            client,
+            &opts.controller_namespace,
+            metrics.clone(),
+            opts.leader.clone(),
+        );
         Self {
             leader: opts.leader.clone(),
-            client,
+            status,
             recorder,
             metrics,
             controller_namespace: opts.controller_namespace.clone(),
@@ -313,13 +337,7 @@ impl Imports {
 
     /// Someone else's object where ours would be: a Warning Event on it, once per object.
     async fn foreign(&self, key: &ServiceKey, meta: &ObjectMeta, kind: Kind, reason: &str) {
-        let slot = match kind {
-            Kind::Slice => format!("{}/{}", kind.label(), meta.name.as_deref().unwrap_or("")),
-            _ => kind.label().to_string(),
-        };
-        let told = (key.clone(), slot);
-        let id = meta.uid.clone().or_else(|| meta.name.clone());
-        if self.told.lock().insert(told, id.clone()) == Some(id) {
+        if !first_told(&mut self.told.lock(), key, kind, meta) {
             return;
         }
         // Counted once per object, as the Event: nothing is written.
@@ -357,5 +375,60 @@ impl Imports {
         self.recorder
             .publish(&reference, EventType::Warning, reason, "Import", note)
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_foreign_object_is_told_once_by_uid_and_again_when_made_anew() {
+        let meta = |name: &str, uid: Option<&str>| ObjectMeta {
+            name: Some(name.into()),
+            uid: uid.map(Into::into),
+            ..Default::default()
+        };
+        let key = ServiceKey::new("shop", "hello");
+        let mut told = Told::new();
+        // (kind, object, told now?, why).
+        let cases = [
+            (Kind::Slice, meta("s-west", Some("u1")), true, "first seen"),
+            (
+                Kind::Slice,
+                meta("s-west", Some("u1")),
+                false,
+                "the same object",
+            ),
+            (
+                Kind::Slice,
+                meta("s-west", Some("u2")),
+                true,
+                "deleted, made anew",
+            ),
+            (
+                Kind::Slice,
+                meta("s-east", Some("u3")),
+                true,
+                "another name",
+            ),
+            (
+                Kind::Import,
+                meta("hello", Some("u4")),
+                true,
+                "another kind",
+            ),
+            (
+                Kind::Import,
+                meta("hello", Some("u4")),
+                false,
+                "the same import",
+            ),
+            (Kind::Derived, meta("d", None), true, "no uid: by name"),
+            (Kind::Derived, meta("d", None), false, "the same name"),
+        ];
+        for (kind, m, want, why) in cases {
+            assert_eq!(first_told(&mut told, &key, kind, &m), want, "{why}");
+        }
     }
 }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::backoff::Backoff;
 use crate::mcs::resource::{ServiceExport, ServiceImport};
+use crate::runtime::queue::queued;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::watcher::Event;
@@ -106,32 +107,20 @@ fn feed(ix: &Indexer, msgs: impl IntoIterator<Item = Msg>) {
     }
 }
 
-/// The keys queued now, each taken and done (so it can be queued again).
-async fn queued(ix: &Indexer) -> Vec<String> {
-    let mut keys = Vec::new();
-    while ix.queue.depth() > 0 {
-        let k = ix.queue.next().await.unwrap();
-        keys.push(k.to_string());
-        ix.queue.done(k, crate::runtime::Outcome::Done);
-    }
-    keys.sort();
-    keys
-}
-
 #[tokio::test]
 async fn the_gate_opens_once_the_local_exports_and_services_are_listed_and_queues_every_name() {
     let ix = indexer();
     feed(&ix, exports(LOCAL, 0, list(&[export("web")])));
     assert!(!*ix.ready.borrow(), "the local Services are not listed");
     assert_eq!(
-        queued(&ix).await,
+        queued(&ix.queue).await,
         ["shop/web"],
         "a changed name waits in the queue behind the gate"
     );
     feed(&ix, services(LOCAL, 0, list(&[service("web", 80)])));
     assert!(*ix.ready.borrow());
     assert_eq!(
-        queued(&ix).await,
+        queued(&ix.queue).await,
         ["shop/web"],
         "every name when it opens, once"
     );
@@ -142,7 +131,7 @@ async fn an_event_queues_only_the_names_it_changes() {
     let ix = indexer();
     feed(&ix, exports(LOCAL, 0, list(&[export("web")])));
     feed(&ix, services(LOCAL, 0, list(&[service("web", 80)])));
-    let _ = queued(&ix).await;
+    let _ = queued(&ix.queue).await;
     let steps: Vec<(&str, Vec<Msg>, &[&str])> = vec![
         (
             "a new export",
@@ -182,7 +171,7 @@ async fn an_event_queues_only_the_names_it_changes() {
     ];
     for (what, msgs, want) in steps {
         feed(&ix, msgs);
-        assert_eq!(queued(&ix).await, want, "{what}");
+        assert_eq!(queued(&ix.queue).await, want, "{what}");
     }
 }
 
@@ -192,7 +181,7 @@ async fn a_linked_cluster_queues_its_exports_and_every_import_once_both_its_list
     feed(&ix, exports(LOCAL, 0, list(&[])));
     feed(&ix, services(LOCAL, 0, list(&[])));
     feed(&ix, imports_listed(&[import("old")]));
-    assert_eq!(queued(&ix).await, ["shop/old"], "the local import");
+    assert_eq!(queued(&ix.queue).await, ["shop/old"], "the local import");
     feed(
         &ix,
         [Msg::Feed {
@@ -201,15 +190,15 @@ async fn a_linked_cluster_queues_its_exports_and_every_import_once_both_its_list
         }],
     );
     assert_eq!(
-        queued(&ix).await,
+        queued(&ix.queue).await,
         ["shop/old"],
         "a new feed: the imports are looked at (after its hold)"
     );
     feed(&ix, exports("east", 1, list(&[export("api")])));
-    assert_eq!(queued(&ix).await, ["shop/api"], "its export changed");
+    assert_eq!(queued(&ix.queue).await, ["shop/api"], "its export changed");
     feed(&ix, services("east", 1, list(&[service("api", 80)])));
     assert_eq!(
-        queued(&ix).await,
+        queued(&ix.queue).await,
         ["shop/api", "shop/old"],
         "its exports, and the import it may have held up"
     );
@@ -221,7 +210,7 @@ async fn a_linked_cluster_queues_its_exports_and_every_import_once_both_its_list
         }],
     );
     assert_eq!(
-        queued(&ix).await,
+        queued(&ix.queue).await,
         ["shop/api", "shop/old"],
         "its feed ended: its exports leave"
     );
@@ -232,7 +221,7 @@ async fn the_import_lists_gateways_and_link_changes_queue_the_imports() {
     let ix = indexer();
     feed(&ix, exports(LOCAL, 0, list(&[export("web")])));
     feed(&ix, services(LOCAL, 0, list(&[service("web", 80)])));
-    let _ = queued(&ix).await;
+    let _ = queued(&ix.queue).await;
     // Only the imports' list: not yet both lists.
     feed(
         &ix,
@@ -240,7 +229,7 @@ async fn the_import_lists_gateways_and_link_changes_queue_the_imports() {
             .into_iter()
             .map(|e| Msg::Import(Box::new(e))),
     );
-    assert_eq!(queued(&ix).await, ["shop/old"]);
+    assert_eq!(queued(&ix.queue).await, ["shop/old"]);
     feed(
         &ix,
         list::<Service>(&[])
@@ -248,7 +237,7 @@ async fn the_import_lists_gateways_and_link_changes_queue_the_imports() {
             .map(|e| Msg::Derived(Box::new(e))),
     );
     assert_eq!(
-        queued(&ix).await,
+        queued(&ix.queue).await,
         ["shop/old", "shop/web"],
         "both import lists in: every name"
     );
@@ -262,13 +251,21 @@ async fn the_import_lists_gateways_and_link_changes_queue_the_imports() {
         gateway,
     };
     feed(&ix, [report(Some(gateway.clone()))]);
-    assert_eq!(queued(&ix).await, ["shop/old"], "a gateway: every import");
+    assert_eq!(
+        queued(&ix.queue).await,
+        ["shop/old"],
+        "a gateway: every import"
+    );
     feed(&ix, [report(Some(gateway))]);
-    assert!(queued(&ix).await.is_empty(), "the same gateway again");
+    assert!(queued(&ix.queue).await.is_empty(), "the same gateway again");
     feed(&ix, [Msg::Removed("east".into())]);
-    assert_eq!(queued(&ix).await, ["shop/old"], "a link removed");
+    assert_eq!(queued(&ix.queue).await, ["shop/old"], "a link removed");
     feed(&ix, [Msg::Expect(["east".to_string()].into())]);
-    assert_eq!(queued(&ix).await, ["shop/old"], "the linked clusters said");
+    assert_eq!(
+        queued(&ix.queue).await,
+        ["shop/old"],
+        "the linked clusters said"
+    );
 }
 
 #[tokio::test]
@@ -310,7 +307,7 @@ async fn a_links_remote_service_events_reach_the_index_through_its_mcs_feed() {
     }
     feed(&ix, msgs);
     assert_eq!(
-        queued(&ix).await,
+        queued(&ix.queue).await,
         ["shop/api"],
         "its exported Service counts once the link's list is in"
     );
@@ -326,7 +323,7 @@ async fn a_links_remote_service_events_reach_the_index_through_its_mcs_feed() {
     link.remote_event(&Event::Init);
     let msg = rx.try_recv().unwrap();
     feed(&ix, [msg]);
-    assert!(queued(&ix).await.is_empty());
+    assert!(queued(&ix.queue).await.is_empty());
     let exports = ix
         .shared
         .lock()

@@ -211,7 +211,12 @@ impl Mcs {
         let rec = Arc::new(reconcile::Reconciler {
             shared,
             queue: queue.clone(),
-            client: local,
+            status: crate::writer::mcs_status::McsStatusWriter::new(
+                local,
+                &opts.controller_namespace,
+                metrics.clone(),
+                opts.leader.clone(),
+            ),
             recorder,
             metrics: metrics.clone(),
             leader: opts.leader.clone(),
@@ -219,16 +224,9 @@ impl Mcs {
             imports,
         });
         rec.count(); // every state's gauge from the start
-        tasks.push(tokio::spawn(indexer.run(rx, cancel.clone())));
-        if let Some(leader) = opts.leader.clone() {
-            tasks.push(tokio::spawn(crate::runtime::gate::follow_leader(
-                leader,
-                tx.clone(),
-                Msg::Leader,
-                cancel.clone(),
-            )));
-        }
-        tasks.extend(crate::runtime::worker::spawn(
+        tasks.extend(crate::runtime::spawn_component(
+            indexer.run(rx, cancel.clone()),
+            (&tx, Msg::Leader),
             reconcile::WORKERS,
             &queue,
             &gate,

@@ -18,7 +18,7 @@
 use super::decide::{ExportFacts, ExportStep, Settling, decide_export};
 use super::imports::Imports;
 use super::imports::cache::ImportFacts;
-use super::resource::{ServiceExport, status_apply};
+use super::resource::ServiceExport;
 use super::shared::Shared;
 use super::write_errors::{Outcome as Wrote, api_status, status_write_error};
 use crate::backoff::Backoff;
@@ -26,13 +26,12 @@ use crate::events::EventRecorder;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::runtime::{Outcome, Reconcile, WorkQueue};
-use crate::writer::FIELD_MANAGER;
+use crate::writer::mcs_status::McsStatusWriter;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::Resource;
 use kube::runtime::events::EventType;
-use kube::{Client, Resource};
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::mcs::{ClusterExport, Merge, Validity, merge};
@@ -57,7 +56,8 @@ pub(super) struct Retry;
 pub(super) struct Reconciler {
     pub(super) shared: Arc<Mutex<Shared>>,
     pub(super) queue: WorkQueue<ServiceKey>,
-    pub(super) client: Client,
+    /// The writer of the local exports' conditions.
+    pub(super) status: McsStatusWriter,
     pub(super) recorder: EventRecorder,
     pub(super) metrics: Arc<Metrics>,
     pub(super) leader: Option<Leadership>,
@@ -116,41 +116,33 @@ impl Reconciler {
     /// every judgement (the key comes back at the hold's end).
     fn gather(&self, key: &ServiceKey) -> Result<Gathered, Duration> {
         let now = std::time::Instant::now();
-        let mut s = self.shared.lock();
-        if let Some(end) = s.index.held_until(now) {
-            return Err(end
-                .saturating_duration_since(now)
-                .max(Duration::from_millis(1)));
-        }
-        self.note_unlisted(&mut s);
-        Ok(Gathered {
-            exports: s.index.exports(key),
-            export: s.index.local_export(key).cloned(),
-            last: s.verdicts.get(key).cloned(),
-            written: s.written.get(key).cloned(),
-            imports_listed: s.cache.listed(),
-            feeds: s.index.feeds(),
-            expected: s.expected.clone(),
-            removed: s.removed.clone(),
-            facts: s.cache.facts(key),
-        })
-    }
-
-    /// Logs a change of the linked clusters judged without (not listed, past their
-    /// hold), once, and looks at every import again: one kept while a cluster was
-    /// unlisted may go now.
-    fn note_unlisted(&self, s: &mut Shared) {
-        let unlisted: Vec<String> = s.index.unlisted().into_iter().map(String::from).collect();
-        if unlisted == s.unlisted {
-            return;
-        }
-        if !unlisted.is_empty() {
-            tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (an import they are listed in is kept)");
-        }
-        s.unlisted = unlisted;
-        for key in s.cache.keys() {
+        let (gathered, again) = {
+            let mut s = self.shared.lock();
+            if let Some(end) = s.index.held_until(now) {
+                return Err(end
+                    .saturating_duration_since(now)
+                    .max(Duration::from_millis(1)));
+            }
+            let again = note_unlisted(&mut s);
+            let gathered = Gathered {
+                exports: s.index.exports(key),
+                export: s.index.local_export(key).cloned(),
+                last: s.verdicts.get(key).cloned(),
+                written: s.written.get(key).cloned(),
+                imports_listed: s.cache.listed(),
+                feeds: s.index.feeds(),
+                expected: s.expected.clone(),
+                removed: s.removed.clone(),
+                facts: s.cache.facts(key),
+            };
+            (gathered, again)
+        };
+        // Queued with the shared state unlocked: the queue has its own lock, and the
+        // index task and 16 workers wait on this one.
+        for key in again {
             self.queue.add(key);
         }
+        Ok(gathered)
     }
 
     /// Judges the name `key`: the local export's conditions, then the local import.
@@ -240,18 +232,15 @@ impl Reconciler {
         }
     }
 
-    /// Applies `conditions` to the status of `export`.
+    /// Applies `conditions` to the status of `export`, through the status writer.
     async fn write(
         &self,
         key: &ServiceKey,
         export: &ServiceExport,
         conditions: &[Condition],
     ) -> Wrote {
-        let api: Api<ServiceExport> = Api::namespaced(self.client.clone(), &key.namespace);
-        let params = PatchParams::apply(FIELD_MANAGER);
-        let body = Patch::Apply(status_apply(export, conditions));
         let before = export.metadata.resource_version.clone();
-        let (outcome, result) = match api.patch_status(&key.name, &params, &body).await {
+        let (outcome, result) = match self.status.export_conditions(export, conditions).await {
             Ok(after) => {
                 if after.metadata.resource_version != before
                     && let Some(rv) = before
@@ -260,7 +249,10 @@ impl Reconciler {
                 }
                 ("applied", Wrote::Done)
             }
-            Err(e) => {
+            // The lead was lost since the gate let this key through: nothing was sent;
+            // the next leader judges every name (and so do we once we lead again).
+            Err(crate::error::Error::NotLeader) => return Wrote::Dropped,
+            Err(crate::error::Error::Kube(e)) => {
                 let end = status_write_error(api_status(&e));
                 if let Some(told) = end.event {
                     self.tell(export, told.type_, told.reason, told.note).await;
@@ -275,6 +267,11 @@ impl Reconciler {
                 }
                 (end.label, end.outcome)
             }
+            // None other comes back from a status write.
+            Err(e) => {
+                tracing::warn!(export = %key, error = %e, "ServiceExport status write failed; retrying with backoff");
+                ("failed", Wrote::Retry)
+            }
         };
         self.metrics.mcs.wrote(outcome);
         result
@@ -287,4 +284,19 @@ impl Reconciler {
             .publish(&reference, type_, reason, "Export", note)
             .await;
     }
+}
+
+/// Logs a change of the linked clusters judged without (not listed, past their hold),
+/// once, and says which names to look at again: every import (one kept while a
+/// cluster was unlisted may go now); none while the clusters are as last noted.
+fn note_unlisted(s: &mut Shared) -> super::index::Changed {
+    let unlisted: Vec<String> = s.index.unlisted().into_iter().map(String::from).collect();
+    if unlisted == s.unlisted {
+        return super::index::Changed::new();
+    }
+    if !unlisted.is_empty() {
+        tracing::warn!(clusters = ?unlisted, "judging exports without these linked clusters: their exports have not listed (an import they are listed in is kept)");
+    }
+    s.unlisted = unlisted;
+    s.cache.keys()
 }

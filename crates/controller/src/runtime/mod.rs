@@ -8,6 +8,8 @@
 //!   requeue-after on one `DelayQueue`);
 //! - [`gate`]: when a component may write (caches listed, not paused, leader);
 //! - [`worker`]: N workers taking keys from the queue while the gate is open;
+//! - [`component`]: a component's tasks started one way (index task, leader follower,
+//!   workers);
 //! - [`relist`]: a keyed table that keeps the last complete list until the next one
 //!   completes, and holds an empty list after an outage;
 //! - [`generation`]: the generation of a feed, so a replaced feed's late messages drop;
@@ -15,6 +17,7 @@
 //!   reason);
 //! - [`metrics`]: every component's reconciles, by outcome, and their duration.
 
+pub(crate) mod component;
 pub(crate) mod gate;
 pub(crate) mod generation;
 pub(crate) mod metrics;
@@ -24,6 +27,7 @@ pub(crate) mod relist;
 pub(crate) mod watch;
 pub(crate) mod worker;
 
+pub(crate) use component::spawn_component;
 pub(crate) use gate::{Gate, Listed};
 pub(crate) use queue::{Outcome, WorkQueue};
 pub(crate) use worker::Reconcile;

@@ -92,6 +92,24 @@ async fn an_import_exists_in_every_cluster_while_one_exports_and_goes_with_the_l
         })
         .await;
     }
+    // Both status writes went through the writer: counted like every local write (the
+    // export's conditions in each exporting cluster, the import's clusters in each).
+    for (c, r) in [("west", &west), ("east", &east)] {
+        for resource in ["serviceexports/status", "serviceimports/status"] {
+            let series = format!(
+                "service_mirror_local_writes_total{{verb=\"patch\",resource=\"{resource}\"}} "
+            );
+            eventually(&format!("{c}: {series}counted"), || async {
+                let text = r.metrics.encode();
+                let n = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&series))
+                    .and_then(|v| v.trim().parse::<f64>().ok());
+                n.is_some_and(|n| n >= 1.0).then_some(())
+            })
+            .await;
+        }
+    }
     // Converged: nothing is written again while nothing changes.
     let versions = || async {
         let mut v = Vec::new();
@@ -109,7 +127,10 @@ async fn an_import_exists_in_every_cluster_while_one_exports_and_goes_with_the_l
         r.metrics
             .encode()
             .lines()
-            .filter(|l| l.starts_with("service_mirror_mcs_import_writes_total{"))
+            .filter(|l| {
+                l.starts_with("service_mirror_mcs_import_writes_total{")
+                    || l.starts_with("service_mirror_local_writes_total{")
+            })
             .map(str::to_string)
             .collect::<Vec<_>>()
     };

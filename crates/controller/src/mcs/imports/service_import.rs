@@ -1,12 +1,12 @@
 //! The ServiceImport of a name: created and replaced through the process's
-//! `LocalWriter::mcs_imports`, and its `status.clusters` written (a status patch), as
-//! `core::mcs_import` says (only ours, and only as the cache holds it).
+//! `LocalWriter::mcs_imports`, and its `status.clusters` written through the
+//! `writer::mcs_status` writer (a status patch), as `core::mcs_import` says (only ours,
+//! and only as the cache holds it).
 
 use super::{ImportFacts, Imports, Kind};
 use crate::mcs::resource::ServiceImport;
 use crate::mcs::write_errors::Outcome;
-use crate::writer::FIELD_MANAGER;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::api::ObjectMeta;
 use service_mirror_core::mcs::ImportSpec;
 use service_mirror_core::mcs_import::{ImportAction, desired_import, import_action};
 use service_mirror_core::{Action, Object, ServiceKey};
@@ -28,7 +28,6 @@ impl Imports {
         let desired = desired_import(key, spec, clusters, ips, &self.controller_namespace);
         let current = facts.import.clone();
         let owned = current.as_ref().is_some_and(|c| self.owns(c));
-        let api: Api<ServiceImport> = Api::namespaced(self.client.clone(), &key.namespace);
         let action = import_action(current.as_ref(), owned, &desired);
         // A foreign import stopped `sync` before (the facts are one copy of the cache).
         if matches!(action, ImportAction::Nothing | ImportAction::Foreign) {
@@ -45,8 +44,8 @@ impl Imports {
                 let create = Action::Create(Object::ServiceImport(import_object(&desired, None)));
                 let stored = self.write(Kind::Import, key, &create, "created").await?;
                 let uid = stored.as_ref().and_then(|o| o.metadata().uid.clone());
-                let rv = version(stored);
-                return match self.write_status(key, &api, rv, &desired.clusters()).await {
+                let judged = stored_meta(stored, &desired);
+                return match self.write_status(key, &judged, &desired.clusters()).await {
                     Outcome::Done => Ok(uid),
                     other => Err(other),
                 };
@@ -56,16 +55,19 @@ impl Imports {
         let Some(current) = current else {
             return Ok(None);
         };
-        let mut rv = current.metadata.resource_version.clone();
+        let mut judged = current.metadata.clone();
         if write_spec {
             let update = Action::Update(Object::ServiceImport(import_object(
                 &desired,
                 Some(&current),
             )));
-            rv = version(self.write(Kind::Import, key, &update, "updated").await?);
+            judged = stored_meta(
+                self.write(Kind::Import, key, &update, "updated").await?,
+                &desired,
+            );
         }
         match write_status {
-            true => match self.write_status(key, &api, rv, &desired.clusters()).await {
+            true => match self.write_status(key, &judged, &desired.clusters()).await {
                 Outcome::Done => Ok(None),
                 other => Err(other),
             },
@@ -73,43 +75,38 @@ impl Imports {
         }
     }
 
-    /// `status.clusters` of the import `key`, at resourceVersion `rv` (a merge patch:
-    /// the list is replaced whole).
+    /// `status.clusters` of the import `key`, at the resourceVersion of `judged` (the
+    /// import as cached, or as a create or replace just stored it), through the status
+    /// writer (a merge patch: the list is replaced whole).
     async fn write_status(
         &self,
         key: &ServiceKey,
-        api: &Api<ServiceImport>,
-        rv: Option<String>,
+        judged: &ObjectMeta,
         clusters: &[String],
     ) -> Outcome {
-        let body = serde_json::json!({
-            "metadata": {"resourceVersion": rv},
-            "status": {"clusters": clusters.iter().map(|c| serde_json::json!({"cluster": c})).collect::<Vec<_>>()},
-        });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        if !self.leading() {
-            return Outcome::Retry;
-        }
-        match api
-            .patch_status(&key.name, &params, &Patch::Merge(&body))
-            .await
-        {
-            Ok(_) => {
+        match self.status.import_clusters(judged, clusters).await {
+            Ok(()) => {
                 self.wrote(Kind::ImportStatus, "updated");
                 Outcome::Done
             }
-            Err(e) => self.failed(Kind::ImportStatus, key, &e),
+            // Not counted: nothing was sent; tried again once we lead.
+            Err(crate::error::Error::NotLeader) => Outcome::Retry,
+            Err(e) => self.write_failed(Kind::ImportStatus, key, e),
         }
     }
 }
 
-/// The resourceVersion of the object a create or replace stored: its status is
-/// written at that version.
-fn version(stored: Option<Object>) -> Option<String> {
-    stored.and_then(|o| o.metadata().resource_version.clone())
+/// The import as a create or replace stored it (`stored`), whose status is written at
+/// its resourceVersion; `desired`'s metadata (no version: no precondition) if the
+/// writer gave none back.
+fn stored_meta(stored: Option<Object>, desired: &ServiceImport) -> ObjectMeta {
+    match stored {
+        Some(o) => o.metadata().clone(),
+        None => ObjectMeta {
+            resource_version: None,
+            ..desired.metadata.clone()
+        },
+    }
 }
 
 /// The ServiceImport object for `desired` (status apart); over `base`, the stored one,

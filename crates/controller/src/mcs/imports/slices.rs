@@ -97,11 +97,17 @@ impl Imports {
                     return Outcome::Retry;
                 }
                 Err(crate::error::Error::OwnershipConflict {
-                    namespace, name, ..
+                    namespace,
+                    name,
+                    uid,
+                    ..
                 }) => {
+                    // Its uid as the writer read it: told once per object, and again
+                    // for one deleted and made anew under the name.
                     let meta = ObjectMeta {
                         name: Some(name),
                         namespace: Some(namespace),
+                        uid,
                         ..Default::default()
                     };
                     // That one slice is not written; the others are (judged again
