@@ -113,8 +113,7 @@ pub(super) async fn recheck(
                 && let Some(key) = blocked.freed(&name)
             {
                 tracing::debug!(kind = ?name.0, ns = %name.1, name = %name.2, %key, "a mirror's name is free again");
-                // The cause of its failures is gone: not left to its backoff.
-                queue.retry_now(key);
+                queue.add(key);
             }
         }
     }

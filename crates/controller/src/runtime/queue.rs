@@ -11,16 +11,6 @@
 //!
 //! Delayed adds (backoff, requeue-after) share one timer task holding a
 //! `tokio_util::time::DelayQueue`, not one task per delayed key.
-//!
-//! A key waiting out its failure backoff keeps it: an [`WorkQueue::add`] of it (another
-//! watch event of the same object, a relist, every key queued at once) does not run it
-//! before its deadline, or a failing key with a busy object would retry at the rate of
-//! its events instead of 1 s, 2 s, ... (an `add_after` with an earlier deadline still
-//! moves it: a caller that names a time has its reason). A key added while it is not in
-//! backoff (never failed, or waiting only for a requeue-after) runs at once; one added
-//! while a worker holds it runs again at once after that attempt, failed or not: the
-//! attempt may have missed what the add brings. A caller that knows the failure's cause
-//! is gone says so with [`WorkQueue::retry_now`].
 
 use crate::backoff::Backoff;
 use futures::StreamExt;
@@ -107,22 +97,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.state.lock()
     }
 
-    /// Adds a key now (no-op when already queued; marked dirty when being worked on; left
-    /// to its deadline while in failure backoff, see the module docs).
+    /// Adds a key now (no-op when already queued; marked dirty when being worked on).
     pub(crate) fn add(&self, key: K) {
         add(&mut self.lock(), &self.tx, key);
-    }
-
-    /// Adds a key now even if it waits out a failure backoff: for a caller that knows
-    /// the cause of its failures is gone (a mirror's name another object held is free
-    /// again), not for any event of the key. Its failures stay counted.
-    pub(crate) fn retry_now(&self, key: K) {
-        let mut s = self.lock();
-        if s.failures.contains_key(&key) {
-            // The timer finds no deadline of its own and adds nothing later.
-            s.delayed.remove(&key);
-        }
-        add(&mut s, &self.tx, key);
     }
 
     /// Adds a key after `delay`, unless an earlier delayed add is already pending.
@@ -226,9 +203,6 @@ where
 fn add<K: Clone + Eq + Hash>(s: &mut State<K>, tx: &mpsc::UnboundedSender<K>, key: K) {
     if s.active.contains(&key) {
         s.dirty.insert(key);
-    } else if s.failures.contains_key(&key) && s.delayed.contains_key(&key) {
-        // In failure backoff: its timer adds it at the deadline (the timer removes the
-        // deadline before it calls here, so this never holds a due key back).
     } else if s.queued.insert(key.clone()) {
         let _ = tx.send(key);
     }
@@ -331,77 +305,6 @@ mod tests {
         let start = Instant::now();
         assert_eq!(q.next().await, Some("a"));
         assert!(start.elapsed() < Duration::from_secs(2));
-    }
-
-    /// Whether a key is handed out within `within` (of paused time).
-    async fn next_within(q: &WorkQueue<&'static str>, within: Duration) -> Option<&'static str> {
-        tokio::time::timeout(within, q.next()).await.ok().flatten()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_add_does_not_cut_a_failure_backoff_short_and_runs_the_key_once_at_its_deadline() {
-        let backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
-        let q = WorkQueue::new(backoff, CancellationToken::new());
-        q.add("a");
-        let k = q.next().await.unwrap();
-        let failed = Instant::now();
-        assert_eq!(q.done(k, Outcome::Failed), 1);
-        q.add("a"); // an unrelated event of the failing key
-        q.add("b"); // another key is not held back
-        assert_eq!(next_within(&q, Duration::ZERO).await, Some("b"));
-        assert_eq!(
-            next_within(&q, Duration::from_millis(900)).await,
-            None,
-            "the add waits for the 1 s backoff"
-        );
-        assert_eq!(next_within(&q, Duration::from_secs(1)).await, Some("a"));
-        assert!(failed.elapsed() >= Duration::from_secs(1));
-        q.done("a", Outcome::Done);
-        assert_eq!(
-            next_within(&q, Duration::from_secs(120)).await,
-            None,
-            "run once: the add did not queue it a second time"
-        );
-        assert_eq!(q.depth(), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_add_runs_at_once_a_key_not_in_failure_backoff() {
-        let q = queue();
-        // Never failed.
-        q.add("a");
-        assert_eq!(next_within(&q, Duration::ZERO).await, Some("a"));
-        // Waiting only for a requeue-after: the add brings it forward.
-        q.done("a", Outcome::RequeueAfter(Duration::from_secs(30)));
-        q.add("a");
-        assert_eq!(next_within(&q, Duration::ZERO).await, Some("a"));
-        // Its failures forgotten by a success: no backoff left.
-        assert_eq!(q.done("a", Outcome::Failed), 1);
-        let k = next_within(&q, Duration::from_secs(1)).await.unwrap();
-        q.done(k, Outcome::Done);
-        q.add("a");
-        assert_eq!(next_within(&q, Duration::ZERO).await, Some("a"));
-        // Added while held by a worker: again at once after a failed attempt.
-        q.add("a");
-        assert_eq!(q.done("a", Outcome::Failed), 1);
-        assert_eq!(next_within(&q, Duration::ZERO).await, Some("a"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn retry_now_cuts_a_failure_backoff_short_once() {
-        let backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
-        let q = WorkQueue::new(backoff, CancellationToken::new());
-        q.add("a");
-        let k = q.next().await.unwrap();
-        assert_eq!(q.done(k, Outcome::Failed), 1);
-        q.retry_now("a");
-        assert_eq!(next_within(&q, Duration::ZERO).await, Some("a"));
-        assert_eq!(q.done("a", Outcome::Done), 0);
-        assert_eq!(
-            next_within(&q, Duration::from_secs(120)).await,
-            None,
-            "the old deadline adds nothing"
-        );
     }
 
     #[tokio::test]
