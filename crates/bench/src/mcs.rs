@@ -44,6 +44,8 @@ const REFERENCE: &str = "mcs-reference";
 /// The controllers' namespace (link Secrets).
 const CONTROLLER: &str = "service-mirror";
 /// The controllers give up after this.
+/// How often the controllers' progress is listed.
+const POLL: Duration = Duration::from_secs(1);
 const LIMIT: Duration = Duration::from_secs(900);
 /// Each cluster's gateway as its peer's Link names it (documentation range: never
 /// probed, nothing is sent there).
@@ -410,12 +412,17 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
         "mcs: {n} exports in west; reference writer, {} names at a time per cluster",
         run.concurrency
     );
+    // Both apiservers' CPU in each phase: where the time goes beside the writes.
+    let apiservers =
+        || crate::scrape::cpu(west.apiserver_pid()) + crate::scrape::cpu(east.apiserver_pid());
+    let api0 = apiservers();
     let t0 = Instant::now();
     tokio::try_join!(
         reference(&wc, "west", n, run.concurrency),
         reference(&ec, "east", n, run.concurrency)
     )?;
     let reference_time = t0.elapsed();
+    let api_reference = apiservers() - api0;
     eprintln!(
         "mcs: reference writer {:.2} s",
         reference_time.as_secs_f64()
@@ -434,14 +441,30 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
             &run.workdir.join(format!("controller-{me}.log")),
         )
     };
+    let api0 = apiservers();
     let t0 = Instant::now();
     let admin_west = format!("127.0.0.1:{}", crate::free_port()?);
     let admin_east = format!("127.0.0.1:{}", crate::free_port()?);
     let mut ctl_west = spawn(&west, "west", &admin_west)?;
     let mut ctl_east = spawn(&east, "east", &admin_east)?;
+    // When each cluster had its first import done: the start (processes, discovery,
+    // links, lists) apart from the writing.
+    let (mut first_west, mut first_east) = (None, None);
     let controller_time = loop {
         let ((wi, wr), (ei, _)) =
             tokio::try_join!(done(&wc, true, None), done(&ec, false, Some(GATEWAY)))?;
+        if wi > 0 && first_west.is_none() {
+            first_west = Some(t0.elapsed().as_secs_f64());
+        }
+        if ei > 0 && first_east.is_none() {
+            first_east = Some(t0.elapsed().as_secs_f64());
+        }
+        if std::env::var_os("BENCH_MCS_PROGRESS").is_some() {
+            eprintln!(
+                "mcs: {:.1} s: west imports {wi}, ready {wr}; east imports {ei}",
+                t0.elapsed().as_secs_f64()
+            );
+        }
         if wi == n && wr == n && ei == n {
             break t0.elapsed();
         }
@@ -452,10 +475,16 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
                 "mcs: not synced after {LIMIT:?}: west imports {wi}, ready {wr}; east imports {ei}"
             );
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Each look lists every import, slice and export of both clusters (1,000 objects
+        // each, ~0.4 s a look): every 100 ms it loaded the apiservers the controllers
+        // write to (one run each, quiet: 41.0 s at 100 ms, 37.2 s at 1 s). Up to 1 s
+        // late on a ~40 s sync.
+        tokio::time::sleep(POLL).await;
     };
+    let api_controllers = apiservers() - api0;
     let ratio = controller_time.as_secs_f64() / reference_time.as_secs_f64();
-    // How many passes a name took: MCS's reconciles by outcome, and its writes.
+    // How many passes a name took: MCS's reconciles by outcome, its writes, and every
+    // request to the local apiserver.
     let passes = |metrics: &str| {
         let mut by: BTreeMap<String, f64> = BTreeMap::new();
         for line in metrics.lines() {
@@ -465,7 +494,8 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
             let counted = series
                 .starts_with("service_mirror_component_reconciles_total{component=\"mcs\"")
                 || series.starts_with("service_mirror_mcs_import_writes_total{")
-                || series.starts_with("service_mirror_mcs_export_status_writes_total{");
+                || series.starts_with("service_mirror_mcs_export_status_writes_total{")
+                || series.starts_with("service_mirror_kube_requests_total{client=\"local\"");
             if counted {
                 *by.entry(series.to_string()).or_default() += value.parse::<f64>().unwrap_or(0.0);
             }
@@ -488,6 +518,8 @@ pub(crate) async fn bench(run: McsRun<'_>) -> anyhow::Result<serde_json::Value> 
         "reference_s": reference_time.as_secs_f64(),
         "controller_s": controller_time.as_secs_f64(),
         "ratio": ratio,
+        "first_import_s": {"west": first_west, "east": first_east},
+        "apiserver_cpu_s": {"reference": api_reference, "controllers": api_controllers},
         "west": usage(&ctl_west, &counted_west),
         "east": usage(&ctl_east, &counted_east),
     });
