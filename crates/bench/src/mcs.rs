@@ -43,9 +43,9 @@ const NAMESPACE: &str = "mcs-bench";
 const REFERENCE: &str = "mcs-reference";
 /// The controllers' namespace (link Secrets).
 const CONTROLLER: &str = "service-mirror";
-/// The controllers give up after this.
 /// How often the controllers' progress is listed.
 const POLL: Duration = Duration::from_secs(1);
+/// The controllers give up after this.
 const LIMIT: Duration = Duration::from_secs(900);
 /// Each cluster's gateway as its peer's Link names it (documentation range: never
 /// probed, nothing is sent there).

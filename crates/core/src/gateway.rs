@@ -294,6 +294,9 @@ impl ResolvedGateway {
     /// Whether address `ip` of the gateway is ready: the gateway alive and that
     /// address's own probes passing.
     pub fn is_ready(&self, ip: &IpAddr) -> bool {
+        // `dead` is sorted by every constructor (`with_dead`); a hand-built value must
+        // keep it so.
+        debug_assert!(self.dead.is_sorted(), "ResolvedGateway::dead not sorted");
         self.alive && self.dead.binary_search(&ip.to_canonical()).is_err()
     }
 }

@@ -407,12 +407,22 @@ mod tests {
             "{} bytes stored for {json} of JSON",
             cache.stored_bytes()
         );
-        // A first object too large for a dictionary is stored all the same.
+        // A first object too large for a dictionary is stored all the same, and is not
+        // the dictionary: the next one, small, is.
         let big = Cache::<Service>::default();
         let mut huge = svc("ns", "huge", "1");
         huge.metadata.annotations = Some([("x".to_string(), "y".repeat(MAX_DICT_BYTES))].into());
         big.apply_watcher_event(&watcher::Event::Apply(huge.clone()));
+        assert!(
+            big.state.read().dict.is_none(),
+            "too large to be the dictionary"
+        );
         big.apply_watcher_event(&watcher::Event::Apply(svc("ns", "small", "1")));
+        let dict = big.state.read().dict.as_ref().map(|d| d.len());
+        assert!(
+            dict.is_some_and(|n| n <= MAX_DICT_BYTES),
+            "dictionary {dict:?}"
+        );
         assert_eq!(
             *big.get(&ObjectRef::new("huge").within("ns")).unwrap(),
             huge

@@ -31,9 +31,10 @@ pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(2);
 /// 600 KB, took 778 ms of kube-apiserver CPU, against 7 ms for a mirror's create), so
 /// 32 KiB/s keeps a link's status under ~5 % of one apiserver core on average. At
 /// 128 KiB/s the 83 status writes (~500 KB each) of a 10,000-Service cold sync cost the
-/// apiserver about 73 s of CPU (0.78 s per patch, 0.1 s per GET before it): about half
-/// of the 151 s of apiserver CPU that sync took beyond the reference writer's same
-/// mirror writes (BENCHMARKS.md). A
+/// apiserver about 60 s of CPU (83 x ~0.73 s: the patch at ~1.3 ms per KB, the GET
+/// before it ~0.1 s): about 40 % of the 151 s of apiserver CPU that sync took beyond the
+/// reference writer's same mirror writes (BENCHMARKS.md). Per link: n links cost n
+/// times that. A
 /// full list (512 KiB) is now written at most every 16 s.
 pub(crate) const BYTES_PER_SECOND: usize = 32 * 1024;
 /// Largest list of our entries written: a third of etcd's default 1.5 MiB request

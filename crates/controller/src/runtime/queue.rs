@@ -101,8 +101,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// A key waiting out a failure backoff runs now too, as client-go's `Add` bypasses
     /// its rate limiter: an add means something about the key changed, often the cause
     /// of the failure (a namespace made, a name freed), and holding it to a backoff of
-    /// up to 300 s would leave it broken that long. A key that keeps failing is not
-    /// retried faster by this: only a change adds it, and its failures count on.
+    /// up to 300 s would leave it broken that long. Only a change adds a key: a key
+    /// that keeps failing is retried by its backoff, not by this.
     pub(crate) fn add(&self, key: K) {
         add(&mut self.lock(), &self.tx, key);
     }
