@@ -27,7 +27,9 @@ pub(crate) struct LinkResourceErrorLabels {
 /// Labels of ended rotations.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RotationLabels {
-    /// `rotated` (the new credentials took over) or `timeout` (the old ones stay).
+    /// `rotated` (the new credentials took over), `timeout` (the old ones stay) or
+    /// `restarted` (new settings, same credentials: the old link stopped, the new one
+    /// started).
     pub(crate) outcome: String,
 }
 
@@ -49,8 +51,9 @@ pub(crate) struct LinksFamilies {
     pub(crate) link_resource_errors: Family<LinkResourceErrorLabels, Counter>,
     /// Remote clusters being watched.
     pub(crate) links: Gauge,
-    /// Links whose new credentials or settings are syncing (the running link keeps
-    /// mirroring until they have, or the rotation times out).
+    /// Links whose new credentials are syncing (the running link keeps mirroring until
+    /// they have, or the rotation times out), or whose restart with new settings is
+    /// probing the remote.
     pub(crate) rotations_in_progress: Gauge,
     /// Rotations ended, by outcome: counted before `rotations_in_progress` drops, and
     /// whether or not their Event could be recorded (an apiserver answering 429 drops
@@ -83,7 +86,7 @@ impl LinksFamilies {
         );
         r.register(
             "link_rotations",
-            "Link rotations ended, by outcome (rotated: the new credentials took over; timeout: the old ones stay)",
+            "Link rotations ended, by outcome (rotated: the new credentials took over; timeout: the old ones stay; restarted: new settings, same credentials)",
             self.rotations.clone(),
         );
         r.register(

@@ -179,6 +179,13 @@ impl LinkSpec {
         }
     }
 
+    /// Whether `other` reaches the remote the same way (the same kubeconfig and
+    /// allowances): a change of anything else (domain, selectors, gateway, probes) needs
+    /// no new credentials proven before the running link stops.
+    pub fn same_credentials(&self, other: &LinkSpec) -> bool {
+        self.kubeconfig == other.kubeconfig && self.allow == other.allow
+    }
+
     /// The weakenings the link Secret allows.
     pub fn allowances(&self) -> Allowances {
         self.allow

@@ -514,12 +514,14 @@ async fn secret_link_mirror_endpoints_carry_the_valid_gateway_identity_annotatio
 
 /// `hello` exported from the remote with a ServiceExport (no export label: no mirror),
 /// on the MCS clusters (which have the CRDs); the world and this cluster's MCS
-/// component, whose tasks end with the returned token.
+/// component (its metrics in the returned registry), whose tasks end with the returned
+/// token.
 async fn mcs_world(
     prefix: &str,
 ) -> (
     Env,
     service_mirror_controller::mcs::Mcs,
+    Arc<service_mirror_controller::metrics::Metrics>,
     Vec<tokio::task::JoinHandle<()>>,
     tokio_util::sync::CancellationToken,
 ) {
@@ -552,10 +554,11 @@ async fn mcs_world(
         .await
         .unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();
+    let metrics = service_mirror_controller::metrics::Metrics::new();
     let (mcs, tasks) = Mcs::start(
         env.lc.clone(),
         EventRecorder::new(env.lc.clone(), None),
-        service_mirror_controller::metrics::Metrics::new(),
+        metrics.clone(),
         McsOptions {
             cluster_name: format!("{}-local", env.cluster),
             leader: None,
@@ -564,7 +567,7 @@ async fn mcs_world(
         },
         cancel.clone(),
     );
-    (env, mcs, tasks, cancel)
+    (env, mcs, metrics, tasks, cancel)
 }
 
 /// The remote cluster's slices of the import `hello`: (addresses, port, ready) of each
@@ -599,7 +602,7 @@ async fn hello_slices(env: &Env) -> Option<Vec<(Vec<String>, Option<i32>, Option
 /// gateway (only the MCS report does).
 #[tokio::test]
 async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
-    let (env, mcs, tasks, cancel) = mcs_world("lgmcs").await;
+    let (env, mcs, _, tasks, cancel) = mcs_world("lgmcs").await;
     let fake = FakeGateway::start("127.0.0.33").await;
     let ip = fake.public_ip();
     let resolver = Arc::new(MapResolver::default());
@@ -690,7 +693,7 @@ async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
 /// and the federation's probe-only rule in docs/operations.md.)
 #[tokio::test]
 async fn a_lost_clusters_import_slices_go_not_ready_then_away_by_the_stale_policy() {
-    let (env, mcs, tasks, cancel) = mcs_world("lgstale").await;
+    let (env, mcs, _, tasks, cancel) = mcs_world("lgstale").await;
     let proxy = local_cluster::TcpProxy::start(env.remote.apiserver_addr())
         .await
         .unwrap();
@@ -769,6 +772,107 @@ async fn a_lost_clusters_import_slices_go_not_ready_then_away_by_the_stale_polic
     until("ready again once the remote answers", ready(true)).await;
     assert_eq!(imports.get("hello").await.unwrap().metadata.uid, uid);
     w.stop(false).await.unwrap();
+    cancel.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// A Link restarted with new settings and the same credentials (the link manager's
+/// `restart`) stops before its successor lists, so the two never hold the remote's
+/// Services at once; its MCS exports keep counting until the successor has listed.
+/// With the successor's remote cut the cluster stays listed (the old link's stopped
+/// feed holds it: without that hand-over it would leave the merge at once, and its
+/// imports after the 30 s hold); once the remote answers the successor lists, and a
+/// withdrawn export is followed by the successor's feed.
+#[tokio::test]
+async fn a_restarted_links_mcs_exports_count_until_its_successor_has_listed() {
+    let (env, mcs, metrics, tasks, cancel) = mcs_world("lgrestart").await;
+    let listed = || {
+        metrics
+            .encode_text()
+            .lines()
+            .find_map(|l| l.strip_prefix("service_mirror_mcs_clusters_listed "))
+            .map(str::to_owned)
+    };
+    let spec = link_spec(
+        &env,
+        serde_json::json!({"gatewayAddress": "192.0.2.41", "gatewayPort": "4143"}),
+    );
+    let deps = || LinkDeps {
+        mcs: Some(mcs.clone()),
+        ..LinkDeps::default()
+    };
+    let old = start_link(&env, &spec, env.config(), deps());
+    eventually("a slice at the first gateway", || async {
+        let slices = hello_slices(&env).await?;
+        (slices.len() == 1 && slices[0].0 == ["192.0.2.41"]).then_some(())
+    })
+    .await;
+    eventually("both clusters listed", || async {
+        (listed().as_deref() == Some("2")).then_some(())
+    })
+    .await;
+    let imports = support::mcs::mcs_api(&env.lc, &env.ns, "ServiceImport");
+    let uid = imports.get("hello").await.unwrap().metadata.uid;
+
+    let feed = old.stop_keeping_feed().await;
+    let proxy = local_cluster::TcpProxy::start(env.remote.apiserver_addr())
+        .await
+        .unwrap();
+    proxy.cut().await.unwrap();
+    let remote = env
+        .remote
+        .admin_kubeconfig_via(proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    let spec2 = link_spec(
+        &env,
+        serde_json::json!({"gatewayAddress": "192.0.2.42", "gatewayPort": "4143"}),
+    );
+    let mut new = LinkController::start(
+        env.lc.clone(),
+        remote,
+        spec2.link().clone(),
+        link_config(&env.config(), &spec2, false),
+        deps(),
+    )
+    .unwrap();
+    new.end_after_sync(feed);
+    // The old feed ended, the cluster would count as not listed at once (the index
+    // task reads the end in microseconds); 2 s is a wide margin.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        listed().as_deref(),
+        Some("2"),
+        "the stopped link's exports still count while its successor cannot list"
+    );
+    assert!(!new.status().remote_synced);
+    assert_eq!(imports.get("hello").await.unwrap().metadata.uid, uid);
+
+    proxy.restore().unwrap();
+    eventually("the successor listed", || async {
+        new.status().remote_synced.then_some(())
+    })
+    .await;
+    assert_eq!(listed().as_deref(), Some("2"));
+    // The successor's feed is the live one: the withdrawn export takes the import away.
+    support::mcs::mcs_api(&env.rc, &env.ns, "ServiceExport")
+        .delete("hello", &Default::default())
+        .await
+        .unwrap();
+    eventually("the import gone with its only export", || async {
+        imports
+            .get_opt("hello")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    new.stop(false).await.unwrap();
     cancel.cancel();
     for t in tasks {
         let _ = t.await;

@@ -488,7 +488,7 @@ async fn selector_operators_pick_and_a_link_edit_restarts_only_that_link() {
         vec![w.env.mirror_name("b"), w.env.mirror_name("d")]
     );
     assert!(a.metadata.uid.is_some());
-    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "CredentialsRotated").await;
+    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "SettingsApplied").await;
 }
 
 #[tokio::test]
@@ -757,8 +757,8 @@ async fn a_link_and_a_secret_naming_one_cluster_the_older_links_it() {
         after.metadata.uid, before.metadata.uid,
         "handed over, not recreated"
     );
-    // The Event is recorded after the handover's writes: waited for, not read once.
-    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "CredentialsRotated").await;
+    // The Event is recorded when the restarted link starts: waited for, not read once.
+    wait_event(&w.env.lc, &w.ctl_ns, &cluster, "SettingsApplied").await;
 }
 
 /// A mirror as Linkerd's service mirror makes it for a Link: the Service and Endpoints
