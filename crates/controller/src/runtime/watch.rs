@@ -89,6 +89,14 @@ pub(crate) struct OverCap {
 
 /// First wait after a refusal; it doubles up to [`REFUSED_BACKOFF_MAX`].
 const REFUSED_BACKOFF_MIN: Duration = Duration::from_secs(60);
+
+/// Objects per page of a watch's list (kube's default is 500). A page is held whole
+/// while it is decoded, its text and every object with its `managedFields`, and a link
+/// lists four kinds at once (at start, and again when its settings change): at 500 a
+/// page of Endpoints or Services is some MiB, four of them the largest transient of a
+/// 10,000-Service link. 100 costs five times the list requests (100 per 10,000
+/// objects) for a fifth of that. Measured: BENCHMARKS.md (Memory).
+pub(crate) const LIST_PAGE: u32 = 100;
 /// Longest wait after a refusal.
 const REFUSED_BACKOFF_MAX: Duration = Duration::from_secs(600);
 
@@ -173,6 +181,7 @@ pub(crate) async fn drive_restartable<K, S>(
         strip,
         mut store,
     } = watch;
+    let config = config.page_size(LIST_PAGE);
     let start = || watcher(api.clone(), config.clone()).boxed();
     let mut stream = start();
     let mut backoff = WatchBackoff::default();
