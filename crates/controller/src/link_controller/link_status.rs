@@ -282,17 +282,27 @@ async fn patch(
     federated.extend(ours.1.iter().cloned());
     // With the version read: a write of another controller in between fails this one
     // (409), and the loop writes again on top of it rather than dropping its entries.
-    let status = serde_json::json!({ "mirrorServices": services, "federatedServices": federated });
-    // What goes on the wire: the status and the version.
-    let bytes = serde_json::to_vec(&status).map_or(0, |b| b.len())
-        + version.as_ref().map_or(0, |v| v.len())
-        + r#"{"metadata":{"resourceVersion":""},"status":}"#.len();
+    // Serialized straight from the lists into the request (no `serde_json::Value` of
+    // thousands of entries in between).
+    let status = Lists {
+        mirror_services: &services,
+        federated_services: &federated,
+    };
     // Checked at the last moment: the read may have waited out a pause (SIGSTOP).
     if !gate.open_now() {
         return Ok(None);
     }
-    api.patch(name, version, status).await?;
+    let bytes = api.patch(name, version.as_deref(), &status).await?;
     Ok(Some(bytes))
+}
+
+/// Our part of a Link's status, as the patch writes it.
+#[derive(serde::Serialize)]
+struct Lists<'a> {
+    #[serde(rename = "mirrorServices")]
+    mirror_services: &'a [LinkServiceStatus],
+    #[serde(rename = "federatedServices")]
+    federated_services: &'a [LinkServiceStatus],
 }
 
 #[cfg(test)]
