@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use local_cluster::{ClusterOptions, LocalCluster, TcpProxy, shared_cluster, unique_namespace};
+use local_cluster::{ClusterOptions, LocalCluster, shared_cluster, unique_namespace};
 use service_mirror_controller::events::EventRecorder;
 use service_mirror_controller::federation::{Federation, FederationOptions};
 use service_mirror_controller::gateway::ProbeRedirect;
@@ -1462,13 +1462,7 @@ async fn a_pending_clusters_entry_is_kept_while_the_other_clusters_changes_land(
     w.fake(83).await;
     let westc = west.client().await.unwrap();
     create_namespace(&westc, &w.ns).await;
-    let proxy = TcpProxy::start(west.apiserver_addr()).await.unwrap();
-    let via = west
-        .admin_kubeconfig_via(proxy.addr())
-        .unwrap()
-        .client()
-        .await
-        .unwrap();
+    let (proxy, via) = through_proxy(&west).await;
     let fed = w.federation();
     fed.federation.expect(vec![]);
     let ec = w.client(&w.east).await;

@@ -694,16 +694,7 @@ async fn a_links_gateway_reaches_the_mcs_import_slices_and_follows_its_probe() {
 #[tokio::test]
 async fn a_lost_clusters_import_slices_go_not_ready_then_away_by_the_stale_policy() {
     let (env, mcs, _, tasks, cancel) = mcs_world("lgstale").await;
-    let proxy = local_cluster::TcpProxy::start(env.remote.apiserver_addr())
-        .await
-        .unwrap();
-    let remote = env
-        .remote
-        .admin_kubeconfig_via(proxy.addr())
-        .unwrap()
-        .client()
-        .await
-        .unwrap();
+    let (proxy, remote) = through_proxy(&env.remote).await;
     // No probe port: never probed, so only the stale policy can say not ready.
     let spec = link_spec(
         &env,
@@ -817,17 +808,8 @@ async fn a_restarted_links_mcs_exports_count_until_its_successor_has_listed() {
     let uid = imports.get("hello").await.unwrap().metadata.uid;
 
     let feed = old.stop_keeping_feed().await;
-    let proxy = local_cluster::TcpProxy::start(env.remote.apiserver_addr())
-        .await
-        .unwrap();
+    let (proxy, remote) = through_proxy(&env.remote).await;
     proxy.cut().await.unwrap();
-    let remote = env
-        .remote
-        .admin_kubeconfig_via(proxy.addr())
-        .unwrap()
-        .client()
-        .await
-        .unwrap();
     let spec2 = link_spec(
         &env,
         serde_json::json!({"gatewayAddress": "192.0.2.42", "gatewayPort": "4143"}),

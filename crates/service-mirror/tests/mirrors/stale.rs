@@ -39,14 +39,7 @@ struct Outage {
 
 impl Outage {
     async fn new(env: &Env) -> Self {
-        let proxy = TcpProxy::start(env.remote.apiserver_addr()).await.unwrap();
-        let remote = env
-            .remote
-            .admin_kubeconfig_via(proxy.addr())
-            .unwrap()
-            .client()
-            .await
-            .unwrap();
+        let (proxy, remote) = through_proxy(&env.remote).await;
         let ns = local_cluster::unique_namespace("stale-ctl");
         create_namespace(&env.lc, &ns).await;
         let link = ObjectReference {

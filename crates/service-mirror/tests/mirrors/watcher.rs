@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use local_cluster::{ClusterOptions, LocalCluster, TcpProxy};
+use local_cluster::{ClusterOptions, LocalCluster};
 use service_mirror_controller::link_controller::{LinkConfig, LinkDeps};
 use std::sync::Arc;
 use std::time::Duration;
@@ -824,17 +824,11 @@ async fn remote_outage_keeps_mirrors_and_expired_watches_resync() {
     let remote = Arc::new(LocalCluster::start_with("outage", opts).await.unwrap());
     let local = local_cluster::shared_cluster("local").await.unwrap();
     let env = Env::on(remote.clone(), local, "outage").await;
-    let proxy = TcpProxy::start(remote.apiserver_addr()).await.unwrap();
-    let through_proxy = remote
-        .admin_kubeconfig_via(proxy.addr())
-        .unwrap()
-        .client()
-        .await
-        .unwrap();
+    let (proxy, proxied) = through_proxy(&remote).await;
     env.gateway("gw", GW_PORT, &["192.0.2.1"]).await;
     env.export("a", "gw", &[("http", 80)]).await;
     env.export("b", "gw", &[("http", 80)]).await;
-    let w = env.watch_clients(env.lc.clone(), through_proxy);
+    let w = env.watch_clients(env.lc.clone(), proxied);
     env.mirror_until("a", "a", |_, e| has_subsets(e)).await;
     env.mirror_until("b", "b", |_, e| has_subsets(e)).await;
     assert!(

@@ -264,6 +264,20 @@ pub(crate) fn writes_in(cluster: &LocalCluster, ns: &str, successful_only: bool)
         .collect()
 }
 
+/// An admin client of `cluster` through a proxy the test can cut, slow or restore.
+pub(crate) async fn through_proxy(cluster: &LocalCluster) -> (local_cluster::TcpProxy, Client) {
+    let proxy = local_cluster::TcpProxy::start(cluster.apiserver_addr())
+        .await
+        .unwrap();
+    let client = cluster
+        .admin_kubeconfig_via(proxy.addr())
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    (proxy, client)
+}
+
 /// Peak resident memory of a process, in MiB.
 pub(crate) fn peak_rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -132,15 +132,7 @@ impl Inner {
             self.link_deps(source),
         ) {
             Ok(controller) => {
-                self.active().insert(
-                    key.clone(),
-                    Active {
-                        spec,
-                        controller,
-                        uid: source.meta().uid.clone(),
-                    },
-                );
-                self.update_links_gauge();
+                self.run(key, source, spec, controller);
                 tracing::info!(%cluster, source = %key, "linked");
                 self.ready(source, &cluster).await;
                 self.event(
@@ -161,6 +153,46 @@ impl Inner {
         }
     }
 
+    /// A client for the new spec of a running link, its remote probed; a refusal is
+    /// reported and the running link keeps mirroring (`Err`: the outcome to return).
+    async fn connect_running(
+        &self,
+        source: &SourceObject<'_>,
+        spec: &LinkSpec,
+    ) -> Result<kube::Client, Outcome> {
+        let max = self.opts.config.max_remote_response_bytes;
+        match connect(spec, &self.metrics().client, max).await {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                self.report(source, &e).await;
+                Err(if e.retryable() {
+                    Outcome::Failed
+                } else {
+                    Outcome::Done
+                })
+            }
+        }
+    }
+
+    /// `controller` now runs `key`'s link of `spec`.
+    fn run(
+        &self,
+        key: &SourceKey,
+        source: &SourceObject<'_>,
+        spec: LinkSpec,
+        controller: LinkController,
+    ) {
+        self.active().insert(
+            key.clone(),
+            Active {
+                spec,
+                controller,
+                uid: source.meta().uid.clone(),
+            },
+        );
+        self.update_links_gauge();
+    }
+
     /// New settings for a running link, with the same credentials: the old link
     /// controller stops, then the new one lists and writes once it has (as after a
     /// process restart), so no mirror is deleted or flaps. Sequential, not side by side
@@ -178,22 +210,9 @@ impl Inner {
         let _counted = RotationInProgress::start(&self.metrics().links.rotations_in_progress);
         // The remote is probed before the running link stops: if it refuses now, the
         // old link keeps mirroring and the change is tried again.
-        let client = match connect(
-            &spec,
-            &self.metrics().client,
-            self.opts.config.max_remote_response_bytes,
-        )
-        .await
-        {
+        let client = match self.connect_running(source, &spec).await {
             Ok(c) => c,
-            Err(e) => {
-                self.report(source, &e).await;
-                return if e.retryable() {
-                    Outcome::Failed
-                } else {
-                    Outcome::Done
-                };
-            }
+            Err(outcome) => return outcome,
         };
         // The claim on the cluster stays, so its write Lease is kept meanwhile.
         let old = self.active().remove(key);
@@ -218,15 +237,7 @@ impl Inner {
             }
         };
         new.end_after_sync(feed);
-        self.active().insert(
-            key.clone(),
-            Active {
-                spec,
-                controller: new,
-                uid: source.meta().uid.clone(),
-            },
-        );
-        self.update_links_gauge();
+        self.run(key, source, spec, new);
         tracing::info!(%cluster, source = %key, "link restarted with new settings");
         self.metrics().links.rotation_ended("restarted");
         self.ready(source, &cluster).await;
@@ -253,22 +264,9 @@ impl Inner {
     ) -> Outcome {
         let cluster = spec.link().cluster_name.clone();
         let _counted = RotationInProgress::start(&self.metrics().links.rotations_in_progress);
-        let client = match connect(
-            &spec,
-            &self.metrics().client,
-            self.opts.config.max_remote_response_bytes,
-        )
-        .await
-        {
+        let client = match self.connect_running(source, &spec).await {
             Ok(c) => c,
-            Err(e) => {
-                self.report(source, &e).await;
-                return if e.retryable() {
-                    Outcome::Failed
-                } else {
-                    Outcome::Done
-                };
-            }
+            Err(outcome) => return outcome,
         };
         // The new link controller syncs without writing; it writes only once the old one
         // stopped, so the two never work on the same mirror at once.
@@ -307,15 +305,7 @@ impl Inner {
             let _ = old.controller.stop(false).await;
         }
         new.resume();
-        self.active().insert(
-            key.clone(),
-            Active {
-                spec,
-                controller: new,
-                uid: source.meta().uid.clone(),
-            },
-        );
-        self.update_links_gauge();
+        self.run(key, source, spec, new);
         tracing::info!(%cluster, source = %key, "link restarted with new credentials or settings");
         self.metrics().links.rotation_ended("rotated");
         self.ready(source, &cluster).await;
