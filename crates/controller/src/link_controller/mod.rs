@@ -58,36 +58,6 @@ pub struct LinkController {
     gate: workers::Gate,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
-    /// When the link's MCS feed ends (its ServiceExports stop counting): at `stop`, or,
-    /// for a link restarted with new settings, once its successor has listed.
-    feed_end: FeedEnd,
-}
-
-/// The end of a stopped link controller's MCS feed, left to its successor: a restart
-/// with new settings stops the old controller (watches, caches, workers) before the new
-/// one lists, so the two never hold the remote's Services at once, while the old feed's
-/// exports keep counting until the new feed has listed (no import withdrawn meanwhile).
-#[derive(Debug, Default)]
-pub struct FeedEnd {
-    token: CancellationToken,
-    task: Option<JoinHandle<()>>,
-}
-
-impl FeedEnd {
-    /// Ends the feed now, and waits until the MCS component was told.
-    pub(crate) async fn end(mut self) {
-        self.token.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for FeedEnd {
-    /// Dropped unended (a failed restart): the feed ends without anyone waiting.
-    fn drop(&mut self) {
-        self.token.cancel();
-    }
 }
 
 impl std::fmt::Debug for LinkController {
@@ -184,11 +154,6 @@ impl LinkController {
             (mcs_tasks, mcs_gateway, mcs_feed) =
                 mcs.link_with_gateway(&cluster, &rec.view.link.cluster_domain, &remote, &cancel);
         }
-        let feed_end = {
-            let token = CancellationToken::new();
-            let task = mcs_feed.as_ref().map(|f| f.ended(&token));
-            FeedEnd { token, task }
-        };
         let mut tasks = watches::spawn(
             &rec,
             watches::Shared {
@@ -277,32 +242,7 @@ impl LinkController {
             gate: gate.clone(),
             cancel,
             tasks,
-            feed_end,
         })
-    }
-
-    /// Stops every task but the end of the MCS feed, which is returned for the successor
-    /// ([`LinkController::end_after_sync`]); the mirrors stay in place.
-    pub async fn stop_keeping_feed(self) -> FeedEnd {
-        self.cancel.cancel();
-        for t in self.tasks {
-            let _ = t.await;
-        }
-        tracing::info!(cluster = %self.rec.view.link.cluster_name, "stopped watching for a restart; mirrors left in place");
-        self.feed_end
-    }
-
-    /// Ends a predecessor's MCS feed once this controller has listed (or stops first).
-    pub fn end_after_sync(&mut self, predecessor: FeedEnd) {
-        let mut synced = self.synced.clone();
-        let cancel = self.cancel.clone();
-        self.tasks.push(tokio::spawn(async move {
-            tokio::select! {
-                _ = synced.wait_for(|s| s.remote && s.local()) => {}
-                _ = cancel.cancelled() => {}
-            }
-            predecessor.end().await;
-        }));
     }
 
     /// The link this controller serves.
@@ -371,11 +311,9 @@ impl LinkController {
     /// Endpoints labelled as a mirror of this cluster is then deleted.
     pub async fn stop(self, cleanup: bool) -> Result<()> {
         self.cancel.cancel();
-        self.feed_end.token.cancel();
         for t in self.tasks {
             let _ = t.await;
         }
-        self.feed_end.end().await;
         let cluster = &self.rec.view.link.cluster_name;
         if cleanup {
             self.rec.fx.metrics.forget();

@@ -53,7 +53,7 @@ pub(crate) struct LinksFamilies {
     pub(crate) links: Gauge,
     /// Links whose new credentials are syncing (the running link keeps mirroring until
     /// they have, or the rotation times out), or whose restart with new settings is
-    /// probing the remote.
+    /// under way (probe, stop, start).
     pub(crate) rotations_in_progress: Gauge,
     /// Rotations ended, by outcome: counted before `rotations_in_progress` drops, and
     /// whether or not their Event could be recorded (an apiserver answering 429 drops
@@ -81,7 +81,7 @@ impl LinksFamilies {
         r.register("links", "Remote clusters being watched", self.links.clone());
         r.register(
             "link_rotations_in_progress",
-            "Links whose new credentials or settings are syncing before they take over",
+            "Links whose new credentials are syncing before they take over, or whose restart with new settings is under way",
             self.rotations_in_progress.clone(),
         );
         r.register(

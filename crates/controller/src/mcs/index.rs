@@ -230,6 +230,8 @@ struct ClusterView {
     since: Instant,
     exports: Listed<ExportEntry>,
     services: Listed<Service>,
+    /// Its feed ended while a newer one had not listed: it counts until that one has.
+    ended: bool,
 }
 
 impl ClusterView {
@@ -238,6 +240,7 @@ impl ClusterView {
             since,
             exports: Listed::default(),
             services: Listed::default(),
+            ended: false,
         }
     }
 
@@ -268,6 +271,24 @@ impl Feeds {
             .rev()
             .find(|(_, v)| v.listed())
             .map(|(g, _)| *g)
+    }
+
+    /// Whether a feed newer than `generation` is still live (not ended).
+    fn live_after(&self, generation: Generation) -> bool {
+        self.0.range(generation + 1..).any(|(_, v)| !v.ended)
+    }
+
+    /// Drops the ended views no longer needed: an ended view stays only while it counts
+    /// and a newer live feed has not listed yet.
+    fn prune(&mut self) {
+        let effective = self.effective_generation();
+        let keep: Vec<bool> = self
+            .0
+            .iter()
+            .map(|(g, v)| !v.ended || (Some(*g) == effective && self.live_after(*g)))
+            .collect();
+        let mut keep = keep.into_iter();
+        self.0.retain(|_, _| keep.next().unwrap_or(true));
     }
 
     /// The keys of the view that counts.
@@ -425,6 +446,8 @@ impl ExportIndex {
                 changed.extend(old.keys());
             }
             changed.extend(feeds.keys());
+            // An ended view kept for this one's listing goes now.
+            feeds.prune();
         }
         changed
     }
@@ -469,6 +492,9 @@ impl ExportIndex {
 
     /// The feed `generation` of `cluster` ended: its view goes; if it was the one that
     /// counted, its keys are judged again (with the next newest listed view's, if any).
+    /// A view that counts while a newer feed has not listed yet (a link restarted with
+    /// new settings stops before its successor lists) stays, ended, until that feed has
+    /// listed or ended too: the cluster's exports never drop out in between.
     pub(super) fn remove(&mut self, cluster: &str, generation: Generation) -> Changed {
         if cluster == self.local {
             return Changed::new();
@@ -477,12 +503,16 @@ impl ExportIndex {
             return Changed::new();
         };
         let before = feeds.effective_generation();
-        let Some(gone) = feeds.0.remove(&generation) else {
+        let Some(view) = feeds.0.get_mut(&generation) else {
             return Changed::new();
         };
+        view.ended = true;
+        // What counted before: the view that ended, or one kept for its successor.
+        let counted = feeds.keys();
+        feeds.prune();
         let mut changed = Changed::new();
-        if before == Some(generation) {
-            changed.extend(gone.keys());
+        if feeds.effective_generation() != before {
+            changed.extend(counted);
             changed.extend(feeds.keys());
         }
         if feeds.0.is_empty() {

@@ -520,3 +520,62 @@ fn a_relist_replaces_the_groups_at_its_end_and_names_what_differs() {
         keys(&["d"])
     );
 }
+
+#[test]
+fn a_feed_that_ends_before_its_successor_lists_counts_until_the_successor_has() {
+    // A link restarted with new settings: the old link stops, then the new one lists.
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    index.feed("east", 1, now);
+    list(
+        &mut index,
+        "east",
+        1,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    index.feed("east", 2, now);
+    assert!(index.remove("east", 1).is_empty(), "nothing moves yet");
+    assert!(index.counts("east"));
+    assert_eq!(clusters_of(&index, "a"), vec!["east"]);
+    // The successor lists with "b" instead of "a": both judged, the old view gone.
+    let changed = list(
+        &mut index,
+        "east",
+        2,
+        &[export("b", T0)],
+        &[service("b", 80)],
+    );
+    assert_eq!(changed, keys(&["a", "b"]));
+    assert!(clusters_of(&index, "a").is_empty());
+    assert_eq!(clusters_of(&index, "b"), vec!["east"]);
+    // Ending the successor now takes the cluster out: no old view is left.
+    assert_eq!(index.remove("east", 2), keys(&["b"]));
+    assert!(!index.counts("east"));
+}
+
+#[test]
+fn a_kept_view_goes_when_its_unlisted_successors_all_end() {
+    // Two quick edits: 1 listed, 2 and 3 never list, then the link goes.
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    index.feed("east", 1, now);
+    list(
+        &mut index,
+        "east",
+        1,
+        &[export("a", T0)],
+        &[service("a", 80)],
+    );
+    index.feed("east", 2, now);
+    assert!(index.remove("east", 1).is_empty());
+    index.feed("east", 3, now);
+    assert!(
+        index.remove("east", 2).is_empty(),
+        "feed 1 still waits for 3"
+    );
+    assert_eq!(clusters_of(&index, "a"), vec!["east"]);
+    assert_eq!(index.remove("east", 3), keys(&["a"]), "no successor left");
+    assert!(!index.counts("east"));
+    assert!(index.feeds().is_empty() || !index.feeds().contains_key("east"));
+}

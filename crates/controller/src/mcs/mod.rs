@@ -287,10 +287,7 @@ impl Mcs {
     /// A link controller's feed: its remote ServiceExports read through `remote` here,
     /// its remote Services sent by its own remote Service watch through the returned
     /// [`McsFeed`], and the feed its gateway is reported to (the cluster's DNS domain
-    /// `domain` names the remote Service in the slices); its watch runs until `cancel`.
-    /// The feed ends when the caller says so ([`McsFeed::ended`]): a link restarted with
-    /// new settings ends its old feed only once the new one has listed, though the old
-    /// watches stopped first.
+    /// `domain` names the remote Service in the slices); until `cancel`.
     pub(crate) fn link_with_gateway(
         &self,
         cluster: &str,
@@ -301,11 +298,10 @@ impl Mcs {
         let Some(feed) = self.start_feed(cluster) else {
             return (Vec::new(), None, None);
         };
-        let tasks = vec![watches::spawn_exports(
-            remote,
-            feed.watches(&self.metrics),
-            cancel,
-        )];
+        let tasks = vec![
+            watches::spawn_exports(remote, feed.watches(&self.metrics), cancel),
+            feed.ended(cancel),
+        ];
         let gateway = GatewayFeed {
             mcs: self.clone(),
             cluster: feed.cluster.to_string(),
@@ -379,7 +375,7 @@ impl McsFeed {
 
     /// Tells the end of the feed when `cancel` fires: its objects leave, unless a newer
     /// feed replaced it.
-    pub(crate) fn ended(&self, cancel: &CancellationToken) -> JoinHandle<()> {
+    fn ended(&self, cancel: &CancellationToken) -> JoinHandle<()> {
         let (tx, cancel) = (self.tx.clone(), cancel.clone());
         let (cluster, generation) = (self.cluster.clone(), self.generation);
         tokio::spawn(async move {

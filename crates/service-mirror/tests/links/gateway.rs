@@ -772,10 +772,10 @@ async fn a_lost_clusters_import_slices_go_not_ready_then_away_by_the_stale_polic
 /// A Link restarted with new settings and the same credentials (the link manager's
 /// `restart`) stops before its successor lists, so the two never hold the remote's
 /// Services at once; its MCS exports keep counting until the successor has listed.
-/// With the successor's remote cut the cluster stays listed (the old link's stopped
-/// feed holds it: without that hand-over it would leave the merge at once, and its
-/// imports after the 30 s hold); once the remote answers the successor lists, and a
-/// withdrawn export is followed by the successor's feed.
+/// With the successor's remote cut the cluster stays listed (the old link's ended view
+/// is kept for its unlisted successor: without it the cluster would leave the merge at
+/// once, and its imports after the 30 s hold); once the remote answers the successor
+/// lists, and a withdrawn export is followed by the successor's feed.
 #[tokio::test]
 async fn a_restarted_links_mcs_exports_count_until_its_successor_has_listed() {
     let (env, mcs, metrics, tasks, cancel) = mcs_world("lgrestart").await;
@@ -807,14 +807,15 @@ async fn a_restarted_links_mcs_exports_count_until_its_successor_has_listed() {
     let imports = support::mcs::mcs_api(&env.lc, &env.ns, "ServiceImport");
     let uid = imports.get("hello").await.unwrap().metadata.uid;
 
-    let feed = old.stop_keeping_feed().await;
+    // As the link manager restarts a link: the new controller started paused, the old
+    // one stopped, the new one resumed.
     let (proxy, remote) = through_proxy(&env.remote).await;
     proxy.cut().await.unwrap();
     let spec2 = link_spec(
         &env,
         serde_json::json!({"gatewayAddress": "192.0.2.42", "gatewayPort": "4143"}),
     );
-    let mut new = LinkController::start(
+    let new = LinkController::start_paused(
         env.lc.clone(),
         remote,
         spec2.link().clone(),
@@ -822,9 +823,10 @@ async fn a_restarted_links_mcs_exports_count_until_its_successor_has_listed() {
         deps(),
     )
     .unwrap();
-    new.end_after_sync(feed);
-    // The old feed ended, the cluster would count as not listed at once (the index
-    // task reads the end in microseconds); 2 s is a wide margin.
+    old.stop(false).await.unwrap();
+    new.resume();
+    // Were the old view dropped with its feed, the cluster would count as not listed at
+    // once (the index task reads the end in microseconds); 2 s is a wide margin.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         listed().as_deref(),
@@ -839,6 +841,7 @@ async fn a_restarted_links_mcs_exports_count_until_its_successor_has_listed() {
         new.status().remote_synced.then_some(())
     })
     .await;
+    // Listed all along: the old view until the successor's lists, then the successor's.
     assert_eq!(listed().as_deref(), Some("2"));
     // The successor's feed is the live one: the withdrawn export takes the import away.
     support::mcs::mcs_api(&env.rc, &env.ns, "ServiceExport")
