@@ -181,8 +181,9 @@ pub(crate) async fn slice_ready(client: &kube::Client, selector: &str) -> Option
     )
 }
 
-/// Requests (`ask`) until each of `clusters` has answered one, at most 400 (250 ms
-/// apart after a miss): how many each answered, and the number of requests.
+/// Requests (`ask`) until each of `clusters` has answered one, at most 400 (25 ms
+/// apart after an answer, 250 ms after a miss): how many each answered, and the number
+/// of requests.
 pub(crate) async fn until_each_answers<A, AF>(clusters: &[&str], ask: A) -> (Vec<usize>, usize)
 where
     A: Fn() -> AF,
@@ -196,6 +197,10 @@ where
             Ok(body) if clusters.contains(&body.as_str()) => {
                 let i = clusters.iter().position(|c| *c == body).expect("listed");
                 seen[i] += 1;
+                // Answers alone take milliseconds: 400 of them in a row could end before
+                // a cluster whose endpoints are still becoming ready (a gateway probe)
+                // had a chance; paced, the 400 tries span at least 10 s.
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
             _ => tokio::time::sleep(Duration::from_millis(250)).await,
         }
