@@ -770,7 +770,7 @@ async fn a_lost_clusters_import_slices_go_not_ready_then_away_by_the_stale_polic
 }
 
 /// A Link restarted with new settings and the same credentials (the link manager's
-/// `restart`) stops before its successor lists, so the two never hold the remote's
+/// `replace` without new credentials) stops before its successor lists, so the two never hold the remote's
 /// Services at once; its MCS exports keep counting until the successor has listed.
 /// With the successor's remote cut the cluster stays listed (the old link's ended view
 /// is kept for its unlisted successor: without it the cluster would leave the merge at

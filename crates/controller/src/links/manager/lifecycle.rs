@@ -32,17 +32,12 @@ impl Inner {
                 self.ready(source, &spec.link().cluster_name).await;
                 Outcome::Done
             }
-            // Same cluster name and credentials: new domain or (a Link's) settings; the
-            // mirror names stay, the old link controller stops before the new lists.
-            Some(cur)
-                if cur.link().cluster_name == spec.link().cluster_name
-                    && cur.same_credentials(&spec) =>
-            {
-                self.restart(key, source, spec).await
-            }
-            // New credentials: the new link controller syncs before the old stops.
+            // Same cluster name: new credentials (the new link controller syncs before
+            // the old stops) or new domain or (a Link's) settings (the old stops as the
+            // new starts); the mirror names stay.
             Some(cur) if cur.link().cluster_name == spec.link().cluster_name => {
-                self.rotate(key, source, spec).await
+                let rotate = !cur.same_credentials(&spec);
+                self.replace(key, source, spec, rotate).await
             }
             Some(_) => {
                 // Another cluster name: a different link. A source refused as a
@@ -194,23 +189,33 @@ impl Inner {
         self.update_links_gauge();
     }
 
-    /// New settings for a running link, with the same credentials: the old link
-    /// controller stops as the new one starts, and the new one writes once it has
-    /// listed (as after a process restart), so no mirror is deleted or flaps. Not side
-    /// by side until synced as [`Inner::rotate`]: two controllers would hold two copies
-    /// of the remote's Services (measured at 10,000 Services: 120.3 MiB peak side by
-    /// side, against 69.2 once synced), and the credentials need no proof before the
-    /// old one stops. The old link's MCS exports count until the new one has listed.
-    pub(super) async fn restart(
+    /// A running link's new spec: a new link controller, started paused, takes over
+    /// from the old one, which stops before the new one writes, so the two never work
+    /// on the same mirror at once and no mirror is deleted or flaps.
+    ///
+    /// - New credentials (`rotate`): the new controller lists beside the old one and
+    ///   takes over once synced; credentials that do not sync in time leave the old
+    ///   ones mirroring (`RotationTimeout`), else `CredentialsRotated`.
+    /// - New settings, the same credentials: the old one stops as soon as the new one
+    ///   has started, and the new one writes once it has listed (as after a process
+    ///   restart), `SettingsApplied`. Side by side until synced, two controllers held
+    ///   two copies of the remote's Services (at 10,000 Services: 120.3 MiB peak
+    ///   against 69.2 once synced), and the same credentials need no proof. Its feeds
+    ///   (MCS, federation) start before the old ones end, so the old link's exports
+    ///   count until the new one has listed (mcs/index.rs keeps an ended view for a
+    ///   successor that has not listed).
+    ///
+    /// Either way the remote is probed first: a refusal leaves the old link running,
+    /// and the change is tried again.
+    pub(super) async fn replace(
         &self,
         key: &SourceKey,
         source: &SourceObject<'_>,
         spec: LinkSpec,
+        rotate: bool,
     ) -> Outcome {
         let cluster = spec.link().cluster_name.clone();
         let _counted = RotationInProgress::start(&self.metrics().links.rotations_in_progress);
-        // The remote is probed before the running link stops: if it refuses now, the
-        // old link keeps mirroring and the change is tried again.
         let client = match self.connect_running(source, &spec).await {
             Ok(c) => c,
             Err(outcome) => return outcome,
@@ -218,65 +223,6 @@ impl Inner {
         if self.cancel.is_cancelled() {
             return Outcome::Done;
         }
-        // Started paused, before the old one stops: its feeds (MCS, federation) start
-        // before the old ones end, so the old link's exports and members count until
-        // the new one has listed (mcs/index.rs keeps an ended view for a successor
-        // that has not listed). It starts listing while the old one stops (within
-        // milliseconds: no second set of caches builds up), and writes only once the
-        // old one has stopped.
-        let new = match LinkController::start_paused(
-            self.local.clone(),
-            client,
-            spec.link().clone(),
-            self.link_config(&spec),
-            self.link_deps(source),
-        ) {
-            Ok(new) => new,
-            Err(e) => {
-                // Not reached with a cluster name that ran: the old link keeps running.
-                tracing::error!(%cluster, error = %e, "could not restart the link controller");
-                return Outcome::Failed;
-            }
-        };
-        // The claim on the cluster stays, so its write Lease is kept meanwhile.
-        let old = self.active().remove(key);
-        if let Some(old) = old {
-            let _ = old.controller.stop(false).await;
-        }
-        new.resume();
-        self.run(key, source, spec, new);
-        tracing::info!(%cluster, source = %key, "link restarted with new settings");
-        self.metrics().links.rotation_ended("restarted");
-        self.ready(source, &cluster).await;
-        self.event(
-            source,
-            EventType::Normal,
-            "SettingsApplied",
-            format!(
-                "restarted with the new settings for {cluster}; the mirrors are kept and rewritten once the remote is listed again"
-            ),
-        )
-        .await;
-        Outcome::Done
-    }
-
-    /// New credentials for a running link: the new link controller syncs before the old
-    /// stops, so no mirror is deleted or flaps, and credentials that do not sync leave
-    /// the old ones mirroring.
-    pub(super) async fn rotate(
-        &self,
-        key: &SourceKey,
-        source: &SourceObject<'_>,
-        spec: LinkSpec,
-    ) -> Outcome {
-        let cluster = spec.link().cluster_name.clone();
-        let _counted = RotationInProgress::start(&self.metrics().links.rotations_in_progress);
-        let client = match self.connect_running(source, &spec).await {
-            Ok(c) => c,
-            Err(outcome) => return outcome,
-        };
-        // The new link controller syncs without writing; it writes only once the old one
-        // stopped, so the two never work on the same mirror at once.
         let new = match LinkController::start_paused(
             self.local.clone(),
             client,
@@ -286,43 +232,56 @@ impl Inner {
         ) {
             Ok(w) => w,
             Err(e) => {
-                tracing::error!(%cluster, error = %e, "could not start the rotated link controller");
+                // Not reached with a cluster name that ran: the old link keeps running.
+                tracing::error!(%cluster, error = %e, "could not start the new link controller");
                 return Outcome::Failed;
             }
         };
-        tokio::select! {
-            _ = new.wait_synced() => {}
-            _ = self.cancel.cancelled() => {
-                let _ = new.stop(false).await;
-                return Outcome::Done;
-            }
-            _ = tokio::time::sleep(self.opts.rotation_timeout) => {
-                let _ = new.stop(false).await;
-                self.metrics().links.rotation_ended("timeout");
-                self.report(
-                    source,
-                    &LinkError::RotationTimeout(self.opts.rotation_timeout.as_secs()),
-                )
-                .await;
-                return Outcome::Failed;
+        if rotate {
+            tokio::select! {
+                _ = new.wait_synced() => {}
+                _ = self.cancel.cancelled() => {
+                    let _ = new.stop(false).await;
+                    return Outcome::Done;
+                }
+                _ = tokio::time::sleep(self.opts.rotation_timeout) => {
+                    let _ = new.stop(false).await;
+                    self.metrics().links.rotation_ended("timeout");
+                    self.report(
+                        source,
+                        &LinkError::RotationTimeout(self.opts.rotation_timeout.as_secs()),
+                    )
+                    .await;
+                    return Outcome::Failed;
+                }
             }
         }
+        // The claim on the cluster stays, so its write Lease is kept meanwhile (the
+        // lock is released before the stop is awaited).
         let old = self.active().remove(key);
         if let Some(old) = old {
             let _ = old.controller.stop(false).await;
         }
         new.resume();
         self.run(key, source, spec, new);
-        tracing::info!(%cluster, source = %key, "link restarted with new credentials");
-        self.metrics().links.rotation_ended("rotated");
+        let (outcome, reason, note) = match rotate {
+            true => (
+                "rotated",
+                "CredentialsRotated",
+                format!("now using the new credentials and settings for {cluster}"),
+            ),
+            false => (
+                "restarted",
+                "SettingsApplied",
+                format!(
+                    "restarted with the new settings for {cluster}; the mirrors are kept and rewritten once the remote is listed again"
+                ),
+            ),
+        };
+        tracing::info!(%cluster, source = %key, reason, "link controller replaced");
+        self.metrics().links.rotation_ended(outcome);
         self.ready(source, &cluster).await;
-        self.event(
-            source,
-            EventType::Normal,
-            "CredentialsRotated",
-            format!("now using the new credentials and settings for {cluster}"),
-        )
-        .await;
+        self.event(source, EventType::Normal, reason, note).await;
         Outcome::Done
     }
 
