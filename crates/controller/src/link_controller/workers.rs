@@ -74,6 +74,10 @@ impl Reconcile<ServiceKey> for Reconciler {
         Some(self.fx.metrics.meter())
     }
 
+    fn scope(&self) -> &str {
+        &self.view.link.cluster_name
+    }
+
     async fn reconcile(&self, key: &ServiceKey) -> Result<Outcome, Self::Error> {
         let timer = self.fx.metrics.reconcile_timer();
         let result = Reconciler::reconcile(self, key).await;

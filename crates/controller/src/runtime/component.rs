@@ -26,7 +26,7 @@ pub(crate) fn spawn_component<K, S, R, M>(
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>>
 where
-    K: Clone + Eq + Hash + Send + Sync + 'static,
+    K: Clone + Eq + Hash + std::fmt::Display + Send + Sync + 'static,
     S: Listed + Send + Sync + 'static,
     R: Reconcile<K>,
     M: Send + 'static,

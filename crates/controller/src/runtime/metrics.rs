@@ -69,11 +69,7 @@ impl RuntimeFamilies {
 
     /// Counts one reconcile of `component` that took `took`; `outcome` `None`: failed.
     pub(crate) fn observe(&self, component: &str, outcome: Option<&Outcome>, took: Duration) {
-        let outcome = match outcome {
-            Some(Outcome::Done) => "done",
-            Some(Outcome::RequeueAfter(_)) => "requeue",
-            Some(Outcome::Failed) | None => "failed",
-        };
+        let outcome = outcome_label(outcome);
         self.reconciles
             .get_or_create(&ReconcileLabels {
                 component: component.into(),
@@ -85,6 +81,15 @@ impl RuntimeFamilies {
                 component: component.into(),
             })
             .observe(took.as_secs_f64());
+    }
+}
+
+/// The `outcome` label of a reconcile that ended in `outcome` (`None`: failed).
+pub(crate) fn outcome_label(outcome: Option<&Outcome>) -> &'static str {
+    match outcome {
+        Some(Outcome::Done) => "done",
+        Some(Outcome::RequeueAfter(_)) => "requeue",
+        Some(Outcome::Failed) | None => "failed",
     }
 }
 

@@ -27,6 +27,12 @@ pub(crate) trait Reconcile<K>: Send + Sync + 'static {
         None
     }
 
+    /// Which instance of the component this is, for the log (a link's cluster name;
+    /// empty for a process-wide component).
+    fn scope(&self) -> &str {
+        ""
+    }
+
     /// The reconcile of `key` succeeded (before the queue hears of it).
     fn succeeded(&self, _key: &K) {}
 
@@ -45,7 +51,7 @@ pub(crate) fn spawn<K, S, R>(
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>>
 where
-    K: Clone + Eq + Hash + Send + Sync + 'static,
+    K: Clone + Eq + Hash + std::fmt::Display + Send + Sync + 'static,
     S: Listed + Send + Sync + 'static,
     R: Reconcile<K>,
 {
@@ -68,7 +74,7 @@ pub(crate) async fn work<K, S, R>(
     rec: Arc<R>,
     cancel: CancellationToken,
 ) where
-    K: Clone + Eq + Hash + Send + Sync + 'static,
+    K: Clone + Eq + Hash + std::fmt::Display + Send + Sync + 'static,
     S: Listed + Send + Sync + 'static,
     R: Reconcile<K>,
 {
@@ -90,6 +96,16 @@ pub(crate) async fn work<K, S, R>(
         if let Some(m) = rec.meter() {
             m.families
                 .observe(m.component, result.as_ref().ok(), started.elapsed());
+            // One debug line per reconcile: the witness tests wait on for "this key's
+            // change was reconciled" before they check that nothing was written (a
+            // wait on an event instead of a fixed sleep).
+            tracing::debug!(
+                component = %m.component,
+                scope = %rec.scope(),
+                %key,
+                outcome = crate::runtime::metrics::outcome_label(result.as_ref().ok()),
+                "reconciled"
+            );
         }
         match result {
             Ok(outcome) => {

@@ -596,7 +596,9 @@ async fn ten_thousand_hostnames_are_refused_cleanly_by_the_mirror_limit_and_othe
         (w.status().refused == 1).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The refusing reconcile has ended: whatever it wrote is written.
+    let web = Subject::link(&env.cluster, &env.ns, "web");
+    reconciled_after(&InProcess, &web, 0).await;
     assert_eq!(
         local_services(&env)
             .await

@@ -236,6 +236,14 @@ impl Controller {
     }
 }
 
+/// A spawned controller's reconciles, read from its log.
+impl super::witness::Witness for Controller {
+    fn reconciles(&self, subject: &super::witness::Subject) -> u64 {
+        let text = self.log_text();
+        text.lines().filter(|l| subject.matches_line(l)).count() as u64
+    }
+}
+
 impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.child.kill();

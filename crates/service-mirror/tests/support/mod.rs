@@ -9,6 +9,9 @@ pub(crate) mod links;
 pub(crate) mod mcs;
 pub(crate) mod resolver;
 pub(crate) mod wire;
+pub(crate) mod witness;
+#[allow(unused_imports)]
+pub(crate) use witness::{InProcess, Mark, Subject, Witness, reconciled_after};
 
 use k8s_openapi::api::core::v1::{
     Endpoints, LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
@@ -38,13 +41,23 @@ pub(crate) struct Env {
     pub(crate) cluster: String,
 }
 
+/// The test process's logger (`RUST_LOG`, default info) and the reconcile witness
+/// ([`witness::Capture`], which sees the workers' debug lines whatever `RUST_LOG` says).
 pub(crate) fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "service_mirror_controller=info".into()),
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "service_mirror_controller=info".into());
+    let capture = tracing_subscriber::filter::Targets::new()
+        .with_target(witness::WORKER_TARGET, tracing::Level::DEBUG);
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(filter),
         )
-        .with_test_writer()
+        .with(witness::Capture.with_filter(capture))
         .try_init();
 }
 
