@@ -51,7 +51,7 @@ pub(crate) async fn report_gateway(
     listeners: Vec<Arc<dyn GatewayListener>>,
     gateways: Arc<super::Gateways>,
     gw: service_mirror_core::GatewayRef,
-    source: super::GatewaySource,
+    mut source: tokio::sync::watch::Receiver<Option<super::GatewaySource>>,
     link: LinkSide,
     refresh: std::time::Duration,
     cancel: tokio_util::sync::CancellationToken,
@@ -66,7 +66,8 @@ pub(crate) async fn report_gateway(
     loop {
         if listeners.iter().any(|l| l.in_use()) {
             if resolved_at.is_none_or(|t| t.elapsed() >= refresh) {
-                let resolution = gateways.resolve(&key, &gw, Some(Ok(source.clone()))).await;
+                let spec = source.borrow_and_update().clone().map(Ok);
+                let resolution = gateways.resolve(&key, &gw, spec).await;
                 for (reason, note) in resolution.notes() {
                     (link.notes)(reason, note.to_owned());
                 }
@@ -114,6 +115,11 @@ pub(crate) async fn report_gateway(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(GATEWAY_REPORT_PERIOD) => {}
+            // The Link's gateway moved (in place): resolved afresh at once.
+            changed = source.changed() => match changed {
+                Ok(()) => resolved_at = None,
+                Err(_) => return,
+            },
         }
     }
 }
@@ -192,11 +198,12 @@ mod tests {
         let recorded: Arc<Mutex<Vec<(&'static str, String)>>> = Arc::default();
         let sink = recorded.clone();
         let notes: Notes = Arc::new(move |reason, note| sink.lock().push((reason, note)));
+        let (_link_gateway, watched) = tokio::sync::watch::channel(Some(source.clone()));
         let task = tokio::spawn(report_gateway(
             vec![Arc::new(InUse)],
             gateways.clone(),
             gw.clone(),
-            source.clone(),
+            watched,
             LinkSide {
                 remote: Arc::new(|| RemoteState::Connected),
                 notes,

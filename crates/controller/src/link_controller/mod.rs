@@ -56,6 +56,8 @@ pub struct LinkController {
     connected: Arc<AtomicBool>,
     relists: Arc<AtomicU64>,
     gate: workers::Gate,
+    /// A Link's gateway, moved in place by [`Self::move_gateway`].
+    link_gateway: watch::Sender<Option<crate::gateway::GatewaySource>>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -134,8 +136,16 @@ impl LinkController {
         let (synced_tx, synced) =
             watch::channel(Synced::new(!config.endpoints_mode.writes_slices()));
         let (connected, relists): (Arc<AtomicBool>, Arc<AtomicU64>) = Default::default();
+        let (link_gateway, watched_gateway) = watch::channel(config.link_gateway.clone());
         let rec = Arc::new(Reconciler {
-            view: wiring::view(link, &config, index, synced.clone(), gateways),
+            view: wiring::view(
+                link,
+                &config,
+                index,
+                synced.clone(),
+                gateways,
+                watched_gateway,
+            ),
             memory: Memory::default(),
             fx: wiring::effects(
                 &local,
@@ -240,9 +250,50 @@ impl LinkController {
             connected,
             relists,
             gate: gate.clone(),
+            link_gateway,
             cancel,
             tasks,
         })
+    }
+
+    /// Moves a Link's gateway in place: the mirrors using it are reconciled again
+    /// towards `gateway`, the federation and MCS are told, the probes follow, and the
+    /// caches and watches stay as they are. (A restart relists everything: at 10,000
+    /// Services 50,000 objects listed again, and the caches dropped and rebuilt.)
+    /// `false`, changing nothing, when the link has no Link gateway to move.
+    pub fn move_gateway(&self, gateway: crate::gateway::GatewaySource) -> bool {
+        let crate::gateway::GatewaySource::Link { .. } = gateway else {
+            return false;
+        };
+        let moved = self.link_gateway.send_if_modified(|current| match current {
+            Some(crate::gateway::GatewaySource::Link { .. })
+                if *current != Some(gateway.clone()) =>
+            {
+                *current = Some(gateway);
+                true
+            }
+            _ => false,
+        });
+        if moved {
+            let keys = self.rec.view.index.lock().all_keys();
+            tracing::info!(
+                cluster = %self.rec.view.link.cluster_name,
+                keys = keys.len(),
+                "the Link's gateway moved: reconciling its mirrors"
+            );
+            for k in keys {
+                self.rec.fx.queue.add(k);
+            }
+        }
+        moved
+    }
+
+    /// Whether the link has a Link gateway that [`Self::move_gateway`] can move.
+    pub fn has_link_gateway(&self) -> bool {
+        matches!(
+            *self.link_gateway.borrow(),
+            Some(crate::gateway::GatewaySource::Link { .. })
+        )
     }
 
     /// The link this controller serves.

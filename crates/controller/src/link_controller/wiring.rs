@@ -13,8 +13,8 @@ use super::remote_state::RemoteHealth;
 use super::{LinkConfig, LinkDeps, Synced, WorkQueue};
 use crate::events::EventRecorder;
 use crate::federation::LinkFeed;
-use crate::gateway::Gateways;
 use crate::gateway::report::GatewayListener;
+use crate::gateway::{GatewaySource, Gateways};
 use crate::runtime::once::Reporter;
 use crate::writer::LocalWriter;
 use kube::Client;
@@ -103,13 +103,14 @@ pub(super) fn view(
     index: Arc<Mutex<Index>>,
     synced: watch::Receiver<Synced>,
     gateways: Gateways,
+    link_gateway: watch::Receiver<Option<GatewaySource>>,
 ) -> View {
     View {
         export: ExportPolicy {
             namespaces: config.namespaces.clone(),
             rule: config.export_rule.clone(),
         },
-        link_gateway: config.link_gateway.clone(),
+        link_gateway,
         mode: config.endpoints_mode,
         // Link mirrors follow the remote's readiness (as Linkerd's do).
         readiness: matches!(config.export_rule, ExportRule::Selectors { .. }).then(Arc::default),
@@ -191,9 +192,9 @@ pub(super) fn spawn_gateway_report(
     listeners: Vec<Arc<dyn GatewayListener>>,
     cancel: &CancellationToken,
 ) -> Option<JoinHandle<()>> {
-    let (false, Some(source), ExportRule::Selectors { gateway, .. }) = (
+    let (false, Some(_), ExportRule::Selectors { gateway, .. }) = (
         listeners.is_empty(),
-        config.link_gateway.clone(),
+        config.link_gateway.as_ref(),
         &config.export_rule,
     ) else {
         return None;
@@ -210,7 +211,7 @@ pub(super) fn spawn_gateway_report(
         listeners,
         rec.view.gateways.clone(),
         gateway.clone(),
-        source,
+        rec.view.link_gateway.clone(),
         crate::gateway::report::LinkSide {
             remote: Arc::new(move || health.state()),
             notes,

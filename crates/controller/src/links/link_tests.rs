@@ -976,3 +976,47 @@ fn the_debug_form_of_a_parsed_link_hides_the_kubeconfig() {
     let spec = parse(link_gen_spec()).unwrap();
     assert!(!format!("{spec:?}").contains("s3cr3t"));
 }
+
+#[test]
+fn only_a_change_of_gateway_address_port_or_identity_moves_the_gateway_in_place() {
+    let base = parse(link_gen_spec()).unwrap();
+    for (field, value) in [
+        ("gatewayAddress", json!("203.0.113.8")),
+        ("gatewayPort", json!("4144")),
+        (
+            "gatewayIdentity",
+            json!("gateway.other.serviceaccount.identity.linkerd.cluster.local"),
+        ),
+    ] {
+        let moved = parse(edited(field, value.clone())).unwrap();
+        assert!(base.only_gateway_moved(&moved), "{field} = {value}");
+        assert!(moved.only_gateway_moved(&base), "{field} back");
+    }
+    assert!(!base.only_gateway_moved(&base), "nothing changed");
+    for (field, value) in [
+        ("probeSpec.period", json!("5s")),
+        ("targetClusterDomain", json!("other.local")),
+        ("selector", json!({"matchLabels": {"other": "true"}})),
+        ("gatewayAddress", Value::Null),
+    ] {
+        let other = parse(edited(field, value.clone())).unwrap();
+        assert!(
+            !base.only_gateway_moved(&other),
+            "{field} = {value}: a restart"
+        );
+        assert!(!other.only_gateway_moved(&base), "{field} back: a restart");
+    }
+    // The gateway and the credentials Secret at once: a restart.
+    let mut both = edited("gatewayAddress", json!("203.0.113.8"));
+    both["clusterCredentialsSecret"] = json!("other");
+    let other = parse_link(
+        &link(both),
+        Some(&creds_with(
+            "other",
+            Some("mirror.linkerd.io/remote-kubeconfig"),
+            Some(KUBECONFIG),
+        )),
+    )
+    .unwrap();
+    assert!(!base.only_gateway_moved(&other));
+}

@@ -29,7 +29,7 @@ pub(crate) struct LinkResourceErrorLabels {
 pub(crate) struct RotationLabels {
     /// `rotated` (the new credentials took over), `timeout` (the old ones stay) or
     /// `restarted` (new settings, same credentials: the old link stopped, the new one
-    /// started).
+    /// started) or `moved` (a Link's new gateway, taken in place by the running link).
     pub(crate) outcome: String,
 }
 
@@ -86,7 +86,7 @@ impl LinksFamilies {
         );
         r.register(
             "link_rotations",
-            "Link rotations ended, by outcome (rotated: the new credentials took over; timeout: the old ones stay; restarted: new settings, same credentials)",
+            "Link rotations ended, by outcome (rotated: the new credentials took over; timeout: the old ones stay; restarted: new settings, same credentials; moved: a Link's new gateway taken in place)",
             self.rotations.clone(),
         );
         r.register(

@@ -186,6 +186,28 @@ impl LinkSpec {
         self.kubeconfig == other.kubeconfig && self.allow == other.allow
     }
 
+    /// Whether `other` is this Link with another gateway (`gatewayAddress`,
+    /// `gatewayPort`, `gatewayIdentity`) and nothing else changed, a gateway on both
+    /// sides: the running link moves its gateway in place, with no restart and no
+    /// relist (a gateway's load balancer got a new address).
+    pub fn only_gateway_moved(&self, other: &LinkSpec) -> bool {
+        let (LinkSource::Resource(a), LinkSource::Resource(b)) = (&self.source, &other.source)
+        else {
+            return false;
+        };
+        let (Some(_), Some(_)) = (&a.gateway, &b.gateway) else {
+            return false;
+        };
+        let rest_same = ResourceLink {
+            gateway: b.gateway.clone(),
+            ..(**a).clone()
+        } == **b;
+        a.gateway != b.gateway
+            && rest_same
+            && self.link == other.link
+            && self.same_credentials(other)
+    }
+
     /// The weakenings the link Secret allows.
     pub fn allowances(&self) -> Allowances {
         self.allow

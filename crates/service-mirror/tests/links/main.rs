@@ -12,5 +12,6 @@ use support::controller;
 mod crd;
 mod credentials;
 mod gateway;
+mod gateway_move;
 mod security;
 mod selectors;

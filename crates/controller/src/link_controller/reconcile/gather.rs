@@ -50,16 +50,17 @@ impl View {
         }
         match (remote.as_deref(), &export) {
             (Some(svc), ExportDecision::Mirror(gw)) => {
+                let link_gateway = self.link_gateway.borrow().clone();
                 let source = match &self.export.rule {
                     ExportRule::GatewayAnnotations => self
                         .remote
                         .get(&ObjectRef::new(&gw.name).within(&gw.namespace))
                         .map(|gateway| GatewaySource::from_service(&gateway)),
-                    ExportRule::Selectors { .. } => self.link_gateway.clone().map(Ok),
+                    ExportRule::Selectors { .. } => link_gateway.clone().map(Ok),
                 };
                 let resolution = match source {
                     // A Link without a gateway: nothing to resolve or probe.
-                    None if self.link_gateway.is_none() && self.readiness.is_some() => {
+                    None if link_gateway.is_none() && self.readiness.is_some() => {
                         Resolution::default()
                     }
                     source => self.gateways.resolve(key, gw, source).await,

@@ -78,6 +78,8 @@ where
 /// One link's read side, fed by the tests as its watches would.
 struct World {
     view: View,
+    /// Where a Link's gateway moves in place.
+    link_gateway: tokio::sync::watch::Sender<Option<GatewaySource>>,
     _cancel: CancellationToken,
 }
 
@@ -107,13 +109,14 @@ impl World {
         let (tx, synced) = tokio::sync::watch::channel(Synced::new(true));
         tx.send_modify(|s| s.remote = true);
         let selectors = matches!(rule, ExportRule::Selectors { .. });
+        let (link_gateway, watched) = tokio::sync::watch::channel(link_gateway);
         let view = View {
             link: link(),
             export: ExportPolicy {
                 rule,
                 namespaces: NamespaceFilter::default(),
             },
-            link_gateway,
+            link_gateway: watched,
             mode: EndpointsMode::Endpoints,
             readiness: selectors.then(Arc::default),
             hostnames: headless.then(|| {
@@ -134,6 +137,7 @@ impl World {
         };
         Self {
             view,
+            link_gateway,
             _cancel: cancel,
         }
     }
@@ -483,11 +487,11 @@ async fn a_remote_discovery_service_is_planned_as_a_service_only() {
     assert!(g.desired.as_ref().is_some_and(|d| !d.has_endpoints));
 }
 
-#[tokio::test]
-async fn a_link_mirror_of_a_remote_service_without_a_ready_endpoint_gets_no_address() {
-    let source = GatewaySource::Link {
+/// A Link gateway at `ip`.
+fn link_gateway(ip: &str) -> GatewaySource {
+    GatewaySource::Link {
         spec: service_mirror_core::GatewaySpec {
-            ips: vec![GATEWAY_IP.parse().unwrap()],
+            ips: vec![ip.parse().unwrap()],
             hostnames: vec![],
             port: 4143,
             resource_version: String::new(),
@@ -500,8 +504,25 @@ async fn a_link_mirror_of_a_remote_service_without_a_ready_endpoint_gets_no_addr
             period: Duration::from_secs(3),
             warnings: vec![],
         },
-    };
-    let w = World::with(selectors(), Some(source), false);
+    }
+}
+
+#[tokio::test]
+async fn a_link_gateway_moved_in_place_is_the_next_gathers_gateway() {
+    let w = World::with(selectors(), Some(link_gateway(GATEWAY_IP)), false);
+    w.remote(labelled(remote("web", false, &[80], false), "true"));
+    w.list_remote_slices(vec![headless_slice("web", &["web-0"])]);
+    let (g, _) = w.gather("web").await;
+    assert_eq!(addresses(&g), (vec![GATEWAY_IP.to_string()], vec![]));
+    w.link_gateway
+        .send_replace(Some(link_gateway("192.0.2.77")));
+    let (g, _) = w.gather("web").await;
+    assert_eq!(addresses(&g), (vec!["192.0.2.77".to_string()], vec![]));
+}
+
+#[tokio::test]
+async fn a_link_mirror_of_a_remote_service_without_a_ready_endpoint_gets_no_address() {
+    let w = World::with(selectors(), Some(link_gateway(GATEWAY_IP)), false);
     w.remote(labelled(remote("web", false, &[80], false), "true"));
     w.list_remote_slices(vec![]);
     let (g, _) = w.gather("web").await;

@@ -10,7 +10,9 @@ pub(in crate::link_controller) struct View {
     /// Which remote Services are mirrored.
     pub(in crate::link_controller) export: ExportPolicy,
     /// A Link's gateway (with [`ExportRule::Selectors`]; `None`: the Link has none).
-    pub(in crate::link_controller) link_gateway: Option<GatewaySource>,
+    /// A Link's new gateway comes in place ([`super::super::LinkController::move_gateway`]).
+    pub(in crate::link_controller) link_gateway:
+        tokio::sync::watch::Receiver<Option<GatewaySource>>,
     /// Which endpoint objects mirrors carry.
     pub(in crate::link_controller) mode: EndpointsMode,
     /// Which remote Services have ready endpoints (Link links only).

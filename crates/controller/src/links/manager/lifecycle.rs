@@ -32,6 +32,10 @@ impl Inner {
                 self.ready(source, &spec.link().cluster_name).await;
                 Outcome::Done
             }
+            // A Link's gateway alone moved: the running link takes it in place.
+            Some(cur) if cur.only_gateway_moved(&spec) => {
+                self.move_gateway(key, source, spec).await
+            }
             // Same cluster name: new credentials (the new link controller syncs before
             // the old stops) or new domain or (a Link's) settings (the old stops as the
             // new starts); the mirror names stay.
@@ -187,6 +191,42 @@ impl Inner {
             },
         );
         self.update_links_gauge();
+    }
+
+    /// A running Link's new gateway, and nothing else new: the running controller
+    /// takes it in place (its mirrors reconciled towards it; no relist, no second set
+    /// of caches), `SettingsApplied`. A link that cannot (no Link gateway running)
+    /// restarts instead.
+    async fn move_gateway(
+        &self,
+        key: &SourceKey,
+        source: &SourceObject<'_>,
+        spec: LinkSpec,
+    ) -> Outcome {
+        let cluster = spec.link().cluster_name.clone();
+        let gateway = self.link_config(&spec).link_gateway;
+        let moved = match (self.active().get_mut(key), gateway) {
+            (Some(a), Some(gateway)) if a.controller.has_link_gateway() => {
+                a.controller.move_gateway(gateway);
+                a.spec = spec.clone();
+                a.uid = source.meta().uid.clone();
+                true
+            }
+            _ => false,
+        };
+        if !moved {
+            return self.replace(key, source, spec, false).await;
+        }
+        self.update_links_gauge();
+        tracing::info!(%cluster, source = %key, "the Link's gateway moved in place");
+        self.metrics().links.rotation_ended("moved");
+        self.ready(source, &cluster).await;
+        let note = format!(
+            "the gateway of {cluster} moved; its mirrors are rewritten in place, without a restart"
+        );
+        self.event(source, EventType::Normal, "SettingsApplied", note)
+            .await;
+        Outcome::Done
     }
 
     /// A running link's new spec: a new link controller, started paused, takes over
