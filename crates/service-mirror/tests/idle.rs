@@ -104,6 +104,8 @@ async fn an_idle_leader_writes_nothing_but_its_lease_renewals_for_75_seconds() {
     let (converging, from) = writes_of(&env.local, &user, 0);
     eprintln!("{} writes to converge", converging.len());
 
+    // Time is the subject: idle past every periodic timer (the 60 s gateway refresh
+    // leaves no trace when it finds nothing to do), the Lease renewals counted below.
     tokio::time::sleep(IDLE).await;
     let (idle, _) = writes_of(&env.local, &user, from);
     let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();

@@ -38,6 +38,42 @@ fn writes(metrics: &str) -> u64 {
         .sum()
 }
 
+/// The keys (`ns/name`) of `keys` whose reconciles in the controller's log do not yet
+/// show two after the key's last write (`writing` lines, at debug): the reconcile that
+/// wrote, then one that did not. The workers take one key at a time, so a key's lines
+/// come in order. One pass over the log (it holds every debug line of the process).
+fn unsettled_in_log(log: &str, cluster: &str, keys: &[String]) -> Vec<String> {
+    let scope = format!("cluster={cluster}");
+    let mut since_write: std::collections::HashMap<&str, u32> =
+        keys.iter().map(|k| (k.as_str(), 0)).collect();
+    fn key_of(line: &str) -> Option<&str> {
+        line.split_whitespace().find_map(|t| t.strip_prefix("key="))
+    }
+    for line in log.lines() {
+        let wrote = line.contains(": writing ") && line.split_whitespace().any(|t| t == scope);
+        if !wrote && !line.contains(" reconciled ") {
+            continue;
+        }
+        let Some(k) = key_of(line) else { continue };
+        let Some((ns, name)) = k.split_once('/') else {
+            continue;
+        };
+        if !wrote && !Subject::link(cluster, ns, name).matches_line(line) {
+            continue;
+        }
+        if let Some(n) = since_write.get_mut(k) {
+            *n = if wrote { 0 } else { *n + 1 };
+        }
+    }
+    let mut open: Vec<String> = since_write
+        .into_iter()
+        .filter(|(_, n)| *n < 2)
+        .map(|(k, _)| k.to_owned())
+        .collect();
+    open.sort();
+    open
+}
+
 /// The last lines of a log, for a failure message.
 fn log_tail(log: &str) -> String {
     let lines: Vec<_> = log.lines().collect();
@@ -257,7 +293,32 @@ async fn a_remote_listing_50000_services_is_mirrored_up_to_the_limit_and_reporte
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Nothing else: every key written (the ten unexported, the ten mirrored in their
+    // place) reconciled after its last write, writing nothing (each write's own watch
+    // event queues its key again), read from the log in its order.
+    let now_mirrored: Vec<String> = mirrors()
+        .await
+        .0
+        .iter()
+        .filter_map(|s| annotation(&s.metadata, "mirror.linkerd.io/remote-svc-fq-name"))
+        .map(|fq| fq.split('.').next().unwrap().to_string())
+        .filter(|n| !mirrored.contains(n))
+        .collect();
+    assert_eq!(now_mirrored.len(), 10, "{now_mirrored:?}");
+    let written_keys: Vec<String> = mirrored[..10]
+        .iter()
+        .chain(&now_mirrored)
+        .map(|n| format!("{}/{n}", env.ns))
+        .collect();
+    wait_for(
+        "every written key reconciled after its last write",
+        Duration::from_secs(60),
+        || async {
+            let open = unsettled_in_log(&ctl.log_text(), &env.cluster, &written_keys);
+            (open.is_empty(), format!("not yet: {open:?}"))
+        },
+    )
+    .await;
     assert_eq!(written().await, 60);
     let rss = peak_rss_mib(ctl.child.id());
     eprintln!(

@@ -555,6 +555,8 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
                     }
                 }
             }
+            // Time is the subject: the churn's clock (faults hold for ticks; a paused
+            // leader is held past its Lease in ticks).
             tokio::time::sleep(TICK).await;
             chaos.monitor.poll().await;
             chaos.replicas.assert_none_crashed(&context(&chaos));
@@ -616,6 +618,9 @@ async fn chaos_as_deployed_converges_and_keeps_every_invariant() {
         // Converged: every replica must now stay silent (Lease renewals aside), and
         // the oracle still hold at the end of the quiet window.
         chaos.monitor.converged().await;
+        // Time is the subject: the window spans a 2 s endpoint refresh period, a round
+        // that leaves no trace when it finds nothing to do (the gateways are given by IP:
+        // it queues nothing), so there is no event to wait for.
         tokio::time::sleep(QUIET).await;
         let mut ctx = context(&chaos);
         chaos.monitor.poll().await;

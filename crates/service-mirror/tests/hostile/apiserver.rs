@@ -19,6 +19,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::PostParams;
 use serde_json::{Value, json};
+use service_mirror_controller::frame_limit::FRAME_TOO_LARGE;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -346,8 +347,21 @@ async fn a_5_mb_object_is_stripped_and_a_100_mb_list_hits_the_frame_limit() {
         w.metric_has(&metrics, "RemoteResponseTooLarge"),
         "{metrics}"
     );
-    // Retried with backoff, said once.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Retried with backoff and refused again (kube's watcher logs each failed list at
+    // debug, the level the controller runs with), said once.
+    let refusals = || {
+        w.ctl
+            .log_lines("list error")
+            .into_iter()
+            .filter(|l| l.contains("FrameTooLarge") || l.contains(FRAME_TOO_LARGE))
+            .count()
+    };
+    let first = refusals();
+    assert!(first >= 1, "the refused list logged: {}", w.ctl.log_text());
+    eventually("the list refused again", || async {
+        (refusals() > first).then_some(())
+    })
+    .await;
     let events = events_on(&w.env.lc, &w.ctl_ns, "hostile").await;
     let said = events
         .iter()
@@ -424,9 +438,24 @@ async fn malformed_watch_events_are_skipped_and_the_watch_goes_on() {
 #[tokio::test]
 async fn a_stalled_watch_deletes_nothing() {
     let mut w = world("hstall", &[]).await;
+    let before = w
+        .hostile
+        .requests
+        .load(std::sync::atomic::Ordering::Relaxed);
     w.hostile.set(|s| s.watch = Watch::Stall);
-    // Longer than a good watch lasts here (1 s), far shorter than kube's read timeout.
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // The quiet watch open now ends within its second: the link's next one stalls.
+    eventually("the link watches again, into the stall", || async {
+        let now = w
+            .hostile
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (now > before).then_some(())
+    })
+    .await;
+    // Time is the subject: a stall is a watch that stays silent, here ten times as long
+    // as a good watch lasts (1 s), far shorter than kube's read timeout (295 s); no timer
+    // of the controller falls in between.
+    tokio::time::sleep(Duration::from_secs(10)).await;
     w.survives("a stalled watch").await;
 }
 
@@ -438,6 +467,7 @@ async fn a_429_storm_then_a_1_mb_403_keep_every_mirror_and_say_it_cleanly() {
         .requests
         .load(std::sync::atomic::Ordering::Relaxed);
     w.hostile.set(|s| s.fail = Some(Fail::TooMany));
+    // Time is the subject: backoff is a bound on the requests within a span.
     tokio::time::sleep(Duration::from_secs(15)).await;
     let during = w
         .hostile

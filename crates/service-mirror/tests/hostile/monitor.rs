@@ -191,7 +191,8 @@ async fn the_monitor_reports_each_kind_of_breach_by_the_controllers_identity_and
     assert_eq!(kinds(&m)[6..], ["outside remit"], "{:?}", m.breaches());
 
     // uid stability: the mirror of a remote exported and unchanged for longer than
-    // the bound is deleted.
+    // the bound is deleted. Time is the subject: the remote must have stayed unchanged
+    // past the monitor's bound (2 s beyond it: Kubernetes timestamps have whole seconds).
     let wait = (UNCHANGED_FOR.unsigned_abs() + Duration::from_secs(2))
         .saturating_sub(remote_created.elapsed());
     tokio::time::sleep(wait).await;

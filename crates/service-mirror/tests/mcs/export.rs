@@ -7,6 +7,7 @@
 use crate::support::controller::{Controller, LinkSecrets};
 use crate::support::mcs::*;
 use crate::support::{create_namespace, eventually};
+use crate::{Judged, past_second_of, poke_import};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -116,7 +117,8 @@ async fn exports_that_differ_across_clusters_raise_conflict_on_both_until_they_a
     // They agree: the conflict ends on both, its transition time moves.
     let before = w.conditions("west", "hello").await;
     // Transition times have whole seconds: a Valid time reset would show.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let valid = before.iter().find(|c| c.type_ == "Valid").unwrap();
+    past_second_of(&valid.last_transition_time).await;
     w.serve("east", "hello", 80).await;
     for c in ["west", "east"] {
         w.until(c, "hello", &exported()).await;
@@ -221,7 +223,10 @@ async fn conditions_are_written_only_while_leader_and_an_unchanged_world_writes_
         clusterip(serde_json::json!([tcp("x", 1)])),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Then a change that is judged and writes nothing (another writer's annotation on
+    // the import): its look comes after those changes' events, and a write they led to
+    // would be counted by then.
+    poke_import(&w, &west, "west", "hello").await;
     assert_eq!(west.writes("applied"), written, "no write in an idle world");
     assert_eq!(west.writes("failed"), 0);
     west.stop().await;
@@ -332,11 +337,13 @@ async fn a_replacement_link_that_stops_leaves_the_running_links_exports_counted(
     let replacement = CancellationToken::new();
     let tasks = west.mcs.link("east", &w.east, &replacement);
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // Its end queues every import: the name is judged again without it.
+    let judged = Judged::mark(&w, &west, "hello");
     replacement.cancel();
     for t in tasks {
         let _ = t.await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    judged.passed().await;
     w.until("west", "hello", &in_conflict("PortConflict")).await;
     // The first link still feeds: east agreeing ends the conflict.
     w.serve("east", "hello", 80).await;

@@ -5,10 +5,10 @@
 
 use crate::support::mcs::*;
 use crate::support::{create_namespace, eventually};
+use crate::{Judged, past_second_of, poke_import};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
 const BOTH: [&str; 2] = ["west", "east"];
 
@@ -141,11 +141,12 @@ async fn an_import_exists_in_every_cluster_while_one_exports_and_goes_with_the_l
     // Another writer annotates west's import: judged again, nothing to write (its
     // annotation stays; ours are all there).
     let patch = serde_json::json!({"metadata": {"annotations": {"team": "x"}}});
+    let judged = Judged::mark(&w, &west, "hello");
     w.imports("west")
         .patch("hello", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    judged.passed().await;
     let mut now = versions().await;
     now[0] = settled[0].clone(); // the annotation's own write
     assert_eq!(now, settled, "an unchanged world writes nothing");
@@ -286,7 +287,7 @@ async fn headless_imports_have_no_ips_external_name_imports_nothing_and_mixed_he
     w.export("west", "mixed").await;
     w.until("west", "mixed", &exported()).await;
     // creationTimestamp has whole seconds (a tie goes to the first cluster name, east).
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    past_second_of(&created(&w, "west", "mixed").await).await;
     w.service("east", "mixed", headless).await;
     w.export("east", "mixed").await;
     for c in BOTH {
@@ -357,7 +358,7 @@ async fn conflicting_ports_import_the_union_with_the_oldest_exports_numbers() {
     w.export("west", "hello").await;
     w.until("west", "hello", &exported()).await;
     // creationTimestamp has whole seconds (a tie goes to the first cluster name, east).
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    past_second_of(&created(&w, "west", "hello").await).await;
     // Newer: the same name on another number, and an SCTP port.
     w.service(
         "east",
@@ -421,13 +422,15 @@ async fn a_foreign_service_import_is_never_touched_and_is_reported() {
         w.derived("east", "hello").await.is_empty(),
         "no derived Service for a name not imported here"
     );
-    // The export goes: west's import goes, east's foreign one stays as it was.
+    // The export goes: west's import goes, east's foreign one stays as it was (east
+    // judged the name again: west's export left its merge).
+    let judged = Judged::mark(&w, &east, "hello");
     w.exports("west")
         .delete("hello", &DeleteParams::default())
         .await
         .unwrap();
     w.import_gone("west", "hello").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    judged.passed().await;
     let now = w.imports("east").get("hello").await.unwrap();
     assert_eq!(
         now.metadata.resource_version, created.metadata.resource_version,
@@ -528,7 +531,10 @@ async fn a_service_holding_the_derived_name_is_never_touched_and_the_import_has_
         r#"service_mirror_mcs_import_writes_total{kind="derived_service",outcome="foreign"}"#,
     )
     .await;
-    // The export goes: east's import goes, the Service stays as it was.
+    // The export goes: east's import goes, the Service stays as it was (east's
+    // reconcile that deleted the import has ended, and another after it: the import's
+    // own delete event queues the name).
+    let judged = Judged::mark(&w, &east, "hello");
     w.exports("west")
         .delete("hello", &DeleteParams::default())
         .await
@@ -542,7 +548,7 @@ async fn a_service_holding_the_derived_name_is_never_touched_and_the_import_has_
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    judged.passed_more_than(1).await;
     let now = api.get(&name).await.unwrap();
     assert_eq!(
         now.metadata.resource_version, created.metadata.resource_version,
@@ -567,7 +573,8 @@ async fn a_restart_keeps_remote_only_imports_until_their_cluster_is_known_gone()
     // Restarted with its link not running yet: west sees no export of hello at all.
     let west = w.start_unlinked("west", None);
     west.metric("service_mirror_mcs_clusters_listed 1").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // West judges the name with its lists in and east unknown.
+    poke_import(&w, &west, "west", "hello").await;
     let same = |what: &str, now: Option<kube::api::DynamicObject>| {
         let now = now.unwrap_or_else(|| panic!("{what}: the import was deleted"));
         assert_eq!(now.metadata.uid, before.object.metadata.uid, "{what}");
@@ -577,9 +584,11 @@ async fn a_restart_keeps_remote_only_imports_until_their_cluster_is_known_gone()
         "before the links",
         w.imports("west").get_opt("hello").await.unwrap(),
     );
-    // The link sources are listed and name east: its link is coming, still kept.
+    // The link sources are listed and name east: its link is coming, still kept (the
+    // expectation queues every import: judged again).
+    let judged = Judged::mark(&w, &west, "hello");
     west.mcs.expect(["east".to_string()].into());
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    judged.passed().await;
     same(
         "east named",
         w.imports("west").get_opt("hello").await.unwrap(),
@@ -600,7 +609,7 @@ async fn an_older_export_seen_later_takes_over_the_import_and_both_exports_confl
     w.export("east", "hello").await;
     w.until("east", "hello", &exported()).await;
     // creationTimestamp has whole seconds.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    past_second_of(&created(&w, "east", "hello").await).await;
     let west = w.start_unlinked("west", None);
     w.serve("west", "hello", 80).await;
     w.export("west", "hello").await;
@@ -646,7 +655,8 @@ async fn an_import_whose_exporter_stopped_while_down_goes_once_that_cluster_list
     // West comes back; its link to east is not running yet: the import is kept.
     let west = w.start_unlinked("west", None);
     west.metric("service_mirror_mcs_clusters_listed 1").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // West judges the name with its lists in and east unknown.
+    poke_import(&w, &west, "west", "hello").await;
     assert!(
         w.imports("west").get_opt("hello").await.unwrap().is_some(),
         "kept while east is unknown"
@@ -660,4 +670,19 @@ async fn an_import_whose_exporter_stopped_while_down_goes_once_that_cluster_list
     for t in tasks {
         let _ = t.await;
     }
+}
+
+/// The creationTimestamp of `cluster`'s ServiceExport `name`.
+async fn created(
+    w: &World,
+    cluster: &str,
+    name: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    w.exports(cluster)
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .creation_timestamp
+        .expect("a creationTimestamp")
 }

@@ -6,6 +6,7 @@
 
 use crate::support::eventually;
 use crate::support::mcs::*;
+use crate::{Judged, poke_import};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
@@ -14,7 +15,6 @@ use service_mirror_controller::metrics::Metrics;
 use service_mirror_controller::writer::{LocalWriter, MirrorSelector};
 use service_mirror_core::ResolvedGateway;
 use service_mirror_core::mcs_slices::SourceGateway;
-use std::time::Duration;
 
 const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 
@@ -238,25 +238,30 @@ async fn a_restart_keeps_the_slices_until_the_gateway_is_reported_and_then_write
     // Restarted: its imports list, east's exports list, no gateway yet.
     let west = w.start("west", None);
     west.metric("service_mirror_mcs_clusters_listed 2").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // West judges the name with its lists in and no gateway.
+    poke_import(&w, &west, "west", "hello").await;
     let kept = ours(&w, "west", "hello").await;
     assert_eq!(kept, vec![before.clone()], "kept as it was, not emptied");
-    // The same gateway reported: nothing to write.
+    // The same gateway reported: judged, nothing to write.
+    let judged = Judged::mark(&w, &west, "hello");
     west.mcs.gateway("east", gateway("192.0.2.10", true));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    judged.passed().await;
     assert_eq!(ours(&w, "west", "hello").await, vec![before]);
     let text = west.metrics.encode();
     assert!(
         !text.contains("kind=\"endpoint_slice\""),
         "no slice write after the restart: {text}"
     );
-    // The control: a changed report is judged and written, once.
+    // The control: a changed report is judged and written, once: the reconcile that
+    // wrote, then one after it (its slice's own event, or a poke) writes nothing.
+    let judged = Judged::mark(&w, &west, "hello");
     west.mcs.gateway("east", gateway("192.0.2.10", false));
     west.metric(
         "service_mirror_mcs_import_writes_total{kind=\"endpoint_slice\",outcome=\"updated\"} 1",
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    poke_import(&w, &west, "west", "hello").await;
+    judged.passed_more_than(1).await;
     let text = west.metrics.encode();
     let slice_writes: Vec<&str> = text
         .lines()

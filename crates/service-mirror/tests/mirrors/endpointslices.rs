@@ -453,15 +453,18 @@ async fn an_unchanged_world_causes_zero_writes_in_both_mode() {
         })
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Idle: a round in which every key was reconciled after its last write wrote
+    // nothing (`quiet`; the gateway is given by IP, so the 300 ms endpoint refresh
+    // queues nothing).
+    let keys: Vec<String> = (0..5).map(|i| format!("s{i}")).collect();
+    let keys: Vec<(&str, &str)> = keys.iter().map(|k| (env.ns.as_str(), k.as_str())).collect();
+    let attempts = crate::quiet(&env, &w, &keys).await;
     let converged = env.local_writes();
     let slice_writes = converged
         .iter()
         .filter(|w| w.contains("endpointslices/"))
         .count();
     assert_eq!(slice_writes, 5, "one create per slice: {converged:#?}");
-    let attempts = env.local_write_attempts().len();
-    tokio::time::sleep(Duration::from_secs(3)).await;
     env.assert_restart_writes_nothing(w, attempts, || start(&env, EndpointsMode::Both))
         .await;
 }
@@ -642,8 +645,11 @@ async fn mode_switches_never_leave_the_mirror_without_a_slice_for_kube_proxy() {
         })
         .await;
         if mode == Eps {
-            // ...however long that takes (here: no kcm at all for 4 s).
-            tokio::time::sleep(Duration::from_secs(4)).await;
+            // ...however long that takes: the key comes back on its own while it waits
+            // for kcm (after 1 s, doubling: `MIRRORING_WAIT`), and that look keeps it.
+            Mark::now(&InProcess, Subject::link(&env.cluster, &env.ns, "web"))
+                .passed()
+                .await;
             assert_eq!(shape().await, want, "{mode}: our slice kept without kcm's");
             // kcm mirrors the Endpoints: our slice goes.
             let mirrored = std::time::Instant::now();

@@ -382,15 +382,9 @@ async fn scaling_deletes_only_the_gone_pods_endpoint_mirror_and_keeps_the_others
         uid(&up[&env.mirror_name("web")]),
         uid(&all[&env.mirror_name("web")])
     );
-    // Idle, then a restart: no write at all, every uid the same.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let attempts = env.local_write_attempts().len();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        env.local_write_attempts().len(),
-        attempts,
-        "an idle set writes nothing"
-    );
+    // Idle, then a restart: no write at all, every uid the same. An idle set writes
+    // nothing: web reconciled after its last write, writing nothing (`quiet`).
+    let attempts = crate::quiet(&env, &w, &[(&env.ns, "web")]).await;
     env.assert_restart_writes_nothing(w, attempts, || start(&env, headless(&env, mode)))
         .await;
     let after = local_services(&env).await;
@@ -441,7 +435,8 @@ async fn with_the_flag_off_a_headless_remote_is_a_cluster_ip_mirror_and_turning_
         .await;
     assert!(!cluster_ip(&svc).is_empty() && cluster_ip(&svc) != "None");
     assert_eq!(subset_ips(&ep), ["192.0.2.1"], "through the gateway");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // web reconciled after its mirror's last write, and wrote nothing more.
+    crate::quiet(&env, &w, &[(&env.ns, "web")]).await;
     assert_eq!(
         local_services(&env).await.len(),
         1,
@@ -687,7 +682,8 @@ async fn a_headless_mirror_grown_past_the_limit_keeps_updating_its_mirrors_and_c
         })
         .await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // web reconciled after the last of those writes, and wrote nothing more.
+    crate::quiet(&env, &w, &[(&env.ns, "web")]).await;
     let now = local_services(&env).await;
     assert_eq!(
         now.keys().collect::<Vec<_>>(),
@@ -753,14 +749,9 @@ async fn same_named_headless_services_in_two_namespaces_do_not_churn() {
         (items.len() == 2).then_some(items)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let attempts = env.local_write_attempts().len() + writes_in(&env.local, &other, false).len();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        env.local_write_attempts().len() + writes_in(&env.local, &other, false).len(),
-        attempts,
-        "no churn between the namespaces"
-    );
+    // No churn between the namespaces: a round in which both keys were reconciled
+    // wrote nothing (a churn never has one: `quiet` fails).
+    crate::quiet(&env, &w, &[(&env.ns, "web"), (&other, "web")]).await;
     // Unexporting one namespace's service removes only its set.
     Api::<Service>::namespaced(env.rc.clone(), &other)
         .delete("web", &DeleteParams::default())
@@ -817,17 +808,15 @@ async fn without_a_complete_list_of_the_remote_slices_no_endpoint_mirror_is_dele
         w.status().remote_synced.then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // web reconciled with the Services listed and the slices not: its first round of
+    // `quiet` is clean (one write request, the poke), or the link wrote.
+    let quiet = crate::quiet(&env, &w, &[(&env.ns, "web")]).await;
     let now = local_services(&env).await;
     assert_eq!(now.len(), 3, "every mirror kept");
     for (name, s) in &now {
         assert_eq!(uid(s), uid(&set[name]), "{name} kept");
     }
-    assert_eq!(
-        env.local_write_attempts().len(),
-        attempts,
-        "nothing written"
-    );
+    assert_eq!(quiet, attempts + 1, "nothing written but the poke");
     // Granted: the first complete list of the slices collects web-1's endpoint mirror.
     let with_slices: &[(&[&str], &[&str])] = &[
         (&["services"], &["get", "list", "watch"]),
@@ -891,19 +880,24 @@ async fn without_endpointslices_read_a_new_headless_remote_gets_a_cluster_ip_mir
     let ns = link.namespace.as_deref().unwrap();
     let name = link.name.as_deref().unwrap();
     wait_event(&env.lc, ns, name, "HeadlessSlicesUnavailable").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Both keys reconciled since, saying nothing (the count is synchronous, the Event
+    // follows it in the background): one say, so at most one Event.
+    crate::quiet(&env, &w, &[(&env.ns, "web"), (&env.ns, "db")]).await;
+    let counted = metrics
+        .encode()
+        .lines()
+        .find(|l| l.contains("kind=\"headless_slices_unavailable\""))
+        .map(str::to_owned);
+    assert!(
+        counted.as_deref().is_some_and(|l| l.ends_with(" 1")),
+        "counted once: {counted:?}"
+    );
     let said = events_on(&env.lc, ns, name)
         .await
         .into_iter()
         .filter(|(r, _)| r == "HeadlessSlicesUnavailable")
         .count();
     assert_eq!(said, 1, "one Event per link, not per headless service");
-    assert!(
-        metrics
-            .encode()
-            .contains("kind=\"headless_slices_unavailable\""),
-        "counted"
-    );
     assert_eq!(
         local_services(&env)
             .await
@@ -1012,11 +1006,9 @@ async fn a_hostname_whose_endpoint_mirror_would_be_the_parent_or_another_service
     )
     .await;
     assert!(note.contains("2 hostname(s) refused"), "{note}");
-    // Nobody fights: idle, nothing is written.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let attempts = env.local_write_attempts().len();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(env.local_write_attempts().len(), attempts);
+    // Nobody fights: a round in which both keys were reconciled wrote nothing (a fight
+    // never has one: `quiet` fails).
+    crate::quiet(&env, &w, &[(&env.ns, "web"), (&env.ns, "api")]).await;
     w.stop(false).await.unwrap();
 }
 

@@ -374,13 +374,16 @@ async fn with_stale_and_expiry_off_a_silent_remote_changes_no_mirror() {
     // The defaults but a 1 s grace, so that Disconnected comes within the test.
     let w = o.start(&env, config(&env, 1, 0, 0), LinkDeps::default());
     ready(&env, "a").await;
-    tokio::time::sleep(secs(1)).await;
+    // Converged: a's reconcile after its last write wrote nothing.
+    crate::quiet(&env, &w, &[(&env.ns, "a")]).await;
     let before = env.local_writes();
     let t0 = Instant::now();
     o.proxy.cut().await.unwrap();
     state_at(&o, &env, &w, "disconnected", t0).await;
-    // Far past any stale or expiry setting the other tests use.
-    tokio::time::sleep(secs(10)).await;
+    // Time is the subject: with stale and expiry off no threshold may pass, so the
+    // remote stays silent past the latest the other tests set (Expired at 6 s after
+    // the cut, seen by 7.5 s).
+    tokio::time::sleep((t0 + secs(8)).saturating_duration_since(Instant::now())).await;
     assert_eq!(w.remote_state(), RemoteState::Disconnected, "nothing after");
     assert_eq!(routing(&env, "a").await, "ready");
     assert_eq!(env.local_writes(), before, "no write at all");
@@ -476,8 +479,10 @@ async fn a_restart_starts_no_gateway_as_dead() {
     };
     let w = o.start(&env, config(&env, 1, 2, 0), alive);
     ready(&env, "a").await;
+    // Converged before the restart: a's reconcile after its last write wrote nothing
+    // (so the successor has nothing left over to write).
+    crate::quiet(&env, &w, &[(&env.ns, "a")]).await;
     w.stop(false).await.unwrap();
-    tokio::time::sleep(secs(1)).await;
     let before = env.local_writes();
     // The successor's probes get no answer (5 s timeout, 3 failures to be dead): until
     // its probes have a verdict the gateway counts as alive, never dead.

@@ -118,14 +118,19 @@ async fn unusable_gateway_gives_endpoints_without_subsets_until_it_becomes_usabl
         .await;
     // Gateway without ingress.
     env.gateway("gw", GW_PORT, &[]).await;
-    // Gateway with ingress but no mc-gateway port.
+    // Gateway with ingress but no mc-gateway port: each change is reconciled (the
+    // gateway's events queue its users) and gives no subsets.
+    let api = Subject::link(&env.cluster, &env.ns, "api");
     let wrong_port = serde_json::json!({"spec": {"ports": [{"name": "other", "port": 1234}]}});
+    let mark = Mark::now(&InProcess, api.clone());
     Api::<Service>::namespaced(env.rc.clone(), &env.ns)
         .patch("gw", &PatchParams::default(), &Patch::Merge(&wrong_port))
         .await
         .unwrap();
+    mark.passed().await;
+    let mark = Mark::now(&InProcess, api);
     set_ingress(&env.rc, &env.ns, "gw", &["192.0.2.1"]).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    mark.passed().await;
     let (_, ep) = env.mirror("api").await;
     assert!(!has_subsets(&ep.unwrap()), "no mc-gateway port: no subsets");
     // Usable now.
@@ -169,9 +174,22 @@ async fn hostname_ingress_is_resolved_refreshed_and_written_only_on_change() {
         .await;
     assert!(!has_subsets(&lost));
 
-    // Several refresh periods with the same answers: no write.
+    // Several refresh periods with the same answers: no write. Each refresh queues the
+    // mirrors of gateways given by hostname (`refresh_hostnames`): four more reconciles
+    // of each are at least two refresh rounds (two may be the own events of its last
+    // writes, its Service's and its Endpoints').
     let before = env.local_writes().len();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen: Vec<(Subject, u64)> = ["db", "lost"]
+        .iter()
+        .map(|s| {
+            let s = Subject::link(&env.cluster, &env.ns, s);
+            let n = InProcess.reconciles(&s);
+            (s, n)
+        })
+        .collect();
+    for (s, n) in &seen {
+        reconciled_after(&InProcess, s, n + 3).await;
+    }
     assert_eq!(
         env.local_writes()[before..],
         [] as [String; 0],
@@ -503,7 +521,10 @@ async fn objects_we_do_not_own_are_never_touched_and_conflicts_are_reported() {
     let w = env.watch();
     let event = conflict_event(&env).await;
     assert_eq!(event.regarding.unwrap().name, foreign.metadata.name);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The conflict's retry, refused again: it had its chance to write.
+    Mark::now(&InProcess, Subject::link(&env.cluster, &env.ns, "taken"))
+        .passed()
+        .await;
     let now = env
         .local_services()
         .get(&env.mirror_name("taken"))
@@ -556,6 +577,8 @@ async fn a_mirror_name_freed_after_a_long_conflict_is_mirrored_within_the_rechec
     env.export("held", "gw", &[("http", 80)]).await;
     let w = env.watch();
     conflict_event(&env).await;
+    // Time is the subject: the key's retries must have backed off to 16 s (past t0+15 s)
+    // before the name is freed, so that the recheck, not a retry, brings the mirror.
     tokio::time::sleep(Duration::from_secs(17)).await;
     env.local_services()
         .delete(&env.mirror_name("held"), &DeleteParams::default())
@@ -722,6 +745,8 @@ async fn failing_writes_are_retried_with_backoff_without_deleting_the_mirror() {
     .await;
     let uid = svc.metadata.uid.clone();
     let started = count(&env.local_write_attempts(), create_ep);
+    // Time is the subject: retried with backoff, not in a hot loop, is a count of
+    // attempts within a span (at most 10 Endpoints creates in 2 s).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (writes, attempts) = (env.local_writes(), env.local_write_attempts());
     let ep_attempts = count(&attempts, create_ep);
@@ -784,7 +809,10 @@ async fn failing_writes_are_retried_with_backoff_without_deleting_the_mirror() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Its next retry, refused again: the key had another chance to delete.
+    Mark::now(&InProcess, Subject::link(&env.cluster, &env.ns, "web"))
+        .passed()
+        .await;
     let attempts = env.local_write_attempts()[before..].to_vec();
     assert_eq!(
         count(&env.local_writes(), &update_ep),
@@ -887,8 +915,11 @@ async fn start_while_the_remote_is_away_deletes_nothing() {
 
     remote.stop_apiserver();
     let before = env.local_writes().len();
+    // The successor's local lists queue `a` (its mirror): reconciled with the remote
+    // never listed, it had its chance to delete.
+    let mark = Mark::now(&InProcess, Subject::link(&env.cluster, &env.ns, "a"));
     let w = env.watch();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    mark.passed().await;
     assert!(!w.status().remote_synced);
     assert_eq!(
         env.local_writes().len(),
@@ -934,7 +965,12 @@ async fn an_unchanged_world_causes_zero_writes() {
         attempts <= 21 + 2 * 4 + 2,
         "requests to converge: {attempts}"
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Idle: a round in which every key was reconciled after its last write wrote
+    // nothing (`quiet`; the gateway is given by IP, so the 300 ms endpoint refresh
+    // queues nothing).
+    let keys: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+    let keys: Vec<(&str, &str)> = keys.iter().map(|k| (env.ns.as_str(), k.as_str())).collect();
+    let attempts = crate::quiet(&env, &w, &keys).await;
     // A restart re-lists everything and finds nothing to do either.
     env.assert_restart_writes_nothing(w, attempts, || env.watch())
         .await;
