@@ -88,6 +88,12 @@ pub(super) struct Args {
     /// Only the controller (no baseline, no ratios): for quick tuning runs.
     #[arg(long)]
     pub(crate) skip_baseline: bool,
+    /// The reference writer runs with a second set of the observer's watches open (the
+    /// label-selected Services, Endpoints and EndpointSlices a controller keeps in its
+    /// caches), so both sides pay the apiserver for the same watch streams: what is
+    /// left of the ratio is the controller's own cost.
+    #[arg(long)]
+    pub(crate) baseline_watch: bool,
     /// Smoke test: correctness only. Fails unless every wanted state is reached and
     /// the controller writes nothing while idle. Fewer samples and a short idle window
     /// unless given.

@@ -25,6 +25,14 @@ pub(super) async fn run_rep(ctx: &Ctx, remotes: &mut [Remote], rep: usize) -> an
         let observer =
             Observer::start(&local.admin_kubeconfig().yaml, ctx.args.endpoints_mode).await?;
         if (side == 0) == baseline_first {
+            // The controller's own three watches, as a twin observer (`--baseline-watch`).
+            let _twin = match ctx.args.baseline_watch {
+                true => Some(
+                    Observer::start(&local.admin_kubeconfig().yaml, ctx.args.endpoints_mode)
+                        .await?,
+                ),
+                false => None,
+            };
             run_baseline(ctx, &local, &client, &observer, remotes, rep, &mut out).await?;
         } else {
             let kubeconfig = local.admin_kubeconfig().path;
