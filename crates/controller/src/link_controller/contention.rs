@@ -10,7 +10,6 @@
 //! writers cost the apiserver a few writes an hour instead of one per watch event.
 //! A change of the desired state (the remote moved) ends the episode.
 
-use crate::runtime::once::Episode;
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use std::collections::{HashMap, VecDeque};
@@ -37,36 +36,44 @@ pub(super) enum Verdict {
     Hold(Duration),
 }
 
+/// A key corrected since its last new desired state.
 #[derive(Debug, Default)]
-struct KeyState {
-    /// Fingerprint of the desired state last written.
-    written: Option<u64>,
+struct Corrected {
     corrections: VecDeque<Instant>,
     holds: u32,
     hold_until: Option<Instant>,
     /// The contention was said (once per episode: a new desired state ends it).
-    reported: Episode,
+    reported: crate::runtime::once::Episode,
 }
 
 /// The contention state of one link's keys.
 #[derive(Debug, Default)]
 pub(super) struct Contention {
-    keys: Mutex<HashMap<ServiceKey, KeyState>>,
+    /// The fingerprint of the desired state last written, by the key's hash: 16 bytes
+    /// an entry (keyed by the `ServiceKey` with every field of an episode, the map was
+    /// 2.4 MB of the heap at 10,000 mirrors). Two keys of one hash would only make a
+    /// plan of one look new to the other: written, never held.
+    written: Mutex<HashMap<u64, u64>>,
+    /// Keys corrected since their last new desired state (drift is rare: few entries).
+    episodes: Mutex<HashMap<ServiceKey, Corrected>>,
+    hasher: std::hash::RandomState,
 }
 
 impl Contention {
+    fn hash(&self, key: &ServiceKey) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, key)
+    }
+
     /// Before writing updates of `key` towards the desired state `fingerprint`.
     pub(super) fn check(&self, key: &ServiceKey, fingerprint: u64, now: Instant) -> Verdict {
-        let mut keys = self.keys.lock();
-        let s = keys.entry(key.clone()).or_default();
-        if s.written != Some(fingerprint) {
+        let last = self.written.lock().get(&self.hash(key)).copied();
+        let mut episodes = self.episodes.lock();
+        if last != Some(fingerprint) {
             // A new desired state: whatever happened before is over.
-            *s = KeyState {
-                written: s.written,
-                ..KeyState::default()
-            };
+            episodes.remove(key);
             return Verdict::Write { report: false };
         }
+        let s = episodes.entry(key.clone()).or_default();
         if let Some(until) = s.hold_until
             && now < until
         {
@@ -94,12 +101,13 @@ impl Contention {
 
     /// The updates towards `fingerprint` were written.
     pub(super) fn written(&self, key: &ServiceKey, fingerprint: u64) {
-        self.keys.lock().entry(key.clone()).or_default().written = Some(fingerprint);
+        self.written.lock().insert(self.hash(key), fingerprint);
     }
 
     /// The key has no mirror any more.
     pub(super) fn forget(&self, key: &ServiceKey) {
-        self.keys.lock().remove(key);
+        self.written.lock().remove(&self.hash(key));
+        self.episodes.lock().remove(key);
     }
 }
 

@@ -87,6 +87,18 @@ pub(super) async fn watch_secrets(
     drive(watch, cancel, on_event, on_error).await
 }
 
+/// Keeps a Link's spec and conditions, drops its service lists: `mirrorServices` and
+/// `federatedServices` (up to 512 KiB of ours alone at 10,000 Services) are never read
+/// from the store (the status writer reads the Link afresh before it patches), and
+/// every status write comes back through this watch.
+pub(super) fn strip_service_lists(link: &mut LinkResource) {
+    if let Some(status) = link.status.as_mut() {
+        status.mirror_services = Vec::new();
+        status.federated_services = Vec::new();
+    }
+    link.metadata.managed_fields = None;
+}
+
 /// Watches the `Link`s of the namespace. Without the CRD (a cluster that only uses link
 /// Secrets) the list fails with 404: the Links count as listed, and the watch keeps
 /// retrying, so a CRD installed later is picked up.
@@ -98,7 +110,7 @@ pub(super) async fn watch_links(
     let watch = Watch {
         api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
         config: watcher::Config::default(),
-        strip: keep_all,
+        strip: strip_service_lists,
         store,
     };
     let on_event = |ev: &watcher::Event<LinkResource>| match ev {
@@ -186,5 +198,37 @@ async fn collect_unlinked(inner: Arc<Inner>) {
         }
         tracing::info!(%cluster, "deleting the mirrors of a cluster no link Secret names");
         inner.spawn_cleanup(&cluster, Some(unlinked.select.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_link_keeps_its_spec_and_conditions_but_not_its_service_lists() {
+        let mut link: LinkResource = serde_json::from_value(serde_json::json!({
+            "apiVersion": "multicluster.linkerd.io/v1alpha3",
+            "kind": "Link",
+            "metadata": {"name": "east", "managedFields": [{"manager": "x"}]},
+            "spec": {"targetClusterName": "east", "gatewayPort": "4143"},
+            "status": {
+                "mirrorServices": [{"controllerName": "x", "remoteRef": {"kind": "Service", "name": "web", "namespace": "shop"}}],
+                "federatedServices": [{"controllerName": "x", "remoteRef": {"kind": "Service", "name": "api", "namespace": "shop"}}],
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Linked", "message": "", "lastTransitionTime": "2026-12-05T00:00:00Z"}],
+            },
+        }))
+        .unwrap();
+        let spec = serde_json::to_value(&link.spec).unwrap();
+        strip_service_lists(&mut link);
+        assert_eq!(serde_json::to_value(&link.spec).unwrap(), spec);
+        let status = link.status.unwrap();
+        assert!(status.mirror_services.is_empty() && status.federated_services.is_empty());
+        assert_eq!(
+            status.conditions.len(),
+            1,
+            "the Ready condition is read from the store"
+        );
+        assert!(link.metadata.managed_fields.is_none());
     }
 }
