@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::links::{credentials_secret, link};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -463,6 +463,68 @@ impl World {
     fn metric(&self, needle: &str) -> bool {
         self.metrics.encode().lines().any(|l| l.contains(needle))
     }
+
+    /// The value of the first series of this world's metrics starting with `series`
+    /// (0 while it does not exist).
+    fn metric_value(&self, series: &str) -> u64 {
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The federation's failed reconciles so far (this world's metrics).
+    fn failed_reconciles(&self) -> u64 {
+        self.metric_value(
+            r#"service_mirror_component_reconciles_total{component="federation",outcome="failed"} "#,
+        )
+    }
+
+    /// Gateway probes sent so far by `cluster`'s link (every address, both outcomes).
+    fn probes(&self, cluster: &str) -> u64 {
+        let label = format!("target_cluster_name=\"{cluster}\"");
+        self.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("gateway_probes_total{") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Waits until the prober of each `(cluster, addresses)` has run `rounds` more rounds
+    /// (a probe per address each round): the clock of an idle world, whose only
+    /// periodic activity is its probes (a verdict that changes queues the keys).
+    async fn probe_rounds(&self, clusters: &[(&str, u64)], rounds: u64) {
+        let want: Vec<u64> = clusters
+            .iter()
+            .map(|(c, addresses)| self.probes(c) + rounds * addresses)
+            .collect();
+        eventually("probe rounds", || async {
+            clusters
+                .iter()
+                .zip(&want)
+                .all(|((c, _), want)| self.probes(c) >= *want)
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until one probe round of each of `clusters` passed without a write to the
+    /// test namespace (converged: a write is echoed by the watches and planned again
+    /// within milliseconds); returns the writes.
+    async fn settled(&self, clusters: &[(&str, u64)]) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            let before = self.writes();
+            self.probe_rounds(clusters, 1).await;
+            if self.writes() == before {
+                return before;
+            }
+            assert!(start.elapsed() < CONVERGE, "no probe round without a write");
+        }
+    }
 }
 
 fn remote_discovery(s: &Service) -> Option<&str> {
@@ -598,10 +660,12 @@ async fn two_links_and_local_give_one_sorted_federated_service_and_an_idle_world
         r#"service_mirror_component_reconciles_total{component="federation",outcome="failed"}"#
     ));
 
-    // Idle: nothing is written (probes keep running, verdicts unchanged).
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = w.writes();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Idle: nothing is written (probes keep running, verdicts unchanged). Converged
+    // (a probe round without a write), then two more probe rounds of each link: the
+    // idle world's only periodic activity.
+    let gateways = [("east", 1), ("north", 1)];
+    let before = w.settled(&gateways).await;
+    w.probe_rounds(&gateways, 2).await;
     assert_eq!(w.writes(), before, "an idle federation writes nothing");
 
     fed.stop_with([east, north]).await;
@@ -809,7 +873,10 @@ async fn a_foreign_federated_service_is_never_adopted_or_changed() {
     let note = wait_event(&w.lc, &w.ns, "web-federated", "FederatedConflict").await;
     assert!(note.contains("never adopted"), "{note}");
     assert!(w.metric("service_mirror_federated_problems_total{reason=\"FederatedConflict\"} 1"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // East's member changes: web is planned again, after the conflict was found.
+    let web = Mark::now(&InProcess, Subject::federation(&w.ns, "web"));
+    touch(&ec, &w.ns, "web").await;
+    web.passed().await;
     let now = api.get("web-federated").await.unwrap();
     assert_eq!(
         now.metadata.resource_version, foreign.metadata.resource_version,
@@ -820,6 +887,17 @@ async fn a_foreign_federated_service_is_never_adopted_or_changed() {
         "no slice points at a foreign Service"
     );
     fed.stop_with([east]).await;
+}
+
+/// Sets annotation `touched` of Service `ns/name` on `client` to the time: a change of a
+/// member, whose key is planned again.
+async fn touch(client: &Client, ns: &str, name: &str) {
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {"touched": Timestamp::now().to_string()}}});
+    Api::<Service>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
 }
 
 /// Create requests for `services/<name>` in the test namespace (any user, any answer).
@@ -850,8 +928,22 @@ async fn a_foreign_federated_name_is_tried_once_reported_once_and_ours_follows_i
         .start_link(&fed, &w.spec("east", &w.east, 79), &w.east, 100)
         .await;
     wait_event(&w.lc, &w.ns, "web-federated", "FederatedConflict").await;
-    // ~10 s: a retry loop (1, 2, 4, 8 s backoff) would create 4-5 times more.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Tried once: the conflict is not a failure retried with backoff, and a later
+    // plan of web (east's member changes) tries no create again.
+    let tried = creates_of(&w, "web-federated");
+    let web = Mark::now(&InProcess, Subject::federation(&w.ns, "web"));
+    touch(&ec, &w.ns, "web").await;
+    web.passed().await;
+    assert_eq!(
+        creates_of(&w, "web-federated"),
+        tried,
+        "no create tried again"
+    );
+    assert_eq!(
+        w.failed_reconciles(),
+        0,
+        "no failure, so no retry with backoff"
+    );
     let ours = creates_of(&w, "web-federated") - 1;
     assert!((1..=2).contains(&ours), "creates by the controller: {ours}");
     // Ours only: the apiserver's ClusterIP repair loop may report the foreign Service
@@ -925,9 +1017,20 @@ async fn a_foreign_slice_holding_a_federated_slice_name_is_retried_with_backoff_
         remote_discovery(s) == Some("web@east")
     })
     .await;
-    // ~10 s: backoff (1, 2, 4, 8 s) makes a handful of attempts; a block that its own
-    // Service's watch lifts at once made hundreds.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The first attempt was refused (a failed reconcile, retried with backoff).
+    eventually("the slice create refused", || async {
+        (w.failed_reconciles() >= 1).then_some(())
+    })
+    .await;
+    // Time is the subject: a backoff is told from a loop by the attempts in a window.
+    // In 3 s backoff (1 s, then 2 s) makes 2-3 attempts; a block that its own Service's
+    // watch lifts at once made hundreds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // And it is retried: tried again and refused again.
+    eventually("the slice create refused again", || async {
+        (w.failed_reconciles() >= 2).then_some(())
+    })
+    .await;
     let attempts = writes_in(&w.local, &w.ns, false)
         .into_iter()
         .filter(|l| l.starts_with("create endpointslices"))
@@ -1021,7 +1124,10 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
         (v.len() == 2 && v[1].1 == ["192.0.2.72", "192.0.2.73"] && v[1].2).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Converged: a probe round of both links (north's gateway has two addresses)
+    // without a write.
+    let gateways = [("east", 1), ("north", 2)];
+    let before = w.settled(&gateways).await;
 
     // Restart everything: the manager's first list names both clusters; nothing is
     // deleted or recreated, and nothing written at all.
@@ -1032,18 +1138,24 @@ async fn slices_follow_gateway_moves_and_probe_verdicts_and_a_restart_deletes_no
         .iter()
         .map(|s| s.metadata.uid.clone())
         .collect();
-    let before = w.writes();
     east.stop(false).await.unwrap();
     north2.stop(false).await.unwrap();
     fed.stop().await;
+    let web = Mark::now(&InProcess, Subject::federation(&w.ns, "web"));
     let fed = w.federation();
     fed.federation.expect(vec!["east".into(), "north".into()]);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The new federation plans web (from its stored Service) with both clusters
+    // pending, before any link feeds it.
+    web.passed().await;
     let east = w
         .start_link(&fed, &w.spec("east", &w.east, 70), &w.east, 100)
         .await;
     let north = w.start_link(&fed, &north_spec, &w.north, 50).await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Both links listed (their members and lists are sent before they say so), then
+    // two probe rounds of each: their verdicts reported and planned.
+    east.wait_synced().await;
+    north.wait_synced().await;
+    w.probe_rounds(&gateways, 2).await;
     assert_eq!(w.federated("web").await.unwrap().metadata.uid, svc_uid);
     let after: Vec<_> = w
         .slices("web")
@@ -1071,12 +1183,20 @@ async fn the_federation_writes_only_while_leader() {
     let east = w
         .start_link(&fed, &w.spec("east", &w.east, 73), &w.east, 100)
         .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // East listed (its member and list are sent to the federation before it says so)
+    // and probed two rounds (its verdict reported): the follower's index has it all.
+    east.wait_synced().await;
+    w.probe_rounds(&[("east", 1)], 2).await;
     assert!(
         w.federated("web").await.is_none(),
         "a follower writes nothing"
     );
     assert_eq!(w.writes(), before);
+    assert_eq!(
+        InProcess.reconciles(&Subject::federation(&w.ns, "web")),
+        0,
+        "a follower's workers plan nothing"
+    );
     leader.send_replace(true);
     let svc = w
         .federated_until("written once leading", "web", |s| {
@@ -1155,9 +1275,15 @@ async fn a_removed_link_and_a_local_member_leaving_shrink_the_membership() {
     fed.stop().await;
 }
 
-/// A kubeconfig for ServiceAccount `ns/name` that may do everything the controller
-/// does on the local cluster but list Links (403).
-async fn no_links_identity(w: &World, name: &str) -> Client {
+/// A client as ServiceAccount `ns/name`, which may do everything the controller does on
+/// the local cluster but list Links (403); its requests are counted (as client `name`).
+async fn no_links_identity(
+    w: &World,
+    name: &str,
+) -> (
+    Client,
+    service_mirror_controller::kube_client::ClientMetrics,
+) {
     use k8s_openapi::api::rbac::v1::{
         ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
     };
@@ -1214,7 +1340,15 @@ async fn no_links_identity(w: &World, name: &str) -> Client {
         .service_account_kubeconfig(&w.ctl_ns, name)
         .await
         .unwrap();
-    kc.client().await.unwrap()
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&kc.yaml).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let requests = service_mirror_controller::kube_client::ClientMetrics::default();
+    let client = service_mirror_controller::kube_client::build(config, name, &requests).unwrap();
+    (client, requests)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1237,7 +1371,9 @@ async fn a_refused_links_list_at_start_deletes_no_federated_service() {
     fed.stop_with([east]).await;
     // Restarted with an identity that may not list Links: the manager cannot know
     // east is linked, so the federation must not plan without it.
-    let client = no_links_identity(&w, "nolinks").await;
+    let (client, requests) = no_links_identity(&w, "nolinks").await;
+    let web = Subject::federation(&w.ns, "web");
+    let planned = InProcess.reconciles(&web);
     let cancel = CancellationToken::new();
     let (federation, tasks) = Federation::start(
         client.clone(),
@@ -1277,7 +1413,21 @@ async fn a_refused_links_list_at_start_deletes_no_federated_service() {
             },
         },
     );
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // The manager took the refusal in (it counts the Links as listed then, unknown),
+    // and its watch tried again and was refused again.
+    eventually("the refusal taken in", || async {
+        manager.ready().then_some(())
+    })
+    .await;
+    eventually("the Links list refused twice", || async {
+        (requests.requests("nolinks", "list", "403") >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        InProcess.reconciles(&web),
+        planned,
+        "the federation planned nothing"
+    );
     let kept = w.federated("web").await.expect("web-federated kept");
     assert_eq!(kept.metadata.uid, first.metadata.uid);
     assert_eq!(remote_discovery(&kept), Some("web@east"));
@@ -1324,6 +1474,7 @@ async fn a_deleted_link_that_never_connected_releases_its_federated_entries() {
     let links: Api<service_mirror_controller::links::LinkResource> =
         Api::namespaced(w.lc.clone(), &w.ctl_ns);
     links.create(&PostParams::default(), &l).await.unwrap();
+    let web = Mark::now(&InProcess, Subject::federation(&w.ns, "web"));
     let fed = w.federation();
     let manager = service_mirror_controller::links::LinkManager::start(
         w.lc.clone(),
@@ -1346,7 +1497,9 @@ async fn a_deleted_link_that_never_connected_releases_its_federated_entries() {
             },
         },
     );
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The manager's list names east: the federation plans web (from its stored
+    // Service) with east pending, as it stays.
+    web.passed().await;
     assert_eq!(
         w.federated("web").await.as_ref().and_then(remote_discovery),
         Some("web@east"),
@@ -1402,6 +1555,7 @@ async fn a_replaced_link_controllers_unselected_member_leaves_and_its_kept_membe
         78,
         serde_json::json!({"federatedServiceSelector": {"matchLabels": {MEMBER: "member", "app": "b"}}}),
     );
+    let api_key = Mark::now(&InProcess, Subject::federation(&w.ns, "api"));
     let new = w.start_link(&fed, &spec, &w.east, 100).await;
     new.wait_synced().await;
     old.stop(false).await.unwrap();
@@ -1416,8 +1570,9 @@ async fn a_replaced_link_controllers_unselected_member_leaves_and_its_kept_membe
         w.slices("web").await.is_empty().then_some(())
     })
     .await;
-    // `api` matches both selectors: never removed nor rewritten meanwhile.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // `api` matches both selectors: never removed nor rewritten meanwhile (it was
+    // planned again since the new controller started).
+    api_key.passed().await;
     let after = w.federated("api").await.expect("api-federated stays");
     assert_eq!(
         after.metadata.resource_version,
@@ -1657,6 +1812,21 @@ async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_
     fed.stop_with([east]).await;
 }
 
+/// The federation's reconcile workers (`federation::reconcile::WORKERS`).
+const FEDERATION_WORKERS: usize = 4;
+
+/// The Service and EndpointSlice writes in the test namespace (not the apiserver's own)
+/// the apiserver received after `t`.
+fn received_after(w: &World, t: Timestamp) -> Vec<service_mirror_testkit::monitor::AuditWrite> {
+    let log = std::fs::read_to_string(w.local.audit_log()).unwrap_or_default();
+    log.lines()
+        .filter_map(service_mirror_testkit::monitor::AuditWrite::parse)
+        .filter(|a| a.namespace == w.ns && a.user != "system:apiserver")
+        .filter(|a| matches!(a.resource.as_str(), "services" | "endpointslices"))
+        .filter(|a| a.received.is_some_and(|r| r > t))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
     let mut w = World::new("fedlost").await;
@@ -1674,7 +1844,10 @@ async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
     let east = w
         .start_link(&fed, &w.spec("east", &w.east, 74), &w.east, 100)
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // East listed (its members sent to the federation before it says so) and probed
+    // two rounds (its verdict reported): the follower had all it would plan.
+    east.wait_synced().await;
+    w.probe_rounds(&[("east", 1)], 2).await;
     assert!(w.writes().is_empty(), "a follower writes nothing");
     leader.send_replace(true);
     eventually("the batch started", || async {
@@ -1682,17 +1855,22 @@ async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
     })
     .await;
     leader.send_replace(false);
-    // A request already sent may complete; none starts after (1 s covers it on loopback).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lost = Timestamp::now();
+    // The rest of the batch waits in the queue: the workers went on at hundreds of
+    // writes a second, so two probe rounds of east (its verdicts, the only periodic
+    // activity) give them ample time to show a write they should not make.
+    w.probe_rounds(&[("east", 1)], 2).await;
     let at_loss = w.writes();
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let later = w.writes();
     println!("writes at the loss: {} of {}", at_loss.len(), 2 * N);
-    assert_eq!(
-        later.len(),
-        at_loss.len(),
-        "writes after the loss: {:?}",
-        &later[at_loss.len()..]
+    // A request already sent may complete (at most one per worker, each checking the
+    // lead before each write); none starts after.
+    let after: Vec<String> = received_after(&w, lost)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        after.len() <= FEDERATION_WORKERS,
+        "writes after the loss: {after:?}"
     );
     assert!(
         at_loss.len() < 2 * N,
@@ -1746,8 +1924,18 @@ async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_serv
     let rc = w.east.client().await.unwrap();
     let east = w.start_link_gated(&fed, &spec, rc, 100, Some(gates.clone()), None);
     // Held elsewhere: east's member creates nothing (Linkerd's controller owns that
-    // link's part meanwhile).
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // link's part meanwhile). Our write Lease found it held, east listed (its messages
+    // held), and two probe rounds of east (its verdicts, held too; the held messages
+    // are looked at every 500 ms).
+    let blocked = format!(
+        "service_mirror_write_lease_blocked{{cluster=\"{cluster}\",reason=\"held_by_foreign\"}} 1"
+    );
+    eventually("east's write Lease held by another writer", || async {
+        w.metric(&blocked).then_some(())
+    })
+    .await;
+    east.wait_synced().await;
+    w.probe_rounds(&[("east", 1)], 2).await;
     assert!(
         w.federated("web").await.is_none(),
         "no federated Service on a blocked link's account"
@@ -1796,8 +1984,10 @@ async fn a_follower_taking_over_keeps_the_federated_service_of_a_link_started_af
     // East is linked after the follower started (not pending for it).
     let rc = w.east.client().await.unwrap();
     let east = w.start_link_gated(&fed, &spec, rc, 100, Some(gates.clone()), Some(rx.clone()));
-    // Its list reaches the follower's federation (no observable: a fixed wait).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Its list reaches the follower's federation: sent before the link says it is
+    // synced, and before the message of the takeover below (one ordered channel).
+    east.wait_synced().await;
+    let web = Mark::now(&InProcess, Subject::federation(&w.ns, "web"));
     let took = std::time::Instant::now();
     leader.send_replace(true);
     // East's Lease is taken and the gate opens; then a little longer for any replan.
@@ -1806,7 +1996,10 @@ async fn a_follower_taking_over_keeps_the_federated_service_of_a_link_started_af
     })
     .await;
     println!("east's gate opened {:?} after the takeover", took.elapsed());
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The new leader planned web, and the replan of the gate's opening (what was held
+    // is looked at every 500 ms) had two probe rounds of east to come.
+    web.passed().await;
+    w.probe_rounds(&[("east", 1)], 2).await;
     let now = w.federated("web").await.expect("still there");
     assert_eq!(
         now.metadata.uid, written.metadata.uid,
@@ -1831,17 +2024,22 @@ async fn a_held_links_stored_entry_stays_when_its_federated_service_is_planned_a
     // Another writer (Linkerd's controller) holds east's Lease from now on.
     w.foreign_write_lease(&cluster, 3600).await;
     let gates = WriteGates::default();
+    let web = Subject::federation(&w.ns, "web");
+    let first = Mark::now(&InProcess, web.clone());
     let fed = w.federation_with(None, Some(gates.clone()));
     fed.federation.expect(vec![]);
     let holder = w.hold_write_lease(&fed, &gates, &cluster, "ours-0", None);
     let rc = w.east.client().await.unwrap();
     let east = w.start_link_gated(&fed, &spec, rc, 100, Some(gates.clone()), None);
-    // A local member joins: the key is planned again while east is held (and was at
-    // the start, the stores listed). East pending, the stored Service is kept as it is
-    // (DesiredService::Keep): no write observable, so a fixed wait.
+    // Planned at the start, the stores listed.
+    first.passed().await;
+    // A local member joins: the key is planned again while east is held. East pending,
+    // the stored Service is kept as it is (DesiredService::Keep, no write): the replan
+    // after the join is the witness.
+    let joined = Mark::now(&InProcess, web);
     w.member(&w.lc, "web", &[("http", 80)], "local", false)
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    joined.passed().await;
     let svc = w.federated("web").await.expect("not deleted");
     assert_eq!(svc.metadata.uid, written.metadata.uid, "not re-created");
     assert_eq!(

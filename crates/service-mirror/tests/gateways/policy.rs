@@ -95,6 +95,15 @@ async fn link_ref(env: &Env) -> ObjectReference {
     }
 }
 
+/// Gateway probes sent so far by link `cluster` (every gateway and address), in `text`.
+fn probes_sent(text: &str, cluster: &str) -> u64 {
+    let label = format!("target_cluster_name=\"{cluster}\"");
+    text.lines()
+        .filter(|l| l.starts_with("gateway_probes_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Reads one counter of an encoded registry.
 fn counter(text: &str, prefix: &str) -> u64 {
     text.lines()
@@ -218,7 +227,16 @@ async fn refused_gateway_addresses_are_never_mirrored_nor_probed() {
     };
     // Configured: dns's and first's; built in: meta's link-local one and v6meta's.
     assert_eq!(counts(&text), [2, 2], "{text}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Two refresh periods: b's gateway has a hostname, so each refresh (500 ms) looks
+    // it up again and plans b again; and two probe rounds of the probed gateways.
+    let b = Subject::link(&env.cluster, &env.ns, "b");
+    let planned = InProcess.reconciles(&b);
+    let sent = probes_sent(&metrics.encode(), &env.cluster);
+    reconciled_after(&InProcess, &b, planned + 1).await;
+    eventually("two probe rounds", || async {
+        (probes_sent(&metrics.encode(), &env.cluster) >= sent + 4).then_some(())
+    })
+    .await;
     assert_eq!(
         counts(&metrics.encode()),
         [2, 2],
@@ -359,8 +377,21 @@ async fn an_unusable_gateway_is_reported_once_per_reason_not_per_mirror_and_agai
         let (_, ep) = env.mirror_until(svc, "mirrored", |_, _| true).await;
         assert!(!has_subsets(&ep), "{svc}: kept without endpoints");
     }
-    // Several refresh periods: still one report for three mirrors.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Time is the subject: a refresh (every 500 ms) forgets the reports of gateways no
+    // mirror uses, and nothing marks a refresh; two of them pass.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Then each mirror is planned again (its remote changes): still one report for
+    // three mirrors.
+    let marks: Vec<_> = ["a", "b", "c"]
+        .map(|svc| Mark::now(&InProcess, Subject::link(&env.cluster, &env.ns, svc)))
+        .into();
+    for svc in ["a", "b", "c"] {
+        let touched = serde_json::json!({"metadata": {"annotations": {"touched": "1"}}});
+        env.patch_remote(svc, touched).await;
+    }
+    for mark in &marks {
+        mark.passed().await;
+    }
     assert_eq!(
         times_recorded(&env.lc, ns, name, "GatewayUnusable").await.0,
         1,
@@ -390,13 +421,19 @@ async fn an_unusable_gateway_is_reported_once_per_reason_not_per_mirror_and_agai
         times_recorded(&env.lc, ns, name, "GatewayUnusable").await.0,
         3
     );
+    let marks: Vec<_> = ["a", "b", "c"]
+        .map(|svc| Mark::now(&InProcess, Subject::link(&env.cluster, &env.ns, svc)))
+        .into();
     env.patch_remote("gw", no_port()).await;
     said(4, "NoGatewayPort", 2).await;
     for svc in ["a", "b", "c"] {
         env.mirror_until(svc, "endpoints emptied again", |_, e| !has_subsets(e))
             .await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Each mirror's plan after the relapse has ended (each would have said it).
+    for mark in &marks {
+        mark.passed().await;
+    }
     let (times, notes) = times_recorded(&env.lc, ns, name, "GatewayUnusable").await;
     assert_eq!(times, 4);
     // One Event per distinct note (the relapse folds into its reason's Event): each

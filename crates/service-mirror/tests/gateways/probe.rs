@@ -51,7 +51,9 @@ impl FakeGateway {
                             "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
                         }
                         Mode::Slow => {
-                            tokio::time::sleep(Duration::from_secs(5)).await;
+                            // Time is the subject: slow is an answer later than the
+                            // probe timeout (300 ms in these tests).
+                            tokio::time::sleep(Duration::from_secs(1)).await;
                             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
                         }
                     };
@@ -153,6 +155,27 @@ fn not_ready_ips(ep: &Endpoints) -> Vec<String> {
         .collect()
 }
 
+/// The probes sent to gateway `gw` so far (both outcomes), from `metrics`.
+fn probes(metrics: &Metrics, env: &Env, gw: &str) -> u64 {
+    let labels = format!(
+        "gateway_name=\"{gw}\",gateway_namespace=\"{}\",target_cluster_name=\"{}\"",
+        env.ns, env.cluster
+    );
+    metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("gateway_probes_total{") && l.contains(&labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn enabled_series(env: &Env, gw: &str) -> String {
+    format!(
+        "gateway_enabled{{gateway_name=\"{gw}\",gateway_namespace=\"{}\",target_cluster_name=\"{}\"}}",
+        env.ns, env.cluster
+    )
+}
+
 fn alive_series(env: &Env, gw: &str, value: u8) -> String {
     format!(
         "gateway_alive{{gateway_name=\"{gw}\",gateway_namespace=\"{}\",target_cluster_name=\"{}\"}} {value}",
@@ -187,9 +210,14 @@ async fn a_dead_gateway_turns_its_mirrors_not_ready_and_back() {
     let (_, healthy) = env.mirror("a").await;
     let ports_before = subset_ports(&healthy.unwrap());
 
-    // Healthy: no write while nothing changes.
+    // Healthy: no write while nothing changes, over two more probe rounds (the probes
+    // are the only periodic activity here; a verdict that changed would queue both).
     let writes = env.local_writes().len();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = probes(&metrics, &env, "gw");
+    eventually("two probe rounds", || async {
+        (probes(&metrics, &env, "gw") >= sent + 2).then_some(())
+    })
+    .await;
     assert_eq!(
         env.local_writes().len(),
         writes,
@@ -228,9 +256,15 @@ async fn a_dead_gateway_turns_its_mirrors_not_ready_and_back() {
     env.delete_remote("b").await;
     env.mirror_gone("a").await;
     env.mirror_gone("b").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The prober is gone: its gauges go with it (a probe already sent may still land).
+    eventually("the prober stopped", || async {
+        (!metrics.encode().contains(&enabled_series(&env, "gw"))).then_some(())
+    })
+    .await;
     let hits = fake.hits();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Time is the subject: a stopped prober is told by the probes that do not come;
+    // two probe periods (1 s, jittered up to 1.1 s) would bring two.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
     assert!(
         fake.hits() <= hits + 1,
         "prober stopped: {hits} -> {}",
@@ -282,8 +316,10 @@ async fn a_gateway_whose_ip_changes_is_probed_at_the_new_address() {
     })
     .await;
     let hits = new.hits();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(new.hits() >= hits + 2, "the new address is probed");
+    eventually("the new address probed twice more", || async {
+        (new.hits() >= hits + 2).then_some(())
+    })
+    .await;
     let (_, ep) = env.mirror("a").await;
     assert_eq!(
         ready_ips(&ep.unwrap()),
@@ -333,16 +369,26 @@ async fn default_settings_detection_times() {
     let fake = FakeGateway::start("127.0.0.17").await;
     gateway_for(&env, "gw", &fake, None).await;
     env.export("a", "gw", &[("http", 80)]).await;
+    let metrics = Metrics::new();
     let w = env.watch_with(
         env.config(),
         LinkDeps {
             probe_redirect: Some(redirect()),
+            metrics: metrics.clone(),
             ..LinkDeps::default()
         },
     );
     env.mirror_until("a", "ready", |_, e| ready_ips(e) == ["192.0.2.17"])
         .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Probed healthy once: the prober runs its periods, the address alive on a probe
+    // and not on the optimistic first verdict.
+    eventually("a successful probe", || async {
+        metrics
+            .encode()
+            .contains(&alive_series(&env, "gw", 1))
+            .then_some(())
+    })
+    .await;
     fake.set(Mode::Failing);
     let died = Instant::now();
     env.mirror_until("a", "not ready", |_, e| not_ready_ips(e) == ["192.0.2.17"])
