@@ -21,6 +21,7 @@ use local_cluster::{
 use service_mirror_core::NamespaceFilter;
 use service_mirror_testkit::monitor::{Monitor, Remit, WatchedRemote};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Ports of east's `shop/web`: (name, service port, workload port).
@@ -303,14 +304,66 @@ impl World {
         }
     }
 
-    /// Declares the world converged for `window`: the controller must write nothing
-    /// but Lease renewals meanwhile (the monitor's after-convergence rule).
-    async fn quiet(&self, window: Duration) {
+    /// Declares the world converged while east's gateway is probed `rounds` more times:
+    /// the controller must write nothing but Lease renewals meanwhile (the monitor's
+    /// after-convergence rule). The probes are the converged world's periodic activity
+    /// that could write (a verdict that changes queues every mirror behind the
+    /// gateway); the endpoint refresh looks hostnames up again, and this gateway has
+    /// none. One address, so a round is one probe.
+    async fn quiet(&self, rounds: u64) {
+        assert_eq!(self.gateway_ingress.len(), 1, "one probe a round");
         self.quiet.send_replace(true);
         self.monitor_took(true).await;
-        tokio::time::sleep(window).await;
+        let from = self.probes().await;
+        let start = Instant::now();
+        while self.probes().await < from + rounds {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{rounds} probe rounds within 60 s (from {from} probes)"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         self.quiet.send_replace(false);
         self.monitor_took(false).await;
+    }
+
+    /// The controller's gateway probes of east so far (both outcomes), from its metrics.
+    async fn probes(&self) -> u64 {
+        self.ctl
+            .metrics()
+            .await
+            .lines()
+            .filter(|l| {
+                l.starts_with("gateway_probes_total{") && l.contains("target_cluster_name=\"east\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// The controller's requests to east's apiserver that got no answer (refused,
+    /// reset, timed out), from its metrics.
+    async fn east_request_errors(&self) -> u64 {
+        self.ctl
+            .metrics()
+            .await
+            .lines()
+            .filter(|l| {
+                l.starts_with("service_mirror_kube_requests_total{")
+                    && l.contains("client=\"east\"")
+                    && l.contains("code=\"error\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Whether the controller's watch of east is connected (its metric says so).
+    async fn east_connected(&self) -> Option<bool> {
+        self.ctl
+            .metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("service_mirror_remote_connected{cluster=\"east\"} "))
+            .map(|v| v.trim() == "1")
     }
 
     /// Waits until the monitor's task has taken in the declaration `quiet` (it polls every
@@ -377,6 +430,21 @@ impl World {
     }
 }
 
+/// Waits until the requester running beside has sent `n` more requests (`sent` counts
+/// them; whether each was answered is judged at the end): the phase has requests to
+/// judge it by. Bounded: 60 s.
+async fn requests_sent(sent: &AtomicU32, n: u32, phase: &str) {
+    let from = sent.load(Ordering::SeqCst);
+    let start = Instant::now();
+    while sent.load(Ordering::SeqCst) < from + n {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{phase}: {n} more requests within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn answered(r: &local_cluster::Result<HttpAnswer>) -> bool {
     matches!(r, Ok(a) if a.status == 200 && a.body == "east/web:http")
 }
@@ -417,8 +485,8 @@ async fn a_mirror_answers_from_the_remote_workload_on_every_port_through_dns_and
             "request {i}"
         );
     }
-    // Converged and serving: 5 s (over two 2 s endpoint refreshes) without a write.
-    w.quiet(Duration::from_secs(5)).await;
+    // Converged and serving: two probe rounds without a write.
+    w.quiet(2).await;
     eprintln!("wire test done in {:?}", test_start.elapsed());
 }
 
@@ -583,6 +651,7 @@ async fn traffic_keeps_flowing_through_the_last_known_gateway_while_the_remote_a
     // Continuous requests (every 100 ms, at most 600 over 60 s) while east's apiserver is
     // stopped for 15 s and started again; every one must be answered.
     let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let sent_now = AtomicU32::new(0);
     let requester = async {
         let (mut sent, mut failed) = (0u32, Vec::new());
         let start = Instant::now();
@@ -592,6 +661,7 @@ async fn traffic_keeps_flowing_through_the_last_known_gateway_while_the_remote_a
         {
             let r = w.wp().http_get(MIRROR, 80, "/").await;
             sent += 1;
+            sent_now.fetch_add(1, Ordering::SeqCst);
             if !answered(&r) {
                 failed.push(format!("{:?}: {r:?}", start.elapsed()));
             }
@@ -599,14 +669,38 @@ async fn traffic_keeps_flowing_through_the_last_known_gateway_while_the_remote_a
         }
         (sent, failed)
     };
+    let web = Subject::link("east", "shop", "web");
     let outage = async {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        requests_sent(&sent_now, 10, "before the outage").await;
+        let errors = w.east_request_errors().await;
         w.east.stop_apiserver();
         let down = Instant::now();
-        tokio::time::sleep(Duration::from_secs(15)).await;
+        // The controller lost east (its watch failed) and tried again and was refused
+        // again; requests go on meanwhile.
+        bounded("the controller tried east twice in vain", || async {
+            let now = w.east_request_errors().await;
+            let lost = w.east_connected().await == Some(false);
+            match lost && now >= errors + 2 {
+                true => Ok(()),
+                false => Err(format!("connected: {lost}, errors {errors} -> {now}")),
+            }
+        })
+        .await;
+        requests_sent(&sent_now, 20, "during the outage").await;
+        let planned = Mark::now(&w.ctl, web.clone());
         w.east.start_apiserver().await.unwrap();
         eprintln!("east's apiserver was down {:?}", down.elapsed());
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // Back: the controller's watch of east works again and web is planned again;
+        // requests go on after.
+        bounded("the controller reconnected to east", || async {
+            match w.east_connected().await {
+                Some(true) => Ok(()),
+                other => Err(format!("connected: {other:?}")),
+            }
+        })
+        .await;
+        planned.passed().await;
+        requests_sent(&sent_now, 20, "after the outage").await;
         stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
     };
     let ((sent, failed), ()) = tokio::join!(requester, outage);
@@ -731,6 +825,7 @@ async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change()
     ];
 
     let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let sent_now = AtomicU32::new(0);
     let wp = w.west.data_plane().unwrap();
     // A request every 100 ms (at most 900 over 90 s); every one must be answered.
     let requester = async {
@@ -742,6 +837,7 @@ async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change()
         {
             let r = wp.http_get(MIRROR, 80, "/").await;
             sent += 1;
+            sent_now.fetch_add(1, Ordering::SeqCst);
             if !answered(&r) {
                 failed.push(format!("{:?}: {r:?}", start.elapsed()));
             }
@@ -750,7 +846,7 @@ async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change()
         (sent, failed)
     };
     let changes = async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        requests_sent(&sent_now, 10, "before the restart").await;
         // Restart: SIGTERM, then a new process (it takes the Lease over).
         let (clean, took) = w.ctl.terminate();
         assert!(clean, "the controller exits cleanly on SIGTERM");
@@ -779,7 +875,10 @@ async fn traffic_keeps_flowing_across_a_controller_restart_and_a_leader_change()
             "the follower took the lead {:?} after the leader was killed",
             killed.elapsed()
         );
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The new leader planned web (a follower plans nothing), and requests go on
+        // after.
+        reconciled_after(&follower, &Subject::link("east", "shop", "web"), 0).await;
+        requests_sent(&sent_now, 20, "after the leader change").await;
         stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
         follower
     };
@@ -1409,6 +1508,7 @@ async fn switching_endpoints_to_both_to_endpointslices_and_back_to_endpoints_fai
         ("endpoints", KCM_MIRRORED),
     ];
     let stop_requests = std::sync::atomic::AtomicBool::new(false);
+    let sent_now = AtomicU32::new(0);
     // Which step the requests fall in: 0 before the first switch, i after switch i began.
     let phase = std::sync::atomic::AtomicUsize::new(0);
     let wp = w.west.data_plane().unwrap();
@@ -1424,6 +1524,7 @@ async fn switching_endpoints_to_both_to_endpointslices_and_back_to_endpoints_fai
             let at = phase.load(std::sync::atomic::Ordering::SeqCst);
             let r = wp.http_get(MIRROR, 80, "/").await;
             sent += 1;
+            sent_now.fetch_add(1, Ordering::SeqCst);
             per_phase[at].0 += 1;
             if !answered(&r) {
                 per_phase[at].1 += 1;
@@ -1440,7 +1541,8 @@ async fn switching_endpoints_to_both_to_endpointslices_and_back_to_endpoints_fai
     let switches = async {
         let mut timings = Vec::new();
         for (i, (mode, want)) in plan.iter().copied().enumerate() {
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            // Requests in the converged step before this switch.
+            requests_sent(&sent_now, 15, &format!("before the switch to {mode}")).await;
             phase.store(i + 1, std::sync::atomic::Ordering::SeqCst);
             let switched = Instant::now();
             let (clean, _) = w.ctl.terminate();
@@ -1482,7 +1584,34 @@ async fn switching_endpoints_to_both_to_endpointslices_and_back_to_endpoints_fai
                     }
                 })
                 .await;
-                tokio::time::sleep(Duration::from_secs(5).saturating_sub(paused.elapsed())).await;
+                // The controller looked for kcm's slice three times (at its write, then
+                // 1 s and 3 s later: its backoff of looks, what alone brings the key
+                // back) and kept ours each time.
+                bounded("three looks for kcm's slice", || async {
+                    let log = w.ctl.log_text();
+                    let looks: Vec<&str> = log
+                        .lines()
+                        .filter(|l| l.contains("key=shop/web"))
+                        .filter(|l| {
+                            l.contains("slices kept until kube-controller-manager's mirrored ones")
+                        })
+                        .collect();
+                    match looks.len() >= 3 {
+                        true => Ok(()),
+                        false => Err(format!(
+                            "{} looks; web's lines: {:?}",
+                            looks.len(),
+                            log.lines()
+                                .filter(|l| l.contains("shop/web"))
+                                .collect::<Vec<_>>()
+                        )),
+                    }
+                })
+                .await;
+                eprintln!(
+                    "kcm paused {:?}: three looks for its slice",
+                    paused.elapsed()
+                );
                 let s = mirror_slices(&w.wc).await;
                 let managers: Vec<&str> = s.iter().map(|(m, _, _)| m.as_str()).collect();
                 assert_eq!(managers, [OUR_SLICES], "kcm paused: our slice kept: {s:?}");
@@ -1526,7 +1655,8 @@ async fn switching_endpoints_to_both_to_endpointslices_and_back_to_endpoints_fai
             );
             timings.push((mode, switched.elapsed()));
         }
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // Requests in the last step, converged.
+        requests_sent(&sent_now, 20, "after the last switch").await;
         stop_requests.store(true, std::sync::atomic::Ordering::SeqCst);
         timings
     };
