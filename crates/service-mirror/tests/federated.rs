@@ -1856,9 +1856,9 @@ async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
     .await;
     leader.send_replace(false);
     let lost = Timestamp::now();
-    // The rest of the batch waits in the queue: the workers went on at hundreds of
-    // writes a second, so two probe rounds of east (its verdicts, the only periodic
-    // activity) give them ample time to show a write they should not make.
+    // The rest of the batch waits in the queue: the workers wrote it at many writes a
+    // second, so two probe rounds of east (its verdicts, the only periodic activity)
+    // give them ample time to show a write they should not make.
     w.probe_rounds(&[("east", 1)], 2).await;
     let at_loss = w.writes();
     println!("writes at the loss: {} of {}", at_loss.len(), 2 * N);

@@ -376,6 +376,45 @@ fn mirror_writes(writes: &[PodWrite]) -> Vec<PodWrite> {
         .collect()
 }
 
+/// Waits (at most `within`) until pod `pod` has made `n` mirror writes completed after
+/// `after` (the audit log's `stageTimestamp`).
+async fn until_mirror_writes(
+    cluster: &LocalCluster,
+    ns: &str,
+    pod: &str,
+    after: jiff_ts::Timestamp,
+    n: usize,
+    within: Duration,
+) {
+    let t = Instant::now();
+    loop {
+        let made = mirror_writes(&pod_writes(cluster, ns))
+            .iter()
+            .filter(|w| w.pod == pod && w.write.time.is_some_and(|at| at > after))
+            .count();
+        if made >= n {
+            return;
+        }
+        assert!(
+            t.elapsed() < within,
+            "{pod}: {n} mirror writes after {after} within {within:?} (made {made})"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The lines of pod `pod`'s log (its current container) saying it stopped leading.
+async fn leadership_losses(api: &Api<Pod>, pod: &str) -> usize {
+    let log = api
+        .logs(pod, &LogParams::default())
+        .await
+        .unwrap_or_default();
+    log.lines()
+        .filter(|l| l.contains("leadership changed"))
+        .filter(|l| l.contains("\"leading\":false") || l.contains("leading=false"))
+        .count()
+}
+
 /// At no instant two writers: the mirror writes come in runs of one pod each, and a pod
 /// that handed over writes again only a lease duration after its own last write of the
 /// run before (the other pod must have held the Lease in between: the old holder's
@@ -925,7 +964,8 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
     let uids = wait_mirror(&wc, Duration::from_secs(60)).await;
     let churn = Churn::start(&east).await;
     let start = jiff_ts::Timestamp::now();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first leader writes the churn's changes: the audit log has its run.
+    until_mirror_writes(&west, ns, &first, start, 2, Duration::from_secs(30)).await;
     let pod_api: Api<Pod> = Api::namespaced(wc.clone(), ns);
     let lease = Duration::from_secs(LEASE_SECS);
 
@@ -976,12 +1016,14 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
         .map(restarts)
         .unwrap();
     let pid = controller_pid(&third).expect("the leader's process");
+    let losses = leadership_losses(&pod_api, &third).await;
     signal(pid, libc::SIGSTOP);
     let stopped = jiff_ts::Timestamp::now();
     let stopped_at = Instant::now();
     let (fourth, took) = new_leader(&wc, ns, Some(&third), lease + Duration::from_secs(5)).await;
     eprintln!("leader stopped: {fourth} leads {took:?} later");
-    // Liveness (every 10 s, 3 failures) acts 20-30 s after the stop: resume well before.
+    // Time is the subject: stopped past its lease (the lease + 2 s from the stop), and
+    // resumed well before liveness (every 10 s, 3 failures) acts 20-30 s after the stop.
     tokio::time::sleep((lease + Duration::from_secs(2)).saturating_sub(stopped_at.elapsed())).await;
     signal(pid, libc::SIGCONT);
     let resumed = jiff_ts::Timestamp::now();
@@ -989,8 +1031,18 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
         "stopped leader resumed {:?} after the stop",
         stopped_at.elapsed()
     );
-    // The churn goes on: 5 s of writes to make, none of them its.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The churn goes on: writes to make, none of them its. The resumed process ran
+    // (it logged that it no longer leads) and the new leader wrote two of the churn's
+    // changes since it resumed, which the resumed one saw as well.
+    let t = Instant::now();
+    while leadership_losses(&pod_api, &third).await <= losses {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{third} logs its lost leadership after SIGCONT"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    until_mirror_writes(&west, ns, &fourth, resumed, 2, Duration::from_secs(30)).await;
     let late: Vec<String> = mirror_writes(&pod_writes(&west, ns))
         .iter()
         .filter(|w| {
@@ -1173,13 +1225,15 @@ async fn by_helm_two_replicas_hand_over_without_two_writers_or_mirror_loss_throu
         )
         .await
         .unwrap();
-    new_leader(&wc, ns, None, lease + Duration::from_secs(5)).await;
+    let (last, _) = new_leader(&wc, ns, None, lease + Duration::from_secs(5)).await;
     eprintln!("drain of {drained}: second eviction refused (429), replicas Ready elsewhere");
     churn.assert_current(&wc, "drain").await;
 
     // The audit log, from the first handover on: mirror writes one pod at a time, no
-    // delete, the mirror's uids unchanged.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // delete, the mirror's uids unchanged. The leader after the drain has written the
+    // churn's changes since (its run is in the log).
+    let drained_at = jiff_ts::Timestamp::now();
+    until_mirror_writes(&west, ns, &last, drained_at, 2, Duration::from_secs(30)).await;
     drop(churn);
     let writes: Vec<PodWrite> = mirror_writes(&pod_writes(&west, ns))
         .into_iter()
