@@ -35,6 +35,16 @@ type Names = Vec<String>;
 impl LocalIndex {
     /// Records that local object `ns/name` mirrors `key`; returns the key it had before.
     pub(crate) fn set(&mut self, ns: &str, name: &str, key: ServiceKey) -> Option<ServiceKey> {
+        // Every update of a mirror comes back as an event: the same key again changes
+        // nothing (a remove and an insert would churn both tables' slots and allocate
+        // the names again: 20,000 times when a gateway move rewrites 10,000 mirrors).
+        if let Some(same) = self
+            .key_of
+            .get(&(ns.to_string(), name.to_string()))
+            .filter(|k| ***k == key)
+        {
+            return Some((**same).clone());
+        }
         let old = self.remove(ns, name);
         // One shared key per mirrored Service, whichever object of it came first.
         let key = match self.names_of.get_key_value(&key) {
@@ -209,6 +219,20 @@ mod tests {
 
     fn key(n: &str) -> ServiceKey {
         ServiceKey::new("ns", n)
+    }
+
+    #[test]
+    fn setting_an_object_to_the_key_it_has_changes_nothing_and_another_key_moves_it() {
+        let mut i = LocalIndex::default();
+        assert_eq!(i.set("ns", "web-east", key("web")), None);
+        for _ in 0..3 {
+            assert_eq!(i.set("ns", "web-east", key("web")), Some(key("web")));
+        }
+        assert_eq!(i.names(&key("web")).collect::<Vec<_>>(), ["web-east"]);
+        assert_eq!(i.set("ns", "web-east", key("api")), Some(key("web")));
+        assert_eq!(i.names(&key("web")).count(), 0);
+        assert_eq!(i.names(&key("api")).collect::<Vec<_>>(), ["web-east"]);
+        assert_eq!(i.keys().count(), 1);
     }
 
     #[test]
