@@ -382,8 +382,10 @@ async fn link_output_applied_as_is_mirrors_and_unlink_removes_only_what_the_link
         local_secret(&env, &l5d_ns, &creds).await.is_none(),
         "the destination's Secret goes too"
     );
-    // The controller does not bring the mirror back.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The controller does not bring the mirror back: it stopped the link (a reconcile
+    // running then ends first), and nothing else of it writes that mirror.
+    let within = ctl.started.elapsed() + CONVERGE;
+    ctl.wait_log(&["Link deleted", &env.cluster], within).await;
     assert_eq!(env.mirror("web").await.0, None);
     assert!(ctl.running());
     let again = unlink(false);

@@ -227,8 +227,35 @@ async fn a_revoked_token_without_replacement_is_reported_and_every_mirror_is_kep
                 && l.contains("RemoteUnauthorized")),
         "the refusal is counted"
     );
-    // Blind, not empty: nothing is deleted or rewritten however long it lasts.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Blind, not empty: nothing is deleted or rewritten however long it lasts. Two more
+    // refused retries of the remote's watches (each a chance to take the refusal for an
+    // empty remote), then every write of the controller is in the audit log.
+    let refused = || {
+        ctl.log_lines("Unsuccessful: Status")
+            .iter()
+            .filter(|l| l.contains("code: 401"))
+            .count()
+    };
+    let seen = refused();
+    eventually("two more refused retries", || async {
+        (refused() >= seen + 2).then_some(())
+    })
+    .await;
+    local_cluster::apply_yaml(
+        &env.lc,
+        &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "audit-barrier", "namespace": ctl_ns}})
+        .to_string(),
+    )
+    .await
+    .unwrap();
+    eventually("the audit log caught up", || async {
+        writes_in(&env.local, &ctl_ns, true)
+            .iter()
+            .any(|w| w.contains("configmaps/audit-barrier"))
+            .then_some(())
+    })
+    .await;
     assert_eq!(env.local_writes()[writes..], [] as [String; 0]);
     let after = (
         uid(&env.mirror("web").await.0),

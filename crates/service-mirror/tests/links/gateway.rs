@@ -165,6 +165,8 @@ impl FakeGateway {
                             "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
                         }
                         Mode::Slow => {
+                            // Time is the subject: an answer slower than the probe's
+                            // 1 s timeout.
                             tokio::time::sleep(Duration::from_secs(3)).await;
                             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
                         }
@@ -307,7 +309,11 @@ async fn link_gateway_hostnames_are_resolved_sorted_mixed_with_static_ips_and_re
         .mirror_until("web", "the static address", |_, e| has_subsets(e))
         .await;
     assert_eq!(ready_ips(&ep), ["192.0.2.101"]);
-    tokio::time::sleep(refresh * 4).await;
+    // Two refreshes: each forgets the lookups and queues the mirror of the hostname's
+    // gateway, whose reconcile asks for `nowhere.invalid` again.
+    let web = Subject::link(&env.cluster, &env.ns, "web");
+    let seen = InProcess.reconciles(&web);
+    reconciled_after(&InProcess, &web, seen + 1).await;
     let (_, ep) = env.mirror("web").await;
     assert_eq!(
         ready_ips(&ep.unwrap()),
@@ -346,15 +352,33 @@ async fn link_probe_spec_sets_port_path_period_timeout_and_failure_threshold() {
         probe_failure_threshold: 1,
         ..env.config()
     };
+    let metrics = service_mirror_controller::metrics::Metrics::new();
     let w = start_link(
         &env,
         &spec,
         config,
         LinkDeps {
             probe_redirect: Some(redirect.probe_redirect()),
+            metrics: metrics.clone(),
             ..LinkDeps::default()
         },
     );
+    // The prober's own series (one gateway): probes answered `ok` or not, its verdict.
+    let series = |name: &str| {
+        let text = metrics.encode_text();
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let failed = || {
+        let text = metrics.encode_text();
+        text.lines()
+            .find(|l| {
+                l.starts_with("gateway_probes_total{") && l.contains("probe_successful=\"false\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     env.mirror_until("web", "ready", |_, e| ready_ips(e) == [ip.clone()])
         .await;
 
@@ -375,11 +399,17 @@ async fn link_probe_spec_sets_port_path_period_timeout_and_failure_threshold() {
 
     // Failures: ready through 2 of them, not ready at the third.
     let from = fake.hits().len();
+    let failed_before = failed();
     fake.set(Mode::Failing);
     fake.wait_hits(from, Mode::Failing, 2).await;
-    // Long enough for a wrongly early verdict to reach the mirror, well before the
-    // third probe (a period later).
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The prober took the second failure in (counted) and judged after it: still
+    // alive, so no verdict went to the mirrors (a wrongly early one would say 0 here,
+    // a period before the third probe).
+    eventually("the second failure counted", || async {
+        (failed() >= failed_before + 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(series("gateway_alive"), Some(1.0), "alive after 2 failures");
     let failures = fake.count_since(from, Mode::Failing);
     let (_, ep) = env.mirror("web").await;
     let ep = ep.unwrap();
@@ -449,19 +479,26 @@ async fn link_without_probe_port_is_never_probed_and_its_mirrors_are_ready() {
     );
     export_by_label(&env, "web").await;
     let redirect = Redirect::default();
+    let metrics = service_mirror_controller::metrics::Metrics::new();
     let w = start_link(
         &env,
         &spec,
         env.config(),
         LinkDeps {
             probe_redirect: Some(redirect.probe_redirect()),
+            metrics: metrics.clone(),
             ..LinkDeps::default()
         },
     );
     env.mirror_until("web", "ready", |_, e| ready_ips(e) == ["192.0.2.32"])
         .await;
-    // Several probe periods.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The reconcile that made the mirror decided the gateway's probing: no prober
+    // (one reports `gateway_enabled` before its first probe).
+    let text = metrics.encode_text();
+    assert!(!text.contains("gateway_enabled{"), "a prober runs:\n{text}");
+    // Time is the subject: a prober started all the same would probe at once and then
+    // every probeSpec.period (1 s); two periods without a probe.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let (_, ep) = env.mirror("web").await;
     let ep = ep.unwrap();
     assert_eq!(
@@ -733,8 +770,12 @@ async fn a_lost_clusters_import_slices_go_not_ready_then_away_by_the_stale_polic
 
     let cut = Instant::now();
     proxy.cut().await.unwrap();
-    // Ready through the grace and until Stale (1 s + 3 s after the last answer).
-    tokio::time::sleep(secs(2)).await;
+    // Ready through the grace and until Stale (1 s + 3 s after the last answer): the
+    // link past its grace (Disconnected) still leaves the slices alone.
+    eventually("the remote Disconnected after the grace", || async {
+        (w.remote_state() == service_mirror_core::RemoteState::Disconnected).then_some(())
+    })
+    .await;
     assert_eq!(
         hello_slices(&env).await,
         Some(ready(true)),
@@ -825,9 +866,14 @@ async fn a_restarted_links_mcs_exports_count_until_its_successor_has_listed() {
     .unwrap();
     old.stop(false).await.unwrap();
     new.resume();
-    // Were the old view dropped with its feed, the cluster would count as not listed at
-    // once (the index task reads the end in microseconds); 2 s is a wide margin.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Were the old view dropped with its feed, the cluster would count as not listed
+    // once the index task takes in the feed's end, sent as the old link stopped. A
+    // message sent after it, which queues the import (the clusters the link sources
+    // name, as the link manager says them), and that reconcile: the end was taken in.
+    let hello = Subject::mcs(&env.ns, "hello");
+    let mark = Mark::now(&InProcess, hello);
+    mcs.expect([env.cluster.clone()].into());
+    mark.passed().await;
     assert_eq!(
         listed().as_deref(),
         Some("2"),

@@ -309,7 +309,9 @@ async fn unsafe_link_secrets_are_refused_with_a_reason_run_nothing_and_a_good_li
         eprintln!("{name}: {reason}: {note}");
     }
     // Refusals wait for the Secret to change: one report each, no retry storm.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Time is the subject: a refusal retried would be reported again within the
+    // queue's fast retries (5, 10, 20 ms) and again after 1 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let metrics = ctl.metrics().await;
     for (name, _, _, reason) in &cases {
         let s = link_errors(name, reason);
@@ -432,7 +434,23 @@ async fn a_working_link_edited_into_an_insecure_one_keeps_its_mirrors_until_allo
     ctl.wait_ready().await;
     ctl.wait_log(&["InsecureKubeconfig"], Duration::from_secs(30))
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // What deletes mirrors at a start is the collector of unlinked clusters, once: its
+    // last read (the EndpointSlices' metadata) answered, it has decided; the refused
+    // Secret still names the cluster, so it deletes nothing.
+    ctl.wait_log(
+        &[
+            "endpointslices?",
+            "otel.name=\"list_metadata\"",
+            "http.status_code=200",
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        ctl.log_lines("deleting the mirrors of a cluster no link Secret names")
+            .is_empty(),
+        "the collector took the refused link's cluster for unlinked"
+    );
     for name in ["web", "still"] {
         assert!(
             env.mirror(name).await.0.is_some(),

@@ -7,8 +7,8 @@ use crate::support;
 use crate::support::controller::link_secret;
 use crate::support::links::{LinkWorld, remote_slice};
 use crate::support::{
-    CONVERGE, annotation, create_namespace, has_subsets, ports, subset_ips, subset_ports,
-    wait_event,
+    CONVERGE, Mark, Subject, annotation, create_namespace, has_subsets, ports, subset_ips,
+    subset_ports, wait_event,
 };
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -96,6 +96,50 @@ fn tail(w: &LinkWorld) -> String {
     let text = w.ctl.log_text();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// Waits until the link's key of remote Service `remote` has been reconciled after its
+/// last write and after the local caches showed that write (read from the controller's
+/// debug log: the reconcile's `writing` lines, the watch's `write seen in the cache`):
+/// the write's own watch event brings the key back, and a mirror that did not agree
+/// with what was written would be written again there. A key never written needs one
+/// reconcile. The idle witness of a link with no periodic writer (IP gateways, no
+/// probe): after it, nothing more is written unless something changes.
+async fn settled(w: &LinkWorld, remote: &str) {
+    let key = format!("key={}/{remote} ", w.env.ns);
+    let cluster = format!("cluster={} ", w.env.cluster);
+    // The mirror's Service and Endpoints, and its EndpointSlices (`<name>-ipv4-0`).
+    let (ns, seen) = (
+        format!("ns={} ", w.env.ns),
+        format!("name={}", w.env.mirror_name(remote)),
+    );
+    let subject = Subject::link(&w.env.cluster, &w.env.ns, remote);
+    let done = || {
+        let text = w.ctl.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        let last = |f: &dyn Fn(&str) -> bool| lines.iter().rposition(|l| f(l));
+        let wrote = last(&|l| l.contains("writing ") && l.contains(&key) && l.contains(&cluster));
+        let cached = last(&|l| {
+            l.contains("write seen in the cache") && l.contains(&ns) && l.contains(&seen)
+        });
+        if wrote.is_some_and(|w| cached.is_none_or(|c| c < w)) {
+            return false;
+        }
+        let after = wrote.max(cached).map_or(0, |i| i + 1);
+        lines[after..].iter().any(|l| subject.matches_line(l))
+    };
+    tokio::time::timeout(CONVERGE, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{subject:?} not settled after its writes; log:\n{}",
+            tail(w)
+        )
+    });
 }
 
 fn labels(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
@@ -462,7 +506,19 @@ async fn selector_operators_pick_and_a_link_edit_restarts_only_that_link() {
             names
         }
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // b, c and d were judged not selected at the link's first list, which queues no
+    // key it does not export: a change of each (an annotation no selector reads)
+    // queues it, and its reconcile is where a wrong selection would mirror it.
+    for name in ["b", "c", "d"] {
+        let mark = Mark::now(&w.ctl, Subject::link(&cluster, &ns, name));
+        w.env
+            .patch_remote(
+                name,
+                serde_json::json!({"metadata": {"annotations": {"test/touched": "1"}}}),
+            )
+            .await;
+        mark.passed().await;
+    }
     assert_eq!(mirrored(&w).await, vec![w.env.mirror_name("a")]);
 
     // NotIn and Exists: now b (back) and d (no tier: NotIn matches a missing key), both
@@ -695,6 +751,24 @@ async fn rotated_credentials_keep_every_mirror_and_a_deleted_link_keeps_its_mirr
         "rotation keeps the mirror"
     );
 
+    // A second Link of the same remote (another cluster name, the same credentials):
+    // the witness that the remote's deletion below reached the controller's watches.
+    let sentinel = format!("{cluster}-s");
+    let l = support::links::link(
+        &sentinel,
+        &sentinel,
+        &w.credentials(),
+        serde_json::json!({}),
+    );
+    w.links.create(&PostParams::default(), &l).await.unwrap();
+    let sentinel_mirror = service_mirror_core::mirror_name("web", &sentinel);
+    support::eventually("the second Link mirrors web", || {
+        let api = w.env.local_services();
+        let name = sentinel_mirror.clone();
+        async move { api.get_opt(&name).await.unwrap() }
+    })
+    .await;
+
     // Deleting the Link stops the link and keeps its mirrors (as Linkerd).
     w.links
         .delete(&cluster, &DeleteParams::default())
@@ -702,7 +776,14 @@ async fn rotated_credentials_keep_every_mirror_and_a_deleted_link_keeps_its_mirr
         .unwrap();
     w.ctl.wait_log(&["Link deleted", &cluster], CONVERGE).await;
     w.env.delete_remote("web").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The live Link saw the deletion and took its mirror away: a watch of the deleted
+    // Link still running would have seen it too.
+    support::eventually("the second Link's mirror of web goes", || {
+        let api = w.env.local_services();
+        let name = sentinel_mirror.clone();
+        async move { api.get_opt(&name).await.unwrap().is_none().then_some(()) }
+    })
+    .await;
     let kept = w
         .env
         .local_services()
@@ -736,7 +817,15 @@ async fn a_link_and_a_secret_naming_one_cluster_the_older_links_it() {
         .await
         .unwrap();
     wait_event(&w.env.lc, &w.ctl_ns, "old-secret", "Linked").await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Time is the subject: "older" compares creationTimestamps, which have whole
+    // seconds; the Link is created in a later second than the Secret.
+    let created = w.secrets.get("old-secret").await.unwrap();
+    let created = created.metadata.creation_timestamp.unwrap().0;
+    let next_second = created + k8s_openapi::jiff::SignedDuration::from_millis(1050);
+    let wait = k8s_openapi::jiff::Timestamp::now().duration_until(next_second);
+    if let Ok(wait) = Duration::try_from(wait) {
+        tokio::time::sleep(wait).await;
+    }
     w.create_link(serde_json::json!({})).await;
     let note = wait_event(&w.env.lc, &w.ctl_ns, &cluster, "DuplicateClusterName").await;
     assert!(note.contains("Secret/old-secret"), "{note}");
@@ -846,8 +935,11 @@ async fn mirrors_linkerd_made_are_adopted_in_place_and_an_idle_link_writes_nothi
     for name in ["same", "stale", "disc"] {
         w.status_entry(&cluster, name, "Mirrored").await;
     }
-    // Quiet for a while: writes after adoption would show here.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Idle: every key reconciled after its last write was seen (no periodic writer
+    // here: IP gateways, no probe); writes after adoption would show here.
+    for name in ["same", "stale", "disc"] {
+        settled(&w, name).await;
+    }
     let mut writes: Vec<String> = w.env.local_writes()[before..].to_vec();
     writes.sort();
     assert_eq!(
@@ -887,7 +979,8 @@ async fn a_second_writer_undoing_a_mirror_is_reported_and_not_fought_over() {
     w.create_link(serde_json::json!({})).await;
     let name = w.env.mirror_name("web");
     wait_service(&w, "web", |_| true).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The mirror's first writes done and seen: what follows counts only the rogue's.
+    settled(&w, "web").await;
     let ours = |w: &LinkWorld| {
         w.env
             .local_writes()

@@ -62,6 +62,32 @@ fn writers(local: &LocalCluster, ns: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Writes a ConfigMap of the test in `ns` and waits until the audit log shows it: the
+/// writes that completed before it are in the log too (the log is written
+/// asynchronously, in the order requests complete).
+async fn audit_barrier(local: &LocalCluster, ns: &str) {
+    let name = "audit-barrier";
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(local.client().await.unwrap(), ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    eventually("the audit log caught up", || async {
+        let log = std::fs::read_to_string(local.audit_log()).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|e| {
+                e["stage"] == "ResponseComplete"
+                    && e["objectRef"]["namespace"] == ns
+                    && e["objectRef"]["resource"] == "configmaps"
+                    && e["objectRef"]["name"] == name
+            })
+            .then_some(())
+    })
+    .await;
+}
+
 async fn is_leader(c: &Controller) -> bool {
     c.get("/metrics")
         .await
@@ -246,6 +272,7 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_resuming_while_ano
             stopped.elapsed() < Duration::from_secs(8 * LEASE_SECS),
             "no takeover"
         );
+        // The churn's pace.
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     env.mirror_until(
@@ -254,7 +281,8 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_resuming_while_ano
         |_, e| has_subsets(e),
     )
     .await;
-    // Stopped for more than two lease durations, the remote changing all along.
+    // Time is the subject: stopped for more than two lease durations, the remote
+    // changing all along.
     while stopped.elapsed() < Duration::from_secs(2 * LEASE_SECS + 1) {
         i += 1;
         churn(&env, i).await;
@@ -266,10 +294,27 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_resuming_while_ano
         "stopped {:.1?}; the other replica wrote the leader Lease {took_over:.1?} after the stop (lease {LEASE_SECS} s)",
         resumed - stopped
     );
-    // The resumed replica wakes to buffered watch events and expired timers.
-    while resumed.elapsed() < Duration::from_secs(4) {
+    // The resumed replica wakes to buffered watch events and expired timers: the churn
+    // goes on until it has said it no longer leads (its term found over) and two steps
+    // more.
+    let mut after = None;
+    loop {
         i += 1;
         churn(&env, i).await;
+        if after.is_none() && !paused.log_lines("leadership changed").is_empty() {
+            let said = paused.log_lines("leadership changed");
+            if said.last().is_some_and(|l| l.contains("leading=false")) {
+                after = Some(i);
+            }
+        }
+        if after.is_some_and(|a| i >= a + 2) {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < CONVERGE,
+            "the resumed replica never said it follows:\n{}",
+            paused.log_lines("leadership changed").join("\n")
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let last = i;
@@ -366,11 +411,17 @@ async fn only_the_leader_deletes_the_mirrors_of_an_unlinked_cluster() {
     for s in ["a", "b"] {
         env.mirror_gone(s).await;
     }
-    // Both have stopped the link by now; give a follower's cleanup time to act.
+    // Both have stopped the link by now, the follower knowing the leader deletes the
+    // mirrors (its own cleanup waits to lead); and the audit log has every write.
     for c in [&a, &b] {
         c.wait_log(&["unlinked"], Duration::from_secs(30)).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let follower = "unlinked on a replica that does not lead";
+    eventually("the follower left the mirrors to the leader", || async {
+        (a.log_lines(follower).len() + b.log_lines(follower).len() == 1).then_some(())
+    })
+    .await;
+    audit_barrier(&env.local, &ctl_ns).await;
     let wrote = writers(&env.local, &env.ns);
     assert_eq!(
         wrote.len(),

@@ -662,7 +662,20 @@ async fn mirrors_of_a_link_removed_while_down_are_collected_at_start() {
         env.local_services().get_opt(&kept).await.unwrap()
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The collector's cleanup of the unlinked cluster ended: the write Lease it held
+    // for it is deleted at the next Lease pass after.
+    let lease = format!("service-mirror-write-{}", env.cluster);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.lc.clone(), &ctl_ns);
+    eventually("the cleanup's write Lease deleted", || async {
+        leases
+            .get_opt(&lease)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     assert!(env.local_services().get_opt(&kept).await.unwrap().is_some());
 }
 
@@ -732,6 +745,7 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
             .await
             .unwrap();
         last = Some(secret);
+        // Time is the subject: the stall the two events wait behind.
         tokio::time::sleep(Duration::from_millis(300)).await;
         proxy.pass();
         let (svc, _) = env
@@ -777,6 +791,7 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
         .create(&PostParams::default(), &last.expect("four rounds"))
         .await
         .unwrap();
+    // Time is the subject: the stall the two events wait behind.
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.pass();
     source_is(&ctl, &env.cluster, made.metadata.uid.as_deref().unwrap()).await;

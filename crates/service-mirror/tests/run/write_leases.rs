@@ -42,6 +42,81 @@ fn audit_writes(env: &Env, ns: &str) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Writes a ConfigMap of the test in `ns` and waits until the audit log shows it: the
+/// writes that completed before it are in the log too (the audit log is written
+/// asynchronously, in the order requests complete).
+async fn audit_barrier(env: &Env, ns: &str) {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "audit-barrier-{}",
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(env.lc.clone(), ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let mine = ("create".to_string(), "configmaps".to_string(), name);
+    eventually("the audit log caught up", || async {
+        audit_writes(env, ns).contains(&mine).then_some(())
+    })
+    .await;
+}
+
+/// The controller's reads of the Lease `name` (its debug log of each request): it looks
+/// at a Lease held by a foreign holder again at least every 2 s
+/// (`service_mirror_core::write_lease::MAX_FOREIGN_POLL`).
+fn lease_reads(ctl: &Controller, name: &str) -> usize {
+    let get = format!("/leases/{name} otel.name=\"get\"");
+    ctl.log_text()
+        .lines()
+        .filter(|l| l.contains(&get) && l.contains("kube_client::client::builder: requesting"))
+        .count()
+}
+
+/// Waits until the controller has read the Lease `name` twice more: two rounds of its
+/// look at a foreign hold, each a chance to take the Lease or open the write gate.
+async fn two_more_reads(ctl: &Controller, name: &str) {
+    let seen = lease_reads(ctl, name);
+    eventually(&format!("two more reads of the Lease {name}"), || async {
+        (lease_reads(ctl, name) >= seen + 2).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the link's key of remote Service `remote` has been reconciled after its
+/// last write and after the local caches showed that write (the reconcile's `writing`
+/// lines and the watch's `write seen in the cache` in the debug log): the write's own
+/// watch event brings the key back; after that, an idle link writes nothing.
+async fn settled(ctl: &Controller, env: &Env, remote: &str) {
+    let key = format!("key={}/{remote} ", env.ns);
+    let cluster = format!("cluster={} ", env.cluster);
+    let (ns, seen) = (
+        format!("ns={} ", env.ns),
+        format!("name={}", env.mirror_name(remote)),
+    );
+    let subject = Subject::link(&env.cluster, &env.ns, remote);
+    eventually(&format!("{subject:?} settled after its writes"), || async {
+        let text = ctl.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        let last = |f: &dyn Fn(&str) -> bool| lines.iter().rposition(|l| f(l));
+        let wrote = last(&|l| l.contains("writing ") && l.contains(&key) && l.contains(&cluster));
+        let cached = last(&|l| {
+            l.contains("write seen in the cache") && l.contains(&ns) && l.contains(&seen)
+        });
+        if wrote.is_some_and(|w| cached.is_none_or(|c| c < w)) {
+            return None;
+        }
+        let after = wrote.max(cached).map_or(0, |i| i + 1);
+        lines[after..]
+            .iter()
+            .any(|l| subject.matches_line(l))
+            .then_some(())
+    })
+    .await
+}
+
 fn holder(l: &Lease) -> Option<String> {
     l.spec.as_ref()?.holder_identity.clone()
 }
@@ -122,16 +197,22 @@ async fn the_leader_holds_one_write_lease_per_link_and_hands_it_over() {
     a.wait_log(&["without our label", &foreign_cluster], CONVERGE)
         .await;
 
-    // Idle: only renewals, each at least two thirds of the duration apart.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Idle: only renewals, each at least two thirds of the duration apart. From when
+    // the mirror's writes are done and seen, and the audit log has them.
+    settled(&a, &env, "web").await;
+    audit_barrier(&env, &ctl_ns).await;
     let before = audit_writes(&env, &ctl_ns);
     let mirror_before = audit_writes(&env, &env.ns);
     let start = Instant::now();
+    // Time is the subject: the renewal rate, counted over four lease durations.
     tokio::time::sleep(Duration::from_secs(4 * LEASE_SECS)).await;
     let window = start.elapsed();
-    // The audit log is written asynchronously: let it catch up.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let during: Vec<_> = audit_writes(&env, &ctl_ns)[before.len()..].to_vec();
+    audit_barrier(&env, &ctl_ns).await;
+    let during: Vec<_> = audit_writes(&env, &ctl_ns)[before.len()..]
+        .iter()
+        .filter(|(_, r, _)| r != "configmaps")
+        .cloned()
+        .collect();
     let renewals = during
         .iter()
         .filter(|(v, r, n)| v == "update" && r == "leases" && *n == name)
@@ -197,6 +278,12 @@ async fn the_leader_holds_one_write_lease_per_link_and_hands_it_over() {
     assert!(transitions >= Some(1), "{transitions:?}");
 
     // Unlink: our Lease goes; the foreign one stays as it was, also after its link goes.
+    // The new leader looked at the foreign Lease and reports the link blocked.
+    let blocked = format!("service_mirror_write_lease_blocked{{cluster=\"{foreign_cluster}\"");
+    eventually("replica-b reports the foreign Lease", || async {
+        b.metrics_text().await.contains(&blocked).then_some(())
+    })
+    .await;
     secrets.unlink("link").await;
     secrets.unlink("link-x").await;
     env.mirror_gone("web").await;
@@ -204,7 +291,11 @@ async fn the_leader_holds_one_write_lease_per_link_and_hands_it_over() {
         leases.get_opt(&name).await.unwrap().is_none().then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The Lease pass that saw the foreign Lease's link gone (and forgot its report).
+    eventually("the foreign Lease's link forgotten", || async {
+        (!b.metrics_text().await.contains(&blocked)).then_some(())
+    })
+    .await;
     let untouched = leases.get(&foreign_name).await.unwrap();
     assert_eq!(
         untouched.metadata.resource_version,
@@ -291,7 +382,6 @@ fn mirror_writes(env: &Env, ns: &str, cluster: &str) -> Vec<(String, String, Str
 #[tokio::test]
 async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_takes_over_and_adopts_in_place()
  {
-    const HELD: Duration = Duration::from_secs(20);
     let env = Env::new("wlf").await;
     env.gateway("gw", 4143, &["192.0.2.1"]).await;
     env.export("web", "gw", &[("http", 80)]).await;
@@ -398,17 +488,27 @@ async fn a_link_whose_write_lease_another_writer_renews_writes_nothing_then_take
     })
     .await;
 
-    // Held and renewed for 20 s, while the remote Service changes: not one write to the
-    // held link's mirrors.
+    // Held and renewed while the remote Service changes: not one write to the held
+    // link's mirrors.
     env.patch_remote(
         "web",
         serde_json::json!({"spec": {"ports": [{"name": "http", "port": 80}, {"name": "admin", "port": 9090}]}}),
     )
     .await;
-    let remaining = HELD.saturating_sub(started.elapsed());
-    tokio::time::sleep(remaining).await;
-    // The audit log is written asynchronously: let it catch up.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The change reached the controller: the taken-over link, which watches the same
+    // remote, mirrored it (the held link's watch runs too; its writes wait for the
+    // Lease). Then two more looks at the renewed Lease, each a chance to take it or
+    // to write, and the audit log caught up.
+    eventually("the change mirrored by the taken-over link", || async {
+        let svc = Api::<Service>::namespaced(env.lc.clone(), &env.ns)
+            .get_opt(&format!("web-{gone}"))
+            .await
+            .unwrap()?;
+        (service_ports(&svc).len() == 2).then_some(())
+    })
+    .await;
+    two_more_reads(&ctl, &held_lease).await;
+    audit_barrier(&env, &env.ns).await;
     let during = mirror_writes(&env, &env.ns, &held)[baseline..].to_vec();
     println!(
         "held by a foreign holder for {:?}: {} writes to its mirrors; writes to the taken-over link's: {}",
@@ -517,6 +617,7 @@ fn renew_forever(leases: &Api<Lease>, name: &str) -> tokio::task::JoinHandle<()>
     let name = name.to_string();
     tokio::spawn(async move {
         loop {
+            // Time is the subject: the foreign holder's renewal period.
             tokio::time::sleep(Duration::from_millis(1500)).await;
             let mut l = leases.get(&name).await.unwrap();
             l.spec.as_mut().unwrap().renew_time =
@@ -581,8 +682,11 @@ async fn unlinking_while_another_writer_renews_the_write_lease_deletes_no_mirror
             .then_some(())
     })
     .await;
-    // A cleanup without the gate deletes at once; two lease durations show none came.
-    tokio::time::sleep(Duration::from_secs(2 * LEASE_SECS)).await;
+    // A cleanup without the gate deletes at once. The unlinked cluster's Lease is
+    // claimed for its cleanup: two more looks at the renewed Lease (each a chance to
+    // take it and open the gate), and the audit log caught up, show none came.
+    two_more_reads(&ctl, &name).await;
+    audit_barrier(&env, &env.ns).await;
     let deletes: Vec<_> = mirror_writes(&env, &env.ns, &cluster)
         .into_iter()
         .filter(|(v, _, _)| v == "delete")
