@@ -177,10 +177,12 @@ fn apply(s: &mut Shared, msg: Msg) -> Changed {
 
 /// `changed`, and every import once `cluster` starts to count: an import it held up
 /// (listed in its status, no longer exported there) is judged again, which its own
-/// list would not do.
+/// list would not do; and every other name, since one judged while `cluster` was
+/// unlisted came back only at the end of its hold (up to [`super::index::LIST_HOLD`],
+/// 30 s, after a list that took a moment).
 fn counted(s: &Shared, cluster: &str, was: bool, mut changed: Changed) -> Changed {
     if !was && s.index.counts(cluster) {
-        changed.extend(s.cache.keys());
+        changed.extend(s.all_keys());
     }
     changed
 }

@@ -331,3 +331,24 @@ async fn a_links_remote_service_events_reach_the_index_through_its_mcs_feed() {
         .exports(&ServiceKey::new("shop", "api"));
     assert!(exports[0].service.is_some(), "the Service stays");
 }
+
+#[tokio::test]
+async fn a_cluster_that_lists_queues_every_name_not_only_its_own_exports() {
+    let ix = indexer();
+    feed(&ix, exports(LOCAL, 0, list(&[export("web")])));
+    feed(&ix, services(LOCAL, 0, list(&[service("web", 80)])));
+    feed(&ix, imports_listed(&[]));
+    feed(
+        &ix,
+        [Msg::Feed {
+            cluster: "east".into(),
+            generation: 1,
+        }],
+    );
+    let _ = queued(&ix.queue).await;
+    // east lists without web: web, judged during east's hold, is looked at now, not
+    // at the hold's end.
+    feed(&ix, exports("east", 1, list(&[export("api")])));
+    feed(&ix, services("east", 1, list(&[service("api", 80)])));
+    assert_eq!(queued(&ix.queue).await, ["shop/api", "shop/web"]);
+}
