@@ -88,10 +88,12 @@ pub(super) struct Args {
     /// Only the controller (no baseline, no ratios): for quick tuning runs.
     #[arg(long)]
     pub(crate) skip_baseline: bool,
-    /// The reference writer runs with a second set of the observer's watches open (the
-    /// label-selected Services, Endpoints and EndpointSlices a controller keeps in its
-    /// caches), so both sides pay the apiserver for the same watch streams: what is
-    /// left of the ratio is the controller's own cost.
+    /// The reference writer runs with a second set of the observer's watches open (its
+    /// label-selected Services, and Endpoints or EndpointSlices as the mode has them),
+    /// a part of the watch streams a controller's caches cost the apiserver (a link
+    /// watches Services, Endpoints and EndpointSlices): the reference then pays for two
+    /// more streams, the controller's run for three; the twin's decoding runs in the
+    /// bench's process.
     #[arg(long)]
     pub(crate) baseline_watch: bool,
     /// Smoke test: correctness only. Fails unless every wanted state is reached and

@@ -25,7 +25,7 @@ pub(super) async fn run_rep(ctx: &Ctx, remotes: &mut [Remote], rep: usize) -> an
         let observer =
             Observer::start(&local.admin_kubeconfig().yaml, ctx.args.endpoints_mode).await?;
         if (side == 0) == baseline_first {
-            // The controller's own three watches, as a twin observer (`--baseline-watch`).
+            // Watch streams like the controller's, as a twin observer (`--baseline-watch`).
             let _twin = match ctx.args.baseline_watch {
                 true => Some(
                     Observer::start(&local.admin_kubeconfig().yaml, ctx.args.endpoints_mode)

@@ -1872,6 +1872,10 @@ async fn no_federated_write_follows_a_leadership_loss_observed_mid_batch() {
         after.len() <= FEDERATION_WORKERS,
         "writes after the loss: {after:?}"
     );
+    // And they stop: two more rounds, not one more write received.
+    w.probe_rounds(&[("east", 1)], 2).await;
+    let later = received_after(&w, lost).len();
+    assert_eq!(later, after.len(), "writes after the loss keep coming");
     assert!(
         at_loss.len() < 2 * N,
         "lost mid-batch ({} of {} writes)",

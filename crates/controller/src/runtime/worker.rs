@@ -93,20 +93,13 @@ pub(crate) async fn work<K, S, R>(
         }
         let started = std::time::Instant::now();
         let result = rec.reconcile(&key).await;
-        if let Some(m) = rec.meter() {
+        let meter = rec.meter();
+        let label = crate::runtime::metrics::outcome_label(result.as_ref().ok());
+        if let Some(m) = meter {
             m.families
                 .observe(m.component, result.as_ref().ok(), started.elapsed());
-            // One debug line per reconcile: the witness tests wait on for "this key's
-            // change was reconciled" before they check that nothing was written (a
-            // wait on an event instead of a fixed sleep).
-            tracing::debug!(
-                component = %m.component,
-                scope = %rec.scope(),
-                %key,
-                outcome = crate::runtime::metrics::outcome_label(result.as_ref().ok()),
-                "reconciled"
-            );
         }
+        let logged = key.clone();
         match result {
             Ok(outcome) => {
                 rec.succeeded(&key);
@@ -116,6 +109,19 @@ pub(crate) async fn work<K, S, R>(
                 let failures = queue.done(key.clone(), Outcome::Failed);
                 rec.failed(&key, e, failures).await;
             }
+        }
+        // One debug line per reconcile, once all it does is done (the failure's report
+        // included): the witness tests wait on for "this key's change was reconciled"
+        // before they check that nothing was written (a wait on an event instead of a
+        // fixed sleep).
+        if let Some(m) = meter {
+            tracing::debug!(
+                component = %m.component,
+                scope = %rec.scope(),
+                key = %logged,
+                outcome = %label,
+                "reconciled"
+            );
         }
     }
 }

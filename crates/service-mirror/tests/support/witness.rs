@@ -86,8 +86,17 @@ struct Fields {
 }
 
 impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.set(field, value.to_string());
+    }
+
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let text = format!("{value:?}");
+        self.set(field, format!("{value:?}"));
+    }
+}
+
+impl Fields {
+    fn set(&mut self, field: &Field, text: String) {
         match field.name() {
             "message" => self.message = text,
             "component" => self.component = text,

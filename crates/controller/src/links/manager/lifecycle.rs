@@ -205,11 +205,14 @@ impl Inner {
     ) -> Outcome {
         let cluster = spec.link().cluster_name.clone();
         let gateway = self.link_config(&spec).link_gateway;
+        // From the object it runs from only: a Link deleted and re-created with a new
+        // gateway restarts, so the controller's Events and federation identity follow
+        // the new object (they are set at start).
+        let uid = source.meta().uid.clone();
         let moved = match (self.active().get_mut(key), gateway) {
-            (Some(a), Some(gateway)) if a.controller.has_link_gateway() => {
+            (Some(a), Some(gateway)) if a.uid == uid && a.controller.has_link_gateway() => {
                 a.controller.move_gateway(gateway);
                 a.spec = spec.clone();
-                a.uid = source.meta().uid.clone();
                 true
             }
             _ => false,
@@ -217,7 +220,6 @@ impl Inner {
         if !moved {
             return self.replace(key, source, spec, false).await;
         }
-        self.update_links_gauge();
         tracing::info!(%cluster, source = %key, "the Link's gateway moved in place");
         self.metrics().links.rotation_ended("moved");
         self.ready(source, &cluster).await;
