@@ -98,50 +98,6 @@ fn tail(w: &LinkWorld) -> String {
     lines[lines.len().saturating_sub(60)..].join("\n")
 }
 
-/// Waits until the link's key of remote Service `remote` has been reconciled after its
-/// last write and after the local caches showed that write (read from the controller's
-/// debug log: the reconcile's `writing` lines, the watch's `write seen in the cache`):
-/// the write's own watch event brings the key back, and a mirror that did not agree
-/// with what was written would be written again there. A key never written needs one
-/// reconcile. The idle witness of a link with no periodic writer (IP gateways, no
-/// probe): after it, nothing more is written unless something changes.
-async fn settled(w: &LinkWorld, remote: &str) {
-    let key = format!("key={}/{remote} ", w.env.ns);
-    let cluster = format!("cluster={} ", w.env.cluster);
-    // The mirror's Service and Endpoints, and its EndpointSlices (`<name>-ipv4-0`).
-    let (ns, seen) = (
-        format!("ns={} ", w.env.ns),
-        format!("name={}", w.env.mirror_name(remote)),
-    );
-    let subject = Subject::link(&w.env.cluster, &w.env.ns, remote);
-    let done = || {
-        let text = w.ctl.log_text();
-        let lines: Vec<&str> = text.lines().collect();
-        let last = |f: &dyn Fn(&str) -> bool| lines.iter().rposition(|l| f(l));
-        let wrote = last(&|l| l.contains("writing ") && l.contains(&key) && l.contains(&cluster));
-        let cached = last(&|l| {
-            l.contains("write seen in the cache") && l.contains(&ns) && l.contains(&seen)
-        });
-        if wrote.is_some_and(|w| cached.is_none_or(|c| c < w)) {
-            return false;
-        }
-        let after = wrote.max(cached).map_or(0, |i| i + 1);
-        lines[after..].iter().any(|l| subject.matches_line(l))
-    };
-    tokio::time::timeout(CONVERGE, async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "{subject:?} not settled after its writes; log:\n{}",
-            tail(w)
-        )
-    });
-}
-
 fn labels(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
     meta.labels.clone().unwrap_or_default()
 }
@@ -938,7 +894,7 @@ async fn mirrors_linkerd_made_are_adopted_in_place_and_an_idle_link_writes_nothi
     // Idle: every key reconciled after its last write was seen (no periodic writer
     // here: IP gateways, no probe); writes after adoption would show here.
     for name in ["same", "stale", "disc"] {
-        settled(&w, name).await;
+        w.ctl.settled(&w.env, name).await;
     }
     let mut writes: Vec<String> = w.env.local_writes()[before..].to_vec();
     writes.sort();
@@ -980,7 +936,7 @@ async fn a_second_writer_undoing_a_mirror_is_reported_and_not_fought_over() {
     let name = w.env.mirror_name("web");
     wait_service(&w, "web", |_| true).await;
     // The mirror's first writes done and seen: what follows counts only the rogue's.
-    settled(&w, "web").await;
+    w.ctl.settled(&w.env, "web").await;
     let ours = |w: &LinkWorld| {
         w.env
             .local_writes()

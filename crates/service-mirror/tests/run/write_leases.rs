@@ -85,38 +85,6 @@ async fn two_more_reads(ctl: &Controller, name: &str) {
     .await;
 }
 
-/// Waits until the link's key of remote Service `remote` has been reconciled after its
-/// last write and after the local caches showed that write (the reconcile's `writing`
-/// lines and the watch's `write seen in the cache` in the debug log): the write's own
-/// watch event brings the key back; after that, an idle link writes nothing.
-async fn settled(ctl: &Controller, env: &Env, remote: &str) {
-    let key = format!("key={}/{remote} ", env.ns);
-    let cluster = format!("cluster={} ", env.cluster);
-    let (ns, seen) = (
-        format!("ns={} ", env.ns),
-        format!("name={}", env.mirror_name(remote)),
-    );
-    let subject = Subject::link(&env.cluster, &env.ns, remote);
-    eventually(&format!("{subject:?} settled after its writes"), || async {
-        let text = ctl.log_text();
-        let lines: Vec<&str> = text.lines().collect();
-        let last = |f: &dyn Fn(&str) -> bool| lines.iter().rposition(|l| f(l));
-        let wrote = last(&|l| l.contains("writing ") && l.contains(&key) && l.contains(&cluster));
-        let cached = last(&|l| {
-            l.contains("write seen in the cache") && l.contains(&ns) && l.contains(&seen)
-        });
-        if wrote.is_some_and(|w| cached.is_none_or(|c| c < w)) {
-            return None;
-        }
-        let after = wrote.max(cached).map_or(0, |i| i + 1);
-        lines[after..]
-            .iter()
-            .any(|l| subject.matches_line(l))
-            .then_some(())
-    })
-    .await
-}
-
 fn holder(l: &Lease) -> Option<String> {
     l.spec.as_ref()?.holder_identity.clone()
 }
@@ -199,7 +167,7 @@ async fn the_leader_holds_one_write_lease_per_link_and_hands_it_over() {
 
     // Idle: only renewals, each at least two thirds of the duration apart. From when
     // the mirror's writes are done and seen, and the audit log has them.
-    settled(&a, &env, "web").await;
+    a.settled(&env, "web").await;
     audit_barrier(&env, &ctl_ns).await;
     let before = audit_writes(&env, &ctl_ns);
     let mirror_before = audit_writes(&env, &env.ns);

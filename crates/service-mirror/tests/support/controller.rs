@@ -236,6 +236,46 @@ impl Controller {
     }
 }
 
+impl Controller {
+    /// Waits until the link's key of remote Service `remote` (in `env`) has been
+    /// reconciled after its last write and after the local caches showed that write
+    /// (the reconcile's `writing` lines and the watch's `write seen in the cache` in
+    /// the debug log): the write's own watch event brings the key back, and a mirror
+    /// that did not agree with what was written would be written again there. A key
+    /// never written needs one reconcile. The idle witness of a link with no periodic
+    /// writer (IP gateways, no probe): after it, nothing more is written unless
+    /// something changes.
+    pub(crate) async fn settled(&self, env: &super::Env, remote: &str) {
+        let key = format!("key={}/{remote} ", env.ns);
+        let cluster = format!("cluster={} ", env.cluster);
+        // The mirror's Service and Endpoints, and its EndpointSlices (`<name>-ipv4-0`).
+        let (ns, seen) = (
+            format!("ns={} ", env.ns),
+            format!("name={}", env.mirror_name(remote)),
+        );
+        let subject = super::witness::Subject::link(&env.cluster, &env.ns, remote);
+        super::eventually(&format!("{subject:?} settled after its writes"), || async {
+            let text = self.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            let last = |f: &dyn Fn(&str) -> bool| lines.iter().rposition(|l| f(l));
+            let wrote =
+                last(&|l| l.contains("writing ") && l.contains(&key) && l.contains(&cluster));
+            let cached = last(&|l| {
+                l.contains("write seen in the cache") && l.contains(&ns) && l.contains(&seen)
+            });
+            if wrote.is_some_and(|w| cached.is_none_or(|c| c < w)) {
+                return None;
+            }
+            let after = wrote.max(cached).map_or(0, |i| i + 1);
+            lines[after..]
+                .iter()
+                .any(|l| subject.matches_line(l))
+                .then_some(())
+        })
+        .await
+    }
+}
+
 /// A spawned controller's reconciles, read from its log.
 impl super::witness::Witness for Controller {
     fn reconciles(&self, subject: &super::witness::Subject) -> u64 {
