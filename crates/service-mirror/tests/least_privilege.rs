@@ -1204,11 +1204,16 @@ async fn run(case: &Case) -> Result<String, String> {
             check(conditions.is_empty(), || {
                 format!("conditions written: {conditions:?}")
             })?;
-            // The startup check named it (MCS permissions are asked only with the flag).
+            // The startup check named it (MCS permissions are asked only with the flag;
+            // the check runs beside the start, so its line may come after the refusal).
             let named = format!("missing permission: {verb} {resource}.multicluster.x-k8s.io");
-            check(!ctl.log_lines(&named).is_empty(), || {
-                format!("no {named:?} in the log")
-            })?;
+            let start = Instant::now();
+            while ctl.log_lines(&named).is_empty() {
+                if start.elapsed() > REFUSAL_WITHIN {
+                    return Err(format!("no {named:?} in the log"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             line
         }
         McsImport => {
