@@ -99,7 +99,9 @@ pub(crate) async fn work<K, S, R>(
             m.families
                 .observe(m.component, result.as_ref().ok(), started.elapsed());
         }
-        let logged = key.clone();
+        // The key outlives the queue's copy only for the debug line below.
+        let logged =
+            (meter.is_some() && tracing::enabled!(tracing::Level::DEBUG)).then(|| key.clone());
         match result {
             Ok(outcome) => {
                 rec.succeeded(&key);
@@ -114,7 +116,7 @@ pub(crate) async fn work<K, S, R>(
         // included): the witness tests wait on for "this key's change was reconciled"
         // before they check that nothing was written (a wait on an event instead of a
         // fixed sleep).
-        if let Some(m) = meter {
+        if let (Some(m), Some(logged)) = (meter, logged) {
             tracing::debug!(
                 component = %m.component,
                 scope = %rec.scope(),
