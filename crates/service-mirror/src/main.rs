@@ -4,12 +4,12 @@
 
 mod cli;
 
+// jemalloc, set to give freed memory back within a second (see the crate).
+use service_mirror_allocator as _;
+
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    // glibc keeps what a burst (a cold sync, a link's restart) freed; given back every
-    // second (see the crate: 69.3 -> 47.3 MiB anonymous at 10,000 Services).
-    service_mirror_malloc_trim::spawn_periodic(service_mirror_malloc_trim::PERIOD);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = cli::Cli::parse();
     let result = tokio::runtime::Builder::new_multi_thread()

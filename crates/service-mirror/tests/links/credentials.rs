@@ -274,7 +274,6 @@ async fn a_revoked_token_without_replacement_is_reported_and_every_mirror_is_kep
 
 #[tokio::test]
 async fn a_rotation_slower_than_the_rotation_timeout_keeps_the_old_credentials_mirroring() {
-    // No sync (remote and local lists) completes within 1 ms.
     let (env, ctl_ns, ctl, secrets) = world("rottimeout", &["--rotation-timeout", "1ms"]).await;
     let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
     secrets.link(LINK, Some(&env.cluster), Some(&kc.yaml)).await;
@@ -282,7 +281,18 @@ async fn a_rotation_slower_than_the_rotation_timeout_keeps_the_old_credentials_m
         .await;
     let web = uid(&env.mirror("web").await.0);
 
-    let new = reader_kubeconfig(&env.remote, &env.ns, "reader-b").await;
+    // The new credentials reach the remote through a proxy that holds every request
+    // 500 ms, so their sync (a remote list at least) cannot end within the 1 ms
+    // timeout. Without it a fast machine's sync beat the timer now and then: the
+    // rotation succeeded and no RotationTimeout came (CI, 2026-12-05).
+    let slow = local_cluster::FaultProxy::start(&env.remote, 1)
+        .await
+        .unwrap();
+    slow.latency(Duration::from_millis(500));
+    let new = reader_kubeconfig(&env.remote, &env.ns, "reader-b")
+        .await
+        .via(slow.addr())
+        .unwrap();
     rotate_to(&secrets, &new).await;
     let note = wait_event(&env.lc, &ctl_ns, LINK, "RotationTimeout").await;
     eprintln!("RotationTimeout: {note}");
