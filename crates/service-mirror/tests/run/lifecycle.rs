@@ -448,11 +448,23 @@ async fn many_clusters_one_outage_does_not_stop_the_others() {
 }
 
 #[tokio::test]
-async fn admin_endpoints_answer() {
+async fn admin_endpoints_answer_and_jemalloc_purges_from_its_own_thread() {
     let local = shared_cluster("local").await.unwrap();
     let (_, ctl) = controller_in_new_namespace(&local, &["none"]).await;
     let ready = ctl.wait_ready().await;
     eprintln!("ready after {ready:?}");
+    // The binary's allocator is jemalloc with its background thread (crates/allocator's
+    // options taken): the thread it names so is there.
+    let pid = ctl.child.id();
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .collect();
+    assert!(
+        threads.iter().any(|t| t == "jemalloc_bg_thd"),
+        "no jemalloc background thread among {threads:?}"
+    );
     assert_eq!(ctl.get("/ping").await, Some((200, "pong".into())));
     assert_eq!(ctl.get("/live").await.map(|r| r.0), Some(200));
     let metrics = ctl.metrics().await;
