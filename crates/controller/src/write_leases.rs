@@ -183,6 +183,17 @@ impl WriteGates {
         rx
     }
 
+    /// Wakes the Lease task to take the Leases of the links it is given now. A link
+    /// joins that set ([`LinkManager::link_set`](crate::links::LinkManager::link_set))
+    /// only after its controller started, which took its gate ([`WriteGates::receiver`])
+    /// and woke the task already: woken only then, the task could find no new link and
+    /// sleep a whole tick (1 s) before taking the Lease, with every write of the link
+    /// waiting (measured: the first headless mirror 1.08-1.10 s after the start in 3 of 4
+    /// bench runs, 0.15 s in the other).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
     /// Sets `cluster`'s gate; its watchers are woken only when it opens or closes
     /// (a renewal moving the end is no transition: every transition to open makes the
     /// link reconcile every key).

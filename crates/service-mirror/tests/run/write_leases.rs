@@ -45,6 +45,19 @@ fn audit_writes(env: &Env, ns: &str) -> Vec<(String, String, String)> {
 /// Writes a ConfigMap of the test in `ns` and waits until the audit log shows it: the
 /// writes that completed before it are in the log too (the audit log is written
 /// asynchronously, in the order requests complete).
+/// Seconds since midnight of a log line's timestamp (`2026-12-05T04:51:16.093188Z ...`).
+fn log_secs(line: &str) -> f64 {
+    let time = line
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.split_once('T'))
+        .map(|(_, t)| t.trim_end_matches('Z'))
+        .unwrap_or_else(|| panic!("no timestamp in {line:?}"));
+    time.split(':')
+        .map(|p| p.parse::<f64>().unwrap())
+        .fold(0.0, |acc, p| acc * 60.0 + p)
+}
+
 async fn audit_barrier(env: &Env, ns: &str) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let name = format!(
@@ -145,6 +158,31 @@ async fn the_leader_holds_one_write_lease_per_link_and_hands_it_over() {
         (holder(&l).as_deref() == Some("replica-a")).then_some(l)
     })
     .await;
+    // Taken as the link starts, not a Lease-task tick (1 s) later: the task is woken
+    // once the link is in the set it reads (with the link's writes waiting meanwhile).
+    let linked = a
+        .wait_log(
+            &["linked cluster=", &format!("cluster={} ", env.cluster)],
+            CONVERGE,
+        )
+        .await
+        .0;
+    let holding = a
+        .wait_log(
+            &[
+                "holding the link's write Lease",
+                &format!("cluster={} ", env.cluster),
+            ],
+            CONVERGE,
+        )
+        .await
+        .0;
+    let waited = log_secs(&holding) - log_secs(&linked);
+    eprintln!("write Lease held {waited:.3} s after the link started");
+    assert!(
+        waited < 0.9,
+        "the write Lease waited {waited:.3} s for the Lease task's tick:\n{linked}\n{holding}"
+    );
     let labels = lease.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
         labels

@@ -191,6 +191,10 @@ impl Inner {
             },
         );
         self.update_links_gauge();
+        // In the set the write Lease task reads: its Lease is taken now, not a tick later.
+        if let Some(gates) = &self.opts.deps.write_gates {
+            gates.wake();
+        }
     }
 
     /// A running Link's new gateway, and nothing else new: the running controller
