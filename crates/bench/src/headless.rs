@@ -283,8 +283,11 @@ pub(crate) async fn bench(run: HeadlessRun<'_>) -> anyhow::Result<serde_json::Va
     for ns in [NAMESPACE, crate::CONTROLLER_NAMESPACE, BASELINE_NAMESPACE] {
         local_cluster::ensure_namespace(&client, ns).await?;
     }
+    let api_pid = local.apiserver_pid();
+    let api0 = crate::scrape::cpu(api_pid);
     let (base_s, base_objects) =
         baseline(&run, &client, &remote_svc, &gateway_rv, &remote.gateway_ip).await?;
+    let api_base = crate::scrape::cpu(api_pid) - api0;
     eprintln!("[headless P={p}] baseline wrote {base_objects} objects in {base_s:.2?}");
 
     let services = watch_counts(Api::<Service>::namespaced(client.clone(), NAMESPACE), |_| 1);
@@ -327,6 +330,7 @@ pub(crate) async fn bench(run: HeadlessRun<'_>) -> anyhow::Result<serde_json::Va
     let mut args = run.controller_args.to_vec();
     args.push("--enable-headless-services".into());
     let log = run.workdir.join(format!("controller-headless-{p}.log"));
+    let api0 = crate::scrape::cpu(api_pid);
     let t0 = Instant::now();
     let mut controller = Controller::spawn(
         run.controller,
@@ -337,7 +341,13 @@ pub(crate) async fn bench(run: HeadlessRun<'_>) -> anyhow::Result<serde_json::Va
         &log,
     )?;
     let timeout = crate::sync_timeout(4 * p);
+    // When the first mirror Service shows: the controller's start (process, clients,
+    // permission check, lists) that the reference writer does not pay.
+    let mut first = None;
     while !done() {
+        if first.is_none() && !services.lock().is_empty() {
+            first = Some(t0.elapsed());
+        }
         if t0.elapsed() > timeout {
             bail!(
                 "[headless P={p}] not synced within {timeout:?}: {} Services; log:\n{}",
@@ -349,6 +359,9 @@ pub(crate) async fn bench(run: HeadlessRun<'_>) -> anyhow::Result<serde_json::Va
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cold = t0.elapsed();
+    let api_cold = crate::scrape::cpu(api_pid) - api0;
+    let cpu_cold = crate::scrape::cpu(Some(controller.pid));
+    let first = first.unwrap_or(cold);
     // Requests the apiserver received before the sync was seen are the sync's: the
     // audit line of the last write may be written a moment after its effect was seen
     // (counted as an idle write before, now and then, on a loaded machine).
@@ -360,9 +373,10 @@ pub(crate) async fn bench(run: HeadlessRun<'_>) -> anyhow::Result<serde_json::Va
     controller.stop()?;
     let ratio = cold.as_secs_f64() / base_s.as_secs_f64();
     println!(
-        "headless P={p} ({}): cold sync {:.2}s vs baseline {:.2}s ({ratio:.2}x); controller writes {} (mirror writes {}, baseline objects {base_objects}); RSS peak {rss:.1} MiB; idle {}s mirror writes {}",
+        "headless P={p} ({}): cold sync {:.2}s (first mirror at {:.2}s) vs baseline {:.2}s ({ratio:.2}x); apiserver CPU {api_cold:.2}s vs {api_base:.2}s; controller CPU {cpu_cold:.2}s; controller writes {} (mirror writes {}, baseline objects {base_objects}); RSS peak {rss:.1} MiB; idle {}s mirror writes {}",
         run.mode,
         cold.as_secs_f64(),
+        first.as_secs_f64(),
         base_s.as_secs_f64(),
         cold_writes.writes,
         cold_writes.mirror_writes(),
@@ -373,6 +387,8 @@ pub(crate) async fn bench(run: HeadlessRun<'_>) -> anyhow::Result<serde_json::Va
         "pods": p, "endpoints_mode": run.mode.as_str(),
         "cold_sync_s": cold.as_secs_f64(), "baseline_s": base_s.as_secs_f64(),
         "cold_sync_ratio": ratio, "baseline_objects": base_objects,
+        "first_mirror_s": first.as_secs_f64(), "apiserver_cpu_cold_s": api_cold,
+        "apiserver_cpu_baseline_s": api_base, "cpu_cold_s": cpu_cold,
         "cold_writes": cold_writes.writes, "cold_mirror_writes": cold_writes.mirror_writes(),
         "rss_peak_mib": rss, "idle_secs": IDLE.as_secs(), "idle_mirror_writes": idle.mirror_writes(),
     }))

@@ -81,6 +81,13 @@ pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
 pub(crate) fn record_latencies(rep: &mut Rep, prefix: &str, mut ms: Vec<f64>) {
     ms.sort_by(|a, b| a.total_cmp(b));
     rep.set(&format!("{prefix}_samples"), ms.len() as f64);
+    // The first: for a gateway move, the time until the controller's first write shows
+    // (seeing the remote's change, then one write), which a reference writer told
+    // directly does not pay.
+    rep.set(
+        &format!("{prefix}_min_ms"),
+        ms.first().copied().unwrap_or(f64::NAN),
+    );
     rep.set(&format!("{prefix}_p50_ms"), percentile(&ms, 0.50));
     rep.set(&format!("{prefix}_p99_ms"), percentile(&ms, 0.99));
     rep.set(

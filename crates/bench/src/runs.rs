@@ -122,6 +122,7 @@ pub(super) async fn run_baseline(
     let mut moved: Vec<_> = pairs.iter().filter(|p| p.remote == 0).cloned().collect();
     let (ip_a, ip_b) = (doc_ip(200 + 2 * rep), doc_ip(201 + 2 * rep));
     observer.expect(baseline::moved_wants(&moved, &ip_a, None));
+    let api0 = cpu(api_pid);
     let t0 = Instant::now();
     let (written, answered) = baseline::write_all(
         client,
@@ -135,6 +136,10 @@ pub(super) async fn run_baseline(
     out.set(
         "baseline_endpoints_rewrite_s",
         answered.min(observed).as_secs_f64(),
+    );
+    out.set(
+        "apiserver_cpu_baseline_endpoints_rewrite_s",
+        cpu(api_pid) - api0,
     );
     baseline::absorb(&mut moved, written);
 

@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) fn cpu(pid: Option<u32>) -> f64 {
+pub(crate) fn cpu(pid: Option<u32>) -> f64 {
     pid.and_then(cpu_seconds).unwrap_or(f64::NAN)
 }
 
