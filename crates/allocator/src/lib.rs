@@ -3,15 +3,16 @@
 //! Linking this crate makes jemalloc the process's global allocator (`use
 //! service_mirror_allocator as _;` in the binary). Measured at 10,000 Link-linked
 //! Services (the bench's `--link-source links` command, controller alone, shipped build,
-//! one run each on the same machine, 2026-12-05; BENCHMARKS.md "Memory, stop 40"):
+//! the same machine, 2026-12-05; BENCHMARKS.md "Memory, stop 40"):
 //!
-//! | allocator | cold-sync peak | once synced | run peak (with the gateway move) | controller CPU, cold sync |
-//! |---|---|---|---|---|
-//! | glibc, trimmed every second (what this crate replaces) | 63.3 MiB | 61.8 MiB | 69.1 MiB | 13.1 s |
-//! | jemalloc, its defaults | 58.0 MiB | 57.3 MiB | 61.1 MiB | 11.8 s |
-//! | jemalloc, [`CONF`] | 54.1 MiB | 52.8 MiB | 59.1 MiB | 12.2 s |
+//! | allocator | runs | cold-sync peak | once synced | run peak (with the gateway move) | controller CPU, cold sync |
+//! |---|---|---|---|---|---|
+//! | glibc, trimmed every second (what this crate replaced) | 1 | 63.3 MiB | 61.8 MiB | 69.1 MiB | 13.1 s |
+//! | jemalloc, its defaults | 1 | 58.0 MiB | 57.3 MiB | 61.1 MiB | 11.8 s |
+//! | jemalloc, one arena and [`CONF`] | 1 | 54.5 MiB | 53.1 MiB | 59.8 MiB | 12.4 s |
+//! | jemalloc, [`CONF`] | 2 | 53.4-54.1 MiB | 51.8-52.8 MiB | 59.1-59.7 MiB | 12.0-12.2 s |
 //!
-//! Why: glibc keeps what a burst (a cold sync, a gateway move) freed wherever it lies
+//! //! Why: glibc keeps what a burst (a cold sync, a gateway move) freed wherever it lies
 //! between live chunks of its per-thread arenas, and `malloc_trim` called every second
 //! returned only whole free pages of it. jemalloc keeps small objects of one size
 //! together in slabs and gives back dirty pages by age, from a thread of its own.

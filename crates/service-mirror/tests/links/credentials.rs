@@ -38,7 +38,9 @@ async fn world(prefix: &str, extra: &[&str]) -> (Env, String, Controller, LinkSe
 async fn no_rotation_in_progress(ctl: &Controller, outcome: &str) {
     let mut last = String::new();
     let ended = format!("service_mirror_link_rotations_total{{outcome=\"{outcome}\"}} ");
-    for _ in 0..50 {
+    // Up to 30 s: a timed-out rotation is tried again (5 ms doubling, then 1 s
+    // doubling), and the gauge reads 0 only between the tries.
+    for _ in 0..300 {
         let page = ctl.metrics().await;
         last = page
             .lines()
@@ -282,13 +284,15 @@ async fn a_rotation_slower_than_the_rotation_timeout_keeps_the_old_credentials_m
     let web = uid(&env.mirror("web").await.0);
 
     // The new credentials reach the remote through a proxy that holds every request
-    // 500 ms, so their sync (a remote list at least) cannot end within the 1 ms
+    // 100 ms, so their sync (a remote list at least) cannot end within the 1 ms
     // timeout. Without it a fast machine's sync beat the timer now and then: the
-    // rotation succeeded and no RotationTimeout came (CI, 2026-12-05).
+    // rotation succeeded and no RotationTimeout came (CI, 2026-12-05). Not longer: the
+    // probe before each try (two requests) is slowed too, and the tries are counted in
+    // progress meanwhile.
     let slow = local_cluster::FaultProxy::start(&env.remote, 1)
         .await
         .unwrap();
-    slow.latency(Duration::from_millis(500));
+    slow.latency(Duration::from_millis(100));
     let new = reader_kubeconfig(&env.remote, &env.ns, "reader-b")
         .await
         .via(slow.addr())

@@ -46,7 +46,8 @@ impl Controller {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_service-mirror"));
         for (key, _) in std::env::vars_os() {
             let k = key.to_string_lossy();
-            if k.starts_with("SERVICE_MIRROR_") || k == "KUBECONFIG" {
+            // `_RJEM_MALLOC_CONF` would override the allocator's options.
+            if k.starts_with("SERVICE_MIRROR_") || k == "KUBECONFIG" || k == "_RJEM_MALLOC_CONF" {
                 cmd.env_remove(&key);
             }
         }
