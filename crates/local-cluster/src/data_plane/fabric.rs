@@ -106,10 +106,25 @@ impl Fabric {
         bridge.ip(&["link", "add", "br0", "type", "bridge"])?;
         bridge.ip(&["link", "set", "br0", "up"])?;
         let host_if = format!("smh{pid}");
+        // A fabric of this process dropped a moment ago leaves its veth until the kernel
+        // has torn its bridge namespace down, which it does asynchronously: the add below
+        // then failed with "File exists" (CI, 2026-12-05, a test starting its clusters
+        // right after another's ended).
+        // Deleting one end deletes the pair; it may be going already, so a failed delete
+        // is tried over, up to 2 s.
         let bpid = bridge.pid().to_string();
-        netns::host_ip(&[
+        let add = [
             "link", "add", &host_if, "type", "veth", "peer", "name", "host", "netns", &bpid,
-        ])?;
+        ];
+        let mut tries = 0;
+        while let Err(e) = netns::host_ip(&add) {
+            tries += 1;
+            if tries > 20 || !e.to_string().contains("File exists") {
+                return Err(e);
+            }
+            let _ = netns::host_ip(&["link", "del", &host_if]);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         let fabric = Fabric {
             subnet,
             bridge,
@@ -169,4 +184,25 @@ pub(crate) fn next_service_cidr() -> String {
     let n = N.fetch_add(1, Ordering::Relaxed);
     // 190, not 254: 198.18.192.0/18 holds real nodes' pod CIDRs.
     format!("198.18.{}.0/24", 1 + n % 190)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fabric made again at once after this process's last one was dropped starts: the
+    /// old host veth, left while the kernel tears the old bridge namespace down, is
+    /// replaced (the add failed with "File exists" before, now and then).
+    #[test]
+    fn a_fabric_made_again_at_once_after_the_last_was_dropped_starts() {
+        if let Err(why) = crate::data_plane::data_plane_support() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..10 {
+            let fabric = Fabric::get(dir.path()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            drop(fabric);
+        }
+    }
 }
