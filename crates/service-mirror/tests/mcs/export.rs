@@ -204,6 +204,9 @@ async fn conditions_are_written_only_while_leader_and_an_unchanged_world_writes_
         .await;
     let written = west.writes("applied");
     assert_eq!(written, 1, "one write: the three conditions at once");
+    // The import is written after the conditions, in the same reconcile: the poke below
+    // patches it (it met a 404 now and then under load).
+    w.import_until("west", "hello", "made", |_| true).await;
     // Idle: what the merge does not read changes (a label, the selector), and another
     // cluster makes a Service nobody exports here: nothing judged, nothing written.
     Api::<Service>::namespaced(w.west.clone(), &w.ns)
