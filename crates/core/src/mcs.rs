@@ -15,6 +15,10 @@
 //! or number differs keeps the oldest export's, a port whose protocol and number another
 //! name already holds is left out, and any export whose ports differ from the union
 //! raises `PortConflict`.
+//!
+//! An export may narrow the clusters that import it ([`EXPORT_TO_ANNOTATION`]): each
+//! cluster imports the merge of the exports that reach it ([`exports_reaching`]), while
+//! every export's conditions come from the merge of all of them.
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec, SessionAffinityConfig};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -29,6 +33,85 @@ pub const SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";
 /// Label of an imported EndpointSlice: the cluster its endpoints come from.
 pub const SOURCE_CLUSTER_LABEL: &str = "multicluster.kubernetes.io/source-cluster";
 
+/// Annotation of a ServiceExport narrowing the clusters that import it: a
+/// comma-separated list of cluster names (as the cluster set names them: each
+/// controller's `--mcs-cluster-name` or ClusterProperty `id.k8s.io`). See [`ExportTo`].
+pub const EXPORT_TO_ANNOTATION: &str = "service-mirror.io/export-to";
+
+/// The clusters an export reaches, from its [`EXPORT_TO_ANNOTATION`]. The exporting
+/// cluster always imports its own export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExportTo {
+    /// No annotation: every cluster of the set.
+    Every,
+    /// Exactly these clusters (and the exporter). Empty: no other cluster.
+    Only(BTreeSet<String>),
+    /// An annotation naming an invalid cluster name (the reason, naming them): no other
+    /// cluster, never wider than asked.
+    Invalid(String),
+}
+
+/// Longest list of offending names a reason quotes.
+const MAX_QUOTED: usize = 200;
+
+impl ExportTo {
+    /// Of the annotation's value (`None`: absent). Names are trimmed and empty entries
+    /// ignored (`""` and `","` name no other cluster); one name that is not a valid
+    /// cluster name makes the whole annotation [`ExportTo::Invalid`].
+    pub fn parse(value: Option<&str>) -> Self {
+        let Some(value) = value else {
+            return Self::Every;
+        };
+        let names: BTreeSet<String> = value
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect();
+        let bad: Vec<&str> = names
+            .iter()
+            .filter(|n| crate::naming::validate_cluster_name(n).is_err())
+            .map(String::as_str)
+            .collect();
+        if bad.is_empty() {
+            return Self::Only(names);
+        }
+        Self::Invalid(format!(
+            "not valid cluster names: {}",
+            bounded(&bad.join(", "), MAX_QUOTED)
+        ))
+    }
+
+    /// Whether the export of `exporter` reaches `cluster`.
+    pub fn reaches(&self, exporter: &str, cluster: &str) -> bool {
+        exporter == cluster
+            || match self {
+                Self::Every => true,
+                Self::Only(names) => names.contains(cluster),
+                Self::Invalid(_) => false,
+            }
+    }
+}
+
+/// `s` cut to at most `max` characters (with `...` when cut).
+fn bounded(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((at, _)) => format!("{}...", &s[..at]),
+    }
+}
+
+/// The exports of `exports` that reach `cluster` (see [`ExportTo::reaches`]): what
+/// `cluster`'s ServiceImport is merged from. The exports' own conditions are still
+/// judged from the merge of every export.
+pub fn exports_reaching(exports: &[ClusterExport], cluster: &str) -> Vec<ClusterExport> {
+    exports
+        .iter()
+        .filter(|e| e.export_to.reaches(&e.cluster, cluster))
+        .cloned()
+        .collect()
+}
+
 /// One cluster's ServiceExport of a namespace/name, with what it exports.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterExport {
@@ -42,6 +125,8 @@ pub struct ClusterExport {
     pub exported_annotations: BTreeMap<String, String>,
     /// The Service of the same namespace/name in that cluster, if there is one.
     pub service: Option<Service>,
+    /// The clusters it reaches ([`EXPORT_TO_ANNOTATION`]).
+    pub export_to: ExportTo,
 }
 
 /// The `Valid` condition of a ServiceExport.
@@ -311,7 +396,9 @@ pub struct ExportCondition {
 }
 
 /// The conditions the exporting cluster writes on its ServiceExport of `cluster`, from
-/// its validity and the merge of every export of the name: `Valid`; `Ready` (True,
+/// its validity and the merge of every export of the name (unfiltered by
+/// [`EXPORT_TO_ANNOTATION`]: they describe the name across the cluster set, while each
+/// cluster imports the merge of [`exports_reaching`] it): `Valid`; `Ready` (True,
 /// `Exported`, once valid: the merge is what every cluster imports; False, `Failed`,
 /// otherwise); `Conflict` (valid exports only: the same on every export).
 pub fn export_conditions(validity: Validity, merge: &Merge) -> Vec<ExportCondition> {

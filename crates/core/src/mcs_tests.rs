@@ -55,6 +55,7 @@ fn export(cluster: &str, created: i64, service: Option<Service>) -> ClusterExpor
         exported_labels: BTreeMap::new(),
         exported_annotations: BTreeMap::new(),
         service,
+        export_to: ExportTo::Every,
     }
 }
 
@@ -572,4 +573,121 @@ fn transition_times_move_only_with_the_status_and_an_unchanged_status_writes_not
         gone.iter()
             .all(|c| c.status == "False" && c.last_transition_time.0 == t(400))
     );
+}
+
+fn only(names: &[&str]) -> ExportTo {
+    ExportTo::Only(names.iter().map(|n| (*n).to_string()).collect())
+}
+
+#[test]
+fn export_to_parses_the_annotation() {
+    let cases: &[(Option<&str>, ExportTo)] = &[
+        (None, ExportTo::Every),
+        (Some("east"), only(&["east"])),
+        (Some("east,north"), only(&["east", "north"])),
+        (Some(" east , north "), only(&["east", "north"])),
+        (Some("east,,north,"), only(&["east", "north"])),
+        (Some("east,east"), only(&["east"])),
+        (Some(""), only(&[])),
+        (Some(","), only(&[])),
+        (Some(" , "), only(&[])),
+    ];
+    for (value, want) in cases {
+        assert_eq!(&ExportTo::parse(*value), want, "{value:?}");
+    }
+    for value in [
+        "East",
+        "east,no_underscore",
+        "-east",
+        "a.b",
+        &"x".repeat(64),
+    ] {
+        match ExportTo::parse(Some(value)) {
+            ExportTo::Invalid(reason) => assert!(reason.contains("not valid"), "{reason}"),
+            other => panic!("{value:?}: {other:?}"),
+        }
+    }
+    // The reason names the offending names only, and stays bounded.
+    let ExportTo::Invalid(reason) = ExportTo::parse(Some("east,Bad,also_bad")) else {
+        panic!()
+    };
+    assert!(
+        reason.contains("Bad") && reason.contains("also_bad"),
+        "{reason}"
+    );
+    assert!(!reason.contains("east"), "{reason}");
+    let many = vec!["X"; 500].join(",");
+    let ExportTo::Invalid(reason) = ExportTo::parse(Some(&many)) else {
+        panic!()
+    };
+    assert!(reason.chars().count() < 250, "{}", reason.len());
+}
+
+#[test]
+fn export_to_reaches_the_listed_clusters_and_always_the_exporter() {
+    let invalid = ExportTo::parse(Some("Bad"));
+    let cases: &[(&ExportTo, &str, bool)] = &[
+        (&ExportTo::Every, "west", true),
+        (&ExportTo::Every, "east", true),
+        (&only(&["east"]), "west", true),
+        (&only(&["east"]), "east", true),
+        (&only(&["east"]), "north", false),
+        (&only(&[]), "west", true),
+        (&only(&[]), "east", false),
+        (&invalid, "west", true),
+        (&invalid, "east", false),
+    ];
+    for (to, cluster, want) in cases {
+        assert_eq!(to.reaches("west", cluster), *want, "{to:?} {cluster}");
+    }
+}
+
+#[test]
+fn a_cluster_merges_only_the_exports_that_reach_it() {
+    let narrowed = |cluster: &str, created, to: ExportTo| ClusterExport {
+        export_to: to,
+        ..export(cluster, created, Some(hello()))
+    };
+    // west (oldest) exports to north only, with other ports; east to every cluster.
+    let west = narrowed("west", 1, only(&["north"]));
+    let west = ClusterExport {
+        service: Some(with(hello(), |s| s.ports = Some(vec![port("", "TCP", 9)]))),
+        ..west
+    };
+    let east = export("east", 2, Some(hello()));
+    let all = vec![west.clone(), east.clone()];
+    let clusters = |m: &Merge| m.clusters.join(",");
+
+    // east's import: east alone (west does not reach it): no conflict, east's port.
+    let in_east = merge(&exports_reaching(&all, "east"));
+    assert_eq!(clusters(&in_east), "east");
+    assert!(in_east.conflicts.is_empty());
+    assert_eq!(
+        in_east.import.unwrap().ports,
+        merge(std::slice::from_ref(&east)).import.unwrap().ports
+    );
+    // north's and west's: both, west's port first (the oldest), with a port conflict.
+    for cluster in ["north", "west"] {
+        let m = merge(&exports_reaching(&all, cluster));
+        assert_eq!(clusters(&m), "east,west", "{cluster}");
+        assert_eq!(reasons(&m), "PortConflict", "{cluster}");
+        assert_eq!(m.import.unwrap().ports[0].port, 9, "{cluster}");
+    }
+    // The unfiltered merge (the exports' conditions) is the same as north's.
+    assert_eq!(merge(&all), merge(&exports_reaching(&all, "north")));
+
+    // Nothing reaches south but what is exported to every cluster; nothing at all once
+    // east narrows too (or is invalid): no import there.
+    assert_eq!(clusters(&merge(&exports_reaching(&all, "south"))), "east");
+    for to in [only(&["west"]), ExportTo::parse(Some("Bad")), only(&[])] {
+        let all = vec![west.clone(), narrowed("east", 2, to.clone())];
+        let m = merge(&exports_reaching(&all, "south"));
+        assert_eq!(m.import, None, "{to:?}");
+        assert!(m.clusters.is_empty(), "{to:?}");
+        // The exporters still import their own.
+        assert!(
+            merge(&exports_reaching(&all, "east")).import.is_some(),
+            "{to:?}"
+        );
+    }
 }

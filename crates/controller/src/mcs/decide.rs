@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 use service_mirror_core::mcs::{
-    ClusterExport, EXPORT_CONDITION_TYPES, ImportSpec, ImportType, Merge, Validity,
+    ClusterExport, EXPORT_CONDITION_TYPES, ExportTo, ImportSpec, ImportType, Merge, Validity,
     conflict_reason, export_conditions, with_transition_times,
 };
 use service_mirror_core::mcs_derived::{DerivedAction, derived_action};
@@ -175,6 +175,95 @@ fn told(verdict: &Verdict, before: bool, merged: &Merge) -> Option<Told> {
         reason,
         note,
     })
+}
+
+/// Most cluster names an `ExportToUnknownCluster` note quotes.
+const MAX_NAMED: usize = 10;
+
+/// What is wrong with the local export's `service-mirror.io/export-to` annotation:
+/// told once per episode (an Event, a warning, the metric).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ExportToProblem {
+    /// `InvalidExportTo` or `ExportToUnknownCluster` (the Event's reason, the metric's
+    /// label).
+    pub(super) reason: &'static str,
+    /// For people: the offending names (bounded).
+    pub(super) note: String,
+}
+
+impl ExportToProblem {
+    /// Of the local export's `export_to`, in `local`: an invalid annotation, or names
+    /// that are neither `local` nor a cluster this component knows (one with a feed, or
+    /// named by the link sources; `expected` None: those are not listed yet, so no name
+    /// is called unknown).
+    pub(super) fn of(
+        export_to: &ExportTo,
+        local: &str,
+        feeds: &BTreeMap<String, bool>,
+        expected: Option<&BTreeSet<String>>,
+    ) -> Option<Self> {
+        match export_to {
+            ExportTo::Every => None,
+            ExportTo::Invalid(reason) => Some(Self {
+                reason: "InvalidExportTo",
+                note: format!("{reason}: exported to no other cluster"),
+            }),
+            ExportTo::Only(names) => {
+                let expected = expected?;
+                let unknown: Vec<&str> = names
+                    .iter()
+                    .filter(|n| *n != local && !feeds.contains_key(*n) && !expected.contains(*n))
+                    .map(String::as_str)
+                    .collect();
+                if unknown.is_empty() {
+                    return None;
+                }
+                let mut named = unknown
+                    .iter()
+                    .take(MAX_NAMED)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if unknown.len() > MAX_NAMED {
+                    named.push_str(&format!(" and {} more", unknown.len() - MAX_NAMED));
+                }
+                Some(Self {
+                    reason: "ExportToUnknownCluster",
+                    note: format!(
+                        "export-to names clusters this cluster set does not know: {named}"
+                    ),
+                })
+            }
+        }
+    }
+}
+
+/// What to do about the local export's annotation problem (see [`decide_export_to`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum ExportToStep {
+    /// As remembered (or not leading): nothing.
+    Nothing,
+    /// No problem (any more): forget the one remembered.
+    Forget,
+    /// A new problem (or another, or on a new export of the name): remember and tell it.
+    Tell((Option<String>, ExportToProblem)),
+}
+
+/// The step for the problem `now` (the export's uid, the problem) of a local export,
+/// given the one `last` remembered: a problem is told once per episode, when it starts
+/// or changes; only the leader remembers and tells.
+pub(super) fn decide_export_to(
+    now: Option<(Option<String>, ExportToProblem)>,
+    last: Option<&(Option<String>, ExportToProblem)>,
+    leading: bool,
+) -> ExportToStep {
+    match (now, last) {
+        _ if !leading => ExportToStep::Nothing,
+        (None, None) => ExportToStep::Nothing,
+        (None, Some(_)) => ExportToStep::Forget,
+        (Some(now), Some(last)) if &now == last => ExportToStep::Nothing,
+        (Some(now), _) => ExportToStep::Tell(now),
+    }
 }
 
 /// Which clusters have settled: a cluster counts now (its lists are in), or is known

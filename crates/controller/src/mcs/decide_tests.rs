@@ -81,6 +81,7 @@ fn local(type_: Option<&str>) -> ClusterExport {
             }),
             ..Default::default()
         }),
+        export_to: ExportTo::Every,
     }
 }
 
@@ -690,4 +691,96 @@ fn this_clusters_slices_stay_as_they_are_until_its_services_slices_are_listed() 
     s.stored = s.created();
     s.local = None;
     assert_eq!(s.decide(), Some(vec![]));
+}
+
+#[test]
+fn an_export_to_problem_is_an_invalid_annotation_or_a_name_no_feed_or_link_knows() {
+    let feeds: BTreeMap<String, bool> = [("west".into(), true), ("east".into(), false)].into();
+    let expected = set(&["west", "east", "north"]);
+    let only = |names: &[&str]| ExportTo::Only(set(names));
+    let reason = |to: &ExportTo, expected: Option<&BTreeSet<String>>| {
+        ExportToProblem::of(to, "west", &feeds, expected).map(|p| p.reason)
+    };
+    // Known: the local cluster, one with a feed (listed or not), one a link names.
+    for to in [
+        ExportTo::Every,
+        only(&[]),
+        only(&["west"]),
+        only(&["east", "north"]),
+    ] {
+        assert_eq!(reason(&to, Some(&expected)), None, "{to:?}");
+    }
+    assert_eq!(
+        reason(&only(&["east", "south"]), Some(&expected)),
+        Some("ExportToUnknownCluster")
+    );
+    // Before the link sources are listed no name is called unknown.
+    assert_eq!(reason(&only(&["south"]), None), None);
+    // Invalid is invalid whatever is known.
+    let invalid = ExportTo::parse(Some("east,Bad"));
+    for expected in [Some(&expected), None] {
+        assert_eq!(reason(&invalid, expected), Some("InvalidExportTo"));
+    }
+    let note = ExportToProblem::of(&invalid, "west", &feeds, None)
+        .unwrap()
+        .note;
+    assert!(
+        note.contains("Bad") && note.contains("no other cluster"),
+        "{note}"
+    );
+
+    // The note names the unknown names only, at most 10 of them.
+    let note = ExportToProblem::of(
+        &only(&["east", "south", "zz"]),
+        "west",
+        &feeds,
+        Some(&expected),
+    )
+    .unwrap()
+    .note;
+    assert!(note.ends_with("south, zz"), "{note}");
+    let many: Vec<String> = (0..25).map(|i| format!("c{i:02}")).collect();
+    let many = ExportTo::Only(many.into_iter().collect());
+    let note = ExportToProblem::of(&many, "west", &feeds, Some(&expected))
+        .unwrap()
+        .note;
+    assert!(note.contains("c09") && !note.contains("c10"), "{note}");
+    assert!(note.ends_with("and 15 more"), "{note}");
+}
+
+#[test]
+fn an_export_to_problem_is_told_once_per_episode_by_the_leader() {
+    let problem = |reason: &'static str, note: &str| ExportToProblem {
+        reason,
+        note: note.into(),
+    };
+    let bad = (Some("u1".to_string()), problem("InvalidExportTo", "Bad"));
+    let worse = (Some("u1".to_string()), problem("InvalidExportTo", "Worse"));
+    let unknown = (
+        Some("u1".to_string()),
+        problem("ExportToUnknownCluster", "south"),
+    );
+    let again = (Some("u2".to_string()), problem("InvalidExportTo", "Bad"));
+    let tell = |p: &(Option<String>, ExportToProblem)| ExportToStep::Tell(p.clone());
+    let cases = [
+        // (now, last, leading, step)
+        (None, None, true, ExportToStep::Nothing),
+        (Some(&bad), None, true, tell(&bad)),
+        (Some(&bad), Some(&bad), true, ExportToStep::Nothing),
+        (Some(&worse), Some(&bad), true, tell(&worse)),
+        (Some(&unknown), Some(&bad), true, tell(&unknown)),
+        // The name exported again (a new uid): a new episode.
+        (Some(&again), Some(&bad), true, tell(&again)),
+        (None, Some(&bad), true, ExportToStep::Forget),
+        // A follower tells and forgets nothing.
+        (Some(&bad), None, false, ExportToStep::Nothing),
+        (None, Some(&bad), false, ExportToStep::Nothing),
+    ];
+    for (i, (now, last, leading, want)) in cases.into_iter().enumerate() {
+        assert_eq!(
+            decide_export_to(now.cloned(), last, leading),
+            want,
+            "case {i}"
+        );
+    }
 }

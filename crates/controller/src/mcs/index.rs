@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher::Event;
-use service_mirror_core::mcs::ClusterExport;
+use service_mirror_core::mcs::{ClusterExport, EXPORT_TO_ANNOTATION, ExportTo};
 use service_mirror_core::{NamespaceFilter, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -219,6 +219,8 @@ pub(super) struct ExportEntry {
     pub(super) labels: BTreeMap<String, String>,
     /// `spec.exportedAnnotations`.
     pub(super) annotations: BTreeMap<String, String>,
+    /// The clusters it reaches (its `service-mirror.io/export-to` annotation).
+    pub(super) export_to: ExportTo,
     /// The object itself (only the local cluster's: its status is ours to write).
     pub(super) object: Option<ServiceExport>,
 }
@@ -332,6 +334,13 @@ fn keep_export(local: bool) -> fn(&ServiceExport) -> Option<ExportEntry> {
                 .map_or(Timestamp::MAX, |t| t.0),
             labels: e.spec.exported_labels.clone().unwrap_or_default(),
             annotations: e.spec.exported_annotations.clone().unwrap_or_default(),
+            export_to: ExportTo::parse(
+                e.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(EXPORT_TO_ANNOTATION))
+                    .map(String::as_str),
+            ),
             object,
         })
     }
@@ -608,6 +617,7 @@ impl ExportIndex {
                     exported_labels: e.labels.clone(),
                     exported_annotations: e.annotations.clone(),
                     service: v.services.items.get(key).cloned(),
+                    export_to: e.export_to.clone(),
                 })
             })
             .collect()

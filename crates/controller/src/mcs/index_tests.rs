@@ -579,3 +579,44 @@ fn a_kept_view_goes_when_its_unlisted_successors_all_end() {
     assert!(!index.counts("east"));
     assert!(index.feeds().is_empty() || !index.feeds().contains_key("east"));
 }
+
+#[test]
+fn an_exports_export_to_annotation_is_read_and_a_change_of_it_judges_the_name_again() {
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    assert!(index.feed("east", 1, now));
+    let annotated = |to: Option<&str>| {
+        let mut e = export("hello", T0);
+        e.metadata.annotations = to.map(|to| {
+            BTreeMap::from([
+                (EXPORT_TO_ANNOTATION.to_string(), to.to_string()),
+                ("unrelated".to_string(), "x".to_string()),
+            ])
+        });
+        e
+    };
+    list(
+        &mut index,
+        "east",
+        1,
+        &[annotated(None)],
+        &[service("hello", 80)],
+    );
+    let export_to = |index: &ExportIndex| index.exports(&key("hello"))[0].export_to.clone();
+    assert_eq!(export_to(&index), ExportTo::Every);
+    let changed = index.export_event("east", 1, &Event::Apply(annotated(Some("north, west"))));
+    assert_eq!(changed, keys(&["hello"]));
+    assert_eq!(
+        export_to(&index),
+        ExportTo::Only(["north".to_string(), "west".to_string()].into())
+    );
+    // The same list spelt otherwise: nothing to judge.
+    let changed = index.export_event("east", 1, &Event::Apply(annotated(Some("west,north,"))));
+    assert!(changed.is_empty(), "{changed:?}");
+    let changed = index.export_event("east", 1, &Event::Apply(annotated(Some("Bad"))));
+    assert_eq!(changed, keys(&["hello"]));
+    assert!(matches!(export_to(&index), ExportTo::Invalid(_)));
+    let changed = index.export_event("east", 1, &Event::Apply(annotated(None)));
+    assert_eq!(changed, keys(&["hello"]));
+    assert_eq!(export_to(&index), ExportTo::Every);
+}

@@ -22,6 +22,13 @@ pub(crate) struct OutcomeLabels {
     pub(crate) outcome: String,
 }
 
+/// One label: `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabels {
+    /// Why.
+    pub(crate) reason: String,
+}
+
 /// What a ServiceImport-side write was of, and how it ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ImportWriteLabels {
@@ -52,6 +59,9 @@ pub(crate) struct McsFamilies {
     pub(crate) import_writes: Family<ImportWriteLabels, Counter>,
     /// Failed ServiceExport and Service watches, by cluster (the local one included).
     pub(crate) watch_errors: Family<ClusterLabels, Counter>,
+    /// Problems told of local exports' `export-to` annotations, by reason
+    /// (`InvalidExportTo`, `ExportToUnknownCluster`), once per episode.
+    pub(crate) export_to_problems: Family<ReasonLabels, Counter>,
     /// Clusters whose exports count (both lists complete), the local one included.
     pub(crate) clusters_listed: Gauge,
     /// One series at 1: whether the component runs, and why (set once at the start).
@@ -85,6 +95,11 @@ impl McsFamilies {
             "mcs_state",
             "1 for the start's verdict on the MCS component: state on (reason flag or cluster_property: where its cluster name came from) or off (reason disabled, no_crd, no_cluster_name, forbidden, invalid_cluster_name, unanswered; restart_needed once a later look finds it could run)",
             self.state.clone(),
+        );
+        r.register(
+            "mcs_export_to_problems",
+            "Problems of local ServiceExports' service-mirror.io/export-to annotations, by reason (InvalidExportTo, ExportToUnknownCluster), counted once per episode",
+            self.export_to_problems.clone(),
         );
         r.register(
             "mcs_watch_errors",

@@ -15,7 +15,10 @@
 //! kept per key in the shared state. A write that fails is retried with the queue's
 //! backoff (1 s doubling to 1 min).
 
-use super::decide::{ExportFacts, ExportStep, Settling, decide_export};
+use super::decide::{
+    ExportFacts, ExportStep, ExportToProblem, ExportToStep, Settling, decide_export,
+    decide_export_to,
+};
 use super::imports::Imports;
 use super::imports::cache::ImportFacts;
 use super::resource::ServiceExport;
@@ -34,7 +37,7 @@ use kube::Resource;
 use kube::runtime::events::EventType;
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
-use service_mirror_core::mcs::{ClusterExport, Merge, Validity, merge};
+use service_mirror_core::mcs::{ClusterExport, Merge, Validity, exports_reaching, merge};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +75,8 @@ struct Gathered {
     exports: Vec<ClusterExport>,
     export: Option<ServiceExport>,
     last: Option<(Option<String>, super::decide::Verdict)>,
+    /// The `export-to` problem last told of the local export.
+    last_export_to: Option<(Option<String>, ExportToProblem)>,
     written: Option<String>,
     /// Both local import lists are in (no import is written before).
     imports_listed: bool,
@@ -128,6 +133,7 @@ impl Reconciler {
                 exports: s.index.exports(key),
                 export: s.index.local_export(key).cloned(),
                 last: s.verdicts.get(key).cloned(),
+                last_export_to: s.export_to.get(key).cloned(),
                 written: s.written.get(key).cloned(),
                 imports_listed: s.cache.listed(),
                 feeds: s.index.feeds(),
@@ -145,7 +151,9 @@ impl Reconciler {
         Ok(gathered)
     }
 
-    /// Judges the name `key`: the local export's conditions, then the local import.
+    /// Judges the name `key`: the local export's conditions (from the merge of every
+    /// export: they describe the name across the cluster set), then the local import
+    /// (from the merge of the exports that reach this cluster: `export-to`).
     async fn judge(&self, key: &ServiceKey, g: Gathered) -> Wrote {
         let merged = merge(&g.exports);
         let status = self.judge_export(key, &g, &merged).await;
@@ -159,7 +167,8 @@ impl Reconciler {
             expected: g.expected.as_ref(),
             removed: &g.removed,
         };
-        let import = self.imports.sync(key, &g.facts, &merged, &settling).await;
+        let reaching = merge(&exports_reaching(&g.exports, &self.local));
+        let import = self.imports.sync(key, &g.facts, &reaching, &settling).await;
         status.max(import)
     }
 
@@ -182,6 +191,7 @@ impl Reconciler {
                 let forgot = {
                     let mut s = self.shared.lock();
                     s.written.remove(key);
+                    s.export_to.remove(key);
                     s.verdicts.remove(key).is_some()
                 };
                 if forgot {
@@ -198,9 +208,42 @@ impl Reconciler {
         if let Some(told) = judged.event {
             self.tell(export, told.type_, told.reason, told.note).await;
         }
+        self.judge_export_to(key, g, export).await;
         match judged.conditions {
             Some(conditions) => self.write(key, export, &conditions).await,
             None => Wrote::Done,
+        }
+    }
+
+    /// Tells a problem of the local export's `export-to` annotation once per episode:
+    /// a warning, the metric and a Warning Event on the export.
+    async fn judge_export_to(&self, key: &ServiceKey, g: &Gathered, export: &ServiceExport) {
+        let Some(local) = g.exports.iter().find(|e| e.cluster == self.local) else {
+            return;
+        };
+        let now = ExportToProblem::of(&local.export_to, &self.local, &g.feeds, g.expected.as_ref())
+            .map(|p| (export.metadata.uid.clone(), p));
+        match decide_export_to(now, g.last_export_to.as_ref(), self.leading()) {
+            ExportToStep::Nothing => {}
+            ExportToStep::Forget => {
+                self.shared.lock().export_to.remove(key);
+            }
+            ExportToStep::Tell((uid, problem)) => {
+                self.shared
+                    .lock()
+                    .export_to
+                    .insert(key.clone(), (uid, problem.clone()));
+                tracing::warn!(export = %key, reason = problem.reason, "ServiceExport's export-to annotation: {}", problem.note);
+                self.metrics
+                    .mcs
+                    .export_to_problems
+                    .get_or_create(&super::metrics::ReasonLabels {
+                        reason: problem.reason.into(),
+                    })
+                    .inc();
+                self.tell(export, EventType::Warning, problem.reason, problem.note)
+                    .await;
+            }
         }
     }
 

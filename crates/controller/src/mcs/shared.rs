@@ -8,7 +8,7 @@
 //! the compiler refuses it in a worker's future): a reconcile copies what it judges
 //! from, judges and writes unlocked, and locks again to record what it found.
 
-use super::decide::Verdict;
+use super::decide::{ExportToProblem, Verdict};
 use super::gateways::Gateways;
 use super::imports::cache::ImportCache;
 use super::index::{Changed, ExportIndex};
@@ -32,6 +32,9 @@ pub(super) struct Shared {
     pub(super) written: BTreeMap<ServiceKey, String>,
     /// The last verdict of each local export (uid, verdict): a new problem is told once.
     pub(super) verdicts: BTreeMap<ServiceKey, (Option<String>, Verdict)>,
+    /// The problem last told of each local export's `export-to` annotation (uid,
+    /// problem): told once per episode.
+    pub(super) export_to: BTreeMap<ServiceKey, (Option<String>, ExportToProblem)>,
     /// The unlisted clusters last logged (a change is logged once).
     pub(super) unlisted: Vec<String>,
 }
@@ -46,6 +49,7 @@ impl Shared {
             removed: BTreeSet::new(),
             written: BTreeMap::new(),
             verdicts: BTreeMap::new(),
+            export_to: BTreeMap::new(),
             unlisted: Vec::new(),
         }
     }

@@ -24,9 +24,12 @@ impl<K> Store<K> for NoStore {
     fn apply(&mut self, _: &watcher::Event<K>) {}
 }
 
+/// The index reads the spec and the `export-to` annotation only.
 fn strip_export(e: &mut ServiceExport) {
     e.metadata.managed_fields = None;
-    e.metadata.annotations = None;
+    if let Some(a) = e.metadata.annotations.as_mut() {
+        a.retain(|k, _| k == service_mirror_core::mcs::EXPORT_TO_ANNOTATION);
+    }
     e.metadata.labels = None;
 }
 

@@ -4,7 +4,7 @@
 //! with the core.
 
 use crate::support::mcs::*;
-use crate::support::{create_namespace, eventually};
+use crate::support::{create_namespace, eventually, wait_event};
 use crate::{Judged, past_second_of, poke_import};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -192,6 +192,123 @@ async fn an_import_exists_in_every_cluster_while_one_exports_and_goes_with_the_l
     for c in BOTH {
         w.import_gone(c, "hello").await;
     }
+    west.stop().await;
+    east.stop().await;
+}
+
+/// West's export of `web`, narrowed to `to` (`None`: no annotation; applied, so that
+/// the first is created with it).
+async fn export_to(w: &World, to: Option<&str>) {
+    let mut meta = serde_json::json!({"name": "web"});
+    if let Some(to) = to {
+        meta["annotations"] = serde_json::json!({"service-mirror.io/export-to": to});
+    }
+    let body = serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": meta, "spec": {},
+    });
+    w.exports("west")
+        .patch("web", &PatchParams::apply("test"), &Patch::Apply(body))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_to_narrows_the_clusters_that_import_and_withdraws_an_import_left_out() {
+    let w = World::new("mcs-imp-to").await;
+    let (west, east) = (w.start("west", None), w.start("east", None));
+    // The cluster set as west's link sources name it: north is not in it.
+    west.mcs
+        .expect(["west".to_string(), "east".to_string()].into());
+    w.service(
+        "west",
+        "web",
+        clusterip(serde_json::json!([tcp("http", 80)])),
+    )
+    .await;
+    w.service(
+        "east",
+        "web",
+        clusterip(serde_json::json!([tcp("http", 81)])),
+    )
+    .await;
+    // West exports to north only; east to every cluster, another port.
+    export_to(&w, Some("north")).await;
+    w.export("east", "web").await;
+    // The conditions merge every export (east's judged knowing west's)...
+    for c in BOTH {
+        w.until(c, "web", &in_conflict("PortConflict")).await;
+    }
+    // ... the imports only those that reach them: east's its own alone, judged since.
+    w.import_until("west", "web", "both", |i| {
+        i.clusters() == cs(&["east", "west"])
+    })
+    .await;
+    w.import_until("east", "web", "its own", |i| !i.clusters().is_empty())
+        .await;
+    poke_import(&w, &east, "east", "web").await;
+    let i = Imported::read(&w.imports("east").get("web").await.unwrap());
+    assert_eq!(
+        i.clusters(),
+        cs(&["east"]),
+        "west's export does not reach east"
+    );
+    assert_eq!(i.ports(), vec![port("http", "TCP", 81)]);
+    wait_event(&w.west, &w.ns, "web", "ExportToUnknownCluster").await;
+    // East stops exporting: nothing reaches it, its import goes; west's stays.
+    w.exports("east")
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    w.import_gone("east", "web").await;
+    w.import_until("west", "web", "west's own", |i| {
+        i.clusters() == cs(&["west"])
+    })
+    .await;
+    // East added: it imports.
+    export_to(&w, Some(" north , east,")).await;
+    let i = w
+        .import_until("east", "web", "from west", |i| {
+            i.clusters() == cs(&["west"]) && !i.ips().is_empty()
+        })
+        .await;
+    check_derived(&w, "east", "web", &i).await;
+    // East dropped again: withdrawn there (import and derived Service); west's stays.
+    export_to(&w, Some("north")).await;
+    w.import_gone("east", "web").await;
+    let i = w
+        .import_until("west", "web", "west's own", |i| {
+            i.clusters() == cs(&["west"])
+        })
+        .await;
+    check_derived(&w, "west", "web", &i).await;
+    // Back to every cluster, then an invalid name: east's import goes, even though the
+    // list names east (never wider than asked), and west says why.
+    export_to(&w, None).await;
+    w.import_until("east", "web", "from west", |i| {
+        i.clusters() == cs(&["west"])
+    })
+    .await;
+    export_to(&w, Some("east,Bad_Name")).await;
+    w.import_gone("east", "web").await;
+    let note = wait_event(&w.west, &w.ns, "web", "InvalidExportTo").await;
+    assert!(note.contains("Bad_Name"), "{note}");
+    west.metric(r#"service_mirror_mcs_export_to_problems_total{reason="InvalidExportTo"} 1"#)
+        .await;
+    west.metric(
+        r#"service_mirror_mcs_export_to_problems_total{reason="ExportToUnknownCluster"} 1"#,
+    )
+    .await;
+    w.import_until("west", "web", "west's own", |i| {
+        i.clusters() == cs(&["west"])
+    })
+    .await;
+    // Its conditions describe the name across the cluster set: unchanged.
+    w.until("west", "web", &exported()).await;
+    assert!(
+        w.imports("east").get_opt("web").await.unwrap().is_none(),
+        "nothing came back to east"
+    );
     west.stop().await;
     east.stop().await;
 }
