@@ -399,7 +399,7 @@ pub struct ExportCondition {
 /// its validity and the merge of every export of the name (unfiltered by
 /// [`EXPORT_TO_ANNOTATION`]: they describe the name across the cluster set, while each
 /// cluster imports the merge of [`exports_reaching`] it): `Valid`; `Ready` (True,
-/// `Exported`, once valid: the merge is what every cluster imports; False, `Failed`,
+/// `Exported`, once valid: the merge is what every cluster the exports reach imports; False, `Failed`,
 /// otherwise); `Conflict` (valid exports only: the same on every export).
 pub fn export_conditions(validity: Validity, merge: &Merge) -> Vec<ExportCondition> {
     let valid = validity.is_valid();
@@ -433,7 +433,7 @@ pub fn export_conditions(validity: Validity, merge: &Merge) -> Vec<ExportConditi
             message: match merge.conflicts.is_empty() {
                 true => "every export of this name agrees".into(),
                 false => format!(
-                    "the exports of this name differ ({}): the oldest export's value is imported",
+                    "the exports of this name differ ({}): the oldest export's value is imported (where it reaches)",
                     conflict_reason(&merge.conflicts)
                 ),
             },

@@ -155,7 +155,7 @@ fn told(verdict: &Verdict, before: bool, merged: &Merge) -> Option<Told> {
             EventType::Warning,
             "ExportConflict",
             format!(
-                "{reasons}: the exports of this name in clusters {} differ; the oldest export's value is imported",
+                "{reasons}: the exports of this name in clusters {} differ; the oldest export's value is imported (where it reaches)",
                 merged.clusters.join(", ")
             ),
         ),

@@ -228,7 +228,10 @@ impl Reconciler {
             ExportToStep::Forget => {
                 self.shared.lock().export_to.remove(key);
             }
-            ExportToStep::Tell((uid, problem)) => {
+            ExportToStep::Tell((uid, mut problem)) => {
+                // The names quoted are the annotation's own (a tenant's text): one
+                // line of printable characters in the log and the Event.
+                problem.note = crate::links::sanitize_remote_text(&problem.note);
                 self.shared
                     .lock()
                     .export_to

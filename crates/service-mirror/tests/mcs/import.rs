@@ -293,10 +293,10 @@ async fn export_to_narrows_the_clusters_that_import_and_withdraws_an_import_left
     w.import_gone("east", "web").await;
     let note = wait_event(&w.west, &w.ns, "web", "InvalidExportTo").await;
     assert!(note.contains("Bad_Name"), "{note}");
-    west.metric(r#"service_mirror_mcs_export_to_problems_total{reason="InvalidExportTo"} 1"#)
+    west.metric("service_mirror_mcs_export_to_problems_total{reason=\"InvalidExportTo\"} 1\n")
         .await;
     west.metric(
-        r#"service_mirror_mcs_export_to_problems_total{reason="ExportToUnknownCluster"} 1"#,
+        "service_mirror_mcs_export_to_problems_total{reason=\"ExportToUnknownCluster\"} 1\n",
     )
     .await;
     w.import_until("west", "web", "west's own", |i| {
