@@ -748,18 +748,38 @@ async fn local_network_step(
 /// (Kubernetes' own wording: `cannot <verb> resource "<resource>"`); returns the line.
 async fn refusal(ctl: &RunningController, verb: &str, resource: &str) -> Result<String, String> {
     let needle = format!("cannot {verb} resource \"{resource}\"");
+    poll(
+        REFUSAL_WITHIN,
+        Duration::from_millis(100),
+        || {
+            let text = ctl.log_text().replace('\\', "");
+            text.lines()
+                .find(|l| l.contains(&needle))
+                .map(str::to_string)
+        },
+        || format!("no log line with {needle:?} within {REFUSAL_WITHIN:?}"),
+    )
+    .await
+}
+
+/// Polls `found` every `every` until it gives a value; after `within`, `Err(why())`:
+/// the bounded wait of every log and reconcile check of a case (an error, not a panic,
+/// so that the table reports every case).
+async fn poll<T>(
+    within: Duration,
+    every: Duration,
+    mut found: impl FnMut() -> Option<T>,
+    why: impl FnOnce() -> String,
+) -> Result<T, String> {
     let start = Instant::now();
     loop {
-        let text = ctl.log_text().replace('\\', "");
-        if let Some(line) = text.lines().find(|l| l.contains(&needle)) {
-            return Ok(line.to_string());
+        if let Some(t) = found() {
+            return Ok(t);
         }
-        if start.elapsed() > REFUSAL_WITHIN {
-            return Err(format!(
-                "no log line with {needle:?} within {REFUSAL_WITHIN:?}"
-            ));
+        if start.elapsed() > within {
+            return Err(why());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -788,17 +808,16 @@ fn lines_with(ctl: &RunningController, needles: &[impl AsRef<str>]) -> usize {
 /// again) after what the case did last.
 async fn logged_again(ctl: &RunningController, needles: &[impl AsRef<str>]) -> Result<(), String> {
     let seen = lines_with(ctl, needles);
-    let start = Instant::now();
-    while lines_with(ctl, needles) <= seen {
-        if start.elapsed() > REFUSAL_WITHIN {
+    poll(
+        REFUSAL_WITHIN,
+        Duration::from_millis(100),
+        || (lines_with(ctl, needles) > seen).then_some(()),
+        || {
             let needles: Vec<&str> = needles.iter().map(AsRef::as_ref).collect();
-            return Err(format!(
-                "no new log line with {needles:?} within {REFUSAL_WITHIN:?} ({seen} before)"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
+            format!("no new log line with {needles:?} within {REFUSAL_WITHIN:?} ({seen} before)")
+        },
+    )
+    .await
 }
 
 /// Waits (within [`REFUSAL_WITHIN`]) until `subject` has been reconciled more than `seen`
@@ -810,16 +829,13 @@ async fn reconciled_again(
     subject: &Subject,
     seen: u64,
 ) -> Result<(), String> {
-    let start = Instant::now();
-    while ctl.reconciles(subject) <= seen {
-        if start.elapsed() > REFUSAL_WITHIN {
-            return Err(format!(
-                "{subject:?} not reconciled again within {REFUSAL_WITHIN:?} (seen {seen})"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
+    poll(
+        REFUSAL_WITHIN,
+        Duration::from_millis(50),
+        || (ctl.reconciles(subject) > seen).then_some(()),
+        || format!("{subject:?} not reconciled again within {REFUSAL_WITHIN:?} (seen {seen})"),
+    )
+    .await
 }
 
 /// Waits (within `within`) until a reconcile of `subject` is logged after the first log
@@ -830,36 +846,30 @@ async fn reconciled_after_line(
     subject: &Subject,
     within: Duration,
 ) -> Result<(), String> {
-    let start = Instant::now();
-    loop {
-        let text = ctl.log_text().replace('\\', "");
-        let mut lines = text.lines();
-        if lines.any(|l| needles.iter().all(|n| l.contains(n)))
-            && lines.any(|l| subject.matches_line(l))
-        {
-            return Ok(());
-        }
-        if start.elapsed() > within {
-            return Err(format!(
-                "no reconcile of {subject:?} after a line with {needles:?} within {within:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(
+        within,
+        Duration::from_millis(100),
+        || {
+            let text = ctl.log_text().replace('\\', "");
+            let mut lines = text.lines();
+            (lines.any(|l| needles.iter().all(|n| l.contains(n)))
+                && lines.any(|l| subject.matches_line(l)))
+            .then_some(())
+        },
+        || format!("no reconcile of {subject:?} after a line with {needles:?} within {within:?}"),
+    )
+    .await
 }
 
 /// Waits (within [`REFUSAL_WITHIN`]) for a log line holding every one of `needles`.
 async fn logged(ctl: &RunningController, needles: &[&str]) -> Result<(), String> {
-    let start = Instant::now();
-    while lines_with(ctl, needles) == 0 {
-        if start.elapsed() > REFUSAL_WITHIN {
-            return Err(format!(
-                "no log line with {needles:?} within {REFUSAL_WITHIN:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
+    poll(
+        REFUSAL_WITHIN,
+        Duration::from_millis(100),
+        || (lines_with(ctl, needles) > 0).then_some(()),
+        || format!("no log line with {needles:?} within {REFUSAL_WITHIN:?}"),
+    )
+    .await
 }
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
