@@ -229,6 +229,7 @@ fn reference_slices(
         local_slices: Some(&local),
         gateways: &gateways,
         controller_namespace: CONTROLLER,
+        traffic: &service_mirror_core::traffic::TrafficPolicy::spread(),
     });
     Ok(desired
         .slices

@@ -48,6 +48,7 @@ pub mod selector;
 #[cfg(test)]
 mod slice_invariants_tests;
 pub mod slices;
+pub mod traffic;
 pub mod write_lease;
 
 pub use action::{Action, Object, ObjectKind, ObjectRef};

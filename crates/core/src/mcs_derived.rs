@@ -118,7 +118,12 @@ pub fn desired_derived_service(
             ),
             session_affinity: spec.session_affinity.clone(),
             session_affinity_config: spec.session_affinity_config.clone(),
-            internal_traffic_policy: spec.internal_traffic_policy.clone(),
+            // Always `Cluster`: its endpoints are gateways and copies, so node-local would
+            // drop traffic on every node without one (the import's `Local` means
+            // cluster-local instead: no remote serves, `core::traffic`). Its
+            // `trafficDistribution` is carried: kube-proxy applies it only where every
+            // endpoint has hints, and ours have none.
+            internal_traffic_policy: Some("Cluster".into()),
             traffic_distribution: spec.traffic_distribution.clone(),
             ip_family_policy,
             ..Default::default()

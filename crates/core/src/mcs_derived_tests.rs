@@ -122,7 +122,7 @@ fn only_a_derived_service_with_our_mark_label_and_namespace_is_ours() {
 }
 
 #[test]
-fn the_desired_service_carries_the_imports_settings_and_no_selector() {
+fn the_desired_service_carries_the_imports_settings_no_selector_and_never_a_node_local_policy() {
     let mut s = spec(
         ImportType::ClusterSetIp,
         vec![port("tcp", "TCP", 42), port("", "UDP", 42)],
@@ -139,7 +139,9 @@ fn the_desired_service_carries_the_imports_settings_and_no_selector() {
     assert_eq!(got.selector, None);
     assert_eq!(got.ip_family_policy.as_deref(), Some("PreferDualStack"));
     assert_eq!(got.session_affinity.as_deref(), Some("ClientIP"));
-    assert_eq!(got.internal_traffic_policy.as_deref(), Some("Local"));
+    // The import's `Local` is cluster-local (core::traffic): node-local here would drop
+    // traffic on every node without a gateway or copy endpoint.
+    assert_eq!(got.internal_traffic_policy.as_deref(), Some("Cluster"));
     assert_eq!(got.traffic_distribution.as_deref(), Some("PreferClose"));
     let ports: Vec<(Option<&str>, &str, i32, bool)> = got
         .ports

@@ -32,6 +32,7 @@ use crate::mcs_derived::derived_service_name;
 use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
 use crate::naming::{fnv1a32, fq_name};
 use crate::slices::slice_name;
+use crate::traffic::{Serving, TrafficPolicy, serving_remotes};
 
 /// A linked cluster's gateway as its link reports it, with the cluster's domain (which
 /// only the slices of an import need, so it is not part of the gateway).
@@ -66,6 +67,8 @@ pub struct ImportSlicesInput<'a> {
     pub gateways: &'a BTreeMap<String, Option<SourceGateway>>,
     /// Our controller namespace.
     pub controller_namespace: &'a str,
+    /// Where its traffic goes (`core::traffic`): which remote clusters serve.
+    pub traffic: &'a TrafficPolicy,
 }
 
 /// The desired slices of one import.
@@ -106,6 +109,7 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
             (IMPORT_LABEL.to_owned(), IMPORT_VALUE.to_owned()),
         ])
     };
+    let serving = serving(input);
     for cluster in input.clusters {
         if cluster == input.local_cluster {
             // This cluster's own pods: no `cluster-name` (Linkerd's local endpoints
@@ -128,6 +132,11 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
             Some(None) => continue,
             Some(Some(source)) => source,
         };
+        let Some(serves) = serving.serves(cluster) else {
+            // This cluster's own endpoints not counted yet: as they are.
+            out.untouched.insert(cluster.clone());
+            continue;
+        };
         let mut labels = labels(cluster);
         // Linkerd's destination turns `cluster-name` into `dst_target_cluster` (and the
         // fq-name below into `dst_target_service[_namespace]`). Ownership by a link also
@@ -147,16 +156,73 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
         if let Some(id) = &source.gateway.identity {
             annotations.insert(REMOTE_GATEWAY_IDENTITY_ANNOTATION.to_owned(), id.clone());
         }
-        out.slices.extend(gateway_slices(&GatewaySlices {
+        let mut slices = gateway_slices(&GatewaySlices {
             namespace: &input.key.namespace,
             base: &base_name(input.key, cluster),
             labels: &labels,
             annotations: &annotations,
             gateway: &source.gateway,
             ports: &ports,
-        }));
+        });
+        if !serves {
+            stand_by(&mut slices);
+        }
+        out.slices.extend(slices);
     }
     out
+}
+
+/// Which remote clusters take the import's traffic: this cluster's own ready endpoints
+/// (when it exports the name; `None` while its slices are not listed) against the
+/// policy, each remote usable while its gateway is reported, alive and has an address
+/// passing its probes.
+fn serving(input: &ImportSlicesInput<'_>) -> Serving {
+    let local_ready = match input.clusters.iter().any(|c| c == input.local_cluster) {
+        false => Some(0),
+        true => input.local_slices.map(ready_endpoints),
+    };
+    let remotes: Vec<(String, bool)> = input
+        .clusters
+        .iter()
+        .filter(|c| *c != input.local_cluster)
+        .map(|c| {
+            let usable = input.gateways.get(c).is_some_and(|g| {
+                g.as_ref().is_some_and(|s| {
+                    let gw = &s.gateway;
+                    gw.alive && gw.addresses.iter().any(|a| gw.is_ready(a))
+                })
+            });
+            (c.clone(), usable)
+        })
+        .collect();
+    serving_remotes(input.traffic, local_ready, &remotes)
+}
+
+/// The ready endpoints of this cluster's own slices (`ready` unset is ready, as the API
+/// reads it), in the family that has the most: a dual-stack pod is one endpoint in
+/// each family's slice, counted once.
+fn ready_endpoints(slices: &[EndpointSlice]) -> usize {
+    let count = |family: &str| {
+        slices
+            .iter()
+            .filter(|s| s.address_type == family)
+            .flat_map(|s| &s.endpoints)
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+            .count()
+    };
+    count("IPv4").max(count("IPv6"))
+}
+
+/// A remote cluster standing by: its endpoints stay, none ready or serving (neither
+/// kube-proxy nor Linkerd's destination sends to them), none terminating.
+fn stand_by(slices: &mut [EndpointSlice]) {
+    for e in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
+        e.conditions = Some(EndpointConditions {
+            ready: Some(false),
+            serving: Some(false),
+            terminating: Some(false),
+        });
+    }
 }
 
 /// This cluster's slices of the import: one per slice of its exported Service, named

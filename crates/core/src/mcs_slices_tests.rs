@@ -37,6 +37,7 @@ fn desired(
         local_slices: None,
         gateways,
         controller_namespace: CTL,
+        traffic: &crate::traffic::TrafficPolicy::spread(),
     })
 }
 
@@ -390,6 +391,7 @@ fn with_local(exporting: &[&str], local: &[EndpointSlice]) -> DesiredImportSlice
         local_slices: Some(local),
         gateways: &BTreeMap::new(),
         controller_namespace: CTL,
+        traffic: &crate::traffic::TrafficPolicy::spread(),
     })
 }
 
@@ -517,6 +519,7 @@ fn a_local_exporter_without_endpoints_has_no_slice_and_remote_ones_are_unaffecte
         local_slices: Some(&[]),
         gateways: &gws,
         controller_namespace: CTL,
+        traffic: &crate::traffic::TrafficPolicy::spread(),
     });
     assert!(none.untouched.is_empty());
     let only_east = desired(false, &["east"], &gws);
@@ -540,5 +543,212 @@ fn a_gateway_with_no_usable_address_takes_its_clusters_slices_away() {
     assert_eq!(
         verbs(&plan(&d, &before, "u1")),
         [format!("delete EndpointSlice {derived}-east-ipv4-0")]
+    );
+}
+
+/// The ready flags of `cluster`'s gateway slices in `d` (none: no slice of it).
+fn readiness(d: &DesiredImportSlices, cluster: &str) -> Vec<(bool, bool)> {
+    d.slices
+        .iter()
+        .filter(|s| s.metadata.labels.as_ref().unwrap()[SOURCE_CLUSTER_LABEL] == cluster)
+        .flat_map(|s| &s.endpoints)
+        .map(|e| {
+            let c = e.conditions.as_ref().unwrap();
+            (c.ready.unwrap(), c.serving.unwrap())
+        })
+        .collect()
+}
+
+fn with_traffic(
+    exporting: &[&str],
+    local: Option<&[EndpointSlice]>,
+    gateways: &BTreeMap<String, Option<SourceGateway>>,
+    traffic: &crate::traffic::TrafficPolicy,
+) -> DesiredImportSlices {
+    let (k, p, c) = (key(), ports(), clusters(exporting));
+    desired_import_slices(&ImportSlicesInput {
+        key: &k,
+        ports: &p,
+        headless: false,
+        clusters: &c,
+        local_cluster: "west",
+        local_slices: local,
+        gateways,
+        controller_namespace: CTL,
+        traffic,
+    })
+}
+
+#[test]
+fn local_first_stands_remote_slices_by_while_home_has_enough_and_readies_the_first_live_tier() {
+    use crate::traffic::TrafficPolicy;
+    let gws = |east: bool, north: bool| {
+        BTreeMap::from([
+            ("east".to_string(), gw(&["192.0.2.1"], east)),
+            ("north".to_string(), gw(&["192.0.2.2"], north)),
+        ])
+    };
+    let home_up = [local_slice("hello-a", "IPv4", &[("10.0.0.1", true)])];
+    let home_down = [local_slice("hello-a", "IPv4", &[("10.0.0.1", false)])];
+    let prio = TrafficPolicy {
+        priority: vec!["east".into(), "north".into()],
+        ..Default::default()
+    };
+    let all = ["west", "east", "north"];
+    let (on, off) = ((true, true), (false, false));
+    // (home slices, east alive, north alive, policy, east, north, why)
+    type Case<'a> = (
+        Option<&'a [EndpointSlice]>,
+        bool,
+        bool,
+        &'a TrafficPolicy,
+        (bool, bool),
+        (bool, bool),
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            Some(&home_up),
+            true,
+            true,
+            &prio,
+            off,
+            off,
+            "home has one ready: both stand by",
+        ),
+        (
+            Some(&home_down),
+            true,
+            true,
+            &prio,
+            on,
+            off,
+            "home's one not ready: east, the first tier",
+        ),
+        (
+            Some(&[]),
+            true,
+            true,
+            &prio,
+            on,
+            off,
+            "home has no endpoint: east",
+        ),
+        (
+            Some(&home_down),
+            false,
+            true,
+            &prio,
+            off,
+            on,
+            "east's gateway dead: north",
+        ),
+        (
+            Some(&home_down),
+            false,
+            false,
+            &prio,
+            off,
+            off,
+            "both dead: probe verdicts (not ready) for both",
+        ),
+    ];
+    for (local, e, n, policy, want_e, want_n, why) in cases {
+        let d = with_traffic(&all, local, &gws(e, n), policy);
+        assert_eq!(readiness(&d, "east"), vec![want_e], "{why}: east");
+        assert_eq!(readiness(&d, "north"), vec![want_n], "{why}: north");
+        assert!(d.untouched.is_empty(), "{why}");
+        // Home's own copy keeps its own conditions whatever the policy.
+        let home = d
+            .slices
+            .iter()
+            .find(|s| s.metadata.labels.as_ref().unwrap()[SOURCE_CLUSTER_LABEL] == "west");
+        if let Some(home) = home {
+            let src = local.unwrap()[0].endpoints[0].conditions.clone();
+            assert_eq!(home.endpoints[0].conditions, src, "{why}: home as it is");
+        }
+    }
+}
+
+#[test]
+fn a_minimum_above_home_s_count_fails_over_and_a_cluster_local_import_never_does() {
+    use crate::traffic::TrafficPolicy;
+    let gws = BTreeMap::from([("east".to_string(), gw(&["192.0.2.1"], true))]);
+    let two = [local_slice(
+        "hello-a",
+        "IPv4",
+        &[("10.0.0.1", true), ("10.0.0.2", true)],
+    )];
+    let min3 = TrafficPolicy {
+        minimum: 3,
+        ..Default::default()
+    };
+    let d = with_traffic(&["west", "east"], Some(&two), &gws, &min3);
+    assert_eq!(
+        readiness(&d, "east"),
+        vec![(true, true)],
+        "2 < 3: east serves"
+    );
+    let min2 = TrafficPolicy {
+        minimum: 2,
+        ..Default::default()
+    };
+    let d = with_traffic(&["west", "east"], Some(&two), &gws, &min2);
+    assert_eq!(readiness(&d, "east"), vec![(false, false)], "2 = 2: home");
+    let cluster_local = TrafficPolicy {
+        cluster_local: true,
+        ..TrafficPolicy::spread()
+    };
+    let d = with_traffic(&["west", "east"], Some(&[]), &gws, &cluster_local);
+    assert_eq!(
+        readiness(&d, "east"),
+        vec![(false, false)],
+        "internalTrafficPolicy Local: never a remote, even with none at home"
+    );
+    // This cluster does not export the name: home has none, east serves.
+    let d = with_traffic(&["east"], None, &gws, &TrafficPolicy::default());
+    assert_eq!(readiness(&d, "east"), vec![(true, true)]);
+}
+
+#[test]
+fn local_first_leaves_remote_slices_as_they_are_until_home_s_slices_are_listed() {
+    let gws = BTreeMap::from([("east".to_string(), gw(&["192.0.2.1"], true))]);
+    let d = with_traffic(
+        &["west", "east"],
+        None,
+        &gws,
+        &crate::traffic::TrafficPolicy::default(),
+    );
+    assert!(d.slices.is_empty());
+    assert_eq!(
+        d.untouched,
+        BTreeSet::from(["west".to_string(), "east".to_string()])
+    );
+    // Spread needs no count: east is written.
+    let d = with_traffic(
+        &["west", "east"],
+        None,
+        &gws,
+        &crate::traffic::TrafficPolicy::spread(),
+    );
+    assert_eq!(readiness(&d, "east"), vec![(true, true)]);
+}
+
+#[test]
+fn a_dual_stack_home_endpoint_counts_once() {
+    let gws = BTreeMap::from([("east".to_string(), gw(&["192.0.2.1"], true))]);
+    let home = [
+        local_slice("hello-a", "IPv4", &[("10.0.0.1", true)]),
+        local_slice("hello-b", "IPv6", &[("fd00::1", true)]),
+    ];
+    let min2 = crate::traffic::TrafficPolicy {
+        minimum: 2,
+        ..Default::default()
+    };
+    let d = with_traffic(&["west", "east"], Some(&home), &gws, &min2);
+    assert_eq!(
+        readiness(&d, "east"),
+        vec![(true, true)],
+        "one pod in two families is one endpoint: below 2"
     );
 }

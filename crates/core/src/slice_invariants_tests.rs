@@ -684,6 +684,7 @@ fn import_cases() -> Vec<Case> {
                 local_slices: Some(&locals),
                 gateways: &gateways,
                 controller_namespace: CTL,
+                traffic: &crate::traffic::TrafficPolicy::spread(),
             });
             let slices = plan_import_slices(&key, &d, &[], &import_owner(), CTL)
                 .into_iter()
@@ -965,6 +966,7 @@ fn federated_and_import_slices_of_an_older_version_gain_the_cluster_label_in_pla
         local_slices: None,
         gateways: &gateways,
         controller_namespace: CTL,
+        traffic: &crate::traffic::TrafficPolicy::spread(),
     };
     let d = desired_import_slices(&input);
     let old: Vec<EndpointSlice> = d

@@ -168,6 +168,19 @@ pub struct RunArgs {
         default_value = service_mirror_core::labels::DEFAULT_FEDERATED_SELECTOR
     )]
     federated_service_selector: String,
+    /// Where a ServiceImport's traffic goes by default: `local-first` (this cluster's
+    /// own ready endpoints while it has at least the minimum, 1 unless its export's
+    /// `service-mirror.io/local-minimum` says more; remote clusters only below it, by
+    /// --cluster-priority) or `spread` (every exporting cluster's endpoints alike). A
+    /// ServiceExport's `service-mirror.io/locality` annotation overrides it for its
+    /// import here; see docs/operations.md, "Traffic: local-first and priority failover".
+    #[arg(long, env = "SERVICE_MIRROR_TRAFFIC_LOCALITY", default_value = "local-first", value_parser = parse_locality)]
+    traffic_locality: service_mirror_core::traffic::Locality,
+    /// Remote clusters in failover order (`east,north`): below the local minimum, the
+    /// first of them whose gateway is alive takes the traffic, the next when it dies;
+    /// unlisted clusters come last, together. Empty: every remote cluster together.
+    #[arg(long, env = "SERVICE_MIRROR_CLUSTER_PRIORITY", default_value = "", value_parser = parse_cluster_priority)]
+    cluster_priority: ClusterPriority,
     /// When the Multi-Cluster Services component runs (ServiceExports of this cluster
     /// and of every linked one read, the local exports' conditions, ServiceImports,
     /// derived Services and EndpointSlices written): `auto` with --mcs-cluster-name, or
@@ -320,6 +333,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
                     leader: leader.clone(),
                     namespaces: namespaces.clone(),
                     controller_namespace: args.namespace.clone(),
+                    traffic: service_mirror_core::traffic::TrafficDefaults {
+                        locality: args.traffic_locality,
+                        priority: args.cluster_priority.0.clone(),
+                    },
                 },
                 shutdown.clone(),
             );
@@ -450,6 +467,19 @@ async fn wait_for_signal(mut term: tokio::signal::unix::Signal) -> anyhow::Resul
         r = tokio::signal::ctrl_c() => r?,
     }
     Ok(())
+}
+
+fn parse_locality(value: &str) -> Result<service_mirror_core::traffic::Locality, String> {
+    service_mirror_core::traffic::Locality::parse(value)
+        .ok_or_else(|| format!("{value:?}: expected local-first or spread"))
+}
+
+/// `--cluster-priority`, parsed (a newtype: clap reads a `Vec` field as many values).
+#[derive(Clone, Debug, Default)]
+struct ClusterPriority(Vec<String>);
+
+fn parse_cluster_priority(value: &str) -> Result<ClusterPriority, String> {
+    service_mirror_core::traffic::parse_priority(value).map(ClusterPriority)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use service_mirror_core::mcs_slices::{
     DesiredImportSlices, ImportSlicesInput, SourceGateway, desired_import_slices,
     plan_import_slices,
 };
+use service_mirror_core::traffic::TrafficPolicy;
 use service_mirror_core::{Action, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -427,6 +428,8 @@ pub(super) struct SliceFacts<'a> {
     pub(super) controller_namespace: &'a str,
     /// Our import slices of the name, as cached.
     pub(super) stored: &'a [EndpointSlice],
+    /// Where the import's traffic goes (`core::traffic`).
+    pub(super) traffic: &'a TrafficPolicy,
 }
 
 /// The slice writes of one import, in order; `None`: wait (not listed yet, or the new
@@ -445,6 +448,7 @@ pub(super) fn decide_slices(facts: SliceFacts<'_>) -> Option<Vec<Action>> {
             local_slices: facts.local_slices,
             gateways: facts.gateways,
             controller_namespace: facts.controller_namespace,
+            traffic: facts.traffic,
         }),
         (Some(_), None) => return None,
         (None, _) => DesiredImportSlices::default(),

@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::ServiceSpec;
 use kube::api::ObjectMeta;
 use service_mirror_core::mcs::{Conflict, ImportPort};
 use service_mirror_core::mcs_derived::desired_derived_service;
+use service_mirror_core::traffic::TrafficPolicy;
 use service_mirror_core::{Object, ObjectKind};
 
 const CTL: &str = "sm";
@@ -597,6 +598,7 @@ impl Slices {
             local_cluster: "west",
             controller_namespace: CTL,
             stored: &self.stored,
+            traffic: &TrafficPolicy::spread(),
         })
     }
 

@@ -57,6 +57,7 @@ use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::mcs::Merge;
 use service_mirror_core::mcs_import::is_owned_import;
+use service_mirror_core::traffic::TrafficPolicy;
 use service_mirror_core::{Action, Object, ObjectKind, ObjectRef};
 use slices::SliceTarget;
 use std::collections::BTreeMap;
@@ -152,13 +153,15 @@ impl Imports {
 
     /// Brings the import of `key`, its derived Service and its slices to `merged`:
     /// gathered, planned (`decide::decide_import`; `settling`: which clusters count now
-    /// or are known gone, see the module's doc), then applied.
+    /// or are known gone, see the module's doc; `traffic`: which remote clusters'
+    /// slices are ready), then applied.
     pub(super) async fn sync(
         &self,
         key: &ServiceKey,
         facts: &ImportFacts,
         merged: &Merge,
         settling: &Settling<'_>,
+        traffic: &TrafficPolicy,
     ) -> Outcome {
         let cached = facts.import.as_ref();
         let stored = cached.map(|i| StoredImport {
@@ -201,6 +204,7 @@ impl Imports {
                             clusters: &merged.clusters,
                             keep,
                             created,
+                            traffic,
                         };
                         self.sync_slices(key, facts, slices).await
                     }

@@ -620,3 +620,44 @@ fn an_exports_export_to_annotation_is_read_and_a_change_of_it_judges_the_name_ag
     assert_eq!(changed, keys(&["hello"]));
     assert_eq!(export_to(&index), ExportTo::Every);
 }
+
+#[test]
+fn a_change_of_the_local_exports_traffic_annotations_judges_the_name_again_a_remotes_does_not() {
+    use service_mirror_core::traffic::LOCALITY_ANNOTATION;
+    let now = Instant::now();
+    let mut index = ExportIndex::new("west", NamespaceFilter::default(), now);
+    assert!(index.feed("east", 1, now));
+    let annotated = |locality: Option<&str>| {
+        let mut e = export("hello", T0);
+        e.metadata.annotations =
+            locality.map(|l| BTreeMap::from([(LOCALITY_ANNOTATION.to_string(), l.to_string())]));
+        e
+    };
+    list(
+        &mut index,
+        "west",
+        0,
+        &[annotated(None)],
+        &[service("hello", 80)],
+    );
+    list(
+        &mut index,
+        "east",
+        1,
+        &[annotated(None)],
+        &[service("hello", 80)],
+    );
+    let changed = index.export_event("west", 0, &Event::Apply(annotated(Some("spread"))));
+    assert_eq!(changed, keys(&["hello"]), "the local export: judged again");
+    let local = index.local_export(&key("hello")).unwrap();
+    assert_eq!(
+        local.metadata.annotations.as_ref().unwrap()[LOCALITY_ANNOTATION],
+        "spread",
+        "read by the reconcile from the local export"
+    );
+    let changed = index.export_event("east", 1, &Event::Apply(annotated(Some("spread"))));
+    assert!(
+        changed.is_empty(),
+        "a remote's traffic annotations mean nothing here: {changed:?}"
+    );
+}

@@ -62,6 +62,12 @@ pub(crate) struct McsFamilies {
     /// Problems told of local exports' `export-to` annotations, by reason
     /// (`InvalidExportTo`, `ExportToUnknownCluster`), once per episode.
     pub(crate) export_to_problems: Family<ReasonLabels, Counter>,
+    /// Problems told of local exports' traffic annotations (`InvalidTrafficAnnotation`),
+    /// once per episode.
+    pub(crate) traffic_problems: Family<ReasonLabels, Counter>,
+    /// Clusters of `--cluster-priority` that no link source names (once those are
+    /// listed): they take no traffic until one does.
+    pub(crate) priority_unknown: Gauge,
     /// Clusters whose exports count (both lists complete), the local one included.
     pub(crate) clusters_listed: Gauge,
     /// One series at 1: whether the component runs, and why (set once at the start).
@@ -100,6 +106,16 @@ impl McsFamilies {
             "mcs_export_to_problems",
             "Problems of local ServiceExports' service-mirror.io/export-to annotations, by reason (InvalidExportTo, ExportToUnknownCluster), counted once per episode",
             self.export_to_problems.clone(),
+        );
+        r.register(
+            "mcs_traffic_problems",
+            "Problems of local ServiceExports' service-mirror.io/locality and local-minimum annotations, by reason (InvalidTrafficAnnotation), counted once per episode",
+            self.traffic_problems.clone(),
+        );
+        r.register(
+            "mcs_priority_unknown_clusters",
+            "Clusters named by --cluster-priority that no link source names",
+            self.priority_unknown.clone(),
         );
         r.register(
             "mcs_watch_errors",

@@ -125,6 +125,8 @@ pub struct McsOptions {
     pub namespaces: service_mirror_core::NamespaceFilter,
     /// The controller's namespace: our imports and derived Services carry it.
     pub controller_namespace: String,
+    /// Where imports' traffic goes by default (`core::traffic`).
+    pub traffic: service_mirror_core::traffic::TrafficDefaults,
 }
 
 /// A handle on the running MCS component (clones share it).
@@ -221,6 +223,7 @@ impl Mcs {
             metrics: metrics.clone(),
             leader: opts.leader.clone(),
             local: opts.cluster_name.clone(),
+            traffic: opts.traffic.clone(),
             imports,
         });
         rec.count(); // every state's gauge from the start

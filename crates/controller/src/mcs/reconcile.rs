@@ -38,6 +38,7 @@ use kube::runtime::events::EventType;
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::mcs::{ClusterExport, Merge, Validity, exports_reaching, merge};
+use service_mirror_core::traffic::{TrafficDefaults, TrafficPolicy, export_traffic};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +67,9 @@ pub(super) struct Reconciler {
     pub(super) leader: Option<Leadership>,
     /// This cluster's name.
     pub(super) local: String,
+    /// Where imports' traffic goes by default (`--traffic-locality`,
+    /// `--cluster-priority`).
+    pub(super) traffic: TrafficDefaults,
     /// The writer of the local imports.
     pub(super) imports: Imports,
 }
@@ -77,6 +81,8 @@ struct Gathered {
     last: Option<(Option<String>, super::decide::Verdict)>,
     /// The `export-to` problem last told of the local export.
     last_export_to: Option<(Option<String>, ExportToProblem)>,
+    /// The traffic-annotation problem last told of the local export.
+    last_traffic: Option<(Option<String>, ExportToProblem)>,
     written: Option<String>,
     /// Both local import lists are in (no import is written before).
     imports_listed: bool,
@@ -129,11 +135,13 @@ impl Reconciler {
                     .max(Duration::from_millis(1)));
             }
             let again = note_unlisted(&mut s);
+            self.note_priority(&mut s);
             let gathered = Gathered {
                 exports: s.index.exports(key),
                 export: s.index.local_export(key).cloned(),
                 last: s.verdicts.get(key).cloned(),
                 last_export_to: s.export_to.get(key).cloned(),
+                last_traffic: s.traffic.get(key).cloned(),
                 written: s.written.get(key).cloned(),
                 imports_listed: s.cache.listed(),
                 feeds: s.index.feeds(),
@@ -161,14 +169,18 @@ impl Reconciler {
         if !g.imports_listed {
             return status; // the import is looked at once both local lists are in
         }
+        let reaching = merge(&exports_reaching(&g.exports, &self.local));
+        let traffic = self.traffic_of(&g, &reaching);
         let settling = Settling {
             feeds: g.feeds,
             local: &self.local,
             expected: g.expected.as_ref(),
             removed: &g.removed,
         };
-        let reaching = merge(&exports_reaching(&g.exports, &self.local));
-        let import = self.imports.sync(key, &g.facts, &reaching, &settling).await;
+        let import = self
+            .imports
+            .sync(key, &g.facts, &reaching, &settling, &traffic)
+            .await;
         status.max(import)
     }
 
@@ -192,6 +204,7 @@ impl Reconciler {
                     let mut s = self.shared.lock();
                     s.written.remove(key);
                     s.export_to.remove(key);
+                    s.traffic.remove(key);
                     s.verdicts.remove(key).is_some()
                 };
                 if forgot {
@@ -209,6 +222,7 @@ impl Reconciler {
             self.tell(export, told.type_, told.reason, told.note).await;
         }
         self.judge_export_to(key, g, export).await;
+        self.judge_traffic(key, g, export).await;
         match judged.conditions {
             Some(conditions) => self.write(key, export, &conditions).await,
             None => Wrote::Done,
@@ -248,6 +262,89 @@ impl Reconciler {
                     .await;
             }
         }
+    }
+
+    /// Where the import of `g`'s name goes: this controller's defaults, the local
+    /// export's annotations, the import's `internalTrafficPolicy` and
+    /// `trafficDistribution` (`core::traffic`).
+    fn traffic_of(&self, g: &Gathered, reaching: &Merge) -> TrafficPolicy {
+        let export = export_traffic(
+            g.export
+                .as_ref()
+                .and_then(|e| e.metadata.annotations.as_ref()),
+        );
+        let spec = reaching.import.as_ref();
+        TrafficPolicy::of(
+            self.traffic.locality,
+            &self.traffic.priority,
+            &export,
+            spec.and_then(|s| s.internal_traffic_policy.as_deref()),
+            spec.and_then(|s| s.traffic_distribution.as_deref()),
+        )
+    }
+
+    /// Tells a problem of the local export's traffic annotations
+    /// (`service-mirror.io/locality`, `service-mirror.io/local-minimum`) once per
+    /// episode: a warning, the metric and a Warning Event `InvalidTrafficAnnotation`.
+    async fn judge_traffic(&self, key: &ServiceKey, g: &Gathered, export: &ServiceExport) {
+        let problems = export_traffic(export.metadata.annotations.as_ref()).problems;
+        let now = (!problems.is_empty()).then(|| {
+            let problem = ExportToProblem {
+                reason: "InvalidTrafficAnnotation",
+                note: crate::links::sanitize_remote_text(&problems.join("; ")),
+            };
+            (export.metadata.uid.clone(), problem)
+        });
+        match decide_export_to(now, g.last_traffic.as_ref(), self.leading()) {
+            ExportToStep::Nothing => {}
+            ExportToStep::Forget => {
+                self.shared.lock().traffic.remove(key);
+            }
+            ExportToStep::Tell((uid, problem)) => {
+                self.shared
+                    .lock()
+                    .traffic
+                    .insert(key.clone(), (uid, problem.clone()));
+                tracing::warn!(export = %key, reason = problem.reason, "ServiceExport's traffic annotations: {}", problem.note);
+                self.metrics
+                    .mcs
+                    .traffic_problems
+                    .get_or_create(&super::metrics::ReasonLabels {
+                        reason: problem.reason.into(),
+                    })
+                    .inc();
+                self.tell(export, EventType::Warning, problem.reason, problem.note)
+                    .await;
+            }
+        }
+    }
+
+    /// Logs, once per change, the `--cluster-priority` clusters that no link source
+    /// names (once the sources are listed) and sets their gauge: they take no traffic
+    /// until a link to them runs, and a typo there is otherwise silent.
+    fn note_priority(&self, s: &mut Shared) {
+        if self.traffic.priority.is_empty() {
+            return;
+        }
+        let Some(expected) = s.expected.as_ref() else {
+            return;
+        };
+        let feeds = s.index.feeds();
+        let unknown: Vec<String> = self
+            .traffic
+            .priority
+            .iter()
+            .filter(|c| !expected.contains(*c) && !feeds.contains_key(*c))
+            .cloned()
+            .collect();
+        if s.priority_unknown.as_ref() == Some(&unknown) {
+            return;
+        }
+        if !unknown.is_empty() {
+            tracing::warn!(clusters = ?unknown, "--cluster-priority names clusters that no link source names: they take no traffic until linked");
+        }
+        self.metrics.mcs.priority_unknown.set(unknown.len() as i64);
+        s.priority_unknown = Some(unknown);
     }
 
     /// The gauge of local exports by verdict.

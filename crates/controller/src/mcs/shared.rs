@@ -35,8 +35,14 @@ pub(super) struct Shared {
     /// The problem last told of each local export's `export-to` annotation (uid,
     /// problem): told once per episode.
     pub(super) export_to: BTreeMap<ServiceKey, (Option<String>, ExportToProblem)>,
+    /// The problem last told of each local export's traffic annotations (uid,
+    /// problem): told once per episode.
+    pub(super) traffic: BTreeMap<ServiceKey, (Option<String>, ExportToProblem)>,
     /// The unlisted clusters last logged (a change is logged once).
     pub(super) unlisted: Vec<String>,
+    /// The `--cluster-priority` clusters no link source named, as last logged (`None`:
+    /// not judged yet).
+    pub(super) priority_unknown: Option<Vec<String>>,
 }
 
 impl Shared {
@@ -50,7 +56,9 @@ impl Shared {
             written: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             export_to: BTreeMap::new(),
+            traffic: BTreeMap::new(),
             unlisted: Vec::new(),
+            priority_unknown: None,
         }
     }
 

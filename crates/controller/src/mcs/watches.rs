@@ -24,11 +24,18 @@ impl<K> Store<K> for NoStore {
     fn apply(&mut self, _: &watcher::Event<K>) {}
 }
 
-/// The index reads the spec and the `export-to` annotation only.
+/// The index reads the spec and three annotations only: `export-to`, and the local
+/// export's traffic annotations (a change of either judges the name again: the local
+/// export is kept whole and compared).
 fn strip_export(e: &mut ServiceExport) {
+    use service_mirror_core::traffic::{LOCAL_MINIMUM_ANNOTATION, LOCALITY_ANNOTATION};
     e.metadata.managed_fields = None;
     if let Some(a) = e.metadata.annotations.as_mut() {
-        a.retain(|k, _| k == service_mirror_core::mcs::EXPORT_TO_ANNOTATION);
+        a.retain(|k, _| {
+            k == service_mirror_core::mcs::EXPORT_TO_ANNOTATION
+                || k == LOCALITY_ANNOTATION
+                || k == LOCAL_MINIMUM_ANNOTATION
+        });
     }
     e.metadata.labels = None;
 }
@@ -222,4 +229,46 @@ async fn watch_kind<K>(
         ));
     };
     drive(watch, cancel, on_event, on_error(&feed, kind)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_export_keeps_the_export_to_and_traffic_annotations_only() {
+        use service_mirror_core::mcs::EXPORT_TO_ANNOTATION;
+        use service_mirror_core::traffic::{LOCAL_MINIMUM_ANNOTATION, LOCALITY_ANNOTATION};
+        let mut e = ServiceExport::default();
+        e.metadata.annotations = Some(
+            [
+                EXPORT_TO_ANNOTATION,
+                LOCALITY_ANNOTATION,
+                LOCAL_MINIMUM_ANNOTATION,
+                "kubectl.kubernetes.io/last-applied-configuration",
+            ]
+            .iter()
+            .map(|k| (k.to_string(), "v".to_string()))
+            .collect(),
+        );
+        e.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        strip_export(&mut e);
+        let kept: Vec<&str> = e
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                EXPORT_TO_ANNOTATION,
+                LOCAL_MINIMUM_ANNOTATION,
+                LOCALITY_ANNOTATION
+            ]
+        );
+        assert!(e.metadata.labels.is_none());
+    }
 }

@@ -601,6 +601,7 @@ async fn mcs_world(
             leader: None,
             namespaces: service_mirror_core::NamespaceFilter::allow_only([env.ns.clone()]),
             controller_namespace: format!("sm-{prefix}"),
+            traffic: Default::default(),
         },
         cancel.clone(),
     );

@@ -4,7 +4,7 @@
 //! with the core.
 
 use crate::support::mcs::*;
-use crate::support::{create_namespace, eventually, wait_event};
+use crate::support::{create_namespace, events_on, eventually, wait_event};
 use crate::{Judged, past_second_of, poke_import};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -309,12 +309,57 @@ async fn export_to_narrows_the_clusters_that_import_and_withdraws_an_import_left
         w.imports("east").get_opt("web").await.unwrap().is_none(),
         "nothing came back to east"
     );
+
+    // Bad traffic annotations (issue 32's bad input): each told once (a Warning Event
+    // naming the value, the counter), the default minimum holds, nothing else changes:
+    // without export-to, east imports west's export again.
+    let annotate = |minimum: &str| {
+        let body = serde_json::json!({
+            "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+            "metadata": {"name": "web", "annotations": {
+                "service-mirror.io/local-minimum": minimum}},
+            "spec": {},
+        });
+        let exports = w.exports("west");
+        async move {
+            exports
+                .patch("web", &PatchParams::apply("test"), &Patch::Apply(body))
+                .await
+                .unwrap();
+        }
+    };
+    annotate("-1").await;
+    let note = wait_event(&w.west, &w.ns, "web", "InvalidTrafficAnnotation").await;
+    assert!(note.contains("\"-1\""), "{note}");
+    west.metric(
+        "service_mirror_mcs_traffic_problems_total{reason=\"InvalidTrafficAnnotation\"} 1\n",
+    )
+    .await;
+    annotate("1000000000").await;
+    eventually("a second Event, naming 10^9", || async {
+        events_on(&w.west, &w.ns, "web")
+            .await
+            .into_iter()
+            .any(|(r, n)| r == "InvalidTrafficAnnotation" && n.contains("1000000000"))
+            .then_some(())
+    })
+    .await;
+    west.metric(
+        "service_mirror_mcs_traffic_problems_total{reason=\"InvalidTrafficAnnotation\"} 2\n",
+    )
+    .await;
+    w.import_until("east", "web", "west's again", |i| {
+        i.clusters() == cs(&["west"])
+    })
+    .await;
+    w.until("west", "web", &exported()).await;
     west.stop().await;
     east.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn affinity_traffic_policy_distribution_and_exported_labels_are_imported() {
+async fn affinity_traffic_policy_distribution_and_exported_labels_are_imported_and_the_derived_service_is_never_node_local()
+ {
     let w = World::new("mcs-imp-affinity").await;
     let (west, east) = (w.start("west", None), w.start("east", None));
     w.service(
@@ -372,7 +417,10 @@ async fn affinity_traffic_policy_distribution_and_exported_labels_are_imported()
                 .and_then(|c| c.timeout_seconds),
             Some(300)
         );
-        assert_eq!(ds.internal_traffic_policy.as_deref(), Some("Local"));
+        // The import's `Local` is cluster-local (no remote's slice is ready:
+        // core::traffic); node-local on the derived Service would drop traffic on every
+        // node without an endpoint of it.
+        assert_eq!(ds.internal_traffic_policy.as_deref(), Some("Cluster"));
         assert_eq!(ds.traffic_distribution.as_deref(), Some("PreferClose"));
     }
     west.stop().await;

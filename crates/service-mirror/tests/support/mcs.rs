@@ -168,6 +168,7 @@ impl World {
                 leader,
                 namespaces: NamespaceFilter::allow_only([self.ns.clone(), self.west_only()]),
                 controller_namespace: format!("sm-{cluster}"),
+                traffic: Default::default(),
             },
             cancel.clone(),
         );

@@ -1,31 +1,34 @@
-//! A ServiceImport on the wire (issue 17 point 6): local `west` and remote `east` with
-//! data planes (kube-controller-manager, kube-proxy, CoreDNS), both exporting `shop/web`
-//! with a ServiceExport (each workload answers with its cluster's name; east's behind
-//! the stand-in gateway on its node), east linked by a `Link` to the real
-//! `service-mirror run --mcs-cluster-name west` on west. Requests from west's node to the
-//! import's ClusterSetIP go through west's kube-proxy, which reads the import's
-//! EndpointSlices: west's own (a copy of the slices kube-controller-manager made of its
-//! Service) and east's (at east's gateway). Our CoreDNS does not serve
-//! `clusterset.local`: the requests carry `web.shop.svc.clusterset.local` as their Host
-//! only (the stand-in gateway routes by it). Needs root (network namespaces).
+//! A ServiceImport on the wire (issue 17 point 6; issue 32 points 1 and 2): local `west`
+//! and remotes `east` and `north` with data planes (kube-controller-manager, kube-proxy,
+//! CoreDNS), each exporting `shop/web` with a ServiceExport (each workload answers with
+//! its cluster's name; the remotes' behind the stand-in gateway on their node), linked
+//! by `Link`s to the real `service-mirror run --mcs-cluster-name west
+//! --cluster-priority east,north` on west. Requests from west's node to the import's
+//! ClusterSetIP go through west's kube-proxy, which reads the import's EndpointSlices:
+//! west's own (a copy of the slice kube-controller-manager mirrors from its Endpoints)
+//! and the remotes' (at their gateways), ready as local-first decides. Our CoreDNS does
+//! not serve `clusterset.local`: the requests carry `web.shop.svc.clusterset.local` as
+//! their Host only (the stand-in gateways route by it). Needs root (network namespaces).
 
 use crate::support;
 use crate::support::controller::Controller;
 use crate::support::wire::{
-    await_failover, data_plane_cluster, link_through_gateway, serve_web, slice_ready,
-    until_each_answers,
+    data_plane_cluster, link_through_gateway, serve_web, slice_ready, until_each_answers,
 };
 use crate::support::*;
-use kube::api::{Api, DynamicObject, PostParams};
+use k8s_openapi::api::core::v1::Endpoints;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use local_cluster::{DataPlane, Gateway, LocalCluster, Workload, skip_without_data_plane};
 use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 const HOST: &str = "web.shop.svc.clusterset.local";
-/// The Link's probe: every second, dead after three failures.
+/// The Links' probe: every second, dead after three failures.
 const PROBE_PERIOD: Duration = Duration::from_secs(1);
 const PROBE_THRESHOLD: u32 = 3;
+/// Home's endpoints taken away and given back this many times each: 20 switches.
+const ROUNDS: usize = 10;
 
 fn exports(client: &kube::Client) -> Api<DynamicObject> {
     support::mcs::mcs_api(client, "shop", "ServiceExport")
@@ -51,11 +54,11 @@ async fn exporter(c: &LocalCluster, body: &str) -> Workload {
     workload
 }
 
-/// The import's ClusterSetIP once it lists both clusters.
+/// The import's ClusterSetIP once it lists all three clusters.
 async fn cluster_set_ip(wc: &kube::Client) -> Ipv4Addr {
     let imports: Api<DynamicObject> = support::mcs::mcs_api(wc, "shop", "ServiceImport");
     eventually(
-        "the import of web from west and east, with its ClusterSetIP",
+        "the import of web from west, east and north, with its ClusterSetIP",
         || async {
             let i = imports.get_opt("web").await.ok()??;
             let clusters: Vec<&str> = i.data["status"]["clusters"]
@@ -63,18 +66,20 @@ async fn cluster_set_ip(wc: &kube::Client) -> Ipv4Addr {
                 .iter()
                 .filter_map(|c| c["cluster"].as_str())
                 .collect();
-            (clusters == ["east", "west"]).then_some(())?;
+            (clusters == ["east", "north", "west"]).then_some(())?;
             i.data["spec"]["ips"][0].as_str()?.parse().ok()
         },
     )
     .await
 }
 
-/// Whether east's import slice is ready (None: no such slice yet).
-async fn east_ready(wc: &kube::Client) -> Option<bool> {
+/// Whether `cluster`'s import slice is ready (None: no such slice yet).
+async fn ready(wc: &kube::Client, cluster: &str) -> Option<bool> {
     slice_ready(
         wc,
-        "multicluster.kubernetes.io/service-name=web,multicluster.kubernetes.io/source-cluster=east",
+        &format!(
+            "multicluster.kubernetes.io/service-name=web,multicluster.kubernetes.io/source-cluster={cluster}"
+        ),
     )
     .await
 }
@@ -91,16 +96,77 @@ async fn ask(wp: &DataPlane, ip: Ipv4Addr) -> Result<String, String> {
     }
 }
 
+/// West's workload ready (its Endpoints' `addresses`) or not (`notReadyAddresses`, as a
+/// pod failing its readiness probe): a merge patch replaces the subsets whole.
+async fn home_ready(wc: &kube::Client, node: Ipv4Addr, ready: bool) {
+    let list = if ready {
+        "addresses"
+    } else {
+        "notReadyAddresses"
+    };
+    let patch = serde_json::json!({"subsets": [{
+        list: [{"ip": node.to_string()}],
+        "ports": [{"name": "http", "port": 8080}],
+    }]});
+    Api::<Endpoints>::namespaced(wc.clone(), "shop")
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// A switch of the traffic to `to`: requests every 50 ms from `since` (bounded: 30 s)
+/// until 10 in a row are answered by `to`; then 20 more, each of which must be. The
+/// time from `since` to the first of the 10, and the requests that failed before it.
+async fn switch(
+    since: Instant,
+    to: &str,
+    wp: &DataPlane,
+    ip: Ipv4Addr,
+    ctl: &Controller,
+) -> (Duration, usize) {
+    const WINDOW: usize = 10;
+    let (mut run, mut first, mut failed) = (0, None, 0);
+    while run < WINDOW {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "traffic to {to} within 30 s\ncontroller:\n{}",
+            ctl.log_text()
+        );
+        let at = since.elapsed();
+        match ask(wp, ip).await {
+            Ok(body) if body == to => {
+                first = first.or(Some(at));
+                run += 1;
+            }
+            Ok(_) => (first, run) = (None, 0),
+            Err(_) => (first, run, failed) = (None, 0, failed + 1),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..20 {
+        let r = ask(wp, ip).await;
+        assert_eq!(r.as_deref(), Ok(to), "request {i} after the switch to {to}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (first.expect("a window began"), failed)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cluster_set_ip_reaches_both_exporters_and_fails_over_when_a_gateway_dies() {
-    if skip_without_data_plane("the_cluster_set_ip_reaches_both_exporters") {
+async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
+    if skip_without_data_plane("traffic_stays_home_fails_over_by_priority_and_comes_back") {
         return;
     }
-    let (west, east) = tokio::join!(
+    let (west, east, north) = tokio::join!(
         data_plane_cluster("west-mcs"),
-        data_plane_cluster("east-mcs")
+        data_plane_cluster("east-mcs"),
+        data_plane_cluster("north-mcs"),
     );
-    for c in [&west, &east] {
+    for c in [&west, &east, &north] {
         let client = c.client().await.unwrap();
         for yaml in [
             service_mirror_controller::mcs::SERVICE_EXPORT_CRD_YAML,
@@ -111,7 +177,9 @@ async fn the_cluster_set_ip_reaches_both_exporters_and_fails_over_when_a_gateway
     }
     let _west_web = exporter(&west, "west").await;
     let _east_web = exporter(&east, "east").await;
+    let _north_web = exporter(&north, "north").await;
     let east_gw: Gateway = east.data_plane().unwrap().start_gateway("east").unwrap();
+    let _north_gw: Gateway = north.data_plane().unwrap().start_gateway("north").unwrap();
     let wc = west.client().await.unwrap();
     local_cluster::apply_yaml(&wc, LINK_CRD_YAML).await.unwrap();
     eventually("the Link CRD is served", || async {
@@ -126,62 +194,119 @@ async fn the_cluster_set_ip_reaches_both_exporters_and_fails_over_when_a_gateway
     let ctl = Controller::spawn(
         &west,
         &ctl_ns,
-        &["--namespace-allow", "shop", "--mcs-cluster-name", "west"],
+        &[
+            "--namespace-allow",
+            "shop",
+            "--mcs-cluster-name",
+            "west",
+            "--cluster-priority",
+            "east,north",
+        ],
     );
     ctl.wait_ready().await;
     let linked = Instant::now();
-    // East's admin: the link reads east's ServiceExports (not in Linkerd's remote role).
-    let admin = east.admin_kubeconfig().yaml;
+    // The remotes' admin: the links read their ServiceExports (not in Linkerd's role).
     let probe = (PROBE_PERIOD, PROBE_THRESHOLD);
-    link_through_gateway(&wc, &ctl_ns, "east", &east, &admin, probe).await;
+    for (name, c) in [("east", &east), ("north", &north)] {
+        let admin = c.admin_kubeconfig().yaml;
+        link_through_gateway(&wc, &ctl_ns, name, c, &admin, probe).await;
+    }
     let ip = cluster_set_ip(&wc).await;
     eprintln!(
-        "ServiceImport web: ClusterSetIP {ip}, {:?} after the Link",
+        "ServiceImport web: ClusterSetIP {ip}, {:?} after the Links",
         linked.elapsed()
     );
 
-    // Both exporters answer: west's pods directly, east's through its gateway. Bounded:
-    // 400 requests at most.
+    // Local-first: both remotes' slices are there, standing by; every request stays home.
+    eventually("east and north stand by", || async {
+        (ready(&wc, "east").await == Some(false) && ready(&wc, "north").await == Some(false))
+            .then_some(())
+    })
+    .await;
     let wp = west.data_plane().unwrap();
-    let (seen, tries) = until_each_answers(&["west", "east"], || ask(wp, ip)).await;
+    let node = wp.node_ip();
+    for i in 0..50 {
+        let r = ask(wp, ip).await;
+        assert_eq!(
+            r.as_deref(),
+            Ok("west"),
+            "request {i}: home has a ready endpoint"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(east_gw.accepted(), 0, "east's gateway saw nothing");
+    eprintln!("50 requests with home ready: all answered by west");
+
+    // Home's endpoint not ready → east (first in priority); ready again → home. Each
+    // switch timed from the Endpoints write to the first of 10 answers in a row.
+    let (mut away, mut back, mut failed) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        home_ready(&wc, node, false).await;
+        let (d, f) = switch(t, "east", wp, ip, &ctl).await;
+        away.push(d);
+        failed += f;
+        let t = Instant::now();
+        home_ready(&wc, node, true).await;
+        let (d, f) = switch(t, "west", wp, ip, &ctl).await;
+        back.push(d);
+        failed += f;
+    }
+    let mut all: Vec<Duration> = away.iter().chain(&back).copied().collect();
+    all.sort();
+    away.sort();
+    back.sort();
+    eprintln!(
+        "{} switches: p50 {:?}, p99 {:?} (home → east: p50 {:?}, max {:?}; east → home: p50 {:?}, max {:?}); {failed} requests failed before their switch settled, none after",
+        all.len(),
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+        percentile(&away, 0.5),
+        away.last().unwrap(),
+        percentile(&back, 0.5),
+        back.last().unwrap(),
+    );
+
+    // Home away again, then east's gateway dies: north (next in priority) once the
+    // probe's verdict lands.
+    home_ready(&wc, node, false).await;
+    switch(Instant::now(), "east", wp, ip, &ctl).await;
+    let killed = Instant::now();
+    drop(east_gw);
+    let (d, f) = switch(killed, "north", wp, ip, &ctl).await;
+    let bound = PROBE_PERIOD * PROBE_THRESHOLD + Duration::from_secs(10);
+    eprintln!("east's gateway killed: all to north after {d:?} ({f} requests failed before)");
+    assert!(d <= bound, "failover to north {d:?} within {bound:?}");
+    assert_eq!(ready(&wc, "east").await, Some(false), "east not ready");
+
+    // Home back: every request home again.
+    let t = Instant::now();
+    home_ready(&wc, node, true).await;
+    let (d, _) = switch(t, "west", wp, ip, &ctl).await;
+    eprintln!("home ready again: all to west after {d:?}");
+    eventually("north stands by again", || async {
+        (ready(&wc, "north").await == Some(false)).then_some(())
+    })
+    .await;
+
+    // West's export says `spread`: home and the live remote (north) both answer.
+    let spread = serde_json::json!({"metadata": {"annotations": {
+        "service-mirror.io/locality": "spread"}}});
+    exports(&wc)
+        .patch("web", &PatchParams::default(), &Patch::Merge(&spread))
+        .await
+        .unwrap();
+    let (seen, tries) = until_each_answers(&["west", "north"], || ask(wp, ip)).await;
     assert!(
         !seen.contains(&0),
-        "requests reach both exporters: west {}, east {} of {tries}\ncontroller:\n{}",
+        "spread: west {}, north {} of {tries}\ncontroller:\n{}",
         seen[0],
         seen[1],
         ctl.log_text()
     );
     eprintln!(
-        "requests reach both exporters (west {}, east {} of {tries})",
+        "spread: west {}, north {} of {tries} requests",
         seen[0], seen[1]
     );
-    assert!(
-        east_gw.accepted() > 0,
-        "east's answers came through its gateway"
-    );
-
-    // East's gateway dies: east's slice turns not ready at the probe verdict, then
-    // kube-proxy sends everything to west.
-    drop(east_gw);
-    let f = await_failover(
-        Instant::now(),
-        "west",
-        || ask(wp, ip),
-        || async { east_ready(&wc).await == Some(false) },
-    )
-    .await;
-    let (verdict, failover) = (f.verdict, f.failover);
-    eprintln!(
-        "east's gateway killed: probe verdict in the slice after {verdict:?}, first all-west window after {failover:?} ({} requests failed before it)",
-        f.before(None)
-    );
-    let bound = PROBE_PERIOD * PROBE_THRESHOLD + Duration::from_secs(10);
-    assert!(failover <= bound, "failover {failover:?} within {bound:?}");
-    for i in 0..100 {
-        let r = ask(wp, ip).await;
-        assert_eq!(r.as_deref(), Ok("west"), "request {i} after the failover");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eprintln!("100 requests after the failover: all answered by west");
     drop(ctl);
 }

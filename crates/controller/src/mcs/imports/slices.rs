@@ -8,6 +8,7 @@ use crate::mcs::write_errors::Outcome;
 use crate::writer::Applied;
 use kube::api::ObjectMeta;
 use service_mirror_core::mcs::ImportSpec;
+use service_mirror_core::traffic::{Locality, TrafficPolicy};
 use service_mirror_core::{Action, ServiceKey};
 use std::collections::BTreeSet;
 
@@ -23,7 +24,17 @@ pub(super) struct SliceTarget<'a> {
     /// The uid of the import created in this pass (the cache shows it only with its
     /// watch event).
     pub(super) created: Option<String>,
+    /// Where its traffic goes (only the remote slices' readiness depends on it).
+    pub(super) traffic: &'a TrafficPolicy,
 }
+
+/// The policy of no import (unused: no slice is wanted).
+static NO_IMPORT: TrafficPolicy = TrafficPolicy {
+    cluster_local: false,
+    locality: Locality::Spread,
+    minimum: 1,
+    priority: Vec::new(),
+};
 
 impl SliceTarget<'_> {
     /// No import of ours: every slice of ours of the name goes.
@@ -33,6 +44,7 @@ impl SliceTarget<'_> {
             clusters: &[],
             keep: BTreeSet::new(),
             created: None,
+            traffic: &NO_IMPORT,
         }
     }
 }
@@ -52,6 +64,7 @@ impl Imports {
             clusters,
             keep,
             created,
+            traffic,
         } = target;
         let import = created.or_else(|| {
             facts
@@ -74,6 +87,7 @@ impl Imports {
             local_cluster: &self.local_cluster,
             controller_namespace: &self.controller_namespace,
             stored: &facts.slices,
+            traffic,
         }) else {
             return Outcome::Done; // judged again when the list, or the new import, is in
         };

@@ -1,0 +1,299 @@
+//! Where a ServiceImport's traffic goes (issue 32, points 1 and 2): local-first with
+//! priority failover, and `internalTrafficPolicy: Local` read as cluster-local.
+//!
+//! kube-proxy and Linkerd's destination both send a Service's traffic to the *ready*
+//! endpoints of its EndpointSlices (kube-proxy falls back to serving-and-terminating
+//! endpoints only when none is ready; Linkerd's destination skips an endpoint whose
+//! `ready` is false). So the choice is written as which clusters' slices of the import
+//! are ready: this cluster's own endpoints (a copy of its exported Service's slices)
+//! always keep their own conditions; a remote cluster's gateway endpoints are ready
+//! only while that cluster *serves* ([`serving_remotes`]) and its gateway probe passes.
+//! A remote that does not serve keeps its slice, addresses and all, with every endpoint
+//! `ready: false, serving: false, terminating: false` (a standby: a failover is one
+//! slice update, and an operator sees where traffic would go).
+//!
+//! The rules, for one import in one cluster:
+//! - **`internalTrafficPolicy: Local`** (the exporters' Service): cluster-local, as
+//!   Lighthouse defines it for imports (submariner-io/lighthouse#1989): no remote ever
+//!   serves; only this cluster's own endpoints take traffic, none if it does not export
+//!   the name. The derived Service itself is always `Cluster`: node-local on a Service
+//!   whose endpoints are gateways and copies would drop traffic on every node without
+//!   one, silently.
+//! - **spread**: every remote serves (readiness by probe only): traffic splits by
+//!   endpoint count, as before local-first.
+//! - **local-first** (the default): while this cluster has at least `minimum` ready
+//!   endpoints of its own, no remote serves. Below that (its pods gone, or it does not
+//!   export the name), the remotes serve by tier: the clusters of the priority list in
+//!   its order, one tier each, then every other remote as the last tier; the first tier
+//!   with a *usable* cluster (gateway reported, alive, an address not failing its
+//!   probes) serves, and the tiers after it stand by. With no priority list every
+//!   remote is one tier. With no usable remote at all, every remote serves (their
+//!   probes already say not ready: nothing is hidden that could answer).
+//! - A cluster's own endpoint count not known yet (its slices not listed since the
+//!   start) decides nothing: the remote slices are left as they are.
+//!
+//! Which locality an import follows: this cluster's own ServiceExport's
+//! [`LOCALITY_ANNOTATION`] if it has a valid one; else `local-first` if the import's
+//! `trafficDistribution` asks for closeness (`PreferClose`, `PreferSameZone`,
+//! `PreferSameNode`: the closest a remote cluster can be is this one); else the
+//! controller's default (`--traffic-locality`). The minimum is that export's
+//! [`LOCAL_MINIMUM_ANNOTATION`] (1 to [`MAX_LOCAL_MINIMUM`]), else 1.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A ServiceExport annotation: `local-first` or `spread`, for this cluster's import of
+/// the name.
+pub const LOCALITY_ANNOTATION: &str = "service-mirror.io/locality";
+/// A ServiceExport annotation: how many ready endpoints of its own this cluster needs
+/// to keep its traffic local (local-first), 1 to [`MAX_LOCAL_MINIMUM`].
+pub const LOCAL_MINIMUM_ANNOTATION: &str = "service-mirror.io/local-minimum";
+/// The largest minimum: above it, a typo (an extra zero or three) would send every
+/// request away for good; an EndpointSlice holds 1,000 endpoints by default.
+pub const MAX_LOCAL_MINIMUM: u32 = 1000;
+/// The minimum when none is given.
+pub const DEFAULT_LOCAL_MINIMUM: u32 = 1;
+
+/// Whether traffic stays in this cluster while it can.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Locality {
+    /// This cluster's own endpoints while it has enough, the remotes by priority after.
+    #[default]
+    LocalFirst,
+    /// Every cluster's endpoints alike.
+    Spread,
+}
+
+impl Locality {
+    /// The annotation's (and flag's) value: `local-first` or `spread`.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim() {
+            "local-first" => Some(Self::LocalFirst),
+            "spread" => Some(Self::Spread),
+            _ => None,
+        }
+    }
+
+    /// The annotation's (and flag's) word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LocalFirst => "local-first",
+            Self::Spread => "spread",
+        }
+    }
+}
+
+/// What this cluster's own ServiceExport of a name says of its traffic.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExportTraffic {
+    /// Its valid [`LOCALITY_ANNOTATION`], if any.
+    pub locality: Option<Locality>,
+    /// Its valid [`LOCAL_MINIMUM_ANNOTATION`], else [`DEFAULT_LOCAL_MINIMUM`].
+    pub minimum: u32,
+    /// What was wrong with them, for people (an invalid value is ignored: the default
+    /// holds). Empty when both are valid or absent.
+    pub problems: Vec<String>,
+}
+
+/// Longest value quoted in a problem (an annotation is the tenant's text).
+const MAX_QUOTED: usize = 40;
+
+fn quoted(v: &str) -> String {
+    match v.char_indices().nth(MAX_QUOTED) {
+        None => format!("{v:?}"),
+        Some((at, _)) => format!("{:?}...", &v[..at]),
+    }
+}
+
+/// Reads an export's traffic annotations (`annotations`: its metadata's).
+pub fn export_traffic(annotations: Option<&BTreeMap<String, String>>) -> ExportTraffic {
+    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
+    let mut out = ExportTraffic {
+        minimum: DEFAULT_LOCAL_MINIMUM,
+        ..Default::default()
+    };
+    if let Some(v) = get(LOCALITY_ANNOTATION) {
+        match Locality::parse(v) {
+            Some(l) => out.locality = Some(l),
+            None => out.problems.push(format!(
+                "{LOCALITY_ANNOTATION} {} is neither local-first nor spread: ignored",
+                quoted(v)
+            )),
+        }
+    }
+    if let Some(v) = get(LOCAL_MINIMUM_ANNOTATION) {
+        match v.trim().parse::<u32>() {
+            Ok(n) if (1..=MAX_LOCAL_MINIMUM).contains(&n) => out.minimum = n,
+            _ => out.problems.push(format!(
+                "{LOCAL_MINIMUM_ANNOTATION} {} is not a whole number from 1 to {MAX_LOCAL_MINIMUM}: the minimum is {DEFAULT_LOCAL_MINIMUM}",
+                quoted(v)
+            )),
+        }
+    }
+    out
+}
+
+/// The controller's own settings: its default locality (`--traffic-locality`) and the
+/// remote clusters in priority order (`--cluster-priority`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrafficDefaults {
+    /// The locality of an import whose export says none.
+    pub locality: Locality,
+    /// The remote clusters in priority order.
+    pub priority: Vec<String>,
+}
+
+/// Reads a priority list (`--cluster-priority`): cluster names separated by commas,
+/// trimmed, empty entries ignored; each must be a cluster name, at most once.
+pub fn parse_priority(value: &str) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        crate::naming::validate_cluster_name(name)
+            .map_err(|e| format!("{name:?} is not a cluster name: {e}"))?;
+        if out.iter().any(|n| n == name) {
+            return Err(format!("{name:?} is listed twice"));
+        }
+        out.push(name.to_owned());
+    }
+    Ok(out)
+}
+
+/// Everything that decides where one import's traffic goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrafficPolicy {
+    /// `internalTrafficPolicy: Local` on the import: no remote ever serves.
+    pub cluster_local: bool,
+    /// Local-first or spread.
+    pub locality: Locality,
+    /// Ready endpoints of its own this cluster needs to keep its traffic (local-first).
+    pub minimum: u32,
+    /// The remote clusters in priority order (the first serves first); the others come
+    /// after them, as one tier.
+    pub priority: Vec<String>,
+}
+
+/// Whether `distribution` (a Service's `trafficDistribution`) asks for close endpoints.
+fn prefers_close(distribution: Option<&str>) -> bool {
+    matches!(
+        distribution,
+        Some("PreferClose" | "PreferSameZone" | "PreferSameNode")
+    )
+}
+
+impl Default for TrafficPolicy {
+    /// Local-first with a minimum of one, no priority list.
+    fn default() -> Self {
+        TrafficPolicy {
+            cluster_local: false,
+            locality: Locality::LocalFirst,
+            minimum: DEFAULT_LOCAL_MINIMUM,
+            priority: Vec::new(),
+        }
+    }
+}
+
+impl TrafficPolicy {
+    /// Every cluster alike (before local-first: traffic split by endpoint count).
+    pub fn spread() -> Self {
+        TrafficPolicy {
+            locality: Locality::Spread,
+            ..Default::default()
+        }
+    }
+
+    /// The policy of an import: `default` (the controller's locality), `priority` (the
+    /// controller's list), `export` (this cluster's own export's annotations; default
+    /// when it has none), and the import's `internalTrafficPolicy` and
+    /// `trafficDistribution` (see the module doc for the order).
+    pub fn of(
+        default: Locality,
+        priority: &[String],
+        export: &ExportTraffic,
+        internal_traffic_policy: Option<&str>,
+        traffic_distribution: Option<&str>,
+    ) -> Self {
+        let locality = export
+            .locality
+            .unwrap_or(if prefers_close(traffic_distribution) {
+                Locality::LocalFirst
+            } else {
+                default
+            });
+        TrafficPolicy {
+            cluster_local: internal_traffic_policy == Some("Local"),
+            locality,
+            minimum: export.minimum.max(1),
+            priority: priority.to_vec(),
+        }
+    }
+}
+
+/// Which remote clusters take an import's traffic (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// Every remote (readiness by probe only).
+    All,
+    /// Only these (the others stand by).
+    Only(BTreeSet<String>),
+    /// Not known yet (this cluster's own endpoints not counted): leave the remote
+    /// slices as they are.
+    Undecided,
+}
+
+impl Serving {
+    /// Whether `cluster` (a remote) serves; `None`: undecided.
+    pub fn serves(&self, cluster: &str) -> Option<bool> {
+        match self {
+            Serving::All => Some(true),
+            Serving::Only(set) => Some(set.contains(cluster)),
+            Serving::Undecided => None,
+        }
+    }
+}
+
+/// Which of `remotes` (each: the cluster, and whether its gateway is usable now) take
+/// the traffic of an import under `policy`, this cluster having `local_ready` ready
+/// endpoints of its own (`None`: not counted yet).
+pub fn serving_remotes(
+    policy: &TrafficPolicy,
+    local_ready: Option<usize>,
+    remotes: &[(String, bool)],
+) -> Serving {
+    if policy.cluster_local {
+        return Serving::Only(BTreeSet::new());
+    }
+    if policy.locality == Locality::Spread {
+        return Serving::All;
+    }
+    let Some(local) = local_ready else {
+        return Serving::Undecided;
+    };
+    if local >= policy.minimum as usize {
+        return Serving::Only(BTreeSet::new());
+    }
+    let tier = |cluster: &str| {
+        policy
+            .priority
+            .iter()
+            .position(|c| c == cluster)
+            .unwrap_or(policy.priority.len())
+    };
+    let Some(first) = remotes
+        .iter()
+        .filter(|(_, usable)| *usable)
+        .map(|(c, _)| tier(c))
+        .min()
+    else {
+        return Serving::All;
+    };
+    Serving::Only(
+        remotes
+            .iter()
+            .filter(|(c, _)| tier(c) == first)
+            .map(|(c, _)| c.clone())
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+#[path = "traffic_tests.rs"]
+mod tests;
