@@ -6,6 +6,9 @@
 //! - [`mcs`]: the Multi-Cluster Services API's `ServiceExport` and `ServiceImport`
 //!   (`multicluster.x-k8s.io`, v1beta1 read and written; v1alpha1 served, same schema).
 //! - [`about`]: the About API's `ClusterProperty` (`about.k8s.io/v1alpha1`).
+//! - [`clusterprofile`]: the cluster inventory API's `ClusterProfile`
+//!   (`multicluster.x-k8s.io/v1alpha1`, KEP-4322), read as a link source; its CRD is
+//!   upstream's, unchanged.
 //!
 //! The CRD YAML files in `crds/` are the one source of truth for what is installed
 //! (`service-mirror install` embeds them, the Helm chart holds byte-identical copies):
@@ -18,6 +21,7 @@
 //! absent `spec` decodes as the empty one (`absent_is_default!`).
 
 pub mod about;
+pub mod clusterprofile;
 pub mod link;
 pub mod mcs;
 

@@ -15,6 +15,8 @@
 //! | `coordination.k8s.io` `leases` (controller namespace only) | get, create, update, patch, delete | leader election (HA: get, create, patch); the per-link write Leases `service-mirror-write-<cluster>` (get, create, update; `delete`: on unlink, only those labelled ours); no Lease is listed or watched |
 //! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]; `get`: the status writer reads the Link's current status first) |
 //! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
+//! | `multicluster.x-k8s.io` `clusterprofiles` (controller namespace only) | list, watch | `ClusterProfile`s as a link source ([`CLUSTER_PROFILE_RULES`]; read only with `--link-source` `cluster-profiles` or `all`; `list` also confirms a deleted one is gone before its mirrors are) |
+//! | `multicluster.x-k8s.io` `clusterprofiles/status` (controller namespace only) | patch | our one condition `service-mirror.io/Linked` (server-side apply; the cluster manager's conditions are not ours) |
 //! | `multicluster.x-k8s.io` `serviceexports` (all namespaces) | list, watch | the MCS component's reader of local ServiceExports ([`MCS_RULES`]; where MCS runs only) |
 //! | `multicluster.x-k8s.io` `serviceexports/status` (all namespaces) | patch | the local exports' `Valid`, `Ready` and `Conflict` conditions (server-side apply) |
 //! | `multicluster.x-k8s.io` `serviceimports` (all namespaces) | list, watch, create, update, delete | the local ServiceImports: cached (all, so a foreign one is seen and left alone), created, replaced with the cached resourceVersion, deleted with the last export (uid and resourceVersion preconditions) |
@@ -116,6 +118,23 @@ pub const LINK_RULES: &[Rule] = &[
     Rule {
         group: "multicluster.linkerd.io",
         resources: &["links/status"],
+        verbs: &["patch"],
+    },
+];
+
+/// Rules for `ClusterProfile`s (KEP-4322) as a link source, granted in the controller's
+/// namespace (in the same Role as [`NAMESPACE_RULES`]) but needed only where that
+/// source is enabled (`--link-source` `cluster-profiles` or `all`). No `get`: the
+/// profiles come from one watch, and our condition is a server-side apply.
+pub const CLUSTER_PROFILE_RULES: &[Rule] = &[
+    Rule {
+        group: "multicluster.x-k8s.io",
+        resources: &["clusterprofiles"],
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        group: "multicluster.x-k8s.io",
+        resources: &["clusterprofiles/status"],
         verbs: &["patch"],
     },
 ];
@@ -227,6 +246,12 @@ pub fn required_permissions(namespace: &str) -> Vec<Permission> {
 /// resources, so checked only where their CRD is served.
 pub fn link_permissions(namespace: &str) -> Vec<Permission> {
     expand(LINK_RULES, Some(namespace)).collect()
+}
+
+/// The permissions of [`CLUSTER_PROFILE_RULES`] in `namespace`: needed only where
+/// ClusterProfiles are a link source.
+pub fn cluster_profile_permissions(namespace: &str) -> Vec<Permission> {
+    expand(CLUSTER_PROFILE_RULES, Some(namespace)).collect()
 }
 
 /// The permissions of [`MCS_RULES`]: needed only where MCS runs.

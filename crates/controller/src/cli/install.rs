@@ -26,7 +26,8 @@ use super::args::OutputArgs;
 use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::links::LINK_CRD_YAML;
 use crate::permissions::{
-    CLUSTER_RULES, LINK_RULES, LOCAL_NETWORK_RULES, MCS_RULES, NAMESPACE_RULES, Rule,
+    CLUSTER_PROFILE_RULES, CLUSTER_RULES, LINK_RULES, LOCAL_NETWORK_RULES, MCS_RULES,
+    NAMESPACE_RULES, Rule,
 };
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -103,6 +104,12 @@ pub struct InstallArgs {
     /// not include it. `false` where the About API's own CRD is installed.
     #[arg(long, env = "SERVICE_MIRROR_CLUSTER_PROPERTY_CRD", default_value_t = true, action = clap::ArgAction::Set)]
     pub cluster_property_crd: bool,
+    /// Print the published CRD of the cluster inventory API's ClusterProfile
+    /// (clusterprofiles.multicluster.x-k8s.io, KEP-4322), read as a link source with
+    /// `run --link-source=cluster-profiles` or `all`. Off by default: the source is, and
+    /// a cluster manager usually installs it.
+    #[arg(long, env = "SERVICE_MIRROR_CLUSTER_PROFILE_CRD", default_value_t = false, action = clap::ArgAction::Set)]
+    pub cluster_profile_crd: bool,
     /// How the manifests are printed.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -329,6 +336,11 @@ pub(crate) fn mcs_crds() -> [serde_json::Value; 2] {
     ]
 }
 
+/// The published ClusterProfile CRD, as [`link_crd`].
+pub(crate) fn cluster_profile_crd() -> serde_json::Value {
+    crd(service_mirror_api::clusterprofile::CLUSTER_PROFILE_CRD_YAML)
+}
+
 /// The About API's ClusterProperty CRD (whose `id.k8s.io` names the cluster for MCS),
 /// as [`link_crd`].
 pub(crate) fn cluster_property_crd() -> serde_json::Value {
@@ -363,6 +375,8 @@ pub(crate) struct Install<'a> {
     pub mcs_crds: bool,
     /// Whether the ClusterProperty CRD is printed.
     pub cluster_property_crd: bool,
+    /// Whether the ClusterProfile CRD is printed.
+    pub cluster_profile_crd: bool,
 }
 
 /// The local-side manifests, in apply order: the CRDs (unless left out), Namespace,
@@ -376,6 +390,7 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
         link_crd: with_crd,
         mcs_crds: with_mcs_crds,
         cluster_property_crd: with_cluster_property_crd,
+        cluster_profile_crd: with_cluster_profile_crd,
     } = *install;
     let cluster_role = cluster_role_name(namespace);
     let ns = Namespace {
@@ -412,6 +427,8 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
     // Link permissions even without our CRD: Linkerd's may be installed, or come later.
     let mut namespace_rules = policy_rules(NAMESPACE_RULES);
     namespace_rules.extend(policy_rules(LINK_RULES));
+    // ClusterProfile permissions whatever the source: `--link-source` alone enables it.
+    namespace_rules.extend(policy_rules(CLUSTER_PROFILE_RULES));
     let role = Role {
         metadata: meta(NAME, Some(namespace)),
         rules: Some(namespace_rules),
@@ -433,6 +450,9 @@ pub(crate) fn install_manifests(install: &Install<'_>) -> Vec<serde_json::Value>
     }
     if with_cluster_property_crd {
         docs.push(cluster_property_crd());
+    }
+    if with_cluster_profile_crd {
+        docs.push(cluster_profile_crd());
     }
     docs.extend([
         to_value(serde_json::to_value(ns)),
@@ -477,6 +497,7 @@ pub(crate) fn run(args: InstallArgs) -> anyhow::Result<()> {
         link_crd: args.link_crd,
         mcs_crds: args.mcs_crds,
         cluster_property_crd: args.cluster_property_crd,
+        cluster_profile_crd: args.cluster_profile_crd,
     };
     args.output
         .print(&install_manifests(&install))
@@ -499,6 +520,7 @@ mod tests {
             link_crd: true,
             mcs_crds: true,
             cluster_property_crd: true,
+            cluster_profile_crd: false,
         })
     }
 
@@ -605,6 +627,10 @@ mod tests {
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links/status"],
                  "verbs": ["patch"]},
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["clusterprofiles"],
+                 "verbs": ["list", "watch"]},
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["clusterprofiles/status"],
+                 "verbs": ["patch"]},
             ])
         );
     }
@@ -626,6 +652,7 @@ mod tests {
                 link_crd,
                 mcs_crds,
                 cluster_property_crd,
+                cluster_profile_crd: false,
             })
         };
         let crd_names = |docs: &[serde_json::Value]| -> Vec<String> {
@@ -656,6 +683,27 @@ mod tests {
         );
         assert_eq!(&mcs_crds_off[2..], &without[..], "the same RBAC either way");
         assert_eq!(&only(false, true, true)[3..], &without[..]);
+        // The ClusterProfile CRD only when asked for, after the others, as published.
+        let profiles = install_manifests(&Install {
+            namespace: "mc",
+            ha: false,
+            image: IMAGE,
+            link_crd: false,
+            mcs_crds: false,
+            cluster_property_crd: false,
+            cluster_profile_crd: true,
+        });
+        assert_eq!(
+            crd_names(&profiles),
+            ["clusterprofiles.multicluster.x-k8s.io"]
+        );
+        assert_eq!(&profiles[1..], &without[..], "the same RBAC either way");
+        assert_eq!(profiles[0]["spec"]["versions"][0]["name"], "v1alpha1");
+        assert_eq!(
+            profiles[0]["metadata"]["annotations"]["controller-gen.kubebuilder.io/version"],
+            "v0.20.0",
+            "upstream's, unchanged"
+        );
     }
 
     #[test]

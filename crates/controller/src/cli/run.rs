@@ -125,7 +125,9 @@ pub struct RunArgs {
     )]
     lease_name: String,
     /// Where links come from: `secrets` (link Secrets with a cluster-name annotation,
-    /// the 2020 contract), `links` (Linkerd's `Link` resources) or `both`.
+    /// the 2020 contract), `links` (Linkerd's `Link` resources), `both`,
+    /// `cluster-profiles` (ClusterProfiles of KEP-4322 with the `kubeconfig-secretreader`
+    /// access provider) or `all` (the three). ClusterProfiles link nothing by default.
     #[arg(long, env = "SERVICE_MIRROR_LINK_SOURCE", value_enum, default_value_t = LinkSources::Both)]
     link_source: LinkSources,
     /// Create a missing namespace for the mirrors of a `Link` (Linkerd's

@@ -374,6 +374,13 @@ impl LinkMetrics {
         let name = link.name.clone().unwrap_or_default();
         let links = &self.metrics.links;
         match link.kind.as_deref() {
+            Some("ClusterProfile") => links
+                .cluster_profile_errors
+                .get_or_create(&crate::links::metrics::ClusterProfileErrorLabels {
+                    cluster_profile: name,
+                    reason: reason.into(),
+                })
+                .inc(),
             Some("Link") => links
                 .link_resource_errors
                 .get_or_create(&LinkResourceErrorLabels {

@@ -1,6 +1,7 @@
 //! Which source links a cluster that several name (docs/operations.md, "A Link and a
-//! Secret (or two of either) naming one cluster"): pure, over what the manager read
-//! from its stores. The same lists give the same choice, so a restart keeps it.
+//! Secret (or two of either) naming one cluster"; ClusterProfiles too): pure, over what
+//! the manager read from its stores. The same lists give the same choice, so a restart
+//! keeps it.
 
 use super::manager::SourceKey;
 use k8s_openapi::jiff::Timestamp;
@@ -16,22 +17,25 @@ pub(super) struct Named {
     pub(super) cluster: Option<String>,
 }
 
-/// Links before Secrets at the same instant: a Link is the newer way to say the same.
+/// At the same instant: a Link, then a ClusterProfile, then a Secret. A Link is the
+/// newer way to say what a Secret says and the one object made for this link alone; a
+/// ClusterProfile is the inventory's, shared with other consumers.
 fn kind_rank(key: &SourceKey) -> u8 {
     match key {
         SourceKey::Link(_) => 0,
-        SourceKey::Secret(_) => 1,
+        SourceKey::ClusterProfile(_) => 1,
+        SourceKey::Secret(_) => 2,
     }
 }
 
 fn name(key: &SourceKey) -> &str {
     match key {
-        SourceKey::Link(n) | SourceKey::Secret(n) => n,
+        SourceKey::Link(n) | SourceKey::Secret(n) | SourceKey::ClusterProfile(n) => n,
     }
 }
 
-/// Every source that validly links `cluster`, oldest first: creation time, then a Link
-/// before a Secret, then name. One whose remote cannot be reached now (`failing`) is
+/// Every source that validly links `cluster`, oldest first: creation time, then a Link,
+/// a ClusterProfile, a Secret, then name. One whose remote cannot be reached now (`failing`) is
 /// passed over, so it does not hold up the others.
 pub(super) fn candidates(
     cluster: &str,
@@ -81,6 +85,10 @@ mod tests {
         SourceKey::Secret(n.into())
     }
 
+    fn profile(n: &str) -> SourceKey {
+        SourceKey::ClusterProfile(n.into())
+    }
+
     fn named(key: SourceKey, created: Option<Timestamp>, cluster: Option<&str>) -> Named {
         Named {
             key,
@@ -117,6 +125,25 @@ mod tests {
                 ],
                 failing: vec![],
                 want: vec![link("z"), secret("a")],
+            },
+            Case {
+                what: "the same instant: a Link, then a ClusterProfile, then a Secret",
+                sources: vec![
+                    named(secret("a"), at(1), east),
+                    named(profile("b"), at(1), east),
+                    named(link("c"), at(1), east),
+                ],
+                failing: vec![],
+                want: vec![link("c"), profile("b"), secret("a")],
+            },
+            Case {
+                what: "an older ClusterProfile before a newer Link",
+                sources: vec![
+                    named(link("l"), at(2), east),
+                    named(profile("p"), at(1), east),
+                ],
+                failing: vec![],
+                want: vec![profile("p"), link("l")],
             },
             Case {
                 what: "the same instant and kind: by name",

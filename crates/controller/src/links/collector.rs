@@ -31,6 +31,8 @@ pub(super) struct Collector {
     pub(super) secrets: Store<Secret>,
     /// The `Link`s (listed, or not read).
     pub(super) links: Store<LinkResource>,
+    /// The `ClusterProfile`s (listed, or not read): each names the cluster of its name.
+    pub(super) profiles: Store<service_mirror_api::clusterprofile::ClusterProfile>,
     /// The controller's namespace, recorded on every mirror it made.
     pub(super) namespace: String,
     /// The local namespaces this controller mirrors into.
@@ -95,6 +97,9 @@ impl Collector {
         let mut linked = HashSet::new();
         for l in self.links.state() {
             linked.insert(l.spec.target_cluster_name.clone().unwrap_or_default());
+        }
+        for p in self.profiles.state() {
+            linked.insert(p.name_any());
         }
         for s in self.secrets.state() {
             // A Secret without the annotation (a Link's credentials) names no cluster.

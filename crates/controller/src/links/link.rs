@@ -46,7 +46,7 @@ pub const MAX_LINK_PROBE_FAILURE_THRESHOLD: u32 = 100;
 const MAX_PROBE_PATH_LEN: usize = 1024;
 
 /// Go's `omitempty`: Linkerd writes an empty string as no field, so both mean unset.
-fn set(field: &Option<String>) -> Option<&str> {
+pub(super) fn set(field: &Option<String>) -> Option<&str> {
     field.as_deref().filter(|s| !s.is_empty())
 }
 
@@ -164,7 +164,7 @@ pub fn parse_link(
 
 /// Whether `secret` is the one named `name` in `namespace` (a caller that passes
 /// another one gets the same answer as for a missing Secret).
-fn is_the_secret(secret: &Secret, name: &str, namespace: &str) -> bool {
+pub(super) fn is_the_secret(secret: &Secret, name: &str, namespace: &str) -> bool {
     secret.metadata.name.as_deref() == Some(name)
         && secret
             .metadata
@@ -174,7 +174,7 @@ fn is_the_secret(secret: &Secret, name: &str, namespace: &str) -> bool {
 }
 
 /// `gatewayAddress`, `gatewayPort`, `gatewayIdentity`: `None` without an address.
-fn gateway(
+pub(super) fn gateway(
     address: Option<&str>,
     port: Option<&str>,
     identity: Option<&str>,
@@ -256,7 +256,7 @@ fn parse_port(text: &str) -> Option<u16> {
 }
 
 /// `probeSpec`: where and how often, the timeout and the failure threshold.
-fn probe(spec: &LinkProbeSpec) -> Result<(ProbeSpec, Duration, u32), LinkError> {
+pub(super) fn probe(spec: &LinkProbeSpec) -> Result<(ProbeSpec, Duration, u32), LinkError> {
     let invalid = |field, value: &str, why: &str| LinkError::InvalidProbeSpec {
         field,
         value: sanitize_remote_text(value),

@@ -1,14 +1,17 @@
-//! The link manager: reconciles link sources (link Secrets and Linkerd's `Link`
-//! resources, by name) into running link controllers.
+//! The link manager: reconciles link sources (link Secrets, Linkerd's `Link`
+//! resources and, when enabled, `ClusterProfile`s, by name) into running link
+//! controllers.
 //!
 //! Each source object is a key on a work queue, so a slow or unreachable remote only
 //! holds up its own. A refused Secret or Link never stops or cleans up a running link:
 //! its mirrors stay until it is fixed or deleted. Deleting a link Secret unlinks (its
 //! mirrors go); deleting a Link stops its link and keeps the mirrors, as Linkerd does
-//! (`service-mirror unlink` removes them).
+//! (`service-mirror unlink` removes them); deleting a ClusterProfile unlinks as deleting
+//! a link Secret does (docs/operations.md, "ClusterProfile links").
 
 use super::choice;
 use super::cleanup::Cleanups;
+use super::clusterprofile::parse_cluster_profile;
 use super::collector::Collector;
 use super::connect::connect;
 use super::link::parse_link;
@@ -31,6 +34,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use parking_lot::{Mutex, MutexGuard};
+use service_mirror_api::clusterprofile::ClusterProfile;
 use service_mirror_core::labels::{LINK_CLUSTER_NAME_ANNOTATION, LINK_SECRET_TYPE};
 use std::collections::HashMap;
 use std::fmt;
@@ -41,9 +45,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 mod lifecycle;
+mod profiles;
 mod report;
 mod sources;
 
+use profiles::watch_cluster_profiles;
 use sources::{watch_links, watch_secrets};
 
 /// Options of the link manager.
@@ -68,7 +74,9 @@ pub struct LinkManagerOptions {
     pub link_namespace_creation: bool,
 }
 
-/// Where links come from (`--link-source`).
+/// Where links come from (`--link-source`). ClusterProfiles are read only when asked
+/// for (`cluster-profiles` or `all`): a cluster inventory may hold profiles of clusters
+/// nobody meant to mirror, so none links by default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LinkSources {
     /// Link Secrets only (the 2020 contract).
@@ -78,17 +86,32 @@ pub enum LinkSources {
     /// Both; a cluster named by both is linked by the oldest (see docs/operations.md).
     #[default]
     Both,
+    /// `ClusterProfile`s (KEP-4322) only.
+    ClusterProfiles,
+    /// Link Secrets, `Link`s and `ClusterProfile`s.
+    All,
 }
 
 impl LinkSources {
     /// Whether link Secrets are read.
     pub fn secrets(self) -> bool {
-        self != LinkSources::Links
+        matches!(
+            self,
+            LinkSources::Secrets | LinkSources::Both | LinkSources::All
+        )
     }
 
     /// Whether `Link` resources are read.
     pub fn links(self) -> bool {
-        self != LinkSources::Secrets
+        matches!(
+            self,
+            LinkSources::Links | LinkSources::Both | LinkSources::All
+        )
+    }
+
+    /// Whether `ClusterProfile`s are read.
+    pub fn cluster_profiles(self) -> bool {
+        matches!(self, LinkSources::ClusterProfiles | LinkSources::All)
     }
 }
 
@@ -140,6 +163,8 @@ pub(crate) enum SourceKey {
     Secret(String),
     /// A `Link`, by name.
     Link(String),
+    /// A `ClusterProfile`, by name.
+    ClusterProfile(String),
 }
 
 impl fmt::Display for SourceKey {
@@ -147,6 +172,7 @@ impl fmt::Display for SourceKey {
         match self {
             SourceKey::Secret(n) => write!(f, "Secret/{n}"),
             SourceKey::Link(n) => write!(f, "Link/{n}"),
+            SourceKey::ClusterProfile(n) => write!(f, "ClusterProfile/{n}"),
         }
     }
 }
@@ -163,6 +189,7 @@ struct Active {
 enum SourceObject<'a> {
     Secret(&'a Secret),
     Link(&'a LinkResource),
+    ClusterProfile(&'a ClusterProfile),
 }
 
 impl SourceObject<'_> {
@@ -170,6 +197,7 @@ impl SourceObject<'_> {
         match self {
             SourceObject::Secret(s) => s.object_ref(&()),
             SourceObject::Link(l) => l.object_ref(&()),
+            SourceObject::ClusterProfile(p) => p.object_ref(&()),
         }
     }
 
@@ -181,6 +209,7 @@ impl SourceObject<'_> {
         match self {
             SourceObject::Secret(s) => &s.metadata,
             SourceObject::Link(l) => &l.metadata,
+            SourceObject::ClusterProfile(p) => &p.metadata,
         }
     }
 }
@@ -190,6 +219,7 @@ struct Inner {
     opts: LinkManagerOptions,
     secrets: Store<Secret>,
     links: Store<LinkResource>,
+    profiles: Store<ClusterProfile>,
     /// The Secrets are listed.
     synced: AtomicBool,
     /// The Links are listed (or are not read, or could not be listed).
@@ -197,6 +227,10 @@ struct Inner {
     /// The Links are known: listed, not read, or their CRD is not installed (none can
     /// exist). False while the list is forbidden.
     links_known: AtomicBool,
+    /// The ClusterProfiles are listed (or are not read, or could not be listed).
+    profiles_synced: AtomicBool,
+    /// The ClusterProfiles are known, as `links_known`.
+    profiles_known: AtomicBool,
     /// The federation was told which clusters are linked (once the Links are known).
     federation_expected: AtomicBool,
     /// The MCS component has been told which clusters the sources name.
@@ -230,7 +264,9 @@ impl LinkManager {
         let cancel = CancellationToken::new();
         let (store, writer) = reflector::store::<Secret>();
         let (links, links_writer) = reflector::store::<LinkResource>();
+        let (profiles, profiles_writer) = reflector::store::<ClusterProfile>();
         let links_enabled = opts.sources.links();
+        let profiles_enabled = opts.sources.cluster_profiles();
         let inner = Arc::new(Inner {
             recorder,
             queue: WorkQueue::new(
@@ -241,9 +277,12 @@ impl LinkManager {
             opts,
             secrets: store,
             links,
+            profiles,
             synced: AtomicBool::new(false),
             links_synced: AtomicBool::new(!links_enabled),
             links_known: AtomicBool::new(!links_enabled),
+            profiles_synced: AtomicBool::new(!profiles_enabled),
+            profiles_known: AtomicBool::new(!profiles_enabled),
             federation_expected: AtomicBool::new(false),
             mcs_expected: AtomicBool::new(false),
             active: Mutex::default(),
@@ -262,6 +301,13 @@ impl LinkManager {
             tasks.push(tokio::spawn(watch_links(
                 inner.clone(),
                 links_writer,
+                cancel.clone(),
+            )));
+        }
+        if profiles_enabled {
+            tasks.push(tokio::spawn(watch_cluster_profiles(
+                inner.clone(),
+                profiles_writer,
                 cancel.clone(),
             )));
         }
@@ -361,9 +407,16 @@ impl Inner {
         self.claims.lock()
     }
 
-    /// Both sources listed.
+    /// Every source listed.
     fn listed(&self) -> bool {
-        self.synced.load(Ordering::SeqCst) && self.links_synced.load(Ordering::SeqCst)
+        self.synced.load(Ordering::SeqCst)
+            && self.links_synced.load(Ordering::SeqCst)
+            && self.profiles_synced.load(Ordering::SeqCst)
+    }
+
+    /// Every source known (listed, not read, or its CRD not installed).
+    fn known(&self) -> bool {
+        self.links_known.load(Ordering::SeqCst) && self.profiles_known.load(Ordering::SeqCst)
     }
 
     fn metrics(&self) -> &Metrics {
@@ -417,6 +470,18 @@ impl Inner {
                     created: l.metadata.creation_timestamp.clone().map(|t| t.0),
                     cluster: self
                         .parse(&l)
+                        .ok()
+                        .map(|spec| spec.link().cluster_name.clone()),
+                });
+            }
+        }
+        if self.opts.sources.cluster_profiles() {
+            for p in self.profiles.state() {
+                sources.push(choice::Named {
+                    key: SourceKey::ClusterProfile(p.name_any()),
+                    created: p.metadata.creation_timestamp.clone().map(|t| t.0),
+                    cluster: self
+                        .parse_profile(&p)
                         .ok()
                         .map(|spec| spec.link().cluster_name.clone()),
                 });
@@ -488,6 +553,7 @@ impl Inner {
         match key {
             SourceKey::Secret(name) => self.reconcile_secret(key, name).await,
             SourceKey::Link(name) => self.reconcile_link(key, name).await,
+            SourceKey::ClusterProfile(name) => self.reconcile_cluster_profile(key, name).await,
         }
     }
 
@@ -541,6 +607,26 @@ impl Inner {
                 }
                 Err(e) => {
                     tracing::warn!(%cluster, secret = %name, error = %e, "cannot confirm that the link Secret is gone: mirrors kept; retrying");
+                    return Outcome::Failed;
+                }
+            }
+        }
+        // The same for a ClusterProfile: its unlink deletes mirrors too.
+        if next.is_none()
+            && let SourceKey::ClusterProfile(name) = key
+            && self
+                .profiles
+                .get(&ObjectRef::new(name).within(&self.opts.namespace))
+                .is_none()
+        {
+            match self.profile_exists(name).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(%cluster, cluster_profile = %name, "ClusterProfile gone from the cache but not from the apiserver (the watch is behind): mirrors kept");
+                    return Outcome::RequeueAfter(WATCH_BEHIND_RECHECK);
+                }
+                Err(e) => {
+                    tracing::warn!(%cluster, cluster_profile = %name, error = %e, "cannot confirm that the ClusterProfile is gone: mirrors kept; retrying");
                     return Outcome::Failed;
                 }
             }
@@ -604,6 +690,12 @@ impl Inner {
                 .iter()
                 .map(|l| SourceKey::Link(l.name_any())),
         );
+        keys.extend(
+            self.profiles
+                .state()
+                .iter()
+                .map(|p| SourceKey::ClusterProfile(p.name_any())),
+        );
         keys.extend(self.active().keys().cloned());
         for k in keys {
             self.queue.add(k);
@@ -614,8 +706,10 @@ impl Inner {
         let secret = self
             .secrets
             .get(&ObjectRef::new(name).within(&self.opts.namespace));
-        // Links using it as credentials look again (rotated, or gone).
-        for l in self.links_using(name) {
+        // Links and ClusterProfiles using it as credentials look again (rotated, or
+        // gone).
+        let users = self.credentials_users(name);
+        for l in users.iter().cloned() {
             self.queue.add(l);
         }
         let Some(secret) = secret else {
@@ -629,14 +723,13 @@ impl Inner {
         // Applied with its Link (`link --format link` prints the Secret first), a new
         // credentials Secret waits a moment for the Link before it is called unusable.
         if credentials_only
-            && self.opts.sources.links()
-            && self.links_using(name).is_empty()
+            && (self.opts.sources.links() || self.opts.sources.cluster_profiles())
+            && users.is_empty()
             && young(&secret.metadata)
         {
             return Outcome::RequeueAfter(CREDENTIALS_GRACE);
         }
-        if !self.opts.sources.secrets() || (credentials_only && !self.links_using(name).is_empty())
-        {
+        if !self.opts.sources.secrets() || (credentials_only && !users.is_empty()) {
             let running = self.active().contains_key(key);
             return match running {
                 true => self.gone(key).await,

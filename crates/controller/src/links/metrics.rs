@@ -24,6 +24,15 @@ pub(crate) struct LinkResourceErrorLabels {
     pub(crate) reason: String,
 }
 
+/// Labels of `ClusterProfile` errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ClusterProfileErrorLabels {
+    /// The ClusterProfile's name.
+    pub(crate) cluster_profile: String,
+    /// Why it was refused (the Event reason).
+    pub(crate) reason: String,
+}
+
 /// Labels of ended rotations.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RotationLabels {
@@ -49,6 +58,8 @@ pub(crate) struct LinksFamilies {
     pub(crate) link_errors: Family<LinkErrorLabels, Counter>,
     /// Refused or failing `Link` resources.
     pub(crate) link_resource_errors: Family<LinkResourceErrorLabels, Counter>,
+    /// Refused or failing `ClusterProfile`s.
+    pub(crate) cluster_profile_errors: Family<ClusterProfileErrorLabels, Counter>,
     /// Remote clusters being watched.
     pub(crate) links: Gauge,
     /// Links whose new credentials are syncing (the running link keeps mirroring until
@@ -78,6 +89,11 @@ impl LinksFamilies {
             "Refused or failing Link resources by reason",
             self.link_resource_errors.clone(),
         );
+        r.register(
+            "cluster_profile_errors",
+            "Refused or failing ClusterProfile link sources by reason",
+            self.cluster_profile_errors.clone(),
+        );
         r.register("links", "Remote clusters being watched", self.links.clone());
         r.register(
             "link_rotations_in_progress",
@@ -91,7 +107,7 @@ impl LinksFamilies {
         );
         r.register(
             "link_source",
-            "The object each running link runs from: its cluster and the uid of its Secret or Link (1 per link)",
+            "The object each running link runs from: its cluster and the uid of its Secret, Link or ClusterProfile (1 per link)",
             self.sources.clone(),
         );
     }

@@ -3,6 +3,7 @@
 
 mod choice;
 mod cleanup;
+pub mod clusterprofile;
 mod collector;
 mod connect;
 mod duration;
@@ -13,6 +14,10 @@ mod resource;
 mod sanitize;
 mod secret;
 
+pub use clusterprofile::{
+    ACCESS_PROVIDER, EXEC_EXTENSION, LINKED_CONDITION, SETTINGS as CLUSTER_PROFILE_SETTINGS,
+    credentials_secret_name as cluster_profile_credentials, parse_cluster_profile,
+};
 pub use connect::connect;
 pub(crate) use duration::parse_go_duration;
 pub use link::{
@@ -20,6 +25,9 @@ pub use link::{
     MAX_LINK_PROBE_DURATION, MAX_LINK_PROBE_FAILURE_THRESHOLD, MIN_LINK_PROBE_DURATION, parse_link,
 };
 pub use manager::{LinkManager, LinkManagerOptions, LinkSources, link_config};
+pub use service_mirror_api::clusterprofile::{
+    CLUSTER_PROFILE_CRD_NAME, CLUSTER_PROFILE_CRD_YAML, ClusterProfile,
+};
 // `LinkResource`: the name `Link` is the core's link (name, domain, style).
 pub use resource::{
     LINK_CRD_NAME, LINK_CRD_YAML, LINK_GROUP, LINK_KIND, LINK_PLURAL, LINK_VERSION,

@@ -319,7 +319,7 @@ pub enum LinkError {
     MissingCredentialsSecretName,
     /// The Secret `clusterCredentialsSecret` names does not exist (in the Link's namespace).
     #[error(
-        "the credentials Secret {0:?} (spec.clusterCredentialsSecret) does not exist in the Link's namespace"
+        "the credentials Secret {0:?} (a Link's spec.clusterCredentialsSecret, a ClusterProfile's access provider) does not exist in the controller's namespace"
     )]
     MissingCredentials(String),
     /// The credentials Secret is not of type `mirror.linkerd.io/remote-kubeconfig`.
@@ -376,6 +376,16 @@ pub enum LinkError {
         /// What is wrong with it.
         message: String,
     },
+    // What a `ClusterProfile` can get wrong (`links/clusterprofile.rs`).
+    /// A ClusterProfile without an access provider this controller can use: the names
+    /// it has (sanitized, bounded), or that it has none.
+    #[error(
+        "no access provider service-mirror can use (it reads `kubeconfig-secretreader`: a kubeconfig Secret in the controller's namespace named by its client.authentication.k8s.io/exec extension); the ClusterProfile has {0}"
+    )]
+    UnsupportedAccessProvider(String),
+    /// The `kubeconfig-secretreader` access provider cannot be used as it is.
+    #[error("access provider kubeconfig-secretreader: {0}")]
+    InvalidAccessProvider(String),
 }
 
 impl LinkError {
@@ -410,6 +420,8 @@ impl LinkError {
             LinkError::InvalidProbeSpec { .. } => "InvalidProbeSpec",
             LinkError::InvalidSelector { .. } => "InvalidSelector",
             LinkError::InvalidExclusion { .. } => "InvalidExclusion",
+            LinkError::UnsupportedAccessProvider(_) => "UnsupportedAccessProvider",
+            LinkError::InvalidAccessProvider(_) => "InvalidAccessProvider",
         }
     }
 
@@ -503,7 +515,7 @@ pub(super) fn checked_kubeconfig_text(
 /// Parses as `Kubeconfig::from_yaml` does (documents merged), within a budget far
 /// below the parser's defaults: a real kubeconfig has a few hundred events and no
 /// aliases, and an alias bomb must fail in milliseconds, not after a million copies.
-fn parse_kubeconfig(text: &str) -> Result<Kubeconfig, LinkError> {
+pub(super) fn parse_kubeconfig(text: &str) -> Result<Kubeconfig, LinkError> {
     if text.len() > MAX_KUBECONFIG_BYTES {
         return Err(LinkError::KubeconfigTooLarge(text.len()));
     }

@@ -1245,6 +1245,7 @@ fn the_charts_crds_are_the_controllers_byte_for_byte_and_its_version_is_the_crat
         ("serviceexport-crd.yaml", "serviceexport-crd.yaml"),
         ("serviceimport-crd.yaml", "serviceimport-crd.yaml"),
         ("clusterproperty-crd.yaml", "clusterproperty-crd.yaml"),
+        ("clusterprofile-crd.yaml", "clusterprofile-crd.yaml"),
     ] {
         let ours = std::fs::read(crds.join(file)).unwrap();
         let theirs = std::fs::read(src.join(embedded)).unwrap();

@@ -9,6 +9,7 @@ mod support;
 // What ../support/rbac.rs names as `super::controller`.
 use support::controller;
 
+mod clusterprofile;
 mod crd;
 mod credentials;
 mod gateway;

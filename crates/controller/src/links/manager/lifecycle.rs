@@ -331,12 +331,12 @@ impl Inner {
         Outcome::Done
     }
 
-    /// Stops a link: a Secret's mirrors are deleted with it, a Link's are kept (as
-    /// Linkerd keeps them; `service-mirror unlink` removes them).
+    /// Stops a link: a Secret's and a ClusterProfile's mirrors are deleted with it, a
+    /// Link's are kept (as Linkerd keeps them; `service-mirror unlink` removes them).
     pub(super) async fn unlink(&self, key: &SourceKey, a: Active) {
         let cluster = a.spec.link().cluster_name.clone();
         self.update_links_gauge();
-        let cleanup = matches!(key, SourceKey::Secret(_));
+        let cleanup = matches!(key, SourceKey::Secret(_) | SourceKey::ClusterProfile(_));
         // Claimed while its mirrors are deleted: its write Lease is kept until then
         // (deleted at the next Lease pass otherwise, failing a long deletion).
         let begun = cleanup.then(|| self.cleanups.begin(&cluster));

@@ -1,5 +1,6 @@
 //! What the link manager says about a source: Events on it, the `Ready` condition of a
-//! Link, refusals (log, metric, Event, condition), the links gauge.
+//! Link (a ClusterProfile's `service-mirror.io/Linked`), refusals (log, metric, Event,
+//! condition), the links gauge.
 
 use super::*;
 
@@ -16,11 +17,16 @@ impl Inner {
             .await;
     }
 
-    /// A Link links `cluster`: `Ready=True` (a Secret has no condition).
+    /// A Link links `cluster`: `Ready=True`; a ClusterProfile: `service-mirror.io/Linked=True`
+    /// (a Secret has no condition).
     pub(super) async fn ready(&self, source: &SourceObject<'_>, cluster: &str) {
-        if let SourceObject::Link(link) = source {
-            let note = format!("watching remote cluster {cluster}");
-            self.set_ready(link, true, "Linked", &note).await;
+        let note = format!("watching remote cluster {cluster}");
+        match source {
+            SourceObject::Link(link) => self.set_ready(link, true, "Linked", &note).await,
+            SourceObject::ClusterProfile(cp) => {
+                self.set_profile_condition(cp, true, "Linked", &note).await
+            }
+            SourceObject::Secret(_) => {}
         }
     }
 
@@ -91,6 +97,19 @@ impl Inner {
                     })
                     .inc();
                 self.set_ready(link, false, err.reason(), &err.to_string())
+                    .await;
+            }
+            SourceObject::ClusterProfile(cp) => {
+                let name = cp.name_any();
+                tracing::warn!(cluster_profile = %name, reason = err.reason(), error = %err, "ClusterProfile not usable");
+                links
+                    .cluster_profile_errors
+                    .get_or_create(&crate::links::metrics::ClusterProfileErrorLabels {
+                        cluster_profile: name,
+                        reason: err.reason().into(),
+                    })
+                    .inc();
+                self.set_profile_condition(cp, false, err.reason(), &err.to_string())
                     .await;
             }
         }

@@ -1,17 +1,27 @@
-//! The two watched sources (link Secrets and Links), their first lists, and the
-//! collection of mirrors no source names.
+//! The watched sources (link Secrets and Links here; ClusterProfiles in
+//! `profiles.rs`), their first lists, and the collection of mirrors no source names.
 
 use super::*;
 
 impl Inner {
-    /// The clusters the valid Links name.
+    /// The clusters the valid Links and ClusterProfiles name (links of the Link kind:
+    /// a federated selector, Linkerd-shaped mirrors).
     pub(super) fn clusters_of_links(&self) -> std::collections::BTreeSet<String> {
-        self.links
+        let mut clusters: std::collections::BTreeSet<String> = self
+            .links
             .state()
             .iter()
             .filter_map(|l| self.parse(l).ok())
             .map(|spec| spec.link().cluster_name.clone())
-            .collect()
+            .collect();
+        clusters.extend(
+            self.profiles
+                .state()
+                .iter()
+                .filter_map(|p| self.parse_profile(p).ok())
+                .map(|spec| spec.link().cluster_name.clone()),
+        );
+        clusters
     }
 
     /// A source listed (`first`: for the first time): every source is looked at again,
@@ -23,7 +33,7 @@ impl Inner {
         // Only from a Links list: refused (403), the Links are unknown, and planning
         // without their clusters pending would delete their federated Services; the
         // federation writes nothing until the Links can be listed.
-        if self.links_known.load(Ordering::SeqCst)
+        if self.known()
             && !self.federation_expected.swap(true, Ordering::SeqCst)
             && let Some(federation) = &self.opts.deps.federation
         {
@@ -32,7 +42,7 @@ impl Inner {
         }
         // The same for the MCS imports, with every source kind: a cluster none names is
         // gone. Not while the Links are unknown (their clusters would look gone).
-        if self.links_known.load(Ordering::SeqCst)
+        if self.known()
             && !self.mcs_expected.swap(true, Ordering::SeqCst)
             && let Some(mcs) = &self.opts.deps.mcs
         {
@@ -49,12 +59,12 @@ impl Inner {
             mcs.expect(clusters);
         }
         if first && self.opts.collect_unlinked {
-            match self.links_known.load(Ordering::SeqCst) {
+            match self.known() {
                 true => {
                     tokio::spawn(collect_unlinked(self.clone()));
                 }
                 false => tracing::warn!(
-                    "not collecting mirrors of unlinked clusters: the Links could not be listed (a cluster a Link names would look unlinked)"
+                    "not collecting mirrors of unlinked clusters: the Links or ClusterProfiles could not be listed (a cluster one names would look unlinked)"
                 ),
             }
         }
@@ -162,6 +172,7 @@ async fn collect_unlinked(inner: Arc<Inner>) {
         local: inner.local.clone(),
         secrets: inner.secrets.clone(),
         links: inner.links.clone(),
+        profiles: inner.profiles.clone(),
         namespace: inner.opts.namespace.clone(),
         namespaces: inner.opts.config.namespaces.clone(),
         leader: inner.opts.deps.leader.clone(),

@@ -1,0 +1,212 @@
+//! `ClusterProfile`s (KEP-4322) as a link source: their watch, their parse with the
+//! credentials Secret from the store, their reconcile, and our one condition in their
+//! status (`service-mirror.io/Linked`, server-side applied under our field manager:
+//! the cluster manager's conditions are never touched).
+
+use super::*;
+use crate::links::clusterprofile::{LINKED_CONDITION, credentials_secret_name};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use service_mirror_api::clusterprofile::{CLUSTER_PROFILE_CRD_NAME, CLUSTER_PROFILE_VERSION};
+
+/// Longest message of our condition (the CRD allows 32768; ours stay short).
+const CONDITION_MESSAGE_MAX_CHARS: usize = 1024;
+
+impl Inner {
+    /// Reads a ClusterProfile with its credentials Secret from the store.
+    pub(super) fn parse_profile(&self, cp: &ClusterProfile) -> Result<LinkSpec, LinkError> {
+        let credentials = credentials_secret_name(cp).and_then(|n| {
+            self.secrets
+                .get(&ObjectRef::new(&n).within(&self.opts.namespace))
+        });
+        parse_cluster_profile(cp, credentials.as_deref())
+    }
+
+    /// As [`Inner::parse_other_type`] for a Link: a credentials Secret not in the store
+    /// (which holds only the link type) is looked for by name, so one of another type
+    /// is refused as `InvalidCredentialsType`, not `MissingCredentials`.
+    async fn parse_profile_other_type(&self, cp: &ClusterProfile) -> Result<LinkSpec, LinkError> {
+        let missing = || parse_cluster_profile(cp, None);
+        let Some(name) = credentials_secret_name(cp) else {
+            return missing();
+        };
+        let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.opts.namespace);
+        let params = ListParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .limit(1);
+        match api.list(&params).await {
+            Ok(list) => parse_cluster_profile(cp, list.items.first()),
+            Err(e) => {
+                tracing::debug!(cluster_profile = %cp.name_any(), error = %e, "could not look for the credentials Secret of another type");
+                missing()
+            }
+        }
+    }
+
+    /// The Links and ClusterProfiles whose credentials are the Secret `secret`.
+    pub(super) fn credentials_users(&self, secret: &str) -> Vec<SourceKey> {
+        let mut users = self.links_using(secret);
+        users.extend(
+            self.profiles
+                .state()
+                .iter()
+                .filter(|p| credentials_secret_name(p).as_deref() == Some(secret))
+                .map(|p| SourceKey::ClusterProfile(p.name_any())),
+        );
+        users
+    }
+
+    /// Whether the apiserver holds ClusterProfile `name` now (a quorum list by name,
+    /// metadata only: the install grants list, not get).
+    pub(super) async fn profile_exists(&self, name: &str) -> kube::Result<bool> {
+        let api: Api<ClusterProfile> = Api::namespaced(self.local.clone(), &self.opts.namespace);
+        let params = ListParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .limit(1);
+        Ok(!api.list_metadata(&params).await?.items.is_empty())
+    }
+
+    pub(super) async fn reconcile_cluster_profile(&self, key: &SourceKey, name: &str) -> Outcome {
+        let cp = self
+            .profiles
+            .get(&ObjectRef::new(name).within(&self.opts.namespace));
+        let Some(cp) = cp else {
+            return self.gone(key).await;
+        };
+        let parsed = match self.parse_profile(&cp) {
+            Err(LinkError::MissingCredentials(_)) => self.parse_profile_other_type(&cp).await,
+            other => other,
+        };
+        let spec = match parsed {
+            Ok(spec) => spec,
+            // Applied with its Secret, the profile's event may come first.
+            Err(LinkError::MissingCredentials(_)) if young(&cp.metadata) => {
+                return Outcome::RequeueAfter(CREDENTIALS_GRACE);
+            }
+            // A cluster manager creates the profile, then writes its status: a new one
+            // without any access provider yet is looked at again before it is refused.
+            Err(LinkError::UnsupportedAccessProvider(_))
+                if young(&cp.metadata) && cp.access_providers().is_empty() =>
+            {
+                return Outcome::RequeueAfter(CREDENTIALS_GRACE);
+            }
+            Err(e) => {
+                self.report(&SourceObject::ClusterProfile(&cp), &e).await;
+                return Outcome::Done;
+            }
+        };
+        self.apply_spec(key, &SourceObject::ClusterProfile(&cp), spec)
+            .await
+    }
+
+    /// Sets our condition `service-mirror.io/Linked` on a ClusterProfile, only when its
+    /// status, reason or message changes (the cached profile is looked at first), by
+    /// server-side apply of that one condition under our field manager, not forced: the
+    /// conditions are a map keyed by type, so the cluster manager's stay as they are.
+    /// Only the leader writes; a failure is logged (the Event and metric still say it).
+    pub(super) async fn set_profile_condition(
+        &self,
+        cp: &ClusterProfile,
+        linked: bool,
+        reason: &str,
+        message: &str,
+    ) {
+        if !self.opts.deps.leader.as_ref().is_none_or(|l| l.leading()) {
+            return;
+        }
+        let status = if linked { "True" } else { "False" };
+        let message: String = message.chars().take(CONDITION_MESSAGE_MAX_CHARS).collect();
+        let old = cp
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == LINKED_CONDITION));
+        if old.is_some_and(|c| c.status == status && c.reason == reason && c.message == message) {
+            return;
+        }
+        let last_transition_time = match old {
+            Some(c) if c.status == status => c.last_transition_time.clone(),
+            _ => Time(k8s_openapi::jiff::Timestamp::now()),
+        };
+        let condition = Condition {
+            type_: LINKED_CONDITION.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time,
+            observed_generation: cp.metadata.generation,
+        };
+        let name = cp.name_any();
+        let body = serde_json::json!({
+            "apiVersion": format!("{}/{CLUSTER_PROFILE_VERSION}", service_mirror_api::clusterprofile::CLUSTER_PROFILE_GROUP),
+            "kind": "ClusterProfile",
+            "metadata": {"name": name, "namespace": self.opts.namespace},
+            "status": {"conditions": [condition]},
+        });
+        let api: Api<ClusterProfile> = Api::namespaced(self.local.clone(), &self.opts.namespace);
+        let params = PatchParams::apply(crate::writer::FIELD_MANAGER);
+        if let Err(e) = api.patch_status(&name, &params, &Patch::Apply(&body)).await {
+            tracing::warn!(cluster_profile = %name, error = %e, "could not write the ClusterProfile's {LINKED_CONDITION} condition");
+        }
+    }
+}
+
+/// Keeps what is read of a ClusterProfile (kube's store holds it whole otherwise).
+fn strip(cp: &mut ClusterProfile) {
+    cp.metadata.managed_fields = None;
+}
+
+/// Watches the `ClusterProfile`s of the namespace (`--link-source` `cluster-profiles`
+/// or `all`). Without the CRD (404) they count as listed and the watch keeps retrying,
+/// so a CRD installed later is picked up; forbidden (403), they count as listed but
+/// unknown (nothing is collected meanwhile).
+pub(super) async fn watch_cluster_profiles(
+    inner: Arc<Inner>,
+    store: reflector::store::Writer<ClusterProfile>,
+    cancel: CancellationToken,
+) {
+    let watch = Watch {
+        api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
+        config: watcher::Config::default(),
+        strip,
+        store,
+    };
+    let on_event = |ev: &watcher::Event<ClusterProfile>| match ev {
+        watcher::Event::Apply(p) | watcher::Event::Delete(p) => {
+            inner.queue.add(SourceKey::ClusterProfile(p.name_any()))
+        }
+        watcher::Event::InitDone => {
+            inner.profiles_known.store(true, Ordering::SeqCst);
+            let first = !inner.profiles_synced.swap(true, Ordering::SeqCst);
+            inner.listed_once(first);
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    };
+    let mut said = false;
+    let on_error = |e: &watcher::Error| {
+        let code = match e {
+            watcher::Error::InitialListFailed(kube::Error::Api(s)) => Some(s.code),
+            _ => None,
+        };
+        if let Some(code @ (403 | 404)) = code {
+            if code == 404 {
+                inner.profiles_known.store(true, Ordering::SeqCst);
+            }
+            if !inner.profiles_synced.swap(true, Ordering::SeqCst) {
+                inner.listed_once(true);
+            }
+            if !std::mem::replace(&mut said, true) {
+                match code {
+                    404 => {
+                        tracing::info!(namespace = %inner.opts.namespace, "the ClusterProfile CRD ({CLUSTER_PROFILE_CRD_NAME}) is not installed: no ClusterProfile links until it is")
+                    }
+                    _ => {
+                        tracing::warn!(namespace = %inner.opts.namespace, error = %e, "not allowed to list ClusterProfiles: no ClusterProfile links; grant clusterprofiles list/watch (service-mirror install)")
+                    }
+                }
+            }
+        } else {
+            tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching ClusterProfiles failed; retrying");
+        }
+    };
+    drive(watch, cancel, on_event, on_error).await
+}
