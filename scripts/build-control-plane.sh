@@ -66,6 +66,10 @@ helm_version=$(version_of helm helm.sh/helm/v4)
 bin="$cache/bin/etcd-$etcd_version-kube-$kube_version"
 dp_bin="$cache/bin/data-plane-kube-$kube_version-coredns-$coredns_version"
 node_bin="$cache/bin/node-kube-$kube_version-helm-$helm_version"
+# CoreDNS's plugin set is its wrapper's main.go: a cached coredns built from another
+# main.go or go.sum (one without `forward`, say) is built again (the stamp beside it).
+coredns_stamp=$(cat "$root/control-plane/coredns/main.go" "$root/control-plane/coredns/go.sum" | sha256sum | cut -c1-16)
+coredns_current() { [[ -x "$dp_bin/coredns" && "$(cat "$dp_bin/coredns.stamp" 2>/dev/null)" == "$coredns_stamp" ]]; }
 
 mode=${1:-build}
 if [[ "$mode" == --data-plane ]]; then
@@ -325,9 +329,10 @@ if [[ "$mode" == --node ]]; then
   done
 elif [[ "$mode" == --data-plane ]]; then
   out=$dp_bin
-  for b in kube-controller-manager kube-proxy coredns; do
+  for b in kube-controller-manager kube-proxy; do
     [[ -x "$dp_bin/$b" ]] || missing+=("$b")
   done
+  coredns_current || missing+=(coredns)
 else
   out=$bin
   if [[ -z "${SERVICE_MIRROR_CONTROL_PLANE_DIR:-}" ]]; then
@@ -338,9 +343,10 @@ fi
 
 if [[ "$mode" == --check ]]; then
   if [[ -z "${SERVICE_MIRROR_DATA_PLANE_DIR:-}" ]]; then
-    for b in kube-controller-manager kube-proxy coredns; do
+    for b in kube-controller-manager kube-proxy; do
       [[ -x "$dp_bin/$b" ]] || missing+=("$b")
     done
+    coredns_current || missing+=(coredns)
   fi
   if [[ -z "${SERVICE_MIRROR_NODE_DIR:-}" ]]; then
     for b in kubelet kube-scheduler helm; do
@@ -358,7 +364,7 @@ fi
 
 build() { # name wrapper-dir package
   local name=$1 wrapper=$2 pkg=$3
-  if [[ -x "$out/$name" ]]; then
+  if [[ -x "$out/$name" ]] && { [[ "$name" != coredns ]] || coredns_current; }; then
     log "$name: cached at $out/$name"
     return
   fi
@@ -392,6 +398,9 @@ build() { # name wrapper-dir package
   fi
   mkdir -p "$out"
   mv "$work/$name" "$out/$name.tmp.$$" && mv "$out/$name.tmp.$$" "$out/$name"
+  if [[ "$name" == coredns ]]; then
+    echo "$coredns_stamp" >"$out/coredns.stamp"
+  fi
   log "$name: built in $((SECONDS - start)) s -> $out/$name"
 }
 

@@ -1,6 +1,8 @@
 // CoreDNS with only the plugins a local data-plane cluster needs: the cluster.local zone
-// from the cluster's apiserver (kubernetes), with cache, errors, log, health and ready.
-// No forward plugin: the local clusters have no outside DNS to forward to.
+// from the cluster's apiserver (kubernetes), with cache, errors, log, health and ready,
+// and forward: a test may forward the clusterset.local zone to the controller's own DNS
+// server (--clusterset-dns-addr), as a cluster's CoreDNS does in production. The local
+// clusters have no outside DNS: nothing else is forwarded.
 package main
 
 import (
@@ -9,6 +11,7 @@ import (
 
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/forward"
 	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/kubernetes"
 	_ "github.com/coredns/coredns/plugin/log"
@@ -17,7 +20,7 @@ import (
 
 func init() {
 	// The same relative order as CoreDNS's own core/dnsserver/zdirectives.go.
-	dnsserver.Directives = []string{"ready", "health", "errors", "log", "cache", "kubernetes"}
+	dnsserver.Directives = []string{"ready", "health", "errors", "log", "cache", "kubernetes", "forward"}
 }
 
 func main() {

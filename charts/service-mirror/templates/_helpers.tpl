@@ -118,6 +118,9 @@ tests/cli_links.rs) with the chart's labels and `helm.sh/resource-policy: keep`.
 {{- if not (kindIs "invalid" $c.maxMirrorsPerLink) }}
 - {{ printf "--max-mirrors-per-link=%v" (int64 $c.maxMirrorsPerLink) | quote }}
 {{- end }}
+{{- if .Values.clustersetDns.enabled }}
+- "--clusterset-dns-addr=:5353"
+{{- end }}
 {{- range $c.extraArgs }}
 - {{ . | quote }}
 {{- end }}

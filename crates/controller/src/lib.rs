@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod backoff;
 pub mod cli;
+pub(crate) mod clusterset_dns;
 pub mod error;
 pub mod events;
 pub mod federation;

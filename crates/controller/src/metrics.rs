@@ -12,6 +12,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
+use crate::clusterset_dns::metrics::DnsFamilies;
 use crate::federation::metrics::FederationFamilies;
 use crate::gateway::metrics::GatewayFamilies;
 use crate::kube_client::ClientMetrics;
@@ -65,6 +66,8 @@ pub struct Metrics {
     pub(crate) local_networks: LocalNetworkFamilies,
     /// Every component's reconciles (the runtime's workers).
     pub(crate) runtime: RuntimeFamilies,
+    /// The clusterset.local DNS server.
+    pub(crate) dns: DnsFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -82,6 +85,7 @@ impl Metrics {
         let mcs = McsFamilies::default();
         let local_networks = LocalNetworkFamilies::default();
         let runtime = RuntimeFamilies::default();
+        let dns = DnsFamilies::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -96,6 +100,7 @@ impl Metrics {
                 mcs,
                 local_networks,
                 runtime,
+                dns,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -109,6 +114,7 @@ impl Metrics {
             m.mcs.register(prefixed);
             m.local_networks.register(prefixed);
             m.runtime.register(prefixed);
+            m.dns.register(prefixed);
             m.registry = registry;
             m
         };

@@ -297,6 +297,21 @@ pub async fn link_api_served(client: &kube::Client) -> kube::Result<bool> {
     .await
 }
 
+/// Whether the local apiserver serves the `ClusterProfile` resource (KEP-4322; its CRD
+/// is installed and established).
+pub async fn cluster_profile_api_served(client: &kube::Client) -> kube::Result<bool> {
+    use service_mirror_api::clusterprofile::{
+        CLUSTER_PROFILE_GROUP, CLUSTER_PROFILE_PLURAL, CLUSTER_PROFILE_VERSION,
+    };
+    api_served(
+        client,
+        CLUSTER_PROFILE_GROUP,
+        CLUSTER_PROFILE_VERSION,
+        CLUSTER_PROFILE_PLURAL,
+    )
+    .await
+}
+
 /// Whether `plural` of `group/version` is served, asked through discovery, which every
 /// authenticated identity may read (a group not served at all is a 404: false).
 async fn api_served(
@@ -361,6 +376,15 @@ pub async fn missing_link_permissions(
     missing_of(client, link_permissions(namespace)).await
 }
 
+/// The permissions of [`cluster_profile_permissions`] the client's identity does not
+/// hold, as [`missing_permissions`] reports them.
+pub async fn missing_cluster_profile_permissions(
+    client: &kube::Client,
+    namespace: &str,
+) -> kube::Result<Vec<String>> {
+    missing_of(client, cluster_profile_permissions(namespace)).await
+}
+
 async fn missing_of(
     client: &kube::Client,
     permissions: Vec<Permission>,
@@ -388,11 +412,21 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Checks the permissions of the controller running in `namespace` and logs each missing
 /// one as an error. Never fails: a review that cannot be made is a warning, and the
 /// controller runs on either way (its reconciles then report the API's refusals).
-/// The Link permissions are checked only where the Link CRD is served.
+/// The Link permissions are checked only where the Link CRD is served; with
+/// `cluster_profiles` (the ClusterProfile link source enabled), the ClusterProfile
+/// permissions where their CRD is served.
 /// With `mcs`, the MCS permissions and the ServiceExport CRD are checked too.
-pub async fn log_missing_permissions(client: kube::Client, namespace: String, mcs: bool) {
+pub async fn log_missing_permissions(
+    client: kube::Client,
+    namespace: String,
+    mcs: bool,
+    cluster_profiles: bool,
+) {
     log_missing_required(&client, &namespace).await;
     log_missing_link_permissions(&client, &namespace).await;
+    if cluster_profiles {
+        log_missing_cluster_profile_permissions(&client, &namespace).await;
+    }
     log_missing_local_network_permissions(&client).await;
     if mcs {
         log_missing_mcs(&client).await;
@@ -448,6 +482,26 @@ async fn log_missing_link_permissions(client: &kube::Client, namespace: &str) {
             )
         },
         "Link resources cannot be served without it (Secret links are unaffected; grant the Role printed by `service-mirror install`)",
+    )
+    .await
+}
+
+/// Where ClusterProfiles are a link source: without their CRD there is nothing to
+/// check (the watch says so too); with it, a missing permission breaks ClusterProfile
+/// links (list, watch) or our condition on them (status patch), nothing else.
+async fn log_missing_cluster_profile_permissions(client: &kube::Client, namespace: &str) {
+    log_missing_optional(
+        "ClusterProfile",
+        cluster_profile_api_served(client),
+        missing_cluster_profile_permissions(client, namespace),
+        cluster_profile_permissions(namespace).len(),
+        || {
+            tracing::info!(
+                crd = service_mirror_api::clusterprofile::CLUSTER_PROFILE_CRD_NAME,
+                "the ClusterProfile CRD is not installed: no ClusterProfile links until it is"
+            )
+        },
+        "ClusterProfile links cannot work without it (other link sources are unaffected; grant the Role printed by `service-mirror install`)",
     )
     .await
 }
@@ -551,11 +605,17 @@ async fn log_missing_optional(
 
 /// Runs [`log_missing_permissions`] in the background, so that a slow or unreachable
 /// API server never delays the admin server or the controller.
-pub fn spawn_startup_check(client: &kube::Client, namespace: &str, mcs: bool) {
+pub fn spawn_startup_check(
+    client: &kube::Client,
+    namespace: &str,
+    mcs: bool,
+    cluster_profiles: bool,
+) {
     tokio::spawn(log_missing_permissions(
         client.clone(),
         namespace.to_string(),
         mcs,
+        cluster_profiles,
     ));
 }
 

@@ -4,11 +4,13 @@
 //! gateways, reconcile, and the test oracle's reading of the contract), so the rule
 //! cannot drift between them. Secret links use the 2020 contract's pair of gateway
 //! annotations; Linkerd's `Link` resources select by label, through the Link's one
-//! gateway.
+//! gateway. Either way, a remote Service's `service-mirror.io/export-to` narrows the
+//! clusters that mirror it (see `export_to.rs`).
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::export_to::{Withheld, withheld};
 use super::gateway::{GatewayRef, exported_gateway};
 use super::namespaces::NamespaceFilter;
 use super::naming::is_dns1123_label;
@@ -42,6 +44,11 @@ pub struct ExportPolicy {
     pub rule: ExportRule,
     /// Remote namespaces that may be mirrored at all.
     pub namespaces: NamespaceFilter,
+    /// This cluster's name in the cluster set (`--mcs-cluster-name`, or the
+    /// ClusterProperty `id.k8s.io` the start read), which a remote Service's
+    /// `service-mirror.io/export-to` must list; `None`: unknown (a narrowed Service is
+    /// then not mirrored).
+    pub local_cluster: Option<String>,
 }
 
 /// Why an exported Service is not mirrored.
@@ -99,6 +106,9 @@ pub enum ExportDecision {
     RemoteDiscovery,
     /// Not exported, or in a namespace that is not mirrored: any mirror goes.
     NotExported,
+    /// Exported, but its `service-mirror.io/export-to` keeps it from this cluster: any
+    /// mirror goes (withdrawn), as for [`ExportDecision::NotExported`].
+    Withheld(Withheld),
 }
 
 impl ExportDecision {
@@ -106,17 +116,24 @@ impl ExportDecision {
     pub fn gateway(&self) -> Option<&GatewayRef> {
         match self {
             ExportDecision::Mirror(gw) | ExportDecision::Refused { gateway: gw, .. } => Some(gw),
-            ExportDecision::RemoteDiscovery | ExportDecision::NotExported => None,
+            ExportDecision::RemoteDiscovery
+            | ExportDecision::NotExported
+            | ExportDecision::Withheld(_) => None,
         }
     }
 }
 
-/// Decides whether `service` is mirrored under `policy`.
+/// Decides whether `service` is mirrored under `policy`: an allowed namespace, then
+/// the link's export rule, then the Service's `service-mirror.io/export-to` for
+/// `policy.local_cluster` (a Service kept from this cluster is withheld, not refused:
+/// whether another cluster could mirror it is not this one's business), then whether it
+/// can be mirrored.
 pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecision {
     let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
     if !policy.namespaces.allows(namespace) {
         return ExportDecision::NotExported;
     }
+    let narrowed = || withheld(service, policy.local_cluster.as_deref());
     let gateway = match &policy.rule {
         ExportRule::GatewayAnnotations => exported_gateway(service),
         ExportRule::Selectors {
@@ -126,6 +143,9 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
         } => {
             let labels = service.metadata.labels.as_ref();
             if remote_discovery.matches(labels) {
+                if let Some(w) = narrowed() {
+                    return ExportDecision::Withheld(w);
+                }
                 return match refusal(service) {
                     None => ExportDecision::RemoteDiscovery,
                     Some(reason) => ExportDecision::Refused {
@@ -140,6 +160,9 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
     let Some(gateway) = gateway else {
         return ExportDecision::NotExported;
     };
+    if let Some(w) = narrowed() {
+        return ExportDecision::Withheld(w);
+    }
     match refusal(service) {
         None => ExportDecision::Mirror(gateway),
         Some(reason) => ExportDecision::Refused { gateway, reason },
@@ -410,6 +433,7 @@ mod tests {
                 gateway: link_gw(),
             },
             namespaces: NamespaceFilter::default(),
+            local_cluster: None,
         }
     }
 
@@ -504,6 +528,7 @@ mod tests {
                 gateway: link_gw(),
             },
             namespaces: NamespaceFilter::default(),
+            local_cluster: None,
         };
         let table = [
             (vec![("export", "yes")], ExportDecision::Mirror(link_gw())),
@@ -532,6 +557,7 @@ mod tests {
                 gateway: link_gw(),
             },
             namespaces: NamespaceFilter::default(),
+            local_cluster: None,
         };
         for s in [
             svc("shop", EXPORTED, Some(1)),
@@ -570,6 +596,144 @@ mod tests {
             Some(&link_gw())
         );
         assert_eq!(ExportRule::default(), ExportRule::GatewayAnnotations);
+    }
+
+    /// `service-mirror.io/export-to` narrows every export rule, after the namespace and
+    /// the selection and before a refusal: a Service kept from this cluster is withheld
+    /// (its mirror goes), whatever else is wrong with it.
+    #[test]
+    fn export_to_narrows_every_rule_after_selection_and_before_refusal() {
+        use crate::export_to::Withheld;
+        use crate::mcs::EXPORT_TO_ANNOTATION as TO;
+        let named = |local: Option<&str>, policy: ExportPolicy| ExportPolicy {
+            local_cluster: local.map(str::to_owned),
+            ..policy
+        };
+        fn annotated(to: &str) -> [(&'static str, &str); 3] {
+            [
+                (GATEWAY_NAME_ANNOTATION, "gw"),
+                (GATEWAY_NS_ANNOTATION, "mc"),
+                (TO, to),
+            ]
+        }
+        let gw = GatewayRef::new("mc", "gw");
+        // (what, service, this cluster, policy, decision)
+        let cases: Vec<(&str, Service, Option<&str>, ExportPolicy, ExportDecision)> = vec![
+            (
+                "selected and listed",
+                labelled("shop", &[EXPORT], &[(TO, "west,east")], Some(1)),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::Mirror(link_gw()),
+            ),
+            (
+                "selected, not listed",
+                labelled("shop", &[EXPORT], &[(TO, "west")], Some(1)),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::Withheld(Withheld::NotListed),
+            ),
+            (
+                "remote discovery, not listed",
+                labelled("shop", &[DISCOVERY], &[(TO, "west")], Some(1)),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::Withheld(Withheld::NotListed),
+            ),
+            (
+                "remote discovery, listed",
+                labelled("shop", &[DISCOVERY], &[(TO, "east")], Some(1)),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::RemoteDiscovery,
+            ),
+            (
+                "not selected: not exported, the annotation means nothing",
+                labelled("shop", &[], &[(TO, "Bad_Name")], Some(1)),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::NotExported,
+            ),
+            (
+                "a denied namespace: not exported",
+                labelled("kube-system", &[EXPORT], &[(TO, "west")], Some(1)),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::NotExported,
+            ),
+            (
+                "portless and not listed: withheld, not refused (not this cluster's business)",
+                labelled("shop", &[EXPORT], &[(TO, "west")], None),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::Withheld(Withheld::NotListed),
+            ),
+            (
+                "portless and listed: refused here",
+                labelled("shop", &[EXPORT], &[(TO, "east")], None),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::Refused {
+                    gateway: link_gw(),
+                    reason: Refusal::NoPorts,
+                },
+            ),
+            (
+                "an invalid list: no cluster, even one it names",
+                labelled("shop", &[EXPORT], &[(TO, "east,Bad_Name")], Some(1)),
+                Some("east"),
+                selectors_policy(),
+                ExportDecision::Withheld(Withheld::Invalid(
+                    "not valid cluster names: Bad_Name".into(),
+                )),
+            ),
+            (
+                "this cluster has no name: a narrowed Service is not mirrored",
+                labelled("shop", &[EXPORT], &[(TO, "east")], Some(1)),
+                None,
+                selectors_policy(),
+                ExportDecision::Withheld(Withheld::NoClusterName),
+            ),
+            (
+                "no name and no annotation: mirrored as ever",
+                labelled("shop", &[EXPORT], &[], Some(1)),
+                None,
+                selectors_policy(),
+                ExportDecision::Mirror(link_gw()),
+            ),
+            (
+                "a Secret link's export, listed",
+                svc("shop", &annotated("east"), Some(1)),
+                Some("east"),
+                ExportPolicy::default(),
+                ExportDecision::Mirror(gw.clone()),
+            ),
+            (
+                "a Secret link's export, not listed",
+                svc("shop", &annotated("north"), Some(1)),
+                Some("east"),
+                ExportPolicy::default(),
+                ExportDecision::Withheld(Withheld::NotListed),
+            ),
+            (
+                "an empty list: no cluster",
+                svc("shop", &annotated(""), Some(1)),
+                Some("east"),
+                ExportPolicy::default(),
+                ExportDecision::Withheld(Withheld::NotListed),
+            ),
+        ];
+        for (what, service, local, policy, want) in cases {
+            let got = export_decision(&service, &named(local, policy));
+            assert_eq!(got, want, "{what}");
+            assert_eq!(
+                got.gateway().is_some(),
+                matches!(
+                    want,
+                    ExportDecision::Mirror(_) | ExportDecision::Refused { .. }
+                )
+            );
+        }
     }
 
     fn exported_with(name: &str, ns: &str, ports: serde_json::Value) -> Service {

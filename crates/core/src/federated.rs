@@ -28,8 +28,15 @@ use super::labels::{
     REMOTE_GATEWAY_IDENTITY_ANNOTATION, REMOTE_SVC_FQ_NAME_ANNOTATION, SERVICE_NAME_LABEL,
 };
 use super::metadata::{copied_annotations, copied_labels};
-use super::naming::{fq_name, mirror_name};
+use super::naming::{fnv1a32, fq_name, mirror_name};
 use super::ownership::is_owned_federated;
+use super::traffic::{
+    TrafficPolicy, copy_local_slices, ready_endpoints, ready_first, serving_remotes, stand_by,
+};
+
+/// The key of the local member's copies in [`DesiredFederation::untouched_slices`]: they
+/// carry no federated-cluster label (no cluster name is empty).
+pub const LOCAL_SLICES: &str = "";
 
 /// The name of the federated Service of local name `svc`: `<svc>-federated`, through
 /// the mirror names' 63-character rule.
@@ -116,6 +123,12 @@ pub struct FederationInput<'a> {
     pub pending: &'a BTreeSet<String>,
     /// Our controller namespace (the ownership annotation).
     pub controller_namespace: &'a str,
+    /// The local member's own EndpointSlices (`None`: not listed yet), copied into
+    /// `<svc>-federated`'s slices so kube-proxy reaches the local pods too.
+    pub local_slices: Option<&'a [EndpointSlice]>,
+    /// Where its traffic goes (`core::traffic`): which remote member clusters' slices
+    /// are ready.
+    pub traffic: &'a TrafficPolicy,
 }
 
 /// What the federated Service should be.
@@ -140,7 +153,8 @@ pub struct DesiredFederation {
     /// One slice per address family per remote member cluster with a known gateway
     /// (owner uid empty: [`plan_federated`] fills in the stored Service's).
     pub slices: Vec<EndpointSlice>,
-    /// Clusters whose slices are left as they are (pending, or gateway not reported).
+    /// Clusters whose slices are left as they are (pending, or gateway not reported);
+    /// [`LOCAL_SLICES`] for the local member's copies (its slices not listed yet).
     pub untouched_slices: BTreeSet<String>,
     /// Refused members (`<svc>@<cluster>`) and why.
     pub refused: Vec<(String, MemberRefusal)>,
@@ -308,20 +322,51 @@ pub fn desired_federated(
         status: None,
     };
 
+    let local_live = live.iter().any(|m| m.cluster.is_none());
+    let local_ready = match (local_live, input.local_slices) {
+        (false, _) => Some(0),
+        (true, slices) => slices.map(ready_endpoints),
+    };
+    let remotes: Vec<(String, bool)> = live
+        .iter()
+        .filter_map(|m| m.cluster.clone())
+        .map(|c| {
+            let usable = input
+                .gateways
+                .get(&c)
+                .is_some_and(|g| g.alive && g.addresses.iter().any(|a| g.is_ready(a)));
+            (c, usable)
+        })
+        .collect();
+    let serving = serving_remotes(input.traffic, local_ready, &remotes);
     let mut slices = Vec::new();
+    if local_live {
+        match input.local_slices {
+            Some(local) => slices.extend(local_copies(input, &name, local)),
+            None => {
+                untouched_slices.insert(LOCAL_SLICES.to_owned());
+            }
+        }
+    }
     for m in &live {
         let Some(cluster) = m.cluster.as_deref() else {
-            // The local member adds no slice: its own Service's endpoints are pods, and
-            // a copy of them would be a second writer of that Service's endpoints.
             continue;
         };
-        match input.gateways.get(cluster) {
-            Some(gw) => slices.extend(member_slices(input, &name, m, cluster, gw, &ports)),
-            None => {
+        match (input.gateways.get(cluster), serving.serves(cluster)) {
+            (Some(gw), Some(serves)) => {
+                let mut theirs = member_slices(input, &name, m, cluster, gw, &ports);
+                if !serves {
+                    stand_by(&mut theirs);
+                }
+                slices.extend(theirs);
+            }
+            // Not reported yet, or this cluster's own endpoints not counted yet.
+            _ => {
                 untouched_slices.insert(cluster.to_owned());
             }
         }
     }
+    ready_first(&mut slices);
     // A cluster of the stored annotation that has not listed, and of which no member is
     // known (a start: it may give the metadata or ports, and a restart must write
     // nothing), leaves the Service as it is. A pending cluster whose last known member
@@ -343,6 +388,49 @@ pub fn desired_federated(
         refused,
         conflicts,
     }
+}
+
+/// The longest `<svc>-federated` kept whole in its local copies' names:
+/// `<fed>.local-<8 hex>-ipv4-0` stays within 63 characters.
+const MAX_FED_IN_LOCAL_NAME: usize = 41;
+
+/// The local member's copies: labelled for `<svc>-federated` (service name, managed-by,
+/// our federated mark), annotated with our namespace and `local-discovery: <svc>` (what
+/// maps a stored copy back to its key), with no cluster label (Linkerd's destination
+/// reads `cluster-name` as remote) and named `<fed>.local-...`: the dot keeps the name
+/// apart from every remote cluster's (`<fed>-<cluster>-...`), as no cluster name has one.
+fn local_copies(
+    input: &FederationInput<'_>,
+    fed: &str,
+    local: &[EndpointSlice],
+) -> Vec<EndpointSlice> {
+    let labels = BTreeMap::from([
+        (SERVICE_NAME_LABEL.to_owned(), fed.to_owned()),
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
+        (FEDERATED_LABEL.to_owned(), FEDERATED_VALUE.to_owned()),
+    ]);
+    let annotations = BTreeMap::from([
+        (
+            CONTROLLER_NAMESPACE_ANNOTATION.to_owned(),
+            input.controller_namespace.to_owned(),
+        ),
+        (LOCAL_DISCOVERY_ANNOTATION.to_owned(), input.name.to_owned()),
+    ]);
+    let fed_part = match fed.len() <= MAX_FED_IN_LOCAL_NAME {
+        true => fed.to_owned(),
+        false => format!(
+            "{}-{:08x}",
+            fed[..MAX_FED_IN_LOCAL_NAME - 9].trim_end_matches('-'),
+            fnv1a32(fed.as_bytes())
+        ),
+    };
+    copy_local_slices(
+        input.namespace,
+        &format!("{fed_part}.local"),
+        &labels,
+        &annotations,
+        local,
+    )
 }
 
 fn member_slices(

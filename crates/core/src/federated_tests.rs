@@ -106,6 +106,8 @@ impl World {
                 gateways: &self.gateways,
                 pending: &self.pending,
                 controller_namespace: NS,
+                local_slices: Some(&[]),
+                traffic: &crate::traffic::TrafficPolicy::spread(),
             },
             stored,
         )
@@ -871,4 +873,150 @@ fn ports_keep_the_members_target_port_as_linkerd_copies_it() {
         (ports[0].name.as_deref(), ports[0].port),
         (Some("http"), Some(4143))
     );
+}
+
+/// A slice of the local member `web` (kube-controller-manager's), one endpoint.
+fn home_slice(ready: bool) -> EndpointSlice {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-abcde", "namespace": "shop",
+            "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.1.0.5"], "nodeName": "n1",
+            "conditions": {"ready": ready, "serving": ready, "terminating": false}}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }))
+    .unwrap()
+}
+
+fn desired_with(
+    w: &World,
+    local: Option<&[EndpointSlice]>,
+    traffic: &TrafficPolicy,
+) -> DesiredFederation {
+    desired_federated(
+        &FederationInput {
+            namespace: "shop",
+            name: "web",
+            members: &w.members,
+            gateways: &w.gateways,
+            pending: &w.pending,
+            controller_namespace: NS,
+            local_slices: local,
+            traffic,
+        },
+        None,
+    )
+}
+
+/// `cluster`'s slice endpoints' ready flags ("" for the local copies).
+fn ready_of(d: &DesiredFederation, cluster: &str) -> Vec<bool> {
+    d.slices
+        .iter()
+        .filter(|s| {
+            s.metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .get(FEDERATED_CLUSTER_LABEL)
+                .map_or("", String::as_str)
+                == cluster
+        })
+        .flat_map(|s| &s.endpoints)
+        .map(|e| e.conditions.as_ref().unwrap().ready.unwrap())
+        .collect()
+}
+
+#[test]
+fn the_local_member_s_endpoints_are_copied_without_a_cluster_label_under_a_name_no_cluster_takes() {
+    let w = World::new(vec![web(None, None, "l"), web(Some("east"), at(1), "e")])
+        .gw("east", gw("192.0.2.1", true));
+    let d = desired_with(&w, Some(&[home_slice(true)]), &TrafficPolicy::default());
+    let copy = d
+        .slices
+        .iter()
+        .find(|s| s.metadata.name.as_deref().unwrap().contains(".local-"))
+        .expect("a local copy");
+    let labels = copy.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels[SERVICE_NAME_LABEL], "web-federated");
+    assert!(
+        !labels.contains_key(CLUSTER_NAME_LABEL),
+        "not remote for Linkerd"
+    );
+    assert!(!labels.contains_key(FEDERATED_CLUSTER_LABEL));
+    assert!(is_owned_federated(&copy.metadata, NS));
+    assert_eq!(
+        copy.metadata.annotations.as_ref().unwrap()[LOCAL_DISCOVERY_ANNOTATION],
+        "web"
+    );
+    assert_eq!(copy.endpoints[0].addresses, vec!["10.1.0.5".to_string()]);
+    assert_eq!(copy.ports.as_ref().unwrap()[0].port, Some(8080));
+    // A long federated name still gives a valid name of at most 63 characters.
+    let long = "w".repeat(60);
+    let mut w2 = World::new(vec![member(None, None, svc(&long, &[("http", 80)], &[]))]);
+    w2.members[0].service.metadata.name = Some(long.clone());
+    let d = desired_federated(
+        &FederationInput {
+            namespace: "shop",
+            name: &long,
+            members: &w2.members,
+            gateways: &w2.gateways,
+            pending: &w2.pending,
+            controller_namespace: NS,
+            local_slices: Some(&[home_slice(true)]),
+            traffic: &TrafficPolicy::default(),
+        },
+        None,
+    );
+    let name = d.slices[0].metadata.name.clone().unwrap();
+    assert!(name.len() <= 63 && name.contains(".local-"), "{name}");
+}
+
+#[test]
+fn local_first_federation_stands_remotes_by_while_home_is_ready_and_fails_over_by_priority() {
+    let w = World::new(vec![
+        web(None, None, "l"),
+        web(Some("east"), at(1), "e"),
+        web(Some("north"), at(2), "n"),
+    ])
+    .gw("east", gw("192.0.2.1", true))
+    .gw("north", gw("192.0.2.2", true));
+    let prio = TrafficPolicy {
+        priority: vec!["north".into()],
+        ..Default::default()
+    };
+    let up = [home_slice(true)];
+    let down = [home_slice(false)];
+    let d = desired_with(&w, Some(&up), &prio);
+    assert_eq!(ready_of(&d, ""), vec![true], "home copied as it is");
+    assert_eq!(ready_of(&d, "east"), vec![false]);
+    assert_eq!(ready_of(&d, "north"), vec![false]);
+    let d = desired_with(&w, Some(&down), &prio);
+    assert_eq!(ready_of(&d, ""), vec![false]);
+    assert_eq!(ready_of(&d, "north"), vec![true], "north first");
+    assert_eq!(ready_of(&d, "east"), vec![false]);
+    let w_dead = World::new(w.members.clone())
+        .gw("east", gw("192.0.2.1", true))
+        .gw("north", gw("192.0.2.2", false));
+    let d = desired_with(&w_dead, Some(&down), &prio);
+    assert_eq!(ready_of(&d, "east"), vec![true], "north dead: east");
+    // Spread: every remote alike, home or not.
+    let d = desired_with(&w, Some(&up), &TrafficPolicy::spread());
+    assert_eq!(ready_of(&d, "east"), vec![true]);
+    assert_eq!(ready_of(&d, "north"), vec![true]);
+}
+
+#[test]
+fn until_home_s_slices_are_listed_the_copies_and_the_remotes_are_left_as_they_are() {
+    let w = World::new(vec![web(None, None, "l"), web(Some("east"), at(1), "e")])
+        .gw("east", gw("192.0.2.1", true));
+    let d = desired_with(&w, None, &TrafficPolicy::default());
+    assert!(d.slices.is_empty());
+    assert_eq!(
+        d.untouched_slices,
+        BTreeSet::from([LOCAL_SLICES.to_string(), "east".to_string()])
+    );
+    // No local member: nothing to count, east serves at once.
+    let w = World::new(vec![web(Some("east"), at(1), "e")]).gw("east", gw("192.0.2.1", true));
+    let d = desired_with(&w, None, &TrafficPolicy::default());
+    assert_eq!(ready_of(&d, "east"), vec![true]);
 }

@@ -25,6 +25,7 @@ pub mod address_policy;
 pub mod desired;
 pub mod diff;
 pub mod export;
+pub mod export_to;
 pub mod federated;
 pub mod gateway;
 pub mod gateway_slices;
@@ -61,6 +62,7 @@ pub use diff::{
     MetadataOwnership, endpoints_update, endpoints_update_with, service_update, service_update_with,
 };
 pub use export::{ExportDecision, ExportPolicy, ExportRule, Refusal, export_decision};
+pub use export_to::{Withheld, withheld};
 pub use gateway::{
     GatewayError, GatewayRef, GatewaySpec, ResolvedGateway, endpoint_ip_allowed, exported_gateway,
     gateway_spec,

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::ServiceKey;
@@ -30,9 +30,11 @@ use crate::labels::{
 use crate::mcs::{ImportPort, SERVICE_NAME_LABEL, SOURCE_CLUSTER_LABEL};
 use crate::mcs_derived::derived_service_name;
 use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
-use crate::naming::{fnv1a32, fq_name};
-use crate::slices::slice_name;
-use crate::traffic::{Serving, TrafficPolicy, serving_remotes};
+use crate::naming::fq_name;
+use crate::traffic::{
+    Serving, TrafficPolicy, copy_local_slices, ready_endpoints, ready_first, serving_remotes,
+    stand_by,
+};
 
 /// A linked cluster's gateway as its link reports it, with the cluster's domain (which
 /// only the slices of an import need, so it is not part of the gateway).
@@ -169,6 +171,7 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
         }
         out.slices.extend(slices);
     }
+    ready_first(&mut out.slices);
     out
 }
 
@@ -198,107 +201,24 @@ fn serving(input: &ImportSlicesInput<'_>) -> Serving {
     serving_remotes(input.traffic, local_ready, &remotes)
 }
 
-/// The ready endpoints of this cluster's own slices (`ready` unset is ready, as the API
-/// reads it), in the family that has the most: a dual-stack pod is one endpoint in
-/// each family's slice, counted once.
-fn ready_endpoints(slices: &[EndpointSlice]) -> usize {
-    let count = |family: &str| {
-        slices
-            .iter()
-            .filter(|s| s.address_type == family)
-            .flat_map(|s| &s.endpoints)
-            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-            .count()
-    };
-    count("IPv4").max(count("IPv6"))
-}
-
-/// A remote cluster standing by: its endpoints stay, none ready or serving (neither
-/// kube-proxy nor Linkerd's destination sends to them), none terminating.
-fn stand_by(slices: &mut [EndpointSlice]) {
-    for e in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
-        e.conditions = Some(EndpointConditions {
-            ready: Some(false),
-            serving: Some(false),
-            terminating: Some(false),
-        });
-    }
-}
-
-/// This cluster's slices of the import: one per slice of its exported Service, named
-/// after it (`<base>-<8 hex of its name>-<family>-0`: a source slice coming or going
-/// renames no other copy, and a restart names them the same), with its endpoints'
-/// addresses, conditions, hostname, node and zone and its ports.
-///
-/// The source is not ours and may be hand-written (a selector-less exported Service):
-/// a port without a number is left out (Linkerd's destination dereferences the number
-/// of the port it finds by name), and unset conditions are written as the API reads
-/// them (`ready` unset is ready, `serving` unset is `ready`, `terminating` unset is
-/// false), so every consumer reads the same.
+/// This cluster's slices of the import: a copy of each slice of its exported Service
+/// (`core::traffic::copy_local_slices`), under the import's labels.
 fn local_copies(
     input: &ImportSlicesInput<'_>,
     labels: &BTreeMap<String, String>,
     local: &[EndpointSlice],
 ) -> Vec<EndpointSlice> {
-    let mut sources: Vec<&EndpointSlice> = local
-        .iter()
-        .filter(|s| matches!(s.address_type.as_str(), "IPv4" | "IPv6"))
-        .collect();
-    sources.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let annotations = BTreeMap::from([(
         CONTROLLER_NAMESPACE_ANNOTATION.to_owned(),
         input.controller_namespace.to_owned(),
     )]);
-    let base = base_name(input.key, input.local_cluster);
-    let mut out = Vec::new();
-    for source in sources {
-        let family = match source.address_type.as_str() {
-            "IPv6" => "ipv6",
-            _ => "ipv4",
-        };
-        let name = source.metadata.name.as_deref().unwrap_or_default();
-        let hash = fnv1a32(name.as_bytes());
-        let endpoints = source
-            .endpoints
-            .iter()
-            .map(|e| {
-                let c = e.conditions.clone().unwrap_or_default();
-                let ready = c.ready.unwrap_or(true);
-                Endpoint {
-                    addresses: e.addresses.clone(),
-                    conditions: Some(EndpointConditions {
-                        ready: Some(ready),
-                        serving: Some(c.serving.unwrap_or(ready)),
-                        terminating: Some(c.terminating.unwrap_or(false)),
-                    }),
-                    hostname: e.hostname.clone(),
-                    node_name: e.node_name.clone(),
-                    zone: e.zone.clone(),
-                    ..Default::default()
-                }
-            })
-            .collect();
-        let ports: Vec<EndpointPort> = source
-            .ports
-            .iter()
-            .flatten()
-            .filter(|p| p.port.is_some_and(|n| (1..=65535).contains(&n)))
-            .cloned()
-            .collect();
-        out.push(EndpointSlice {
-            metadata: ObjectMeta {
-                name: Some(slice_name(&format!("{base}-{hash:08x}"), family, 0)),
-                namespace: Some(input.key.namespace.clone()),
-                labels: Some(labels.clone()),
-                annotations: Some(annotations.clone()),
-                ..Default::default()
-            },
-            address_type: source.address_type.clone(),
-            endpoints,
-            ports: Some(ports),
-        });
-    }
-    out
+    copy_local_slices(
+        &input.key.namespace,
+        &base_name(input.key, input.local_cluster),
+        labels,
+        &annotations,
+        local,
+    )
 }
 
 /// Whether `meta` is one of our import slices (any import's), for

@@ -752,3 +752,43 @@ fn a_dual_stack_home_endpoint_counts_once() {
         "one pod in two families is one endpoint: below 2"
     );
 }
+
+#[test]
+fn a_switch_writes_the_side_turning_ready_before_the_side_standing_by() {
+    use crate::traffic::TrafficPolicy;
+    let gws = BTreeMap::from([("east".to_string(), gw(&["192.0.2.1"], true))]);
+    let all = ["west", "east"];
+    let down = [local_slice("hello-a", "IPv4", &[("10.0.0.1", false)])];
+    let up = [local_slice("hello-a", "IPv4", &[("10.0.0.1", true)])];
+    let policy = TrafficPolicy::default();
+    // Away: east serves, home's copy not ready. Stored as such.
+    let away = with_traffic(&all, Some(&down), &gws, &policy);
+    let stored_away = stored(&away, "u1");
+    // Home again: home's copy turns ready, east stands by. "east" sorts before "west",
+    // yet home's update comes first: no instant without a ready endpoint.
+    let back = with_traffic(&all, Some(&up), &gws, &policy);
+    let actions = plan(&back, &stored_away, "u1");
+    let updated: Vec<String> = actions
+        .iter()
+        .map(|a| match a {
+            Action::Update(Object::EndpointSlice(s)) => {
+                s.metadata.labels.as_ref().unwrap()[SOURCE_CLUSTER_LABEL].clone()
+            }
+            other => panic!("only updates: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        updated,
+        vec!["west", "east"],
+        "home ready first, then east's standby"
+    );
+    // And away again: east ready first, then home's copy not ready.
+    let actions = plan(&away, &stored(&back, "u1"), "u1");
+    let first = match &actions[0] {
+        Action::Update(Object::EndpointSlice(s)) => {
+            s.metadata.labels.as_ref().unwrap()[SOURCE_CLUSTER_LABEL].clone()
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(first, "east");
+}

@@ -82,7 +82,7 @@ pub fn copied_labels(remote: &ObjectMeta, excluded: &Exclusions) -> BTreeMap<Str
         .collect()
 }
 
-/// Annotations a Link mirror Service copies: all except `service.kubernetes.io/topology-aware-hints` and `service.kubernetes.io/topology-mode` (topology is not multicluster-aware), except those `excluded`, and NEVER the export annotations `mirror.linkerd.io/gateway-name` / `mirror.linkerd.io/gateway-ns` (a mirror must never look exported to a cluster that links this one), nor any key in `owned` (keys the mirror sets itself, passed by the caller, e.g. `mirror.linkerd.io/remote-svc-fq-name`); `config.linkerd.io/opaque-ports` is ALWAYS kept when present even if excluded (Linkerd's rule).
+/// Annotations a Link mirror Service copies: all except `service.kubernetes.io/topology-aware-hints` and `service.kubernetes.io/topology-mode` (topology is not multicluster-aware), except those `excluded`, and NEVER the export annotations `mirror.linkerd.io/gateway-name` / `mirror.linkerd.io/gateway-ns` (a mirror must never look exported to a cluster that links this one) and `service-mirror.io/export-to` (whom the remote exports to, not a property of the mirror), nor any key in `owned` (keys the mirror sets itself, passed by the caller, e.g. `mirror.linkerd.io/remote-svc-fq-name`); `config.linkerd.io/opaque-ports` is ALWAYS kept when present even if excluded (Linkerd's rule).
 ///
 /// The "never" rules win over the opaque-ports one: `owned` could name it.
 pub fn copied_annotations(
@@ -91,7 +91,11 @@ pub fn copied_annotations(
     owned: &[&str],
 ) -> BTreeMap<String, String> {
     let copied = |key: &str| {
-        if key == GATEWAY_NAME_ANNOTATION || key == GATEWAY_NS_ANNOTATION || owned.contains(&key) {
+        if key == GATEWAY_NAME_ANNOTATION
+            || key == GATEWAY_NS_ANNOTATION
+            || key == crate::mcs::EXPORT_TO_ANNOTATION
+            || owned.contains(&key)
+        {
             return false;
         }
         key == OPAQUE_PORTS_ANNOTATION
@@ -338,6 +342,7 @@ mod tests {
             &[
                 (GATEWAY_NAME_ANNOTATION, "gw"),
                 (GATEWAY_NS_ANNOTATION, "linkerd-multicluster"),
+                (crate::mcs::EXPORT_TO_ANNOTATION, "east"),
                 ("a", "1"),
             ],
         );
@@ -345,6 +350,10 @@ mod tests {
             let got = copied_annotations(&remote, &exclusions(&ps), &[]);
             assert!(!got.contains_key(GATEWAY_NAME_ANNOTATION), "{ps:?}");
             assert!(!got.contains_key(GATEWAY_NS_ANNOTATION), "{ps:?}");
+            assert!(
+                !got.contains_key(crate::mcs::EXPORT_TO_ANNOTATION),
+                "{ps:?}"
+            );
         }
         assert_eq!(
             copied_annotations(&remote, &Exclusions::default(), &[]),

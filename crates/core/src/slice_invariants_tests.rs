@@ -522,6 +522,8 @@ fn federated_cases() -> Vec<Case> {
                     gateways: &gateways,
                     pending: &BTreeSet::new(),
                     controller_namespace: CTL,
+                    local_slices: Some(&[]),
+                    traffic: &crate::traffic::TrafficPolicy::spread(),
                 },
                 None,
             );
@@ -918,6 +920,8 @@ fn federated_and_import_slices_of_an_older_version_gain_the_cluster_label_in_pla
             gateways: &gateways,
             pending: &BTreeSet::new(),
             controller_namespace: CTL,
+            local_slices: Some(&[]),
+            traffic: &crate::traffic::TrafficPolicy::spread(),
         },
         None,
     );

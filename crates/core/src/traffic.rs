@@ -41,6 +41,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::naming::fnv1a32;
+use crate::slices::slice_name;
+
 /// A ServiceExport annotation: `local-first` or `spread`, for this cluster's import of
 /// the name.
 pub const LOCALITY_ANNOTATION: &str = "service-mirror.io/locality";
@@ -292,6 +298,121 @@ pub fn serving_remotes(
             .map(|(c, _)| c.clone())
             .collect(),
     )
+}
+
+/// The ready endpoints of this cluster's own slices of a Service (`ready` unset is
+/// ready, as the API reads it), in the family that has the most: a dual-stack pod is
+/// one endpoint in each family's slice, counted once.
+pub fn ready_endpoints(slices: &[EndpointSlice]) -> usize {
+    let count = |family: &str| {
+        slices
+            .iter()
+            .filter(|s| s.address_type == family)
+            .flat_map(|s| &s.endpoints)
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+            .count()
+    };
+    count("IPv4").max(count("IPv6"))
+}
+
+/// Orders `slices` so that those with a ready endpoint come first (stable otherwise):
+/// the writes follow this order, so a switch makes the new side ready before the old
+/// one stands by, and no instant has no ready endpoint (going home, the home copy is
+/// written ready before the remote's standby; going away, the remote first).
+pub fn ready_first(slices: &mut [EndpointSlice]) {
+    let has_ready = |s: &EndpointSlice| {
+        s.endpoints
+            .iter()
+            .any(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+    };
+    slices.sort_by_key(|s| !has_ready(s));
+}
+
+/// A remote cluster standing by: its endpoints stay, none ready or serving (neither
+/// kube-proxy nor Linkerd's destination sends to them), none terminating.
+pub fn stand_by(slices: &mut [EndpointSlice]) {
+    for e in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
+        e.conditions = Some(EndpointConditions {
+            ready: Some(false),
+            serving: Some(false),
+            terminating: Some(false),
+        });
+    }
+}
+
+/// Copies of this cluster's own slices of a Service (ServiceImports and federated
+/// Services both point at them, so kube-proxy reaches the local pods through the
+/// ClusterSetIP or `<svc>-federated` directly): one per IPv4/IPv6 source slice, named
+/// `<base>-<8 hex of its name>-<family>-0` (a source slice coming or going renames no
+/// other copy, and a restart names them the same), with its endpoints' addresses,
+/// conditions, hostname, node and zone and its ports, and `labels` and `annotations`.
+///
+/// The source is not ours and may be hand-written (a selector-less Service): a port
+/// without a number is left out (Linkerd's destination dereferences the number of the
+/// port it finds by name), and unset conditions are written as the API reads them
+/// (`ready` unset is ready, `serving` unset is `ready`, `terminating` unset is false),
+/// so every consumer reads the same.
+pub fn copy_local_slices(
+    namespace: &str,
+    base: &str,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    local: &[EndpointSlice],
+) -> Vec<EndpointSlice> {
+    let mut sources: Vec<&EndpointSlice> = local
+        .iter()
+        .filter(|s| matches!(s.address_type.as_str(), "IPv4" | "IPv6"))
+        .collect();
+    sources.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut out = Vec::new();
+    for source in sources {
+        let family = match source.address_type.as_str() {
+            "IPv6" => "ipv6",
+            _ => "ipv4",
+        };
+        let name = source.metadata.name.as_deref().unwrap_or_default();
+        let hash = fnv1a32(name.as_bytes());
+        let endpoints = source
+            .endpoints
+            .iter()
+            .map(|e| {
+                let c = e.conditions.clone().unwrap_or_default();
+                let ready = c.ready.unwrap_or(true);
+                Endpoint {
+                    addresses: e.addresses.clone(),
+                    conditions: Some(EndpointConditions {
+                        ready: Some(ready),
+                        serving: Some(c.serving.unwrap_or(ready)),
+                        terminating: Some(c.terminating.unwrap_or(false)),
+                    }),
+                    hostname: e.hostname.clone(),
+                    node_name: e.node_name.clone(),
+                    zone: e.zone.clone(),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let ports: Vec<EndpointPort> = source
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| p.port.is_some_and(|n| (1..=65535).contains(&n)))
+            .cloned()
+            .collect();
+        out.push(EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(&format!("{base}-{hash:08x}"), family, 0)),
+                namespace: Some(namespace.to_owned()),
+                labels: Some(labels.clone()),
+                annotations: Some(annotations.clone()),
+                ..Default::default()
+            },
+            address_type: source.address_type.clone(),
+            endpoints,
+            ports: Some(ports),
+        });
+    }
+    out
 }
 
 #[cfg(test)]

@@ -523,6 +523,8 @@ fn controller_options(
         rotation_timeout: Duration::from_secs(30),
         collect_unlinked: true,
         sources: LinkSources::Both,
+        // The demo links no ClusterProfile (LinkSources::Both).
+        cluster_profile_deletion_grace: Duration::from_secs(30),
         // North's Link may be served before east's Secret link made the namespace.
         link_namespace_creation: true,
         config: LinkConfig {

@@ -173,6 +173,7 @@ impl World {
             EventRecorder::new(self.lc.clone(), None),
             self.metrics.clone(),
             FederationOptions {
+                traffic: Default::default(),
                 controller_namespace: self.ctl_ns.clone(),
                 local_selector: Some(self.local_selector()),
                 leader,
@@ -1379,6 +1380,7 @@ async fn a_refused_links_list_at_start_deletes_no_federated_service() {
         EventRecorder::new(client.clone(), None),
         w.metrics.clone(),
         FederationOptions {
+            traffic: Default::default(),
             controller_namespace: w.ctl_ns.clone(),
             local_selector: Some(w.local_selector()),
             leader: None,
@@ -1398,6 +1400,7 @@ async fn a_refused_links_list_at_start_deletes_no_federated_service() {
             namespace: w.ctl_ns.clone(),
             workers: 2,
             rotation_timeout: Duration::from_secs(30),
+            cluster_profile_deletion_grace: Duration::from_secs(30),
             collect_unlinked: true,
             sources: service_mirror_controller::links::LinkSources::Links,
             link_namespace_creation: false,
@@ -1480,6 +1483,7 @@ async fn a_deleted_link_that_never_connected_releases_its_federated_entries() {
             namespace: w.ctl_ns.clone(),
             workers: 2,
             rotation_timeout: Duration::from_secs(30),
+            cluster_profile_deletion_grace: Duration::from_secs(30),
             collect_unlinked: false,
             sources: service_mirror_controller::links::LinkSources::Links,
             link_namespace_creation: false,

@@ -21,6 +21,8 @@
 //! aside: Helm's `--create-namespace` makes it); `tests/cli/links.rs` compares the two
 //! object by object.
 
+mod clusterset_dns;
+
 use super::allow::check_names;
 use super::args::OutputArgs;
 use super::manifest::{MANAGED_BY, MANAGED_BY_LABEL};
@@ -110,6 +112,12 @@ pub struct InstallArgs {
     /// a cluster manager usually installs it.
     #[arg(long, env = "SERVICE_MIRROR_CLUSTER_PROFILE_CRD", default_value_t = false, action = clap::ArgAction::Set)]
     pub cluster_profile_crd: bool,
+    /// Serve the `clusterset.local` DNS zone from the ServiceImports on every replica
+    /// (`run --clusterset-dns-addr :5353`) behind the Service
+    /// `service-mirror-clusterset-dns` on port 53 (UDP and TCP), the address a
+    /// cluster's CoreDNS forwards `clusterset.local` to.
+    #[arg(long, env = "SERVICE_MIRROR_CLUSTERSET_DNS")]
+    pub clusterset_dns: bool,
     /// How the manifests are printed.
     #[command(flatten)]
     pub output: OutputArgs,
@@ -499,9 +507,11 @@ pub(crate) fn run(args: InstallArgs) -> anyhow::Result<()> {
         cluster_property_crd: args.cluster_property_crd,
         cluster_profile_crd: args.cluster_profile_crd,
     };
-    args.output
-        .print(&install_manifests(&install))
-        .context("printing the manifests")
+    let mut docs = install_manifests(&install);
+    if args.clusterset_dns {
+        clusterset_dns::add(&mut docs, &args.namespace);
+    }
+    args.output.print(&docs).context("printing the manifests")
 }
 
 #[cfg(test)]

@@ -130,6 +130,11 @@ pub struct RunArgs {
     /// access provider) or `all` (the three). ClusterProfiles link nothing by default.
     #[arg(long, env = "SERVICE_MIRROR_LINK_SOURCE", value_enum, default_value_t = LinkSources::Both)]
     link_source: LinkSources,
+    /// How long a deleted ClusterProfile must stay absent before its mirrors are
+    /// deleted (its link stops at once; a profile of the same name back within it
+    /// resumes the link, nothing deleted). 0s: as soon as it is confirmed gone.
+    #[arg(long, env = "SERVICE_MIRROR_CLUSTER_PROFILE_DELETION_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    cluster_profile_deletion_grace: Duration,
     /// Create a missing namespace for the mirrors of a `Link` (Linkerd's
     /// `-enable-namespace-creation`); without it such a Service is skipped, with an
     /// Event. Secret links always create it, as the 2020 mirror did.
@@ -170,12 +175,13 @@ pub struct RunArgs {
         default_value = service_mirror_core::labels::DEFAULT_FEDERATED_SELECTOR
     )]
     federated_service_selector: String,
-    /// Where a ServiceImport's traffic goes by default: `local-first` (this cluster's
-    /// own ready endpoints while it has at least the minimum, 1 unless its export's
+    /// Where a ServiceImport's and a federated Service's traffic goes by default:
+    /// `local-first` (this cluster's own ready endpoints while it has at least the
+    /// minimum, 1 unless the local ServiceExport's or local member's
     /// `service-mirror.io/local-minimum` says more; remote clusters only below it, by
-    /// --cluster-priority) or `spread` (every exporting cluster's endpoints alike). A
-    /// ServiceExport's `service-mirror.io/locality` annotation overrides it for its
-    /// import here; see docs/operations.md, "Traffic: local-first and priority failover".
+    /// --cluster-priority) or `spread` (every cluster's endpoints alike). Their
+    /// `service-mirror.io/locality` annotation overrides it; see docs/operations.md,
+    /// "Traffic: local-first and priority failover".
     #[arg(long, env = "SERVICE_MIRROR_TRAFFIC_LOCALITY", default_value = "local-first", value_parser = parse_locality)]
     traffic_locality: service_mirror_core::traffic::Locality,
     /// Remote clusters in failover order (`east,north`): below the local minimum, the
@@ -196,6 +202,12 @@ pub struct RunArgs {
     /// (KEP-2149), if there is one.
     #[arg(long, env = "SERVICE_MIRROR_MCS_CLUSTER_NAME", default_value = "")]
     mcs_cluster_name: String,
+    /// Address of the `clusterset.local` DNS server (UDP and TCP; `:5353`: every
+    /// interface), answering from the ServiceImports: a cluster's CoreDNS forwards the
+    /// zone to it. Empty: off. Needs MCS: `--mcs=off` refuses the start; MCS off for
+    /// another reason (no cluster name yet): a warning, and the zone answers SERVFAIL.
+    #[arg(long, env = "SERVICE_MIRROR_CLUSTERSET_DNS_ADDR", default_value = "")]
+    clusterset_dns_addr: String,
 }
 
 /// One `--gateway-address-deny/allow` value: comma-separated CIDRs, blanks and empty
@@ -242,6 +254,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let stale_policy =
         StalePolicy::new(args.remote_grace, args.stale_after, args.stale_delete_after)?;
+    let dns_addr = crate::clusterset_dns::parse_addr(&args.clusterset_dns_addr)?;
+    if dns_addr.is_some() && args.mcs == McsMode::Off {
+        anyhow::bail!(
+            "--clusterset-dns-addr serves the ServiceImports of the MCS component, which --mcs=off turns off"
+        );
+    }
     let metrics = Metrics::new();
     let mut config = super::client::config_from(args.kubeconfig.as_ref(), None).await?;
     // No resends inside a request: kube's default retries a 429/503/504 up to 15 times
@@ -254,6 +272,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Read once: the leader identity and the Events' reporting instance.
     let pod_name = std::env::var("POD_NAME").ok();
     let recorder = EventRecorder::new(local.clone(), pod_name.clone());
+    // Where imports' and federated Services' traffic goes (`core::traffic`).
+    let traffic = service_mirror_core::traffic::TrafficDefaults {
+        locality: args.traffic_locality,
+        priority: args.cluster_priority.0.clone(),
+    };
     let local_selector = crate::federation::local_selector(&args.federated_service_selector)
         .map_err(|e| anyhow::anyhow!("--federated-service-selector: {e}"))?;
     // At most 20 s (`startup::START_BUDGET`), before anything else asks the apiserver.
@@ -271,7 +294,15 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    crate::permissions::spawn_startup_check(&local, &args.namespace, mcs_name.is_some());
+    crate::permissions::spawn_startup_check(
+        &local,
+        &args.namespace,
+        mcs_name.is_some(),
+        args.link_source.cluster_profiles(),
+    );
+    // This cluster's name for the remote Services' `service-mirror.io/export-to`: the
+    // MCS name, else the flag (`--mcs=off` with a name). Decided once, like MCS.
+    let local_cluster_name = local_cluster_name(mcs_name.as_deref(), &args.mcs_cluster_name);
     let shutdown = CancellationToken::new();
     let identity = default_identity(pod_name.as_deref());
     let (leader, election) = if args.leader_election {
@@ -311,6 +342,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             local_selector,
             leader: leader.clone(),
             write_gates: Some(write_gates.clone()),
+            traffic: traffic.clone(),
         },
         shutdown.clone(),
     );
@@ -335,14 +367,20 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
                     leader: leader.clone(),
                     namespaces: namespaces.clone(),
                     controller_namespace: args.namespace.clone(),
-                    traffic: service_mirror_core::traffic::TrafficDefaults {
-                        locality: args.traffic_locality,
-                        priority: args.cluster_priority.0.clone(),
-                    },
+                    traffic: traffic.clone(),
                 },
                 shutdown.clone(),
             );
             (Some(mcs), tasks)
+        }
+    };
+    let dns_tasks = match dns_addr {
+        None => Vec::new(),
+        Some(addr) => {
+            let zone = crate::clusterset_dns::zone_of(mcs.as_ref());
+            crate::clusterset_dns::serve(addr, zone, metrics.clone(), shutdown.clone())
+                .await?
+                .1
         }
     };
     // The local service and pod CIDRs, refused as gateway addresses with no flag.
@@ -376,9 +414,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
                 allow: args.gateway_address_allow.concat(),
             },
             stale_policy,
+            local_cluster_name,
             ..LinkConfig::default()
         },
         sources: args.link_source,
+        cluster_profile_deletion_grace: args.cluster_profile_deletion_grace,
         link_namespace_creation: args.enable_namespace_creation,
         deps: LinkDeps {
             metrics: metrics.clone(),
@@ -451,6 +491,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     for task in federation_tasks
         .into_iter()
         .chain(mcs_tasks)
+        .chain(dns_tasks)
         .chain(local_network_tasks)
     {
         let _ = task.await;
@@ -461,6 +502,24 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// This cluster's name in the cluster set as the link controllers know it: the one MCS
+/// runs as (`--mcs-cluster-name`, or the ClusterProperty `id.k8s.io` the start read),
+/// else a `--mcs-cluster-name` MCS does not use (`--mcs=off`; the start checked it).
+/// `None`: unknown, so a remote Service narrowed by `service-mirror.io/export-to` is not
+/// mirrored (each link says so once).
+fn local_cluster_name(mcs_name: Option<&str>, flag: &str) -> Option<String> {
+    let name = mcs_name.or(Some(flag.trim()).filter(|f| !f.is_empty()));
+    match name {
+        Some(name) => {
+            tracing::info!(cluster = %name, "remote Services narrowed by service-mirror.io/export-to are mirrored here when they list {name}")
+        }
+        None => tracing::info!(
+            "this cluster has no name in the cluster set (--mcs-cluster-name, ClusterProperty id.k8s.io): remote Services narrowed by service-mirror.io/export-to are not mirrored"
+        ),
+    }
+    name.map(str::to_owned)
 }
 
 async fn wait_for_signal(mut term: tokio::signal::unix::Signal) -> anyhow::Result<()> {
@@ -506,6 +565,18 @@ mod tests {
             Ok(_) => unreachable!(),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    #[test]
+    fn the_links_know_this_cluster_by_its_mcs_name_else_the_flag() {
+        use super::local_cluster_name as name;
+        assert_eq!(name(Some("east"), "east"), Some("east".into()));
+        // The ClusterProperty's name MCS runs as (no flag).
+        assert_eq!(name(Some("east"), ""), Some("east".into()));
+        // `--mcs=off` with a name: the flag.
+        assert_eq!(name(None, " west "), Some("west".into()));
+        assert_eq!(name(None, ""), None);
+        assert_eq!(name(None, "  "), None);
     }
 
     #[test]
@@ -556,5 +627,21 @@ mod tests {
             assert!(err.contains("invalid CIDR"), "{argv}: {err}");
             assert!(err.contains(named), "{argv}: {err}");
         }
+    }
+
+    #[test]
+    fn the_cluster_profile_deletion_grace_defaults_to_its_constant() {
+        let grace = |argv: &[&str]| {
+            let base = ["service-mirror", "run", "--namespace", "mc"];
+            match Command::try_parse_from(base.iter().chain(argv)) {
+                Ok(Command::Run(a)) => a.cluster_profile_deletion_grace,
+                other => panic!("{:?}", other.err()),
+            }
+        };
+        assert_eq!(grace(&[]), crate::links::CLUSTER_PROFILE_DELETION_GRACE);
+        assert_eq!(
+            grace(&["--cluster-profile-deletion-grace", "4s"]),
+            std::time::Duration::from_secs(4)
+        );
     }
 }

@@ -13,6 +13,7 @@ use super::watches::{Stored, key_of_service};
 use crate::runtime::WorkQueue;
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
+use service_mirror_core::labels::SERVICE_NAME_LABEL;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -239,6 +240,19 @@ fn apply(s: &mut Shared, stored: &Stored, msg: Msg) -> Vec<ServiceKey> {
             Vec::new()
         }
         Msg::LocalListed => s.index.local_listed(),
+        // Only a key with a local member reads them (a member that joins later reads
+        // them when planned).
+        Msg::LocalSlice(ev) => {
+            let changed = s.local_slices.apply(&ev, |slice| {
+                let ns = slice.metadata.namespace.as_deref()?;
+                let svc = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+                Some(ServiceKey::new(ns, svc))
+            });
+            changed
+                .into_iter()
+                .filter(|k| s.index.members(k).iter().any(|m| m.cluster.is_none()))
+                .collect()
+        }
         Msg::Stored(key) => vec![key],
         Msg::StoreListed(_) => all_keys(s, stored),
         // The next leader plans every key (the workers' gate holds them meanwhile).

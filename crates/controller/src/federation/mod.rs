@@ -98,6 +98,9 @@ pub(crate) enum Msg {
     LocalListing,
     /// The local member list is complete.
     LocalListed,
+    /// A local Service's own EndpointSlice (stripped): the local members' endpoints,
+    /// copied into their federated Services' slices.
+    LocalSlice(Box<kube::runtime::watcher::Event<k8s_openapi::api::discovery::v1::EndpointSlice>>),
     /// One of our stored federated objects changed: plan its key again.
     Stored(ServiceKey),
     /// Our stored federated Services (`true`) or slices are listed.
@@ -122,6 +125,9 @@ pub struct FederationOptions {
     /// The links' write gates: a link's messages are held while its gate is closed
     /// (see `held.rs`); `None`: never held.
     pub write_gates: Option<crate::write_leases::WriteGates>,
+    /// Where federated traffic goes by default (`core::traffic`: local-first, the
+    /// priority list).
+    pub traffic: service_mirror_core::traffic::TrafficDefaults,
 }
 
 /// A handle on the running federation (clones share it).
@@ -280,6 +286,7 @@ fn run_on(
         recorder,
         metrics,
         namespace: opts.controller_namespace.clone(),
+        traffic: opts.traffic.clone(),
         client: local,
         tx: tx.clone(),
     });

@@ -28,6 +28,7 @@ use service_mirror_core::federated::{
 };
 use service_mirror_core::is_owned_federated;
 use service_mirror_core::labels::{REMOTE_DISCOVERY_ANNOTATION, SERVICE_NAME_LABEL};
+use service_mirror_core::traffic::{TrafficDefaults, TrafficPolicy, export_traffic};
 use service_mirror_core::{Action, Object, ServiceKey};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -58,6 +59,9 @@ pub(super) struct Reconciler {
     pub(super) client: Client,
     /// To the index task (the foreign Service's watch reports there).
     pub(super) tx: mpsc::UnboundedSender<Msg>,
+    /// Where federated traffic goes by default (`--traffic-locality`,
+    /// `--cluster-priority`).
+    pub(super) traffic: TrafficDefaults,
 }
 
 impl Reconcile<ServiceKey> for Reconciler {
@@ -107,14 +111,20 @@ impl Reconciler {
                     .get(REMOTE_DISCOVERY_ANNOTATION)
                     .cloned()
             });
-        let (members, gateways, pending) = {
+        let (members, gateways, pending, local_slices) = {
             let s = self.shared.lock();
+            let local_slices: Option<Vec<EndpointSlice>> = s
+                .local_slices
+                .listed
+                .then(|| s.local_slices.of(key).cloned().collect());
             (
                 s.index.members(key),
                 s.index.gateways().clone(),
                 s.pending(),
+                local_slices,
             )
         };
+        let traffic = self.traffic_of(key, &members).await;
         let desired = desired_federated(
             &FederationInput {
                 namespace: &key.namespace,
@@ -123,6 +133,8 @@ impl Reconciler {
                 gateways: &gateways,
                 pending: &pending,
                 controller_namespace: ns,
+                local_slices: local_slices.as_deref(),
+                traffic: &traffic,
             },
             stored_annotation.as_deref(),
         );
@@ -198,6 +210,47 @@ impl Reconciler {
             tracing::info!(%key, federated = %name, writes = plan.actions.len(), "federated service written");
         }
         Ok(Outcome::Done)
+    }
+
+    /// Where `key`'s federated traffic goes: this controller's defaults and the local
+    /// member's own annotations (`service-mirror.io/locality`, `local-minimum`) and
+    /// `trafficDistribution` (`core::traffic`). A bad annotation is told once per
+    /// episode: a warning, a Warning Event on the local member, the metric.
+    async fn traffic_of(&self, key: &ServiceKey, members: &[Member]) -> TrafficPolicy {
+        let local = members.iter().find(|m| m.cluster.is_none());
+        let annotations = local.and_then(|m| m.service.metadata.annotations.as_ref());
+        let export = export_traffic(annotations);
+        let distribution = local
+            .and_then(|m| m.service.spec.as_ref())
+            .and_then(|s| s.traffic_distribution.as_deref());
+        let policy = TrafficPolicy::of(
+            self.traffic.locality,
+            &self.traffic.priority,
+            &export,
+            None,
+            distribution,
+        );
+        let new = {
+            let mut s = self.shared.lock();
+            let last = s.traffic.get(key).cloned().unwrap_or_default();
+            if last == export.problems {
+                None
+            } else {
+                match export.problems.is_empty() {
+                    true => s.traffic.remove(key),
+                    false => s.traffic.insert(key.clone(), export.problems.clone()),
+                };
+                (!export.problems.is_empty()).then_some(export.problems)
+            }
+        };
+        if let Some(problems) = new {
+            let reason = "InvalidTrafficAnnotation";
+            let note = crate::links::sanitize_remote_text(&problems.join("; "));
+            tracing::warn!(%key, reason, "federated member's traffic annotations: {note}");
+            self.metrics.federation.problem(reason);
+            self.report_traffic(key, reason, note).await;
+        }
+        policy
     }
 
     /// A create of `key`'s `name` found a foreign Service: watched from now on, no

@@ -27,6 +27,12 @@ impl Reconciler {
             .await;
     }
 
+    /// A problem of the local member's traffic annotations: a Warning Event on it.
+    pub(super) async fn report_traffic(&self, key: &ServiceKey, reason: &str, note: String) {
+        self.event(&service_ref(&key.namespace, &key.name), reason, note)
+            .await;
+    }
+
     pub(super) async fn report_foreign(&self, key: &ServiceKey, name: &str, exists: bool) {
         if !exists || !self.shared.lock().foreign.insert(key.clone()) {
             return;

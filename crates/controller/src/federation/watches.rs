@@ -51,13 +51,15 @@ pub(super) fn key_of_service(svc: &Service) -> Option<ServiceKey> {
     (!name.is_empty()).then(|| ServiceKey::new(ns, name))
 }
 
-/// The member key of one of our federated slices (its `remote-svc-fq-name`).
+/// The member key of one of our federated slices (its `remote-svc-fq-name`; a copy of
+/// the local member's: its `local-discovery`).
 fn key_of_slice(slice: &EndpointSlice) -> Option<ServiceKey> {
-    let fq = slice
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(REMOTE_SVC_FQ_NAME_ANNOTATION)?;
+    let annotations = slice.metadata.annotations.as_ref()?;
+    if let Some(svc) = annotations.get(LOCAL_DISCOVERY_ANNOTATION) {
+        let ns = slice.metadata.namespace.as_deref()?;
+        return (!svc.is_empty()).then(|| ServiceKey::new(ns, svc));
+    }
+    let fq = annotations.get(REMOTE_SVC_FQ_NAME_ANNOTATION)?;
     let key = parse_fq_name(fq)?;
     (slice.metadata.namespace.as_deref() == Some(key.namespace.as_str())).then_some(key)
 }
@@ -92,12 +94,19 @@ pub(super) fn spawn(
         )),
     ];
     match &opts.local_selector {
-        Some(selector) => tasks.push(tokio::spawn(local_members(
-            Api::all(local.clone()),
-            selector.clone(),
-            tx.clone(),
-            cancel.clone(),
-        ))),
+        Some(selector) => {
+            tasks.push(tokio::spawn(local_members(
+                Api::all(local.clone()),
+                selector.clone(),
+                tx.clone(),
+                cancel.clone(),
+            )));
+            tasks.push(tokio::spawn(local_slices(
+                Api::all(local.clone()),
+                tx.clone(),
+                cancel.clone(),
+            )));
+        }
         // No local members: listed at once.
         None => {
             let _ = tx.send(Msg::LocalListing);
@@ -183,6 +192,30 @@ pub(super) async fn watch_foreign(
         });
     };
     let on_error = |e: &watcher::Error| tracing::warn!(error = %e, "foreign federated Service watch failed; retrying with backoff");
+    drive(watch, cancel, on_event, on_error).await
+}
+
+/// Every local EndpointSlice with a service name that is not ours (the local members'
+/// own endpoints, copied into their federated Services' slices), stripped to what is
+/// copied.
+async fn local_slices(
+    api: Api<EndpointSlice>,
+    tx: mpsc::UnboundedSender<Msg>,
+    cancel: CancellationToken,
+) {
+    use service_mirror_core::labels::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, SERVICE_NAME_LABEL};
+    let watch = Watch {
+        api,
+        config: watcher::Config::default().labels(&format!(
+            "{SERVICE_NAME_LABEL},{MANAGED_BY_LABEL}!={MANAGED_BY_VALUE}"
+        )),
+        strip: crate::mcs::watches::strip_local_slice,
+        store: NoStore,
+    };
+    let on_event = |ev: &watcher::Event<EndpointSlice>| {
+        let _ = tx.send(Msg::LocalSlice(Box::new(ev.clone())));
+    };
+    let on_error = |e: &watcher::Error| tracing::warn!(error = %e, "local EndpointSlice watch (federated members' endpoints) failed; retrying with backoff");
     drive(watch, cancel, on_event, on_error).await
 }
 

@@ -12,7 +12,8 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use service_mirror_core::labels::SERVICE_NAME_LABEL;
 use service_mirror_core::{
-    ExportDecision, ExportPolicy, ExportRule, GatewayRef, ServiceKey, export_decision, remote_key,
+    ExportDecision, ExportPolicy, ExportRule, GatewayRef, ServiceKey, Withheld, export_decision,
+    remote_key,
 };
 
 /// The key of a remote Service.
@@ -85,6 +86,11 @@ pub(super) fn keys_for_remote(
             remote.for_each(|svc| match export_decision(svc, export) {
                 ExportDecision::RemoteDiscovery => {
                     index.set_discovery(&remote_service_key(svc), true)
+                }
+                // Withheld for a reason to tell (an invalid export-to, this cluster
+                // unnamed): looked at, so a start says it (once per episode).
+                ExportDecision::Withheld(Withheld::Invalid(_) | Withheld::NoClusterName) => {
+                    keys.push(remote_service_key(svc))
                 }
                 decision => {
                     if let Some(gw) = decision.gateway() {
@@ -312,6 +318,57 @@ mod tests {
         );
         let keys = feed_remote(&mut index, &cache, vec![Event::Delete(gw)]);
         assert!(keys.contains(&key("shop", "web")) && keys.contains(&key("shop", "api")));
+    }
+
+    #[test]
+    fn a_list_queues_the_keys_withheld_for_a_reason_to_tell_and_no_other() {
+        let (mut index, cache) = (Index::default(), Cache::default());
+        let narrowed = |name: &str, to: &str| {
+            let mut s = remote("shop", name, Some("gw"));
+            s.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert("service-mirror.io/export-to".into(), to.into());
+            s
+        };
+        let mut events = vec![Event::Init];
+        events.extend(
+            [
+                narrowed("invalid", "east,Bad_Name"),
+                narrowed("elsewhere", "west"),
+                narrowed("unnamed", "east"),
+                remote("shop", "plain", None),
+            ]
+            .map(Event::InitApply),
+        );
+        events.push(Event::InitDone);
+        let list = |index: &mut Index, local: Option<&str>| {
+            let policy = ExportPolicy {
+                local_cluster: local.map(str::to_owned),
+                ..policy()
+            };
+            let mut last = Vec::new();
+            for ev in &events {
+                cache.apply_watcher_event(ev);
+                last = keys_for_remote(index, &cache, &policy, ev);
+            }
+            set(last)
+        };
+        // Named `north`: only the invalid list is said (`unnamed` lists east: not listed).
+        assert_eq!(
+            list(&mut index, Some("north")),
+            set(vec![key("shop", "invalid")])
+        );
+        assert!(index.gateways().is_empty(), "withheld keys use no gateway");
+        // Unnamed: every narrowed Service is said (once per link, by the reconcile).
+        assert_eq!(
+            list(&mut index, None),
+            set(vec![
+                key("shop", "invalid"),
+                key("shop", "elsewhere"),
+                key("shop", "unnamed")
+            ])
+        );
     }
 
     #[test]

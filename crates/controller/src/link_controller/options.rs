@@ -62,6 +62,11 @@ pub struct LinkConfig {
     /// Most bytes of the remote Services cache, a list in progress included
     /// (`--max-remote-cache-bytes`; `None`: no limit): see cache.rs.
     pub max_remote_cache_bytes: Option<usize>,
+    /// This cluster's name in the cluster set (`--mcs-cluster-name`, else the
+    /// ClusterProperty `id.k8s.io` when the start read it): a remote Service whose
+    /// `service-mirror.io/export-to` does not list it is not mirrored. `None`: unknown,
+    /// so no narrowed Service is mirrored.
+    pub local_cluster_name: Option<String>,
 }
 
 impl Default for LinkConfig {
@@ -85,6 +90,7 @@ impl Default for LinkConfig {
             headless_hostname_from_target_ref: false,
             max_remote_response_bytes: crate::frame_limit::DEFAULT_MAX_RESPONSE_BYTES,
             max_remote_cache_bytes: Some(super::cache::DEFAULT_MAX_REMOTE_CACHE_BYTES),
+            local_cluster_name: None,
         }
     }
 }

@@ -5,7 +5,8 @@
 //! the read step (`gather.rs`, writing nothing), kube-controller-manager's slices read
 //! after it (`mirroring.rs`), the mirror-limit slots (`slots.rs`), headless keys
 //! (`headless.rs`), the apply step (`apply.rs`), what is said beyond writes
-//! (`reports.rs`).
+//! (`reports.rs`; about a remote Service's `service-mirror.io/export-to`:
+//! `export_to.rs`).
 
 use super::cache::Cache;
 use super::contention::{CORRECTIONS, Contention, FIRST_HOLD, MAX_HOLD, Verdict, WINDOW};
@@ -46,6 +47,7 @@ use std::sync::Arc;
 
 mod apply;
 mod effects;
+mod export_to;
 mod gather;
 mod headless;
 mod memory;
@@ -110,7 +112,14 @@ fn observed(g: &Gathered) -> Option<Observed> {
                 .and_then(|d| d.service.metadata.name.clone())
                 .unwrap_or_default(),
         },
-        Some(ExportDecision::NotExported) | None => Observed::Gone,
+        // Kept from this cluster by its export-to: said when it concerns this cluster.
+        Some(ExportDecision::Withheld(w @ service_mirror_core::Withheld::Invalid(_))) => {
+            Observed::Invalid(w.describe().into())
+        }
+        Some(ExportDecision::Withheld(w @ service_mirror_core::Withheld::NoClusterName)) => {
+            Observed::Error(format!("not mirrored: {}", w.describe()))
+        }
+        Some(ExportDecision::NotExported | ExportDecision::Withheld(_)) | None => Observed::Gone,
     })
 }
 
@@ -120,6 +129,7 @@ impl Reconciler {
         let (mut gathered, notes) = self.view.gather(key).await;
         gathered.endpoints_written_first = self.memory.endpoints_first.lock().get(key).cloned();
         self.say_gathered(key, notes).await;
+        self.say_export_to(key, &gathered);
         self.read_mirroring(key, &mut gathered).await;
         // A headless key with mirrors took its slots here (only its new endpoint
         // mirrors beyond the limit refused); any other is admitted in `apply`.

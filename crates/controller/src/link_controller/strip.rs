@@ -3,8 +3,9 @@
 use k8s_openapi::api::core::v1::Service;
 use kube::Resource;
 // Every annotation the controller reads on a remote Service (export and probe
-// settings) is under this prefix.
+// settings) is under this prefix, but one: the clusters it is exported to.
 use service_mirror_core::labels::MIRROR_PREFIX;
+use service_mirror_core::mcs::EXPORT_TO_ANNOTATION;
 
 /// Managed fields are large and never read: keep them out of the caches. Local objects
 /// keep everything else: an update PUTs the cached object with our changes.
@@ -13,8 +14,9 @@ pub(super) fn strip_managed_fields<K: Resource>(obj: &mut K) {
 }
 
 /// A remote Service is never written back: keep only what the core reads (name,
-/// namespace, resourceVersion, `mirror.linkerd.io/` annotations, ports, load-balancer
-/// status), so a large remote costs little memory.
+/// namespace, resourceVersion, `mirror.linkerd.io/` annotations and
+/// `service-mirror.io/export-to`, ports, load-balancer status), so a large remote costs
+/// little memory.
 pub(super) fn strip_remote(svc: &mut Service) {
     use k8s_openapi::api::core::v1::{ServiceSpec, ServiceStatus};
     use kube::api::ObjectMeta;
@@ -25,7 +27,7 @@ pub(super) fn strip_remote(svc: &mut Service) {
         resource_version: meta.resource_version,
         annotations: meta.annotations.map(|a| {
             a.into_iter()
-                .filter(|(k, _)| k.starts_with(MIRROR_PREFIX))
+                .filter(|(k, _)| k.starts_with(MIRROR_PREFIX) || k == EXPORT_TO_ANNOTATION)
                 .collect()
         }),
         ..ObjectMeta::default()
@@ -149,6 +151,38 @@ mod tests {
             desired_mirror(&s, &link, &gref, Some(&resolved)),
             desired_mirror(&svc, &link, &gref, Some(&resolved))
         );
+    }
+
+    #[test]
+    fn every_strip_keeps_the_export_to_annotation() {
+        let svc = full(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop",
+                "annotations": {"service-mirror.io/export-to": "east", "other": "x",
+                    "service-mirror.io/other": "y"}},
+            "spec": {"ports": [{"port": 80}]}
+        }));
+        for strip in [
+            strip_remote as fn(&mut Service),
+            strip_remote_for_mcs,
+            strip_remote_keeping_metadata,
+            strip_remote_keeping_metadata_for_mcs,
+        ] {
+            let mut s = svc.clone();
+            strip(&mut s);
+            assert_eq!(
+                service_mirror_core::withheld(&s, Some("west")),
+                service_mirror_core::withheld(&svc, Some("west"))
+            );
+            let kept = s.metadata.annotations.unwrap_or_default();
+            assert_eq!(
+                kept.get(EXPORT_TO_ANNOTATION).map(String::as_str),
+                Some("east")
+            );
+        }
+        // The Secret link's strip keeps nothing else of ours.
+        let mut s = svc.clone();
+        strip_remote(&mut s);
+        assert_eq!(s.metadata.annotations.unwrap().len(), 1);
     }
 
     #[test]

@@ -109,6 +109,7 @@ pub(super) fn view(
         export: ExportPolicy {
             namespaces: config.namespaces.clone(),
             rule: config.export_rule.clone(),
+            local_cluster: config.local_cluster_name.clone(),
         },
         link_gateway,
         mode: config.endpoints_mode,

@@ -54,6 +54,15 @@ impl Cleanups {
         end(&self.running, cluster, id);
     }
 
+    /// Whether the cleanup `id` of `cluster` is still the one registered (not ended,
+    /// replaced, nor cancelled by a new link of the cluster).
+    pub(super) fn holds(&self, cluster: &str, id: u64) -> bool {
+        self.running
+            .lock()
+            .get(cluster)
+            .is_some_and(|(i, _)| *i == id)
+    }
+
     /// The clusters whose mirrors are being deleted: their write Leases are held (or
     /// waited for) until the cleanup ends.
     pub(super) fn clusters(&self) -> Vec<String> {

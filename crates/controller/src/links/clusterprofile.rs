@@ -285,6 +285,42 @@ pub fn parse_cluster_profile(
     ))
 }
 
+/// A refusal of a ClusterProfile as told (log, Event, metric): the profile's uid (a
+/// re-created profile is a new episode), the reason and the message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) uid: Option<String>,
+    pub(crate) reason: String,
+    pub(crate) message: String,
+}
+
+/// What to do about a ClusterProfile's refusal (see [`decide_refusal`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RefusalStep {
+    /// As remembered: nothing told again.
+    Nothing,
+    /// No refusal (any more): forget the one remembered.
+    Forget,
+    /// A new refusal (or another reason or message, or on a new profile of the name):
+    /// remember and tell it.
+    Tell(Refusal),
+}
+
+/// The step for the refusal `now` of a ClusterProfile, given the one `last` told: a
+/// refusal is told once per episode, when it starts or changes, and again only after
+/// it cleared (a profile's every update, our own condition write and the cluster
+/// manager's status writes included, judges it again, so the same refusal comes back
+/// on each). Our condition is not part of this: it is written whenever the cached
+/// profile lacks it.
+pub(crate) fn decide_refusal(now: Option<Refusal>, last: Option<&Refusal>) -> RefusalStep {
+    match (now, last) {
+        (None, None) => RefusalStep::Nothing,
+        (None, Some(_)) => RefusalStep::Forget,
+        (Some(now), Some(last)) if &now == last => RefusalStep::Nothing,
+        (Some(now), _) => RefusalStep::Tell(now),
+    }
+}
+
 /// The annotations of a ClusterProfile that carry Link settings, for documentation
 /// and tests: (annotation, the Link field it stands for).
 pub const SETTINGS: &[(&str, &str)] = &[

@@ -419,3 +419,127 @@ fn the_settings_annotations_are_distinct_and_ours() {
             .all(|(k, _)| k.starts_with("service-mirror.io/"))
     );
 }
+
+/// A refusal is told (log, Event, metric) once per episode: every update of a refused
+/// profile judges it again (the echo of our own condition write, each status write of
+/// its cluster manager), and the same refusal is not told again; a new reason, a new
+/// profile of the name, or the refusal coming back after it cleared is.
+#[test]
+fn a_repeated_identical_refusal_is_told_once_per_episode() {
+    use std::collections::HashMap;
+    // What the manager does with a profile's judgement (report.rs and ready()): the
+    // refusals told, in order.
+    #[derive(Default)]
+    struct Teller {
+        told: HashMap<String, Refusal>,
+        tells: Vec<String>,
+    }
+    impl Teller {
+        fn judge(&mut self, cp: &ClusterProfile, credentials: Option<&Secret>) {
+            let name = cp.metadata.name.clone().unwrap();
+            let now = parse_cluster_profile(cp, credentials)
+                .err()
+                .map(|e| Refusal {
+                    uid: cp.metadata.uid.clone(),
+                    reason: e.reason().into(),
+                    message: e.to_string(),
+                });
+            match decide_refusal(now, self.told.get(&name)) {
+                RefusalStep::Nothing => {}
+                RefusalStep::Forget => {
+                    self.told.remove(&name);
+                }
+                RefusalStep::Tell(r) => {
+                    self.tells.push(r.reason.clone());
+                    self.told.insert(name, r);
+                }
+            }
+        }
+    }
+    let mut t = Teller::default();
+    let unsupported = || {
+        let mut cp = profile(
+            "east",
+            &[],
+            json!([{"name": "kubelogin", "cluster": {"server": SERVER}}]),
+        );
+        cp.metadata.uid = Some("uid-1".into());
+        cp
+    };
+    let with_conditions = |mut cp: ClusterProfile, conditions: Value| {
+        cp.status.as_mut().unwrap().conditions = serde_json::from_value(conditions).unwrap();
+        cp
+    };
+    let condition = |type_: &str, status: &str, reason: &str| {
+        json!({"type": type_, "status": status, "reason": reason, "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    };
+
+    // Refused: told.
+    t.judge(&unsupported(), None);
+    // The echo of our condition write, then two status writes of the manager: the
+    // same refusal, not told again.
+    t.judge(
+        &with_conditions(
+            unsupported(),
+            json!([condition(
+                LINKED_CONDITION,
+                "False",
+                "UnsupportedAccessProvider"
+            )]),
+        ),
+        None,
+    );
+    for health in ["True", "False"] {
+        t.judge(
+            &with_conditions(
+                unsupported(),
+                json!([
+                    condition(LINKED_CONDITION, "False", "UnsupportedAccessProvider"),
+                    condition("ControlPlaneHealthy", health, "Probe"),
+                ]),
+            ),
+            None,
+        );
+    }
+    assert_eq!(t.tells, ["UnsupportedAccessProvider"]);
+
+    // Another reason: told; the same again: not.
+    let mut invalid = profile(
+        "east",
+        &[],
+        json!([provider(
+            ACCESS_PROVIDER,
+            SERVER,
+            json!({"name": "east-kubeconfig", "key": "value"})
+        )]),
+    );
+    invalid.metadata.uid = Some("uid-1".into());
+    t.judge(&invalid, None);
+    t.judge(&invalid, None);
+    assert_eq!(
+        t.tells,
+        ["UnsupportedAccessProvider", "InvalidAccessProvider"]
+    );
+
+    // Linked (cleared), then refused as before: a new episode, told again.
+    let mut good = profile("east", &[], json!([ours()]));
+    good.metadata.uid = Some("uid-1".into());
+    t.judge(&good, Some(&good_secret()));
+    t.judge(&invalid, None);
+    assert_eq!(
+        t.tells,
+        [
+            "UnsupportedAccessProvider",
+            "InvalidAccessProvider",
+            "InvalidAccessProvider"
+        ]
+    );
+
+    // A profile of the same name re-created (a new uid), refused the same way: told.
+    let mut recreated = invalid.clone();
+    recreated.metadata.uid = Some("uid-2".into());
+    t.judge(&recreated, None);
+    t.judge(&recreated, None);
+    assert_eq!(t.tells.len(), 4, "{:?}", t.tells);
+}

@@ -6,8 +6,10 @@
 //! holds up its own. A refused Secret or Link never stops or cleans up a running link:
 //! its mirrors stay until it is fixed or deleted. Deleting a link Secret unlinks (its
 //! mirrors go); deleting a Link stops its link and keeps the mirrors, as Linkerd does
-//! (`service-mirror unlink` removes them); deleting a ClusterProfile unlinks as deleting
-//! a link Secret does (docs/operations.md, "ClusterProfile links").
+//! (`service-mirror unlink` removes them); deleting a ClusterProfile stops its link at
+//! once and deletes its mirrors once it has stayed absent for the deletion grace (a
+//! profile of the name back within it resumes the link; docs/operations.md,
+//! "ClusterProfile links").
 
 use super::choice;
 use super::cleanup::Cleanups;
@@ -72,7 +74,21 @@ pub struct LinkManagerOptions {
     pub sources: LinkSources,
     /// Whether the link controllers of `Link`s create missing namespaces.
     pub link_namespace_creation: bool,
+    /// How long a deleted ClusterProfile must stay absent before its mirrors are
+    /// deleted (`--cluster-profile-deletion-grace`, [`CLUSTER_PROFILE_DELETION_GRACE`]).
+    pub cluster_profile_deletion_grace: Duration,
 }
+
+/// The default of `--cluster-profile-deletion-grace`: how long a deleted ClusterProfile
+/// must stay absent before its mirrors are deleted (its link stops at once). Profiles
+/// belong to a third-party cluster manager, which may delete and re-create one (a
+/// re-sync, a GitOps prune and re-apply, a migration between managers): deleting the
+/// mirrors at once would delete every mirror and re-create them with new ClusterIPs.
+/// Such a re-create lands within seconds; 30 s covers it with room (a prune-and-apply
+/// cycle, a manager's restart and re-list) while a cluster truly gone from the
+/// inventory stops being mirrored within half a minute, as `--remote-grace` (also 30 s)
+/// bounds how long a silent remote goes unreported.
+pub const CLUSTER_PROFILE_DELETION_GRACE: Duration = Duration::from_secs(30);
 
 /// Where links come from (`--link-source`). ClusterProfiles are read only when asked
 /// for (`cluster-profiles` or `all`): a cluster inventory may hold profiles of clusters
@@ -247,6 +263,11 @@ struct Inner {
     recorder: EventRecorder,
     /// Background cleanups of unlinked clusters still running, by cluster name.
     cleanups: Cleanups,
+    /// The refusal last told of each ClusterProfile, by name (told once per episode).
+    profile_refusals: Mutex<HashMap<String, super::clusterprofile::Refusal>>,
+    /// Deleted ClusterProfiles whose link stopped and whose mirrors wait out the
+    /// deletion grace, by name.
+    parked_profiles: Mutex<HashMap<String, profiles::Parked>>,
     cancel: CancellationToken,
 }
 
@@ -290,6 +311,8 @@ impl LinkManager {
             failing: Mutex::default(),
             failing_clusters: Mutex::default(),
             cleanups: Cleanups::default(),
+            profile_refusals: Mutex::default(),
+            parked_profiles: Mutex::default(),
             cancel: cancel.clone(),
         });
         let mut tasks = vec![tokio::spawn(watch_secrets(
@@ -611,7 +634,8 @@ impl Inner {
                 }
             }
         }
-        // The same for a ClusterProfile: its unlink deletes mirrors too.
+        // The same for a ClusterProfile: its mirrors go after the deletion grace, but a
+        // profile the apiserver still holds does not even stop its link.
         if next.is_none()
             && let SourceKey::ClusterProfile(name) = key
             && self
@@ -650,6 +674,12 @@ impl Inner {
                     if claims.get(&cluster) == Some(key) {
                         claims.remove(&cluster);
                     }
+                    // A deleted ClusterProfile's mirrors wait out the grace, counted as
+                    // a cleanup (its write Lease kept) that a new link of the cluster
+                    // cancels, under the same locks as the claim's release.
+                    if let SourceKey::ClusterProfile(name) = key {
+                        self.park_profile(name, &cluster);
+                    }
                     Some(a)
                 }
             }
@@ -657,9 +687,16 @@ impl Inner {
         match (next, stopped) {
             (Some(next), _) => self.queue.add(next),
             (None, Some(a)) => {
-                self.unlink(key, a).await;
+                let parked = matches!(key, SourceKey::ClusterProfile(_));
+                match parked {
+                    true => self.stop_link(key, a, false).await,
+                    false => self.unlink(key, a).await,
+                }
                 // A source refused as a duplicate of this one may link now.
                 self.queue_all();
+                if parked {
+                    return Outcome::RequeueAfter(self.opts.cluster_profile_deletion_grace);
+                }
             }
             (None, None) => {}
         }

@@ -24,7 +24,9 @@ pub use link::{
     DEFAULT_LINK_PROBE_FAILURE_THRESHOLD, DEFAULT_LINK_PROBE_PERIOD, DEFAULT_LINK_PROBE_TIMEOUT,
     MAX_LINK_PROBE_DURATION, MAX_LINK_PROBE_FAILURE_THRESHOLD, MIN_LINK_PROBE_DURATION, parse_link,
 };
-pub use manager::{LinkManager, LinkManagerOptions, LinkSources, link_config};
+pub use manager::{
+    CLUSTER_PROFILE_DELETION_GRACE, LinkManager, LinkManagerOptions, LinkSources, link_config,
+};
 pub use service_mirror_api::clusterprofile::{
     CLUSTER_PROFILE_CRD_NAME, CLUSTER_PROFILE_CRD_YAML, ClusterProfile,
 };

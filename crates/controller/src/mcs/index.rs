@@ -28,7 +28,7 @@ pub(super) type Generation = u64;
 pub(super) const LIST_HOLD: Duration = Duration::from_secs(30);
 
 /// Keys changed by one event.
-pub(super) type Changed = BTreeSet<ServiceKey>;
+pub(crate) type Changed = BTreeSet<ServiceKey>;
 
 /// Objects of one kind in one cluster, by key.
 #[derive(Debug)]
@@ -109,15 +109,15 @@ impl<T: PartialEq> Listed<T> {
 /// Objects of which several share a key (the EndpointSlices of one import), as the
 /// last complete list gave them, updated by events since. An object is known by its
 /// namespace/name; its key comes from its labels, so a relabelled one moves.
-pub(super) struct Grouped<K> {
+pub(crate) struct Grouped<K> {
     /// By key, then by `<namespace>/<name>`.
-    pub(super) items: BTreeMap<ServiceKey, BTreeMap<String, K>>,
+    pub(crate) items: BTreeMap<ServiceKey, BTreeMap<String, K>>,
     /// The key each object is filed under.
     filed: BTreeMap<String, ServiceKey>,
     /// The list in progress (`None`: none).
     listing: Option<Vec<(ServiceKey, String, K)>>,
     /// A complete list has arrived.
-    pub(super) listed: bool,
+    pub(crate) listed: bool,
 }
 
 impl<K> Default for Grouped<K> {
@@ -133,7 +133,7 @@ impl<K> Default for Grouped<K> {
 
 impl<K: kube::Resource + Clone + PartialEq> Grouped<K> {
     /// Applies `ev`, each object filed under the key `key` gives it (None: not kept).
-    pub(super) fn apply(
+    pub(crate) fn apply(
         &mut self,
         ev: &Event<K>,
         key: impl Fn(&K) -> Option<ServiceKey>,
@@ -205,7 +205,7 @@ impl<K: kube::Resource + Clone + PartialEq> Grouped<K> {
     }
 
     /// The objects filed under `key`.
-    pub(super) fn of(&self, key: &ServiceKey) -> impl Iterator<Item = &K> {
+    pub(crate) fn of(&self, key: &ServiceKey) -> impl Iterator<Item = &K> {
         self.items.get(key).into_iter().flat_map(BTreeMap::values)
     }
 }

@@ -29,17 +29,18 @@
 //! ServiceImport, the derived Service and the import EndpointSlices), `metrics.rs`.
 
 mod decide;
+pub(crate) mod dns_view;
 pub mod enable;
 mod gateways;
 mod imports;
-mod index;
+pub(crate) mod index;
 mod indexer;
 pub(crate) mod metrics;
 mod reconcile;
 pub mod resource;
 mod shared;
 pub mod startup;
-mod watches;
+pub(crate) mod watches;
 mod write_errors;
 
 use crate::events::EventRecorder;
@@ -139,6 +140,8 @@ pub struct Mcs {
     /// The last feed generation handed out (process-wide, so always increasing; the
     /// local feed is 0).
     generations: Arc<crate::runtime::generation::Generations>,
+    /// What the clusterset.local DNS zone reads (`dns_view.rs`).
+    zone: dns_view::ImportZone,
 }
 
 impl std::fmt::Debug for Mcs {
@@ -205,6 +208,10 @@ impl Mcs {
             &opts.cluster_name,
             opts.namespaces.clone(),
         )));
+        let zone = dns_view::ImportZone {
+            shared: shared.clone(),
+            local: opts.cluster_name.clone(),
+        };
         let indexer = indexer::Indexer::new(shared.clone(), queue.clone(), metrics.clone());
         // Judgements wait for the local lists (see `indexer.rs`) and the lead.
         let gate = crate::runtime::Gate::new(indexer.ready.subscribe(), opts.leader.clone(), false);
@@ -241,8 +248,14 @@ impl Mcs {
             local: opts.cluster_name.as_str().into(),
             metrics,
             generations: Arc::default(),
+            zone,
         };
         (mcs, tasks)
+    }
+
+    /// The `clusterset.local` zone's data: the ServiceImports this component caches.
+    pub(crate) fn clusterset_zone(&self) -> Arc<dyn crate::clusterset_dns::Zone + Send + Sync> {
+        Arc::new(self.zone.clone())
     }
 
     /// The clusters the link sources name, once the sources are first listed: a

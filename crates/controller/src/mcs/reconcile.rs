@@ -53,6 +53,18 @@ pub(super) const RETRY: Backoff =
 /// 2.55x the reference writer. 16 keep the apiserver, not our round trips, the bound.
 pub(super) const WORKERS: usize = 16;
 
+/// The problems last told of local exports' annotations, by key: (uid, problem).
+type Told = BTreeMap<ServiceKey, (Option<String>, ExportToProblem)>;
+
+/// Which of the local export's annotations a problem is of (`Reconciler::tell_once`).
+#[derive(Clone, Copy)]
+enum Annotation {
+    /// `service-mirror.io/export-to`.
+    ExportTo,
+    /// `service-mirror.io/locality`, `service-mirror.io/local-minimum`.
+    Traffic,
+}
+
 /// A reconcile had a write to retry (already logged and counted where it failed).
 #[derive(Debug)]
 pub(super) struct Retry;
@@ -235,32 +247,60 @@ impl Reconciler {
         let Some(local) = g.exports.iter().find(|e| e.cluster == self.local) else {
             return;
         };
-        let now = ExportToProblem::of(&local.export_to, &self.local, &g.feeds, g.expected.as_ref())
-            .map(|p| (export.metadata.uid.clone(), p));
-        match decide_export_to(now, g.last_export_to.as_ref(), self.leading()) {
-            ExportToStep::Nothing => {}
+        let now = ExportToProblem::of(&local.export_to, &self.local, &g.feeds, g.expected.as_ref());
+        let last = g.last_export_to.as_ref();
+        self.tell_once(key, export, Annotation::ExportTo, now, last)
+            .await;
+    }
+
+    /// Tells `now`, a problem of one of the local export's annotations (`which`), once
+    /// per episode (`decide_export_to`, against `last`): remembered, a warning, the
+    /// metric and a Warning Event on the export. The note quotes a tenant's text: one
+    /// line of printable characters, made so before it is compared with the one told
+    /// (else a note that cleaning changes would be told at every reconcile).
+    async fn tell_once(
+        &self,
+        key: &ServiceKey,
+        export: &ServiceExport,
+        which: Annotation,
+        now: Option<ExportToProblem>,
+        last: Option<&(Option<String>, ExportToProblem)>,
+    ) {
+        let now = now.map(|mut p| {
+            p.note = crate::links::sanitize_remote_text(&p.note);
+            (export.metadata.uid.clone(), p)
+        });
+        let problem = match decide_export_to(now, last, self.leading()) {
+            ExportToStep::Nothing => return,
             ExportToStep::Forget => {
-                self.shared.lock().export_to.remove(key);
+                self.remembered(which, |m| m.remove(key));
+                return;
             }
-            ExportToStep::Tell((uid, mut problem)) => {
-                // The names quoted are the annotation's own (a tenant's text): one
-                // line of printable characters in the log and the Event.
-                problem.note = crate::links::sanitize_remote_text(&problem.note);
-                self.shared
-                    .lock()
-                    .export_to
-                    .insert(key.clone(), (uid, problem.clone()));
-                tracing::warn!(export = %key, reason = problem.reason, "ServiceExport's export-to annotation: {}", problem.note);
-                self.metrics
-                    .mcs
-                    .export_to_problems
-                    .get_or_create(&super::metrics::ReasonLabels {
-                        reason: problem.reason.into(),
-                    })
-                    .inc();
-                self.tell(export, EventType::Warning, problem.reason, problem.note)
-                    .await;
+            ExportToStep::Tell((uid, problem)) => {
+                self.remembered(which, |m| m.insert(key.clone(), (uid, problem.clone())));
+                problem
             }
+        };
+        let (family, what) = match which {
+            Annotation::ExportTo => (&self.metrics.mcs.export_to_problems, "export-to annotation"),
+            Annotation::Traffic => (&self.metrics.mcs.traffic_problems, "traffic annotations"),
+        };
+        tracing::warn!(export = %key, reason = problem.reason, "ServiceExport's {what}: {}", problem.note);
+        family
+            .get_or_create(&super::metrics::ReasonLabels {
+                reason: problem.reason.into(),
+            })
+            .inc();
+        self.tell(export, EventType::Warning, problem.reason, problem.note)
+            .await;
+    }
+
+    /// Applies `f` to the memory of problems told of `which` annotation (under the lock).
+    fn remembered<T>(&self, which: Annotation, f: impl FnOnce(&mut Told) -> T) -> T {
+        let mut s = self.shared.lock();
+        match which {
+            Annotation::ExportTo => f(&mut s.export_to),
+            Annotation::Traffic => f(&mut s.traffic),
         }
     }
 
@@ -288,35 +328,13 @@ impl Reconciler {
     /// episode: a warning, the metric and a Warning Event `InvalidTrafficAnnotation`.
     async fn judge_traffic(&self, key: &ServiceKey, g: &Gathered, export: &ServiceExport) {
         let problems = export_traffic(export.metadata.annotations.as_ref()).problems;
-        let now = (!problems.is_empty()).then(|| {
-            let problem = ExportToProblem {
-                reason: "InvalidTrafficAnnotation",
-                note: crate::links::sanitize_remote_text(&problems.join("; ")),
-            };
-            (export.metadata.uid.clone(), problem)
+        let now = (!problems.is_empty()).then(|| ExportToProblem {
+            reason: "InvalidTrafficAnnotation",
+            note: problems.join("; "),
         });
-        match decide_export_to(now, g.last_traffic.as_ref(), self.leading()) {
-            ExportToStep::Nothing => {}
-            ExportToStep::Forget => {
-                self.shared.lock().traffic.remove(key);
-            }
-            ExportToStep::Tell((uid, problem)) => {
-                self.shared
-                    .lock()
-                    .traffic
-                    .insert(key.clone(), (uid, problem.clone()));
-                tracing::warn!(export = %key, reason = problem.reason, "ServiceExport's traffic annotations: {}", problem.note);
-                self.metrics
-                    .mcs
-                    .traffic_problems
-                    .get_or_create(&super::metrics::ReasonLabels {
-                        reason: problem.reason.into(),
-                    })
-                    .inc();
-                self.tell(export, EventType::Warning, problem.reason, problem.note)
-                    .await;
-            }
-        }
+        let last = g.last_traffic.as_ref();
+        self.tell_once(key, export, Annotation::Traffic, now, last)
+            .await;
     }
 
     /// Logs, once per change, the `--cluster-priority` clusters that no link source

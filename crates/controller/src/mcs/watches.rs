@@ -117,8 +117,9 @@ fn strip_slice(s: &mut EndpointSlice) {
 }
 
 /// A local Service's slice: its service-name label, endpoints and ports are read (what
-/// `core::mcs_slices` copies), nothing else is kept.
-fn strip_local_slice(s: &mut EndpointSlice) {
+/// `core::traffic::copy_local_slices` copies, for imports and federated Services),
+/// nothing else is kept.
+pub(crate) fn strip_local_slice(s: &mut EndpointSlice) {
     use service_mirror_core::labels::SERVICE_NAME_LABEL;
     let meta = &mut s.metadata;
     meta.managed_fields = None;

@@ -139,6 +139,8 @@ pub(crate) struct ClusterView<'a> {
 pub struct DataPlane {
     inner: Arc<Inner>,
     processes: Mutex<Vec<Process>>,
+    /// The data plane's directory (its Corefile, its processes' logs).
+    dir: PathBuf,
     forwarder: Option<TcpProxy>,
     /// Real nodes, the first in `inner.node`'s namespaces.
     nodes: Vec<crate::node::Node>,
@@ -202,6 +204,7 @@ impl DataPlane {
         let mut plane = Self {
             inner,
             processes: Mutex::new(Vec::new()),
+            dir: dir.clone(),
             forwarder: None,
             nodes: Vec::new(),
             runtime: Some(runtime),
@@ -514,6 +517,60 @@ impl DataPlane {
     /// CoreDNS of this cluster: `<node ip>:53`, serving `cluster.local`.
     pub fn dns_addr(&self) -> SocketAddr {
         SocketAddr::from((self.inner.node_ip, 53))
+    }
+
+    /// The host's address on the fabric (198.19.K.1): a process of the test (on the
+    /// host) listening there is reached from every node, and from nowhere else.
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.inner.fabric.host_ip()
+    }
+
+    /// Gives this cluster's CoreDNS a server block `<zone>:53 { forward . <to> }` (as an
+    /// operator adds `clusterset.local` to a cluster's Corefile, forwarded to the
+    /// controller's DNS server) and restarts it, waiting until it answers again (at most
+    /// 30 s). `to` must be an address of this process's namespaces or the host's fabric
+    /// address ([`DataPlane::host_ip`]): nothing else is reachable from the node.
+    pub async fn forward_zone(&self, zone: &str, to: SocketAddr) -> Result<()> {
+        let path = self.dir.join("Corefile");
+        let mut corefile = std::fs::read_to_string(&path)?;
+        // No cache: the test sees the controller's answers as they change.
+        corefile.push_str(&format!(
+            "{zone}:53 {{\n  errors\n  forward . {to} {{\n    max_fails 0\n  }}\n}}\n"
+        ));
+        std::fs::write(&path, corefile)?;
+        let bin = tokio::task::spawn_blocking(ensure_data_plane_binaries)
+            .await
+            .map_err(|e| Error::Binaries(e.to_string()))??;
+        {
+            let mut procs = self.processes.lock();
+            // Dropping the old process kills it; the new one appends to the same log.
+            procs.retain(|p| p.name() != "coredns");
+            let mut dns = self.inner.node.command(&bin.coredns);
+            dns.args(["-conf".to_string(), path.display().to_string()]);
+            procs.push(Process::spawn_command(
+                "coredns",
+                dns,
+                &self.dir.join("coredns.log"),
+            )?);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.check_processes()?;
+            if self
+                .resolve("kubernetes.default.svc.cluster.local")
+                .await
+                .is_ok_and(|ips| !ips.is_empty())
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(self.process_error(
+                    "coredns",
+                    format!("not answering within 30 s after forwarding {zone} to {to}"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The process id of `process` (`kube-controller-manager`, `kube-proxy` or

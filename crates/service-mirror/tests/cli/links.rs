@@ -558,6 +558,7 @@ impl InProcess {
             namespace: ctl_ns.to_string(),
             workers: 2,
             rotation_timeout: Duration::from_secs(30),
+            cluster_profile_deletion_grace: Duration::from_secs(30),
             collect_unlinked: false,
             sources: LinkSources::Both,
             link_namespace_creation: false,
@@ -1180,8 +1181,9 @@ fn install_objects(args: &[&str]) -> Vec<serde_json::Value> {
 fn the_chart_renders_exactly_what_install_prints_object_by_object() {
     let Some(helm) = chart::helm() else { return };
     // (release namespace, helm values, install's flags): defaults; --ha (3 replicas:
-    // the PodDisruptionBudget and the anti-affinity); each CRD left out; an image.
-    let cases: [(&str, &[&str], &[&str]); 4] = [
+    // the PodDisruptionBudget and the anti-affinity); each CRD left out; an image; the
+    // clusterset.local DNS server.
+    let cases: [(&str, &[&str], &[&str]); 5] = [
         ("linkerd-multicluster", &[], &[]),
         ("mc-ha", &["--set", "replicas=3"], &["--ha"]),
         (
@@ -1203,6 +1205,12 @@ fn the_chart_renders_exactly_what_install_prints_object_by_object() {
                 "--image",
                 "registry.example/sm:2.0.1",
             ],
+        ),
+        // The clusterset.local DNS server: its flag, ports and Service.
+        (
+            "mc-dns",
+            &["--set", "clustersetDns.enabled=true"],
+            &["--clusterset-dns"],
         ),
     ];
     for (ns, values, flags) in cases {

@@ -1,9 +1,11 @@
 //! ClusterProfiles (KEP-4322) as a link source, on real apiservers with the published
 //! CRD and the real binary (`--link-source=all`): a profile with the
 //! `kubeconfig-secretreader` access provider links its cluster as a Link does, our
-//! condition is written beside the cluster manager's, deleting the profile removes its
-//! mirrors; a profile with an unsupported access provider is refused (Event,
-//! condition, metric) while a Link beside it keeps mirroring.
+//! condition is written beside the cluster manager's (and put back after a manager's
+//! plain status update drops it), a profile deleted and re-created within the deletion
+//! grace keeps its mirrors (same uid), one absent past the grace loses them; a profile
+//! with an unsupported access provider is refused (Event, condition, metric: once)
+//! while a Link beside it keeps mirroring.
 
 use crate::support::controller::Controller;
 use crate::support::links::{
@@ -21,16 +23,16 @@ use service_mirror_controller::links::{
 };
 use tokio::sync::OnceCell;
 
-/// Applies the published ClusterProfile CRD to the local cluster once per test binary
-/// and waits until ClusterProfiles can be listed.
-async fn cluster_profile_crd(env: &Env) {
+/// Applies the published ClusterProfile CRD to the local cluster (`admin`: its admin
+/// client) once per test binary and waits until ClusterProfiles can be listed.
+async fn cluster_profile_crd(admin: &kube::Client) {
     static APPLIED: OnceCell<()> = OnceCell::const_new();
     APPLIED
         .get_or_init(|| async {
-            local_cluster::apply_yaml(&env.lc, CLUSTER_PROFILE_CRD_YAML)
+            local_cluster::apply_yaml(admin, CLUSTER_PROFILE_CRD_YAML)
                 .await
                 .expect("the apiserver takes the published ClusterProfile CRD");
-            let api: Api<ClusterProfile> = Api::namespaced(env.lc.clone(), "default");
+            let api: Api<ClusterProfile> = Api::namespaced(admin.clone(), "default");
             eventually("the ClusterProfile CRD is served", || {
                 let api = api.clone();
                 async move { api.list(&Default::default()).await.ok() }
@@ -151,14 +153,22 @@ fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Conditi
 async fn a_cluster_profile_links_its_cluster_keeps_the_managers_conditions_and_unlinks_when_deleted()
  {
     let env = Env::new("cp").await;
-    cluster_profile_crd(&env).await;
+    cluster_profile_crd(&env.lc).await;
     create_namespace(&env.lc, &env.ns).await;
     let ctl_ns = local_cluster::unique_namespace("cpc");
     create_namespace(&env.lc, &ctl_ns).await;
+    let grace = std::time::Duration::from_secs(4);
     let ctl = Controller::spawn(
         &env.local,
         &ctl_ns,
-        &["--namespace-allow", &env.ns, "--link-source", "all"],
+        &[
+            "--namespace-allow",
+            &env.ns,
+            "--link-source",
+            "all",
+            "--cluster-profile-deletion-grace",
+            "4s",
+        ],
     );
     let kc = allowed_kubeconfig(&env.remote, &env.ns, "reader").await;
     Api::<Secret>::namespaced(env.lc.clone(), &ctl_ns)
@@ -171,22 +181,24 @@ async fn a_cluster_profile_links_its_cluster_keeps_the_managers_conditions_and_u
     exported(&env, "web").await;
     ctl.wait_ready().await;
 
+    let annotations = serde_json::json!({
+        "service-mirror.io/gateway-address": "192.0.2.10",
+        "service-mirror.io/gateway-port": "4143",
+    });
+    let providers = serde_json::json!([
+        {"name": "kubelogin", "cluster": {"server": "https://elsewhere.example"}},
+        {"name": ACCESS_PROVIDER, "cluster": {
+            "server": server_of(&kc.yaml),
+            "extensions": [{"name": EXEC_EXTENSION,
+                "extension": {"name": "east-kubeconfig", "key": "kubeconfig"}}],
+        }},
+    ]);
     let profiles = create_profile(
         &env.lc,
         &ctl_ns,
         &env.cluster,
-        serde_json::json!({
-            "service-mirror.io/gateway-address": "192.0.2.10",
-            "service-mirror.io/gateway-port": "4143",
-        }),
-        serde_json::json!([
-            {"name": "kubelogin", "cluster": {"server": "https://elsewhere.example"}},
-            {"name": ACCESS_PROVIDER, "cluster": {
-                "server": server_of(&kc.yaml),
-                "extensions": [{"name": EXEC_EXTENSION,
-                    "extension": {"name": "east-kubeconfig", "key": "kubeconfig"}}],
-            }},
-        ]),
+        annotations.clone(),
+        providers.clone(),
     )
     .await;
 
@@ -251,13 +263,18 @@ async fn a_cluster_profile_links_its_cluster_keeps_the_managers_conditions_and_u
             && !ours_managed[0].contains("accessProviders"),
         "{ours_managed:?}"
     );
-    // The manager rewrites its own condition: ours stays.
+    // The manager rewrites its own condition by server-side apply, with everything it
+    // owns (an apply that left out `accessProviders` would remove them): ours stays,
+    // and the profile stays linked.
     let status = serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1alpha1",
         "kind": "ClusterProfile",
         "metadata": {"name": env.cluster, "namespace": ctl_ns},
-        "status": {"conditions": [{"type": "ControlPlaneHealthy", "status": "False",
-            "reason": "Unhealthy", "message": "", "lastTransitionTime": "2026-01-02T00:00:00Z"}]},
+        "status": {
+            "conditions": [{"type": "ControlPlaneHealthy", "status": "False",
+                "reason": "Unhealthy", "message": "", "lastTransitionTime": "2026-01-02T00:00:00Z"}],
+            "accessProviders": providers,
+        },
     });
     profiles
         .patch_status(
@@ -275,20 +292,114 @@ async fn a_cluster_profile_links_its_cluster_keeps_the_managers_conditions_and_u
     );
     assert_eq!(condition(&after, LINKED_CONDITION).unwrap().status, "True");
 
-    // Deleting the profile unlinks: its mirrors go.
+    // A manager that writes its status with a plain update (no apply) drops our
+    // condition; the update is an event on the profile, which judges it again and
+    // applies our condition back.
+    eventually("a plain status update without our condition", || async {
+        let mut cp = profiles.get_status(&env.cluster).await.ok()?;
+        let status = cp.status.as_mut()?;
+        status.conditions.retain(|c| c.type_ != LINKED_CONDITION);
+        profiles
+            .replace_status(&env.cluster, &PostParams::default(), &cp)
+            .await
+            .ok()
+    })
+    .await;
+    let conditions = conditions_until(&profiles, &env.cluster, "Linked=True back", |c| {
+        condition(c, LINKED_CONDITION).is_some()
+    })
+    .await;
+    let ours = condition(&conditions, LINKED_CONDITION).unwrap();
+    assert_eq!(
+        (ours.status.as_str(), ours.reason.as_str()),
+        ("True", "Linked")
+    );
+    assert_eq!(
+        condition(&conditions, "ControlPlaneHealthy")
+            .unwrap()
+            .status,
+        "False"
+    );
+
+    // Deleted and re-created within the deletion grace (a manager's re-sync): the link
+    // stops at once, resumes with the new profile, and nothing is deleted: the mirror
+    // keeps its uid (its ClusterIP) past the end of the grace.
+    let uid = svc.metadata.uid.clone().unwrap();
     profiles
         .delete(&env.cluster, &DeleteParams::default())
         .await
         .unwrap();
+    let deleted = std::time::Instant::now();
+    ctl.wait_log(
+        &["ClusterProfile deleted: link stopped", &env.cluster],
+        crate::support::CONVERGE,
+    )
+    .await;
+    eventually("the profile gone", || async {
+        profiles
+            .get_opt(&env.cluster)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let profiles = create_profile(
+        &env.lc,
+        &ctl_ns,
+        &env.cluster,
+        annotations.clone(),
+        providers.clone(),
+    )
+    .await;
+    assert!(
+        deleted.elapsed() < grace,
+        "re-created within the grace: {:?}",
+        deleted.elapsed()
+    );
+    conditions_until(&profiles, &env.cluster, "Linked=True again", |c| {
+        condition(c, LINKED_CONDITION).is_some_and(|c| c.status == "True")
+    })
+    .await;
+    tokio::time::sleep(
+        (grace + std::time::Duration::from_secs(1)).saturating_sub(deleted.elapsed()),
+    )
+    .await;
+    let (kept, _) = env.mirror("web").await;
+    assert_eq!(
+        kept.and_then(|s| s.metadata.uid),
+        Some(uid),
+        "the mirror was kept through the re-create"
+    );
+    assert!(
+        ctl.log_lines("ClusterProfile stayed deleted").is_empty(),
+        "no deletion after the grace"
+    );
+
+    // Deleted for good: the link stops at once, and once the profile has stayed absent
+    // for the grace its mirrors go.
+    profiles
+        .delete(&env.cluster, &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted = std::time::Instant::now();
     env.mirror_gone("web").await;
-    ctl.wait_log(&["unlinked", &env.cluster], crate::support::CONVERGE)
-        .await;
+    assert!(
+        deleted.elapsed() >= grace,
+        "deleted only after the grace: {:?}",
+        deleted.elapsed()
+    );
+    ctl.wait_log(
+        &["ClusterProfile stayed deleted", "unlinked", &env.cluster],
+        crate::support::CONVERGE,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn an_unsupported_access_provider_is_refused_visibly_and_a_link_beside_it_keeps_mirroring() {
     let w = LinkWorld::new("cpu", &[], &["--link-source", "all"]).await;
-    cluster_profile_crd(&w.env).await;
+    cluster_profile_crd(&w.env.lc).await;
     exported(&w.env, "web").await;
     w.links
         .create(
@@ -371,11 +482,91 @@ async fn an_unsupported_access_provider_is_refused_visibly_and_a_link_beside_it_
             .unwrap()
             .is_none()
     );
+    // Told once: every later update of the profile (the echo of our condition write
+    // among them) judged it again without telling it again.
+    let counted: Vec<String> = w
+        .ctl
+        .metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with(&series))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(counted, [format!("{series} 1")]);
+    assert_eq!(w.ctl.log_lines("ClusterProfile not usable").len(), 1);
     assert!(
         w.ctl
             .log_lines("\"unlinked\"")
             .iter()
             .all(|l| !l.contains(&w.env.cluster)),
         "the Link's link was never stopped"
+    );
+}
+
+/// With ClusterProfiles a link source, the startup permission check covers theirs
+/// (where their CRD is served): one taken away from the installed Role is named as
+/// breaking ClusterProfile links only, and the process runs on.
+#[tokio::test]
+async fn a_missing_cluster_profile_permission_is_named_at_startup() {
+    use crate::rbac_support::{RunningController, install, install_documents, remove_verb};
+    use service_mirror_controller::permissions::{
+        PERMISSION_CHECK_DONE, cluster_profile_permissions, missing_cluster_profile_permissions,
+        missing_permissions,
+    };
+    crate::support::init_tracing();
+    let local = local_cluster::shared_cluster("local")
+        .await
+        .expect("local cluster");
+    cluster_profile_crd(&local.client().await.unwrap()).await;
+    let ns = local_cluster::unique_namespace("cp-norbac");
+    let mut docs = install_documents(&ns, &[]);
+    let taken = cluster_profile_permissions(&ns)
+        .into_iter()
+        .find(|p| p.verb == "patch")
+        .expect("the status patch");
+    remove_verb(
+        &mut docs,
+        "Role",
+        &taken.group,
+        &taken.resource,
+        &taken.verb,
+    );
+    let kc = install(&local, &ns, &docs).await;
+    let client = kc.client().await.unwrap();
+    let expected = taken.to_string();
+    eventually("exactly the status patch missing", || {
+        let (client, ns, expected) = (client.clone(), ns.clone(), expected.clone());
+        async move {
+            let required = missing_permissions(&client, &ns).await.ok()?;
+            let profiles = missing_cluster_profile_permissions(&client, &ns)
+                .await
+                .ok()?;
+            (required.is_empty() && profiles == [expected]).then_some(())
+        }
+    })
+    .await;
+
+    let mut ctl = RunningController::spawn_as(&kc.path, &ns, &["--link-source", "all"], &[]);
+    let (line, _) = ctl
+        .wait_log(
+            &[&format!("missing permission: {expected}:"), "ERROR"],
+            std::time::Duration::from_secs(15),
+        )
+        .await;
+    assert!(
+        line.contains("ClusterProfile links cannot work without it"),
+        "{line}"
+    );
+    ctl.wait_log(&[PERMISSION_CHECK_DONE], std::time::Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        ctl.log_lines("missing permission:").len(),
+        1,
+        "only {expected}:\n{}",
+        ctl.log_text()
+    );
+    assert!(
+        ctl.running(),
+        "a missing ClusterProfile permission is not fatal"
     );
 }

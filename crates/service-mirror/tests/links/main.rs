@@ -12,6 +12,7 @@ use support::controller;
 mod clusterprofile;
 mod crd;
 mod credentials;
+mod export_to;
 mod gateway;
 mod gateway_move;
 mod security;

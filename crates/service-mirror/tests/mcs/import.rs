@@ -295,6 +295,9 @@ async fn export_to_narrows_the_clusters_that_import_and_withdraws_an_import_left
     assert!(note.contains("Bad_Name"), "{note}");
     west.metric("service_mirror_mcs_export_to_problems_total{reason=\"InvalidExportTo\"} 1\n")
         .await;
+    // West's --cluster-priority names `nowhere`, which no link source names.
+    west.metric("service_mirror_mcs_priority_unknown_clusters 1\n")
+        .await;
     west.metric(
         "service_mirror_mcs_export_to_problems_total{reason=\"ExportToUnknownCluster\"} 1\n",
     )

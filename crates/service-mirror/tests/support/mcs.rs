@@ -168,7 +168,15 @@ impl World {
                 leader,
                 namespaces: NamespaceFilter::allow_only([self.ns.clone(), self.west_only()]),
                 controller_namespace: format!("sm-{cluster}"),
-                traffic: Default::default(),
+                // The other cluster first, then one no link source names (its gauge is
+                // checked in import.rs); with two clusters the order changes nothing.
+                traffic: service_mirror_core::traffic::TrafficDefaults {
+                    priority: vec![
+                        if cluster == "west" { "east" } else { "west" }.into(),
+                        "nowhere".into(),
+                    ],
+                    ..Default::default()
+                },
             },
             cancel.clone(),
         );

@@ -207,3 +207,65 @@ where
     }
     (seen, tries)
 }
+
+/// `shop/web`'s one workload (at `node`) ready (its Endpoints' `addresses`) or not
+/// (`notReadyAddresses`, as a pod failing its readiness probe): a merge patch replaces
+/// the subsets whole.
+pub(crate) async fn home_ready(wc: &kube::Client, node: std::net::Ipv4Addr, ready: bool) {
+    use k8s_openapi::api::core::v1::Endpoints;
+    use kube::api::{Api, Patch, PatchParams};
+    let list = if ready {
+        "addresses"
+    } else {
+        "notReadyAddresses"
+    };
+    let patch = serde_json::json!({"subsets": [{
+        list: [{"ip": node.to_string()}],
+        "ports": [{"name": "http", "port": 8080}],
+    }]});
+    Api::<Endpoints>::namespaced(wc.clone(), "shop")
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// A switch of the traffic to `to`: a request (`ask`) every 50 ms from `since`
+/// (bounded: 30 s) until 10 in a row are answered by `to`; then 20 more, each of which
+/// must be. The time from `since` to the first of the 10, and the requests that failed
+/// before it.
+pub(crate) async fn switch<A, AF>(
+    since: Instant,
+    to: &str,
+    ask: A,
+    ctl: &super::controller::Controller,
+) -> (Duration, usize)
+where
+    A: Fn() -> AF,
+    AF: Future<Output = Result<String, String>>,
+{
+    const WINDOW: usize = 10;
+    let (mut run, mut first, mut failed) = (0, None, 0);
+    while run < WINDOW {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "traffic to {to} within 30 s\ncontroller:\n{}",
+            ctl.log_text()
+        );
+        let at = since.elapsed();
+        match ask().await {
+            Ok(body) if body == to => {
+                first = first.or(Some(at));
+                run += 1;
+            }
+            Ok(_) => (first, run) = (None, 0),
+            Err(_) => (first, run, failed) = (None, 0, failed + 1),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..20 {
+        let r = ask().await;
+        assert_eq!(r.as_deref(), Ok(to), "request {i} after the switch to {to}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (first.expect("a window began"), failed)
+}

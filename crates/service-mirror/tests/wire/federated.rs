@@ -9,8 +9,8 @@
 use crate::support::controller::Controller;
 use crate::support::links::allowed_kubeconfig;
 use crate::support::wire::{
-    await_failover, data_plane_cluster, link_through_gateway, serve_web, slice_ready,
-    until_each_answers,
+    await_failover, data_plane_cluster, home_ready, link_through_gateway, serve_web, slice_ready,
+    switch, until_each_answers,
 };
 use crate::support::*;
 use k8s_openapi::api::core::v1::Service;
@@ -61,7 +61,8 @@ async fn ask(wp: &DataPlane) -> Result<String, String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_federated_service_spreads_over_both_remotes_and_fails_over_when_one_gateway_dies() {
+async fn a_federated_service_spreads_over_both_remotes_fails_over_when_one_gateway_dies_and_stays_home_once_it_has_a_local_member()
+ {
     if skip_without_data_plane("a_federated_service_spreads_over_both_remotes") {
         return;
     }
@@ -161,5 +162,25 @@ async fn a_federated_service_spreads_over_both_remotes_and_fails_over_when_one_g
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("100 requests after the failover: all answered by north");
+
+    // A local member in west (local-first, the default): its endpoints are copied into
+    // web-federated's slices and every request stays home; west not ready → north (east
+    // is dead); ready again → home. Each switch without a failed request.
+    let labels = serde_json::json!({"mirror.linkerd.io/federated": "member", "app": "web"});
+    let _west_web = serve_web(&west, "west", labels).await;
+    let (d, f) = switch(Instant::now(), "west", || ask(wp), &ctl).await;
+    eprintln!("local member added: every request to west after {d:?} ({f} failed before)");
+    assert_eq!(f, 0, "adding home fails no request");
+    let node = wp.node_ip();
+    let t = Instant::now();
+    home_ready(&wc, node, false).await;
+    let (away, f1) = switch(t, "north", || ask(wp), &ctl).await;
+    let t = Instant::now();
+    home_ready(&wc, node, true).await;
+    let (back, f2) = switch(t, "west", || ask(wp), &ctl).await;
+    eprintln!(
+        "home not ready: all to north after {away:?}; ready again: all to west after {back:?}"
+    );
+    assert_eq!(f1 + f2, 0, "no request fails at a switch");
     drop(ctl);
 }

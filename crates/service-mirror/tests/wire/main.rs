@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod clusterset_dns;
 mod federated;
 mod headless;
 mod links;

@@ -6,17 +6,20 @@
 //! --cluster-priority east,north` on west. Requests from west's node to the import's
 //! ClusterSetIP go through west's kube-proxy, which reads the import's EndpointSlices:
 //! west's own (a copy of the slice kube-controller-manager mirrors from its Endpoints)
-//! and the remotes' (at their gateways), ready as local-first decides. Our CoreDNS does
-//! not serve `clusterset.local`: the requests carry `web.shop.svc.clusterset.local` as
-//! their Host only (the stand-in gateways route by it). Needs root (network namespaces).
+//! and the remotes' (at their gateways), ready as local-first decides. The requests
+//! carry `web.shop.svc.clusterset.local` as their Host (the stand-in gateways route by
+//! it). West's CoreDNS forwards `clusterset.local` to the controller's own DNS server
+//! (`--clusterset-dns-addr` on the host's fabric address, issue 32 point 3): the name
+//! resolves to the ClusterSetIP and a request by name is answered, and west's headless
+//! export `shop/db` answers its own endpoint by name. Needs root (network namespaces).
 
 use crate::support;
 use crate::support::controller::Controller;
 use crate::support::wire::{
-    data_plane_cluster, link_through_gateway, serve_web, slice_ready, until_each_answers,
+    data_plane_cluster, home_ready, link_through_gateway, serve_web, slice_ready, switch,
+    until_each_answers,
 };
 use crate::support::*;
-use k8s_openapi::api::core::v1::Endpoints;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use local_cluster::{DataPlane, Gateway, LocalCluster, Workload, skip_without_data_plane};
 use service_mirror_controller::links::{LINK_CRD_YAML, LinkResource};
@@ -96,61 +99,6 @@ async fn ask(wp: &DataPlane, ip: Ipv4Addr) -> Result<String, String> {
     }
 }
 
-/// West's workload ready (its Endpoints' `addresses`) or not (`notReadyAddresses`, as a
-/// pod failing its readiness probe): a merge patch replaces the subsets whole.
-async fn home_ready(wc: &kube::Client, node: Ipv4Addr, ready: bool) {
-    let list = if ready {
-        "addresses"
-    } else {
-        "notReadyAddresses"
-    };
-    let patch = serde_json::json!({"subsets": [{
-        list: [{"ip": node.to_string()}],
-        "ports": [{"name": "http", "port": 8080}],
-    }]});
-    Api::<Endpoints>::namespaced(wc.clone(), "shop")
-        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-}
-
-/// A switch of the traffic to `to`: requests every 50 ms from `since` (bounded: 30 s)
-/// until 10 in a row are answered by `to`; then 20 more, each of which must be. The
-/// time from `since` to the first of the 10, and the requests that failed before it.
-async fn switch(
-    since: Instant,
-    to: &str,
-    wp: &DataPlane,
-    ip: Ipv4Addr,
-    ctl: &Controller,
-) -> (Duration, usize) {
-    const WINDOW: usize = 10;
-    let (mut run, mut first, mut failed) = (0, None, 0);
-    while run < WINDOW {
-        assert!(
-            since.elapsed() < Duration::from_secs(30),
-            "traffic to {to} within 30 s\ncontroller:\n{}",
-            ctl.log_text()
-        );
-        let at = since.elapsed();
-        match ask(wp, ip).await {
-            Ok(body) if body == to => {
-                first = first.or(Some(at));
-                run += 1;
-            }
-            Ok(_) => (first, run) = (None, 0),
-            Err(_) => (first, run, failed) = (None, 0, failed + 1),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    for i in 0..20 {
-        let r = ask(wp, ip).await;
-        assert_eq!(r.as_deref(), Ok(to), "request {i} after the switch to {to}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    (first.expect("a window began"), failed)
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i]
@@ -191,6 +139,9 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     .await;
     let ctl_ns = local_cluster::unique_namespace("smmcs");
     create_namespace(&wc, &ctl_ns).await;
+    // The controller's DNS server on the host's fabric address: west's node reaches it.
+    let dns = super::clusterset_dns::free_port(west.data_plane().unwrap().host_ip());
+    let dns_flag = dns.to_string();
     let ctl = Controller::spawn(
         &west,
         &ctl_ns,
@@ -201,9 +152,17 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
             "west",
             "--cluster-priority",
             "east,north",
+            "--clusterset-dns-addr",
+            &dns_flag,
         ],
     );
     ctl.wait_ready().await;
+    west.data_plane()
+        .unwrap()
+        .forward_zone("clusterset.local", dns)
+        .await
+        .unwrap();
+    super::clusterset_dns::headless_export(&wc, west.data_plane().unwrap().node_ip()).await;
     let linked = Instant::now();
     // The remotes' admin: the links read their ServiceExports (not in Linkerd's role).
     let probe = (PROBE_PERIOD, PROBE_THRESHOLD);
@@ -225,6 +184,9 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     .await;
     let wp = west.data_plane().unwrap();
     let node = wp.node_ip();
+    // Once west's kube-proxy has the import (its first sync may come after the slices).
+    let (d, _) = switch(Instant::now(), "west", || ask(wp, ip), &ctl).await;
+    eprintln!("the ClusterSetIP answers from west after {d:?}");
     for i in 0..50 {
         let r = ask(wp, ip).await;
         assert_eq!(
@@ -236,6 +198,8 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     }
     assert_eq!(east_gw.accepted(), 0, "east's gateway saw nothing");
     eprintln!("50 requests with home ready: all answered by west");
+    // By name: west's CoreDNS forwards clusterset.local to the controller.
+    super::clusterset_dns::answers(wp, HOST, ip, "west", &ctl).await;
 
     // Home's endpoint not ready → east (first in priority); ready again → home. Each
     // switch timed from the Endpoints write to the first of 10 answers in a row.
@@ -243,15 +207,23 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     for _ in 0..ROUNDS {
         let t = Instant::now();
         home_ready(&wc, node, false).await;
-        let (d, f) = switch(t, "east", wp, ip, &ctl).await;
+        let (d, f) = switch(t, "east", || ask(wp, ip), &ctl).await;
         away.push(d);
         failed += f;
         let t = Instant::now();
         home_ready(&wc, node, true).await;
-        let (d, f) = switch(t, "west", wp, ip, &ctl).await;
+        let (d, f) = switch(t, "west", || ask(wp, ip), &ctl).await;
         back.push(d);
         failed += f;
     }
+    // The side turning ready is written before the side standing by
+    // (`core::traffic::ready_first`): no request fails at a switch.
+    assert_eq!(
+        failed,
+        0,
+        "requests failed at a switch\ncontroller:\n{}",
+        ctl.log_text()
+    );
     let mut all: Vec<Duration> = away.iter().chain(&back).copied().collect();
     all.sort();
     away.sort();
@@ -270,10 +242,10 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     // Home away again, then east's gateway dies: north (next in priority) once the
     // probe's verdict lands.
     home_ready(&wc, node, false).await;
-    switch(Instant::now(), "east", wp, ip, &ctl).await;
+    switch(Instant::now(), "east", || ask(wp, ip), &ctl).await;
     let killed = Instant::now();
     drop(east_gw);
-    let (d, f) = switch(killed, "north", wp, ip, &ctl).await;
+    let (d, f) = switch(killed, "north", || ask(wp, ip), &ctl).await;
     let bound = PROBE_PERIOD * PROBE_THRESHOLD + Duration::from_secs(10);
     eprintln!("east's gateway killed: all to north after {d:?} ({f} requests failed before)");
     assert!(d <= bound, "failover to north {d:?} within {bound:?}");
@@ -282,7 +254,7 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     // Home back: every request home again.
     let t = Instant::now();
     home_ready(&wc, node, true).await;
-    let (d, _) = switch(t, "west", wp, ip, &ctl).await;
+    let (d, _) = switch(t, "west", || ask(wp, ip), &ctl).await;
     eprintln!("home ready again: all to west after {d:?}");
     eventually("north stands by again", || async {
         (ready(&wc, "north").await == Some(false)).then_some(())

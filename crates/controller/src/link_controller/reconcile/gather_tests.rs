@@ -115,6 +115,7 @@ impl World {
             export: ExportPolicy {
                 rule,
                 namespaces: NamespaceFilter::default(),
+                local_cluster: None,
             },
             link_gateway: watched,
             mode: EndpointsMode::Endpoints,
@@ -530,4 +531,51 @@ async fn a_link_mirror_of_a_remote_service_without_a_ready_endpoint_gets_no_addr
     w.list_remote_slices(vec![headless_slice("web", &["web-0"])]);
     let (g, _) = w.gather("web").await;
     assert_eq!(addresses(&g), (vec![GATEWAY_IP.to_string()], vec![]));
+}
+
+/// `service-mirror.io/export-to` on the remote Service: listed, mirrored as ever; not
+/// listed (or this cluster unnamed), withheld: no desired mirror, and the mirror the key
+/// had is read so the plan deletes it (withdrawn).
+#[tokio::test]
+async fn a_service_exported_to_other_clusters_is_withheld_and_its_mirror_withdrawn() {
+    use service_mirror_core::Withheld;
+    use service_mirror_core::mcs::EXPORT_TO_ANNOTATION;
+    let narrowed = |to: &str| {
+        let mut svc = remote("web", true, &[80], false);
+        svc.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(EXPORT_TO_ANNOTATION.into(), to.into());
+        svc
+    };
+    let mut w = World::new();
+    w.view.export.local_cluster = Some("west".into());
+    w.remote(gateway());
+    w.remote(narrowed("north,west"));
+    let (g, _) = w.gather("web").await;
+    assert!(matches!(g.export, Some(ExportDecision::Mirror(_))));
+    let old = w.mirror_of(&narrowed("north,west"));
+    w.local(old.service, Some(old.endpoints), &key("web"));
+    for (to, local, why) in [
+        ("north", Some("west"), Withheld::NotListed),
+        ("north,west", None, Withheld::NoClusterName),
+    ] {
+        w.view.export.local_cluster = local.map(str::to_owned);
+        w.remote(narrowed(to));
+        let (g, _) = w.gather("web").await;
+        assert_eq!(g.export, Some(ExportDecision::Withheld(why)), "{to}");
+        assert!(g.desired.is_none());
+        assert_eq!(names(&g.services), ["web-east"]);
+        let decision = decide(&key("web"), "east", &g);
+        let Decision::Write(writes) = decision else {
+            panic!("{decision:?}");
+        };
+        let Steps::InOrder(actions) = writes.steps else {
+            panic!("in order");
+        };
+        assert!(
+            !actions.is_empty() && actions.iter().all(|a| matches!(a, Action::Delete(_))),
+            "{actions:?}"
+        );
+    }
 }

@@ -14,4 +14,6 @@ pub(in crate::link_controller) struct Memory {
     /// Keys whose Endpoints were written ahead of their Service (see decide.rs), with
     /// the resourceVersion of the Endpoints that write replaced.
     pub(in crate::link_controller) endpoints_first: Mutex<HashMap<ServiceKey, Vec<String>>>,
+    /// What was said about the keys' `service-mirror.io/export-to` (`export_to.rs`).
+    pub(in crate::link_controller) export_to: super::export_to::ExportToMemory,
 }

@@ -334,9 +334,18 @@ impl Inner {
     /// Stops a link: a Secret's and a ClusterProfile's mirrors are deleted with it, a
     /// Link's are kept (as Linkerd keeps them; `service-mirror unlink` removes them).
     pub(super) async fn unlink(&self, key: &SourceKey, a: Active) {
-        let cluster = a.spec.link().cluster_name.clone();
-        self.update_links_gauge();
         let cleanup = matches!(key, SourceKey::Secret(_) | SourceKey::ClusterProfile(_));
+        self.stop_link(key, a, cleanup).await
+    }
+
+    /// Stops a link, its mirrors deleted with it if `cleanup`. A deleted ClusterProfile's
+    /// link stops without (parked): its mirrors stay as they were, no longer written,
+    /// and the federation and MCS are not told the link is gone until the deletion grace
+    /// ends (profiles.rs), so a profile back within it resumes as after a restart.
+    pub(super) async fn stop_link(&self, key: &SourceKey, a: Active, cleanup: bool) {
+        let cluster = a.spec.link().cluster_name.clone();
+        let parked = !cleanup && matches!(key, SourceKey::ClusterProfile(_));
+        self.update_links_gauge();
         // Claimed while its mirrors are deleted: its write Lease is kept until then
         // (deleted at the next Lease pass otherwise, failing a long deletion).
         let begun = cleanup.then(|| self.cleanups.begin(&cluster));
@@ -345,15 +354,8 @@ impl Inner {
         // otherwise say `stale` forever).
         self.metrics().link.forget(&cluster);
         // Stopped first, so none of its member reports comes after this.
-        if let Some(federation) = &self.opts.deps.federation {
-            federation.link_removed(&cluster);
-        }
-        // Only if no source names it any more (a duplicate refused so far may link it
-        // next; a failing one still may).
-        if let Some(mcs) = &self.opts.deps.mcs
-            && self.candidates(&cluster).is_empty()
-        {
-            mcs.link_removed(&cluster);
+        if !parked {
+            self.link_removed(&cluster);
         }
         match stopped {
             Ok(()) => {
@@ -374,11 +376,30 @@ impl Inner {
                 self.spawn_cleanup(&cluster, None);
             }
         }
-        match cleanup {
-            true => tracing::info!(%cluster, source = %key, "unlinked"),
-            false => {
+        match (cleanup, parked) {
+            (true, _) => tracing::info!(%cluster, source = %key, "unlinked"),
+            (false, true) => {
+                let grace_s = self.opts.cluster_profile_deletion_grace.as_secs_f64();
+                tracing::info!(%cluster, source = %key, grace_s, "ClusterProfile deleted: link stopped, mirrors kept; deleted if it stays absent for the grace, kept if it comes back")
+            }
+            (false, false) => {
                 tracing::info!(%cluster, source = %key, "Link deleted: link stopped, mirrors kept")
             }
+        }
+    }
+
+    /// The federation and MCS are told that `cluster`'s link is gone (after its link
+    /// controller stopped, so none of its member reports comes after this).
+    pub(super) fn link_removed(&self, cluster: &str) {
+        if let Some(federation) = &self.opts.deps.federation {
+            federation.link_removed(cluster);
+        }
+        // Only if no source names it any more (a duplicate refused so far may link it
+        // next; a failing one still may).
+        if let Some(mcs) = &self.opts.deps.mcs
+            && self.candidates(cluster).is_empty()
+        {
+            mcs.link_removed(cluster);
         }
     }
 

@@ -8,6 +8,7 @@ use crate::links::clusterprofile::{LINKED_CONDITION, credentials_secret_name};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use service_mirror_api::clusterprofile::{CLUSTER_PROFILE_CRD_NAME, CLUSTER_PROFILE_VERSION};
+use std::time::Instant;
 
 /// Longest message of our condition (the CRD allows 32768; ours stay short).
 const CONDITION_MESSAGE_MAX_CHARS: usize = 1024;
@@ -71,10 +72,29 @@ impl Inner {
             .profiles
             .get(&ObjectRef::new(name).within(&self.opts.namespace));
         let Some(cp) = cp else {
+            // Gone: a refusal of a profile of this name is a new episode.
+            self.profile_refusals.lock().remove(name);
+            if !self.active().contains_key(key) && self.parked_profiles.lock().contains_key(name) {
+                return self.parked_profile_absent(name).await;
+            }
             return self.gone(key).await;
         };
-        let parsed = match self.parse_profile(&cp) {
-            Err(LinkError::MissingCredentials(_)) => self.parse_profile_other_type(&cp).await,
+        // Back within the deletion grace: nothing of its link is deleted while it
+        // exists; the link resumes below (a new link of the cluster takes its mirrors
+        // as they are). Deleted again, the grace starts again.
+        if let Some(p) = self.parked_profiles.lock().get_mut(name) {
+            p.until = None;
+        }
+        let outcome = self.judge_cluster_profile(key, &cp).await;
+        if self.active().contains_key(key) {
+            self.parked_profiles.lock().remove(name);
+        }
+        outcome
+    }
+
+    async fn judge_cluster_profile(&self, key: &SourceKey, cp: &ClusterProfile) -> Outcome {
+        let parsed = match self.parse_profile(cp) {
+            Err(LinkError::MissingCredentials(_)) => self.parse_profile_other_type(cp).await,
             other => other,
         };
         let spec = match parsed {
@@ -91,12 +111,85 @@ impl Inner {
                 return Outcome::RequeueAfter(CREDENTIALS_GRACE);
             }
             Err(e) => {
-                self.report(&SourceObject::ClusterProfile(&cp), &e).await;
+                self.report(&SourceObject::ClusterProfile(cp), &e).await;
                 return Outcome::Done;
             }
         };
-        self.apply_spec(key, &SourceObject::ClusterProfile(&cp), spec)
+        self.apply_spec(key, &SourceObject::ClusterProfile(cp), spec)
             .await
+    }
+
+    /// Parks the link of the deleted ClusterProfile `name`, which linked `cluster`: its
+    /// mirrors wait out the deletion grace, counted as a cleanup of the cluster (its
+    /// write Lease is kept meanwhile) that any new link of the cluster cancels. Called
+    /// under the active and claims locks, as the claim is released (see `gone`).
+    pub(super) fn park_profile(&self, name: &str, cluster: &str) {
+        let cleanup = self.cleanups.begin(cluster);
+        let until = Some(Instant::now() + self.opts.cluster_profile_deletion_grace);
+        self.parked_profiles.lock().insert(
+            name.to_string(),
+            Parked {
+                cluster: cluster.to_string(),
+                cleanup,
+                until,
+            },
+        );
+    }
+
+    /// A parked ClusterProfile absent from the cache: once it has stayed absent for the
+    /// grace and the apiserver confirms it gone, its mirrors are deleted (in the
+    /// background, until done), unless the cluster was linked again meanwhile.
+    async fn parked_profile_absent(&self, name: &str) -> Outcome {
+        let grace = self.opts.cluster_profile_deletion_grace;
+        let parked = self.parked_profiles.lock().get_mut(name).map(|p| {
+            let until = *p.until.get_or_insert_with(|| Instant::now() + grace);
+            (p.cluster.clone(), p.cleanup, until)
+        });
+        let Some((cluster, cleanup, until)) = parked else {
+            return Outcome::Done;
+        };
+        // Linked again meanwhile, by another source: the mirrors are that link's.
+        if !self.cleanups.holds(&cluster, cleanup) {
+            self.parked_profiles.lock().remove(name);
+            return Outcome::Done;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            return Outcome::RequeueAfter(left);
+        }
+        match self.profile_exists(name).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::debug!(%cluster, cluster_profile = %name, "ClusterProfile back on the apiserver, not yet in the cache: mirrors kept");
+                return Outcome::RequeueAfter(WATCH_BEHIND_RECHECK);
+            }
+            Err(e) => {
+                tracing::warn!(%cluster, cluster_profile = %name, error = %e, "cannot confirm that the ClusterProfile is still gone: mirrors kept; retrying");
+                return Outcome::Failed;
+            }
+        }
+        // Decided under the claims lock: a new link of the cluster claims it before it
+        // cancels the cleanup, so it is either seen here or cancels this deletion.
+        let deleted = {
+            let claims = self.claims();
+            self.parked_profiles.lock().remove(name);
+            let delete = !claims.contains_key(&cluster)
+                && self.cleanups.holds(&cluster, cleanup)
+                && self
+                    .profiles
+                    .get(&ObjectRef::new(name).within(&self.opts.namespace))
+                    .is_none();
+            if delete {
+                self.spawn_cleanup(&cluster, None);
+            }
+            delete
+        };
+        if deleted {
+            self.link_removed(&cluster);
+            let grace_s = grace.as_secs_f64();
+            tracing::info!(%cluster, cluster_profile = %name, grace_s, "ClusterProfile stayed deleted through the grace: unlinked, its mirrors are deleted");
+        }
+        Outcome::Done
     }
 
     /// Sets our condition `service-mirror.io/Linked` on a ClusterProfile, only when its
@@ -148,6 +241,20 @@ impl Inner {
             tracing::warn!(cluster_profile = %name, error = %e, "could not write the ClusterProfile's {LINKED_CONDITION} condition");
         }
     }
+}
+
+/// The link of a deleted ClusterProfile, stopped, its mirrors kept for the deletion
+/// grace (`--cluster-profile-deletion-grace`).
+#[derive(Debug)]
+pub(super) struct Parked {
+    /// The cluster it linked.
+    cluster: String,
+    /// Its cleanup registration ([`Cleanups::begin`]): a new link of the cluster cancels
+    /// it, and the mirrors are then that link's.
+    cleanup: u64,
+    /// When its mirrors may go: set while the profile is absent, cleared while it is
+    /// back (not linked yet, or refused: nothing is deleted while it exists).
+    until: Option<Instant>,
 }
 
 /// Keeps what is read of a ClusterProfile (kube's store holds it whole otherwise).

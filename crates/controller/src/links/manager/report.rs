@@ -24,9 +24,36 @@ impl Inner {
         match source {
             SourceObject::Link(link) => self.set_ready(link, true, "Linked", &note).await,
             SourceObject::ClusterProfile(cp) => {
+                // Its refusal, if any, has cleared: the next one is told.
+                self.refusal_told(cp, None);
                 self.set_profile_condition(cp, true, "Linked", &note).await
             }
             SourceObject::Secret(_) => {}
+        }
+    }
+
+    /// Whether the refusal `err` of ClusterProfile `cp` (`None`: it links) is to be told
+    /// (log, Event, metric): once per episode, remembered by profile name
+    /// ([`decide_refusal`]).
+    fn refusal_told(&self, cp: &ClusterProfile, err: Option<&LinkError>) -> bool {
+        use crate::links::clusterprofile::{Refusal, RefusalStep, decide_refusal};
+        let name = cp.name_any();
+        let now = err.map(|e| Refusal {
+            uid: cp.metadata.uid.clone(),
+            reason: e.reason().into(),
+            message: e.to_string(),
+        });
+        let mut told = self.profile_refusals.lock();
+        match decide_refusal(now, told.get(&name)) {
+            RefusalStep::Nothing => false,
+            RefusalStep::Forget => {
+                told.remove(&name);
+                false
+            }
+            RefusalStep::Tell(refusal) => {
+                told.insert(name, refusal);
+                true
+            }
         }
     }
 
@@ -71,7 +98,8 @@ impl Inner {
         }
     }
 
-    /// Log + metric + Event for a refused or failing link source.
+    /// Log + metric + Event for a refused or failing link source (a ClusterProfile's
+    /// once per episode; its condition whenever the cached profile lacks it).
     pub(super) async fn report(&self, source: &SourceObject<'_>, err: &LinkError) {
         let links = &self.metrics().links;
         match source {
@@ -100,17 +128,26 @@ impl Inner {
                     .await;
             }
             SourceObject::ClusterProfile(cp) => {
-                let name = cp.name_any();
-                tracing::warn!(cluster_profile = %name, reason = err.reason(), error = %err, "ClusterProfile not usable");
-                links
-                    .cluster_profile_errors
-                    .get_or_create(&crate::links::metrics::ClusterProfileErrorLabels {
-                        cluster_profile: name,
-                        reason: err.reason().into(),
-                    })
-                    .inc();
+                // Every update of a refused profile (the echo of our condition write,
+                // each status write of its manager) judges it again: the same refusal
+                // is told once, but our condition is put back whenever it is missing.
+                let tell = self.refusal_told(cp, Some(err));
+                if tell {
+                    let name = cp.name_any();
+                    tracing::warn!(cluster_profile = %name, reason = err.reason(), error = %err, "ClusterProfile not usable");
+                    links
+                        .cluster_profile_errors
+                        .get_or_create(&crate::links::metrics::ClusterProfileErrorLabels {
+                            cluster_profile: name,
+                            reason: err.reason().into(),
+                        })
+                        .inc();
+                }
                 self.set_profile_condition(cp, false, err.reason(), &err.to_string())
                     .await;
+                if !tell {
+                    return;
+                }
             }
         }
         self.event(source, EventType::Warning, err.reason(), err.to_string())

@@ -139,6 +139,34 @@ impl ImportCache {
         )
     }
 
+    /// Whether the ServiceImport list is complete (the DNS zone answers once it is).
+    pub(in crate::mcs) fn imports_listed(&self) -> bool {
+        self.imports.listed
+    }
+
+    /// The ServiceImport of `key`, ours or not (the DNS zone's).
+    pub(in crate::mcs) fn import(&self, key: &ServiceKey) -> Option<&ServiceImport> {
+        self.imports.items.get(key)
+    }
+
+    /// Whether some ServiceImport is in `namespace` (the DNS zone's).
+    pub(in crate::mcs) fn has_import_in(&self, namespace: &str) -> bool {
+        self.imports
+            .items
+            .range(ServiceKey::new(namespace, "")..)
+            .next()
+            .is_some_and(|(k, _)| k.namespace == namespace)
+    }
+
+    /// This cluster's slices of its Service `key` (`None`: not listed yet; the DNS
+    /// zone's).
+    pub(in crate::mcs) fn local_slices(
+        &self,
+        key: &ServiceKey,
+    ) -> Option<impl Iterator<Item = &EndpointSlice>> {
+        self.local_slices.listed.then(|| self.local_slices.of(key))
+    }
+
     /// Whether the local import and derived-Service lists are complete (nothing is
     /// written before).
     pub(in crate::mcs) fn listed(&self) -> bool {

@@ -1,0 +1,161 @@
+//! `clusterset.local` on the wire (issue 32 point 3), for `mcs.rs`'s clusters: the
+//! controller's DNS server (`--clusterset-dns-addr`) on the host's fabric address, west's
+//! CoreDNS forwarding the zone to it, as an operator's Corefile stanza does.
+
+use crate::support::controller::Controller;
+use crate::support::eventually;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::api::{Api, DynamicObject, PostParams};
+use local_cluster::DataPlane;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Instant;
+
+/// A free port on the host's fabric address `host` (UDP and TCP both free when checked).
+pub(crate) fn free_port(host: Ipv4Addr) -> SocketAddr {
+    for _ in 0..20 {
+        let tcp = std::net::TcpListener::bind((host, 0)).unwrap();
+        let addr = tcp.local_addr().unwrap();
+        if std::net::UdpSocket::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free port on {host}");
+}
+
+/// West's headless `shop/db`: its Endpoints one address, hostname `db-0`, at west's
+/// node `node`; exported.
+pub(crate) async fn headless_export(wc: &kube::Client, node: Ipv4Addr) {
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "db", "namespace": "shop"},
+        "spec": {"clusterIP": "None", "ports": [{"name": "pg", "port": 5432}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(wc.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let eps: Endpoints = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "db", "namespace": "shop"},
+        "subsets": [{
+            "addresses": [{"ip": node.to_string(), "hostname": "db-0"}],
+            "ports": [{"name": "pg", "port": 5432}],
+        }],
+    }))
+    .unwrap();
+    Api::<Endpoints>::namespaced(wc.clone(), "shop")
+        .create(&PostParams::default(), &eps)
+        .await
+        .unwrap();
+    let export = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": {"name": "db", "namespace": "shop"},
+    }))
+    .unwrap();
+    let exports: Api<DynamicObject> = crate::support::mcs::mcs_api(wc, "shop", "ServiceExport");
+    exports
+        .create(&PostParams::default(), &export)
+        .await
+        .unwrap();
+}
+
+/// `clusterset.local` through west's CoreDNS: `host` (the import `shop/web`) resolves
+/// to its ClusterSetIP `ip`, a request by name is answered by `home` (its endpoints
+/// ready), the headless import `shop/db` answers west's endpoint by its name and its
+/// cluster's, and names that do not exist do not resolve.
+pub(crate) async fn answers(
+    wp: &DataPlane,
+    host: &str,
+    ip: Ipv4Addr,
+    home: &str,
+    ctl: &Controller,
+) {
+    let t = Instant::now();
+    eventually("the import's name resolves to the ClusterSetIP", || async {
+        (wp.resolve(host).await.ok()? == [ip]).then_some(())
+    })
+    .await;
+    eprintln!(
+        "{host} -> {ip} through west's CoreDNS, {:?} after the import had its IP",
+        t.elapsed()
+    );
+    // By name, as a pod asks.
+    let t = Instant::now();
+    eventually("GET http://<import name>/ answered by home", || async {
+        let a = wp.http_get(host, 80, "/").await.ok()?;
+        (a.status == 200 && a.body == home).then_some(())
+    })
+    .await;
+    eprintln!(
+        "GET http://{host}/ -> 200 {home:?}, {:?} after it resolved",
+        t.elapsed()
+    );
+    dig(wp, &[host, "A"]);
+    dig(wp, &[&format!("_http._tcp.{host}"), "SRV"]);
+    let node = wp.node_ip();
+    let t = Instant::now();
+    eventually(
+        "db.shop.svc.clusterset.local resolves to west's endpoint",
+        || async {
+            (wp.resolve("db.shop.svc.clusterset.local").await.ok()? == [node]).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "db.shop.svc.clusterset.local -> {node}, {:?} after web resolved",
+        t.elapsed()
+    );
+    assert_eq!(
+        wp.resolve("db-0.west.db.shop.svc.clusterset.local")
+            .await
+            .unwrap(),
+        [node],
+        "the endpoint's own name\ncontroller:\n{}",
+        ctl.log_text()
+    );
+    dig(wp, &["db.shop.svc.clusterset.local", "SRV"]);
+    dig(wp, &["api.shop.svc.clusterset.local", "A"]);
+    for missing in [
+        "db-1.west.db.shop.svc.clusterset.local",
+        "db-0.east.db.shop.svc.clusterset.local",
+        "east.web.shop.svc.clusterset.local",
+        "api.shop.svc.clusterset.local",
+    ] {
+        // NXDOMAIN: no address.
+        let none: [Ipv4Addr; 0] = [];
+        assert_eq!(
+            wp.resolve(missing).await.unwrap(),
+            none,
+            "{missing} does not resolve"
+        );
+    }
+    // 50 lookups in a row through CoreDNS (no cache in its clusterset.local block).
+    let t = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(wp.resolve(host).await.unwrap(), [ip]);
+    }
+    eprintln!(
+        "50 lookups of {host} through west's CoreDNS in {:?}",
+        t.elapsed()
+    );
+}
+
+/// `dig` from west's node through its CoreDNS, printed for the record (skipped where
+/// `dig` is not installed: nothing depends on it).
+fn dig(wp: &DataPlane, args: &[&str]) {
+    let netns = format!("--net={}", wp.netns_path().display());
+    let server = format!("@{}", wp.node_ip());
+    let out = std::process::Command::new("nsenter")
+        .arg(&netns)
+        .args(["dig", "+nocookie", "+tries=1", "+time=2", &server])
+        .args(args)
+        .output();
+    if let Ok(out) = out.as_ref()
+        && out.status.success()
+    {
+        eprintln!(
+            "dig {}:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
