@@ -31,7 +31,8 @@ use super::metadata::{copied_annotations, copied_labels};
 use super::naming::{fnv1a32, fq_name, mirror_name};
 use super::ownership::is_owned_federated;
 use super::traffic::{
-    TrafficPolicy, copy_local_slices, ready_endpoints, ready_first, serving_remotes, stand_by,
+    TrafficPolicy, copy_local_slices, ready_endpoints_serving, ready_first, serving_remotes,
+    stand_by,
 };
 
 /// The key of the local member's copies in [`DesiredFederation::untouched_slices`]: they
@@ -325,7 +326,13 @@ pub fn desired_federated(
     let local_live = live.iter().any(|m| m.cluster.is_none());
     let local_ready = match (local_live, input.local_slices) {
         (false, _) => Some(0),
-        (true, slices) => slices.map(ready_endpoints),
+        (true, slices) => {
+            let names: Vec<String> = ports
+                .iter()
+                .map(|p| p.name.clone().unwrap_or_default())
+                .collect();
+            slices.map(|l| ready_endpoints_serving(l, &names))
+        }
     };
     let remotes: Vec<(String, bool)> = live
         .iter()

@@ -1020,3 +1020,92 @@ fn until_home_s_slices_are_listed_the_copies_and_the_remotes_are_left_as_they_ar
     let d = desired_with(&w, None, &TrafficPolicy::default());
     assert_eq!(ready_of(&d, "east"), vec![true]);
 }
+
+fn verbs(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .map(|a| match a {
+            Action::Create(o) => {
+                format!("create {}", o.metadata().name.clone().unwrap_or_default())
+            }
+            Action::Update(o) => {
+                format!("update {}", o.metadata().name.clone().unwrap_or_default())
+            }
+            Action::Delete(r) => format!("delete {}", r.name),
+        })
+        .collect()
+}
+
+#[test]
+fn the_local_copies_are_planned_kept_while_unlisted_deleted_when_the_member_goes_and_unchanged_input_writes_nothing()
+ {
+    let home = [home_slice(true)];
+    let w = World::new(vec![web(None, None, "l"), web(Some("east"), at(1), "e")])
+        .gw("east", gw("192.0.2.1", true));
+    let d = desired_with(&w, Some(&home), &TrafficPolicy::default());
+    let svc = stored(service_of(&d));
+    let slices = stored_slices(&d);
+    assert_eq!(slices.len(), 2, "the copy and east's standby");
+    // The same input again (a restart): nothing.
+    let again = desired_with(&w, Some(&home), &TrafficPolicy::default());
+    assert!(
+        plan_federated(&again, Some(&svc), &slices, NS)
+            .actions
+            .is_empty()
+    );
+    // Home's slices not listed (a restart before its watch lists): nothing either.
+    let unlisted = desired_with(&w, None, &TrafficPolicy::default());
+    assert!(
+        plan_federated(&unlisted, Some(&svc), &slices, NS)
+            .actions
+            .is_empty()
+    );
+    // The local member turns headless (refused): its copy goes, east serves.
+    let mut refused = w.members.clone();
+    refused[0].service.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+    let w2 = World::new(refused).gw("east", gw("192.0.2.1", true));
+    let d2 = desired_with(&w2, Some(&home), &TrafficPolicy::default());
+    let v = verbs(&plan_federated(&d2, Some(&svc), &slices, NS).actions);
+    assert!(
+        v.iter()
+            .any(|a| a.starts_with("delete web-federated.local-")),
+        "{v:?}"
+    );
+    assert!(
+        v.iter().any(|a| a == "update web-federated-east-ipv4-0"),
+        "{v:?}"
+    );
+    // The order: east turns ready before the copy goes.
+    let east = v
+        .iter()
+        .position(|a| a.starts_with("update web-federated-east"))
+        .unwrap();
+    let copy = v
+        .iter()
+        .position(|a| a.starts_with("delete web-federated.local"))
+        .unwrap();
+    assert!(east < copy, "{v:?}");
+}
+
+#[test]
+fn a_port_only_a_remote_member_serves_keeps_that_remote_ready() {
+    let mut east = web(Some("east"), at(1), "e");
+    east.service.spec.as_mut().unwrap().ports = Some(vec![
+        ServicePort {
+            name: Some("http".into()),
+            port: 80,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        },
+        ServicePort {
+            name: Some("grpc".into()),
+            port: 9090,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        },
+    ]);
+    let w = World::new(vec![web(None, None, "l"), east]).gw("east", gw("192.0.2.1", true));
+    // Home (http only) is ready, but grpc has no endpoint of its own: east serves.
+    let d = desired_with(&w, Some(&[home_slice(true)]), &TrafficPolicy::default());
+    assert_eq!(ready_of(&d, "east"), vec![true]);
+}

@@ -32,8 +32,8 @@ use crate::mcs_derived::derived_service_name;
 use crate::mcs_import::{IMPORT_LABEL, IMPORT_VALUE};
 use crate::naming::fq_name;
 use crate::traffic::{
-    Serving, TrafficPolicy, copy_local_slices, ready_endpoints, ready_first, serving_remotes,
-    stand_by,
+    Serving, TrafficPolicy, copy_local_slices, ready_endpoints_serving, ready_first,
+    serving_remotes, stand_by,
 };
 
 /// A linked cluster's gateway as its link reports it, with the cluster's domain (which
@@ -182,7 +182,12 @@ pub fn desired_import_slices(input: &ImportSlicesInput<'_>) -> DesiredImportSlic
 fn serving(input: &ImportSlicesInput<'_>) -> Serving {
     let local_ready = match input.clusters.iter().any(|c| c == input.local_cluster) {
         false => Some(0),
-        true => input.local_slices.map(ready_endpoints),
+        true => {
+            let ports: Vec<String> = input.ports.iter().map(|p| p.name.clone()).collect();
+            input
+                .local_slices
+                .map(|l| ready_endpoints_serving(l, &ports))
+        }
     };
     let remotes: Vec<(String, bool)> = input
         .clusters

@@ -565,7 +565,8 @@ fn with_traffic(
     gateways: &BTreeMap<String, Option<SourceGateway>>,
     traffic: &crate::traffic::TrafficPolicy,
 ) -> DesiredImportSlices {
-    let (k, p, c) = (key(), ports(), clusters(exporting));
+    // The one port home's slices carry (see the test of a port only a remote has).
+    let (k, p, c) = (key(), vec![port("http", "TCP", 80)], clusters(exporting));
     desired_import_slices(&ImportSlicesInput {
         key: &k,
         ports: &p,
@@ -791,4 +792,51 @@ fn a_switch_writes_the_side_turning_ready_before_the_side_standing_by() {
         other => panic!("{other:?}"),
     };
     assert_eq!(first, "east");
+}
+
+#[test]
+fn a_port_home_does_not_serve_keeps_the_remotes_that_serve_it_ready() {
+    // The import's ports are the union: `http` (home and east) and `dns` (east only).
+    // Home's one ready endpoint carries `http` alone: for `dns` it has none, so east
+    // is not stood by (kube-proxy would have no endpoint for `dns`).
+    let gws = BTreeMap::from([("east".to_string(), gw(&["192.0.2.1"], true))]);
+    let home = [local_slice("hello-a", "IPv4", &[("10.0.0.1", true)])];
+    let (k, c) = (key(), clusters(&["west", "east"]));
+    let both = ports();
+    let d = desired_import_slices(&ImportSlicesInput {
+        key: &k,
+        ports: &both,
+        headless: false,
+        clusters: &c,
+        local_cluster: "west",
+        local_slices: Some(&home),
+        gateways: &gws,
+        controller_namespace: CTL,
+        traffic: &crate::traffic::TrafficPolicy::default(),
+    });
+    assert_eq!(readiness(&d, "east"), vec![(true, true)]);
+    // Home serving both: east stands by.
+    let mut both_home = home[0].clone();
+    both_home
+        .ports
+        .as_mut()
+        .unwrap()
+        .push(k8s_openapi::api::discovery::v1::EndpointPort {
+            name: Some("dns".into()),
+            port: Some(53),
+            protocol: Some("UDP".into()),
+            app_protocol: None,
+        });
+    let d = desired_import_slices(&ImportSlicesInput {
+        key: &k,
+        ports: &both,
+        headless: false,
+        clusters: &c,
+        local_cluster: "west",
+        local_slices: Some(&[both_home]),
+        gateways: &gws,
+        controller_namespace: CTL,
+        traffic: &crate::traffic::TrafficPolicy::default(),
+    });
+    assert_eq!(readiness(&d, "east"), vec![(false, false)]);
 }

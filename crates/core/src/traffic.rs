@@ -304,15 +304,40 @@ pub fn serving_remotes(
 /// ready, as the API reads it), in the family that has the most: a dual-stack pod is
 /// one endpoint in each family's slice, counted once.
 pub fn ready_endpoints(slices: &[EndpointSlice]) -> usize {
+    ready_in(slices.iter())
+}
+
+fn ready_in<'a>(slices: impl Iterator<Item = &'a EndpointSlice> + Clone) -> usize {
     let count = |family: &str| {
         slices
-            .iter()
+            .clone()
             .filter(|s| s.address_type == family)
             .flat_map(|s| &s.endpoints)
             .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
             .count()
     };
     count("IPv4").max(count("IPv6"))
+}
+
+/// The ready endpoints of this cluster's own slices that serve each of `ports` (the
+/// names of the import's or federated Service's ports, `""` for an unnamed one): the
+/// fewest over the ports. The Service's ports are the union of every cluster's, and
+/// kube-proxy sends a port only to endpoints of slices that carry it: a port this
+/// cluster does not serve counts 0 here, so the remotes that serve it are not stood by
+/// (home "enough" for `http` must not cut off a `grpc` only a remote has). No ports:
+/// every ready endpoint.
+pub fn ready_endpoints_serving(slices: &[EndpointSlice], ports: &[String]) -> usize {
+    let carries = |s: &EndpointSlice, port: &str| {
+        s.ports
+            .iter()
+            .flatten()
+            .any(|p| p.name.as_deref().unwrap_or_default() == port)
+    };
+    ports
+        .iter()
+        .map(|port| ready_in(slices.iter().filter(|s| carries(s, port))))
+        .min()
+        .unwrap_or_else(|| ready_endpoints(slices))
 }
 
 /// Orders `slices` so that those with a ready endpoint come first (stable otherwise):

@@ -49,6 +49,10 @@ pub struct LinkFeed {
     pub(super) in_use: Arc<AtomicBool>,
     /// Longest hold of the `Left`s of an untrusted list (see [`LinkFeed::failed`]).
     pub(super) hold: std::time::Duration,
+    /// `Some(this cluster's name, if known)`: a remote Service whose
+    /// `service-mirror.io/export-to` does not reach this cluster is no member
+    /// (`core::export_to::withheld`, as for the link's mirrors).
+    pub(super) export_to: Option<Option<String>>,
 }
 
 impl std::fmt::Debug for LinkFeed {
@@ -113,7 +117,19 @@ impl LinkFeed {
         let mirror = labels
             .is_some_and(|l| l.contains_key(service_mirror_core::labels::MIRRORED_SERVICE_LABEL));
         let allowed = self.namespaces.allows(&key.namespace);
-        (allowed && !mirror && self.selector.matches(labels)).then_some(key)
+        let reaches = self.export_to.as_ref().is_none_or(|local| {
+            service_mirror_core::export_to::withheld(svc, local.as_deref()).is_none()
+        });
+        (allowed && !mirror && reaches && self.selector.matches(labels)).then_some(key)
+    }
+
+    /// Members are only the remote Services whose `service-mirror.io/export-to` reaches
+    /// `local` (this cluster's name; `None`: unknown, so a narrowed Service reaches it
+    /// not), as the link's mirrors are. A Service narrowed away leaves as one that no
+    /// longer matches the selector does.
+    pub fn honour_export_to(mut self, local: Option<String>) -> Self {
+        self.export_to = Some(local);
+        self
     }
 
     /// The link's remote watch failed: the next complete list follows an outage.
@@ -309,6 +325,7 @@ mod tests {
             state: Arc::default(),
             in_use: Arc::default(),
             hold: std::time::Duration::from_millis(200),
+            export_to: None,
         };
         (feed, rx)
     }
@@ -370,6 +387,35 @@ mod tests {
         assert_eq!(drain(&mut rx), ["listing", "join web"]);
         f.remote_event(&watcher::Event::InitDone);
         assert_eq!(drain(&mut rx), ["leave api", "listed"]);
+    }
+
+    #[test]
+    fn a_member_narrowed_away_by_export_to_leaves_and_one_narrowed_here_stays() {
+        let narrowed = |name: &str, to: &str| {
+            let mut s = member(name);
+            s.metadata.annotations =
+                Some([("service-mirror.io/export-to".to_string(), to.to_string())].into());
+            s
+        };
+        let (f, mut rx) = feed();
+        let f = f.honour_export_to(Some("west".into()));
+        f.remote_event(&watcher::Event::Init);
+        f.remote_event(&watcher::Event::InitApply(narrowed("web", "west")));
+        f.remote_event(&watcher::Event::InitApply(narrowed("api", "east")));
+        f.remote_event(&watcher::Event::InitApply(narrowed("db", "Bad_Name")));
+        f.remote_event(&watcher::Event::InitDone);
+        assert_eq!(drain(&mut rx), ["listing", "join web", "listed"]);
+        // Narrowed away: it leaves.
+        f.remote_event(&watcher::Event::Apply(narrowed("web", "east")));
+        assert_eq!(drain(&mut rx), ["leave web"]);
+        // No name here: a narrowed Service is no member; an unnarrowed one is.
+        let (f, mut rx) = feed();
+        let f = f.honour_export_to(None);
+        f.remote_event(&watcher::Event::Init);
+        f.remote_event(&watcher::Event::InitApply(narrowed("web", "west")));
+        f.remote_event(&watcher::Event::InitApply(member("api")));
+        f.remote_event(&watcher::Event::InitDone);
+        assert_eq!(drain(&mut rx), ["listing", "join api", "listed"]);
     }
 
     fn list(f: &LinkFeed, members: &[&str]) {

@@ -13,7 +13,6 @@ use super::watches::{Stored, key_of_service};
 use crate::runtime::WorkQueue;
 use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
-use service_mirror_core::labels::SERVICE_NAME_LABEL;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -240,19 +239,10 @@ fn apply(s: &mut Shared, stored: &Stored, msg: Msg) -> Vec<ServiceKey> {
             Vec::new()
         }
         Msg::LocalListed => s.index.local_listed(),
-        // Only a key with a local member reads them (a member that joins later reads
-        // them when planned).
-        Msg::LocalSlice(ev) => {
-            let changed = s.local_slices.apply(&ev, |slice| {
-                let ns = slice.metadata.namespace.as_deref()?;
-                let svc = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-                Some(ServiceKey::new(ns, svc))
-            });
-            changed
-                .into_iter()
-                .filter(|k| s.index.members(k).iter().any(|m| m.cluster.is_none()))
-                .collect()
-        }
+        Msg::LocalSlice { key, event } => match s.local_slices.apply(&key, *event) {
+            true => vec![key],
+            false => Vec::new(),
+        },
         Msg::Stored(key) => vec![key],
         Msg::StoreListed(_) => all_keys(s, stored),
         // The next leader plans every key (the workers' gate holds them meanwhile).

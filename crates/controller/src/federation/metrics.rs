@@ -33,7 +33,7 @@ impl FederationFamilies {
         );
         r.register(
             "federated_problems",
-            "Federation problems reported, by Event reason (InvalidService, FederatedPortConflict, FederatedConflict, FederatedWriteFailed)",
+            "Federation problems reported, by Event reason (InvalidService, FederatedPortConflict, FederatedConflict, FederatedWriteFailed, InvalidTrafficAnnotation)",
             self.problems.clone(),
         );
     }

@@ -21,6 +21,7 @@ mod feed;
 mod held;
 mod index;
 mod indexer;
+mod local_slices;
 pub(crate) mod metrics;
 mod reconcile;
 mod report;
@@ -98,9 +99,11 @@ pub(crate) enum Msg {
     LocalListing,
     /// The local member list is complete.
     LocalListed,
-    /// A local Service's own EndpointSlice (stripped): the local members' endpoints,
-    /// copied into their federated Services' slices.
-    LocalSlice(Box<kube::runtime::watcher::Event<k8s_openapi::api::discovery::v1::EndpointSlice>>),
+    /// An event of `key`'s local member's EndpointSlice watch (`local_slices.rs`).
+    LocalSlice {
+        key: ServiceKey,
+        event: Box<kube::runtime::watcher::Event<k8s_openapi::api::discovery::v1::EndpointSlice>>,
+    },
     /// One of our stored federated objects changed: plan its key again.
     Stored(ServiceKey),
     /// Our stored federated Services (`true`) or slices are listed.
@@ -217,6 +220,7 @@ impl Federation {
             state,
             in_use,
             hold: std::time::Duration::from_secs(30),
+            export_to: None,
         }
     }
 

@@ -113,17 +113,14 @@ impl Reconciler {
             });
         let (members, gateways, pending, local_slices) = {
             let s = self.shared.lock();
-            let local_slices: Option<Vec<EndpointSlice>> = s
-                .local_slices
-                .listed
-                .then(|| s.local_slices.of(key).cloned().collect());
             (
                 s.index.members(key),
                 s.index.gateways().clone(),
                 s.pending(),
-                local_slices,
+                s.local_slices.of(key),
             )
         };
+        self.watch_local_slices(key, &members);
         let traffic = self.traffic_of(key, &members).await;
         let desired = desired_federated(
             &FederationInput {
@@ -251,6 +248,33 @@ impl Reconciler {
             self.report_traffic(key, reason, note).await;
         }
         policy
+    }
+
+    /// Starts the watch of `key`'s local member's EndpointSlices when it has one, and
+    /// stops it when it has none (`local_slices.rs`): its first list plans the key again.
+    fn watch_local_slices(&self, key: &ServiceKey, members: &[Member]) {
+        let local = members.iter().any(|m| m.cluster.is_none());
+        let cancel = {
+            let mut s = self.shared.lock();
+            match (local, s.local_slices.watching(key)) {
+                (true, false) => {
+                    let cancel = CancellationToken::new();
+                    s.local_slices.started(key.clone(), cancel.clone());
+                    cancel
+                }
+                (false, true) => {
+                    s.local_slices.stop(key);
+                    return;
+                }
+                _ => return,
+            }
+        };
+        tokio::spawn(super::local_slices::watch(
+            self.client.clone(),
+            key.clone(),
+            self.tx.clone(),
+            cancel,
+        ));
     }
 
     /// A create of `key`'s `name` found a foreign Service: watched from now on, no

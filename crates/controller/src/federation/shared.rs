@@ -9,9 +9,8 @@
 
 use super::held::Held;
 use super::index::Index;
+use super::local_slices::LocalSlices;
 use crate::link_controller::link_status::StatusBook;
-use crate::mcs::index::Grouped;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::federated::MemberRefusal;
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,9 +36,9 @@ pub(super) struct Shared {
     pub(super) refused: BTreeMap<ServiceKey, Vec<(String, MemberRefusal)>>,
     pub(super) conflicts: BTreeMap<ServiceKey, Vec<String>>,
     pub(super) foreign: BTreeSet<ServiceKey>,
-    /// The local Services' own EndpointSlices (stripped), by the key of their Service:
-    /// a local member's are copied into its federated Service's slices.
-    pub(super) local_slices: Grouped<EndpointSlice>,
+    /// The local members' own EndpointSlices, one watch per key with a local member:
+    /// copied into its federated Service's slices.
+    pub(super) local_slices: LocalSlices,
     /// The traffic-annotation problems last told of each key's local member.
     pub(super) traffic: BTreeMap<ServiceKey, Vec<String>>,
 }

@@ -94,19 +94,12 @@ pub(super) fn spawn(
         )),
     ];
     match &opts.local_selector {
-        Some(selector) => {
-            tasks.push(tokio::spawn(local_members(
-                Api::all(local.clone()),
-                selector.clone(),
-                tx.clone(),
-                cancel.clone(),
-            )));
-            tasks.push(tokio::spawn(local_slices(
-                Api::all(local.clone()),
-                tx.clone(),
-                cancel.clone(),
-            )));
-        }
+        Some(selector) => tasks.push(tokio::spawn(local_members(
+            Api::all(local.clone()),
+            selector.clone(),
+            tx.clone(),
+            cancel.clone(),
+        ))),
         // No local members: listed at once.
         None => {
             let _ = tx.send(Msg::LocalListing);
@@ -195,30 +188,6 @@ pub(super) async fn watch_foreign(
     drive(watch, cancel, on_event, on_error).await
 }
 
-/// Every local EndpointSlice with a service name that is not ours (the local members'
-/// own endpoints, copied into their federated Services' slices), stripped to what is
-/// copied.
-async fn local_slices(
-    api: Api<EndpointSlice>,
-    tx: mpsc::UnboundedSender<Msg>,
-    cancel: CancellationToken,
-) {
-    use service_mirror_core::labels::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, SERVICE_NAME_LABEL};
-    let watch = Watch {
-        api,
-        config: watcher::Config::default().labels(&format!(
-            "{SERVICE_NAME_LABEL},{MANAGED_BY_LABEL}!={MANAGED_BY_VALUE}"
-        )),
-        strip: crate::mcs::watches::strip_local_slice,
-        store: NoStore,
-    };
-    let on_event = |ev: &watcher::Event<EndpointSlice>| {
-        let _ = tx.send(Msg::LocalSlice(Box::new(ev.clone())));
-    };
-    let on_error = |e: &watcher::Error| tracing::warn!(error = %e, "local EndpointSlice watch (federated members' endpoints) failed; retrying with backoff");
-    drive(watch, cancel, on_event, on_error).await
-}
-
 async fn local_members(
     api: Api<Service>,
     selector: String,
@@ -300,6 +269,39 @@ mod tests {
         ];
         for (ann, want) in table {
             assert_eq!(key_of_service(&svc(&ann)), want, "{ann:?}");
+        }
+    }
+
+    #[test]
+    fn a_stored_slice_maps_to_its_member_key_a_local_copy_by_local_discovery() {
+        let slice = |ns: &str, annotations: &[(&str, &str)]| EndpointSlice {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let web = Some(ServiceKey::new("shop", "web"));
+        let fq = REMOTE_SVC_FQ_NAME_ANNOTATION;
+        let local = LOCAL_DISCOVERY_ANNOTATION;
+        let rows = [
+            (
+                slice("shop", &[(fq, "web.shop.svc.cluster.local")]),
+                web.clone(),
+            ),
+            (slice("shop", &[(local, "web")]), web.clone()),
+            (slice("shop", &[(local, "")]), None),
+            (slice("other", &[(fq, "web.shop.svc.cluster.local")]), None),
+            (slice("shop", &[]), None),
+        ];
+        for (s, want) in rows {
+            assert_eq!(key_of_slice(&s), want, "{:?}", s.metadata.annotations);
         }
     }
 }

@@ -45,7 +45,8 @@ pub(super) fn federation_feed(
         .clamp(Duration::from_secs(5), Duration::from_secs(30));
     Some(
         fed.feed(id, selector, config.namespaces.clone())
-            .hold_untrusted_lists_for(hold),
+            .hold_untrusted_lists_for(hold)
+            .honour_export_to(config.local_cluster_name.clone()),
     )
 }
 
