@@ -66,9 +66,10 @@ helm_version=$(version_of helm helm.sh/helm/v4)
 bin="$cache/bin/etcd-$etcd_version-kube-$kube_version"
 dp_bin="$cache/bin/data-plane-kube-$kube_version-coredns-$coredns_version"
 node_bin="$cache/bin/node-kube-$kube_version-helm-$helm_version"
-# CoreDNS's plugin set is its wrapper's main.go: a cached coredns built from another
-# main.go or go.sum (one without `forward`, say) is built again (the stamp beside it).
-coredns_stamp=$(cat "$root/control-plane/coredns/main.go" "$root/control-plane/coredns/go.sum" | sha256sum | cut -c1-16)
+# CoreDNS's plugin set is its wrapper's main.go, its modules go.mod and go.sum: a cached
+# coredns built from another main.go, go.mod or go.sum (one without `forward`, or with
+# another plugin's version, say) is built again (the stamp beside it).
+coredns_stamp=$(cat "$root/control-plane/coredns/main.go" "$root/control-plane/coredns/go.mod" "$root/control-plane/coredns/go.sum" | sha256sum | cut -c1-16)
 coredns_current() { [[ -x "$dp_bin/coredns" && "$(cat "$dp_bin/coredns.stamp" 2>/dev/null)" == "$coredns_stamp" ]]; }
 
 mode=${1:-build}

@@ -119,6 +119,9 @@ tests/cli_links.rs) with the chart's labels and `helm.sh/resource-policy: keep`.
 - {{ printf "--max-mirrors-per-link=%v" (int64 $c.maxMirrorsPerLink) | quote }}
 {{- end }}
 {{- if .Values.clustersetDns.enabled }}
+{{- if eq (toString $c.mcs) "off" }}
+{{- fail "clustersetDns.enabled needs MCS: the zone is served from the MCS component's ServiceImports, which controller.mcs=off turns off (run refuses --clusterset-dns-addr with --mcs=off); set controller.mcs to auto or on, or clustersetDns.enabled=false" }}
+{{- end }}
 - "--clusterset-dns-addr=:5353"
 {{- end }}
 {{- range $c.extraArgs }}

@@ -41,8 +41,8 @@ pub use binaries::{
 };
 pub use cluster::{ClusterOptions, LocalCluster, ensure_namespace};
 pub use data_plane::{
-    DataPlane, GATEWAY_PORT, Gateway, HttpAnswer, PROBE_PORT, Workload, data_plane_support,
-    skip_without_data_plane,
+    DataPlane, DnsAnswer, GATEWAY_PORT, Gateway, HttpAnswer, PROBE_PORT, Workload,
+    data_plane_support, skip_without_data_plane,
 };
 pub use endpoints::publish_endpoints;
 pub use fault_proxy::{Fault, FaultProxy};

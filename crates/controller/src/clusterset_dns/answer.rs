@@ -87,13 +87,19 @@ pub(crate) trait Zone {
     fn namespace_exists(&self, namespace: &str) -> Option<bool>;
 }
 
-/// The answer to `q`.
-pub(crate) fn answer(q: &Query, zone: &(impl Zone + ?Sized)) -> Response {
+/// The answer to `q`, whose response may take at most `limit` bytes: no more records
+/// are built than could fit in it (one over, so that a cut is seen and TC set), however
+/// many the name has.
+pub(crate) fn answer(q: &Query, zone: &(impl Zone + ?Sized), limit: usize) -> Response {
     if q.opcode != 0 {
         return Response::empty(Rcode::NotImp);
     }
     if q.edns.is_some_and(|e| e.version != 0) {
         return Response::empty(Rcode::BadVers);
+    }
+    if q.qtype == rtype::OPT {
+        // A pseudo-record, never a question (RFC 6891 6.1.1).
+        return Response::empty(Rcode::FormErr);
     }
     let labels: Vec<String> = q
         .labels
@@ -105,41 +111,28 @@ pub(crate) fn answer(q: &Query, zone: &(impl Zone + ?Sized)) -> Response {
     if !in_zone || q.qclass != super::wire::CLASS_IN {
         return Response::empty(Rcode::Refused);
     }
+    if matches!(q.qtype, rtype::AXFR | rtype::IXFR) {
+        // The zone is the ServiceImports, not a file to transfer.
+        return Response::empty(Rcode::NotImp);
+    }
     let rel: Vec<&str> = labels[..n - 2].iter().map(String::as_str).collect();
-    let found = match lookup(&rel, zone) {
+    let ask = Ask {
+        qtype: q.qtype,
+        limit,
+    };
+    let found = match lookup(&rel, zone, &ask) {
         Ok(found) => found,
         Err(rcode) => return negative(rcode),
     };
-    let mut resp = Response {
-        rcode: Rcode::NoError,
-        authoritative: true,
-        answers: Vec::new(),
-        authority: Vec::new(),
-        additional: Vec::new(),
-    };
-    for data in found.records {
-        if q.qtype == data_type(&data)
-            || (q.qtype == rtype::ANY && matches!(data, RData::A(_) | RData::Aaaa(_)))
-        {
-            resp.answers.push(record(Owner::Question, data));
-        }
-    }
-    if resp.answers.is_empty() {
+    if found.answers.records.is_empty() {
         return negative(Rcode::NoError);
     }
-    if q.qtype == rtype::SRV {
-        resp.additional = found.glue;
-    }
-    resp
-}
-
-fn data_type(d: &RData) -> u16 {
-    match d {
-        RData::A(_) => rtype::A,
-        RData::Aaaa(_) => rtype::AAAA,
-        RData::Srv { .. } => rtype::SRV,
-        RData::Txt(_) => rtype::TXT,
-        RData::Soa { .. } => rtype::SOA,
+    Response {
+        rcode: Rcode::NoError,
+        authoritative: true,
+        answers: found.answers.records,
+        authority: Vec::new(),
+        additional: found.glue.records,
     }
 }
 
@@ -182,48 +175,136 @@ fn zone_name(prefix: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Whether `labels` fit in a name on the wire (63 octets a label, 255 in all).
-fn name_fits(labels: &[String]) -> bool {
-    labels.iter().all(|l| !l.is_empty() && l.len() <= 63)
-        && labels.iter().map(|l| l.len() + 1).sum::<usize>() < 255
+/// Whether the name `labels` (then the zone) fits on the wire (63 octets a label, 255
+/// in all), checked before it is built.
+fn name_fits(labels: &[&str]) -> bool {
+    labels
+        .iter()
+        .chain(ZONE.iter())
+        .all(|l| !l.is_empty() && l.len() <= 63)
+        && labels
+            .iter()
+            .chain(ZONE.iter())
+            .map(|l| l.len() + 1)
+            .sum::<usize>()
+            < 255
 }
 
-/// The records a name owns (of every type), and the addresses of the SRV targets.
-#[derive(Default)]
+/// What the question asks: its type, and the response's size limit.
+struct Ask {
+    qtype: u16,
+    limit: usize,
+}
+
+impl Ask {
+    /// Whether records of type `t` answer (ANY: the addresses).
+    fn wants(&self, t: u16) -> bool {
+        self.qtype == t || (self.qtype == rtype::ANY && matches!(t, rtype::A | rtype::AAAA))
+    }
+}
+
+/// Records of one section, built until they pass the size limit: the one that passes
+/// it is kept (the response is then cut, with TC for answers), the rest never built.
+struct Section {
+    records: Vec<Record>,
+    room: usize,
+}
+
+impl Section {
+    fn new(limit: usize) -> Self {
+        Self {
+            records: Vec::new(),
+            room: limit,
+        }
+    }
+
+    /// Whether more records are worth building.
+    fn open(&self) -> bool {
+        self.room > 0
+    }
+
+    /// Adds `r` if the section is open; whether it still is.
+    fn push(&mut self, r: Record) -> bool {
+        if !self.open() {
+            return false;
+        }
+        self.room = self.room.saturating_sub(super::wire::record_len(&r));
+        self.records.push(r);
+        self.open()
+    }
+}
+
+/// The answers to the question of a name that exists (empty: NODATA), and the addresses
+/// of SRV targets.
 struct Found {
-    records: Vec<RData>,
-    glue: Vec<Record>,
+    answers: Section,
+    glue: Section,
 }
 
-/// What the name `rel` (relative to the zone, lower case) owns: `Err` NXDOMAIN (or
-/// SERVFAIL); an empty `Found` for an existing name without records.
-fn lookup(rel: &[&str], zone: &(impl Zone + ?Sized)) -> Result<Found, Rcode> {
-    let listed = |l: Lookup| match l {
+impl Found {
+    fn new(ask: &Ask) -> Self {
+        Self {
+            answers: Section::new(ask.limit),
+            glue: Section::new(ask.limit),
+        }
+    }
+
+    /// `data` as an answer (owned by the question's name) if its type is asked.
+    fn answer(&mut self, ask: &Ask, data: RData) -> bool {
+        if ask.wants(data.rtype()) {
+            self.answers.push(record(Owner::Question, data))
+        } else {
+            self.answers.open()
+        }
+    }
+}
+
+/// What the name `rel` (relative to the zone, lower case) answers to `ask`: `Err`
+/// NXDOMAIN (or SERVFAIL); a `Found` without answers for an existing name without
+/// records of the type asked.
+fn lookup(rel: &[&str], zone: &(impl Zone + ?Sized), ask: &Ask) -> Result<Found, Rcode> {
+    let mut found = Found::new(ask);
+    // A service's record, or NXDOMAIN for it and every name under it when it does not
+    // exist (RFC 8020): a headless import without a ready endpoint.
+    let service = |ns: &str, svc: &str| match zone.service(ns, svc) {
         Lookup::NotListed => Err(Rcode::ServFail),
         Lookup::Missing => Err(Rcode::NxDomain),
+        Lookup::Found(s) if s.headless && s.endpoints.is_empty() => Err(Rcode::NxDomain),
         Lookup::Found(s) => Ok(s),
     };
     match rel {
-        [] => Ok(Found {
-            records: vec![soa()],
-            glue: Vec::new(),
-        }),
-        ["dns-version"] => Ok(Found {
-            records: vec![RData::Txt(SCHEMA_VERSION.into())],
-            glue: Vec::new(),
-        }),
-        ["svc"] => Ok(Found::default()),
+        [] => {
+            found.answer(ask, soa());
+        }
+        ["dns-version"] => {
+            found.answer(ask, RData::Txt(SCHEMA_VERSION.into()));
+        }
+        ["svc"] => {}
         [ns, "svc"] => match zone.namespace_exists(ns) {
-            None => Err(Rcode::ServFail),
-            Some(true) => Ok(Found::default()),
-            Some(false) => Err(Rcode::NxDomain),
+            None => return Err(Rcode::ServFail),
+            Some(true) => {}
+            Some(false) => return Err(Rcode::NxDomain),
         },
         [svc, ns, "svc"] => {
-            let s = listed(zone.service(ns, svc))?;
-            service_records(&s, svc, ns)
+            let s = service(ns, svc)?;
+            if ask.wants(rtype::SRV) {
+                let ports: Vec<&Port> = s.ports.iter().collect();
+                srv_records(&mut found, &s, &ports, svc, ns);
+            } else if ask.wants(rtype::A) || ask.wants(rtype::AAAA) {
+                let addresses: Box<dyn Iterator<Item = IpAddr>> = if s.headless {
+                    Box::new(s.endpoints.iter().flat_map(|e| e.addresses.iter().copied()))
+                } else {
+                    Box::new(s.ips.iter().copied())
+                };
+                for ip in addresses {
+                    if !found.answer(ask, address(ip)) {
+                        break;
+                    }
+                }
+            }
         }
         [first, svc, ns, "svc"] => {
-            let s = listed(zone.service(ns, svc))?;
+            let s = service(ns, svc)?;
             let exists = match first.strip_prefix('_') {
                 // `_<proto>`: exists while a named port of that protocol does.
                 Some(proto) => s
@@ -233,14 +314,12 @@ fn lookup(rel: &[&str], zone: &(impl Zone + ?Sized)) -> Result<Found, Rcode> {
                 // `<clusterid>`: a headless import's cluster with an endpoint.
                 None => s.headless && s.endpoints.iter().any(|e| e.cluster == *first),
             };
-            if exists {
-                Ok(Found::default())
-            } else {
-                Err(Rcode::NxDomain)
+            if !exists {
+                return Err(Rcode::NxDomain);
             }
         }
         [first, second, svc, ns, "svc"] => {
-            let s = listed(zone.service(ns, svc))?;
+            let s = service(ns, svc)?;
             match (first.strip_prefix('_'), second.strip_prefix('_')) {
                 (Some(port), Some(proto)) => {
                     let ports: Vec<&Port> = s
@@ -251,30 +330,32 @@ fn lookup(rel: &[&str], zone: &(impl Zone + ?Sized)) -> Result<Found, Rcode> {
                     if ports.is_empty() {
                         return Err(Rcode::NxDomain);
                     }
-                    srv_records(&s, &ports, svc, ns)
+                    if ask.wants(rtype::SRV) {
+                        srv_records(&mut found, &s, &ports, svc, ns);
+                    }
                 }
                 (None, None) if s.headless => {
-                    let records: Vec<RData> = s
+                    let mut endpoints = s
                         .endpoints
                         .iter()
                         .filter(|e| e.cluster == *second && e.hostname == *first)
-                        .flat_map(|e| e.addresses.iter().copied().map(address))
-                        .collect();
-                    if records.is_empty() {
-                        Err(Rcode::NxDomain)
-                    } else {
-                        Ok(Found {
-                            records,
-                            glue: Vec::new(),
-                        })
+                        .peekable();
+                    if endpoints.peek().is_none() {
+                        return Err(Rcode::NxDomain);
+                    }
+                    for ip in endpoints.flat_map(|e| e.addresses.iter().copied()) {
+                        if !found.answer(ask, address(ip)) {
+                            break;
+                        }
                     }
                 }
                 // A ClusterSetIP service has no per-cluster names (spec 2.3.4).
-                _ => Err(Rcode::NxDomain),
+                _ => return Err(Rcode::NxDomain),
             }
         }
-        _ => Err(Rcode::NxDomain),
+        _ => return Err(Rcode::NxDomain),
     }
+    Ok(found)
 }
 
 fn address(ip: IpAddr) -> RData {
@@ -284,67 +365,58 @@ fn address(ip: IpAddr) -> RData {
     }
 }
 
-/// `<svc>.<ns>.svc.clusterset.local`'s own records.
-fn service_records(s: &ServiceRecords, svc: &str, ns: &str) -> Result<Found, Rcode> {
-    let addresses: Vec<RData> = if s.headless {
-        s.endpoints
-            .iter()
-            .flat_map(|e| e.addresses.iter().copied())
-            .map(address)
-            .collect()
-    } else {
-        s.ips.iter().copied().map(address).collect()
-    };
-    if s.headless && addresses.is_empty() {
-        // "If there are no ready endpoints for the headless Service, the answer should
-        // be NXDOMAIN" (spec 2.4.1).
-        return Err(Rcode::NxDomain);
-    }
-    let ports: Vec<&Port> = s.ports.iter().collect();
-    let mut found = srv_records(s, &ports, svc, ns)?;
-    found.records.extend(addresses);
-    Ok(found)
-}
-
-/// SRV records of `ports`: the service as target (ClusterSetIP), or each ready
-/// endpoint (headless); with the targets' addresses as glue.
-fn srv_records(s: &ServiceRecords, ports: &[&Port], svc: &str, ns: &str) -> Result<Found, Rcode> {
-    let service_name = zone_name(&[svc, ns, "svc"]);
-    let targets: Vec<(Vec<String>, Vec<IpAddr>)> = if s.headless {
+/// SRV answers of `ports` (port by port): the service as target (ClusterSetIP), or
+/// each ready endpoint (headless); with the targets' addresses as glue. Built only
+/// while they may fit the response.
+fn srv_records(found: &mut Found, s: &ServiceRecords, ports: &[&Port], svc: &str, ns: &str) {
+    // (the target's labels before the zone, its addresses)
+    let targets: Vec<([&str; 5], &[IpAddr])> = if s.headless {
         s.endpoints
             .iter()
             .map(|e| {
-                let name = zone_name(&[&e.hostname, &e.cluster, svc, ns, "svc"]);
-                (name, e.addresses.clone())
+                (
+                    [e.hostname.as_str(), e.cluster.as_str(), svc, ns, "svc"],
+                    e.addresses.as_slice(),
+                )
             })
             .filter(|(name, _)| name_fits(name))
             .collect()
     } else {
-        vec![(service_name, s.ips.clone())]
+        vec![([svc, ns, "svc", "", ""], s.ips.as_slice())]
+    };
+    let labels = |name: &[&str; 5]| -> Vec<String> {
+        let n = if s.headless { 5 } else { 3 };
+        zone_name(&name[..n])
     };
     let count = (ports.len() * targets.len()).max(1);
     let weight = (100 / count).max(1) as u16;
-    let mut found = Found::default();
-    for port in ports {
-        for (target, _) in &targets {
-            found.records.push(RData::Srv {
+    // The targets some SRV answer names (a prefix of `targets`).
+    let mut named = 0;
+    'ports: for port in ports {
+        for (i, (target, _)) in targets.iter().enumerate() {
+            named = named.max(i + 1);
+            let srv = RData::Srv {
                 priority: 0,
                 weight,
                 port: port.port,
-                target: target.clone(),
-            });
-        }
-    }
-    if !ports.is_empty() {
-        for (target, ips) in targets {
-            for ip in ips {
-                found
-                    .glue
-                    .push(record(Owner::Name(target.clone()), address(ip)));
+                target: labels(target),
+            };
+            if !found.answers.push(record(Owner::Question, srv)) {
+                break 'ports;
             }
         }
     }
-    Ok(found)
+    'glue: for (target, ips) in &targets[..named] {
+        let owner = labels(target);
+        for ip in *ips {
+            if !found
+                .glue
+                .push(record(Owner::Name(owner.clone()), address(*ip)))
+            {
+                break 'glue;
+            }
+        }
+    }
 }
 
 /// The name of an endpoint without a hostname: its address with `-` for `.` and `:`.

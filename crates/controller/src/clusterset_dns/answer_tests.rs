@@ -388,11 +388,62 @@ fn headless_services_answer_their_ready_endpoints_by_cluster() {
                 "AR db-0.east.db.shop.svc.clusterset.local. 5 IN A 10.2.0.5",
             ],
         ),
-        // No ready endpoint: NXDOMAIN (spec 2.4.1).
+        // No ready endpoint: NXDOMAIN (spec 2.4.1), whatever the type; and so is every
+        // name under it (RFC 8020: nothing exists below a name that does not), its
+        // named port's too.
         (
             "empty.shop.svc.clusterset.local.",
             RecordType::A,
             ResponseCode::NXDomain,
+            &[SOA],
+        ),
+        (
+            "empty.shop.svc.clusterset.local.",
+            RecordType::SRV,
+            ResponseCode::NXDomain,
+            &[SOA],
+        ),
+        (
+            "_pg._tcp.empty.shop.svc.clusterset.local.",
+            RecordType::SRV,
+            ResponseCode::NXDomain,
+            &[SOA],
+        ),
+        (
+            "_pg._tcp.empty.shop.svc.clusterset.local.",
+            RecordType::A,
+            ResponseCode::NXDomain,
+            &[SOA],
+        ),
+        (
+            "_tcp.empty.shop.svc.clusterset.local.",
+            RecordType::A,
+            ResponseCode::NXDomain,
+            &[SOA],
+        ),
+        (
+            "west.empty.shop.svc.clusterset.local.",
+            RecordType::A,
+            ResponseCode::NXDomain,
+            &[SOA],
+        ),
+        (
+            "db-0.west.empty.shop.svc.clusterset.local.",
+            RecordType::A,
+            ResponseCode::NXDomain,
+            &[SOA],
+        ),
+        // With endpoints, the same names exist: the port's name NODATA for A.
+        (
+            "_pg._tcp.db.shop.svc.clusterset.local.",
+            RecordType::A,
+            ResponseCode::NoError,
+            &[SOA],
+        ),
+        (
+            "_tcp.db.shop.svc.clusterset.local.",
+            RecordType::A,
+            ResponseCode::NoError,
             &[SOA],
         ),
     ];
@@ -623,6 +674,64 @@ fn malformed_queries_are_formerr_or_dropped_and_other_opcodes_notimp() {
         Message::from_vec(&out).unwrap().metadata.response_code,
         ResponseCode::NotImp
     );
+    // Zone transfers: NOTIMP (the zone is the ServiceImports); OPT as the question's
+    // type: FORMERR (a pseudo-record); both echo the question.
+    for (rtype, rcode) in [
+        (RecordType::AXFR, ResponseCode::NotImp),
+        (RecordType::IXFR, ResponseCode::NotImp),
+        (RecordType::OPT, ResponseCode::FormErr),
+    ] {
+        let (out, _, _) =
+            respond(&query_bytes("clusterset.local.", rtype, None), &z, false).unwrap();
+        let m = Message::from_vec(&out).unwrap();
+        assert_eq!(m.metadata.response_code, rcode, "{rtype}");
+        assert_eq!((m.queries.len(), m.answers.len()), (1, 0), "{rtype}");
+    }
+    // A FORMERR to a query with an OPT record has ours (RFC 6891 7): two OPT records,
+    // or two questions beside one.
+    let mut two_opts = query_bytes("web.shop.svc.clusterset.local.", RecordType::A, Some(1232));
+    two_opts.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0, 0, 0, 0]);
+    two_opts[11] = 2;
+    let mut two_questions =
+        query_bytes("web.shop.svc.clusterset.local.", RecordType::A, Some(1232));
+    let question = two_questions[12..12 + 30 + 1 + 4].to_vec();
+    two_questions.splice(12 + question.len()..12 + question.len(), question);
+    two_questions[5] = 2;
+    for (what, msg) in [
+        ("two OPT records", &two_opts),
+        ("two questions", &two_questions),
+    ] {
+        let (out, rcode, _) = respond(msg, &z, false).unwrap();
+        assert_eq!(rcode.label(), "FORMERR", "{what}");
+        let m = Message::from_vec(&out).unwrap();
+        assert_eq!(m.metadata.response_code, ResponseCode::FormErr, "{what}");
+        assert_eq!(
+            m.edns.as_ref().map(|e| (e.max_payload(), e.version())),
+            Some((1232, 0)),
+            "{what}: our OPT record"
+        );
+    }
+    // A FORMERR to a query without one has none.
+    let (out, _, _) = respond(&q[..20], &z, false).unwrap();
+    assert!(Message::from_vec(&out).unwrap().edns.is_none());
+    // EDNS version 1: BADVERS (16: the OPT record's upper bits), our OPT of version 0, no
+    // answer (RFC 6891 6.1.3).
+    let mut m = Message::new(9, MessageType::Query, OpCode::Query);
+    m.add_query(Query::query(
+        Name::from_ascii("web.shop.svc.clusterset.local.").unwrap(),
+        RecordType::A,
+    ));
+    let mut e = Edns::new();
+    e.set_max_payload(1232);
+    e.set_version(1);
+    m.set_edns(e);
+    let (out, rcode, _) = respond(&m.to_vec().unwrap(), &z, false).unwrap();
+    assert_eq!(rcode.label(), "BADVERS");
+    let m = Message::from_vec(&out).unwrap();
+    assert_eq!(u16::from(m.metadata.response_code), 16);
+    assert_eq!(out[3] & 0x0f, 0, "the header's four bits of 16");
+    assert_eq!(m.edns.as_ref().map(|e| e.version()), Some(0));
+    assert_eq!((m.queries.len(), m.answers.len()), (1, 0));
     // A class other than IN: REFUSED.
     let mut m = Message::new(8, MessageType::Query, OpCode::Query);
     let mut query = Query::query(
@@ -635,5 +744,117 @@ fn malformed_queries_are_formerr_or_dropped_and_other_opcodes_notimp() {
     assert_eq!(
         Message::from_vec(&out).unwrap().metadata.response_code,
         ResponseCode::Refused
+    );
+}
+
+/// `shop/big`: headless, 5,000 endpoints of west (`db-<i>`, one IPv4 address each; the
+/// last also has an IPv6 one), two named ports.
+fn huge_zone() -> Table {
+    let mut endpoints: Vec<Endpoint> = (0..5000)
+        .map(|i| {
+            endpoint(
+                "west",
+                &format!("db-{i}"),
+                &[&format!("10.1.{}.{}", i / 256, i % 256)],
+            )
+        })
+        .collect();
+    endpoints[4999].addresses.push(ip("fd00::4999"));
+    let mut services = BTreeMap::new();
+    services.insert(
+        ("shop".into(), "big".into()),
+        ServiceRecords {
+            headless: true,
+            ports: vec![
+                port(Some("pg"), "tcp", 5432),
+                port(Some("metrics"), "tcp", 9187),
+            ],
+            endpoints,
+            ..ServiceRecords::default()
+        },
+    );
+    Table {
+        listed: true,
+        services,
+    }
+}
+
+#[test]
+fn a_headless_service_of_5000_endpoints_is_answered_within_the_size_limit() {
+    let z = huge_zone();
+    let name = "big.shop.svc.clusterset.local.";
+    for (transport, edns, limit) in [
+        ("udp", None, 512),
+        ("udp", Some(1232), 1232),
+        ("tcp", None, 65_535),
+    ] {
+        let tcp = transport == "tcp";
+        for rtype in [RecordType::A, RecordType::SRV, RecordType::ANY] {
+            let msg = query_bytes(name, rtype, edns);
+            // No more records are built than could fit (one over), not 10,000 SRV.
+            let q = super::wire::read_query(&msg).unwrap();
+            let built = super::answer::answer(&q, &z, limit);
+            assert!(
+                built.answers.len() <= limit / 16 + 1 && built.additional.len() <= limit / 16 + 1,
+                "{transport} {rtype}: {} answers, {} additional built",
+                built.answers.len(),
+                built.additional.len()
+            );
+            let (out, rcode, truncated) = respond(&msg, &z, tcp).unwrap();
+            assert!(
+                out.len() <= limit,
+                "{transport} {rtype}: {} bytes",
+                out.len()
+            );
+            let m = Message::from_vec(&out)
+                .unwrap_or_else(|e| panic!("{transport} {rtype}: not well-formed: {e}"));
+            assert_eq!(rcode.label(), "NOERROR");
+            assert!(
+                truncated && m.metadata.truncation,
+                "{transport} {rtype}: TC"
+            );
+            assert!(
+                !m.answers.is_empty() && m.answers.len() < 5000,
+                "{transport} {rtype}: {}",
+                m.answers.len()
+            );
+            assert!(
+                m.answers.iter().all(|r| r.record_type() == rtype
+                    || (rtype == RecordType::ANY && r.record_type() == RecordType::A)),
+                "{transport} {rtype}: answers of the type asked"
+            );
+            // Cut with TC: no authority, no glue (the client asks again).
+            assert!(m.authorities.is_empty() && m.additionals.is_empty());
+            eprintln!(
+                "{transport} {rtype}: {} bytes, {} answers of 5000 endpoints",
+                out.len(),
+                m.answers.len()
+            );
+        }
+    }
+    // The one IPv6 address, behind 4,999 IPv4 ones: the type is picked before the cut.
+    assert_eq!(
+        ask(&z, name, RecordType::AAAA),
+        (
+            ResponseCode::NoError,
+            vec!["AN big.shop.svc.clusterset.local. 5 IN AAAA fd00::4999".to_string()]
+        )
+    );
+    // The last endpoint's own name.
+    assert_eq!(
+        ask(
+            &z,
+            "db-4999.west.big.shop.svc.clusterset.local.",
+            RecordType::A
+        ),
+        (
+            ResponseCode::NoError,
+            vec!["AN db-4999.west.big.shop.svc.clusterset.local. 5 IN A 10.1.19.135".to_string()]
+        )
+    );
+    // A type the name has none of: NODATA, not cut.
+    assert_eq!(
+        ask(&z, name, RecordType::TXT),
+        (ResponseCode::NoError, vec![SOA.to_string()])
     );
 }

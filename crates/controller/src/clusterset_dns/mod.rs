@@ -22,11 +22,11 @@ pub(crate) mod wire;
 
 pub(crate) use answer::Zone;
 use answer::{Lookup, answer};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use wire::{Echo, ReadError, Response};
@@ -54,14 +54,15 @@ impl Zone for Unserved {
     }
 }
 
-/// Parses `--clusterset-dns-addr`: empty is off, `:5353` every interface.
+/// Parses `--clusterset-dns-addr`: empty is off, `:5353` every interface (`[::]:5353`:
+/// IPv6 and, dual-stack, IPv4; [`serve`] falls back to `0.0.0.0` where IPv6 is off).
 pub(crate) fn parse_addr(addr: &str) -> anyhow::Result<Option<SocketAddr>> {
     let addr = addr.trim();
     if addr.is_empty() {
         return Ok(None);
     }
     let full = if addr.starts_with(':') {
-        format!("0.0.0.0{addr}")
+        format!("[::]{addr}")
     } else {
         addr.to_string()
     };
@@ -94,20 +95,25 @@ pub(crate) fn respond(
 ) -> Option<(Vec<u8>, wire::Rcode, bool)> {
     match wire::read_query(msg) {
         Ok(q) => {
-            let resp = answer(&q, zone);
             let limit = wire::size_limit(q.edns, tcp);
+            let resp = answer(&q, zone, limit);
             let out = wire::write_response(&Echo::of(&q), &resp, limit);
             let truncated = out[2] & 0x02 != 0;
             Some((out, resp.rcode, truncated))
         }
         Err(ReadError::Drop) => None,
-        Err(ReadError::FormErr { id, opcode, rd }) => {
+        Err(ReadError::FormErr {
+            id,
+            opcode,
+            rd,
+            edns,
+        }) => {
             let echo = Echo {
                 id,
                 opcode,
                 rd,
                 question: None,
-                edns: false,
+                edns,
             };
             let resp = Response::empty(wire::Rcode::FormErr);
             Some((
@@ -120,20 +126,25 @@ pub(crate) fn respond(
 }
 
 /// Binds `addr` (UDP and TCP, the same port: with port 0, the one TCP got) and serves
-/// the zone until `shutdown`; returns the bound address and the two tasks.
+/// the zone until `shutdown`; returns the bound address and the two tasks. `[::]` is
+/// bound dual-stack (IPv4 too); where IPv6 is unavailable (a kernel or pod without it)
+/// it falls back to `0.0.0.0` with a warning.
 pub(crate) async fn serve(
     addr: SocketAddr,
     zone: Arc<dyn Zone + Send + Sync>,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
-    let tcp = TcpListener::bind(addr).await.map_err(|e| {
-        anyhow::anyhow!("binding the clusterset.local DNS server (TCP) to {addr}: {e}")
-    })?;
+    let (tcp, udp) = match bind(addr).await {
+        Ok(sockets) => sockets,
+        Err(v6) if addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) => {
+            let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()));
+            tracing::warn!(error = %v6, %v4, "clusterset.local DNS: IPv6 unavailable, listening on IPv4 only");
+            bind(v4).await?
+        }
+        Err(e) => return Err(e),
+    };
     let bound = tcp.local_addr()?;
-    let udp = UdpSocket::bind(bound).await.map_err(|e| {
-        anyhow::anyhow!("binding the clusterset.local DNS server (UDP) to {bound}: {e}")
-    })?;
     let udp_task = tokio::spawn(serve_udp(
         udp,
         zone.clone(),
@@ -143,6 +154,53 @@ pub(crate) async fn serve(
     let tcp_task = tokio::spawn(serve_tcp(tcp, zone, metrics, shutdown));
     tracing::info!(%bound, "clusterset.local DNS server listening (UDP and TCP)");
     Ok((bound, vec![udp_task, tcp_task]))
+}
+
+/// The TCP listener and the UDP socket on `addr` (`[::]`: dual-stack).
+async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, UdpSocket)> {
+    let v6_any = addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let tcp = {
+        let socket = if addr.is_ipv6() {
+            TcpSocket::new_v6()
+        } else {
+            TcpSocket::new_v4()
+        };
+        socket
+            .and_then(|s| {
+                if v6_any {
+                    // Explicitly, whatever net.ipv6.bindv6only says.
+                    socket2::SockRef::from(&s).set_only_v6(false)?;
+                }
+                s.set_reuseaddr(true)?;
+                s.bind(addr)?;
+                s.listen(1024)
+            })
+            .map_err(|e| {
+                anyhow::anyhow!("binding the clusterset.local DNS server (TCP) to {addr}: {e}")
+            })?
+    };
+    let bound = tcp.local_addr()?;
+    let udp = {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(bound),
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        );
+        socket
+            .and_then(|s| {
+                if v6_any {
+                    s.set_only_v6(false)?;
+                }
+                s.set_nonblocking(true)?;
+                s.bind(&bound.into())?;
+                Ok(s)
+            })
+            .and_then(|s| UdpSocket::from_std(s.into()))
+            .map_err(|e| {
+                anyhow::anyhow!("binding the clusterset.local DNS server (UDP) to {bound}: {e}")
+            })?
+    };
+    Ok((tcp, udp))
 }
 
 async fn serve_udp(
@@ -245,6 +303,96 @@ async fn serve_connection(
             Ok(Ok(())) => {}
             Ok(Err(_)) => return,
             Err(_) => return metrics.dns.drop("tcp_timeout"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A query for `clusterset.local.` SOA, id 7.
+    const QUERY: [u8; 34] = [
+        0, 7, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, b'c', b'l', b'u', b's', b't', b'e', b'r', b's',
+        b'e', b't', 5, b'l', b'o', b'c', b'a', b'l', 0, 0, 6, 0, 1,
+    ];
+
+    #[test]
+    fn a_port_alone_is_every_interface_ipv6_and_ipv4() {
+        assert_eq!(
+            parse_addr(":5353").unwrap(),
+            Some("[::]:5353".parse().unwrap())
+        );
+        assert_eq!(
+            parse_addr("10.0.0.1:53").unwrap(),
+            Some("10.0.0.1:53".parse().unwrap())
+        );
+        assert_eq!(parse_addr(" ").unwrap(), None);
+        assert!(parse_addr("nope").is_err());
+    }
+
+    /// `:0` answers over IPv4 and, where the host has IPv6, over IPv6 (one dual-stack
+    /// socket), UDP and TCP.
+    #[tokio::test]
+    async fn every_interface_answers_over_ipv4_and_ipv6() {
+        let shutdown = CancellationToken::new();
+        let addr = parse_addr(":0").unwrap().unwrap();
+        let (bound, tasks) = serve(
+            addr,
+            Arc::new(Unserved),
+            crate::metrics::Metrics::new(),
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        let v6 = std::net::UdpSocket::bind("[::1]:0").is_ok();
+        let mut targets = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, bound.port()))];
+        if v6 {
+            assert!(bound.is_ipv6(), "{bound}");
+            targets.push(SocketAddr::from((Ipv6Addr::LOCALHOST, bound.port())));
+        }
+        for to in targets {
+            let udp = UdpSocket::bind(SocketAddr::new(
+                if to.is_ipv4() {
+                    Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    Ipv6Addr::UNSPECIFIED.into()
+                },
+                0,
+            ))
+            .await
+            .unwrap();
+            udp.send_to(&QUERY, to).await.unwrap();
+            let mut buf = [0u8; 512];
+            let (n, _) = tokio::time::timeout(Duration::from_secs(5), udp.recv_from(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("no UDP answer from {to}"))
+                .unwrap();
+            // The apex's SOA (the one name answered without MCS), id echoed.
+            assert!(n >= 12);
+            assert_eq!(
+                (&buf[..2], buf[3] & 0x0f, buf[7]),
+                (&[0, 7][..], 0, 1),
+                "UDP {to}"
+            );
+            let mut tcp = TcpStream::connect(to).await.unwrap();
+            let mut framed = (QUERY.len() as u16).to_be_bytes().to_vec();
+            framed.extend_from_slice(&QUERY);
+            tcp.write_all(&framed).await.unwrap();
+            let mut len = [0u8; 2];
+            tcp.read_exact(&mut len).await.unwrap();
+            let mut out = vec![0u8; u16::from_be_bytes(len) as usize];
+            tcp.read_exact(&mut out).await.unwrap();
+            assert_eq!(
+                (&out[..2], out[3] & 0x0f, out[7]),
+                (&[0, 7][..], 0, 1),
+                "TCP {to}"
+            );
+            eprintln!("{to}: answered over UDP and TCP");
+        }
+        shutdown.cancel();
+        for t in tasks {
+            t.await.unwrap();
         }
     }
 }

@@ -17,8 +17,12 @@ pub(crate) mod rtype {
     pub(crate) const AAAA: u16 = 28;
     /// A service location (RFC 2782).
     pub(crate) const SRV: u16 = 33;
-    /// The EDNS(0) pseudo-record.
+    /// The EDNS(0) pseudo-record (never a question's type: FORMERR).
     pub(crate) const OPT: u16 = 41;
+    /// An incremental zone transfer (not served: NOTIMP).
+    pub(crate) const IXFR: u16 = 251;
+    /// A zone transfer (not served: NOTIMP).
+    pub(crate) const AXFR: u16 = 252;
     /// Every type.
     pub(crate) const ANY: u16 = 255;
 }
@@ -128,6 +132,9 @@ pub(crate) enum ReadError {
         opcode: u8,
         /// Its RD bit.
         rd: bool,
+        /// Whether an OPT record was read before the error (the FORMERR then has one,
+        /// RFC 6891 7).
+        edns: bool,
     },
 }
 
@@ -143,35 +150,43 @@ pub(crate) fn read_query(msg: &[u8]) -> Result<Query, ReadError> {
     }
     let opcode = (msg[2] >> 3) & 0x0f;
     let rd = msg[2] & 0x01 != 0;
-    let formerr = ReadError::FormErr { id, opcode, rd };
+    let mut edns = None;
+    let formerr = |edns: &Option<Edns>| ReadError::FormErr {
+        id,
+        opcode,
+        rd,
+        edns: edns.is_some(),
+    };
     let count = |i: usize| u16::from_be_bytes([msg[i], msg[i + 1]]) as usize;
     let (qd, an, ns, ar) = (count(4), count(6), count(8), count(10));
-    if qd != 1 {
-        return Err(formerr);
-    }
+    // Every question is read (one is answered; another count is a FORMERR once the OPT
+    // record, if any, is found, so that the FORMERR carries one).
     let mut pos = HEADER;
-    let labels = read_name(msg, &mut pos).ok_or(formerr.clone())?;
-    let qtype = read_u16(msg, &mut pos).ok_or(formerr.clone())?;
-    let qclass = read_u16(msg, &mut pos).ok_or(formerr.clone())?;
+    let mut question = None;
+    for _ in 0..qd {
+        let labels = read_name(msg, &mut pos).ok_or(formerr(&edns))?;
+        let qtype = read_u16(msg, &mut pos).ok_or(formerr(&edns))?;
+        let qclass = read_u16(msg, &mut pos).ok_or(formerr(&edns))?;
+        question.get_or_insert((labels, qtype, qclass));
+    }
     // Answer and authority records of a query are skipped; the additional section may
     // hold the OPT record.
-    let mut edns = None;
     for i in 0..an + ns + ar {
-        read_name(msg, &mut pos).ok_or(formerr.clone())?;
-        let rr_type = read_u16(msg, &mut pos).ok_or(formerr.clone())?;
-        let class = read_u16(msg, &mut pos).ok_or(formerr.clone())?;
-        let ttl = msg.get(pos..pos + 4).ok_or(formerr.clone())?;
+        read_name(msg, &mut pos).ok_or(formerr(&edns))?;
+        let rr_type = read_u16(msg, &mut pos).ok_or(formerr(&edns))?;
+        let class = read_u16(msg, &mut pos).ok_or(formerr(&edns))?;
+        let ttl = msg.get(pos..pos + 4).ok_or(formerr(&edns))?;
         let version = ttl[1];
         pos += 4;
-        let len = read_u16(msg, &mut pos).ok_or(formerr.clone())? as usize;
+        let len = read_u16(msg, &mut pos).ok_or(formerr(&edns))? as usize;
         if msg.len() < pos + len {
-            return Err(formerr);
+            return Err(formerr(&edns));
         }
         pos += len;
         if i >= an + ns && rr_type == rtype::OPT {
             if edns.is_some() {
-                // Two OPT records: FORMERR (RFC 6891 6.1.1).
-                return Err(formerr);
+                // Two OPT records: FORMERR (RFC 6891 6.1.1), with ours.
+                return Err(formerr(&edns));
             }
             edns = Some(Edns {
                 payload: class,
@@ -179,6 +194,9 @@ pub(crate) fn read_query(msg: &[u8]) -> Result<Query, ReadError> {
             });
         }
     }
+    let Some((labels, qtype, qclass)) = question.filter(|_| qd == 1) else {
+        return Err(formerr(&edns));
+    };
     Ok(Query {
         id,
         opcode,
@@ -273,7 +291,8 @@ pub(crate) enum RData {
 }
 
 impl RData {
-    fn rtype(&self) -> u16 {
+    /// Its type.
+    pub(crate) fn rtype(&self) -> u16 {
         match self {
             RData::A(_) => rtype::A,
             RData::Aaaa(_) => rtype::AAAA,
@@ -372,54 +391,90 @@ pub(crate) fn size_limit(edns: Option<Edns>, tcp: bool) -> usize {
     }
 }
 
-/// Writes `resp` in at most `limit` bytes: whole, else without its additional section
-/// (optional data: no TC), else with TC set and as many whole answer records as fit
-/// (a client then asks again over TCP).
+/// Writes `resp` in at most `limit` bytes, each record encoded only while it fits:
+/// the answers, the authority and the additional records in turn; an additional record
+/// that does not fit ends the additional section (optional data: no TC; the rest of its
+/// RRset goes too, never half an RRset); an answer or authority record that does not
+/// fit ends the message with TC set (whole records only; a client then asks again over
+/// TCP). The work is bounded by `limit`, whatever the number of records.
 pub(crate) fn write_response(echo: &Echo<'_>, resp: &Response, limit: usize) -> Vec<u8> {
-    let head = write_head(echo);
+    let mut out = write_head(echo);
     let opt = echo.edns.then(|| write_opt(resp.rcode));
-    let opt_len = opt.as_ref().map_or(0, Vec::len);
-    let section =
-        |records: &[Record]| -> Vec<Vec<u8>> { records.iter().map(write_record).collect() };
-    let answers = section(&resp.answers);
-    let authority = section(&resp.authority);
-    let additional = section(&resp.additional);
-    let size = |rs: &[Vec<u8>]| rs.iter().map(Vec::len).sum::<usize>();
-    let base = head.len() + opt_len;
-    let (n_ans, n_auth, n_add, tc) =
-        if base + size(&answers) + size(&authority) + size(&additional) <= limit {
-            (answers.len(), authority.len(), additional.len(), false)
-        } else if base + size(&answers) + size(&authority) <= limit {
-            (answers.len(), authority.len(), 0, false)
-        } else {
-            let mut used = base;
-            let fit = answers
-                .iter()
-                .take_while(|r| {
-                    used += r.len();
-                    used <= limit
-                })
-                .count();
-            (fit, 0, 0, true)
-        };
-    let mut out = head;
+    // The OPT record always goes in (it says the client's size was read).
+    let room = limit.saturating_sub(opt.as_ref().map_or(0, Vec::len));
+    let mut tc = false;
+    let mut counts = [0usize; 3];
+    for (section, records) in [&resp.answers, &resp.authority].into_iter().enumerate() {
+        for r in records {
+            if !write_record_within(&mut out, r, room) {
+                tc = true;
+                break;
+            }
+            counts[section] += 1;
+        }
+        if tc {
+            break;
+        }
+    }
+    if !tc {
+        let mut rrset_start = (out.len(), 0);
+        for (i, r) in resp.additional.iter().enumerate() {
+            if i == 0 || !same_rrset(&resp.additional[i - 1], r) {
+                rrset_start = (out.len(), i);
+            }
+            if !write_record_within(&mut out, r, room) {
+                // Not half an RRset.
+                out.truncate(rrset_start.0);
+                counts[2] = rrset_start.1;
+                break;
+            }
+            counts[2] = i + 1;
+        }
+    }
     let (rcode, _) = resp.rcode.code();
     out[2] |= if resp.authoritative { 0x04 } else { 0 } | if tc { 0x02 } else { 0 };
     out[3] = rcode;
-    out[6..8].copy_from_slice(&(n_ans as u16).to_be_bytes());
-    out[8..10].copy_from_slice(&(n_auth as u16).to_be_bytes());
-    out[10..12].copy_from_slice(&((n_add + usize::from(opt.is_some())) as u16).to_be_bytes());
-    for r in answers[..n_ans]
-        .iter()
-        .chain(&authority[..n_auth])
-        .chain(&additional[..n_add])
-    {
-        out.extend_from_slice(r);
-    }
+    out[6..8].copy_from_slice(&(counts[0] as u16).to_be_bytes());
+    out[8..10].copy_from_slice(&(counts[1] as u16).to_be_bytes());
+    out[10..12].copy_from_slice(&((counts[2] + usize::from(opt.is_some())) as u16).to_be_bytes());
     if let Some(opt) = opt {
         out.extend_from_slice(&opt);
     }
     out
+}
+
+fn same_rrset(a: &Record, b: &Record) -> bool {
+    a.owner == b.owner && a.data.rtype() == b.data.rtype()
+}
+
+/// Appends `r` to `out` if `out` stays within `room` bytes; else leaves `out` as it
+/// was and returns false.
+fn write_record_within(out: &mut Vec<u8>, r: &Record, room: usize) -> bool {
+    let before = out.len();
+    if before + record_len(r) > room {
+        return false;
+    }
+    write_record(out, r);
+    debug_assert_eq!(out.len() - before, record_len(r));
+    true
+}
+
+/// The size of `r` on the wire (as [`write_record`] writes it), computed without
+/// writing it.
+pub(crate) fn record_len(r: &Record) -> usize {
+    let name_len = |labels: &[String]| labels.iter().map(|l| l.len() + 1).sum::<usize>() + 1;
+    let owner = match &r.owner {
+        Owner::Question => 2,
+        Owner::Name(labels) => name_len(labels),
+    };
+    let data = match &r.data {
+        RData::A(_) => 4,
+        RData::Aaaa(_) => 16,
+        RData::Srv { target, .. } => 6 + name_len(target),
+        RData::Txt(s) => 1 + s.len().min(255),
+        RData::Soa { mname, rname, .. } => name_len(mname) + name_len(rname) + 20,
+    };
+    owner + 10 + data
 }
 
 /// The header (counts of the answer sections zero) and the question.
@@ -461,12 +516,11 @@ fn write_name(out: &mut Vec<u8>, labels: &[String]) {
     out.push(0);
 }
 
-fn write_record(r: &Record) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
+fn write_record(out: &mut Vec<u8>, r: &Record) {
     match &r.owner {
         // The question's name sits right after the header.
         Owner::Question => out.extend_from_slice(&[0xc0, HEADER as u8]),
-        Owner::Name(labels) => write_name(&mut out, labels),
+        Owner::Name(labels) => write_name(out, labels),
     }
     out.extend_from_slice(&r.data.rtype().to_be_bytes());
     out.extend_from_slice(&CLASS_IN.to_be_bytes());
@@ -508,5 +562,4 @@ fn write_record(r: &Record) -> Vec<u8> {
     }
     out.extend_from_slice(&(data.len() as u16).to_be_bytes());
     out.extend_from_slice(&data);
-    out
 }

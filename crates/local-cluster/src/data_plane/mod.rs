@@ -13,7 +13,7 @@ mod wire;
 
 pub(crate) use netns::{Netns, run};
 
-pub use wire::HttpAnswer;
+pub use wire::{DnsAnswer, HttpAnswer};
 mod fabric;
 mod gateway;
 mod workload;
@@ -527,16 +527,12 @@ impl DataPlane {
 
     /// Gives this cluster's CoreDNS a server block `<zone>:53 { forward . <to> }` (as an
     /// operator adds `clusterset.local` to a cluster's Corefile, forwarded to the
-    /// controller's DNS server) and restarts it, waiting until it answers again (at most
-    /// 30 s). `to` must be an address of this process's namespaces or the host's fabric
+    /// controller's DNS server; a block this gave `zone` before is replaced) and restarts
+    /// it, waiting until it answers again (at most 30 s). `to` must be an address of this process's namespaces or the host's fabric
     /// address ([`DataPlane::host_ip`]): nothing else is reachable from the node.
     pub async fn forward_zone(&self, zone: &str, to: SocketAddr) -> Result<()> {
         let path = self.dir.join("Corefile");
-        let mut corefile = std::fs::read_to_string(&path)?;
-        // No cache: the test sees the controller's answers as they change.
-        corefile.push_str(&format!(
-            "{zone}:53 {{\n  errors\n  forward . {to} {{\n    max_fails 0\n  }}\n}}\n"
-        ));
+        let corefile = with_forward(&std::fs::read_to_string(&path)?, zone, to);
         std::fs::write(&path, corefile)?;
         let bin = tokio::task::spawn_blocking(ensure_data_plane_binaries)
             .await
@@ -599,6 +595,14 @@ impl DataPlane {
     /// The A records of `name` from this cluster's CoreDNS, asked from the node.
     pub async fn resolve(&self, name: &str) -> Result<Vec<Ipv4Addr>> {
         self.inner.resolve(name).await
+    }
+
+    /// The answer of this cluster's CoreDNS to an A query for `name`, asked from the
+    /// node, with its response code (NXDOMAIN and NODATA told apart).
+    pub async fn resolve_answer(&self, name: &str) -> Result<DnsAnswer> {
+        let socket = tokio::net::UdpSocket::from_std(self.inner.node.udp_socket()?)?;
+        let server = SocketAddr::from((self.inner.node_ip, 53));
+        Ok(wire::query_a_answer(&socket, server, name).await?)
     }
 
     /// `GET path` with `Host: host` to `addr`, from the node (so through kube-proxy when
@@ -769,9 +773,59 @@ impl Drop for DataPlane {
     }
 }
 
+/// `corefile` with the server block `<zone>:53 { forward . <to> }` in place of the one
+/// it had for `zone`, if any (the block's first line `<zone>:53 {` to the next `}` at
+/// the start of a line), else at its end.
+fn with_forward(corefile: &str, zone: &str, to: SocketAddr) -> String {
+    let head = format!("{zone}:53 {{");
+    let mut out = String::with_capacity(corefile.len() + 128);
+    let mut skipping = false;
+    for line in corefile.lines() {
+        if skipping {
+            skipping = line != "}";
+            continue;
+        }
+        if line == head {
+            skipping = true;
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    // No cache: the test sees the controller's answers as they change.
+    out.push_str(&format!(
+        "{head}\n  errors\n  forward . {to} {{\n    max_fails 0\n  }}\n}}\n"
+    ));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarding_a_zone_again_replaces_its_block() {
+        let base = ".:53 {\n  errors\n  kubernetes cluster.local {\n    pods insecure\n  }\n}\n";
+        let once = with_forward(base, "clusterset.local", "10.0.0.1:5353".parse().unwrap());
+        assert_eq!(
+            once,
+            format!(
+                "{base}clusterset.local:53 {{\n  errors\n  forward . 10.0.0.1:5353 {{\n    max_fails 0\n  }}\n}}\n"
+            )
+        );
+        let twice = with_forward(&once, "clusterset.local", "10.0.0.2:53".parse().unwrap());
+        assert_eq!(twice, once.replace("10.0.0.1:5353", "10.0.0.2:53"));
+        assert_eq!(twice.matches("clusterset.local:53").count(), 1);
+        // Another zone is added beside it.
+        let other = with_forward(&twice, "example.org", "10.0.0.3:53".parse().unwrap());
+        assert!(other.starts_with(&twice));
+        let blocks = |c: &str| {
+            c.lines()
+                .filter(|l| !l.starts_with(' ') && l.ends_with(":53 {"))
+                .count()
+        };
+        assert_eq!((blocks(&once), blocks(&twice), blocks(&other)), (2, 2, 3));
+    }
 
     #[test]
     fn gateway_maps_the_host_to_the_local_service() {

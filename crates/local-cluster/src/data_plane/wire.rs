@@ -11,12 +11,34 @@ const DNS_TIMEOUT: Duration = Duration::from_millis(700);
 /// Request heads larger than this are refused (the harness sends ~100 bytes).
 const MAX_HEAD: usize = 16 * 1024;
 
+/// A DNS answer to an A query: its response code and its A records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsAnswer {
+    /// The response code (0 NOERROR, 3 NXDOMAIN, ...).
+    pub rcode: u8,
+    /// The A records (none: NXDOMAIN, or NODATA when `rcode` is 0).
+    pub addresses: Vec<Ipv4Addr>,
+}
+
 /// The A records for `name` from the server at `server`; empty for NXDOMAIN or no A record.
 pub(crate) async fn query_a(
     socket: &UdpSocket,
     server: SocketAddr,
     name: &str,
 ) -> std::io::Result<Vec<Ipv4Addr>> {
+    let answer = query_a_answer(socket, server, name).await?;
+    match answer.rcode {
+        0 | 3 => Ok(answer.addresses),
+        rcode => Err(std::io::Error::other(format!("DNS rcode {rcode}"))),
+    }
+}
+
+/// The answer to an A query for `name` from the server at `server`, whatever its code.
+pub(crate) async fn query_a_answer(
+    socket: &UdpSocket,
+    server: SocketAddr,
+    name: &str,
+) -> std::io::Result<DnsAnswer> {
     let id: u16 = rand_id();
     let mut q = Vec::with_capacity(64);
     q.extend_from_slice(&id.to_be_bytes());
@@ -56,14 +78,14 @@ fn rand_id() -> u16 {
     RandomState::new().hash_one(std::time::Instant::now()) as u16
 }
 
-fn parse_a(msg: &[u8]) -> std::io::Result<Vec<Ipv4Addr>> {
+fn parse_a(msg: &[u8]) -> std::io::Result<DnsAnswer> {
     let bad = || std::io::Error::other("malformed DNS answer");
     let rcode = msg[3] & 0x0f;
-    if rcode == 3 {
-        return Ok(Vec::new()); // NXDOMAIN
-    }
     if rcode != 0 {
-        return Err(std::io::Error::other(format!("DNS rcode {rcode}")));
+        return Ok(DnsAnswer {
+            rcode,
+            addresses: Vec::new(),
+        });
     }
     let qd = u16::from_be_bytes([msg[4], msg[5]]);
     let an = u16::from_be_bytes([msg[6], msg[7]]);
@@ -97,7 +119,10 @@ fn parse_a(msg: &[u8]) -> std::io::Result<Vec<Ipv4Addr>> {
         }
         i += 10 + len;
     }
-    Ok(out)
+    Ok(DnsAnswer {
+        rcode,
+        addresses: out,
+    })
 }
 
 /// An HTTP answer: status code and body.
@@ -192,10 +217,22 @@ mod tests {
         let mut m = vec![0, 1, 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0];
         m.extend_from_slice(&[3, b'w', b'e', b'b', 1, b'x', 0, 0, 1, 0, 1]);
         m.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4, 198, 18, 1, 7]);
-        assert_eq!(parse_a(&m).unwrap(), vec![Ipv4Addr::new(198, 18, 1, 7)]);
+        assert_eq!(
+            parse_a(&m).unwrap(),
+            DnsAnswer {
+                rcode: 0,
+                addresses: vec![Ipv4Addr::new(198, 18, 1, 7)]
+            }
+        );
         let mut nx = m[..12].to_vec();
         nx[3] = 0x83;
         nx[7] = 0;
-        assert!(parse_a(&nx).unwrap().is_empty());
+        assert_eq!(
+            parse_a(&nx).unwrap(),
+            DnsAnswer {
+                rcode: 3,
+                addresses: Vec::new()
+            }
+        );
     }
 }

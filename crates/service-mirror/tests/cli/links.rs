@@ -1455,6 +1455,27 @@ fn the_chart_lints_strictly_and_its_schema_refuses_bad_values_naming_the_field()
         );
         assert!(err.contains(message), "{set}: {err}");
     }
+    // clusterset.local DNS needs MCS: refused at render (run would refuse to start).
+    let err = helm
+        .template(
+            "mc",
+            &["--set", "clustersetDns.enabled=true,controller.mcs=off"],
+        )
+        .expect_err("clustersetDns with MCS off");
+    assert!(
+        err.contains("clustersetDns.enabled needs MCS") && err.contains("controller.mcs=off"),
+        "{err}"
+    );
+    for mcs in ["", "auto", "on"] {
+        helm.template(
+            "mc",
+            &[
+                "--set",
+                &format!("clustersetDns.enabled=true,controller.mcs={mcs}"),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("controller.mcs={mcs:?}: {e}"));
+    }
     // The schema's CIDR pattern agrees with run's parser on every entry of the table
     // (valid ones render in one go; every invalid one is named).
     let valid = [
