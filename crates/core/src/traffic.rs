@@ -1,5 +1,7 @@
-//! Where a ServiceImport's traffic goes (issue 32, points 1 and 2): local-first with
-//! priority failover, and `internalTrafficPolicy: Local` read as cluster-local.
+//! Where a ServiceImport's and a federated Service's traffic goes (issue 32, points 1
+//! and 2): local-first with priority failover, and an import's `internalTrafficPolicy:
+//! Local` read as cluster-local. A federated Service's local member stands for this
+//! cluster's export (`core::federated`).
 //!
 //! kube-proxy and Linkerd's destination both send a Service's traffic to the *ready*
 //! endpoints of its EndpointSlices (kube-proxy falls back to serving-and-terminating
@@ -22,7 +24,8 @@
 //! - **spread**: every remote serves (readiness by probe only): traffic splits by
 //!   endpoint count, as before local-first.
 //! - **local-first** (the default): while this cluster has at least `minimum` ready
-//!   endpoints of its own, no remote serves. Below that (its pods gone, or it does not
+//!   endpoints of its own for every port of the Service (its ports are the union of
+//!   every cluster's: [`ready_endpoints_serving`]), no remote serves. Below that (its pods gone, or it does not
 //!   export the name), the remotes serve by tier: the clusters of the priority list in
 //!   its order, one tier each, then every other remote as the last tier; the first tier
 //!   with a *usable* cluster (gateway reported, alive, an address not failing its

@@ -205,7 +205,7 @@ impl<K: kube::Resource + Clone + PartialEq> Grouped<K> {
     }
 
     /// The objects filed under `key`.
-    pub(crate) fn of(&self, key: &ServiceKey) -> impl Iterator<Item = &K> {
+    pub(crate) fn of<'a>(&'a self, key: &ServiceKey) -> impl Iterator<Item = &'a K> + use<'a, K> {
         self.items.get(key).into_iter().flat_map(BTreeMap::values)
     }
 }

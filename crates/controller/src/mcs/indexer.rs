@@ -160,6 +160,11 @@ fn apply(s: &mut Shared, msg: Msg) -> Changed {
             changed
         }
         Msg::LocalSlice(event) => s.cache.local_slice_event(&event),
+        // Read at each query by the DNS zone: no key to judge again.
+        Msg::HeadlessMirrorSlice(event) => {
+            s.cache.headless_mirror_slice_event(&event);
+            Changed::new()
+        }
         Msg::Gateway {
             cluster,
             generation,

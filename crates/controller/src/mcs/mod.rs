@@ -102,6 +102,9 @@ enum Msg {
     /// A watch event of the local Services' EndpointSlices (not ours): the endpoints
     /// of this cluster's exports.
     LocalSlice(Box<watcher::Event<EndpointSlice>>),
+    /// A watch event of our headless mirrors' EndpointSlices (stripped): read by the
+    /// clusterset.local zone only.
+    HeadlessMirrorSlice(Box<watcher::Event<EndpointSlice>>),
     /// The gateway of linked cluster `cluster` as the link of feed `generation`
     /// resolved and probed it (`None`: it has none usable now); without a generation,
     /// the cluster's latest feed's.
@@ -211,6 +214,7 @@ impl Mcs {
         let zone = dns_view::ImportZone {
             shared: shared.clone(),
             local: opts.cluster_name.clone(),
+            controller_namespace: opts.controller_namespace.clone(),
         };
         let indexer = indexer::Indexer::new(shared.clone(), queue.clone(), metrics.clone());
         // Judgements wait for the local lists (see `indexer.rs`) and the lead.

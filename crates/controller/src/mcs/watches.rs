@@ -137,10 +137,75 @@ pub(crate) fn strip_local_slice(s: &mut EndpointSlice) {
     }
 }
 
+/// The label selector of our headless mirrors' EndpointSlices (`core::slices`'s
+/// `headless_slices`): a link's mirror (`mirrored-service=true`), written by us (our
+/// managed-by: never Linkerd's Endpoints as kube-controller-manager mirrors them), of a
+/// headless mirror. What the clusterset.local zone answers of remote clusters' headless
+/// endpoints (`dns_view.rs`).
+pub(crate) fn headless_mirror_slice_selector() -> String {
+    use service_mirror_core::labels::{
+        HEADLESS_SLICE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MIRRORED_SERVICE_LABEL,
+        MIRRORED_SERVICE_VALUE,
+    };
+    format!(
+        "{MIRRORED_SERVICE_LABEL}={MIRRORED_SERVICE_VALUE},{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{HEADLESS_SLICE_LABEL}"
+    )
+}
+
+/// A headless mirror's slice: only what the clusterset.local zone reads is kept (its
+/// namespace and name, the labels that say whose it is, which mirror and which
+/// cluster, the controller-namespace annotation, and each endpoint's hostname,
+/// addresses and readiness).
+pub(crate) fn strip_headless_mirror_slice(s: &mut EndpointSlice) {
+    use service_mirror_core::labels::{
+        CLUSTER_NAME_LABEL, CONTROLLER_NAMESPACE_ANNOTATION, HEADLESS_SLICE_LABEL,
+        MANAGED_BY_LABEL, MIRRORED_SERVICE_LABEL, SERVICE_NAME_LABEL,
+    };
+    let meta = &mut s.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.generate_name = None;
+    meta.creation_timestamp = None;
+    meta.generation = None;
+    meta.labels = meta.labels.take().map(|l| {
+        l.into_iter()
+            .filter(|(k, _)| {
+                [
+                    SERVICE_NAME_LABEL,
+                    CLUSTER_NAME_LABEL,
+                    MIRRORED_SERVICE_LABEL,
+                    MANAGED_BY_LABEL,
+                    HEADLESS_SLICE_LABEL,
+                ]
+                .contains(&k.as_str())
+            })
+            .collect()
+    });
+    meta.annotations = meta.annotations.take().map(|a| {
+        a.into_iter()
+            .filter(|(k, _)| k == CONTROLLER_NAMESPACE_ANNOTATION)
+            .collect()
+    });
+    s.ports = None;
+    for e in &mut s.endpoints {
+        e.target_ref = None;
+        e.hints = None;
+        e.deprecated_topology = None;
+        e.node_name = None;
+        e.zone = None;
+        if let Some(c) = e.conditions.as_mut() {
+            c.serving = None;
+            c.terminating = None;
+        }
+    }
+}
+
 /// Starts the watches of the local cluster's ServiceImports (all: a foreign one must be
-/// seen), of our derived Services and of our import EndpointSlices (both by label), and
-/// of the Services' own EndpointSlices (every one with a service name not managed by
-/// us: the endpoints of this cluster's exports, copied into their imports' slices).
+/// seen), of our derived Services and of our import EndpointSlices (both by label), of
+/// the Services' own EndpointSlices (every one with a service name not managed by
+/// us: the endpoints of this cluster's exports, copied into their imports' slices),
+/// and of our headless mirrors' EndpointSlices (by label: what the clusterset.local
+/// zone answers of remote clusters' headless endpoints).
 pub(super) fn spawn_imports(
     client: &Client,
     feed: Feed,
@@ -185,6 +250,15 @@ pub(super) fn spawn_imports(
             watcher::Config::default().labels(&format!(
                 "{SERVICE_NAME_LABEL},{MANAGED_BY_LABEL}!={MANAGED_BY_VALUE}"
             )),
+            feed.clone(),
+            cancel.clone(),
+        )),
+        tokio::spawn(watch_kind(
+            Api::<EndpointSlice>::all(client.clone()),
+            strip_headless_mirror_slice,
+            |_, _, event| Msg::HeadlessMirrorSlice(event),
+            "headless mirror EndpointSlice",
+            watcher::Config::default().labels(&headless_mirror_slice_selector()),
             feed,
             cancel.clone(),
         )),

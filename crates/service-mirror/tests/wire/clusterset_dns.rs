@@ -65,10 +65,53 @@ pub(crate) async fn headless_export(wc: &kube::Client, node: Ipv4Addr) {
         .unwrap();
 }
 
+/// East's headless `shop/db`, exported both ways: to the Link (`exported=true`, mirrored
+/// with `--enable-headless-services` as `db-east` and the endpoint mirror `db-0-east`)
+/// and to the cluster set (a ServiceExport). Its one pod, `db-0`, is a slice written by
+/// hand (its address is never dialled: only its endpoint mirror's ClusterIP is answered).
+pub(crate) async fn east_headless_export(ec: &kube::Client) {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "db", "namespace": "shop",
+            "labels": {"mirror.linkerd.io/exported": "true"}},
+        "spec": {"clusterIP": "None", "ports": [{"name": "pg", "port": 5432}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(ec.clone(), "shop")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "db-pods", "namespace": "shop", "labels": {
+            "kubernetes.io/service-name": "db",
+            "service.kubernetes.io/headless": "",
+            "endpointslice.kubernetes.io/managed-by": "test.service-mirror.io"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["198.51.100.7"], "hostname": "db-0",
+            "conditions": {"ready": true}}],
+        "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}],
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(ec.clone(), "shop")
+        .create(&PostParams::default(), &slice)
+        .await
+        .unwrap();
+    let export = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": {"name": "db", "namespace": "shop"},
+    }))
+    .unwrap();
+    crate::support::mcs::mcs_api(ec, "shop", "ServiceExport")
+        .create(&PostParams::default(), &export)
+        .await
+        .unwrap();
+}
+
 /// `clusterset.local` through west's CoreDNS: `host` (the import `shop/web`) resolves
 /// to its ClusterSetIP `ip`, a request by name is answered by `home` (its endpoints
-/// ready), the headless import `shop/db` answers west's endpoint by its name and its
-/// cluster's, names that do not exist are NXDOMAIN and names that exist without an
+/// ready), the headless import `shop/db` answers west's endpoint and east's (its
+/// endpoint mirror `db-0-east`'s ClusterIP, `--enable-headless-services`), each by its
+/// name and its cluster's, names that do not exist are NXDOMAIN and names that exist without an
 /// address NODATA (NOERROR, no answer), as CoreDNS passes them on.
 pub(crate) async fn answers(
     wp: &DataPlane,
@@ -76,6 +119,7 @@ pub(crate) async fn answers(
     ip: Ipv4Addr,
     home: &str,
     ctl: &Controller,
+    wc: &kube::Client,
 ) {
     let t = Instant::now();
     eventually("the import's name resolves to the ClusterSetIP", || async {
@@ -101,16 +145,37 @@ pub(crate) async fn answers(
     dig(wp, &[&format!("_http._tcp.{host}"), "SRV"]);
     let node = wp.node_ip();
     let t = Instant::now();
+    // East's pod through its endpoint mirror (west's Service `shop/db-0-east`).
+    let mirror = eventually("east's db-0 has its endpoint mirror", || async {
+        let s = Api::<Service>::namespaced(wc.clone(), "shop")
+            .get("db-0-east")
+            .await
+            .ok()?;
+        s.spec?.cluster_ip?.parse::<Ipv4Addr>().ok()
+    })
+    .await;
     eventually(
-        "db.shop.svc.clusterset.local resolves to west's endpoint",
+        "db.shop.svc.clusterset.local resolves to west's endpoint and east's mirror",
         || async {
-            (wp.resolve("db.shop.svc.clusterset.local").await.ok()? == [node]).then_some(())
+            let mut got = wp.resolve("db.shop.svc.clusterset.local").await.ok()?;
+            got.sort();
+            let mut want = vec![node, mirror];
+            want.sort();
+            (got == want).then_some(())
         },
     )
     .await;
     eprintln!(
-        "db.shop.svc.clusterset.local -> {node}, {:?} after web resolved",
+        "db.shop.svc.clusterset.local -> {node} (west) and {mirror} (east's db-0-east), {:?} after web resolved",
         t.elapsed()
+    );
+    assert_eq!(
+        wp.resolve("db-0.east.db.shop.svc.clusterset.local")
+            .await
+            .unwrap(),
+        [mirror],
+        "east's endpoint by name: its endpoint mirror\ncontroller:\n{}",
+        ctl.log_text()
     );
     assert_eq!(
         wp.resolve("db-0.west.db.shop.svc.clusterset.local")
@@ -127,7 +192,8 @@ pub(crate) async fn answers(
     for (name, rcode) in [
         // No such endpoint, cluster, per-cluster name (ClusterSetIP) or import.
         ("db-1.west.db.shop.svc.clusterset.local", NXDOMAIN),
-        ("db-0.east.db.shop.svc.clusterset.local", NXDOMAIN),
+        ("db-1.east.db.shop.svc.clusterset.local", NXDOMAIN),
+        ("db-0.north.db.shop.svc.clusterset.local", NXDOMAIN),
         ("east.web.shop.svc.clusterset.local", NXDOMAIN),
         ("api.shop.svc.clusterset.local", NXDOMAIN),
         // Names that exist without an A record: NODATA.

@@ -10,8 +10,10 @@
 //! carry `web.shop.svc.clusterset.local` as their Host (the stand-in gateways route by
 //! it). West's CoreDNS forwards `clusterset.local` to the controller's own DNS server
 //! (`--clusterset-dns-addr` on the host's fabric address, issue 32 point 3): the name
-//! resolves to the ClusterSetIP and a request by name is answered, and west's headless
-//! export `shop/db` answers its own endpoint by name. Needs root (network namespaces).
+//! resolves to the ClusterSetIP and a request by name is answered, and the headless
+//! import `shop/db` (exported by west and east) answers west's own endpoint and east's
+//! pod through its headless mirror's endpoint mirror (`--enable-headless-services`), by
+//! name. Needs root (network namespaces).
 
 use crate::support;
 use crate::support::controller::Controller;
@@ -154,6 +156,8 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
             "east,north",
             "--clusterset-dns-addr",
             &dns_flag,
+            // East's headless db is answered through its headless mirror.
+            "--enable-headless-services",
         ],
     );
     ctl.wait_ready().await;
@@ -163,6 +167,7 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
         .await
         .unwrap();
     super::clusterset_dns::headless_export(&wc, west.data_plane().unwrap().node_ip()).await;
+    super::clusterset_dns::east_headless_export(&east.client().await.unwrap()).await;
     let linked = Instant::now();
     // The remotes' admin: the links read their ServiceExports (not in Linkerd's role).
     let probe = (PROBE_PERIOD, PROBE_THRESHOLD);
@@ -199,7 +204,7 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     assert_eq!(east_gw.accepted(), 0, "east's gateway saw nothing");
     eprintln!("50 requests with home ready: all answered by west");
     // By name: west's CoreDNS forwards clusterset.local to the controller.
-    super::clusterset_dns::answers(wp, HOST, ip, "west", &ctl).await;
+    super::clusterset_dns::answers(wp, HOST, ip, "west", &ctl, &wc).await;
 
     // Home's endpoint not ready → east (first in priority); ready again → home. Each
     // switch timed from the Endpoints write to the first of 10 answers in a row.

@@ -1,6 +1,7 @@
 //! The local caches the import side reads: every ServiceImport of the allowed
 //! namespaces (ours or not), our derived Services and import EndpointSlices, this
-//! cluster's Services' own slices, and the linked clusters' gateways. They live in the
+//! cluster's Services' own slices, and the linked clusters' gateways; and, for the
+//! clusterset.local zone only, our headless mirrors' slices. They live in the
 //! shared state (`shared.rs`): the index task applies the watch events to them and
 //! queues the keys each changes; a reconcile copies what one key reads
 //! ([`ImportCache::facts`]) and plans and writes from that copy, unlocked.
@@ -28,6 +29,9 @@ pub(in crate::mcs) struct ImportCache {
     slices: Grouped<EndpointSlice>,
     /// This cluster's Services' own slices (stripped), by the key of their Service.
     local_slices: Grouped<EndpointSlice>,
+    /// Our headless mirrors' slices (label-selected, stripped to what the DNS zone
+    /// reads), by the key of their mirror (`<ns>/<svc>-<cluster>`).
+    mirror_slices: Grouped<EndpointSlice>,
     /// Each linked cluster's gateway, as its link last reported it (`None`: none
     /// usable; absent: not reported).
     gateways: BTreeMap<String, Option<SourceGateway>>,
@@ -58,6 +62,7 @@ impl ImportCache {
             derived: Listed::default(),
             slices: Grouped::default(),
             local_slices: Grouped::default(),
+            mirror_slices: Grouped::default(),
             gateways: BTreeMap::new(),
         }
     }
@@ -99,6 +104,29 @@ impl ImportCache {
         // Only imports here read them (a new import reads them when made).
         changed.retain(|k| self.imports.items.contains_key(k) || self.slices.items.contains_key(k));
         changed
+    }
+
+    /// A headless mirror slice watch event. Only the DNS zone reads them, at each
+    /// query: no key changes.
+    pub(in crate::mcs) fn headless_mirror_slice_event(&mut self, ev: &Event<EndpointSlice>) {
+        let namespaces = &self.namespaces;
+        self.mirror_slices.apply(ev, |s| {
+            let ns = s.metadata.namespace.as_deref()?;
+            let labels = s.metadata.labels.as_ref()?;
+            let mirror = labels.get(service_mirror_core::labels::SERVICE_NAME_LABEL)?;
+            namespaces.allows(ns).then(|| ServiceKey::new(ns, mirror))
+        });
+    }
+
+    /// Our headless mirror slices of the mirror `key` (`<ns>/<svc>-<cluster>`; `None`:
+    /// not listed yet; the DNS zone's). Whose they are is the reader's to check.
+    pub(in crate::mcs) fn mirror_slices<'a>(
+        &'a self,
+        key: &ServiceKey,
+    ) -> Option<impl Iterator<Item = &'a EndpointSlice> + use<'a>> {
+        self.mirror_slices
+            .listed
+            .then(|| self.mirror_slices.of(key))
     }
 
     /// What `cluster`'s slices point at changed (see `gateways.rs`): every import is
@@ -160,10 +188,10 @@ impl ImportCache {
 
     /// This cluster's slices of its Service `key` (`None`: not listed yet; the DNS
     /// zone's).
-    pub(in crate::mcs) fn local_slices(
-        &self,
+    pub(in crate::mcs) fn local_slices<'a>(
+        &'a self,
         key: &ServiceKey,
-    ) -> Option<impl Iterator<Item = &EndpointSlice>> {
+    ) -> Option<impl Iterator<Item = &'a EndpointSlice> + use<'a>> {
         self.local_slices.listed.then(|| self.local_slices.of(key))
     }
 
