@@ -85,6 +85,20 @@ pub(super) struct Args {
     /// against the reference writer writing the same objects (see `mcs.rs`).
     #[arg(long)]
     pub(crate) mcs_exports: Option<usize>,
+    /// Fleet mode: the K remote clusters of `--clusters` are served by this many remote
+    /// apiservers (cluster i by apiserver i % M), so that a 2-core machine can host
+    /// K = 50 or 200. Each cluster is still a link of its own: its own cluster name,
+    /// link Secret (or credentials Secret and Link) and full watch; the Services of one
+    /// apiserver are shared by its links, so each link mirrors N, the controller K x N,
+    /// and the reference writer writes the same K x N mirrors. Lifts `--max-total` and
+    /// `--max-total-multicluster`; adds the RSS of a controller with no link (measured
+    /// on the same local cluster just before) and the RSS per mirror and per link.
+    #[arg(long)]
+    pub(crate) fleet_apiservers: Option<usize>,
+    /// Extra kube-apiserver flags for the local clusters (both sides and the
+    /// calibration; repeatable), e.g. `--local-apiserver-arg=--max-requests-inflight=800`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) local_apiserver_arg: Vec<String>,
     /// Only the controller (no baseline, no ratios): for quick tuning runs.
     #[arg(long)]
     pub(crate) skip_baseline: bool,

@@ -20,10 +20,10 @@ pub(super) struct Concurrency {
 pub(super) async fn calibrate(
     levels: &[usize],
     m: usize,
-    policy: &Path,
+    options: ClusterOptions,
 ) -> anyhow::Result<(Concurrency, serde_json::Value)> {
     eprintln!("calibrating the baseline writer: {m} mirrors per level {levels:?}");
-    let local = LocalCluster::start_with("bench-calibrate", local_options(policy)).await?;
+    let local = LocalCluster::start_with("bench-calibrate", options).await?;
     let client = bench_client(&local.admin_kubeconfig().yaml).await?;
     let mut rows = Vec::new();
     let mut best = [(0, 0.0); 3];

@@ -146,6 +146,14 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
         args.clusters = vec![1];
         args.max_total = 10_000;
     }
+    if let Some(m) = args.fleet_apiservers {
+        if m == 0 {
+            bail!("--fleet-apiservers must be positive");
+        }
+        // Fleet sizes are chosen on purpose: no cap.
+        args.max_total = usize::MAX;
+        args.max_total_multicluster = usize::MAX;
+    }
     args.services.sort_unstable();
     args.services.dedup();
     args.clusters.sort_unstable();
@@ -207,7 +215,7 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
         calibrate(
             &args.concurrency,
             args.calibration_services.min(max_total.max(1)),
-            &policy,
+            local_options_for(&args, &policy, 0),
         )
         .await?
     } else {
@@ -244,11 +252,25 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
         if sizes.is_empty() {
             continue;
         }
-        eprintln!("starting {k} remote cluster(s)");
+        let servers = args.fleet_apiservers.map_or(k, |m| m.min(k));
+        eprintln!(
+            "starting {k} remote cluster(s){}",
+            match args.fleet_apiservers {
+                Some(_) => format!(
+                    " on {servers} remote apiserver(s) (cluster i on apiserver i % {servers})"
+                ),
+                None => String::new(),
+            }
+        );
         let mut remotes: Vec<Remote> = futures::future::try_join_all(
-            (0..k).map(|j| Remote::start_named(j, k, args.link_source)),
+            (0..servers).map(|j| Remote::start_named(j, k, args.link_source)),
         )
         .await?;
+        // Fleet mode: the other clusters are more links to the same apiservers.
+        for j in servers..k {
+            let link = remotes[j % servers].share(&Remote::link_name(j, k));
+            remotes.push(link);
+        }
         for n in sizes {
             let t = Instant::now();
             futures::future::try_join_all(remotes.iter_mut().map(|r| r.ensure_services(n))).await?;
@@ -284,6 +306,20 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
                     r.get("idle_other_writes_per_min"),
                     r.get("rss_peak_mib"),
                 );
+                if args.fleet_apiservers.is_some() {
+                    eprintln!(
+                        "[N={n} K={k} rep {}/{}] fleet: RSS with no link {:.1} MiB, steady {:.1} MiB, peak {:.1} MiB; steady {:.2} KiB/mirror, {:.3} MiB/link; CPU cold {:.1} s, total {:.1} s",
+                        rep + 1,
+                        args.repetitions,
+                        r.get("rss_no_links_mib"),
+                        r.get("rss_steady_mib"),
+                        r.get("rss_peak_mib"),
+                        r.get("rss_steady_kib_per_mirror"),
+                        r.get("rss_steady_mib_per_link"),
+                        r.get("cpu_cold_s"),
+                        r.get("cpu_total_s"),
+                    );
+                }
                 if args.link_source == LinkSource::Links {
                     eprintln!(
                         "[N={n} K={k} rep {}/{}] Link status during the cold sync: {} writes, {} bytes ({:.1} bytes/svc); settled after the idle window: {} writes, {} bytes ({:.1} bytes/svc); truncated {}",
@@ -304,7 +340,7 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
         }
     }
 
-    let tables = report::tables(&configs, args.link_source);
+    let tables = report::tables(&configs, args.link_source, args.fleet_apiservers.is_some());
     // writes/svc below are this mode's (Endpoints, EndpointSlices or both per mirror).
     println!("endpoints mode: {}", args.endpoints_mode);
     println!("link source: {}", args.link_source.as_str());
@@ -342,6 +378,8 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
             "concurrency_levels": args.concurrency, "controller_args": args.controller_arg,
             "smoke": args.smoke, "endpoints_mode": args.endpoints_mode.as_str(),
             "link_source": args.link_source.as_str(),
+            "fleet_apiservers": args.fleet_apiservers,
+            "local_apiserver_args": args.local_apiserver_arg,
         },
         "baseline": {"concurrency": concurrency, "calibration": calibration},
         "configs": configs,
@@ -375,13 +413,18 @@ async fn bench(mut args: Args) -> anyhow::Result<()> {
 }
 
 impl Remote {
-    async fn start_named(j: usize, k: usize, source: LinkSource) -> anyhow::Result<Self> {
-        let name = if k == 1 {
+    /// The cluster name of remote `j` of `k`.
+    fn link_name(j: usize, k: usize) -> String {
+        if k == 1 {
             "remote".to_string()
         } else {
             format!("remote-{}", j + 1)
-        };
-        Remote::start(&name, doc_ip(10 + j), source).await
+        }
+    }
+
+    /// Remote `j` of `k`, on an apiserver of its own (numbered `j`).
+    async fn start_named(j: usize, k: usize, source: LinkSource) -> anyhow::Result<Self> {
+        Remote::start_server(&Self::link_name(j, k), j, doc_ip(10 + j), source).await
     }
 }
 
@@ -392,13 +435,34 @@ fn local_options(policy: &Path) -> ClusterOptions {
     }
 }
 
+/// ClusterIPs a local cluster's default service CIDR (a /16) holds, with room to spare.
+const DEFAULT_CIDR_MIRRORS: usize = 60_000;
+
+/// [`local_options`] with `--local-apiserver-arg` and, for more than
+/// [`DEFAULT_CIDR_MIRRORS`] mirrors, a /12 service CIDR (a ClusterIP per mirror).
+fn local_options_for(args: &Args, policy: &Path, mirrors: usize) -> ClusterOptions {
+    let mut options = local_options(policy);
+    options
+        .extra_apiserver_args
+        .extend(args.local_apiserver_arg.iter().cloned());
+    if mirrors > DEFAULT_CIDR_MIRRORS {
+        options.service_cidr = Some("10.64.0.0/12".into());
+    }
+    options
+}
+
 /// A fresh local cluster with the bench's audit policy, namespaces and link Secrets
 /// (with `--link-source links`: the Link CRD, credentials Secrets and Links).
 async fn fresh_local(
     ctx: &Ctx,
     remotes: &[Remote],
 ) -> anyhow::Result<(LocalCluster, kube::Client)> {
-    let local = LocalCluster::start_with("bench-local", local_options(&ctx.policy)).await?;
+    let mirrors = remotes.iter().map(Remote::len).sum();
+    let local = LocalCluster::start_with(
+        "bench-local",
+        local_options_for(&ctx.args, &ctx.policy, mirrors),
+    )
+    .await?;
     let client = bench_client(&local.admin_kubeconfig().yaml).await?;
     for ns in [NAMESPACE, CONTROLLER_NAMESPACE, BASELINE_NAMESPACE] {
         local_cluster::ensure_namespace(&client, ns).await?;

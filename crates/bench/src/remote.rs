@@ -19,6 +19,7 @@ use service_mirror_core::labels::{
 };
 use service_mirror_core::mirror_name;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Namespace of the exported Services on every remote, and so of the mirrors locally.
@@ -81,13 +82,29 @@ pub(crate) fn service_name(i: usize) -> String {
     format!("svc-{i}")
 }
 
-/// One remote cluster and what the bench knows of its state.
+/// A remote apiserver: one per remote cluster, or in fleet mode (`--fleet-apiservers`)
+/// shared by several links, each under a cluster name of its own.
+struct Server {
+    /// Its control plane (running as long as a link to it lives).
+    _cluster: LocalCluster,
+    client: Client,
+    /// The kubeconfig its links use: the admin's for a link Secret; for a Link, a
+    /// ServiceAccount's with exactly what `allow` grants (`remote_access_rules`).
+    credentials: String,
+}
+
+/// One remote cluster (one link, one cluster name) and what the bench knows of its
+/// state. In fleet mode several share one apiserver, and so its Services: a change made
+/// through one is made to all of them ([`propagate`] keeps their models equal).
 pub(crate) struct Remote {
     /// Link (cluster) name.
     pub(crate) name: String,
-    /// Its control plane (running as long as this lives).
-    _cluster: LocalCluster,
-    client: Client,
+    /// Its apiserver, shared with the other links of [`Remote::server_index`].
+    server: Arc<Server>,
+    /// Which remote apiserver serves it (remotes with the same index share Services).
+    pub(crate) server_index: usize,
+    /// Whether this link created the apiserver's Services (the first link of it).
+    owner: bool,
     /// Current gateway ingress IP.
     pub(crate) gateway_ip: String,
     /// Current `http` port of each Service (index = Service number).
@@ -96,9 +113,6 @@ pub(crate) struct Remote {
     pub(crate) exported: Vec<bool>,
     /// How this remote is linked.
     pub(crate) source: LinkSource,
-    /// The kubeconfig the link uses: the admin's for a link Secret; for a Link, a
-    /// ServiceAccount's with exactly what `allow` grants (`remote_access_rules`).
-    credentials: String,
 }
 
 impl Remote {
@@ -106,6 +120,16 @@ impl Remote {
     /// so nothing is probed).
     pub(crate) async fn start(
         name: &str,
+        gateway_ip: String,
+        source: LinkSource,
+    ) -> anyhow::Result<Self> {
+        Self::start_server(name, 0, gateway_ip, source).await
+    }
+
+    /// [`Remote::start`], the apiserver numbered `server_index`.
+    pub(crate) async fn start_server(
+        name: &str,
+        server_index: usize,
         gateway_ip: String,
         source: LinkSource,
     ) -> anyhow::Result<Self> {
@@ -129,21 +153,41 @@ impl Remote {
         };
         let mut remote = Self {
             name: name.to_string(),
-            _cluster: cluster,
-            client,
+            server: Arc::new(Server {
+                _cluster: cluster,
+                client,
+                credentials,
+            }),
+            server_index,
+            owner: true,
             gateway_ip: String::new(),
             http_ports: Vec::new(),
             exported: Vec::new(),
             source,
-            credentials,
         };
         remote.set_gateway_ip(&gateway_ip).await?;
         Ok(remote)
     }
 
+    /// Another link to this remote's apiserver under the cluster name `name` (fleet
+    /// mode): its own link Secret or Link and credentials Secret locally, so its own
+    /// full watch, of the same Services and gateway.
+    pub(crate) fn share(&self, name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            server: self.server.clone(),
+            server_index: self.server_index,
+            owner: false,
+            gateway_ip: self.gateway_ip.clone(),
+            http_ports: self.http_ports.clone(),
+            exported: self.exported.clone(),
+            source: self.source,
+        }
+    }
+
     /// An admin client of the remote.
     pub(crate) fn client(&self) -> &Client {
-        &self.client
+        &self.server.client
     }
 
     /// Exported Services on the remote.
@@ -159,8 +203,14 @@ impl Remote {
         if n <= have {
             return Ok(());
         }
-        let api: Api<Service> = Api::namespaced(self.client.clone(), NAMESPACE);
-        let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), NAMESPACE);
+        if !self.owner {
+            // The apiserver's first link creates them.
+            self.http_ports.resize(n, HTTP_PORT);
+            self.exported.resize(n, true);
+            return Ok(());
+        }
+        let api: Api<Service> = Api::namespaced(self.client().clone(), NAMESPACE);
+        let slices: Api<EndpointSlice> = Api::namespaced(self.client().clone(), NAMESPACE);
         let source = self.source;
         futures::stream::iter(have..n)
             .map(|i| {
@@ -252,7 +302,7 @@ impl Remote {
     /// Moves the gateway to `ip`; returns the time just before the request and the
     /// gateway's new resourceVersion.
     pub(crate) async fn set_gateway_ip(&mut self, ip: &str) -> anyhow::Result<(Instant, String)> {
-        let api: Api<Service> = Api::namespaced(self.client.clone(), GATEWAY_NAMESPACE);
+        let api: Api<Service> = Api::namespaced(self.client().clone(), GATEWAY_NAMESPACE);
         let status = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}});
         let at = Instant::now();
         let gw = api
@@ -310,7 +360,7 @@ impl Remote {
 
     /// Merge-patches Service `i`; returns the time just before the request.
     async fn patch_service(&self, i: usize, patch: &serde_json::Value) -> anyhow::Result<Instant> {
-        let api: Api<Service> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let api: Api<Service> = Api::namespaced(self.client().clone(), NAMESPACE);
         let at = Instant::now();
         api.patch(
             &service_name(i),
@@ -323,7 +373,7 @@ impl Remote {
 
     /// Exports every Service that is not.
     pub(crate) async fn export_all(&mut self) -> anyhow::Result<()> {
-        let api: Api<Service> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let api: Api<Service> = Api::namespaced(self.client().clone(), NAMESPACE);
         for i in 0..self.len() {
             if self.exported[i] {
                 continue;
@@ -394,9 +444,35 @@ impl Remote {
             type_: Some(LINK_SECRET_TYPE.into()),
             data: Some(BTreeMap::from([(
                 LINK_KUBECONFIG_KEY.to_string(),
-                ByteString(self.credentials.clone().into_bytes()),
+                ByteString(self.server.credentials.clone().into_bytes()),
             )])),
             ..Default::default()
+        }
+    }
+}
+
+/// Copies what the bench knows of the Services of `remotes[from]`'s apiserver (ports,
+/// exported or not) and, for link Secrets, of its gateway Service (address) to every
+/// other remote served by the same apiserver: a change made through one link is seen by
+/// all of them (fleet mode). A Link's gateway is the Link's own, not shared.
+pub(crate) fn propagate(remotes: &mut [Remote], from: usize) {
+    let (index, ports, exported, gateway) = {
+        let r = &remotes[from];
+        (
+            r.server_index,
+            r.http_ports.clone(),
+            r.exported.clone(),
+            (r.source == LinkSource::Secrets).then(|| r.gateway_ip.clone()),
+        )
+    };
+    for (j, r) in remotes.iter_mut().enumerate() {
+        if j == from || r.server_index != index {
+            continue;
+        }
+        r.http_ports.clone_from(&ports);
+        r.exported.clone_from(&exported);
+        if let Some(ip) = &gateway {
+            r.gateway_ip.clone_from(ip);
         }
     }
 }

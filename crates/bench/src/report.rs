@@ -191,6 +191,31 @@ const RESOURCE_COLUMNS: &[Column] = &[
     ("idle CPU s/min", "cpu_idle_s_per_min", 3),
 ];
 
+/// Fleet mode (`--fleet-apiservers`): memory per mirror and per link, over the RSS of
+/// a controller with no link on the same cluster.
+const FLEET_COLUMNS: &[Column] = &[
+    ("apiservers", "remote_apiservers", 0),
+    ("cold sync s", "cold_sync_s", 2),
+    ("reference s", "baseline_create_s", 2),
+    ("ratio", "cold_sync_ratio", 2),
+    ("RSS no link MiB", "rss_no_links_mib", 1),
+    ("RSS steady MiB", "rss_steady_mib", 1),
+    ("RSS peak MiB", "rss_peak_mib", 1),
+    ("steady KiB/mirror", "rss_steady_kib_per_mirror", 2),
+    ("steady MiB/link", "rss_steady_mib_per_link", 3),
+    ("peak KiB/mirror", "rss_peak_kib_per_mirror", 2),
+    ("peak MiB/link", "rss_peak_mib_per_link", 3),
+    ("CPU cold s", "cpu_cold_s", 2),
+    ("CPU total s", "cpu_total_s", 2),
+    ("idle CPU s/min", "cpu_idle_s_per_min", 3),
+    ("idle mirror writes/min", "idle_writes_per_min", 1),
+    (
+        "idle Lease/status writes/min",
+        "idle_other_writes_per_min",
+        1,
+    ),
+];
+
 const STATUS_COLUMNS: &[Column] = &[
     ("status writes (cold)", "status_writes_cold", 0),
     ("status bytes (cold)", "status_bytes_cold", 0),
@@ -233,8 +258,8 @@ fn table(out: &mut String, title: &str, configs: &[ConfigResult], columns: &[Col
 }
 
 /// The human-readable tables (markdown), median (min–max) over repetitions; for Links,
-/// with their status writes.
-pub(crate) fn tables(configs: &[ConfigResult], source: LinkSource) -> String {
+/// with their status writes; in fleet mode, with the memory per mirror and per link.
+pub(crate) fn tables(configs: &[ConfigResult], source: LinkSource, fleet: bool) -> String {
     let mut out = String::new();
     table(
         &mut out,
@@ -260,6 +285,14 @@ pub(crate) fn tables(configs: &[ConfigResult], source: LinkSource) -> String {
         configs,
         RESOURCE_COLUMNS,
     );
+    if fleet {
+        table(
+            &mut out,
+            "Fleet: K links on shared remote apiservers (per mirror = (RSS - RSS with no link) / (N x K); per link = the same / K)",
+            configs,
+            FLEET_COLUMNS,
+        );
+    }
     if source == LinkSource::Links {
         table(
             &mut out,

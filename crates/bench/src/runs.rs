@@ -110,7 +110,8 @@ pub(super) async fn run_baseline(
     )
     .await?;
     let answered = answered + answered_slices;
-    let met = wait_met(observer, None, sync_timeout(total)).await?;
+    // Two objects (or more) per mirror, as the controller's cold sync is given.
+    let met = wait_met(observer, None, sync_timeout(2 * total)).await?;
     let observed = latest(&met, t0);
     out.set("baseline_create_s", answered.min(observed).as_secs_f64());
     out.set("baseline_create_answered_s", answered.as_secs_f64());
@@ -200,6 +201,22 @@ pub(super) async fn run_controller(
     let api_pid = local.apiserver_pid();
     let total: usize = remotes.iter().map(|r| r.len()).sum();
     let thousands = total as f64 / 1000.0;
+    let fleet = ctx.args.fleet_apiservers.is_some();
+    if fleet {
+        // What a controller costs with no link at all, on this very cluster (nothing
+        // mirrored yet): subtracted from its RSS to get the cost per mirror and per link.
+        let (rss, peak) = no_links_rss(ctx, kubeconfig, rep).await?;
+        out.set("rss_no_links_mib", rss);
+        out.set("rss_no_links_peak_mib", peak);
+        out.set(
+            "remote_apiservers",
+            remotes
+                .iter()
+                .map(|r| r.server_index)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len() as f64,
+        );
+    }
 
     // Cold sync: from the start of the process to every mirror correct.
     observer.expect(remotes.iter().flat_map(|r| r.mirror_wants()));
@@ -304,6 +321,9 @@ pub(super) async fn run_controller(
     let steady = memory_mib(controller.pid, "VmRSS").unwrap_or(f64::NAN);
     out.set("rss_steady_mib", steady);
     out.set("rss_steady_mib_per_1000", steady / thousands);
+    if fleet {
+        per_mirror_and_link(out, "steady", steady, total, remotes.len());
+    }
     out.idle_requests = idle_requests;
 
     // Single port changes, one at a time.
@@ -320,6 +340,7 @@ pub(super) async fn run_controller(
         let key = ObjKey::service(NAMESPACE, &remote.mirror(i));
         observer.expect([(key, Want::Service { ports })]);
         let (at, _) = remote.change_port(i).await?;
+        remote::propagate(remotes, r);
         let met = wait_met(observer, Some(&mut controller), Duration::from_secs(60)).await?;
         latencies.push(latest(&met, at).as_secs_f64() * 1000.0);
     }
@@ -348,6 +369,10 @@ pub(super) async fn run_controller(
     let (cpu0, api0) = (cpu(pid), cpu(api_pid));
     let links = links_api(&bench);
     let (at, version) = moved.move_gateway(&ip, &links).await?;
+    // A link Secret's gateway is the apiserver's gateway Service: in fleet mode the
+    // other links of that apiserver move too (their mirrors are rewritten, not waited for).
+    remote::propagate(remotes, 0);
+    let moved = &remotes[0];
     if let Some(version) = version {
         observer.add(exported.iter().map(|i| {
             (
@@ -400,6 +425,7 @@ pub(super) async fn run_controller(
             (ObjKey::endpoints(NAMESPACE, &name), Want::Absent),
         ]);
         let at = remote.unexport(i).await?;
+        remote::propagate(remotes, r);
         let met = wait_met(observer, Some(&mut controller), Duration::from_secs(60)).await?;
         latencies.push(latest(&met, at).as_secs_f64() * 1000.0);
     }
@@ -408,6 +434,9 @@ pub(super) async fn run_controller(
     let peak = memory_mib(controller.pid, "VmHWM").unwrap_or(f64::NAN);
     out.set("rss_peak_mib", peak);
     out.set("rss_peak_mib_per_1000", peak / thousands);
+    if fleet {
+        per_mirror_and_link(out, "peak", peak, total, remotes.len());
+    }
     out.set("cpu_total_s", cpu(pid));
     controller.check_running()?;
     let status = controller.stop()?;
@@ -419,10 +448,64 @@ pub(super) async fn run_controller(
             controller.log_tail(30)
         );
     }
-    for r in remotes.iter_mut() {
-        r.export_all().await?;
+    for r in 0..remotes.len() {
+        remotes[r].export_all().await?;
+        remote::propagate(remotes, r);
     }
     Ok(())
+}
+
+/// How long the controller with no link runs before its RSS is read.
+const NO_LINKS_SECS: u64 = 5;
+
+/// Namespace, on the local cluster, of the controller with no link.
+const NO_LINKS_NAMESPACE: &str = "bench-no-links";
+
+/// The RSS (VmRSS, VmHWM in MiB) of the controller run on the local cluster of
+/// `kubeconfig` with the same flags, in a namespace with no link Secret or Link, after
+/// [`NO_LINKS_SECS`]: the cost of a controller before any link.
+async fn no_links_rss(ctx: &Ctx, kubeconfig: &Path, rep: usize) -> anyhow::Result<(f64, f64)> {
+    let client = bench_client(&std::fs::read_to_string(kubeconfig)?).await?;
+    local_cluster::ensure_namespace(&client, NO_LINKS_NAMESPACE).await?;
+    let admin = format!("127.0.0.1:{}", free_port()?);
+    let log = ctx
+        .workdir
+        .path()
+        .join(format!("controller-no-links-{rep}.log"));
+    let mut controller = Controller::spawn(
+        &ctx.controller,
+        kubeconfig,
+        NO_LINKS_NAMESPACE,
+        &admin,
+        &ctx.args.controller_arg,
+        &log,
+    )?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(NO_LINKS_SECS) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        controller.check_running()?;
+    }
+    let rss = memory_mib(controller.pid, "VmRSS").unwrap_or(f64::NAN);
+    let peak = memory_mib(controller.pid, "VmHWM").unwrap_or(f64::NAN);
+    let status = controller.stop()?;
+    if !status.success() {
+        bail!(
+            "the controller with no link did not stop cleanly ({status}); log tail:\n{}",
+            controller.log_tail(30)
+        );
+    }
+    Ok((rss, peak))
+}
+
+/// Records `rss_<which>_kib_per_mirror` and `rss_<which>_mib_per_link`: the RSS `mib`
+/// less that of the controller with no link, over the mirrors and over the links.
+fn per_mirror_and_link(out: &mut Rep, which: &str, mib: f64, mirrors: usize, links: usize) {
+    let over = mib - out.get("rss_no_links_mib");
+    out.set(
+        &format!("rss_{which}_kib_per_mirror"),
+        over * 1024.0 / mirrors as f64,
+    );
+    out.set(&format!("rss_{which}_mib_per_link"), over / links as f64);
 }
 
 /// How the controller's mirror of `remote`'s first exported Service differs from the

@@ -160,3 +160,85 @@ fn headless_smoke_run_mirrors_every_pod_and_writes_nothing_when_idle() {
         );
     }
 }
+
+/// Fleet mode at smoke size: 4 clusters on 2 remote apiservers (two links each, under
+/// their own names), 20 Services each, Links. Not run by default (about a minute in a
+/// debug build, and CI runs the default smoke run above); run it with
+/// `cargo test -p bench --test smoke -- --ignored fleet`.
+#[test]
+#[ignore]
+fn fleet_smoke_run_mirrors_every_link_of_shared_apiservers() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("fleet.json");
+    let (ok, stdout, stderr) = run_bench(
+        dir.path(),
+        &[
+            "--clusters",
+            "4",
+            "--services",
+            "20",
+            "--fleet-apiservers",
+            "2",
+            "--link-source",
+            "links",
+            "--endpoints-mode",
+            "endpoints",
+            "--repetitions",
+            "1",
+            "--idle-secs",
+            "2",
+            "--long-idle-secs",
+            "0",
+            "--samples",
+            "2",
+            "--concurrency",
+            "32",
+            "--smoke",
+            "--controller-bin",
+            "self",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        ok,
+        "bench failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.contains("Fleet:"), "a fleet table: {stdout}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON results")).unwrap();
+    let config = &results["configs"][0];
+    assert_eq!(config["clusters"], 4);
+    assert_eq!(config["total_services"], 80);
+    let rep = &config["repetitions"][0];
+    let metric = |name: &str| rep["metrics"][name].as_f64().unwrap_or(f64::NAN);
+    assert_eq!(metric("remote_apiservers"), 2.0);
+    assert_eq!(metric("idle_writes_per_min"), 0.0);
+    assert_eq!(
+        metric("gateway_samples"),
+        20.0,
+        "all 20 mirrors of link 1 moved"
+    );
+    for m in [
+        "cold_sync_s",
+        "baseline_create_s",
+        "rss_no_links_mib",
+        "rss_steady_kib_per_mirror",
+        "rss_steady_mib_per_link",
+        "rss_peak_kib_per_mirror",
+        "rss_peak_mib_per_link",
+        "cpu_total_s",
+    ] {
+        assert!(metric(m).is_finite(), "{m} measured: {rep}");
+    }
+    // Every link mirrored its 20 Services: 80 Services and 80 Endpoints created.
+    let created = |kind: &str| {
+        rep["cold_requests"]["by_kind"][format!("create {kind}")]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert!(
+        created("services") >= 80 && created("endpoints") >= 80,
+        "{rep}"
+    );
+}
