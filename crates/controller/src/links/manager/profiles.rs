@@ -271,49 +271,16 @@ pub(super) async fn watch_cluster_profiles(
     store: reflector::store::Writer<ClusterProfile>,
     cancel: CancellationToken,
 ) {
-    let watch = Watch {
-        api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
-        config: watcher::Config::default(),
+    let source = super::sources::SourceWatch {
         strip,
-        store,
+        key: SourceKey::ClusterProfile,
+        known: |i| &i.profiles_known,
+        synced: |i| &i.profiles_synced,
+        not_installed: format!(
+            "the ClusterProfile CRD ({CLUSTER_PROFILE_CRD_NAME}) is not installed: no ClusterProfile links until it is"
+        ),
+        forbidden: "not allowed to list ClusterProfiles: no ClusterProfile links; grant clusterprofiles list/watch (service-mirror install)".into(),
+        failed: "watching ClusterProfiles failed; retrying",
     };
-    let on_event = |ev: &watcher::Event<ClusterProfile>| match ev {
-        watcher::Event::Apply(p) | watcher::Event::Delete(p) => {
-            inner.queue.add(SourceKey::ClusterProfile(p.name_any()))
-        }
-        watcher::Event::InitDone => {
-            inner.profiles_known.store(true, Ordering::SeqCst);
-            let first = !inner.profiles_synced.swap(true, Ordering::SeqCst);
-            inner.listed_once(first);
-        }
-        watcher::Event::Init | watcher::Event::InitApply(_) => {}
-    };
-    let mut said = false;
-    let on_error = |e: &watcher::Error| {
-        let code = match e {
-            watcher::Error::InitialListFailed(kube::Error::Api(s)) => Some(s.code),
-            _ => None,
-        };
-        if let Some(code @ (403 | 404)) = code {
-            if code == 404 {
-                inner.profiles_known.store(true, Ordering::SeqCst);
-            }
-            if !inner.profiles_synced.swap(true, Ordering::SeqCst) {
-                inner.listed_once(true);
-            }
-            if !std::mem::replace(&mut said, true) {
-                match code {
-                    404 => {
-                        tracing::info!(namespace = %inner.opts.namespace, "the ClusterProfile CRD ({CLUSTER_PROFILE_CRD_NAME}) is not installed: no ClusterProfile links until it is")
-                    }
-                    _ => {
-                        tracing::warn!(namespace = %inner.opts.namespace, error = %e, "not allowed to list ClusterProfiles: no ClusterProfile links; grant clusterprofiles list/watch (service-mirror install)")
-                    }
-                }
-            }
-        } else {
-            tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching ClusterProfiles failed; retrying");
-        }
-    };
-    drive(watch, cancel, on_event, on_error).await
+    super::sources::watch_source(inner, store, cancel, source).await
 }

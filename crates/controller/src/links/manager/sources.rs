@@ -117,19 +117,69 @@ pub(super) async fn watch_links(
     store: reflector::store::Writer<LinkResource>,
     cancel: CancellationToken,
 ) {
+    let source = SourceWatch {
+        strip: strip_service_lists,
+        key: SourceKey::Link,
+        known: |i| &i.links_known,
+        synced: |i| &i.links_synced,
+        not_installed: "the Link CRD (links.multicluster.linkerd.io) is not installed: linking by Secrets only until it is".into(),
+        forbidden: "not allowed to list Links: linking by Secrets only; grant links get/list/watch (service-mirror install)".into(),
+        failed: "watching Links failed; retrying",
+    };
+    watch_source(inner, store, cancel, source).await
+}
+
+/// What differs between the namespaced source watches (Links, ClusterProfiles).
+pub(super) struct SourceWatch<K> {
+    /// What is kept of an object in the store.
+    pub(super) strip: fn(&mut K),
+    /// The source key of an object's name.
+    pub(super) key: fn(String) -> SourceKey,
+    /// Set when the kind is known to be listed (or not installed): the collector may run.
+    pub(super) known: fn(&Inner) -> &AtomicBool,
+    /// Set at the first list (or its 403/404).
+    pub(super) synced: fn(&Inner) -> &AtomicBool,
+    /// Said once on a 404 (the CRD is not installed).
+    pub(super) not_installed: String,
+    /// Said once on a 403.
+    pub(super) forbidden: String,
+    /// Said on any other failure.
+    pub(super) failed: &'static str,
+}
+
+/// Watches one kind of source object in the controller's namespace, queuing each
+/// object's key. Not installed (404): the kind counts as listed and known; forbidden
+/// (403): listed but unknown (nothing is collected meanwhile); either is said once and
+/// the watch keeps retrying, so a CRD installed or a permission granted later is
+/// picked up.
+pub(super) async fn watch_source<K>(
+    inner: Arc<Inner>,
+    store: reflector::store::Writer<K>,
+    cancel: CancellationToken,
+    source: SourceWatch<K>,
+) where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     let watch = Watch {
         api: Api::namespaced(inner.local.clone(), &inner.opts.namespace),
         config: watcher::Config::default(),
-        strip: strip_service_lists,
+        strip: source.strip,
         store,
     };
-    let on_event = |ev: &watcher::Event<LinkResource>| match ev {
-        watcher::Event::Apply(l) | watcher::Event::Delete(l) => {
-            inner.queue.add(SourceKey::Link(l.name_any()))
+    let (known, synced) = ((source.known)(&inner), (source.synced)(&inner));
+    let on_event = |ev: &watcher::Event<K>| match ev {
+        watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+            inner.queue.add((source.key)(o.name_any()))
         }
         watcher::Event::InitDone => {
-            inner.links_known.store(true, Ordering::SeqCst);
-            let first = !inner.links_synced.swap(true, Ordering::SeqCst);
+            known.store(true, Ordering::SeqCst);
+            let first = !synced.swap(true, Ordering::SeqCst);
             inner.listed_once(first);
         }
         watcher::Event::Init | watcher::Event::InitApply(_) => {}
@@ -141,25 +191,26 @@ pub(super) async fn watch_links(
             _ => None,
         };
         if let Some(code @ (403 | 404)) = code {
-            // Not installed: no Link can exist. Forbidden: unknown (the collector waits).
+            // Not installed: no such object can exist. Forbidden: unknown (the
+            // collector waits).
             if code == 404 {
-                inner.links_known.store(true, Ordering::SeqCst);
+                known.store(true, Ordering::SeqCst);
             }
-            if !inner.links_synced.swap(true, Ordering::SeqCst) {
+            if !synced.swap(true, Ordering::SeqCst) {
                 inner.listed_once(true);
             }
             if !std::mem::replace(&mut said, true) {
                 match code {
                     404 => {
-                        tracing::info!(namespace = %inner.opts.namespace, "the Link CRD (links.multicluster.linkerd.io) is not installed: linking by Secrets only until it is")
+                        tracing::info!(namespace = %inner.opts.namespace, "{}", source.not_installed)
                     }
                     _ => {
-                        tracing::warn!(namespace = %inner.opts.namespace, error = %e, "not allowed to list Links: linking by Secrets only; grant links get/list/watch (service-mirror install)")
+                        tracing::warn!(namespace = %inner.opts.namespace, error = %e, "{}", source.forbidden)
                     }
                 }
             }
         } else {
-            tracing::warn!(error = %e, namespace = %inner.opts.namespace, "watching Links failed; retrying");
+            tracing::warn!(error = %e, namespace = %inner.opts.namespace, "{}", source.failed);
         }
     };
     drive(watch, cancel, on_event, on_error).await
