@@ -205,19 +205,87 @@ async fn ready_pods(
         if pods.len() == n && pods.iter().all(is_ready) {
             return pods;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{n} Ready pods {ns}/{selector} within {within:?}: {:?}",
-            pods.iter()
-                .map(|p| (
-                    p.metadata.name.clone(),
-                    p.status.as_ref().and_then(|s| s.phase.clone()),
-                    is_ready(p)
-                ))
-                .collect::<Vec<_>>()
-        );
+        if Instant::now() >= deadline {
+            panic!(
+                "{n} Ready pods {ns}/{selector} within {within:?}:\n{}",
+                why_not_ready(client, &pods).await
+            );
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// What a failed wait on pods prints: each pod's phase, node, unmet conditions and
+/// waiting containers, and each node's Ready, pressure conditions and taints (a node
+/// that is NotReady or under pressure leaves pods Pending everywhere at once).
+async fn why_not_ready(client: &kube::Client, pods: &[Pod]) -> String {
+    let mut out = String::new();
+    for p in pods {
+        let status = p.status.clone().unwrap_or_default();
+        let unmet: Vec<String> = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.status != "True")
+            .map(|c| {
+                format!(
+                    "{} {} {}",
+                    c.type_,
+                    c.reason.unwrap_or_default(),
+                    c.message.unwrap_or_default()
+                )
+            })
+            .collect();
+        let waiting: Vec<String> = status
+            .container_statuses
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| {
+                let w = c.state?.waiting?;
+                Some(format!(
+                    "{}: {} {}",
+                    c.name,
+                    w.reason.unwrap_or_default(),
+                    w.message.unwrap_or_default()
+                ))
+            })
+            .collect();
+        out.push_str(&format!(
+            "  pod {} {:?} on {:?} deleting={} unmet={unmet:?} waiting={waiting:?}\n",
+            name(p),
+            status.phase,
+            p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            p.metadata.deletion_timestamp.is_some(),
+        ));
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    match nodes.list(&ListParams::default()).await {
+        Ok(list) => {
+            for node in list.items {
+                let conditions: Vec<String> = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|c| (c.type_ == "Ready") != (c.status == "True"))
+                    .map(|c| format!("{}={} {}", c.type_, c.status, c.reason.unwrap_or_default()))
+                    .collect();
+                let taints: Vec<String> = node
+                    .spec
+                    .and_then(|s| s.taints)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| format!("{}:{}", t.key, t.effect))
+                    .collect();
+                out.push_str(&format!(
+                    "  node {} not-as-expected={conditions:?} taints={taints:?}\n",
+                    node.metadata.name.unwrap_or_default()
+                ));
+            }
+        }
+        Err(e) => out.push_str(&format!("  nodes: {e}\n")),
+    }
+    out
 }
 
 fn name(p: &Pod) -> String {

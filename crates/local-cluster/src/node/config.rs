@@ -152,7 +152,13 @@ clusterDomain: cluster.local
 clusterDNS: [{dns}]
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
-evictionHard: {{memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+# No eviction at all: "0%" turns a signal off (kubelet ignores 0% and 100%), and each
+# signal named here keeps kubelet from adding its default. A test node shares the host's
+# disk and memory with every other test: a full disk (the CI machine at < 1 % free after
+# its cargo builds) or page cache counted as working set (cgroup v1) set DiskPressure or
+# MemoryPressure, whose NoSchedule taint and evictions left every controller pod of
+# every cluster Pending at once; nothing here tests eviction.
+evictionHard: {{memory.available: "0%", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%", imagefs.inodesFree: "0%"}}
 # The node Lease is renewed every 2 s (a quarter of this): kube-controller-manager's
 # node-monitor grace period of 10 s then finds a lost node within about 12 s.
 nodeLeaseDurationSeconds: 8
@@ -211,6 +217,28 @@ mod tests {
         assert_eq!(doc["clusterDNS"][0], "198.19.7.10");
         assert_eq!(doc["address"], "198.19.7.11");
         assert_eq!(doc["oomScoreAdj"], 0);
+    }
+
+    #[test]
+    fn kubelet_evicts_for_no_signal_of_the_shared_host() {
+        let yaml = kubelet_yaml(&KubeletSettings {
+            paths: &paths(),
+            node_ip: Ipv4Addr::new(198, 19, 7, 11),
+            cgroup_root: "/sm-1-west-node",
+            dns: Ipv4Addr::new(198, 19, 7, 10),
+        });
+        let doc: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+        // kubelet's DefaultEvictionHard (pkg/kubelet/eviction/defaults_linux.go, 1.34):
+        // a signal left out gets its default back.
+        for signal in [
+            "memory.available",
+            "nodefs.available",
+            "nodefs.inodesFree",
+            "imagefs.available",
+            "imagefs.inodesFree",
+        ] {
+            assert_eq!(doc["evictionHard"][signal], "0%", "{signal}");
+        }
     }
 
     #[test]

@@ -705,6 +705,17 @@ async fn source_is(ctl: &Controller, cluster: &str, uid: &str) {
     .await
 }
 
+/// The controller's log without its HTTP client's lines (the manager's and the link
+/// controllers' own), the last 80: what a failed round prints.
+fn story(ctl: &Controller) -> String {
+    let lines: Vec<String> = ctl
+        .log_lines("")
+        .into_iter()
+        .filter(|l| !l.contains("HTTP{") && !l.contains("tower::") && !l.contains("hyper"))
+        .collect();
+    lines[lines.len().saturating_sub(80)..].join("\n")
+}
+
 /// A link Secret deleted and re-created while the controller's watch is held back
 /// reaches it as a delete and a re-create back to back: the link goes on with the new
 /// Secret and no mirror is deleted (the chaos suite's run 10, round 366, saw three live
@@ -771,26 +782,14 @@ async fn a_link_secret_recreated_behind_a_lagging_watch_keeps_every_mirror() {
             uid,
             "round {round}: the same mirror; writes {:?}\n{}",
             env.local_writes(),
-            ctl.log_lines("")
-                .iter()
-                .rev()
-                .take(40)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n")
+            story(&ctl)
         );
         source_is(&ctl, &env.cluster, made.metadata.uid.as_deref().unwrap()).await;
         let deleted = deletes(&env.local_writes());
         assert!(
             deleted.is_empty(),
             "round {round}: a mirror deleted while its link Secret exists: {deleted:?}\n{}",
-            ctl.log_lines("link")
-                .iter()
-                .rev()
-                .take(20)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n")
+            story(&ctl)
         );
     }
     // The same Secret once more, the same spec: the link runs on (no new link, no
