@@ -46,6 +46,7 @@ pub mod plan;
 pub mod probe;
 pub mod remote_state;
 pub mod selector;
+pub mod shard;
 #[cfg(test)]
 mod slice_invariants_tests;
 pub mod slices;

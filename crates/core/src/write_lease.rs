@@ -92,6 +92,14 @@ pub enum Verdict {
         /// The holder that stopped renewing.
         holder: String,
     },
+    /// With links sharded over replicas ([`judge_sharded`]): another replica of ours
+    /// holds it and renews it; read it again at `look_again`.
+    HeldByPeer {
+        /// That replica's identity.
+        holder: String,
+        /// When to read it again.
+        look_again: Instant,
+    },
     /// A foreign holder holds it and renews it: write nothing; read it again at
     /// `look_again` (the moment it would expire, or sooner).
     HeldByForeign {
@@ -108,7 +116,10 @@ impl Verdict {
     /// Whether the Lease is to be taken (created, renewed or taken over) so the link
     /// writes.
     pub fn take(&self) -> bool {
-        !matches!(self, Verdict::HeldByForeign { .. })
+        !matches!(
+            self,
+            Verdict::HeldByForeign { .. } | Verdict::HeldByPeer { .. }
+        )
     }
 }
 
@@ -183,6 +194,47 @@ pub fn judge(
         }
         Some(h) => h,
     };
+    held_until_expired(view, holder, last, now, ours)
+}
+
+/// [`judge`] when links are sharded over replicas: a Lease another replica of ours
+/// holds is that replica's while it renews it (counted as a foreign one is, on our
+/// clock), not ours to take ([`Verdict::HeldByPeer`]); expired, it is
+/// [`Verdict::Expired`].
+pub fn judge_sharded(
+    read: Option<&LeaseView>,
+    me: &str,
+    last: Option<&Observed>,
+    now: Instant,
+    ours: Duration,
+) -> (Verdict, Option<Observed>) {
+    match judge(read, me, last, now, ours) {
+        (Verdict::OurReplica, _) => {
+            let view = read.expect("a replica's Lease was read");
+            let holder = view.holder.as_deref().unwrap_or_default();
+            match held_until_expired(view, holder, last, now, ours) {
+                (
+                    Verdict::HeldByForeign {
+                        holder, look_again, ..
+                    },
+                    observed,
+                ) => (Verdict::HeldByPeer { holder, look_again }, observed),
+                other => other,
+            }
+        }
+        other => other,
+    }
+}
+
+/// The verdict on a Lease `holder` holds: expired once its record stayed unchanged for
+/// its duration on our clock, else held (with the observation to keep).
+fn held_until_expired(
+    view: &LeaseView,
+    holder: &str,
+    last: Option<&Observed>,
+    now: Instant,
+    ours: Duration,
+) -> (Verdict, Option<Observed>) {
     // Counted from the first read of this very record: a renewal or a new holder
     // changes it and starts the count again; metadata churn does not (it would hold
     // the link forever).
@@ -309,6 +361,47 @@ mod tests {
         Released,
         Expired,
         Held { expires_in: u64 },
+    }
+
+    #[test]
+    fn sharded_a_peers_lease_is_its_own_until_it_stops_renewing_and_nothing_else_changes() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let peer = view(Some("service-mirror-r2"), true, "1", Some(15));
+        // First read: held, read again within a third of the duration.
+        let (v, seen1) = judge_sharded(Some(&peer), ME, None, t0, OURS);
+        assert_eq!(
+            v,
+            Verdict::HeldByPeer {
+                holder: "service-mirror-r2".into(),
+                look_again: t0 + s(2)
+            }
+        );
+        let seen1 = seen1.expect("observed");
+        // Renewed 10 s later: the count starts again.
+        let renewed_peer = view(Some("service-mirror-r2"), true, "2", Some(15));
+        let (v, seen2) = judge_sharded(Some(&renewed_peer), ME, Some(&seen1), t0 + s(10), OURS);
+        assert!(matches!(v, Verdict::HeldByPeer { .. }), "{v:?}");
+        let seen2 = seen2.unwrap();
+        assert_eq!(seen2.since, t0 + s(10));
+        // Unchanged for 14 s: held; for its 15 s: expired (taken as a foreign one is).
+        let (v, _) = judge_sharded(Some(&renewed_peer), ME, Some(&seen2), t0 + s(24), OURS);
+        assert!(matches!(v, Verdict::HeldByPeer { .. }), "{v:?}");
+        let (v, _) = judge_sharded(Some(&renewed_peer), ME, Some(&seen2), t0 + s(25), OURS);
+        assert!(matches!(v, Verdict::Expired { .. }), "{v:?}");
+        assert!(v.take());
+        // Everything else as unsharded.
+        for other in [
+            None,
+            Some(view(Some(ME), true, "1", Some(15))),
+            Some(view(None, true, "1", Some(15))),
+            Some(view(Some("linkerd"), false, "1", Some(30))),
+        ] {
+            assert_eq!(
+                judge_sharded(other.as_ref(), ME, None, t0, OURS),
+                judge(other.as_ref(), ME, None, t0, OURS)
+            );
+        }
     }
 
     #[test]
@@ -471,6 +564,7 @@ mod tests {
                 Verdict::OurReplica => V::OurReplica,
                 Verdict::Released => V::Released,
                 Verdict::Expired { .. } => V::Expired,
+                Verdict::HeldByPeer { .. } => unreachable!("{name}: judge never says it"),
                 Verdict::HeldByForeign {
                     expires,
                     look_again,
