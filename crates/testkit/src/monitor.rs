@@ -29,6 +29,10 @@
 //! whose write to the leader Lease succeeded, and any state write attempt (any status)
 //! by another replica while it holds it is [`Breach::TwoWriters`], unless the apiserver
 //! received it before the holder's takeover (in flight at the handover, counted apart).
+//! With links sharded over replicas ([`Monitor::per_link_writers`]) the same rule holds
+//! per link: the holder of cluster `c` is the last replica whose write to the write
+//! Lease `service-mirror-write-c` succeeded, and a write attempt on a mirror of `c`
+//! (Service, Endpoints, EndpointSlice) by another replica meanwhile is a breach.
 //!
 //! Not seen: writes by other identities (the test's own, kube-controller-manager's),
 //! reads, and the content of a write (the policy logs metadata only, so ownership is
@@ -322,6 +326,37 @@ pub struct Monitor {
     /// blocks etcd for a while) past the handover. Counted apart from the breaches, for
     /// the same reason as [`Monitor::in_flight_after_resume`].
     pub in_flight_at_handover: Vec<String>,
+    /// Sharded: each link's holder track, by cluster (see [`Monitor::per_link_writers`]).
+    per_link: Option<BTreeMap<String, Track>>,
+}
+
+/// Who holds a Lease by the audit log: the last replica with a successful write to it,
+/// since when, and the holder before.
+#[derive(Debug, Clone, Default)]
+struct Track {
+    holder: Option<String>,
+    since: Option<Timestamp>,
+    previous: Option<(String, Option<Timestamp>)>,
+}
+
+impl Track {
+    fn wrote(&mut self, w: &AuditWrite) {
+        if w.ok() && self.holder.as_ref() != Some(&w.user) {
+            self.previous = self.holder.take().map(|h| (h, self.since));
+            self.holder = Some(w.user.clone());
+            self.since = w.received;
+        }
+    }
+
+    /// Whether `w`, by another replica than the holder, was received while its writer
+    /// still held the Lease (after its own takeover, before the current holder's).
+    fn received_before_handover(&self, w: &AuditWrite) -> bool {
+        matches!(
+            (w.received, self.since, &self.previous),
+            (Some(sent), Some(since), Some((previous, previous_since)))
+                if *previous == w.user && sent < since && previous_since.is_some_and(|p| p <= sent)
+        )
+    }
 }
 
 /// How long after a stopped replica is continued its writes count as having been on
@@ -352,7 +387,60 @@ impl Monitor {
             resumed: BTreeMap::new(),
             in_flight_after_resume: Vec::new(),
             in_flight_at_handover: Vec::new(),
+            per_link: None,
         }
+    }
+
+    /// Judges the single-writer rule per link (replicas sharding the links: `run
+    /// --shard-links`) instead of by the leader Lease.
+    pub fn per_link_writers(mut self) -> Self {
+        self.per_link = Some(BTreeMap::new());
+        self
+    }
+
+    /// Sharded: the holder of `cluster`'s write Lease by the audit log.
+    pub fn link_holder(&self, cluster: &str) -> Option<&str> {
+        self.per_link.as_ref()?.get(cluster)?.holder.as_deref()
+    }
+
+    /// The single-writer rule per link (see the module's note).
+    fn two_writers_per_link(&mut self, w: &AuditWrite) -> Option<Breach> {
+        let leases = w.group == "coordination.k8s.io" && w.resource == "leases";
+        if leases && w.namespace == self.remit.controller_namespace {
+            let cluster = w.name.strip_prefix("service-mirror-write-")?;
+            let cluster = self
+                .remit
+                .clusters
+                .iter()
+                .find(|c| c.as_str() == cluster)?
+                .clone();
+            self.per_link.as_mut()?.entry(cluster).or_default().wrote(w);
+            return None;
+        }
+        let mirror = match (w.group.as_str(), w.resource.as_str()) {
+            ("", "services" | "endpoints") if w.subresource.is_empty() => w.name.as_str(),
+            ("discovery.k8s.io", "endpointslices") => slice_mirror(&w.name)?,
+            _ => return None,
+        };
+        let (cluster, _) = mirror_of(&self.remit, mirror)?;
+        let track = self.per_link.as_ref()?.get(cluster)?.clone();
+        let holder = track.holder.as_ref()?;
+        if *holder == w.user {
+            return None;
+        }
+        let in_flight = match (self.resumed.get(&w.user), w.time) {
+            (Some(at), Some(t)) => t >= *at && t.duration_since(*at) <= IN_FLIGHT,
+            _ => false,
+        };
+        if in_flight {
+            self.in_flight_after_resume.push(w.to_string());
+            return None;
+        }
+        if track.received_before_handover(w) {
+            self.in_flight_at_handover.push(w.to_string());
+            return None;
+        }
+        Some(Breach::TwoWriters(w.clone(), holder.clone()))
     }
 
     /// Declares that the test continued (SIGCONT) replica `user` just now: its writes
@@ -500,6 +588,9 @@ impl Monitor {
     /// other replica meanwhile, whatever its status, is a breach. Events are reports,
     /// not state: not judged here.
     fn two_writers(&mut self, w: &AuditWrite) -> Option<Breach> {
+        if self.per_link.is_some() {
+            return self.two_writers_per_link(w);
+        }
         let lease = self.remit.leader_lease.as_ref()?;
         let leases = w.group == "coordination.k8s.io" && w.resource == "leases";
         if leases && w.namespace == self.remit.controller_namespace && w.name == *lease {
@@ -934,6 +1025,88 @@ mod tests {
         block_on(m.record(by(a, lease(200))));
         block_on(m.record(by(b, w("create", "services", "a", "api-east", 201))));
         assert!(m.breaches().is_empty(), "{:?}", m.breaches());
+    }
+
+    #[test]
+    fn sharded_a_replica_writing_a_mirror_of_a_link_another_holds_is_two_writers() {
+        let (a, b) = ("system:serviceaccount:sm:a", "system:serviceaccount:sm:b");
+        let by = |user: &str, mut w: AuditWrite| {
+            w.user = user.into();
+            w
+        };
+        let mut r = remit();
+        r.users = vec![a.into(), b.into()];
+        r.leader_lease = Some("service-mirror".into());
+        let mut m = Monitor::new(PathBuf::from("/nonexistent"), r, vec![]).per_link_writers();
+        let lease = |cluster: &str, code| {
+            w(
+                "update",
+                "leases.coordination.k8s.io",
+                "sm",
+                &format!("service-mirror-write-{cluster}"),
+                code,
+            )
+        };
+        // a holds east, b holds west; a leads (the leader Lease says nothing here).
+        block_on(m.record(by(
+            a,
+            w(
+                "patch",
+                "leases.coordination.k8s.io",
+                "sm",
+                "service-mirror",
+                200,
+            ),
+        )));
+        block_on(m.record(by(a, lease("east", 200))));
+        block_on(m.record(by(b, lease("west", 201))));
+        block_on(m.record(by(a, lease("west", 409))));
+        assert_eq!(
+            (m.link_holder("east"), m.link_holder("west")),
+            (Some(a), Some(b))
+        );
+        // Each writes its own link's mirrors: fine, whoever leads.
+        block_on(m.record(by(a, w("create", "services", "a", "api-east", 201))));
+        block_on(m.record(by(b, w("create", "services", "a", "api-west", 201))));
+        block_on(m.record(by(
+            b,
+            w(
+                "create",
+                "endpointslices.discovery.k8s.io",
+                "a",
+                "api-west-ipv4-0",
+                201,
+            ),
+        )));
+        assert!(m.breaches().is_empty(), "{:?}", m.breaches());
+        // a writes west's mirrors (failed or not): breaches; its other writes are not judged.
+        block_on(m.record(by(a, w("update", "endpoints", "a", "api-west", 409))));
+        block_on(m.record(by(
+            a,
+            w(
+                "patch",
+                "endpointslices.discovery.k8s.io",
+                "a",
+                "api-west-ipv4-0",
+                200,
+            ),
+        )));
+        block_on(m.record(by(a, w("create", "namespaces", "", "a", 201))));
+        let two: Vec<String> = m.breaches().iter().map(|b| b.to_string()).collect();
+        assert_eq!(two.len(), 2, "{two:?}");
+        assert!(
+            m.breaches()
+                .iter()
+                .all(|x| matches!(x, Breach::TwoWriters(w, h) if w.user == a && h == b))
+        );
+        // a takes west over (after b released it): its writes are fine, b's are not.
+        block_on(m.record(by(a, lease("west", 200))));
+        block_on(m.record(by(a, w("update", "services", "a", "api-west", 200))));
+        block_on(m.record(by(b, w("delete", "services", "a", "api-west", 200))));
+        assert_eq!(m.breaches().len(), 3);
+        // A cluster outside the remit's Leases is not tracked.
+        block_on(m.record(by(b, lease("north", 200))));
+        assert_eq!(m.link_holder("north"), None);
     }
 
     #[test]

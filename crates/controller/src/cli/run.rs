@@ -117,6 +117,12 @@ pub struct RunArgs {
     /// Elect a leader through a Lease in --namespace; only the leader writes.
     #[arg(long, env = "SERVICE_MIRROR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     leader_election: bool,
+    /// Spread the links over the replicas: each writes the links whose write Lease it
+    /// holds (ceil(links / replicas) each, rebalanced as replicas come and go); the
+    /// leader alone writes federated Services, MCS imports and collects unlinked
+    /// mirrors. Off: the leader writes every link. Needs `list` on Leases.
+    #[arg(long, env = "SERVICE_MIRROR_SHARD_LINKS", default_value_t = false, action = clap::ArgAction::Set)]
+    shard_links: bool,
     /// Name of the leader-election Lease.
     #[arg(
         long,
@@ -332,7 +338,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     // Each link writes only while its write Lease is ours (see write_leases.rs); its
     // federation messages wait for its gate too.
-    let write_gates = write_leases::WriteGates::default();
+    let write_gates = match args.shard_links {
+        true => write_leases::WriteGates::sharded(),
+        false => write_leases::WriteGates::default(),
+    };
     let (federation, federation_tasks) = crate::federation::Federation::start(
         local.clone(),
         recorder.clone(),
@@ -441,7 +450,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
                 identity,
                 duration: args.lease_duration,
             },
-            leader,
+            // Sharded, the write Leases are held whoever leads.
+            leader.filter(|_| !args.shard_links),
             Arc::new(move || manager.link_set()),
             write_gates,
             Some(event_recorder),

@@ -113,10 +113,7 @@ impl LinkController {
         // writers', the workers') also needs the link's write Lease.
         let mut deps = deps;
         if let Some(gates) = &deps.write_gates {
-            deps.leader = Some(crate::leader::Leadership::gated(
-                deps.leader.take(),
-                gates.receiver(&cluster),
-            ));
+            deps.leader = Some(gates.link_leadership(deps.leader.take(), &cluster));
         }
         let cancel = CancellationToken::new();
         let metrics = metrics::LinkMetrics::new(deps.metrics.clone(), &cluster);

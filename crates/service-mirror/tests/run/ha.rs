@@ -15,7 +15,11 @@ const LEASE: &str = "4s";
 
 /// A kubeconfig for ServiceAccount `ns/name` bound to cluster-admin, so each replica
 /// shows up under its own name in the audit log.
-async fn replica_identity(local: &LocalCluster, ns: &str, name: &str) -> local_cluster::Kubeconfig {
+pub(crate) async fn replica_identity(
+    local: &LocalCluster,
+    ns: &str,
+    name: &str,
+) -> local_cluster::Kubeconfig {
     let admin = local.client().await.unwrap();
     let binding = ClusterRoleBinding {
         metadata: ObjectMeta {
@@ -188,7 +192,7 @@ async fn one_replica_writes_and_the_other_takes_over_when_it_dies() {
 }
 
 /// Sends `signal` to the controller process.
-fn signal(c: &Controller, signal: i32) {
+pub(crate) fn signal(c: &Controller, signal: i32) {
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(c.child.id() as i32, signal) }, 0);
 }

@@ -6,4 +6,5 @@ mod support;
 
 mod ha;
 mod lifecycle;
+mod shard;
 mod write_leases;

@@ -409,10 +409,7 @@ impl Inner {
         // Under the cluster's write gate: mirrors of a cluster whose Lease another
         // writer (Linkerd's controller) holds may be its own, and are left alone.
         let leader = match &self.opts.deps.write_gates {
-            Some(gates) => Some(crate::leader::Leadership::gated(
-                self.opts.deps.leader.clone(),
-                gates.receiver(cluster),
-            )),
+            Some(gates) => Some(gates.link_leadership(self.opts.deps.leader.clone(), cluster)),
             None => self.opts.deps.leader.clone(),
         };
         let writer = LocalWriter::with_recorder(

@@ -45,7 +45,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use service_mirror_core::labels::CLUSTER_NAME_LABEL;
 use service_mirror_core::write_lease::{
-    HOLDER_ANNOTATION, LeaseView, Observed, Record, Verdict, anomalies, judge, shown_holder,
+    HOLDER_ANNOTATION, LeaseView, Observed, Record, Verdict, anomalies, judge, judge_sharded,
+    shown_holder,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -53,6 +54,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+mod sharded;
+pub use sharded::{MEMBER_LABEL, member_lease_name};
 
 /// Marks a write Lease as ours (the value is [`OWNER_VALUE`]).
 pub const OWNER_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -113,6 +117,12 @@ pub(crate) struct WriteLeaseFamilies {
     pub(crate) blocked: Family<BlockedLabels, Gauge>,
     /// Foreign Leases taken over, by how they ended.
     pub(crate) takeovers: Family<TakeoverLabels, Counter>,
+    /// Sharded: the write Leases this replica holds.
+    pub(crate) held: Gauge,
+    /// Sharded: the replicas counted live (member Leases renewed), this one included.
+    pub(crate) live: Gauge,
+    /// Sharded: links released to another replica for balance.
+    pub(crate) handovers: Counter,
 }
 
 impl WriteLeaseFamilies {
@@ -132,6 +142,21 @@ impl WriteLeaseFamilies {
             "write_lease_takeovers",
             "Write Leases of another writer taken over, by reason (released, expired)",
             self.takeovers.clone(),
+        );
+        r.register(
+            "shard_links_held",
+            "With --shard-links: the links whose write Lease this replica holds",
+            self.held.clone(),
+        );
+        r.register(
+            "shard_live_replicas",
+            "With --shard-links: replicas counted live by their member Leases, this one included",
+            self.live.clone(),
+        );
+        r.register(
+            "shard_handovers",
+            "With --shard-links: links released to another replica for balance",
+            self.handovers.clone(),
         );
     }
 
@@ -168,9 +193,39 @@ pub struct WriteGates {
     /// Whether the Lease task is in charge (leading, or without election): only then
     /// does a closed gate mean a link's Lease is held elsewhere or not yet ours.
     in_charge: Arc<std::sync::atomic::AtomicBool>,
+    /// Links sharded over replicas (`run --shard-links`): a link writes on the replica
+    /// holding its Lease, whoever leads.
+    sharded: bool,
+    /// The links whose Lease a foreign writer holds (sharded: only those are kept out).
+    foreign: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl WriteGates {
+    /// Gates for links sharded over replicas (see [`sharded`]).
+    pub fn sharded() -> Self {
+        Self {
+            sharded: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether links are sharded over replicas.
+    pub fn is_sharded(&self) -> bool {
+        self.sharded
+    }
+
+    /// What a write of `cluster`'s link (its controller's, its cleanup's) reads before
+    /// it goes: the replica's leadership `base` and the link's gate; sharded, the gate
+    /// alone (the replica holding the link's Lease writes it, whoever leads).
+    pub fn link_leadership(
+        &self,
+        base: Option<crate::leader::Leadership>,
+        cluster: &str,
+    ) -> crate::leader::Leadership {
+        let base = if self.sharded { None } else { base };
+        crate::leader::Leadership::gated(base, self.receiver(cluster))
+    }
+
     /// The gate of `cluster`'s link (closed until its Lease is held).
     pub fn receiver(&self, cluster: &str) -> watch::Receiver<Option<Instant>> {
         let rx = self
@@ -221,8 +276,17 @@ impl WriteGates {
     /// the write Leases (leader) and its gate is closed (another writer holds it, or it
     /// is not taken yet: one pass, at most 1 s). A replica that is not the leader holds
     /// no Lease and is kept from writing by the election instead: `false` there.
+    /// Sharded, a link another replica of ours holds is not kept out (that replica
+    /// writes it): only a foreign holder keeps it out.
     pub fn kept_out(&self, cluster: &str) -> bool {
+        if self.sharded {
+            return self.foreign.lock().contains(cluster);
+        }
         self.in_charge.load(std::sync::atomic::Ordering::Acquire) && !self.is_open(cluster)
+    }
+
+    fn set_foreign(&self, clusters: BTreeSet<String>) {
+        *self.foreign.lock() = clusters;
     }
 
     fn set_in_charge(&self, now: bool) {
@@ -289,6 +353,10 @@ struct WriteLeases {
     failing: BTreeMap<String, (u32, Instant)>,
     /// Read before each write: a replica whose leadership ended writes nothing.
     leader: Option<crate::leader::Leadership>,
+    /// Sharded: the Leases other replicas hold, as last observed (for their expiry).
+    peers: BTreeMap<String, Observed>,
+    /// Sharded: this replica's membership (see `sharded.rs`).
+    members: sharded::Members,
 }
 
 /// Holds the write Leases while `leader` says so (always without election), for the
@@ -316,14 +384,20 @@ pub fn spawn(
         foreign: BTreeMap::new(),
         failing: BTreeMap::new(),
         leader: leader.clone(),
+        peers: BTreeMap::new(),
+        members: sharded::Members::default(),
     };
+    let sharded = gates.is_sharded();
     let tick = Timing::of(w.opts.duration).tick;
     tokio::spawn(async move {
         loop {
-            let leading = leader.as_mut().is_none_or(|l| l.leading_and_update());
+            let leading = sharded || leader.as_mut().is_none_or(|l| l.leading_and_update());
             if leading {
                 w.gates.set_in_charge(true);
-                w.step(&links()).await;
+                match sharded {
+                    true => w.step_sharded(&links()).await,
+                    false => w.step(&links()).await,
+                }
             } else {
                 // Not released: the leadership ended, so another replica may hold these
                 // already, and a replica that is not the leader writes nothing.
@@ -348,6 +422,9 @@ pub fn spawn(
             }
         }
         w.release_all().await;
+        if sharded {
+            w.leave().await;
+        }
     })
 }
 
@@ -373,6 +450,8 @@ impl WriteLeases {
         self.held.clear();
         self.foreign.clear();
         self.failing.clear();
+        self.peers.clear();
+        self.gates.set_foreign(BTreeSet::new());
     }
 
     /// A renewal every half duration (see the module's note).
@@ -408,9 +487,8 @@ impl WriteLeases {
         tracing::warn!(%cluster, lease = %lease_name(cluster), error = %e, "cannot {what} the write Lease; retrying");
     }
 
-    /// One pass as leader: delete the Leases of unlinked clusters, take those of new
-    /// links (and of links a foreign holder let go), renew those due.
-    async fn step(&mut self, links: &LinkSet) {
+    /// Deletes the Leases of clusters no longer linked and forgets their state.
+    async fn forget_unlinked(&mut self, links: &LinkSet) {
         let linked = |c: &String| {
             links.running.contains(c) || links.claimed.contains(c) || links.cleaning.contains(c)
         };
@@ -434,11 +512,23 @@ impl WriteLeases {
             self.reporter().forget(&cluster);
         }
         self.failing.retain(|c, _| linked(c));
+        self.peers.retain(|c, _| linked(c));
+    }
+
+    /// One pass as leader: delete the Leases of unlinked clusters, take those of new
+    /// links (and of links a foreign holder let go), renew those due.
+    async fn step(&mut self, links: &LinkSet) {
+        self.forget_unlinked(links).await;
         for cluster in links.running.iter().chain(&links.cleaning) {
             if !self.held.contains_key(cluster) && self.due(cluster) {
                 self.acquire(cluster, links.sources.get(cluster)).await;
             }
         }
+        self.renew_due().await;
+    }
+
+    /// Renews the Leases held that are due.
+    async fn renew_due(&mut self) {
         let every = self.renew_every();
         let due: Vec<String> = self
             .held
@@ -471,7 +561,15 @@ impl WriteLeases {
             return;
         }
         let view = existing.as_ref().map(view_of);
-        let last = self.foreign.get(cluster).and_then(|f| f.observed.as_ref());
+        let last = self
+            .foreign
+            .get(cluster)
+            .and_then(|f| f.observed.as_ref())
+            .or_else(|| self.peers.get(cluster));
+        let judge = match self.gates.is_sharded() {
+            true => judge_sharded,
+            false => judge,
+        };
         let (verdict, observed) = judge(
             view.as_ref(),
             &self.opts.identity,
@@ -479,6 +577,15 @@ impl WriteLeases {
             Instant::now(),
             Duration::from_secs(self.secs() as u64),
         );
+        if let Verdict::HeldByPeer { .. } = &verdict {
+            // Sharded: another replica of ours writes it (raced to it, or renewing).
+            self.gates.set(cluster, None);
+            if let Some(o) = observed {
+                self.peers.insert(cluster.to_string(), o);
+            }
+            return;
+        }
+        self.peers.remove(cluster);
         if let Verdict::HeldByForeign {
             holder, look_again, ..
         } = &verdict
@@ -595,6 +702,11 @@ impl WriteLeases {
                         .await;
                 }
             }
+            // Sharded, two replicas reaching for one free link: one wins, the other
+            // reads the winner's Lease on its next pass.
+            Err(kube::Error::Api(s)) if self.gates.is_sharded() && s.code == 409 => {
+                tracing::debug!(%cluster, lease = %name, "another replica took the write Lease first");
+            }
             Err(e) => self.failed(cluster, "take", &e),
         }
     }
@@ -673,28 +785,35 @@ impl WriteLeases {
             if !self.may_write() {
                 continue;
             }
-            let mut lease = held.lease;
-            if let Some(spec) = lease.spec.as_mut() {
-                spec.holder_identity = Some(String::new());
-                spec.lease_duration_seconds = Some(1);
-                spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-            }
-            match self
-                .api
-                .replace(&lease_name(&cluster), &Self::params(), &lease)
-                .await
-            {
-                Ok(_) => {
-                    self.metrics.write_leases.wrote("update");
-                    tracing::info!(%cluster, lease = %lease_name(&cluster), "write Lease released");
-                }
-                Err(e) => {
-                    tracing::debug!(%cluster, error = %e, "write Lease not released (taken over already?)")
-                }
-            }
+            self.release(&cluster, held).await;
         }
         self.foreign.clear();
         self.failing.clear();
+        self.gates.set_foreign(BTreeSet::new());
+    }
+
+    /// Gives the Lease `held` of `cluster` up (its gate closed already): holder `""`,
+    /// duration 1 s, as client-go releases; only if unchanged since our last write.
+    async fn release(&mut self, cluster: &str, held: Held) {
+        let mut lease = held.lease;
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = Some(String::new());
+            spec.lease_duration_seconds = Some(1);
+            spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        }
+        match self
+            .api
+            .replace(&lease_name(cluster), &Self::params(), &lease)
+            .await
+        {
+            Ok(_) => {
+                self.metrics.write_leases.wrote("update");
+                tracing::info!(%cluster, lease = %lease_name(cluster), "write Lease released");
+            }
+            Err(e) => {
+                tracing::debug!(%cluster, error = %e, "write Lease not released (taken over already?)")
+            }
+        }
     }
 }
 

@@ -1,0 +1,387 @@
+//! Links sharded over replicas (`run --shard-links`): three replicas share twelve
+//! links by their write Leases, rebalance as replicas join and die, and never write one
+//! link from two replicas (the audit log, watched throughout by the safety monitor,
+//! per link).
+
+use crate::ha::{replica_identity, signal};
+use crate::support::controller::{Controller, link_secret, reader_kubeconfig};
+use crate::support::*;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Endpoints, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use local_cluster::unique_namespace;
+use service_mirror_core::NamespaceFilter;
+use service_mirror_testkit::monitor::{AuditWrite, Breach, Monitor, Remit};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const LEASE_SECS: u64 = 4;
+const LINKS: usize = 12;
+/// The link whose write Lease a foreign writer (Linkerd's controller, played by the
+/// test) holds and renews throughout.
+const FOREIGN: usize = 11;
+const REPLICAS: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
+
+/// Each link's write Lease holder (`""`: released), by cluster.
+async fn holders(lc: &kube::Client, ns: &str) -> BTreeMap<String, String> {
+    Api::<Lease>::namespaced(lc.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let cluster = l
+                .metadata
+                .name
+                .as_deref()?
+                .strip_prefix("service-mirror-write-")?
+                .to_string();
+            let holder = l.spec?.holder_identity.unwrap_or_default();
+            Some((cluster, holder))
+        })
+        .collect()
+}
+
+/// How many links each replica of `alive` holds, once every link but the foreign one
+/// is held by one of them.
+fn spread(h: &BTreeMap<String, String>, clusters: &[String], alive: &[&str]) -> Option<Vec<usize>> {
+    let ours = clusters.iter().enumerate().filter(|(i, _)| *i != FOREIGN);
+    let mut counts = vec![0; alive.len()];
+    for (_, c) in ours {
+        let holder = h.get(c)?;
+        let k = alive.iter().position(|a| a == holder)?;
+        counts[k] += 1;
+    }
+    Some(counts)
+}
+
+/// Waits until every link but the foreign one is held by a replica of `alive`, none
+/// holding more than `max`; returns the counts and how long it took.
+async fn spread_within(
+    lc: &kube::Client,
+    ns: &str,
+    clusters: &[String],
+    alive: &[&str],
+    max: usize,
+    monitor: &mut Monitor,
+) -> (Vec<usize>, Duration) {
+    let t = Instant::now();
+    loop {
+        monitor.poll().await;
+        let h = holders(lc, ns).await;
+        if let Some(counts) = spread(&h, clusters, alive)
+            && counts.iter().all(|n| *n <= max)
+        {
+            return (counts, t.elapsed());
+        }
+        assert!(
+            t.elapsed() < CONVERGE,
+            "links spread over {alive:?}, at most {max} each: {h:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every mirror of every link but the foreign one points at `ip`; returns
+/// how long it took.
+async fn mirrors_point_at(
+    env: &Env,
+    clusters: &[String],
+    ip: &str,
+    monitor: &mut Monitor,
+) -> Duration {
+    let t = Instant::now();
+    let endpoints: Api<Endpoints> = Api::namespaced(env.lc.clone(), &env.ns);
+    loop {
+        monitor.poll().await;
+        let list = endpoints.list(&ListParams::default()).await.unwrap().items;
+        let at: BTreeMap<String, Vec<String>> = list
+            .iter()
+            .filter_map(|e| Some((e.metadata.name.clone()?, subset_ips(e))))
+            .collect();
+        let missing: Vec<String> = clusters
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != FOREIGN)
+            .flat_map(|(_, c)| ["a", "b"].map(|s| format!("{s}-{c}")))
+            .filter(|m| at.get(m).is_none_or(|ips| ips != &[ip.to_string()]))
+            .collect();
+        if missing.is_empty() {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < CONVERGE,
+            "mirrors not pointing at {ip}: {missing:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A Lease `service-mirror-write-<cluster>` held by a writer that is not ours, renewed
+/// every second until the task is aborted.
+async fn foreign_holder(
+    lc: kube::Client,
+    ns: String,
+    cluster: String,
+) -> tokio::task::JoinHandle<()> {
+    let api: Api<Lease> = Api::namespaced(lc, &ns);
+    let name = format!("service-mirror-write-{cluster}");
+    let now = || MicroTime(k8s_openapi::jiff::Timestamp::now());
+    api.create(
+        &PostParams::default(),
+        &Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("linkerd-service-mirror-east-7f9".into()),
+                lease_duration_seconds: Some(30),
+                renew_time: Some(now()),
+                ..Default::default()
+            }),
+        },
+    )
+    .await
+    .unwrap();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Ok(mut l) = api.get(&name).await {
+                l.spec.as_mut().unwrap().renew_time = Some(now());
+                let _ = api.replace(&name, &PostParams::default(), &l).await;
+            }
+        }
+    })
+}
+
+#[tokio::test]
+async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_per_link() {
+    let env = Env::new("shard").await;
+    env.gateway("gw", 4143, &["192.0.2.1"]).await;
+    env.export("a", "gw", &[("http", 80)]).await;
+    env.export("b", "gw", &[("http", 80)]).await;
+    let ctl_ns = unique_namespace("shard-sm");
+    create_namespace(&env.lc, &ctl_ns).await;
+    let clusters: Vec<String> = (0..LINKS)
+        .map(|i| format!("{}-s{i:02}", env.cluster))
+        .collect();
+    let foreign = foreign_holder(env.lc.clone(), ctl_ns.clone(), clusters[FOREIGN].clone()).await;
+    let kc = reader_kubeconfig(&env.remote, &env.ns, "reader").await;
+    let secrets: Api<Secret> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    for (i, c) in clusters.iter().enumerate() {
+        secrets
+            .create(
+                &PostParams::default(),
+                &link_secret(&format!("link-{i:02}"), Some(c), Some(&kc.yaml)),
+            )
+            .await
+            .unwrap();
+    }
+    let user = |name: &str| format!("system:serviceaccount:{ctl_ns}:{name}");
+    let mut monitor = Monitor::new(
+        env.local.audit_log(),
+        Remit {
+            users: REPLICAS.iter().map(|r| user(r)).collect(),
+            leader_lease: Some("service-mirror".into()),
+            controller_namespace: ctl_ns.clone(),
+            clusters: clusters.clone(),
+            namespaces: NamespaceFilter::allow_only([env.ns.as_str()]),
+        },
+        vec![],
+    )
+    .per_link_writers();
+    let lease = format!("{LEASE_SECS}s");
+    let flags = [
+        "--namespace-allow",
+        env.ns.as_str(),
+        "--lease-duration",
+        lease.as_str(),
+        "--shard-links",
+        "true",
+    ];
+    let mut replicas = Vec::new();
+    for r in REPLICAS {
+        let id = replica_identity(&env.local, &ctl_ns, r).await;
+        replicas.push((r, id));
+    }
+    let spawn = |r: &str, path: &std::path::Path| {
+        Controller::spawn_as(path, &ctl_ns, &flags, &[("POD_NAME", r)])
+    };
+
+    // One replica alone holds every link (the foreign one aside) and mirrors them.
+    let mut running = vec![spawn(REPLICAS[0], &replicas[0].1.path)];
+    running[0].wait_ready().await;
+    let (counts, took) = spread_within(
+        &env.lc,
+        &ctl_ns,
+        &clusters,
+        &REPLICAS[..1],
+        LINKS,
+        &mut monitor,
+    )
+    .await;
+    println!("1 replica: {counts:?} links after {took:.1?}");
+    mirrors_point_at(&env, &clusters, "192.0.2.1", &mut monitor).await;
+
+    // Two more join: the first hands links over until each holds at most
+    // ceil(11 / 3) + 1 = 5, within a couple of lease durations.
+    let joined = Instant::now();
+    for (r, id) in &replicas[1..] {
+        running.push(spawn(r, &id.path));
+    }
+    for c in &mut running[1..] {
+        c.wait_ready().await;
+    }
+    let (counts, _) = spread_within(&env.lc, &ctl_ns, &clusters, &REPLICAS, 5, &mut monitor).await;
+    let rebalanced = joined.elapsed();
+    println!(
+        "3 replicas: {counts:?} links, rebalanced {rebalanced:.1?} after the two joined (lease {LEASE_SECS} s)"
+    );
+    assert!(
+        counts.iter().all(|n| *n >= 1),
+        "every replica writes: {counts:?}"
+    );
+    // The remote changes: every mirror follows, each written by its link's holder.
+    gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.2"]).await;
+    let took = mirrors_point_at(&env, &clusters, "192.0.2.2", &mut monitor).await;
+    println!(
+        "3 replicas: a gateway change reached all {} mirrors in {took:.1?}",
+        2 * (LINKS - 1)
+    );
+
+    // The replica holding the most links dies (kill -9, nothing released): its links
+    // move to the two others within the lease duration + 5 s.
+    let h = holders(&env.lc, &ctl_ns).await;
+    let counts = spread(&h, &clusters, &REPLICAS).unwrap();
+    let victim = (0..3).max_by_key(|k| counts[*k]).unwrap();
+    running[victim].child.kill().unwrap();
+    let killed = Instant::now();
+    let alive: Vec<&str> = REPLICAS
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| *k != victim)
+        .map(|(_, r)| *r)
+        .collect();
+    gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.3"]).await;
+    let (counts, moved) =
+        spread_within(&env.lc, &ctl_ns, &clusters, &alive, 6 + 1, &mut monitor).await;
+    mirrors_point_at(&env, &clusters, "192.0.2.3", &mut monitor).await;
+    let converged = killed.elapsed();
+    println!(
+        "{} killed: its links held by {alive:?} ({counts:?}) {moved:.1?} after, every mirror current {converged:.1?} after",
+        REPLICAS[victim]
+    );
+    assert!(
+        converged < Duration::from_secs(LEASE_SECS + 5),
+        "links moved and mirrors current {converged:?} after the kill"
+    );
+
+    // One survivor stops (SIGSTOP) past its lease while the remote changes: the other
+    // takes its links; continued, it writes nothing it no longer holds (the monitor:
+    // no write of a link by a replica not holding it, beyond requests on their way
+    // when it stopped), counts as live again and gets its share back.
+    let (paused, other) = (alive[0], alive[1]);
+    let paused_at = REPLICAS.iter().position(|r| *r == paused).unwrap();
+    signal(&running[paused_at], libc::SIGSTOP);
+    let stopped = Instant::now();
+    gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.4"]).await;
+    let (_, taken) =
+        spread_within(&env.lc, &ctl_ns, &clusters, &[other], LINKS, &mut monitor).await;
+    mirrors_point_at(&env, &clusters, "192.0.2.4", &mut monitor).await;
+    // Time is the subject: stopped past its lease.
+    tokio::time::sleep(Duration::from_secs(LEASE_SECS + 2).saturating_sub(stopped.elapsed())).await;
+    signal(&running[paused_at], libc::SIGCONT);
+    monitor.resumed(&user(paused)).await;
+    println!(
+        "{paused} stopped {:.1?}: {other} held every link {taken:.1?} after the stop",
+        stopped.elapsed()
+    );
+    gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.5"]).await;
+    let (counts, back) = spread_within(
+        &env.lc,
+        &ctl_ns,
+        &clusters,
+        &[paused, other],
+        6 + 1,
+        &mut monitor,
+    )
+    .await;
+    mirrors_point_at(&env, &clusters, "192.0.2.5", &mut monitor).await;
+    assert!(
+        counts.iter().all(|n| *n >= 1),
+        "both write again: {counts:?}"
+    );
+    println!("{paused} continued: shares {counts:?} {back:.1?} after");
+
+    // A replica shutting down (SIGTERM) releases its links: the other takes them at
+    // once, not after a lease duration.
+    signal(&running[paused_at], libc::SIGTERM);
+    let (_, handed) =
+        spread_within(&env.lc, &ctl_ns, &clusters, &[other], LINKS, &mut monitor).await;
+    println!("{paused} shut down: {other} held every link {handed:.1?} after SIGTERM");
+    assert!(
+        handed < Duration::from_secs(LEASE_SECS),
+        "released links taken {handed:?} after SIGTERM"
+    );
+
+    // The foreign-held link: not written by any replica, its Lease never taken.
+    let h = holders(&env.lc, &ctl_ns).await;
+    assert_eq!(
+        h.get(&clusters[FOREIGN]).map(String::as_str),
+        Some("linkerd-service-mirror-east-7f9")
+    );
+    let services: Api<Service> = Api::namespaced(env.lc.clone(), &env.ns);
+    for s in ["a", "b"] {
+        let name = format!("{s}-{}", clusters[FOREIGN]);
+        assert!(
+            services.get_opt(&name).await.unwrap().is_none(),
+            "{name} written"
+        );
+    }
+    foreign.abort();
+
+    // The audit log: no mirror deleted, no write of a link by a replica not holding
+    // it, nothing else out of remit.
+    monitor.poll().await;
+    let log = std::fs::read_to_string(env.local.audit_log()).unwrap();
+    let writes: Vec<AuditWrite> = log
+        .lines()
+        .filter_map(AuditWrite::parse)
+        .filter(|w| monitor_users(&ctl_ns).contains(&w.user) && w.namespace == env.ns)
+        .collect();
+    let deletes: Vec<String> = writes
+        .iter()
+        .filter(|w| w.verb == "delete")
+        .map(|w| w.to_string())
+        .collect();
+    let by: BTreeMap<&str, usize> = REPLICAS
+        .iter()
+        .map(|r| (*r, writes.iter().filter(|w| w.user == user(r)).count()))
+        .collect();
+    let two = monitor
+        .breaches()
+        .iter()
+        .filter(|b| matches!(b, Breach::TwoWriters(..)))
+        .count();
+    println!(
+        "audit log: {} mirror writes {by:?}, {} deletes, {two} by a replica not holding the link, {} in flight at a hand-over, {} on their way when a stopped replica continued",
+        writes.len(),
+        deletes.len(),
+        monitor.in_flight_at_handover.len(),
+        monitor.in_flight_after_resume.len()
+    );
+    assert!(deletes.is_empty(), "mirror deletions: {deletes:?}");
+    monitor
+        .assert_clean("three replicas sharding twelve links")
+        .await;
+}
+
+fn monitor_users(ns: &str) -> Vec<String> {
+    REPLICAS
+        .iter()
+        .map(|r| format!("system:serviceaccount:{ns}:{r}"))
+        .collect()
+}
