@@ -115,6 +115,9 @@ tests/cli_links.rs) with the chart's labels and `helm.sh/resource-policy: keep`.
 {{- if kindIs "bool" $c.collectUnlinkedMirrors }}
 - {{ printf "--collect-unlinked-mirrors=%v" ($c.collectUnlinkedMirrors) | quote }}
 {{- end }}
+{{- if kindIs "bool" $c.shardLinks }}
+- {{ printf "--shard-links=%v" ($c.shardLinks) | quote }}
+{{- end }}
 {{- if not (kindIs "invalid" $c.maxMirrorsPerLink) }}
 - {{ printf "--max-mirrors-per-link=%v" (int64 $c.maxMirrorsPerLink) | quote }}
 {{- end }}

@@ -12,7 +12,7 @@
 //! | `namespaces` | create | the writer creates a missing namespace for a mirror (a create that finds it there is a 409: no read needed) |
 //! | `events.k8s.io` `events` (all namespaces) | create, patch | Events on link Secrets and on objects that hold a mirror's name (`patch` updates a repeated Event's series) |
 //! | `secrets` (controller namespace only) | list, watch | the link Secrets, read through one watch (never one by one) |
-//! | `coordination.k8s.io` `leases` (controller namespace only) | get, create, update, patch, delete | leader election (HA: get, create, patch); the per-link write Leases `service-mirror-write-<cluster>` (get, create, update; `delete`: on unlink, only those labelled ours); no Lease is listed or watched |
+//! | `coordination.k8s.io` `leases` (controller namespace only) | get, list, create, update, patch, delete | leader election (HA: get, create, patch); the per-link write Leases `service-mirror-write-<cluster>` (get, create, update; `delete`: on unlink, only those labelled ours); with `--shard-links`, the member Leases `service-mirror-member-<identity>` (get, create, update, delete) and one `list` of our Leases (labelled ours) per pass; no Lease is watched |
 //! | `multicluster.linkerd.io` `links` (controller namespace only) | get, list, watch | Linkerd `Link` resources, a second link source ([`LINK_RULES`]; `get`: the status writer reads the Link's current status first) |
 //! | `multicluster.linkerd.io` `links/status` (controller namespace only) | patch | the Links' status |
 //! | `multicluster.x-k8s.io` `clusterprofiles` (controller namespace only) | list, watch | `ClusterProfile`s as a link source ([`CLUSTER_PROFILE_RULES`]; read only with `--link-source` `cluster-profiles` or `all`; `list` also confirms a deleted one is gone before its mirrors are) |
@@ -103,7 +103,7 @@ pub const NAMESPACE_RULES: &[Rule] = &[
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["get", "create", "update", "patch", "delete"],
+        verbs: &["get", "list", "create", "update", "patch", "delete"],
     },
 ];
 
@@ -647,8 +647,8 @@ mod tests {
     fn one_permission_per_verb_and_resource_without_duplicates() {
         let all = required_permissions("mc");
         // services + endpoints: 6 verbs each; endpointslices 6; namespaces 1; events 2;
-        // secrets 2; leases 5.
-        assert_eq!(all.len(), 12 + 6 + 1 + 2 + 2 + 5);
+        // secrets 2; leases 6.
+        assert_eq!(all.len(), 12 + 6 + 1 + 2 + 2 + 6);
         let mut unique = all.clone();
         unique.sort_by_key(ToString::to_string);
         unique.dedup();
@@ -754,9 +754,9 @@ mod tests {
         for v in ["list", "watch"] {
             want.push((String::new(), "secrets".into(), v.into()));
         }
-        // `delete`: the write Lease of an unlinked cluster (write_leases.rs); no list or
-        // watch: both Lease users get their one Lease by name.
-        for v in ["get", "create", "update", "patch", "delete"] {
+        // `delete`: the write Lease of an unlinked cluster (write_leases.rs); `list`: the
+        // sharded replicas' one read of our Leases per pass; no watch.
+        for v in ["get", "list", "create", "update", "patch", "delete"] {
             want.push(("coordination.k8s.io".into(), "leases".into(), v.into()));
         }
         want.sort();

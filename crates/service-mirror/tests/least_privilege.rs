@@ -103,6 +103,9 @@ enum Step {
     LeaderLease,
     /// The write Lease `service-mirror-write-<cluster>` is never renewed.
     RenewWriteLease,
+    /// `--shard-links`: the Leases cannot be listed, so no write Lease is taken and
+    /// nothing is mirrored.
+    ShardLeases,
     /// Unlinking: the write Lease of the cluster stays.
     DeleteWriteLease,
     /// `Link`s cannot be listed: a Link is never served.
@@ -221,6 +224,8 @@ const CASES: &[Case] = &[
         "a link Secret applied after the start: no Linked Event, no mirror"),
     case(Namespace, "coordination.k8s.io", "leases", "get", LeaderLease,
         "never leader: no mirror"),
+    case(Namespace, "coordination.k8s.io", "leases", "list", ShardLeases,
+        "sharded: no write Lease taken, no mirror"),
     case(Namespace, "coordination.k8s.io", "leases", "create", LeaderLease,
         "never leader: no mirror"),
     case(Namespace, "coordination.k8s.io", "leases", "update", RenewWriteLease,
@@ -895,6 +900,9 @@ async fn run(case: &Case) -> Result<String, String> {
         // Renewed every 2 s.
         extra.extend(["--lease-duration", "3s"]);
     }
+    if case.step == ShardLeases {
+        extra.extend(["--shard-links", "true"]);
+    }
     let line = match case.step {
         Create | ListLocal | CreateNamespace => {
             let ctl = w.controller(&extra);
@@ -1095,6 +1103,19 @@ async fn run(case: &Case) -> Result<String, String> {
             check(now.as_ref().map(renewed) == Some(renewed(&first)), || {
                 format!("write Lease renewed: {now:?}")
             })?;
+            line
+        }
+        ShardLeases => {
+            let ctl = w.controller(&extra);
+            w.link_secret().await;
+            w.export("web").await;
+            let line = refusal(&ctl, verb, resource).await?;
+            // The next pass's list, refused again, after the export.
+            logged_again(&ctl, &refused(verb, resource)).await?;
+            check(w.write_lease().await.is_none(), || {
+                "write Lease taken".into()
+            })?;
+            w.no_mirror("web").await?;
             line
         }
         DeleteWriteLease => {

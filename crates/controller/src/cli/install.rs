@@ -632,7 +632,7 @@ mod tests {
                 {"apiGroups": [""], "resources": ["secrets"],
                  "verbs": ["list", "watch"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                 "verbs": ["get", "create", "update", "patch", "delete"]},
+                 "verbs": ["get", "list", "create", "update", "patch", "delete"]},
                 {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links"],
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["multicluster.linkerd.io"], "resources": ["links/status"],

@@ -1299,7 +1299,7 @@ fn every_controller_value_becomes_its_run_flag_and_run_parses_them() {
             "mcs": "on", "mcsClusterName": "west", "staleAfter": "1m",
             "staleDeleteAfter": "10m", "remoteGrace": "45s", "leaseDuration": "20s",
             "linkSource": "links", "enableNamespaceCreation": true,
-            "collectUnlinkedMirrors": false, "maxMirrorsPerLink": 0,
+            "collectUnlinkedMirrors": false, "shardLinks": true, "maxMirrorsPerLink": 0,
             "extraArgs": ["--workers=8"],
         },
     });
@@ -1341,6 +1341,7 @@ fn every_controller_value_becomes_its_run_flag_and_run_parses_them() {
             "--link-source=links",
             "--enable-namespace-creation=true",
             "--collect-unlinked-mirrors=false",
+            "--shard-links=true",
             "--max-mirrors-per-link=0",
             "--workers=8",
         ]
