@@ -95,6 +95,11 @@ pub(super) struct Args {
     /// on the same local cluster just before) and the RSS per mirror and per link.
     #[arg(long)]
     pub(crate) fleet_apiservers: Option<usize>,
+    /// Controller replicas sharding the links (`run --shard-links`, leader election on):
+    /// CPU and RSS are summed over them (the largest replica's RSS beside), and each
+    /// one's RSS with no link is subtracted from the RSS per mirror and per link.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) replicas: usize,
     /// Extra kube-apiserver flags for the local clusters (both sides and the
     /// calibration; repeatable), e.g. `--local-apiserver-arg=--max-requests-inflight=800`.
     #[arg(long, allow_hyphen_values = true)]

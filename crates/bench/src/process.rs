@@ -123,13 +123,16 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
-/// A running `service-mirror run`; killed on drop.
+/// A running `service-mirror run`, or several replicas sharding the links (`--replicas`);
+/// killed on drop.
 pub(crate) struct Controller {
     child: Child,
-    /// Its process id.
+    /// Its process id (the first replica's).
     pub(crate) pid: u32,
     /// Its log (stdout and stderr).
     pub(crate) log: PathBuf,
+    /// The other replicas (`run --shard-links`), if any.
+    others: Vec<Controller>,
 }
 
 impl Controller {
@@ -142,6 +145,89 @@ impl Controller {
         admin: &str,
         extra: &[String],
         log: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::spawn_one(bin, kubeconfig, namespace, admin, extra, log, None)
+    }
+
+    /// As [`Controller::spawn`] with `replicas` replicas sharding the links (`run
+    /// --shard-links`, leader election on, `POD_NAME` `bench-replica-<i>`); the first
+    /// has the admin server on `admin`, the others on a free port; logs `<log>.<i>`.
+    pub(crate) fn spawn_replicas(
+        bin: &ControllerBin,
+        kubeconfig: &Path,
+        namespace: &str,
+        admin: &str,
+        extra: &[String],
+        log: &Path,
+        replicas: usize,
+    ) -> anyhow::Result<Self> {
+        if replicas <= 1 {
+            return Self::spawn(bin, kubeconfig, namespace, admin, extra, log);
+        }
+        let named = |i: usize| {
+            let mut p = log.as_os_str().to_owned();
+            p.push(format!(".{i}"));
+            PathBuf::from(p)
+        };
+        let mut first = Self::spawn_one(
+            bin,
+            kubeconfig,
+            namespace,
+            admin,
+            extra,
+            &named(0),
+            Some("bench-replica-0"),
+        )?;
+        for i in 1..replicas {
+            first.others.push(Self::spawn_one(
+                bin,
+                kubeconfig,
+                namespace,
+                "127.0.0.1:0",
+                extra,
+                &named(i),
+                Some(&format!("bench-replica-{i}")),
+            )?);
+        }
+        Ok(first)
+    }
+
+    /// Every replica's process id.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.pid)
+            .chain(self.others.iter().map(|o| o.pid))
+            .collect()
+    }
+
+    /// CPU seconds used so far by every replica.
+    pub(crate) fn cpu(&self) -> f64 {
+        self.pids()
+            .into_iter()
+            .map(|p| cpu_seconds(p).unwrap_or(f64::NAN))
+            .sum()
+    }
+
+    /// A `Vm*` figure summed over the replicas, and the largest of one replica.
+    pub(crate) fn memory_mib(&self, field: &str) -> (f64, f64) {
+        let each: Vec<f64> = self
+            .pids()
+            .into_iter()
+            .map(|p| memory_mib(p, field).unwrap_or(f64::NAN))
+            .collect();
+        (
+            each.iter().sum(),
+            each.iter().copied().fold(f64::NAN, f64::max),
+        )
+    }
+
+    fn spawn_one(
+        bin: &ControllerBin,
+        kubeconfig: &Path,
+        namespace: &str,
+        admin: &str,
+        extra: &[String],
+        log: &Path,
+        replica: Option<&str>,
     ) -> anyhow::Result<Self> {
         let mut cmd = match bin {
             ControllerBin::Path(p) => Command::new(p),
@@ -157,12 +243,19 @@ impl Controller {
                 cmd.env_remove(&key);
             }
         }
+        if let Some(name) = replica {
+            cmd.env("POD_NAME", name);
+        }
         let out = std::fs::File::create(log)?;
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--namespace", namespace])
-            .args(["--leader-election=false", "--metrics-addr", admin])
+            .args(match replica {
+                None => &["--leader-election=false"][..],
+                Some(_) => &["--leader-election=true", "--shard-links=true"][..],
+            })
+            .args(["--metrics-addr", admin])
             .args(extra)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -174,11 +267,15 @@ impl Controller {
             pid: child.id(),
             child,
             log: log.to_path_buf(),
+            others: Vec::new(),
         })
     }
 
-    /// Fails if the process has exited (with the tail of its log).
+    /// Fails if a replica has exited (with the tail of its log).
     pub(crate) fn check_running(&mut self) -> anyhow::Result<()> {
+        for o in &mut self.others {
+            o.check_running()?;
+        }
         if let Some(status) = self.child.try_wait()? {
             bail!(
                 "the controller exited ({status}); log tail:\n{}",
@@ -195,7 +292,7 @@ impl Controller {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
-    /// Log lines at WARN or ERROR.
+    /// Log lines at WARN or ERROR, every replica's.
     pub(crate) fn warnings(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
@@ -205,11 +302,29 @@ impl Controller {
                 let level = l.split_whitespace().nth(1);
                 level == Some("WARN") || level == Some("ERROR")
             })
+            .chain(self.others.iter().flat_map(Controller::warnings))
             .collect()
     }
 
-    /// SIGTERM, then waits (at most 20 s, then SIGKILL) for the exit.
+    /// SIGTERM, then waits (at most 20 s, then SIGKILL) for the exit, of the other
+    /// replicas first; the first replica's status (the others' when it is the only
+    /// failure).
     pub(crate) fn stop(&mut self) -> anyhow::Result<ExitStatus> {
+        let mut failed = None;
+        for o in &mut self.others {
+            let status = o.stop()?;
+            if !status.success() {
+                failed = Some(status);
+            }
+        }
+        let status = self.stop_one()?;
+        Ok(match (status.success(), failed) {
+            (true, Some(f)) => f,
+            _ => status,
+        })
+    }
+
+    fn stop_one(&mut self) -> anyhow::Result<ExitStatus> {
         // SAFETY: signalling our own child.
         unsafe {
             libc::kill(self.pid as i32, libc::SIGTERM);

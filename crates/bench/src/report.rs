@@ -195,12 +195,18 @@ const RESOURCE_COLUMNS: &[Column] = &[
 /// a controller with no link on the same cluster.
 const FLEET_COLUMNS: &[Column] = &[
     ("apiservers", "remote_apiservers", 0),
+    ("replicas", "replicas", 0),
     ("cold sync s", "cold_sync_s", 2),
     ("reference s", "baseline_create_s", 2),
     ("ratio", "cold_sync_ratio", 2),
     ("RSS no link MiB", "rss_no_links_mib", 1),
     ("RSS steady MiB", "rss_steady_mib", 1),
     ("RSS peak MiB", "rss_peak_mib", 1),
+    (
+        "largest replica steady MiB",
+        "rss_steady_max_replica_mib",
+        1,
+    ),
     ("steady KiB/mirror", "rss_steady_kib_per_mirror", 2),
     ("steady MiB/link", "rss_steady_mib_per_link", 3),
     ("peak KiB/mirror", "rss_peak_kib_per_mirror", 2),

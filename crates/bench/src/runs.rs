@@ -229,18 +229,20 @@ pub(super) async fn run_controller(
     ));
     let api0 = cpu(api_pid);
     let t0 = Instant::now();
-    let mut controller = Controller::spawn(
+    let replicas = ctx.args.replicas.max(1);
+    let mut controller = Controller::spawn_replicas(
         &ctx.controller,
         kubeconfig,
         CONTROLLER_NAMESPACE,
         &admin,
         &ctx.args.controller_arg,
         &log,
+        replicas,
     )?;
-    let pid = Some(controller.pid);
+    out.set("replicas", replicas as f64);
     let met = wait_met(observer, Some(&mut controller), sync_timeout(2 * total)).await?;
     let cold = latest(&met, t0);
-    let cpu_cold = cpu(pid);
+    let cpu_cold = controller.cpu();
     let api_cold = cpu(api_pid) - api0;
     // The wall-clock time of the sync: requests received before it count as the sync's
     // (their audit lines may be written a moment after their effect was seen).
@@ -277,7 +279,7 @@ pub(super) async fn run_controller(
     });
     out.set("idle_window_s", idle.as_secs_f64());
     let idle_start = Instant::now();
-    let cpu_idle0 = cpu(pid);
+    let cpu_idle0 = controller.cpu();
     while idle_start.elapsed() < idle {
         tokio::time::sleep(Duration::from_millis(250).min(idle)).await;
         controller.check_running()?;
@@ -299,10 +301,7 @@ pub(super) async fn run_controller(
         "cold_requests_per_service",
         cold_requests.requests as f64 / total as f64,
     );
-    out.set(
-        "rss_cold_peak_mib",
-        memory_mib(controller.pid, "VmHWM").unwrap_or(f64::NAN),
-    );
+    out.set("rss_cold_peak_mib", controller.memory_mib("VmHWM").0);
     out.cold_requests = cold_requests;
     let minutes = (t0 + cold).elapsed().as_secs_f64() / 60.0;
     out.set(
@@ -317,9 +316,13 @@ pub(super) async fn run_controller(
         "idle_requests_per_min",
         idle_requests.requests as f64 / minutes,
     );
-    out.set("cpu_idle_s_per_min", (cpu(pid) - cpu_idle0) / minutes);
-    let steady = memory_mib(controller.pid, "VmRSS").unwrap_or(f64::NAN);
+    out.set(
+        "cpu_idle_s_per_min",
+        (controller.cpu() - cpu_idle0) / minutes,
+    );
+    let (steady, steady_max) = controller.memory_mib("VmRSS");
     out.set("rss_steady_mib", steady);
+    out.set("rss_steady_max_replica_mib", steady_max);
     out.set("rss_steady_mib_per_1000", steady / thousands);
     if fleet {
         per_mirror_and_link(out, "steady", steady, total, remotes.len());
@@ -366,7 +369,7 @@ pub(super) async fn run_controller(
         )
     }));
     audit.skip();
-    let (cpu0, api0) = (cpu(pid), cpu(api_pid));
+    let (cpu0, api0) = (controller.cpu(), cpu(api_pid));
     let links = links_api(&bench);
     let (at, version) = moved.move_gateway(&ip, &links).await?;
     // A link Secret's gateway is the apiserver's gateway Service: in fleet mode the
@@ -387,7 +390,7 @@ pub(super) async fn run_controller(
         sync_timeout(2 * exported.len()),
     )
     .await?;
-    let (cpu_gw, api_gw) = (cpu(pid) - cpu0, cpu(api_pid) - api0);
+    let (cpu_gw, api_gw) = (controller.cpu() - cpu0, cpu(api_pid) - api0);
     let mut visible = Vec::new();
     let mut both = Duration::ZERO;
     for (key, t) in &met {
@@ -431,13 +434,14 @@ pub(super) async fn run_controller(
     }
     record_latencies(out, "unexport", latencies);
 
-    let peak = memory_mib(controller.pid, "VmHWM").unwrap_or(f64::NAN);
+    let (peak, peak_max) = controller.memory_mib("VmHWM");
+    out.set("rss_peak_max_replica_mib", peak_max);
     out.set("rss_peak_mib", peak);
     out.set("rss_peak_mib_per_1000", peak / thousands);
     if fleet {
         per_mirror_and_link(out, "peak", peak, total, remotes.len());
     }
-    out.set("cpu_total_s", cpu(pid));
+    out.set("cpu_total_s", controller.cpu());
     controller.check_running()?;
     let status = controller.stop()?;
     out.controller_warnings = controller.warnings();
@@ -500,7 +504,8 @@ async fn no_links_rss(ctx: &Ctx, kubeconfig: &Path, rep: usize) -> anyhow::Resul
 /// Records `rss_<which>_kib_per_mirror` and `rss_<which>_mib_per_link`: the RSS `mib`
 /// less that of the controller with no link, over the mirrors and over the links.
 fn per_mirror_and_link(out: &mut Rep, which: &str, mib: f64, mirrors: usize, links: usize) {
-    let over = mib - out.get("rss_no_links_mib");
+    // Each replica costs its own RSS with no link (`--replicas`).
+    let over = mib - out.get("rss_no_links_mib") * out.get("replicas").max(1.0);
     out.set(
         &format!("rss_{which}_kib_per_mirror"),
         over * 1024.0 / mirrors as f64,
