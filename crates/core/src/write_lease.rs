@@ -29,6 +29,12 @@ pub const MAX_FOREIGN_POLL: Duration = Duration::from_secs(2);
 /// that wrote it. The Lease is ours only while this equals `spec.holderIdentity`.
 pub const HOLDER_ANNOTATION: &str = "service-mirror.linkerd.io/holder";
 
+/// Written by our replicas that shard the links (`run --shard-links`) on every take and
+/// renewal (value `"true"`): such a Lease is its holder's while it renews it, even for a
+/// replica that does not shard (a rollout switching the flag), never taken at once as a
+/// former leader's is.
+pub const SHARDED_ANNOTATION: &str = "service-mirror.linkerd.io/sharded";
+
 /// The longest a holder identity is shown in a report.
 const MAX_SHOWN_HOLDER: usize = 63;
 
@@ -40,6 +46,8 @@ pub struct LeaseView {
     /// The value of [`HOLDER_ANNOTATION`], if any: the identity of the replica of ours
     /// that last took or renewed the Lease.
     pub marked_holder: Option<String>,
+    /// Whether [`SHARDED_ANNOTATION`] says a replica sharding the links wrote it.
+    pub sharded: bool,
     /// The rest of the election record: what a renewal or a new holder changes.
     pub record: Record,
     /// `spec.leaseDurationSeconds` as stored (may be absent, zero or negative).
@@ -190,6 +198,10 @@ pub fn judge(
         // labels, or an annotation naming someone else, say nothing (a foreign
         // controller re-acquiring what we released keeps both).
         Some(h) if view.marked_holder.as_deref() == Some(h) => {
+            // A replica sharding the links holds it while it renews it, whoever leads.
+            if view.sharded {
+                return peer_until_expired(view, h, last, now, ours);
+            }
             return (Verdict::OurReplica, None);
         }
         Some(h) => h,
@@ -212,28 +224,58 @@ pub fn judge_sharded(
         (Verdict::OurReplica, _) => {
             let view = read.expect("a replica's Lease was read");
             let holder = view.holder.as_deref().unwrap_or_default();
-            match held_until_expired(view, holder, last, now, ours) {
-                (
-                    Verdict::HeldByForeign {
-                        holder, look_again, ..
-                    },
-                    observed,
-                ) => (Verdict::HeldByPeer { holder, look_again }, observed),
-                other => other,
-            }
+            peer_until_expired(view, holder, last, now, ours)
         }
         other => other,
     }
 }
 
-/// The verdict on a Lease `holder` holds: expired once its record stayed unchanged for
-/// its duration on our clock, else held (with the observation to keep).
+/// The verdict on a Lease another replica of ours holds: [`Verdict::HeldByPeer`] until
+/// its record stayed unchanged for its own duration on our clock (uncapped: a peer
+/// renews within it whatever `--lease-duration` says, up to its 1 h), then expired.
+fn peer_until_expired(
+    view: &LeaseView,
+    holder: &str,
+    last: Option<&Observed>,
+    now: Instant,
+    ours: Duration,
+) -> (Verdict, Option<Observed>) {
+    let own = match view.duration_seconds {
+        Some(s) if s > 0 => Duration::from_secs(s as u64),
+        _ => ours.max(Duration::from_secs(1)),
+    };
+    match counted(view, holder, last, now, own) {
+        (
+            Verdict::HeldByForeign {
+                holder, look_again, ..
+            },
+            observed,
+        ) => (Verdict::HeldByPeer { holder, look_again }, observed),
+        other => other,
+    }
+}
+
+/// The verdict on a Lease a foreign `holder` holds: expired once its record stayed
+/// unchanged for its duration (capped, see [`foreign_duration`]) on our clock, else held
+/// (with the observation to keep).
 fn held_until_expired(
     view: &LeaseView,
     holder: &str,
     last: Option<&Observed>,
     now: Instant,
     ours: Duration,
+) -> (Verdict, Option<Observed>) {
+    counted(view, holder, last, now, foreign_duration(view, ours))
+}
+
+/// Expired once the record of `holder` stayed unchanged for `wait` on our clock, else
+/// held (with the observation to keep).
+fn counted(
+    view: &LeaseView,
+    holder: &str,
+    last: Option<&Observed>,
+    now: Instant,
+    wait: Duration,
 ) -> (Verdict, Option<Observed>) {
     // Counted from the first read of this very record: a renewal or a new holder
     // changes it and starts the count again; metadata churn does not (it would hold
@@ -245,7 +287,6 @@ fn held_until_expired(
                 && o.record == view.record
         })
         .map_or(now, |o| o.since);
-    let wait = foreign_duration(view, ours);
     let expires = since + wait;
     if now >= expires {
         return (
@@ -330,6 +371,7 @@ mod tests {
         LeaseView {
             holder: holder.map(str::to_string),
             marked_holder: holder.filter(|_| ours).map(str::to_string),
+            sharded: false,
             record: renewed(rv),
             duration_seconds: secs,
             renew_ahead: None,
@@ -390,6 +432,24 @@ mod tests {
         let (v, _) = judge_sharded(Some(&renewed_peer), ME, Some(&seen2), t0 + s(25), OURS);
         assert!(matches!(v, Verdict::Expired { .. }), "{v:?}");
         assert!(v.take());
+        // A peer's own duration, uncapped: 600 s is not expired after 301 s.
+        let slow = view(Some("service-mirror-r2"), true, "1", Some(600));
+        let (_, o) = judge_sharded(Some(&slow), ME, None, t0, OURS);
+        let (v, _) = judge_sharded(Some(&slow), ME, o.as_ref(), t0 + s(301), OURS);
+        assert!(matches!(v, Verdict::HeldByPeer { .. }), "{v:?}");
+        let (v, _) = judge_sharded(Some(&slow), ME, o.as_ref(), t0 + s(600), OURS);
+        assert!(matches!(v, Verdict::Expired { .. }), "{v:?}");
+        // A Lease a sharding replica renews is its own for a replica that does not shard
+        // too (a rollout switching --shard-links): not taken at once as a former
+        // leader's is.
+        let sharded_peer = LeaseView {
+            sharded: true,
+            ..peer.clone()
+        };
+        let (v, o) = judge(Some(&sharded_peer), ME, None, t0, OURS);
+        assert!(matches!(v, Verdict::HeldByPeer { .. }), "{v:?}");
+        let (v, _) = judge(Some(&sharded_peer), ME, o.as_ref(), t0 + s(15), OURS);
+        assert!(matches!(v, Verdict::Expired { .. }), "{v:?}");
         // Everything else as unsharded.
         for other in [
             None,

@@ -266,6 +266,11 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             "--clusterset-dns-addr serves the ServiceImports of the MCS component, which --mcs=off turns off"
         );
     }
+    if args.shard_links && !args.leader_election {
+        anyhow::bail!(
+            "--shard-links needs --leader-election: the leader alone writes federated Services and MCS imports and collects unlinked mirrors"
+        );
+    }
     let metrics = Metrics::new();
     let mut config = super::client::config_from(args.kubeconfig.as_ref(), None).await?;
     // No resends inside a request: kube's default retries a 429/503/504 up to 15 times

@@ -45,8 +45,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use service_mirror_core::labels::CLUSTER_NAME_LABEL;
 use service_mirror_core::write_lease::{
-    HOLDER_ANNOTATION, LeaseView, Observed, Record, Verdict, anomalies, judge, judge_sharded,
-    shown_holder,
+    HOLDER_ANNOTATION, LeaseView, Observed, Record, SHARDED_ANNOTATION, Verdict, anomalies, judge,
+    judge_sharded, shown_holder,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -443,6 +443,14 @@ impl WriteLeases {
         }
     }
 
+    /// `cluster`'s Lease is held by one of ours (or taken by one first): its foreign
+    /// observation and report end.
+    fn no_longer_foreign(&mut self, cluster: &str) {
+        if self.foreign.remove(cluster).is_some() {
+            self.reporter().forget(cluster);
+        }
+    }
+
     /// Drops what is held without writing (the leadership ended).
     fn forget_all(&mut self) {
         self.gates.set_in_charge(false);
@@ -578,11 +586,13 @@ impl WriteLeases {
             Duration::from_secs(self.secs() as u64),
         );
         if let Verdict::HeldByPeer { .. } = &verdict {
-            // Sharded: another replica of ours writes it (raced to it, or renewing).
+            // Another replica of ours writes it (sharded: raced to it, or renewing; a
+            // foreign holder's Lease it took over is no longer blocked).
             self.gates.set(cluster, None);
             if let Some(o) = observed {
                 self.peers.insert(cluster.to_string(), o);
             }
+            self.no_longer_foreign(cluster);
             return;
         }
         self.peers.remove(cluster);
@@ -637,9 +647,16 @@ impl WriteLeases {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         labels: Some(our_labels(cluster).into_iter().collect()),
-                        annotations: Some(
-                            [(HOLDER_ANNOTATION.to_string(), self.opts.identity.clone())].into(),
-                        ),
+                        annotations: Some({
+                            let mut a = BTreeMap::from([(
+                                HOLDER_ANNOTATION.to_string(),
+                                self.opts.identity.clone(),
+                            )]);
+                            if self.gates.is_sharded() {
+                                a.insert(SHARDED_ANNOTATION.to_string(), "true".to_string());
+                            }
+                            a
+                        }),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -658,7 +675,7 @@ impl WriteLeases {
                 // makes this a 409, and the next pass reads it again.
                 let labels = lease.metadata.labels.get_or_insert_with(Default::default);
                 labels.extend(our_labels(cluster));
-                mark_holder(&mut lease, &self.opts.identity);
+                mark_holder(&mut lease, &self.opts.identity, self.gates.is_sharded());
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 if spec.holder_identity.as_deref() != Some(&self.opts.identity) {
                     spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).max(0) + 1);
@@ -706,6 +723,7 @@ impl WriteLeases {
             // reads the winner's Lease on its next pass.
             Err(kube::Error::Api(s)) if self.gates.is_sharded() && s.code == 409 => {
                 tracing::debug!(%cluster, lease = %name, "another replica took the write Lease first");
+                self.no_longer_foreign(cluster);
             }
             Err(e) => self.failed(cluster, "take", &e),
         }
@@ -719,7 +737,7 @@ impl WriteLeases {
             return;
         };
         let mut lease = held.lease.clone();
-        mark_holder(&mut lease, &self.opts.identity);
+        mark_holder(&mut lease, &self.opts.identity, self.gates.is_sharded());
         if let Some(spec) = lease.spec.as_mut() {
             spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         }
@@ -781,6 +799,12 @@ impl WriteLeases {
     async fn release_all(&mut self) {
         self.gates.set_in_charge(false);
         self.gates.close_all();
+        if self.gates.is_sharded() && !self.held.is_empty() {
+            // Another replica takes a released link within a pass: writes that passed a
+            // gate just before it closed land first (leader mode: the leader Lease,
+            // released last, covers them).
+            tokio::time::sleep(sharded::RELEASE_GRACE).await;
+        }
         for (cluster, held) in std::mem::take(&mut self.held) {
             if !self.may_write() {
                 continue;
@@ -844,12 +868,19 @@ pub async fn held_elsewhere(
 
 /// Names `identity` in our holder annotation: the Lease is one of our replicas' only
 /// while this equals its holder (see `service_mirror_core::write_lease`).
-fn mark_holder(lease: &mut Lease, identity: &str) {
-    lease
+///
+/// `sharded`: also says so ([`SHARDED_ANNOTATION`]: a replica that does not shard leaves
+/// the Lease to its holder while it renews it), or takes that word back.
+fn mark_holder(lease: &mut Lease, identity: &str, sharded: bool) {
+    let annotations = lease
         .metadata
         .annotations
-        .get_or_insert_with(Default::default)
-        .insert(HOLDER_ANNOTATION.to_string(), identity.to_string());
+        .get_or_insert_with(Default::default);
+    annotations.insert(HOLDER_ANNOTATION.to_string(), identity.to_string());
+    match sharded {
+        true => annotations.insert(SHARDED_ANNOTATION.to_string(), "true".to_string()),
+        false => annotations.remove(SHARDED_ANNOTATION),
+    };
 }
 
 /// Labelled ours (created or once taken by us): only tells how a released Lease is
@@ -882,6 +913,12 @@ fn view_of(lease: &Lease) -> LeaseView {
             .as_ref()
             .and_then(|a| a.get(HOLDER_ANNOTATION))
             .cloned(),
+        sharded: lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SHARDED_ANNOTATION))
+            .is_some_and(|v| v == "true"),
         record: Record {
             acquire_time: spec
                 .and_then(|s| s.acquire_time.as_ref())

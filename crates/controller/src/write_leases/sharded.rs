@@ -25,9 +25,16 @@ pub const MEMBER_LABEL: &str = "service-mirror.linkerd.io/member";
 
 /// Between closing a released link's gate and writing the release: a write that
 /// passed the gate just before it closed is on its way (a mirror write takes
-/// milliseconds; 500 ms covers a loaded apiserver's seconds-long tail only in part:
-/// the resourceVersion preconditions of every write cover the rest).
-const RELEASE_GRACE: Duration = Duration::from_millis(500);
+/// milliseconds here; a loaded apiserver's seconds-long tail is covered only in part:
+/// updates and deletes carry the resourceVersion read, so one landing after the
+/// taker's write fails; a late create finds the name taken).
+pub(super) const RELEASE_GRACE: Duration = Duration::from_millis(500);
+
+/// A member Lease seen unrenewed for this many of its durations is deleted (by any
+/// replica, with the resourceVersion read): a replica killed without shutting down
+/// (kill -9, its node lost) leaves one behind, and a new replica would count it live
+/// for a whole duration.
+const STALE_MEMBER_DURATIONS: u32 = 3;
 
 /// This replica's membership, and the others' as observed.
 #[derive(Default)]
@@ -59,12 +66,11 @@ impl WriteLeases {
     pub(super) async fn step_sharded(&mut self, links: &LinkSet) {
         self.forget_unlinked(links).await;
         self.renew_member().await;
-        let selector = format!("{OWNER_LABEL}={OWNER_VALUE}");
-        let leases = match self
-            .api
-            .list(&ListParams::default().labels(&selector))
-            .await
-        {
+        // Renewals first: a pass that releases (500 ms) or takes many must not delay them.
+        self.renew_due().await;
+        // Every Lease of the namespace, not only ours by label: a foreign writer's write
+        // Lease (Linkerd's has none of our labels) is nobody's share on every replica.
+        let leases = match self.api.list(&ListParams::default()).await {
             Ok(list) => list.items,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list the write and member Leases; the links held are renewed, none taken or released");
@@ -90,6 +96,12 @@ impl WriteLeases {
                 continue;
             }
             let last = self.members.observed.remove(&name);
+            if let Some(o) = &last
+                && now.saturating_duration_since(o.since) > ours * STALE_MEMBER_DURATIONS
+            {
+                self.delete_stale_member(&lease).await;
+                continue;
+            }
             match judge_sharded(Some(&view_of(&lease)), &me, last.as_ref(), now, ours) {
                 (Verdict::HeldByPeer { .. }, o) => {
                     live += 1;
@@ -111,6 +123,7 @@ impl WriteLeases {
         let by_name: BTreeMap<String, Lease> = writes
             .into_iter()
             .filter_map(|l| Some((l.metadata.name.clone()?, l)))
+            .filter(|(n, _)| n.starts_with("service-mirror-write-"))
             .collect();
         let wanted: BTreeSet<String> = links
             .running
@@ -237,7 +250,7 @@ impl WriteLeases {
                 let labels = lease.metadata.labels.get_or_insert_with(Default::default);
                 labels.insert(OWNER_LABEL.into(), OWNER_VALUE.into());
                 labels.insert(MEMBER_LABEL.into(), "true".into());
-                mark_holder(&mut lease, &self.opts.identity);
+                mark_holder(&mut lease, &self.opts.identity, true);
                 lease.metadata.name = Some(name.clone());
                 lease.spec = Some(LeaseSpec {
                     holder_identity: Some(self.opts.identity.clone()),
@@ -263,6 +276,26 @@ impl WriteLeases {
             Err(e) => {
                 tracing::warn!(lease = %name, error = %e, "cannot write this replica's member Lease; retrying");
             }
+        }
+    }
+
+    /// Deletes another replica's member Lease left unrenewed (see
+    /// [`STALE_MEMBER_DURATIONS`]), only as read.
+    async fn delete_stale_member(&mut self, lease: &Lease) {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: lease.metadata.uid.clone(),
+                resource_version: lease.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(&name, &params).await {
+            Ok(_) => {
+                self.metrics.write_leases.wrote("delete");
+                tracing::info!(lease = %name, "member Lease of a replica gone without shutting down deleted");
+            }
+            Err(e) => tracing::debug!(lease = %name, error = %e, "stale member Lease not deleted"),
         }
     }
 

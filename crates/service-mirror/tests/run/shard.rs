@@ -57,14 +57,14 @@ fn spread(h: &BTreeMap<String, String>, clusters: &[String], alive: &[&str]) -> 
     Some(counts)
 }
 
-/// Waits until every link but the foreign one is held by a replica of `alive`, none
-/// holding more than `max`; returns the counts and how long it took.
+/// Waits until every link but the foreign one is held by a replica of `alive`, each
+/// holding `min..=max`; returns the counts and how long it took.
 async fn spread_within(
     lc: &kube::Client,
     ns: &str,
     clusters: &[String],
     alive: &[&str],
-    max: usize,
+    (min, max): (usize, usize),
     monitor: &mut Monitor,
 ) -> (Vec<usize>, Duration) {
     let t = Instant::now();
@@ -72,13 +72,13 @@ async fn spread_within(
         monitor.poll().await;
         let h = holders(lc, ns).await;
         if let Some(counts) = spread(&h, clusters, alive)
-            && counts.iter().all(|n| *n <= max)
+            && counts.iter().all(|n| (min..=max).contains(n))
         {
             return (counts, t.elapsed());
         }
         assert!(
             t.elapsed() < CONVERGE,
-            "links spread over {alive:?}, at most {max} each: {h:?}"
+            "links spread over {alive:?}, {min} to {max} each: {h:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -219,15 +219,15 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
         &ctl_ns,
         &clusters,
         &REPLICAS[..1],
-        LINKS,
+        (LINKS - 1, LINKS - 1),
         &mut monitor,
     )
     .await;
     println!("1 replica: {counts:?} links after {took:.1?}");
     mirrors_point_at(&env, &clusters, "192.0.2.1", &mut monitor).await;
 
-    // Two more join: the first hands links over until each holds at most
-    // ceil(11 / 3) + 1 = 5, within a couple of lease durations.
+    // Two more join: the first hands links over until each holds its share, 4 or 3 of
+    // the 11 (ceil(11 / 3) = 4), within a couple of lease durations.
     let joined = Instant::now();
     for (r, id) in &replicas[1..] {
         running.push(spawn(r, &id.path));
@@ -235,14 +235,11 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
     for c in &mut running[1..] {
         c.wait_ready().await;
     }
-    let (counts, _) = spread_within(&env.lc, &ctl_ns, &clusters, &REPLICAS, 5, &mut monitor).await;
+    let (counts, _) =
+        spread_within(&env.lc, &ctl_ns, &clusters, &REPLICAS, (3, 4), &mut monitor).await;
     let rebalanced = joined.elapsed();
     println!(
         "3 replicas: {counts:?} links, rebalanced {rebalanced:.1?} after the two joined (lease {LEASE_SECS} s)"
-    );
-    assert!(
-        counts.iter().all(|n| *n >= 1),
-        "every replica writes: {counts:?}"
     );
     // The remote changes: every mirror follows, each written by its link's holder.
     gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.2"]).await;
@@ -266,8 +263,9 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
         .map(|(_, r)| *r)
         .collect();
     gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.3"]).await;
+    // ceil(11 / 2) = 6: shares 6 and 5.
     let (counts, moved) =
-        spread_within(&env.lc, &ctl_ns, &clusters, &alive, 6 + 1, &mut monitor).await;
+        spread_within(&env.lc, &ctl_ns, &clusters, &alive, (5, 6), &mut monitor).await;
     mirrors_point_at(&env, &clusters, "192.0.2.3", &mut monitor).await;
     let converged = killed.elapsed();
     println!(
@@ -285,11 +283,19 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
     // when it stopped), counts as live again and gets its share back.
     let (paused, other) = (alive[0], alive[1]);
     let paused_at = REPLICAS.iter().position(|r| *r == paused).unwrap();
+    let other_at = REPLICAS.iter().position(|r| *r == other).unwrap();
     signal(&running[paused_at], libc::SIGSTOP);
     let stopped = Instant::now();
     gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.4"]).await;
-    let (_, taken) =
-        spread_within(&env.lc, &ctl_ns, &clusters, &[other], LINKS, &mut monitor).await;
+    let (_, taken) = spread_within(
+        &env.lc,
+        &ctl_ns,
+        &clusters,
+        &[other],
+        (LINKS - 1, LINKS - 1),
+        &mut monitor,
+    )
+    .await;
     mirrors_point_at(&env, &clusters, "192.0.2.4", &mut monitor).await;
     // Time is the subject: stopped past its lease.
     tokio::time::sleep(Duration::from_secs(LEASE_SECS + 2).saturating_sub(stopped.elapsed())).await;
@@ -305,43 +311,97 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
         &ctl_ns,
         &clusters,
         &[paused, other],
-        6 + 1,
+        (5, 6),
         &mut monitor,
     )
     .await;
     mirrors_point_at(&env, &clusters, "192.0.2.5", &mut monitor).await;
-    assert!(
-        counts.iter().all(|n| *n >= 1),
-        "both write again: {counts:?}"
-    );
     println!("{paused} continued: shares {counts:?} {back:.1?} after");
 
-    // A replica shutting down (SIGTERM) releases its links: the other takes them at
-    // once, not after a lease duration.
-    signal(&running[paused_at], libc::SIGTERM);
-    let (_, handed) =
-        spread_within(&env.lc, &ctl_ns, &clusters, &[other], LINKS, &mut monitor).await;
-    println!("{paused} shut down: {other} held every link {handed:.1?} after SIGTERM");
-    assert!(
-        handed < Duration::from_secs(LEASE_SECS),
-        "released links taken {handed:?} after SIGTERM"
-    );
-
-    // The foreign-held link: not written by any replica, its Lease never taken.
+    // The foreign-held link so far: its Lease never taken, nothing of it written by a
+    // replica (the audit log: no write of any object of its mirrors).
+    let foreign_cluster = clusters[FOREIGN].clone();
     let h = holders(&env.lc, &ctl_ns).await;
     assert_eq!(
-        h.get(&clusters[FOREIGN]).map(String::as_str),
+        h.get(&foreign_cluster).map(String::as_str),
         Some("linkerd-service-mirror-east-7f9")
     );
-    let services: Api<Service> = Api::namespaced(env.lc.clone(), &env.ns);
-    for s in ["a", "b"] {
-        let name = format!("{s}-{}", clusters[FOREIGN]);
-        assert!(
-            services.get_opt(&name).await.unwrap().is_none(),
-            "{name} written"
-        );
-    }
+    let log = std::fs::read_to_string(env.local.audit_log()).unwrap();
+    let touched: Vec<String> = log
+        .lines()
+        .filter_map(AuditWrite::parse)
+        .filter(|w| monitor_users(&ctl_ns).contains(&w.user) && w.name.contains(&foreign_cluster))
+        .filter(|w| w.resource != "leases")
+        .map(|w| w.to_string())
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "the foreign-held link written: {touched:?}"
+    );
+    // The foreign writer releases it (holder "", as client-go releases): one replica
+    // takes it and mirrors it; no replica reports it blocked any more.
     foreign.abort();
+    let leases: Api<Lease> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let name = format!("service-mirror-write-{foreign_cluster}");
+    let mut l = leases.get(&name).await.unwrap();
+    l.spec.as_mut().unwrap().holder_identity = Some(String::new());
+    leases
+        .replace(&name, &PostParams::default(), &l)
+        .await
+        .unwrap();
+    let released = Instant::now();
+    let services: Api<Service> = Api::namespaced(env.lc.clone(), &env.ns);
+    let endpoints: Api<Endpoints> = Api::namespaced(env.lc.clone(), &env.ns);
+    let taker = eventually("the released link taken and mirrored", || async {
+        let holder = holders(&env.lc, &ctl_ns).await.remove(&foreign_cluster)?;
+        [paused, other].contains(&holder.as_str()).then_some(())?;
+        for s in ["a", "b"] {
+            let m = format!("{s}-{foreign_cluster}");
+            services.get_opt(&m).await.ok()??;
+            let e = endpoints.get_opt(&m).await.ok()??;
+            (subset_ips(&e) == ["192.0.2.5"]).then_some(())?;
+        }
+        Some(holder)
+    })
+    .await;
+    println!(
+        "the foreign writer released its link: {taker} took and mirrored it {:.1?} later",
+        released.elapsed()
+    );
+    let blocked = format!("service_mirror_write_lease_blocked{{cluster=\"{foreign_cluster}\"");
+    for k in [paused_at, other_at] {
+        eventually("no replica reports the link blocked", || async {
+            let m = running[k].metrics().await;
+            (!m.lines()
+                .any(|l| l.starts_with(&blocked) && l.ends_with(" 1")))
+            .then_some(())
+        })
+        .await;
+    }
+
+    // A replica shutting down (SIGTERM) releases its links and deletes its member
+    // Lease: the other takes them within a pass or two, not after a lease duration.
+    signal(&running[paused_at], libc::SIGTERM);
+    let (_, handed) = spread_within(
+        &env.lc,
+        &ctl_ns,
+        &clusters,
+        &[other],
+        (LINKS - 1, LINKS - 1),
+        &mut monitor,
+    )
+    .await;
+    println!("{paused} shut down: {other} held every link {handed:.1?} after SIGTERM");
+    assert!(
+        handed < Duration::from_millis(2500),
+        "released links taken {handed:?} after SIGTERM (expiry alone takes 4 s or more)"
+    );
+    let member = format!("service-mirror-member-{paused}");
+    eventually(
+        "the member Lease of the replica shut down deleted",
+        || async { leases.get_opt(&member).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
 
     // The audit log: no mirror deleted, no write of a link by a replica not holding
     // it, nothing else out of remit.
