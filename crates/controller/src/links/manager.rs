@@ -582,8 +582,9 @@ impl Inner {
 
     /// The source `key` is gone: hand its link over to another source of the same
     /// cluster, or stop it. The hand-over moves the running link and the claim under one
-    /// lock, so no other source can claim the cluster in between.
-    async fn gone(&self, key: &SourceKey) -> Outcome {
+    /// lock, so no other source can claim the cluster in between. `absent`: the caller
+    /// found no object in the cache (else one that is no longer a source).
+    async fn gone(&self, key: &SourceKey, absent: bool) -> Outcome {
         let Some(cluster) = self
             .active()
             .get(key)
@@ -615,12 +616,28 @@ impl Inner {
         // three live mirrors deleted and re-created 0.1 s later). One the cache holds,
         // turned into a Link's credentials, is gone as a source whatever the apiserver
         // says.
+        // A Secret the caller found absent that the cache holds again: the watch's
+        // re-create landed since that read (CI, under load: the delete and the re-create
+        // back to back, the second applied between the reconcile's read and this one;
+        // without this the link was unlinked with its Secret present). The next
+        // reconcile judges the Secret that is there.
+        let cached = |name: &str| {
+            self.secrets
+                .get(&ObjectRef::new(name).within(&self.opts.namespace))
+                .is_some()
+        };
+        if absent
+            && next.is_none()
+            && let SourceKey::Secret(name) = key
+            && cached(name)
+        {
+            tracing::debug!(%cluster, secret = %name, "link Secret back in the cache: looked at again");
+            self.queue.add(key.clone());
+            return Outcome::Done;
+        }
         if next.is_none()
             && let SourceKey::Secret(name) = key
-            && self
-                .secrets
-                .get(&ObjectRef::new(name).within(&self.opts.namespace))
-                .is_none()
+            && !cached(name)
         {
             match self.secret_exists(name).await {
                 Ok(false) => {}
@@ -641,7 +658,15 @@ impl Inner {
             && self
                 .profiles
                 .get(&ObjectRef::new(name).within(&self.opts.namespace))
-                .is_none()
+                .is_some()
+        {
+            // Back in the cache since the caller found it absent (as for Secrets).
+            tracing::debug!(%cluster, cluster_profile = %name, "ClusterProfile back in the cache: looked at again");
+            self.queue.add(key.clone());
+            return Outcome::Done;
+        }
+        if next.is_none()
+            && let SourceKey::ClusterProfile(name) = key
         {
             match self.profile_exists(name).await {
                 Ok(false) => {}
@@ -750,7 +775,7 @@ impl Inner {
             self.queue.add(l);
         }
         let Some(secret) = secret else {
-            return self.gone(key).await;
+            return self.gone(key, true).await;
         };
         // Without the cluster-name annotation it is a Link's credentials Secret (as
         // Linkerd writes them), or not a link at all: said only if no Link uses it.
@@ -769,7 +794,7 @@ impl Inner {
         if !self.opts.sources.secrets() || (credentials_only && !users.is_empty()) {
             let running = self.active().contains_key(key);
             return match running {
-                true => self.gone(key).await,
+                true => self.gone(key, false).await,
                 false => Outcome::Done,
             };
         }
@@ -789,7 +814,7 @@ impl Inner {
             .links
             .get(&ObjectRef::new(name).within(&self.opts.namespace));
         let Some(link) = link else {
-            return self.gone(key).await;
+            return self.gone(key, true).await;
         };
         let parsed = match self.parse(&link) {
             Err(LinkError::MissingCredentials(_)) => self.parse_other_type(&link).await,

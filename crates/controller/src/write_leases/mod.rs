@@ -775,13 +775,7 @@ impl WriteLeases {
             return;
         };
         self.gates.forget(cluster);
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: held.lease.metadata.uid.clone(),
-                resource_version: held.lease.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
+        let params = only_as_read(&held.lease);
         match self.api.delete(&lease_name(cluster), &params).await {
             Ok(_) => {
                 self.metrics.write_leases.wrote("delete");
@@ -838,6 +832,18 @@ impl WriteLeases {
                 tracing::debug!(%cluster, error = %e, "write Lease not released (taken over already?)")
             }
         }
+    }
+}
+
+/// A delete of `lease` only as it was read (its uid and resourceVersion): one changed
+/// meanwhile (renewed, taken) stays.
+fn only_as_read(lease: &Lease) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: lease.metadata.uid.clone(),
+            resource_version: lease.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
     }
 }
 

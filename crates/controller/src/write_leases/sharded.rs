@@ -283,13 +283,7 @@ impl WriteLeases {
     /// [`STALE_MEMBER_DURATIONS`]), only as read.
     async fn delete_stale_member(&mut self, lease: &Lease) {
         let name = lease.metadata.name.clone().unwrap_or_default();
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: lease.metadata.uid.clone(),
-                resource_version: lease.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
+        let params = only_as_read(lease);
         match self.api.delete(&name, &params).await {
             Ok(_) => {
                 self.metrics.write_leases.wrote("delete");
@@ -305,13 +299,7 @@ impl WriteLeases {
         let Some(held) = self.members.mine.take() else {
             return;
         };
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: held.lease.metadata.uid.clone(),
-                resource_version: held.lease.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
+        let params = only_as_read(&held.lease);
         let name = member_lease_name(&self.opts.identity);
         match self.api.delete(&name, &params).await {
             Ok(_) => {

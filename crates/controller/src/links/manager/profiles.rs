@@ -77,7 +77,7 @@ impl Inner {
             if !self.active().contains_key(key) && self.parked_profiles.lock().contains_key(name) {
                 return self.parked_profile_absent(name).await;
             }
-            return self.gone(key).await;
+            return self.gone(key, true).await;
         };
         // Back within the deletion grace: nothing of its link is deleted while it
         // exists; the link resumes below (a new link of the cluster takes its mirrors
