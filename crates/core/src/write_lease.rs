@@ -179,8 +179,9 @@ pub fn foreign_duration(view: &LeaseView, ours: Duration) -> Duration {
 }
 
 /// The judgement of one read: the Lease read (`None`: absent), our identity, the
-/// foreign record last observed, `now` (monotonic) and our own duration; with the
-/// observation to keep for the next read (`None` unless held by a foreign holder).
+/// record last observed, `now` (monotonic) and our own duration; with the observation
+/// to keep for the next read (`None` unless held by a foreign holder or, marked
+/// sharded, by another replica of ours).
 pub fn judge(
     read: Option<&LeaseView>,
     me: &str,
