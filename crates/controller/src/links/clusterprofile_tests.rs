@@ -9,22 +9,7 @@ use serde_json::{Value, json};
 const NS: &str = "fleet";
 const SERVER: &str = "https://127.0.0.1:6443";
 
-const KUBECONFIG: &str = "apiVersion: v1
-kind: Config
-clusters:
-- name: east
-  cluster:
-    server: https://127.0.0.1:6443
-    certificate-authority-data: Zm9v
-users:
-- name: east
-  user:
-    token: s3cr3t-token
-contexts:
-- name: east
-  context: {cluster: east, user: east}
-current-context: east
-";
+use crate::links::secret::TEST_KUBECONFIG as KUBECONFIG;
 
 fn provider(name: &str, server: &str, extension: Value) -> Value {
     json!({"name": name, "cluster": {

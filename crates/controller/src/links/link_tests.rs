@@ -10,22 +10,7 @@ const NS: &str = "linkerd-multicluster";
 const IDENTITY: &str =
     "linkerd-gateway.linkerd-multicluster.serviceaccount.identity.linkerd.cluster.local";
 
-const KUBECONFIG: &str = "apiVersion: v1
-kind: Config
-clusters:
-- name: east
-  cluster:
-    server: https://127.0.0.1:6443
-    certificate-authority-data: Zm9v
-users:
-- name: east
-  user:
-    token: s3cr3t-token
-contexts:
-- name: east
-  context: {cluster: east, user: east}
-current-context: east
-";
+use crate::links::secret::TEST_KUBECONFIG as KUBECONFIG;
 
 /// The spec `linkerd multicluster link-gen` writes (after the CRD's defaults).
 fn link_gen_spec() -> Value {

@@ -540,19 +540,27 @@ impl Inner {
     /// same [`parse_link`], which calls it `InvalidCredentialsType`; absent (or the list
     /// failing: then the next event or retry looks again) it stays `MissingCredentials`.
     async fn parse_other_type(&self, link: &LinkResource) -> Result<LinkSpec, LinkError> {
-        let missing = || parse_link(link, None);
         let Some(name) = link.spec.cluster_credentials_secret.as_deref() else {
-            return missing();
+            return parse_link(link, None);
         };
+        let source = format!("Link/{}", link.name_any());
+        parse_link(link, self.secret_of_any_type(name, &source).await.as_ref())
+    }
+
+    /// The Secret `name` of the controller's namespace, whatever its type, for the
+    /// credentials of `source` (a Link or a ClusterProfile): a quorum list by name (the
+    /// install grants Secrets list, not get). `None` when absent, or when the list fails
+    /// (then the next event or retry looks again).
+    pub(super) async fn secret_of_any_type(&self, name: &str, source: &str) -> Option<Secret> {
         let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.opts.namespace);
         let params = ListParams::default()
             .fields(&format!("metadata.name={name}"))
             .limit(1);
         match api.list(&params).await {
-            Ok(list) => parse_link(link, list.items.first()),
+            Ok(list) => list.items.into_iter().next(),
             Err(e) => {
-                tracing::debug!(link = %link.name_any(), error = %e, "could not look for the credentials Secret of another type");
-                missing()
+                tracing::debug!(%source, error = %e, "could not look for the credentials Secret of another type");
+                None
             }
         }
     }

@@ -632,13 +632,10 @@ fn undefined(what: &str, name: &str) -> LinkError {
     ))
 }
 
+/// A valid kubeconfig (cluster, user with a token, current context `east`) for the
+/// parsers' unit tests of every link source.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::ByteString;
-    use kube::api::ObjectMeta;
-
-    const KUBECONFIG: &str = "apiVersion: v1
+pub(crate) const TEST_KUBECONFIG: &str = "apiVersion: v1
 kind: Config
 clusters:
 - name: east
@@ -654,6 +651,14 @@ contexts:
   context: {cluster: east, user: east}
 current-context: east
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    use super::TEST_KUBECONFIG as KUBECONFIG;
 
     fn secret(annotations: &[(&str, &str)], kubeconfig: Option<&str>) -> Secret {
         Secret {

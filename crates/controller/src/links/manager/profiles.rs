@@ -27,21 +27,12 @@ impl Inner {
     /// (which holds only the link type) is looked for by name, so one of another type
     /// is refused as `InvalidCredentialsType`, not `MissingCredentials`.
     async fn parse_profile_other_type(&self, cp: &ClusterProfile) -> Result<LinkSpec, LinkError> {
-        let missing = || parse_cluster_profile(cp, None);
         let Some(name) = credentials_secret_name(cp) else {
-            return missing();
+            return parse_cluster_profile(cp, None);
         };
-        let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.opts.namespace);
-        let params = ListParams::default()
-            .fields(&format!("metadata.name={name}"))
-            .limit(1);
-        match api.list(&params).await {
-            Ok(list) => parse_cluster_profile(cp, list.items.first()),
-            Err(e) => {
-                tracing::debug!(cluster_profile = %cp.name_any(), error = %e, "could not look for the credentials Secret of another type");
-                missing()
-            }
-        }
+        let source = format!("ClusterProfile/{}", cp.name_any());
+        let found = self.secret_of_any_type(&name, &source).await;
+        parse_cluster_profile(cp, found.as_ref())
     }
 
     /// The Links and ClusterProfiles whose credentials are the Secret `secret`.
