@@ -123,6 +123,19 @@ pub struct RunArgs {
     /// mirrors. Off: the leader writes every link. Needs `list` on Leases.
     #[arg(long, env = "SERVICE_MIRROR_SHARD_LINKS", default_value_t = false, action = clap::ArgAction::Set)]
     shard_links: bool,
+    /// With --shard-links, what a replica keeps of the links it does not hold: `cold`,
+    /// nothing (a link runs, watching its remote, only on the replica holding its
+    /// write Lease, so memory is divided; a hand-over relists the link), or `warm`,
+    /// every link watched on every replica (a hand-over writes at once; each replica
+    /// holds the whole fleet's caches). Cold leaves links warm where the leader's
+    /// federation (a Link's members: on the leader) or MCS (every link) needs them.
+    #[arg(
+        long,
+        env = "SERVICE_MIRROR_SHARD_STANDBY",
+        value_enum,
+        default_value = "cold"
+    )]
+    shard_standby: ShardStandby,
     /// Name of the leader-election Lease.
     #[arg(
         long,
@@ -238,6 +251,15 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = EndpointsMode> 
 /// replicas and Linkerd's controller count the whole seconds stored, so a holder timing
 /// its writes on 1.5 s while the Lease says 1 s would write past the moment another
 /// may take it.
+/// What a sharding replica keeps of the links it does not hold (`--shard-standby`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ShardStandby {
+    /// Nothing: a link's watches run only where its write Lease is held.
+    Cold,
+    /// Every link watched on every replica.
+    Warm,
+}
+
 fn parse_lease_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {
@@ -343,9 +365,14 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     // Each link writes only while its write Lease is ours (see write_leases.rs); its
     // federation messages wait for its gate too.
-    let write_gates = match args.shard_links {
-        true => write_leases::WriteGates::sharded(),
-        false => write_leases::WriteGates::default(),
+    // Cold, a link not held here stops after one Lease duration (a handed-over link
+    // is gone for good; a late renewal lapses for less).
+    let write_gates = match (args.shard_links, args.shard_standby) {
+        (true, ShardStandby::Cold) => {
+            write_leases::WriteGates::sharded().with_cold_standby(args.lease_duration)
+        }
+        (true, ShardStandby::Warm) => write_leases::WriteGates::sharded(),
+        (false, _) => write_leases::WriteGates::default(),
     };
     let (federation, federation_tasks) = crate::federation::Federation::start(
         local.clone(),

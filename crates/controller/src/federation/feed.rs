@@ -132,6 +132,20 @@ impl LinkFeed {
         self
     }
 
+    /// The link stops watching for a while (a standby replica that no longer holds its
+    /// Lease, or not yet): its membership is unknown until its next complete list, so
+    /// the cluster is pending (its stored entries kept as they are) rather than its
+    /// members as last seen, and that list is judged as one after an outage.
+    pub fn unknown(&self) {
+        let mut state = self.state.lock();
+        state.outage_since_list = true;
+        state.listing = None;
+        self.send(Msg::Listing {
+            cluster: self.id.cluster.clone(),
+            generation: self.generation,
+        });
+    }
+
     /// The link's remote watch failed: the next complete list follows an outage.
     pub fn failed(&self) {
         self.state.lock().outage_since_list = true;

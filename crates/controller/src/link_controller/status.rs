@@ -80,6 +80,26 @@ pub struct LinkStatus {
     pub failing: usize,
     /// Full lists of the remote after the first (watch resume point expired).
     pub relists: u64,
+    /// A standby replica that does not run the link now (cold standby: its write Lease
+    /// is held by another replica): nothing is watched here, every count is 0.
+    pub standby: bool,
+}
+
+impl LinkStatus {
+    /// A link this replica keeps in cold standby, not running it.
+    pub(super) fn standby() -> Self {
+        Self {
+            remote_synced: false,
+            local_synced: false,
+            remote_connected: false,
+            mirrors: 0,
+            refused: 0,
+            queue_depth: 0,
+            failing: 0,
+            relists: 0,
+            standby: true,
+        }
+    }
 }
 
 /// One gateway of a link, as the admin server's `/gateways` reports it.

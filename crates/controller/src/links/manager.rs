@@ -344,15 +344,15 @@ impl LinkManager {
         }
     }
 
-    /// Ready once the Secrets are listed and every link's local caches are synced.
-    /// Never waits on a remote cluster.
+    /// Ready once the Secrets are listed and every link's local caches are synced (a
+    /// link in cold standby, run by another replica, has none to wait for). Never waits
+    /// on a remote cluster.
     pub fn ready(&self) -> bool {
         self.inner.listed()
-            && self
-                .inner
-                .active()
-                .values()
-                .all(|a| a.controller.status().local_synced)
+            && self.inner.active().values().all(|a| {
+                let s = a.controller.status();
+                s.local_synced || s.standby
+            })
     }
 
     /// The linked clusters and their link controllers' state.

@@ -123,6 +123,8 @@ pub(crate) struct WriteLeaseFamilies {
     pub(crate) live: Gauge,
     /// Sharded: links released to another replica for balance.
     pub(crate) handovers: Counter,
+    /// Sharded in cold standby: the links that run (watch) on this replica.
+    pub(crate) watched: Gauge,
 }
 
 impl WriteLeaseFamilies {
@@ -157,6 +159,11 @@ impl WriteLeaseFamilies {
             "shard_handovers",
             "With --shard-links: links released to another replica for balance",
             self.handovers.clone(),
+        );
+        r.register(
+            "shard_links_watched",
+            "With --shard-links in cold standby: the links whose watches run on this replica (those it holds, and on the leader those feeding the federation)",
+            self.watched.clone(),
         );
     }
 
@@ -198,6 +205,10 @@ pub struct WriteGates {
     sharded: bool,
     /// The links whose Lease a foreign writer holds (sharded: only those are kept out).
     foreign: Arc<Mutex<BTreeSet<String>>>,
+    /// Sharded in cold standby (`--shard-standby=cold`): a link's watches run only
+    /// while its Lease is held here, and stop once it has stayed elsewhere this long
+    /// (see `link_controller/standby.rs`). `None`: every link watched (warm).
+    cold: Option<Duration>,
 }
 
 impl WriteGates {
@@ -212,6 +223,20 @@ impl WriteGates {
     /// Whether links are sharded over replicas.
     pub fn is_sharded(&self) -> bool {
         self.sharded
+    }
+
+    /// Sharded gates in cold standby: a link runs (watches) only on the replica holding
+    /// its Lease, and stops on one that has not held it for `linger` (a renewal late
+    /// for a moment closes a gate: the watches must not be dropped and relisted then).
+    pub fn with_cold_standby(mut self, linger: Duration) -> Self {
+        self.cold = self.sharded.then_some(linger);
+        self
+    }
+
+    /// How long a link not held here keeps its watches, in cold standby; `None`: warm
+    /// (links not sharded, or `--shard-standby=warm`).
+    pub fn cold_standby(&self) -> Option<Duration> {
+        self.cold
     }
 
     /// What a write of `cluster`'s link (its controller's, its cleanup's) reads before

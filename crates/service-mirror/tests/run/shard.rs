@@ -248,6 +248,28 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
         "3 replicas: a gateway change reached all {} mirrors in {took:.1?}",
         2 * (LINKS - 1)
     );
+    // Cold standby (the default): a replica watches only the links it holds; a link
+    // handed over stops on its old holder one lease duration later.
+    if cold_standby() {
+        let t = Instant::now();
+        let watched = eventually("each replica watching only the links it holds", || async {
+            let h = holders(&env.lc, &ctl_ns).await;
+            let mut watched = Vec::new();
+            for (k, r) in REPLICAS.iter().enumerate() {
+                let held = h.values().filter(|v| v == r).count();
+                let m = running[k].metrics().await;
+                let n = gauge(&m, "service_mirror_shard_links_watched")?;
+                (n == held).then_some(())?;
+                watched.push(n);
+            }
+            Some(watched)
+        })
+        .await;
+        println!(
+            "cold standby: replicas watch {watched:?} links, the ones they hold, {:.1?} after the rebalance",
+            t.elapsed() + rebalanced
+        );
+    }
 
     // The replica holding the most links dies (kill -9, nothing released): its links
     // move to the two others within the lease duration + 5 s.
@@ -437,6 +459,19 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
     monitor
         .assert_clean("three replicas sharding twelve links")
         .await;
+}
+
+/// Whether the replicas run in cold standby: the default, unless the test is run with
+/// `SERVICE_MIRROR_SHARD_STANDBY=warm` (the replicas inherit it) to measure the
+/// hand-overs of a warm standby.
+fn cold_standby() -> bool {
+    std::env::var("SERVICE_MIRROR_SHARD_STANDBY").map_or(true, |v| v != "warm")
+}
+
+/// The value of an unlabelled gauge on a metrics page.
+fn gauge(page: &str, name: &str) -> Option<usize> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 fn monitor_users(ns: &str) -> Vec<String> {
