@@ -118,6 +118,9 @@ tests/cli_links.rs) with the chart's labels and `helm.sh/resource-policy: keep`.
 {{- if kindIs "bool" $c.shardLinks }}
 - {{ printf "--shard-links=%v" ($c.shardLinks) | quote }}
 {{- end }}
+{{- with $c.shardStandby }}
+- {{ printf "--shard-standby=%v" (.) | quote }}
+{{- end }}
 {{- if not (kindIs "invalid" $c.maxMirrorsPerLink) }}
 - {{ printf "--max-mirrors-per-link=%v" (int64 $c.maxMirrorsPerLink) | quote }}
 {{- end }}

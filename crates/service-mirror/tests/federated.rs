@@ -2056,3 +2056,76 @@ async fn a_held_links_stored_entry_stays_when_its_federated_service_is_planned_a
     fed.stop_with([east]).await;
     let _ = holder.await;
 }
+
+/// Cold standby (issue 31, `--shard-standby=cold`): a Link whose write Lease is held by
+/// no one here still runs on the leader, watching only, so the federation has its
+/// members; off the leader it stops after the linger (nothing watched); leading again,
+/// it runs and lists again: a member added meanwhile joins, and the federated objects
+/// written before are neither deleted nor re-created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_standby_link_runs_on_the_leader_for_the_federation_and_nothing_is_deleted() {
+    let mut w = World::new("fedcold").await;
+    w.fake(74).await;
+    let (leader, rx) = service_mirror_controller::leader::Leadership::manual(true);
+    let gates = WriteGates::sharded().with_cold_standby(Duration::from_secs(1));
+    let fed = w.federation_with(Some(rx.clone()), Some(gates.clone()));
+    fed.federation.expect(vec!["east".into()]);
+    let ec = w.client(&w.east).await;
+    w.member(&ec, "web", &[("http", 80)], "east", false).await;
+    let watched = "service_mirror_shard_links_watched ";
+    // No Lease task runs: east's gate stays closed, its mirrors unwritten here.
+    let east = w.start_link_gated(
+        &fed,
+        &w.spec("east", &w.east, 74),
+        ec.clone(),
+        100,
+        Some(gates.clone()),
+        Some(rx),
+    );
+    let web = w
+        .federated_until("east's member written by the leader", "web", |s| {
+            remote_discovery(s) == Some("web@east")
+        })
+        .await;
+    assert!(
+        !east.status().standby,
+        "the leader runs a Link that feeds it"
+    );
+    assert_eq!(w.metric_value(watched), 1);
+    let mirrors: Api<Service> = Api::namespaced(w.lc.clone(), &w.ns);
+    assert!(
+        mirrors.get_opt("web-east").await.unwrap().is_none(),
+        "no mirror written without the link's write Lease"
+    );
+
+    leader.send_replace(false);
+    let t = Instant::now();
+    eventually("the link stopped here once not leading", || async {
+        east.status().standby.then_some(())
+    })
+    .await;
+    let parked = t.elapsed();
+    assert!(
+        parked >= Duration::from_millis(900),
+        "stopped {parked:?} after the loss: not before the 1 s linger"
+    );
+    assert_eq!(w.metric_value(watched), 0);
+    w.member(&ec, "api", &[("http", 80)], "east", false).await;
+
+    leader.send_replace(true);
+    w.federated_until("api, added while the link was stopped here", "api", |s| {
+        remote_discovery(s) == Some("api@east")
+    })
+    .await;
+    assert!(!east.status().standby);
+    let again = w.federated("web").await.expect("web-federated kept");
+    assert_eq!(again.metadata.uid, web.metadata.uid, "the same object");
+    assert_eq!(remote_discovery(&again), Some("web@east"));
+    let deletes: Vec<String> = w
+        .writes()
+        .into_iter()
+        .filter(|v| v.starts_with("delete "))
+        .collect();
+    assert!(deletes.is_empty(), "deleted: {deletes:?}");
+    fed.stop_with([east]).await;
+}

@@ -1299,7 +1299,8 @@ fn every_controller_value_becomes_its_run_flag_and_run_parses_them() {
             "mcs": "on", "mcsClusterName": "west", "staleAfter": "1m",
             "staleDeleteAfter": "10m", "remoteGrace": "45s", "leaseDuration": "20s",
             "linkSource": "links", "enableNamespaceCreation": true,
-            "collectUnlinkedMirrors": false, "shardLinks": true, "maxMirrorsPerLink": 0,
+            "collectUnlinkedMirrors": false, "shardLinks": true, "shardStandby": "warm",
+            "maxMirrorsPerLink": 0,
             "extraArgs": ["--workers=8"],
         },
     });
@@ -1342,6 +1343,7 @@ fn every_controller_value_becomes_its_run_flag_and_run_parses_them() {
             "--enable-namespace-creation=true",
             "--collect-unlinked-mirrors=false",
             "--shard-links=true",
+            "--shard-standby=warm",
             "--max-mirrors-per-link=0",
             "--workers=8",
         ]
