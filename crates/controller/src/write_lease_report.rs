@@ -54,6 +54,9 @@ impl Takeover {
 
 /// Reports about one link's write Lease.
 pub(crate) struct Reporter<'a> {
+    /// Whether a block is told (Event, condition) or only counted in the gauge: links
+    /// sharded over replicas tell it from the leader alone.
+    pub(crate) tell_blocked: bool,
     pub(crate) recorder: Option<&'a EventRecorder>,
     pub(crate) client: &'a kube::Client,
     pub(crate) blocked: &'a Family<BlockedLabels, Gauge>,
@@ -78,6 +81,9 @@ impl Reporter<'_> {
                 reason: HELD_BY_FOREIGN.into(),
             })
             .set(1);
+        if !self.tell_blocked {
+            return;
+        }
         if let (Some(rec), Some(src)) = (self.recorder, source) {
             rec.publish(
                 src,

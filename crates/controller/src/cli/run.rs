@@ -482,8 +482,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
                 identity,
                 duration: args.lease_duration,
             },
-            // Sharded, the write Leases are held whoever leads.
-            leader.filter(|_| !args.shard_links),
+            // Sharded, the write Leases are held whoever leads (the leader alone tells of
+            // a foreign holder).
+            leader.clone(),
             Arc::new(move || manager.link_set()),
             write_gates,
             Some(event_recorder),

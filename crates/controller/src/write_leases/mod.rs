@@ -382,10 +382,16 @@ struct WriteLeases {
     peers: BTreeMap<String, Observed>,
     /// Sharded: this replica's membership (see `sharded.rs`).
     members: sharded::Members,
+    /// Sharded: the leadership, which decides only who tells of a link blocked by a
+    /// foreign holder (its Event and `WriteLeaseHeld` condition: once, not once per
+    /// replica); every replica sets its own gauge, and the replica that takes the Lease
+    /// over tells that.
+    tells: Option<crate::leader::Leadership>,
 }
 
-/// Holds the write Leases while `leader` says so (always without election), for the
-/// links `links` returns, opening and closing their `gates`, until `shutdown`; then
+/// Holds the write Leases while `leader` says so (always without election; sharded
+/// gates: whoever leads, `leader` then deciding only who reports a foreign holder), for
+/// the links `links` returns, opening and closing their `gates`, until `shutdown`; then
 /// releases them.
 #[allow(clippy::too_many_arguments)]
 pub fn spawn(
@@ -398,6 +404,11 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
+    let sharded = gates.is_sharded();
+    let tells = leader.clone().filter(|_| sharded);
+    if sharded {
+        leader = None;
+    }
     let mut w = WriteLeases {
         api: Api::namespaced(client.clone(), &opts.namespace),
         client,
@@ -411,8 +422,8 @@ pub fn spawn(
         leader: leader.clone(),
         peers: BTreeMap::new(),
         members: sharded::Members::default(),
+        tells,
     };
-    let sharded = gates.is_sharded();
     let tick = Timing::of(w.opts.duration).tick;
     tokio::spawn(async move {
         loop {
@@ -460,6 +471,7 @@ impl WriteLeases {
 
     fn reporter(&self) -> Reporter<'_> {
         Reporter {
+            tell_blocked: self.tells.as_ref().is_none_or(|l| l.leading()),
             recorder: self.recorder.as_ref(),
             client: &self.client,
             blocked: &self.metrics.write_leases.blocked,

@@ -360,6 +360,30 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
         touched.is_empty(),
         "the foreign-held link written: {touched:?}"
     );
+    // Told once, by the leader, not once per replica; each replica's gauge says it.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(env.lc.clone(), &ctl_ns);
+    let link_secret = format!("link-{FOREIGN:02}");
+    let told: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("WriteLeaseHeldElsewhere"))
+        .filter(|e| e.involved_object.name.as_deref() == Some(link_secret.as_str()))
+        .map(|e| format!("{:?} x{:?}", e.reporting_instance, e.count))
+        .collect();
+    assert_eq!(told.len(), 1, "the foreign holder told by: {told:?}");
+    let blocked = format!("service_mirror_write_lease_blocked{{cluster=\"{foreign_cluster}\"");
+    for k in [paused_at, other_at] {
+        let m = running[k].metrics().await;
+        assert!(
+            m.lines()
+                .any(|l| l.starts_with(&blocked) && l.ends_with(" 1")),
+            "{} does not count the link blocked",
+            REPLICAS[k]
+        );
+    }
     // The foreign writer releases it (holder "", as client-go releases): one replica
     // takes it and mirrors it; no replica reports it blocked any more.
     foreign.abort();
@@ -390,7 +414,6 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
         "the foreign writer released its link: {taker} took and mirrored it {:.1?} later",
         released.elapsed()
     );
-    let blocked = format!("service_mirror_write_lease_blocked{{cluster=\"{foreign_cluster}\"");
     for k in [paused_at, other_at] {
         eventually("no replica reports the link blocked", || async {
             let m = running[k].metrics().await;
