@@ -2059,9 +2059,11 @@ async fn a_held_links_stored_entry_stays_when_its_federated_service_is_planned_a
 
 /// Cold standby (issue 31, `--shard-standby=cold`): a Link whose write Lease is held by
 /// no one here still runs on the leader, watching only, so the federation has its
-/// members; off the leader it stops after the linger (nothing watched); leading again,
-/// it runs and lists again: a member added meanwhile joins, and the federated objects
-/// written before are neither deleted nor re-created.
+/// members; off the leader it stops after the linger (nothing watched), and the
+/// federation forgets its members. Leading again before the link lists (its remote cut),
+/// the federated Service another leader wrote meanwhile is left as it is, not planned
+/// back from the members last seen here; once the link lists, a member added meanwhile
+/// joins, and nothing was deleted or re-created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_standby_link_runs_on_the_leader_for_the_federation_and_nothing_is_deleted() {
     let mut w = World::new("fedcold").await;
@@ -2074,10 +2076,11 @@ async fn a_cold_standby_link_runs_on_the_leader_for_the_federation_and_nothing_i
     w.member(&ec, "web", &[("http", 80)], "east", false).await;
     let watched = "service_mirror_shard_links_watched ";
     // No Lease task runs: east's gate stays closed, its mirrors unwritten here.
+    let (proxy, via_proxy) = through_proxy(&w.east).await;
     let east = w.start_link_gated(
         &fed,
         &w.spec("east", &w.east, 74),
-        ec.clone(),
+        via_proxy,
         100,
         Some(gates.clone()),
         Some(rx),
@@ -2110,14 +2113,55 @@ async fn a_cold_standby_link_runs_on_the_leader_for_the_federation_and_nothing_i
         "stopped {parked:?} after the loss: not before the 1 s linger"
     );
     assert_eq!(w.metric_value(watched), 0);
+    // Meanwhile east's member gains a port and another leader writes it; east also
+    // exports `api`. Then east's apiserver becomes unreachable from here.
+    let members: Api<Service> = Api::namespaced(ec.clone(), &w.ns);
+    let mut member = members.get("web").await.unwrap();
+    member.spec.as_mut().unwrap().ports = Some(ports(&[("http", 80), ("admin", 81)]));
+    members
+        .replace("web", &PostParams::default(), &member)
+        .await
+        .unwrap();
+    let fed_api: Api<Service> = Api::namespaced(w.lc.clone(), &w.ns);
+    let mut stored = fed_api.get("web-federated").await.unwrap();
+    stored.spec.as_mut().unwrap().ports = Some(ports(&[("admin", 81), ("http", 80)]));
+    let stored = fed_api
+        .replace("web-federated", &PostParams::default(), &stored)
+        .await
+        .unwrap();
     w.member(&ec, "api", &[("http", 80)], "east", false).await;
+    proxy.cut().await.unwrap();
 
+    // Leading again, the link runs but cannot list: east's part is unknown, and the
+    // stored Service is left as it is (planned from the member last seen here, it
+    // would lose port 81).
+    let before = w.writes();
     leader.send_replace(true);
+    eventually("the link runs again on the leader", || async {
+        (!east.status().standby).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = w.federated("web").await.expect("web-federated kept");
+    assert_eq!(
+        now.metadata.resource_version,
+        stored.metadata.resource_version,
+        "unwritten while east has not listed: {:?}",
+        now.spec.and_then(|s| s.ports)
+    );
+    let wrote: Vec<String> = w.writes()[before.len()..]
+        .iter()
+        .filter(|v| v.contains("web-federated"))
+        .cloned()
+        .collect();
+    assert!(wrote.is_empty(), "written before east listed: {wrote:?}");
+
+    // East reachable again: it lists; api joins, web is the same object.
+    proxy.restore().unwrap();
     w.federated_until("api, added while the link was stopped here", "api", |s| {
         remote_discovery(s) == Some("api@east")
     })
     .await;
-    assert!(!east.status().standby);
     let again = w.federated("web").await.expect("web-federated kept");
     assert_eq!(again.metadata.uid, web.metadata.uid, "the same object");
     assert_eq!(remote_discovery(&again), Some("web@east"));

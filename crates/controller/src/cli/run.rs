@@ -246,11 +246,6 @@ fn mode_parser() -> impl clap::builder::TypedValueParser<Value = EndpointsMode> 
     )
 }
 
-/// A lease duration: 0 s would renew in a tight loop and never lead, and the Lease
-/// stores whole seconds in an i32. A fraction is refused, not dropped: the other
-/// replicas and Linkerd's controller count the whole seconds stored, so a holder timing
-/// its writes on 1.5 s while the Lease says 1 s would write past the moment another
-/// may take it.
 /// What a sharding replica keeps of the links it does not hold (`--shard-standby`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum ShardStandby {
@@ -260,6 +255,11 @@ enum ShardStandby {
     Warm,
 }
 
+/// A lease duration: 0 s would renew in a tight loop and never lead, and the Lease
+/// stores whole seconds in an i32. A fraction is refused, not dropped: the other
+/// replicas and Linkerd's controller count the whole seconds stored, so a holder timing
+/// its writes on 1.5 s while the Lease says 1 s would write past the moment another
+/// may take it.
 fn parse_lease_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) {

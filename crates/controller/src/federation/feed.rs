@@ -133,14 +133,19 @@ impl LinkFeed {
     }
 
     /// The link stops watching for a while (a standby replica that no longer holds its
-    /// Lease, or not yet): its membership is unknown until its next complete list, so
-    /// the cluster is pending (its stored entries kept as they are) rather than its
-    /// members as last seen, and that list is judged as one after an outage.
+    /// Lease, or not yet): its membership is unknown until its next complete list. The
+    /// federation drops the members it last had of the cluster and counts it pending,
+    /// so our stored objects naming it are kept as they are (as at a start), not
+    /// planned from a snapshot that may be hours old; that next list is judged as one
+    /// after an outage, and a hold of an untrusted list in progress ends unconfirmed
+    /// (its timer no longer applies it).
     pub fn unknown(&self) {
         let mut state = self.state.lock();
         state.outage_since_list = true;
         state.listing = None;
-        self.send(Msg::Listing {
+        state.held = None;
+        state.holds += 1;
+        self.send(Msg::Unknown {
             cluster: self.id.cluster.clone(),
             generation: self.generation,
         });
@@ -375,6 +380,7 @@ mod tests {
                 }
                 Msg::Left { key, .. } => format!("leave {}", key.name),
                 Msg::Listing { .. } => "listing".into(),
+                Msg::Unknown { .. } => "unknown".into(),
                 Msg::Listed { .. } => "listed".into(),
                 Msg::Gateway { .. } => "gateway".into(),
                 other => format!("{other:?}"),

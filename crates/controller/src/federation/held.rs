@@ -34,6 +34,7 @@ fn cluster_of(msg: &Msg) -> Option<&str> {
         Msg::Feed { cluster, .. }
         | Msg::Left { cluster, .. }
         | Msg::Listing { cluster, .. }
+        | Msg::Unknown { cluster, .. }
         | Msg::Listed { cluster, .. }
         | Msg::Gateway { cluster, .. } => Some(cluster),
         Msg::Member { link, .. } => Some(&link.cluster),
@@ -48,6 +49,7 @@ fn generation_of(msg: &Msg) -> Option<super::Generation> {
         | Msg::Member { generation, .. }
         | Msg::Left { generation, .. }
         | Msg::Listing { generation, .. }
+        | Msg::Unknown { generation, .. }
         | Msg::Listed { generation, .. }
         | Msg::Gateway { generation, .. } => Some(*generation),
         _ => None,
@@ -59,11 +61,14 @@ fn generation_of(msg: &Msg) -> Option<super::Generation> {
 enum Slot {
     Member(ServiceKey),
     Gateway,
+    /// The link stopped watching (`Msg::Unknown`): one says what two would.
+    Unknown,
 }
 
 fn slot_of(msg: &Msg) -> Option<Slot> {
     match msg {
         Msg::Gateway { .. } => Some(Slot::Gateway),
+        Msg::Unknown { .. } => Some(Slot::Unknown),
         _ => member_of(msg).map(|(_, key)| Slot::Member(key)),
     }
 }

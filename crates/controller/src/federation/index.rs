@@ -145,6 +145,24 @@ impl Index {
         Vec::new()
     }
 
+    /// A link stopped watching for a while (cold standby, `Msg::Unknown`): its members
+    /// are forgotten and the cluster is pending until a feed of it lists, as at a start,
+    /// so the stored entries naming it are kept (not planned from what it last said).
+    /// Any feed of the cluster that is not an old one may say so: a candidate parked
+    /// before its first list leaves the current feed's members no more trusted.
+    pub(super) fn unknown(&mut self, cluster: &str, generation: Generation) -> Vec<ServiceKey> {
+        if self.verdict(cluster, generation) == Verdict::Old {
+            return Vec::new();
+        }
+        let c = Some(cluster.to_owned());
+        let keys = self.keys_of(&c);
+        for k in &keys {
+            self.remove(k, &c);
+        }
+        self.pending.insert(cluster.to_owned());
+        keys
+    }
+
     /// A link's list is complete (the leaves it implied came before): the cluster's
     /// members announced only by older feeds leave (the list replaces them). A
     /// candidate's first complete list makes it the current feed (its gateway applies
@@ -393,6 +411,35 @@ mod tests {
         assert!(i.pending().contains("east"), "a relist is pending again");
         assert_eq!(i.link_removed("east"), [key("web")]);
         assert!(i.members(&key("web")).is_empty() && i.pending().is_empty());
+    }
+
+    #[test]
+    fn a_stopped_link_is_unknown_as_at_a_start_until_a_feed_of_it_lists() {
+        let mut i = Index::default();
+        i.remote_member(&link("east"), 1, svc("web"));
+        i.remote_member(&link("north"), 2, svc("web"));
+        assert_eq!(i.listed("east", 1), Some(vec![]));
+        // East's run stops here: its member is forgotten, north's stays, east pending.
+        assert_eq!(i.unknown("east", 1), [key("web")]);
+        assert_eq!(i.members(&key("web")).len(), 1);
+        assert!(i.pending().contains("east"));
+        // A candidate feed parked before its first list says so too.
+        i.remote_member(&link("east"), 3, svc("api"));
+        assert!(i.listed("east", 3).is_some());
+        assert!(i.pending().is_empty(), "listed: known again");
+        i.remote_member(&link("east"), 4, svc("db"));
+        assert!(i.pending().is_empty());
+        i.unknown("east", 4);
+        assert!(i.pending().contains("east"), "a candidate's stop: pending");
+        assert!(
+            i.members(&key("api")).is_empty(),
+            "the current feed's members too"
+        );
+        // The next run lists; an old feed's late word then changes nothing.
+        i.remote_member(&link("east"), 4, svc("db"));
+        i.listed("east", 4);
+        assert!(i.unknown("east", 3).is_empty());
+        assert!(i.members(&key("db")).len() == 1 && !i.pending().contains("east"));
     }
 
     #[test]

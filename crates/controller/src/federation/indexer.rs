@@ -197,6 +197,10 @@ fn apply(s: &mut Shared, stored: &Stored, msg: Msg) -> Vec<ServiceKey> {
             cluster,
             generation,
         } => s.index.listing(&cluster, generation),
+        Msg::Unknown {
+            cluster,
+            generation,
+        } => s.index.unknown(&cluster, generation),
         // Once a cluster is no longer pending, our stored Services naming it are
         // planned again too (the index knows only keys with a member).
         Msg::Listed {

@@ -70,6 +70,12 @@ pub(crate) enum Msg {
         cluster: String,
         generation: Generation,
     },
+    /// A link stopped watching for a while (cold standby): its members are unknown
+    /// until a feed of it lists again.
+    Unknown {
+        cluster: String,
+        generation: Generation,
+    },
     /// A link's list is complete.
     Listed {
         cluster: String,

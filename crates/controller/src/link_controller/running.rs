@@ -291,8 +291,14 @@ impl Running {
         self.synced.clone()
     }
 
-    /// Drops this link's metric series (a standby that no longer runs it has no view).
-    pub(super) fn forget_metrics(&self) {
+    /// Stops every task, the mirrors left in place, then drops the link's metric
+    /// series (a standby that no longer runs the link has no view of it; after the
+    /// stop, so no task of the run makes one again).
+    pub(super) async fn park(self) {
+        self.cancel.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
         self.rec.fx.metrics.forget();
     }
 

@@ -54,43 +54,62 @@ pub(super) struct Standby {
     shared: Arc<Shared>,
     link: Link,
     source: Option<ObjectReference>,
-    cancel: CancellationToken,
+    /// Cancels the supervisor, also when the controller is dropped without a stop.
+    cancel: tokio_util::sync::DropGuard,
     task: JoinHandle<()>,
 }
 
+/// Lock order: `running` before `parts`.
 struct Shared {
     /// The config moves with [`Standby::move_gateway`]: a later run starts from it.
     parts: Mutex<Parts>,
     running: Mutex<Option<Running>>,
-    /// Started paused and not resumed yet (a replacement waiting for its predecessor).
+    /// Started paused and not resumed yet (a replacement waiting for its predecessor);
+    /// read and written under `running`'s lock, so a resume never misses a run.
     paused: AtomicBool,
-    /// Counts starts and stops, for [`Standby::wait_synced`].
+    /// Counts starts and stops, for [`Standby::wait_synced`] and the supervisor.
     runs: watch::Sender<u64>,
 }
 
-impl Shared {
+/// What the supervisor drives (the link's runs; a fake in the tests).
+trait Runs: Send + Sync + 'static {
+    fn is_running(&self) -> bool;
+    /// Starts a run if none is running.
+    fn run(&self);
+    /// Stops the run, if any.
+    fn park(&self) -> impl std::future::Future<Output = ()> + Send;
+    /// Whether an unwanted run may be stopped: not while paused (a replacement whose
+    /// rotation is proving its credentials by a sync, however long it takes).
+    fn parkable(&self) -> bool;
+    /// Changes with every start, stop and resume.
+    fn runs(&self) -> watch::Receiver<u64>;
+}
+
+impl Runs for Shared {
     fn is_running(&self) -> bool {
         self.running.lock().is_some()
     }
 
-    /// Runs the link here.
+    /// Runs the link here (under the `running` lock: a resume or a gateway move comes
+    /// before it, and the run starts from it, or after, and reaches the run).
     fn run(&self) {
-        let run = {
-            let p = self.parts.lock();
-            Running::start(
-                p.local.clone(),
-                p.remote.clone(),
-                p.link.clone(),
-                p.config.clone(),
-                p.deps.clone(),
-                self.paused.load(Ordering::Acquire),
-                p.feed.clone(),
-            )
-        };
-        let (cluster, metrics) = self.cluster_and_metrics();
-        tracing::info!(%cluster, "standby: the link runs on this replica now");
-        metrics.write_leases.watched.inc();
-        *self.running.lock() = Some(run);
+        let mut running = self.running.lock();
+        if running.is_some() {
+            return;
+        }
+        let p = self.parts.lock();
+        let run = Running::start(
+            p.local.clone(),
+            p.remote.clone(),
+            p.link.clone(),
+            p.config.clone(),
+            p.deps.clone(),
+            self.paused.load(Ordering::Acquire),
+            p.feed.clone(),
+        );
+        tracing::info!(cluster = %p.link.cluster_name, "standby: the link runs on this replica now");
+        p.deps.metrics.write_leases.watched.inc();
+        *running = Some(run);
         self.runs.send_modify(|n| *n += 1);
     }
 
@@ -100,11 +119,16 @@ impl Shared {
         let Some(run) = self.running.lock().take() else {
             return;
         };
-        let (cluster, metrics) = self.cluster_and_metrics();
-        run.forget_metrics();
-        let _ = run.stop(false).await;
+        run.park().await;
+        let (cluster, metrics, feed) = {
+            let p = self.parts.lock();
+            (
+                p.link.cluster_name.clone(),
+                p.deps.metrics.clone(),
+                p.feed.clone(),
+            )
+        };
         metrics.write_leases.watched.dec();
-        let feed = self.parts.lock().feed.clone();
         if let Some(feed) = feed {
             feed.unknown();
         }
@@ -112,21 +136,19 @@ impl Shared {
         self.runs.send_modify(|n| *n += 1);
     }
 
-    fn cluster_and_metrics(&self) -> (String, Arc<crate::metrics::Metrics>) {
-        let p = self.parts.lock();
-        (p.link.cluster_name.clone(), p.deps.metrics.clone())
+    fn parkable(&self) -> bool {
+        !self.paused.load(Ordering::Acquire)
+    }
+
+    fn runs(&self) -> watch::Receiver<u64> {
+        self.runs.subscribe()
     }
 }
 
 /// Whether the link runs here now: its Lease is held here, or it feeds the federation
-/// and this replica leads (`leads` is read only then).
-fn wanted(
-    gate_end: Option<Instant>,
-    now: Instant,
-    feeds: bool,
-    leads: impl FnOnce() -> bool,
-) -> bool {
-    crate::leader::gate_open(gate_end, now) || (feeds && leads())
+/// and this replica leads.
+fn wanted(gate_end: Option<Instant>, now: Instant, feeds: bool, leads: bool) -> bool {
+    crate::leader::gate_open(gate_end, now) || (feeds && leads)
 }
 
 impl Standby {
@@ -139,8 +161,8 @@ impl Standby {
             .clone()
             .expect("cold standby has write gates");
         let gate = gates.receiver(&cluster);
-        let leader = parts.deps.leader.clone();
         let feeds = parts.feed.is_some();
+        let leader = parts.deps.leader.clone().filter(|_| feeds);
         let (link, source) = (parts.link.clone(), parts.deps.link_secret.clone());
         let shared = Arc::new(Shared {
             parts: Mutex::new(parts),
@@ -148,7 +170,7 @@ impl Standby {
             paused: AtomicBool::new(paused),
             runs: watch::Sender::new(0),
         });
-        let leads = || leader.as_ref().is_some_and(Leadership::leading);
+        let leads = leader.as_ref().is_some_and(Leadership::leading);
         if wanted(*gate.borrow(), Instant::now(), feeds, leads) {
             shared.run();
         } else if let Some(feed) = &shared.parts.lock().feed {
@@ -160,7 +182,7 @@ impl Standby {
         let task = tokio::spawn(supervise(
             shared.clone(),
             gate,
-            leader.filter(|_| feeds),
+            leader,
             linger,
             cancel.clone(),
         ));
@@ -168,22 +190,26 @@ impl Standby {
             shared,
             link,
             source,
-            cancel,
+            cancel: cancel.drop_guard(),
             task,
         }
     }
 
     pub(super) fn resume(&self) {
+        let running = self.shared.running.lock();
         self.shared.paused.store(false, Ordering::Release);
-        if let Some(run) = self.shared.running.lock().as_ref() {
+        if let Some(run) = running.as_ref() {
             run.resume();
         }
+        // The supervisor may stop an unwanted run now.
+        self.shared.runs.send_modify(|n| *n += 1);
     }
 
     pub(super) fn move_gateway(&self, gateway: crate::gateway::GatewaySource) -> bool {
         let crate::gateway::GatewaySource::Link { .. } = gateway else {
             return false;
         };
+        let running = self.shared.running.lock();
         let moved = {
             let mut p = self.shared.parts.lock();
             let moved = matches!(
@@ -195,7 +221,7 @@ impl Standby {
             }
             moved
         };
-        if let Some(run) = self.shared.running.lock().as_ref() {
+        if let Some(run) = running.as_ref() {
             run.move_gateway(gateway);
         }
         moved
@@ -237,37 +263,31 @@ impl Standby {
         }
     }
 
-    /// Until the run's caches have listed; at once while the link does not run here.
+    /// Until a run's caches have listed: a rotation's new credentials are proven by a
+    /// sync on every replica, as in warm standby, so a replica that does not run the
+    /// link starts a run for it (which its supervisor stops again after the linger,
+    /// unless the link is wanted here by then). Returns if the run stops first.
     pub(super) async fn wait_synced(&self) {
-        let mut runs = self.shared.runs.subscribe();
-        loop {
-            runs.borrow_and_update();
-            let synced = self.shared.running.lock().as_ref().map(Running::synced);
-            let Some(mut synced) = synced else {
-                return;
-            };
-            let listed = async { synced.wait_for(|s| s.remote && s.local()).await.is_ok() };
-            tokio::select! {
-                ok = listed => {
-                    if ok {
-                        return;
-                    }
-                    // That run stopped: look again.
-                    if runs.changed().await.is_err() {
-                        return;
-                    }
-                }
-                r = runs.changed() => {
-                    if r.is_err() {
-                        return;
-                    }
-                }
-            }
+        let mut runs = self.shared.runs();
+        self.shared.run();
+        runs.borrow_and_update();
+        let synced = self.shared.running.lock().as_ref().map(Running::synced);
+        let Some(mut synced) = synced else {
+            return;
+        };
+        let listed = async {
+            let _ = synced.wait_for(|s| s.remote && s.local()).await;
+        };
+        tokio::select! {
+            _ = listed => {}
+            // That run stopped (parked): the caller's timeout decides, as for a
+            // run that never syncs.
+            _ = runs.changed() => std::future::pending::<()>().await,
         }
     }
 
     pub(super) async fn stop(self, cleanup: bool) -> Result<()> {
-        self.cancel.cancel();
+        drop(self.cancel);
         let _ = self.task.await;
         let run = self.shared.running.lock().take();
         match run {
@@ -293,20 +313,22 @@ impl Standby {
 /// Runs the link while it is wanted here; stops it once it has not been for `linger`.
 /// `leader`: this replica's leadership, for a link that feeds the federation.
 async fn supervise(
-    shared: Arc<Shared>,
+    shared: Arc<impl Runs>,
     mut gate: watch::Receiver<Option<Instant>>,
     mut leader: Option<Leadership>,
     linger: Duration,
     cancel: CancellationToken,
 ) {
+    let mut runs = shared.runs();
     let mut unwanted_since: Option<Instant> = None;
     loop {
         let now = Instant::now();
         let end = *gate.borrow_and_update();
-        let feeds = leader.is_some();
-        let want = wanted(end, now, feeds, || {
-            leader.as_mut().is_some_and(Leadership::leading_and_update)
-        });
+        runs.borrow_and_update();
+        // Read (and marked seen) every time: an unseen change would wake `changed`
+        // below at once, for ever.
+        let leads = leader.as_mut().is_some_and(Leadership::leading_and_update);
+        let want = wanted(end, now, leader.is_some(), leads);
         // When to look again without a change told: the hold ends unrenewed (a
         // renewal moves the end without waking anyone), or the linger is over.
         let mut wake = None;
@@ -314,12 +336,14 @@ async fn supervise(
             unwanted_since = None;
             if !shared.is_running() {
                 shared.run();
+                runs.borrow_and_update();
             }
             wake = end.filter(|e| *e > now);
-        } else if shared.is_running() {
+        } else if shared.is_running() && shared.parkable() {
             let since = *unwanted_since.get_or_insert(now);
             if now >= since + linger {
                 shared.park().await;
+                runs.borrow_and_update();
                 unwanted_since = None;
             } else {
                 wake = Some(since + linger);
@@ -349,6 +373,8 @@ async fn supervise(
                     return;
                 }
             }
+            // A run started by someone else (a rotation's proof): its linger starts.
+            _ = runs.changed() => {}
             _ = led => {}
             _ = sleep => {}
         }
@@ -357,8 +383,8 @@ async fn supervise(
 
 #[cfg(test)]
 mod tests {
-    use super::wanted;
-    use std::time::{Duration, Instant};
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     #[test]
     fn a_link_runs_where_its_lease_is_held_and_on_the_leader_if_it_feeds_the_federation() {
@@ -377,16 +403,123 @@ mod tests {
         ];
         for (gate, feeds, leads, want) in cases {
             assert_eq!(
-                wanted(gate, now, feeds, || leads),
+                wanted(gate, now, feeds, leads),
                 want,
                 "gate {gate:?}, feeds {feeds}, leads {leads}"
             );
         }
     }
 
-    #[test]
-    fn leadership_is_not_read_for_a_link_that_feeds_nothing() {
-        let now = Instant::now();
-        assert!(!wanted(None, now, false, || panic!("read")));
+    /// Runs nothing; counts how often the supervisor looks.
+    #[derive(Default)]
+    struct Fake {
+        running: AtomicBool,
+        paused: AtomicBool,
+        looks: AtomicUsize,
+        runs: watch::Sender<u64>,
+    }
+
+    impl Runs for Fake {
+        fn is_running(&self) -> bool {
+            self.looks.fetch_add(1, Ordering::SeqCst);
+            self.running.load(Ordering::SeqCst)
+        }
+        fn run(&self) {
+            self.running.store(true, Ordering::SeqCst);
+            self.runs.send_modify(|n| *n += 1);
+        }
+        async fn park(&self) {
+            self.running.store(false, Ordering::SeqCst);
+            self.runs.send_modify(|n| *n += 1);
+        }
+        fn parkable(&self) -> bool {
+            !self.paused.load(Ordering::SeqCst)
+        }
+        fn runs(&self) -> watch::Receiver<u64> {
+            self.runs.subscribe()
+        }
+    }
+
+    fn spawn(
+        fake: &Arc<Fake>,
+        gate: Option<Instant>,
+        leader: Option<Leadership>,
+        linger: Duration,
+    ) -> (watch::Sender<Option<Instant>>, CancellationToken) {
+        let (tx, rx) = watch::channel(gate);
+        let cancel = CancellationToken::new();
+        tokio::spawn(supervise(fake.clone(), rx, leader, linger, cancel.clone()));
+        (tx, cancel)
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(5), "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_held_link_that_feeds_the_leader_sleeps_through_leadership_news() {
+        let fake = Arc::new(Fake::default());
+        let (said, leader) = Leadership::manual(true);
+        let held = Some(Instant::now() + Duration::from_secs(60));
+        let (_gate, cancel) = spawn(&fake, held, Some(leader), Duration::from_secs(1));
+        until("running", || fake.running.load(Ordering::SeqCst)).await;
+        for leads in [false, true, true, false] {
+            said.send_replace(leads);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let looks = fake.looks.load(Ordering::SeqCst);
+        // One look per change told, and a few: not a loop spinning on an unseen one.
+        assert!(looks < 20, "{looks} looks");
+        assert!(
+            fake.running.load(Ordering::SeqCst),
+            "held: runs whoever leads"
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_unwanted_run_stops_after_the_linger_not_while_paused_and_runs_again() {
+        let fake = Arc::new(Fake::default());
+        let (said, leader) = Leadership::manual(true);
+        let linger = Duration::from_millis(300);
+        let (gate, cancel) = spawn(&fake, None, Some(leader), linger);
+        until("runs on the leader", || fake.running.load(Ordering::SeqCst)).await;
+        // Paused (a rotation's proof): never stopped for being unwanted.
+        fake.paused.store(true, Ordering::SeqCst);
+        said.send_replace(false);
+        tokio::time::sleep(linger * 2).await;
+        assert!(fake.running.load(Ordering::SeqCst), "paused: kept");
+        fake.paused.store(false, Ordering::SeqCst);
+        fake.runs.send_modify(|n| *n += 1);
+        let t = Instant::now();
+        until("stopped once resumed and unwanted", || {
+            !fake.running.load(Ordering::SeqCst)
+        })
+        .await;
+        assert!(
+            t.elapsed() >= linger - Duration::from_millis(20),
+            "{:?}",
+            t.elapsed()
+        );
+        // A gate closed for less than the linger stops nothing.
+        gate.send_replace(Some(Instant::now() + Duration::from_secs(60)));
+        until("runs where held", || fake.running.load(Ordering::SeqCst)).await;
+        gate.send_replace(None);
+        tokio::time::sleep(linger / 3).await;
+        gate.send_replace(Some(Instant::now() + Duration::from_secs(60)));
+        tokio::time::sleep(linger).await;
+        assert!(fake.running.load(Ordering::SeqCst), "a blip stops nothing");
+        // A hold that ends unrenewed (no change told) stops it after the linger.
+        gate.send_replace(Some(Instant::now() + Duration::from_millis(100)));
+        until("stopped after an unrenewed hold", || {
+            !fake.running.load(Ordering::SeqCst)
+        })
+        .await;
+        cancel.cancel();
     }
 }
