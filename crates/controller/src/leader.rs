@@ -247,6 +247,19 @@ pub struct Leadership {
     _always: Option<Arc<watch::Sender<bool>>>,
 }
 
+/// The next transition of `leader` (see [`Leadership::changed`]); never without one,
+/// or once its election is gone: for a `select!` that also waits on other things.
+pub(crate) async fn next_change(leader: Option<&mut Leadership>) {
+    match leader {
+        Some(l) => {
+            if l.changed().await.is_err() {
+                std::future::pending::<()>().await
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Whether a write gate is open at `now`.
 pub(crate) fn gate_open(end: Option<Instant>, now: Instant) -> bool {
     may_write(end, now)

@@ -314,7 +314,8 @@ impl LocalWriter {
         self
     }
 
-    fn leading(&self) -> bool {
+    /// Whether this writer may write now (its leadership, and its link's gate).
+    pub(crate) fn leading(&self) -> bool {
         self.leader.as_ref().is_none_or(|l| l.leading())
     }
 

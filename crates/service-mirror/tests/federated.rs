@@ -2136,12 +2136,18 @@ async fn a_cold_standby_link_runs_on_the_leader_for_the_federation_and_nothing_i
     // stored Service is left as it is (planned from the member last seen here, it
     // would lose port 81).
     let before = w.writes();
+    let planned = InProcess.reconciles(&Subject::federation(&w.ns, "web"));
     leader.send_replace(true);
     eventually("the link runs again on the leader", || async {
         (!east.status().standby).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Planned since (leading plans every key), and a while more for any write.
+    eventually("web planned by the new leader", || async {
+        (InProcess.reconciles(&Subject::federation(&w.ns, "web")) > planned).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let now = w.federated("web").await.expect("web-federated kept");
     assert_eq!(
         now.metadata.resource_version,

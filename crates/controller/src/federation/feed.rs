@@ -482,6 +482,26 @@ mod tests {
         assert_eq!(drain(&mut rx), ["listing", "leave web", "listed"]);
     }
 
+    #[tokio::test]
+    async fn a_stopped_link_ends_a_hold_unconfirmed_and_its_next_list_follows_an_outage() {
+        let (f, mut rx) = feed();
+        list(&f, &["web"]);
+        drain(&mut rx);
+        // An untrusted list is held; the link stops here before the hold ends: the
+        // hold's timer applies nothing (no leave, no `listed` while stopped).
+        f.failed();
+        list(&f, &[]);
+        f.unknown();
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        assert_eq!(drain(&mut rx), ["listing", "unknown"]);
+        // The next run's empty list is held again (it follows an outage), its members
+        // announced again when it has them.
+        list(&f, &[]);
+        assert_eq!(drain(&mut rx), ["listing"]);
+        list(&f, &["web"]);
+        assert_eq!(drain(&mut rx), ["listing", "join web", "listed"]);
+    }
+
     #[test]
     fn losing_the_label_or_being_deleted_leaves_once() {
         let (f, mut rx) = feed();

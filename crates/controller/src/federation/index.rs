@@ -145,22 +145,34 @@ impl Index {
         Vec::new()
     }
 
-    /// A link stopped watching for a while (cold standby, `Msg::Unknown`): its members
-    /// are forgotten and the cluster is pending until a feed of it lists, as at a start,
-    /// so the stored entries naming it are kept (not planned from what it last said).
-    /// Any feed of the cluster that is not an old one may say so: a candidate parked
-    /// before its first list leaves the current feed's members no more trusted.
+    /// A link stopped watching for a while (cold standby, `Msg::Unknown`). The current
+    /// feed's word: the cluster's members are forgotten and it is pending until a feed
+    /// of it lists, as at a start, so the stored entries naming it are kept (not
+    /// planned from what it last said). A candidate's (a replacing feed that has not
+    /// listed): only what it announced itself goes; the current feed, still running,
+    /// speaks for the cluster.
     pub(super) fn unknown(&mut self, cluster: &str, generation: Generation) -> Vec<ServiceKey> {
-        if self.verdict(cluster, generation) == Verdict::Old {
-            return Vec::new();
-        }
         let c = Some(cluster.to_owned());
-        let keys = self.keys_of(&c);
-        for k in &keys {
-            self.remove(k, &c);
+        match self.verdict(cluster, generation) {
+            Verdict::Old => Vec::new(),
+            Verdict::Candidate => {
+                let own: Vec<ServiceKey> = self
+                    .member_generation
+                    .iter()
+                    .filter(|((m, _), g)| m == cluster && **g == generation)
+                    .map(|((_, k), _)| k.clone())
+                    .collect();
+                own.iter().flat_map(|k| self.remove(k, &c)).collect()
+            }
+            Verdict::Current => {
+                let keys = self.keys_of(&c);
+                for k in &keys {
+                    self.remove(k, &c);
+                }
+                self.pending.insert(cluster.to_owned());
+                keys
+            }
         }
-        self.pending.insert(cluster.to_owned());
-        keys
     }
 
     /// A link's list is complete (the leaves it implied came before): the cluster's
@@ -423,18 +435,15 @@ mod tests {
         assert_eq!(i.unknown("east", 1), [key("web")]);
         assert_eq!(i.members(&key("web")).len(), 1);
         assert!(i.pending().contains("east"));
-        // A candidate feed parked before its first list says so too.
         i.remote_member(&link("east"), 3, svc("api"));
         assert!(i.listed("east", 3).is_some());
         assert!(i.pending().is_empty(), "listed: known again");
+        // A candidate stopped before its first list: only what it said goes; the
+        // current feed still speaks for east.
         i.remote_member(&link("east"), 4, svc("db"));
-        assert!(i.pending().is_empty());
-        i.unknown("east", 4);
-        assert!(i.pending().contains("east"), "a candidate's stop: pending");
-        assert!(
-            i.members(&key("api")).is_empty(),
-            "the current feed's members too"
-        );
+        assert_eq!(i.unknown("east", 4), [key("db")]);
+        assert!(i.pending().is_empty(), "the current feed runs on");
+        assert_eq!(i.members(&key("api")).len(), 1, "its member stays");
         // The next run lists; an old feed's late word then changes nothing.
         i.remote_member(&link("east"), 4, svc("db"));
         i.listed("east", 4);

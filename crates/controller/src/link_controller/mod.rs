@@ -198,8 +198,9 @@ impl LinkController {
     }
 
     /// Waits until every cache (remote and local) has listed once; for a rotation that
-    /// waits for the new credentials to sync without polling. A standby not running the
-    /// link has nothing to sync: at once.
+    /// waits for the new credentials to sync without polling. A standby started paused
+    /// runs the link for that; one not paused and not running the link has nothing to
+    /// sync: at once.
     pub async fn wait_synced(&self) {
         match &self.mode {
             Mode::Warm(r) => r.wait_synced().await,

@@ -18,6 +18,8 @@ pub(super) struct Running {
     /// A Link's gateway, moved in place by [`Self::move_gateway`].
     link_gateway: watch::Sender<Option<crate::gateway::GatewaySource>>,
     cancel: CancellationToken,
+    /// Cancels the tasks if the run is dropped without a stop.
+    _cancel_on_drop: tokio_util::sync::DropGuard,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -182,6 +184,7 @@ impl Running {
             relists,
             gate: gate.clone(),
             link_gateway,
+            _cancel_on_drop: cancel.clone().drop_guard(),
             cancel,
             tasks,
         }

@@ -263,25 +263,29 @@ impl Standby {
         }
     }
 
-    /// Until a run's caches have listed: a rotation's new credentials are proven by a
-    /// sync on every replica, as in warm standby, so a replica that does not run the
-    /// link starts a run for it (which its supervisor stops again after the linger,
-    /// unless the link is wanted here by then). Returns if the run stops first.
+    /// Until a run's caches have listed. A paused standby is a replacement whose new
+    /// credentials a rotation proves by a sync on every replica, as in warm standby: a
+    /// replica that does not run the link starts a run for it (kept while paused, then
+    /// stopped by the supervisor after the linger unless the link is wanted here). Not
+    /// paused and not running: nothing to sync, at once. A run that stops before it has
+    /// synced never returns (the caller's timeout decides, as for a warm run).
     pub(super) async fn wait_synced(&self) {
         let mut runs = self.shared.runs();
-        self.shared.run();
+        if self.shared.paused.load(Ordering::Acquire) {
+            self.shared.run();
+        }
         runs.borrow_and_update();
         let synced = self.shared.running.lock().as_ref().map(Running::synced);
         let Some(mut synced) = synced else {
             return;
         };
         let listed = async {
-            let _ = synced.wait_for(|s| s.remote && s.local()).await;
+            if synced.wait_for(|s| s.remote && s.local()).await.is_err() {
+                std::future::pending::<()>().await
+            }
         };
         tokio::select! {
             _ = listed => {}
-            // That run stopped (parked): the caller's timeout decides, as for a
-            // run that never syncs.
             _ = runs.changed() => std::future::pending::<()>().await,
         }
     }
@@ -292,15 +296,18 @@ impl Standby {
         let run = self.shared.running.lock().take();
         match run {
             Some(run) => {
-                self.shared
-                    .parts
-                    .lock()
-                    .deps
-                    .metrics
-                    .write_leases
-                    .watched
-                    .dec();
-                run.stop(cleanup).await
+                let (metrics, feed) = {
+                    let p = self.shared.parts.lock();
+                    (p.deps.metrics.clone(), p.feed.clone())
+                };
+                metrics.write_leases.watched.dec();
+                let stopped = run.stop(cleanup).await;
+                // As at a park: what this run said no longer counts (a replacement's
+                // list makes the cluster known again; a removed link leaves anyway).
+                if let Some(feed) = feed.filter(|_| !cleanup) {
+                    feed.unknown();
+                }
+                stopped
             }
             // The replica holding the link's Lease deletes them (the link manager's
             // cleanup waits for the Lease here, as on a replica that does not lead).
@@ -355,16 +362,7 @@ async fn supervise(
                 None => std::future::pending().await,
             }
         };
-        let led = async {
-            match leader.as_mut() {
-                Some(l) => {
-                    if l.changed().await.is_err() {
-                        std::future::pending::<()>().await
-                    }
-                }
-                None => std::future::pending().await,
-            }
-        };
+        let led = crate::leader::next_change(leader.as_mut());
         tokio::select! {
             _ = cancel.cancelled() => return,
             r = gate.changed() => {

@@ -204,6 +204,11 @@ pub(super) fn spawn_gateway_report(
     let health = rec.view.health.clone();
     let (writer, link) = (rec.fx.writer.clone(), rec.fx.link_secret.clone());
     let notes: crate::gateway::report::Notes = Arc::new(move |reason, note| {
+        // Told by the link's writer only (a standby or a replica that does not lead
+        // resolves the gateway too).
+        if !writer.leading() {
+            return;
+        }
         if let Some(link) = link.clone() {
             let writer = writer.clone();
             tokio::spawn(async move { writer.record(&link, reason, "Mirror", note).await });

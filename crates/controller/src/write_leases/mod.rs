@@ -439,16 +439,7 @@ pub fn spawn(
                 // already, and a replica that is not the leader writes nothing.
                 w.forget_all();
             }
-            let changed = async {
-                match leader.as_mut() {
-                    Some(l) => {
-                        if l.changed().await.is_err() {
-                            std::future::pending::<()>().await
-                        }
-                    }
-                    None => std::future::pending().await,
-                }
-            };
+            let changed = crate::leader::next_change(leader.as_mut());
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(tick) => {}

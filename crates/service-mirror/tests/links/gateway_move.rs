@@ -124,7 +124,7 @@ async fn a_links_new_gateway_is_taken_in_place_without_a_restart_or_a_relist() {
     // In place: one controller ever started for the link, the remote listed once.
     let started = w
         .ctl
-        .log_lines("service_mirror_controller::link_controller: watching remote cluster");
+        .log_lines("service_mirror_controller::link_controller::running: watching remote cluster");
     assert_eq!(started.len(), 1, "{started:?}");
     let listed = w.ctl.log_lines("remote services synced");
     assert_eq!(listed.len(), 1, "{listed:?}");
