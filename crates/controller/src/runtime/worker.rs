@@ -92,7 +92,12 @@ pub(crate) async fn work<K, S, R>(
             continue;
         }
         let started = std::time::Instant::now();
-        let result = rec.reconcile(&key).await;
+        // Boxed: a reconcile's future is large (a link's: about 90 KB, its plan and
+        // objects inline), and inline it would be part of every worker task for good,
+        // busy or idle: 4 workers a link, 0.36 MiB a link (heap profile, 10 links x
+        // 1,000 Services, BENCHMARKS.md "What the live heap holds"). Boxed, it exists
+        // only while a key is reconciled.
+        let result = Box::pin(rec.reconcile(&key)).await;
         let meter = rec.meter();
         let label = crate::runtime::metrics::outcome_label(result.as_ref().ok());
         if let Some(m) = meter {
@@ -109,7 +114,7 @@ pub(crate) async fn work<K, S, R>(
             }
             Err(e) => {
                 let failures = queue.done(key.clone(), Outcome::Failed);
-                rec.failed(&key, e, failures).await;
+                Box::pin(rec.failed(&key, e, failures)).await;
             }
         }
         // One debug line per reconcile, once all it does is done (the failure's report
