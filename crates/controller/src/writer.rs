@@ -366,6 +366,10 @@ impl LocalWriter {
         let ns = obj.namespace().unwrap_or_default();
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let mut created_namespace = false;
+        // A holder deleted between our create's 409 and the read that follows it: the
+        // name is free, and no watch event will say so (ours select our labels), so the
+        // create is tried again at once (twice at most).
+        let mut holder_gone = 0;
         loop {
             self.metrics.writer.write("create", K::plural(&()).as_ref());
             match api.create(&Self::post_params(), obj).await {
@@ -378,16 +382,20 @@ impl LocalWriter {
                     self.ensure_namespace(&ns).await?;
                     created_namespace = true;
                 }
-                Err(e) if api_code(&e) == Some(409) => {
-                    return Ok((self.on_exists(&api, obj).await?, None));
-                }
+                Err(e) if api_code(&e) == Some(409) => match self.on_exists(&api, obj).await? {
+                    Some(applied) => return Ok((applied, None)),
+                    None if holder_gone < 2 => holder_gone += 1,
+                    // Taken and freed again and again: the key is retried with backoff.
+                    None => return Err(e.into()),
+                },
                 Err(e) => return Err(e.into()),
             }
         }
     }
 
-    /// Create found the name taken: ours but not yet in the cache, or someone else's.
-    async fn on_exists<K: MirrorKind>(&self, api: &Api<K>, obj: &K) -> Result<Applied> {
+    /// Create found the name taken: ours but not yet in the cache, or someone else's;
+    /// `None` if it is gone by the time it is read (the name is free: create again).
+    async fn on_exists<K: MirrorKind>(&self, api: &Api<K>, obj: &K) -> Result<Option<Applied>> {
         let name = obj.name_any();
         let ns = obj.namespace().unwrap_or_default();
         let existing = api.get_opt(&name).await?;
@@ -413,11 +421,16 @@ impl LocalWriter {
                 }
                 Err(err)
             }
-            // Ours (the cache has not seen it yet) or gone again: the watch event that
-            // brings it to the cache queues this key again, so nothing is lost.
-            _ => {
+            // Ours (the cache has not seen it yet): the watch event that brings it to
+            // the cache queues this key again, so nothing is lost.
+            Some(_) => {
                 tracing::debug!(cluster = %self.cluster, kind = %K::kind(&()), %ns, %name, "create found our own object: cache behind");
-                Ok(Applied::Stale)
+                Ok(Some(Applied::Stale))
+            }
+            // Someone else's, deleted since our create: no event of ours will tell.
+            None => {
+                tracing::debug!(cluster = %self.cluster, kind = %K::kind(&()), %ns, %name, "the name's holder is gone: creating again");
+                Ok(None)
             }
         }
     }
