@@ -1949,12 +1949,7 @@ async fn a_link_whose_write_lease_another_writer_holds_creates_no_federated_serv
     // Released: the Lease is ours, the held messages apply, the Service is written.
     renewer.abort();
     let _ = renewer.await;
-    let mut l = leases.get(&name).await.unwrap();
-    l.spec.as_mut().unwrap().holder_identity = Some(String::new());
-    leases
-        .replace(&name, &PostParams::default(), &l)
-        .await
-        .unwrap();
+    release_lease(&leases, &name).await;
     let released = std::time::Instant::now();
     w.federated_until("written once the Lease is ours", "web", |s| {
         remote_discovery(s) == Some("web@east")

@@ -84,6 +84,20 @@ async fn spread_within(
     }
 }
 
+/// Waits until `one` holds every link but the foreign one; returns how long it took.
+async fn held_by_one(
+    lc: &kube::Client,
+    ns: &str,
+    clusters: &[String],
+    one: &str,
+    monitor: &mut Monitor,
+) -> Duration {
+    let all = (LINKS - 1, LINKS - 1);
+    spread_within(lc, ns, clusters, &[one], all, monitor)
+        .await
+        .1
+}
+
 /// Waits until every mirror of every link but the foreign one points at `ip`; returns
 /// how long it took.
 async fn mirrors_point_at(
@@ -309,15 +323,7 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
     signal(&running[paused_at], libc::SIGSTOP);
     let stopped = Instant::now();
     gateway_in(&env.rc, &env.ns, "gw", 4143, &["192.0.2.4"]).await;
-    let (_, taken) = spread_within(
-        &env.lc,
-        &ctl_ns,
-        &clusters,
-        &[other],
-        (LINKS - 1, LINKS - 1),
-        &mut monitor,
-    )
-    .await;
+    let taken = held_by_one(&env.lc, &ctl_ns, &clusters, other, &mut monitor).await;
     mirrors_point_at(&env, &clusters, "192.0.2.4", &mut monitor).await;
     // Time is the subject: stopped past its lease.
     tokio::time::sleep(Duration::from_secs(LEASE_SECS + 2).saturating_sub(stopped.elapsed())).await;
@@ -389,12 +395,7 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
     foreign.abort();
     let leases: Api<Lease> = Api::namespaced(env.lc.clone(), &ctl_ns);
     let name = format!("service-mirror-write-{foreign_cluster}");
-    let mut l = leases.get(&name).await.unwrap();
-    l.spec.as_mut().unwrap().holder_identity = Some(String::new());
-    leases
-        .replace(&name, &PostParams::default(), &l)
-        .await
-        .unwrap();
+    release_lease(&leases, &name).await;
     let released = Instant::now();
     let services: Api<Service> = Api::namespaced(env.lc.clone(), &env.ns);
     let endpoints: Api<Endpoints> = Api::namespaced(env.lc.clone(), &env.ns);
@@ -427,15 +428,7 @@ async fn links_spread_over_replicas_rebalance_on_join_and_death_with_one_writer_
     // A replica shutting down (SIGTERM) releases its links and deletes its member
     // Lease: the other takes them within a pass or two, not after a lease duration.
     signal(&running[paused_at], libc::SIGTERM);
-    let (_, handed) = spread_within(
-        &env.lc,
-        &ctl_ns,
-        &clusters,
-        &[other],
-        (LINKS - 1, LINKS - 1),
-        &mut monitor,
-    )
-    .await;
+    let handed = held_by_one(&env.lc, &ctl_ns, &clusters, other, &mut monitor).await;
     println!("{paused} shut down: {other} held every link {handed:.1?} after SIGTERM");
     assert!(
         handed < Duration::from_millis(2500),

@@ -302,6 +302,20 @@ pub(crate) fn peak_rss_mib(pid: u32) -> f64 {
     kib / 1024.0
 }
 
+/// Releases Lease `name` as client-go's `LeaseLock` does: holder `""`, the rest as read.
+#[allow(dead_code)] // Not every test binary releases a Lease.
+pub(crate) async fn release_lease(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    name: &str,
+) {
+    let mut l = leases.get(name).await.unwrap();
+    l.spec.get_or_insert_default().holder_identity = Some(String::new());
+    leases
+        .replace(name, &PostParams::default(), &l)
+        .await
+        .unwrap();
+}
+
 pub(crate) async fn create_namespace(client: &Client, ns: &str) {
     local_cluster::ensure_namespace(client, ns)
         .await
