@@ -2027,10 +2027,21 @@ async fn a_held_links_stored_entry_stays_when_its_federated_service_is_planned_a
     let web = Subject::federation(&w.ns, "web");
     let first = Mark::now(&InProcess, web.clone());
     let fed = w.federation_with(None, Some(gates.clone()));
-    fed.federation.expect(vec![]);
     let holder = w.hold_write_lease(&fed, &gates, &cluster, "ours-0", None);
+    // East judged held by the other writer, and its link started, before anything is
+    // planned (nothing is before `expect`): its messages are held from the first, so
+    // east is pending for every plan (a plan before east's first message would find a
+    // stored entry of a cluster neither known nor pending).
+    let blocked = format!(
+        "service_mirror_write_lease_blocked{{cluster=\"{cluster}\",reason=\"held_by_foreign\"}} "
+    );
+    eventually("east judged held by the other writer", || async {
+        (w.metric_value(&blocked) == 1).then_some(())
+    })
+    .await;
     let rc = w.east.client().await.unwrap();
     let east = w.start_link_gated(&fed, &spec, rc, 100, Some(gates.clone()), None);
+    fed.federation.expect(vec![]);
     // Planned at the start, the stores listed.
     first.passed().await;
     // A local member joins: the key is planned again while east is held. East pending,
