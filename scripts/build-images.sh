@@ -15,6 +15,11 @@
 #                       workload `httpd -f -p 8080 -h /www`, client `wget -qO- <url>` and
 #                       TCP forwarder `nc -ll -p 4143 -e nc <target> <port>`; this busybox
 #                       has no tcpsvd).
+#   mcs-conformance/stand-in.tar
+#                       docker.io/nicolaka/netshoot:v0.15 and docker.io/alpine/socat:1.7.4.4,
+#                       the images of the upstream MCS conformance suite's Pods: busybox's
+#                       root with images/mcs-conformance/socat (a shim). Nodes do not
+#                       import it; `demo --mcs-conformance` on real nodes does.
 #
 #   scripts/build-images.sh            build what is missing or stale, print the dir
 #   scripts/build-images.sh --print    only print the dir (no build)
@@ -125,8 +130,8 @@ layer_tar() { # rootfs out
 }
 
 # A docker-archive (the `docker save` layout) of one single-layer image.
-# config_json: the image's "config" object.
-archive() { # rootfs tag config_json out
+# tags: its names, separated by spaces; config_json: the image's "config" object.
+archive() { # rootfs tags config_json out
   local rootfs=$1 tag=$2 config=$3 out=$4 a="$work/archive" layer_sha config_sha
   rm -rf "$a" && mkdir -p "$a"
   layer_tar "$rootfs" "$a/layer.tar"
@@ -137,8 +142,8 @@ archive() { # rootfs tag config_json out
       rootfs: {type: "layers", diff_ids: [$diff]}}' >"$a/config.json"
   config_sha=$(sha256sum "$a/config.json" | cut -d' ' -f1)
   mv "$a/config.json" "$a/$config_sha.json"
-  jq -c -n --arg config "$config_sha.json" --arg tag "$tag" --arg layer "$layer_sha/layer.tar" \
-    '[{Config: $config, RepoTags: [$tag], Layers: [$layer]}]' >"$a/manifest.json"
+  jq -c -n --arg config "$config_sha.json" --arg tags "$tag" --arg layer "$layer_sha/layer.tar" \
+    '[{Config: $config, RepoTags: ($tags | split(" ")), Layers: [$layer]}]' >"$a/manifest.json"
   layer_tar "$a" "$out.tmp.$$"
   mv "$out.tmp.$$" "$out"
 }
@@ -173,8 +178,9 @@ fi
 busybox=/bin/busybox
 [[ -x "$busybox" ]] || die "$busybox is missing: install Debian's busybox-static (as root, scripts/build-control-plane.sh --node does, or apt-get install -y busybox-static)"
 busybox_key=$(cat <(sha256sum "$busybox") <(echo "$self_sha") | sha256sum | cut -d' ' -f1)
-if stale busybox.tar "$busybox_key"; then
-  r="$work/busybox-root"
+# The busybox image's root in <dir>.
+busybox_root() { # dir
+  local r=$1 applets a
   mkdir -p "$r/bin" "$r/etc" "$r/www" "$r/tmp"
   install -m 0755 "$busybox" "$r/bin/busybox"
   ldd "$busybox" >/dev/null 2>&1 && die "$busybox is not static (the image holds no libraries)"
@@ -194,11 +200,38 @@ if stale busybox.tar "$busybox_key"; then
   chmod 0644 "$r/etc/passwd" "$r/etc/group" "$r/www/index.html"
   chmod 0755 "$r/bin" "$r/etc" "$r/www"
   chmod 1777 "$r/tmp"
+}
+if stale busybox.tar "$busybox_key"; then
+  r="$work/busybox-root"
+  busybox_root "$r"
   archive "$r" service-mirror.local/busybox:1.35 \
     '{"Cmd": ["sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/"}' \
     "$dir/busybox.tar"
   echo "$busybox_key" >"$dir/busybox.tar.inputs"
   log "built busybox.tar"
+fi
+
+# --- the MCS conformance suite's images ------------------------------------------------
+# Its request Pod (nicolaka/netshoot) runs `nslookup` and `nc`, its hello Pods
+# (alpine/socat) a socat listener: busybox under both names, with a socat shim
+# (images/mcs-conformance/socat). No nc shim can drop the suite's `nc -v -4`, which
+# busybox nc rejects: Debian's busybox sh runs its own applets before any file on PATH.
+# In a subdirectory, so that nodes do not import it: only `demo --mcs-conformance` on
+# real nodes does (crates/demo/src/conformance.rs).
+standin_src="$root/images/mcs-conformance"
+standin_key=$(cat <(sha256sum "$busybox" "$standin_src"/*) <(echo "$self_sha") | sha256sum | cut -d' ' -f1)
+if stale mcs-conformance/stand-in.tar "$standin_key"; then
+  mkdir -p "$dir/mcs-conformance"
+  busybox_root "$work/stand-in-root"
+  r="$work/stand-in-root"
+  mkdir -p "$r/usr/local/bin"
+  install -m 0755 "$standin_src/socat" "$r/usr/local/bin/"
+  chmod 0755 "$r/usr" "$r/usr/local" "$r/usr/local/bin"
+  archive "$r" "docker.io/nicolaka/netshoot:v0.15 docker.io/alpine/socat:1.7.4.4" \
+    '{"Cmd": ["sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/"}' \
+    "$dir/mcs-conformance/stand-in.tar"
+  echo "$standin_key" >"$dir/mcs-conformance/stand-in.tar.inputs"
+  log "built mcs-conformance/stand-in.tar"
 fi
 
 # --- service-mirror -------------------------------------------------------------------

@@ -5,14 +5,24 @@
 //! there: the CRD served and the cluster named) linked to the other (a full mesh: each
 //! reads the other's ServiceExports over its link), one kubeconfig whose contexts and
 //! cluster names are `west` and `east` (the suite names a cluster by its context's
-//! cluster, which must be the name its peers' links give it), and a Pod-status step.
+//! cluster, which must be the name its peers' links give it).
 //!
-//! The Pod-status step stands in for kubelets (there is none): every spec first starts a
-//! request Pod in each cluster and waits for it to be `Running`; the step marks the Pods
-//! of the suite's namespaces (`mcs-conformance-*`) Running and Ready, at the cluster's
-//! node address (its data plane's, else a documentation address). Nothing runs in them:
-//! the suite's specs that exec into the request Pod (DNS, connectivity) cannot pass here.
+//! Where its Pods run, by [`Mode`] (the demo's own choice, `--no-nodes`, `--no-traffic`):
+//! - [`Mode::Nodes`]: one real node per cluster (kubelet + containerd). The suite's images
+//!   are stand-ins imported into each node (`scripts/build-images.sh`,
+//!   `mcs-conformance/stand-in.tar`: busybox named `nicolaka/netshoot:v0.15` and
+//!   `alpine/socat:1.7.4.4`, with a socat shim), and each cluster's CoreDNS
+//!   forwards `clusterset.local` to its controller's DNS server
+//!   (`--clusterset-dns-addr`), as an operator's Corefile does: the DNS specs, which
+//!   exec `nslookup` in the request Pod, run for real.
+//! - Otherwise no kubelet: a Pod-status step stands in. Every spec first starts a
+//!   request Pod in each cluster and waits for it to be `Running`; the step marks the
+//!   Pods of the suite's namespaces (`mcs-conformance-*`) Running and Ready, at the
+//!   cluster's node address (its data plane's, else a documentation address). Nothing
+//!   runs in them: the specs that exec into the request Pod (DNS, connectivity) cannot
+//!   pass there.
 
+use crate::mode::Mode;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -44,6 +54,7 @@ pub struct Prepared {
     pub kubeconfig: Kubeconfig,
     controllers: Vec<Child>,
     pod_steps: Vec<JoinHandle<()>>,
+    mode: Mode,
 }
 
 impl Drop for Prepared {
@@ -64,22 +75,29 @@ impl Prepared {
         cluster.dir().join("service-mirror.log")
     }
 
-    /// The `go test` command that runs the suite's Required specs against these
-    /// clusters, from a checkout of kubernetes-sigs/mcs-api.
+    /// The `go test` command that runs the suite's specs that can pass here against
+    /// these clusters, from a checkout of kubernetes-sigs/mcs-api: the Required ones,
+    /// and on real nodes the DNS ones too.
     pub fn suite_command(&self) -> String {
+        let labels = if self.mode == Mode::Nodes {
+            "'Required || DNS'"
+        } else {
+            "Required"
+        };
         format!(
-            "cd mcs-api/conformance && go test -v -timeout 30m . -args --kubeconfig={} --contexts=west,east --ginkgo.label-filter=Required",
+            "cd mcs-api/conformance && go test -v -timeout 30m . -args --kubeconfig={} --contexts=west,east --ginkgo.label-filter={labels}",
             self.kubeconfig.path.display()
         )
     }
 }
 
-/// Starts west and east (with data planes if `data_plane`), installs the MCS CRDs and
-/// names each in its ClusterProperty `id.k8s.io`, links them both ways, starts
-/// `binary run` for each and the Pod-status steps, and writes the kubeconfig into `dir`.
-pub async fn prepare(binary: &Path, data_plane: bool, dir: &Path) -> anyhow::Result<Prepared> {
+/// Starts west and east as `mode` says, installs the MCS CRDs and names each in its
+/// ClusterProperty `id.k8s.io`, links them both ways, starts `binary run` for each (and
+/// the Pod-status steps without nodes), and writes the kubeconfig into `dir`.
+pub async fn prepare(binary: &Path, mode: Mode, dir: &Path) -> anyhow::Result<Prepared> {
     let opts = || ClusterOptions {
-        data_plane,
+        data_plane: mode != Mode::Story,
+        nodes: usize::from(mode == Mode::Nodes),
         ..Default::default()
     };
     let (west, east) = tokio::try_join!(
@@ -91,17 +109,33 @@ pub async fn prepare(binary: &Path, data_plane: bool, dir: &Path) -> anyhow::Res
         install_mcs_crds(client, name).await?;
         local_cluster::ensure_namespace(client, DEFAULT_NAMESPACE).await?;
     }
+    if mode == Mode::Nodes {
+        let stand_in = stand_in_images()?;
+        for cluster in [&west, &east] {
+            for node in cluster.data_plane().map(|d| d.nodes()).unwrap_or_default() {
+                node.ctr(&["images", "import", &stand_in.display().to_string()])
+                    .await?;
+            }
+        }
+    }
     // Each cluster reads the other with the remote RBAC of `allow` (ServiceExports and
     // Services), by a link Secret as `link` makes it.
     let east_token = crate::allowed_token(&east, &ec).await?;
     crate::link_cluster(&wc, &east, &east.server_url(), &east_token).await?;
     let west_token = crate::allowed_token(&west, &wc).await?;
     crate::link_cluster(&ec, &west, &west.server_url(), &west_token).await?;
-    let controllers = vec![controller(binary, &west)?, controller(binary, &east)?];
-    let pod_steps = vec![
-        tokio::spawn(pod_step(wc, node_address(&west, 10))),
-        tokio::spawn(pod_step(ec, node_address(&east, 20))),
+    let controllers = vec![
+        controller(binary, &west).await?,
+        controller(binary, &east).await?,
     ];
+    let pod_steps = if mode == Mode::Nodes {
+        Vec::new()
+    } else {
+        vec![
+            tokio::spawn(pod_step(wc, node_address(&west, 10))),
+            tokio::spawn(pod_step(ec, node_address(&east, 20))),
+        ]
+    };
     let kubeconfig = Kubeconfig::merge(
         &[&west.admin_kubeconfig(), &east.admin_kubeconfig()],
         dir.join("mcs-conformance.kubeconfig"),
@@ -112,11 +146,23 @@ pub async fn prepare(binary: &Path, data_plane: bool, dir: &Path) -> anyhow::Res
         kubeconfig,
         controllers,
         pod_steps,
+        mode,
     })
 }
 
+/// `mcs-conformance/stand-in.tar` of `scripts/build-images.sh`: the suite's images.
+fn stand_in_images() -> anyhow::Result<PathBuf> {
+    let tar = local_cluster::ensure_images()?.join("mcs-conformance/stand-in.tar");
+    anyhow::ensure!(
+        tar.is_file(),
+        "{} is missing: scripts/build-images.sh builds it (SERVICE_MIRROR_IMAGES_DIR, when set, must hold it)",
+        tar.display()
+    );
+    Ok(tar)
+}
+
 /// Prepares the clusters, prints how to run the suite, and waits for Ctrl-C or SIGTERM.
-pub async fn run(data_plane: bool) -> anyhow::Result<()> {
+pub async fn run(mode: Mode) -> anyhow::Result<()> {
     let binary = std::env::current_exe().context("the path of this program")?;
     let dir = std::env::temp_dir().join(format!(
         "service-mirror-mcs-conformance-{}",
@@ -125,9 +171,13 @@ pub async fn run(data_plane: bool) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     println!(
         "Starting west and east (etcd + kube-apiserver each{}), the MCS CRDs, a service-mirror per cluster linked to the other...",
-        if data_plane { ", and a data plane" } else { "" }
+        match mode {
+            Mode::Nodes => ", and a real node",
+            Mode::Traffic => ", and a data plane",
+            Mode::Story => "",
+        }
     );
-    let prepared = prepare(&binary, data_plane, &dir).await?;
+    let prepared = prepare(&binary, mode, &dir).await?;
     println!("Ready.");
     println!(
         "  kubeconfig: {} (contexts and clusters: west, east)",
@@ -141,10 +191,16 @@ pub async fn run(data_plane: bool) -> anyhow::Result<()> {
             Prepared::controller_log(c).display()
         );
     }
-    println!(
-        "Pods of {SUITE_NAMESPACE_PREFIX}* namespaces are marked Running (no kubelet: specs that exec into the request Pod cannot pass)."
-    );
-    println!("Run the suite's Required specs from a checkout of kubernetes-sigs/mcs-api:");
+    if mode == Mode::Nodes {
+        println!(
+            "One real node per cluster, the suite's images as stand-ins, clusterset.local forwarded by CoreDNS to the controller."
+        );
+    } else {
+        println!(
+            "Pods of {SUITE_NAMESPACE_PREFIX}* namespaces are marked Running (no kubelet: specs that exec into the request Pod cannot pass)."
+        );
+    }
+    println!("Run the suite's specs from a checkout of kubernetes-sigs/mcs-api:");
     println!("  {}", prepared.suite_command());
     println!("Ctrl-C stops the controllers and the clusters and removes their files.");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -185,11 +241,13 @@ async fn install_mcs_crds(client: &Client, name: &str) -> anyhow::Result<()> {
 }
 
 /// `binary run` for `cluster`, as its admin, logging to its directory: no MCS flag
-/// (the default finds the CRD and the ClusterProperty).
-fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Child> {
+/// (the default finds the CRD and the ClusterProperty). With a data plane its
+/// clusterset.local DNS server listens on the host's fabric address, where the
+/// cluster's CoreDNS forwards the zone.
+async fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Child> {
     let log = std::fs::File::create(Prepared::controller_log(cluster))?;
-    let child = Command::new(binary)
-        .arg("run")
+    let mut cmd = Command::new(binary);
+    cmd.arg("run")
         .arg("--kubeconfig")
         .arg(&cluster.admin_kubeconfig().path)
         .args([
@@ -197,7 +255,13 @@ fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Child> {
             DEFAULT_NAMESPACE,
             "--metrics-addr",
             "127.0.0.1:0",
-        ])
+        ]);
+    if let Some(plane) = cluster.data_plane() {
+        let dns = plane.free_host_port()?;
+        plane.forward_zone("clusterset.local", dns).await?;
+        cmd.args(["--clusterset-dns-addr", &dns.to_string()]);
+    }
+    let child = cmd
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

@@ -9,7 +9,7 @@
 //!
 //! Without traffic, gateways are published at documentation addresses (192.0.2.N, never
 //! contacted); their probes are redirected to small HTTP servers on 127.0.0.N that the
-//! story can stop. With traffic ([`traffic::decide`]: root, the data-plane binaries built)
+//! story can stop. With traffic ([`mode::decide`]: root, the data-plane binaries built)
 //! every cluster gets a data plane (docs/data-plane.md): each remote's services are
 //! answered by workloads on its node behind local-cluster's stand-in gateway, and the
 //! story sends real requests from west's node through the mirrors, on 198.18.0.0/15 only.
@@ -67,7 +67,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use table::step;
 use tokio_util::sync::CancellationToken;
-use traffic::Traffic;
 
 /// Options of the demo.
 #[derive(Debug, clap::Args)]
@@ -85,9 +84,10 @@ pub struct DemoArgs {
     #[arg(long)]
     no_nodes: bool,
     /// Instead of the story: two linked clusters, each named by its ClusterProperty
-    /// `id.k8s.io` (MCS on by default),
-    /// and a kubeconfig for the upstream MCS conformance suite (see `conformance.rs`),
-    /// until Ctrl-C. With a data plane where traffic can run (not with --no-traffic).
+    /// `id.k8s.io` (MCS on by default), and a kubeconfig for the upstream MCS
+    /// conformance suite (see `conformance.rs`), until Ctrl-C. On real nodes where they
+    /// can run (the suite's DNS specs then run too), as the story decides: --no-nodes,
+    /// --no-traffic narrow it.
     #[arg(long)]
     mcs_conformance: bool,
 }
@@ -108,8 +108,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         service_mirror_controller::logging::LogFormat::Plain,
     )?;
     if args.mcs_conformance {
-        let data_plane = matches!(traffic::decide_here(args.no_traffic)?, Traffic::Run);
-        return conformance::run(data_plane).await;
+        let decision = mode::decide(&Host::here(args.no_traffic, args.no_nodes))?;
+        if let Some(line) = &decision.skipped {
+            println!("{line}");
+        }
+        return conformance::run(decision.mode).await;
     }
     tokio::select! {
         r = story(args) => r,

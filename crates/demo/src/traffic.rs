@@ -7,52 +7,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Whether the story sends real traffic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Traffic {
-    /// Start the clusters with data planes and send requests.
-    Run,
-    /// Tell the story without traffic; the reason is printed in one line.
-    Skip(String),
-}
-
-/// The decision, from what it depends on: `--no-traffic`, `CI=true`, whether this process
-/// can make network namespaces ([`local_cluster::data_plane_support`]) and whether the
-/// data-plane binaries are built. Without namespaces or binaries the demo tells its story
-/// without traffic, except under `CI=true`, where that is an error (the wire tests'
-/// policy); under CI missing binaries are built by the cluster start.
-pub fn decide(
-    no_traffic: bool,
-    ci: bool,
-    support: Result<(), String>,
-    binaries_built: impl FnOnce() -> bool,
-) -> anyhow::Result<Traffic> {
-    if no_traffic {
-        return Ok(Traffic::Skip("--no-traffic".into()));
-    }
-    if let Err(why) = support {
-        anyhow::ensure!(!ci, "CI=true: the demo's real traffic cannot run: {why}");
-        return Ok(Traffic::Skip(format!("no network namespaces here, {why}")));
-    }
-    if !ci && !binaries_built() {
-        return Ok(Traffic::Skip(
-            "the data-plane binaries are not built (`scripts/build-control-plane.sh --data-plane`, a few minutes)"
-                .into(),
-        ));
-    }
-    Ok(Traffic::Run)
-}
-
-/// [`decide`] for this process.
-pub fn decide_here(no_traffic: bool) -> anyhow::Result<Traffic> {
-    decide(
-        no_traffic,
-        std::env::var("CI").as_deref() == Ok("true"),
-        local_cluster::data_plane_support(),
-        || local_cluster::built_data_plane_binaries().is_some(),
-    )
-}
-
 /// The mirror's DNS name in `ns`.
 pub fn host(mirror: &str, ns: &str) -> String {
     format!("{mirror}.{ns}.svc.cluster.local")
@@ -221,29 +175,4 @@ pub async fn while_requesting<T>(
     };
     let (out, tally) = tokio::join!(work, requests);
     (out, tally)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn traffic_runs_only_where_it_can_and_ci_insists() {
-        let ok = || Ok(());
-        let no_root = || Err("not root".to_string());
-        assert_eq!(decide(false, false, ok(), || true).unwrap(), Traffic::Run);
-        assert_eq!(decide(false, true, ok(), || false).unwrap(), Traffic::Run);
-        // The flag wins, also under CI.
-        for ci in [false, true] {
-            assert_eq!(
-                decide(true, ci, no_root(), || true).unwrap(),
-                Traffic::Skip("--no-traffic".into())
-            );
-        }
-        assert!(matches!(decide(false, false, no_root(), || true).unwrap(),
-            Traffic::Skip(why) if why.contains("not root")));
-        assert!(decide(false, true, no_root(), || true).is_err());
-        assert!(matches!(decide(false, false, ok(), || false).unwrap(),
-            Traffic::Skip(why) if why.contains("--data-plane")));
-    }
 }

@@ -24,6 +24,7 @@
 //! "Limitations").
 
 use super::wire::{Owner, Query, RData, Rcode, Record, Response, rtype};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 /// The zone.
@@ -368,37 +369,55 @@ fn address(ip: IpAddr) -> RData {
 /// SRV answers of `ports` (port by port): the service as target (ClusterSetIP), or
 /// each ready endpoint (headless); with the targets' addresses as glue. Built only
 /// while they may fit the response.
+///
+/// An RRset holds no two identical records (RFC 2181 5; CoreDNS's `kubernetes`
+/// answers one): a port number under two protocols (the conformance suite's hello
+/// serves 42 over TCP and UDP) is one record per target, and an endpoint name in two
+/// slices (one per address family) one target, with both families' addresses as glue.
 fn srv_records(found: &mut Found, s: &ServiceRecords, ports: &[&Port], svc: &str, ns: &str) {
-    // (the target's labels before the zone, its addresses)
-    let targets: Vec<([&str; 5], &[IpAddr])> = if s.headless {
-        s.endpoints
-            .iter()
-            .map(|e| {
-                (
-                    [e.hostname.as_str(), e.cluster.as_str(), svc, ns, "svc"],
-                    e.addresses.as_slice(),
-                )
-            })
-            .filter(|(name, _)| name_fits(name))
-            .collect()
+    let mut numbers: Vec<u16> = Vec::with_capacity(ports.len());
+    for p in ports {
+        if !numbers.contains(&p.port) {
+            numbers.push(p.port);
+        }
+    }
+    // The targets (their labels before the zone, each once) and their addresses.
+    let mut targets: Vec<([&str; 5], Vec<IpAddr>)> = Vec::new();
+    if s.headless {
+        let mut index: HashMap<[&str; 5], usize> = HashMap::with_capacity(s.endpoints.len());
+        for e in &s.endpoints {
+            let name = [e.hostname.as_str(), e.cluster.as_str(), svc, ns, "svc"];
+            if !name_fits(&name) {
+                continue;
+            }
+            let i = match index.get(&name) {
+                Some(i) => *i,
+                None => {
+                    index.insert(name, targets.len());
+                    targets.push((name, Vec::new()));
+                    targets.len() - 1
+                }
+            };
+            targets[i].1.extend(e.addresses.iter().copied());
+        }
     } else {
-        vec![([svc, ns, "svc", "", ""], s.ips.as_slice())]
-    };
+        targets.push(([svc, ns, "svc", "", ""], s.ips.clone()));
+    }
     let labels = |name: &[&str; 5]| -> Vec<String> {
         let n = if s.headless { 5 } else { 3 };
         zone_name(&name[..n])
     };
-    let count = (ports.len() * targets.len()).max(1);
+    let count = (numbers.len() * targets.len()).max(1);
     let weight = (100 / count).max(1) as u16;
     // The targets some SRV answer names (a prefix of `targets`).
     let mut named = 0;
-    'ports: for port in ports {
+    'ports: for port in &numbers {
         for (i, (target, _)) in targets.iter().enumerate() {
             named = named.max(i + 1);
             let srv = RData::Srv {
                 priority: 0,
                 weight,
-                port: port.port,
+                port: *port,
                 target: labels(target),
             };
             if !found.answers.push(record(Owner::Question, srv)) {
@@ -408,10 +427,10 @@ fn srv_records(found: &mut Found, s: &ServiceRecords, ports: &[&Port], svc: &str
     }
     'glue: for (target, ips) in &targets[..named] {
         let owner = labels(target);
-        for ip in *ips {
+        for ip in ips.iter().copied() {
             if !found
                 .glue
-                .push(record(Owner::Name(owner.clone()), address(*ip)))
+                .push(record(Owner::Name(owner.clone()), address(ip)))
             {
                 break 'glue;
             }

@@ -280,6 +280,73 @@ fn clusterset_ip_services_answer_their_ips_and_ports() {
     }
 }
 
+/// The upstream MCS conformance suite's SRV specs, on real nodes, caught two identical
+/// records: its hello serves port 42 over TCP and over UDP. An RRset holds no
+/// duplicates (RFC 2181 5); CoreDNS answers one record.
+#[test]
+fn an_srv_rrset_holds_no_two_identical_records() {
+    let mut z = zone();
+    let both = vec![port(Some("tcp"), "tcp", 42), port(Some("udp"), "udp", 42)];
+    z.services.insert(
+        ("shop".into(), "hello".into()),
+        ServiceRecords {
+            ips: vec![ip("10.96.0.42")],
+            ports: both.clone(),
+            ..ServiceRecords::default()
+        },
+    );
+    // Headless, its pod in two slices (one per family): one target, both addresses.
+    z.services.insert(
+        ("shop".into(), "pair".into()),
+        ServiceRecords {
+            headless: true,
+            ports: both,
+            endpoints: vec![
+                endpoint("west", "p-0", &["10.1.0.7"]),
+                endpoint("west", "p-0", &["fd00::7"]),
+                endpoint("east", "p-0", &["10.2.0.7"]),
+            ],
+            ..ServiceRecords::default()
+        },
+    );
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "hello.shop.svc.clusterset.local.",
+            &[
+                "AN hello.shop.svc.clusterset.local. 5 IN SRV 0 100 42 hello.shop.svc.clusterset.local.",
+                "AR hello.shop.svc.clusterset.local. 5 IN A 10.96.0.42",
+            ],
+        ),
+        // A named port's own name is one port: unchanged.
+        (
+            "_udp._udp.hello.shop.svc.clusterset.local.",
+            &[
+                "AN _udp._udp.hello.shop.svc.clusterset.local. 5 IN SRV 0 100 42 hello.shop.svc.clusterset.local.",
+                "AR hello.shop.svc.clusterset.local. 5 IN A 10.96.0.42",
+            ],
+        ),
+        (
+            "pair.shop.svc.clusterset.local.",
+            &[
+                "AN pair.shop.svc.clusterset.local. 5 IN SRV 0 50 42 p-0.west.pair.shop.svc.clusterset.local.",
+                "AN pair.shop.svc.clusterset.local. 5 IN SRV 0 50 42 p-0.east.pair.shop.svc.clusterset.local.",
+                "AR p-0.west.pair.shop.svc.clusterset.local. 5 IN A 10.1.0.7",
+                "AR p-0.west.pair.shop.svc.clusterset.local. 5 IN AAAA fd00::7",
+                "AR p-0.east.pair.shop.svc.clusterset.local. 5 IN A 10.2.0.7",
+            ],
+        ),
+    ];
+    for (name, lines) in cases {
+        let (rcode, got) = ask(&z, name, RecordType::SRV);
+        assert_eq!(rcode, ResponseCode::NoError, "{name}");
+        assert_eq!(
+            got,
+            lines.iter().map(|l| l.to_string()).collect::<Vec<_>>(),
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn headless_services_answer_their_ready_endpoints_by_cluster() {
     let z = zone();

@@ -525,6 +525,30 @@ impl DataPlane {
         self.inner.fabric.host_ip()
     }
 
+    /// A free port on the host's fabric address ([`DataPlane::host_ip`]), UDP and TCP
+    /// both free when checked: for a server of this process (the controller's
+    /// `--clusterset-dns-addr`) that the nodes reach.
+    ///
+    /// Racy by nature: the sockets are closed before the server binds the port, so
+    /// another process could take it in between. Accepted: the fabric address is this
+    /// cluster's own (nothing else binds on it but other servers asking the kernel for a
+    /// fresh ephemeral port the same way, and the kernel does not hand out a
+    /// just-released one again at once); a lost race fails the server's start loudly
+    /// (the controller's "binding the clusterset.local DNS server"), not a check later.
+    pub fn free_host_port(&self) -> Result<SocketAddr> {
+        let host = self.host_ip();
+        for _ in 0..20 {
+            let tcp = std::net::TcpListener::bind((host, 0))?;
+            let addr = tcp.local_addr()?;
+            if std::net::UdpSocket::bind(addr).is_ok() {
+                return Ok(addr);
+            }
+        }
+        Err(Error::DataPlane(format!(
+            "no port of {host} free for both TCP and UDP in 20 tries"
+        )))
+    }
+
     /// Gives this cluster's CoreDNS a server block `<zone>:53 { forward . <to> }` (as an
     /// operator adds `clusterset.local` to a cluster's Corefile, forwarded to the
     /// controller's DNS server; a block this gave `zone` before is replaced) and restarts

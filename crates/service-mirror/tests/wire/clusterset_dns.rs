@@ -7,27 +7,8 @@ use crate::support::eventually;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use kube::api::{Api, DynamicObject, PostParams};
 use local_cluster::DataPlane;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::time::Instant;
-
-/// A free port on the host's fabric address `host` (UDP and TCP both free when checked).
-///
-/// Racy by nature: the sockets are closed before the controller binds the port, so
-/// another process could take it in between. Accepted: the fabric address is this
-/// test's own (nothing else binds on it but other tests' controllers, which ask the
-/// kernel for a fresh ephemeral port the same way, and the kernel does not hand out a
-/// just-released one again at once); a lost race fails the controller's start loudly
-/// ("binding the clusterset.local DNS server"), not an assertion later.
-pub(crate) fn free_port(host: Ipv4Addr) -> SocketAddr {
-    for _ in 0..20 {
-        let tcp = std::net::TcpListener::bind((host, 0)).unwrap();
-        let addr = tcp.local_addr().unwrap();
-        if std::net::UdpSocket::bind(addr).is_ok() {
-            return addr;
-        }
-    }
-    panic!("no free port on {host}");
-}
 
 /// West's headless `shop/db`: its Endpoints one address, hostname `db-0`, at west's
 /// node `node`; exported.

@@ -142,7 +142,7 @@ async fn traffic_stays_home_fails_over_by_priority_and_comes_back() {
     let ctl_ns = local_cluster::unique_namespace("smmcs");
     create_namespace(&wc, &ctl_ns).await;
     // The controller's DNS server on the host's fabric address: west's node reaches it.
-    let dns = super::clusterset_dns::free_port(west.data_plane().unwrap().host_ip());
+    let dns = west.data_plane().unwrap().free_host_port().unwrap();
     let dns_flag = dns.to_string();
     let ctl = Controller::spawn(
         &west,
