@@ -49,6 +49,11 @@ pub struct ExportPolicy {
     /// `service-mirror.io/export-to` must list; `None`: unknown (a narrowed Service is
     /// then not mirrored).
     pub local_cluster: Option<String>,
+    /// The federated members' selector (a Link's `federatedServiceSelector`, where the
+    /// link feeds the federation). A member that is not mirrored is no export, but an
+    /// invalid `service-mirror.io/export-to` on it is bad input to say: it is
+    /// [`ExportDecision::Withheld`] (the federation leaves it out, reaching no cluster).
+    pub federated: Option<Selector>,
 }
 
 /// Why an exported Service is not mirrored.
@@ -158,7 +163,12 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
         }
     };
     let Some(gateway) = gateway else {
-        return ExportDecision::NotExported;
+        return match narrowed() {
+            Some(w @ Withheld::Invalid(_)) if federated_member(service, policy) => {
+                ExportDecision::Withheld(w)
+            }
+            _ => ExportDecision::NotExported,
+        };
     };
     if let Some(w) = narrowed() {
         return ExportDecision::Withheld(w);
@@ -167,6 +177,14 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
         None => ExportDecision::Mirror(gateway),
         Some(reason) => ExportDecision::Refused { gateway, reason },
     }
+}
+
+/// Whether `service` is a federated member by `policy` (its selector, and no mirror:
+/// a mirror copies its remote's labels, and the federation never takes one).
+fn federated_member(service: &Service, policy: &ExportPolicy) -> bool {
+    let labels = service.metadata.labels.as_ref();
+    policy.federated.as_ref().is_some_and(|f| f.matches(labels))
+        && !labels.is_some_and(|l| l.contains_key(crate::labels::MIRRORED_SERVICE_LABEL))
 }
 
 /// Why an exported `service` cannot be mirrored, if it cannot.
@@ -434,6 +452,7 @@ mod tests {
             },
             namespaces: NamespaceFilter::default(),
             local_cluster: None,
+            federated: None,
         }
     }
 
@@ -529,6 +548,7 @@ mod tests {
             },
             namespaces: NamespaceFilter::default(),
             local_cluster: None,
+            federated: None,
         };
         let table = [
             (vec![("export", "yes")], ExportDecision::Mirror(link_gw())),
@@ -558,6 +578,7 @@ mod tests {
             },
             namespaces: NamespaceFilter::default(),
             local_cluster: None,
+            federated: None,
         };
         for s in [
             svc("shop", EXPORTED, Some(1)),
@@ -596,6 +617,70 @@ mod tests {
             Some(&link_gw())
         );
         assert_eq!(ExportRule::default(), ExportRule::GatewayAnnotations);
+    }
+
+    /// A federated member that is not mirrored is no export, but an invalid
+    /// `service-mirror.io/export-to` on it is withheld, so that the link says it (the
+    /// federation leaves it out); any other narrowing of it is not the link's to say,
+    /// and a mirror (which copies its remote's labels) is never a member.
+    #[test]
+    fn a_federated_members_invalid_export_to_is_withheld_and_nothing_else_of_it() {
+        use crate::export_to::Withheld;
+        use crate::labels::MIRRORED_SERVICE_LABEL as MIRRORED;
+        use crate::mcs::EXPORT_TO_ANNOTATION as TO;
+        const MEMBER: (&str, &str) = ("mirror.linkerd.io/federated", "member");
+        let policy = ExportPolicy {
+            federated: Some(selector(MEMBER.0, MEMBER.1)),
+            local_cluster: Some("east".into()),
+            ..selectors_policy()
+        };
+        let invalid =
+            |d: &ExportDecision| matches!(d, ExportDecision::Withheld(Withheld::Invalid(_)));
+        type Labels = &'static [(&'static str, &'static str)];
+        // (what, labels, export-to, withheld as invalid)
+        let cases: &[(&str, Labels, Option<&str>, bool)] = &[
+            ("member, invalid list", &[MEMBER], Some("<script>"), true),
+            (
+                "member, listing another cluster",
+                &[MEMBER],
+                Some("west"),
+                false,
+            ),
+            ("member, listing this one", &[MEMBER], Some("east"), false),
+            ("member, no list", &[MEMBER], None, false),
+            ("not a member, invalid list", &[], Some("<script>"), false),
+            (
+                "a mirror, invalid list",
+                &[MEMBER, (MIRRORED, "web")],
+                Some("<script>"),
+                false,
+            ),
+            (
+                "member and exported, invalid list",
+                &[MEMBER, EXPORT],
+                Some("<script>"),
+                true,
+            ),
+        ];
+        for (what, labels, to, want) in cases {
+            let annotations: Vec<(&str, &str)> = to.iter().map(|t| (TO, *t)).collect();
+            let s = labelled("shop", labels, &annotations, Some(1));
+            let d = export_decision(&s, &policy);
+            assert_eq!(invalid(&d), *want, "{what}: {d:?}");
+            if !want && !labels.contains(&EXPORT) {
+                assert_eq!(d, ExportDecision::NotExported, "{what}");
+            }
+        }
+        // Without a federation (no selector), a member is nothing to this link.
+        let s = labelled("shop", &[MEMBER], &[(TO, "<script>")], Some(1));
+        let unfederated = ExportPolicy {
+            federated: None,
+            ..policy
+        };
+        assert_eq!(
+            export_decision(&s, &unfederated),
+            ExportDecision::NotExported
+        );
     }
 
     /// `service-mirror.io/export-to` narrows every export rule, after the namespace and

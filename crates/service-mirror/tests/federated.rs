@@ -749,8 +749,13 @@ fn target_ports(s: &Service) -> Vec<(String, IntOrString)> {
         .collect()
 }
 
+/// Bad members, each said on its Link while the others federate: a headless one
+/// (refused), and one whose `service-mirror.io/export-to` is invalid (federated
+/// nowhere, as it would be mirrored nowhere; said as a mirrored one's is, although the
+/// link mirrors nothing of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn headless_member_is_refused_with_an_event_and_the_others_are_unaffected() {
+async fn bad_members_headless_or_with_an_invalid_export_to_are_said_and_the_others_are_unaffected()
+{
     let mut w = World::new("fedheadless").await;
     w.fake(65).await;
     w.fake(66).await;
@@ -759,7 +764,19 @@ async fn headless_member_is_refused_with_an_event_and_the_others_are_unaffected(
     let (ec, nc) = (w.client(&w.east).await, w.client(&w.north).await);
     w.member(&ec, "db", &[("pg", 5432)], "east", true).await;
     w.member(&nc, "db", &[("pg", 5432)], "north", false).await;
+    w.member(&nc, "api", &[("http", 80)], "north", false).await;
+    let invalid = serde_json::json!({"metadata": {"annotations": {"service-mirror.io/export-to": "Bad_Name"}}});
+    Api::<Service>::namespaced(nc.clone(), &w.ns)
+        .patch("api", &PatchParams::default(), &Patch::Merge(&invalid))
+        .await
+        .unwrap();
     let (east, north) = w.east_and_north(&fed, 65, 66).await;
+    let note = wait_event(&w.lc, &w.ctl_ns, "north", "InvalidExportTo").await;
+    assert!(
+        note.contains(&format!("{}/api", w.ns)) && note.contains("Bad_Name"),
+        "{note}"
+    );
+    assert!(w.metric("kind=\"invalid_export_to\""));
     let svc = w
         .federated_until("north only", "db", |s| {
             remote_discovery(s) == Some("db@north")
@@ -779,6 +796,7 @@ async fn headless_member_is_refused_with_an_event_and_the_others_are_unaffected(
     })
     .await;
     assert_eq!(view[0].0, "north");
+    assert!(w.federated("api").await.is_none(), "api reaches no cluster");
     fed.stop_with([east, north]).await;
 }
 

@@ -74,6 +74,7 @@ impl Running {
             view: wiring::view(
                 link,
                 &config,
+                config.federated_selector.clone().filter(|_| feed.is_some()),
                 index,
                 synced.clone(),
                 gateways,

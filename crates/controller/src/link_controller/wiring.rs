@@ -97,10 +97,12 @@ pub(super) fn status_object(deps: &LinkDeps) -> Option<(String, String)> {
 }
 
 /// What the reconciles read: empty caches and tables the watches fill, and the
-/// link's planning inputs.
+/// link's planning inputs. `federated`: the members' selector where the link feeds the
+/// federation (their invalid export-to is said like a mirrored Service's).
 pub(super) fn view(
     link: Link,
     config: &LinkConfig,
+    federated: Option<service_mirror_core::Selector>,
     index: Arc<Mutex<Index>>,
     synced: watch::Receiver<Synced>,
     gateways: Gateways,
@@ -111,6 +113,7 @@ pub(super) fn view(
             namespaces: config.namespaces.clone(),
             rule: config.export_rule.clone(),
             local_cluster: config.local_cluster_name.clone(),
+            federated,
         },
         link_gateway,
         mode: config.endpoints_mode,

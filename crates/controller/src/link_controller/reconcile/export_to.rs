@@ -68,7 +68,7 @@ impl Reconciler {
                     "invalid_export_to",
                     "InvalidExportTo",
                     format!(
-                        "remote service {service} of cluster {cluster} is not mirrored: its service-mirror.io/export-to annotation has {reason}, so it reaches no cluster (never wider than asked); a mirror of it here is removed"
+                        "remote service {service} of cluster {cluster} is neither mirrored nor a federated member here: its service-mirror.io/export-to annotation has {reason}, so it reaches no cluster (never wider than asked); a mirror of it here is removed"
                     ),
                     service,
                 );

@@ -116,6 +116,7 @@ impl World {
                 rule,
                 namespaces: NamespaceFilter::default(),
                 local_cluster: None,
+                federated: None,
             },
             link_gateway: watched,
             mode: EndpointsMode::Endpoints,
