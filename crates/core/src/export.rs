@@ -51,8 +51,9 @@ pub struct ExportPolicy {
     pub local_cluster: Option<String>,
     /// The federated members' selector (a Link's `federatedServiceSelector`, where the
     /// link feeds the federation). A member that is not mirrored is no export, but an
-    /// invalid `service-mirror.io/export-to` on it is bad input to say: it is
-    /// [`ExportDecision::Withheld`] (the federation leaves it out, reaching no cluster).
+    /// invalid `service-mirror.io/export-to` on it is bad input to say:
+    /// [`ExportDecision::InvalidMemberExportTo`] (the federation leaves it out, reaching
+    /// no cluster).
     pub federated: Option<Selector>,
 }
 
@@ -114,6 +115,11 @@ pub enum ExportDecision {
     /// Exported, but its `service-mirror.io/export-to` keeps it from this cluster: any
     /// mirror goes (withdrawn), as for [`ExportDecision::NotExported`].
     Withheld(Withheld),
+    /// Not exported, but a federated member ([`ExportPolicy::federated`]) whose
+    /// `service-mirror.io/export-to` is invalid (the reason): nothing is mirrored, as
+    /// for [`ExportDecision::NotExported`] (the federation leaves it out), and the link
+    /// says the bad list; its Link status lists mirrors only, so no entry there.
+    InvalidMemberExportTo(String),
 }
 
 impl ExportDecision {
@@ -123,7 +129,8 @@ impl ExportDecision {
             ExportDecision::Mirror(gw) | ExportDecision::Refused { gateway: gw, .. } => Some(gw),
             ExportDecision::RemoteDiscovery
             | ExportDecision::NotExported
-            | ExportDecision::Withheld(_) => None,
+            | ExportDecision::Withheld(_)
+            | ExportDecision::InvalidMemberExportTo(_) => None,
         }
     }
 }
@@ -164,8 +171,8 @@ pub fn export_decision(service: &Service, policy: &ExportPolicy) -> ExportDecisi
     };
     let Some(gateway) = gateway else {
         return match narrowed() {
-            Some(w @ Withheld::Invalid(_)) if federated_member(service, policy) => {
-                ExportDecision::Withheld(w)
+            Some(Withheld::Invalid(reason)) if federated_member(service, policy) => {
+                ExportDecision::InvalidMemberExportTo(reason)
             }
             _ => ExportDecision::NotExported,
         };
@@ -620,11 +627,12 @@ mod tests {
     }
 
     /// A federated member that is not mirrored is no export, but an invalid
-    /// `service-mirror.io/export-to` on it is withheld, so that the link says it (the
-    /// federation leaves it out); any other narrowing of it is not the link's to say,
-    /// and a mirror (which copies its remote's labels) is never a member.
+    /// `service-mirror.io/export-to` on it is its own decision, so that the link says it
+    /// (the federation leaves it out); any other narrowing of it is not the link's to
+    /// say, and a mirror (which copies its remote's labels) is never a member. A member
+    /// the link also mirrors is withheld as any mirrored Service.
     #[test]
-    fn a_federated_members_invalid_export_to_is_withheld_and_nothing_else_of_it() {
+    fn a_federated_members_invalid_export_to_is_told_apart_and_nothing_else_of_it() {
         use crate::export_to::Withheld;
         use crate::labels::MIRRORED_SERVICE_LABEL as MIRRORED;
         use crate::mcs::EXPORT_TO_ANNOTATION as TO;
@@ -634,8 +642,13 @@ mod tests {
             local_cluster: Some("east".into()),
             ..selectors_policy()
         };
-        let invalid =
-            |d: &ExportDecision| matches!(d, ExportDecision::Withheld(Withheld::Invalid(_)));
+        let invalid = |d: &ExportDecision| {
+            matches!(
+                d,
+                ExportDecision::Withheld(Withheld::Invalid(_))
+                    | ExportDecision::InvalidMemberExportTo(_)
+            )
+        };
         type Labels = &'static [(&'static str, &'static str)];
         // (what, labels, export-to, withheld as invalid)
         let cases: &[(&str, Labels, Option<&str>, bool)] = &[
@@ -667,8 +680,14 @@ mod tests {
             let s = labelled("shop", labels, &annotations, Some(1));
             let d = export_decision(&s, &policy);
             assert_eq!(invalid(&d), *want, "{what}: {d:?}");
-            if !want && !labels.contains(&EXPORT) {
+            let exported = labels.contains(&EXPORT);
+            if !want && !exported {
                 assert_eq!(d, ExportDecision::NotExported, "{what}");
+            }
+            if *want {
+                // Mirrored: withheld as any mirrored Service; else the member's own.
+                let member = matches!(d, ExportDecision::InvalidMemberExportTo(_));
+                assert_eq!(member, !exported, "{what}: {d:?}");
             }
         }
         // Without a federation (no selector), a member is nothing to this link.

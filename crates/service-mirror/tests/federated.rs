@@ -1785,6 +1785,14 @@ async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_
     let ec = w.client(&w.east).await;
     w.member(&ec, "web", &[("http", 80)], "east", false).await;
     w.member(&ec, "db", &[("pg", 5432)], "east", true).await;
+    // A member with an invalid export-to: said by an Event, but in neither list (it is
+    // no mirror, and the federation leaves it out).
+    w.member(&ec, "api", &[("http", 80)], "east", false).await;
+    let invalid = serde_json::json!({"metadata": {"annotations": {"service-mirror.io/export-to": "Bad_Name"}}});
+    Api::<Service>::namespaced(ec.clone(), &w.ns)
+        .patch("api", &PatchParams::default(), &Patch::Merge(&invalid))
+        .await
+        .unwrap();
     let east = w
         .start_link(&fed, &w.spec("east", &w.east, 69), &w.east, 100)
         .await;
@@ -1810,6 +1818,18 @@ async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_
         || async { (federated_status(&w).await == want).then_some(()) },
     )
     .await;
+    // Written after api was judged (at the link's first list, before any member was
+    // federated): the mirrors' list has no entry for it.
+    wait_event(&w.lc, &w.ctl_ns, "east", "InvalidExportTo").await;
+    let status = links.get("east").await.unwrap().status.unwrap_or_default();
+    assert!(
+        status
+            .mirror_services
+            .iter()
+            .all(|e| e.remote_ref.name != "api"),
+        "{:?}",
+        status.mirror_services
+    );
 
     // web leaves the federation (label removed): its entry goes, the others stay.
     Api::<Service>::namespaced(ec.clone(), &w.ns)

@@ -89,9 +89,8 @@ pub(super) fn keys_for_remote(
                 }
                 // Withheld for a reason to tell (an invalid export-to, this cluster
                 // unnamed): looked at, so a start says it (once per episode).
-                ExportDecision::Withheld(Withheld::Invalid(_) | Withheld::NoClusterName) => {
-                    keys.push(remote_service_key(svc))
-                }
+                ExportDecision::Withheld(Withheld::Invalid(_) | Withheld::NoClusterName)
+                | ExportDecision::InvalidMemberExportTo(_) => keys.push(remote_service_key(svc)),
                 decision => {
                     if let Some(gw) = decision.gateway() {
                         index.set_gateway(&remote_service_key(svc), Some(gw.clone()));

@@ -119,7 +119,13 @@ fn observed(g: &Gathered) -> Option<Observed> {
         Some(ExportDecision::Withheld(w @ service_mirror_core::Withheld::NoClusterName)) => {
             Observed::Error(format!("not mirrored: {}", w.describe()))
         }
-        Some(ExportDecision::NotExported | ExportDecision::Withheld(_)) | None => Observed::Gone,
+        // A federated member's bad list is said, but the status lists mirrors only.
+        Some(
+            ExportDecision::NotExported
+            | ExportDecision::Withheld(_)
+            | ExportDecision::InvalidMemberExportTo(_),
+        )
+        | None => Observed::Gone,
     })
 }
 

@@ -2,7 +2,8 @@
 //! (`core::export_to`). Withholding is the plan's: a withheld key's desired state is no
 //! mirror, so a mirror it had goes like any other unexported one. What is said: an
 //! invalid list, per key and once per episode (a Warning Event `InvalidExportTo` on the
-//! link object, a warning, `reconcile_errors{kind="invalid_export_to"}`), and a narrowed
+//! link object, a warning, `reconcile_errors{kind="invalid_export_to"}`; a federated
+//! member's too, although the link mirrors nothing of it), and a narrowed
 //! Service this cluster cannot place because it has no name, once per link
 //! (`ExportToNoClusterName`, `kind="export_to_no_cluster_name"`). A Service listing
 //! other clusters is not this one's business: nothing is said.
@@ -36,12 +37,20 @@ pub(super) enum InvalidStep {
 pub(super) fn invalid_step(export: Option<&ExportDecision>, last: Option<&String>) -> InvalidStep {
     match (export, last) {
         (None, _) => InvalidStep::Nothing,
-        (Some(ExportDecision::Withheld(Withheld::Invalid(now))), Some(last)) if now == last => {
-            InvalidStep::Nothing
-        }
-        (Some(ExportDecision::Withheld(Withheld::Invalid(now))), _) => {
-            InvalidStep::Tell(now.clone())
-        }
+        (
+            Some(
+                ExportDecision::Withheld(Withheld::Invalid(now))
+                | ExportDecision::InvalidMemberExportTo(now),
+            ),
+            Some(last),
+        ) if now == last => InvalidStep::Nothing,
+        (
+            Some(
+                ExportDecision::Withheld(Withheld::Invalid(now))
+                | ExportDecision::InvalidMemberExportTo(now),
+            ),
+            _,
+        ) => InvalidStep::Tell(now.clone()),
         (Some(_), Some(_)) => InvalidStep::Forget,
         (Some(_), None) => InvalidStep::Nothing,
     }
@@ -141,6 +150,21 @@ mod tests {
         );
         assert_eq!(
             invalid_step(Some(&invalid("b")), told("a").as_ref()),
+            InvalidStep::Tell("b".into())
+        );
+        // A federated member's invalid list is the same episode: told once, and a
+        // Service that stops being mirrored but stays a member is not told again.
+        let member = |r: &str| ExportDecision::InvalidMemberExportTo(r.into());
+        assert_eq!(
+            invalid_step(Some(&member("a")), None),
+            InvalidStep::Tell("a".into())
+        );
+        assert_eq!(
+            invalid_step(Some(&member("a")), told("a").as_ref()),
+            InvalidStep::Nothing
+        );
+        assert_eq!(
+            invalid_step(Some(&member("b")), told("a").as_ref()),
             InvalidStep::Tell("b".into())
         );
         // Ends with anything else; nothing to forget without an episode.
