@@ -46,25 +46,36 @@ const POD_STEP_PERIOD: Duration = Duration::from_millis(500);
 /// Two linked clusters ready for the suite; dropping it stops the controllers and the
 /// clusters.
 pub struct Prepared {
+    /// First: stopped before the clusters (fields drop in order). Only dropped.
+    _controllers: Controllers,
     /// `west`, the suite's first context (the exporting cluster of its specs).
     pub west: LocalCluster,
     /// `east`.
     pub east: LocalCluster,
     /// The kubeconfig with contexts `west` and `east`.
     pub kubeconfig: Kubeconfig,
-    controllers: Vec<Child>,
     pod_steps: Vec<JoinHandle<()>>,
     mode: Mode,
 }
 
 impl Drop for Prepared {
     fn drop(&mut self) {
-        for c in &mut self.controllers {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
         for t in &self.pod_steps {
             t.abort();
+        }
+    }
+}
+
+/// The controller processes started so far, killed when dropped (also when the start of
+/// a later one fails).
+#[derive(Default)]
+struct Controllers(Vec<Child>);
+
+impl Drop for Controllers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
@@ -95,6 +106,11 @@ impl Prepared {
 /// ClusterProperty `id.k8s.io`, links them both ways, starts `binary run` for each (and
 /// the Pod-status steps without nodes), and writes the kubeconfig into `dir`.
 pub async fn prepare(binary: &Path, mode: Mode, dir: &Path) -> anyhow::Result<Prepared> {
+    // Before the clusters: a missing image fails in a second, not after their start.
+    let stand_in = match mode {
+        Mode::Nodes => Some(stand_in_images()?),
+        _ => None,
+    };
     let opts = || ClusterOptions {
         data_plane: mode != Mode::Story,
         nodes: usize::from(mode == Mode::Nodes),
@@ -109,8 +125,7 @@ pub async fn prepare(binary: &Path, mode: Mode, dir: &Path) -> anyhow::Result<Pr
         install_mcs_crds(client, name).await?;
         local_cluster::ensure_namespace(client, DEFAULT_NAMESPACE).await?;
     }
-    if mode == Mode::Nodes {
-        let stand_in = stand_in_images()?;
+    if let Some(stand_in) = &stand_in {
         for cluster in [&west, &east] {
             for node in cluster.data_plane().map(|d| d.nodes()).unwrap_or_default() {
                 node.ctr(&["images", "import", &stand_in.display().to_string()])
@@ -124,10 +139,10 @@ pub async fn prepare(binary: &Path, mode: Mode, dir: &Path) -> anyhow::Result<Pr
     crate::link_cluster(&wc, &east, &east.server_url(), &east_token).await?;
     let west_token = crate::allowed_token(&west, &wc).await?;
     crate::link_cluster(&ec, &west, &west.server_url(), &west_token).await?;
-    let controllers = vec![
-        controller(binary, &west).await?,
-        controller(binary, &east).await?,
-    ];
+    let mut controllers = Controllers::default();
+    for cluster in [&west, &east] {
+        controller(binary, cluster, &mut controllers).await?;
+    }
     let pod_steps = if mode == Mode::Nodes {
         Vec::new()
     } else {
@@ -141,10 +156,10 @@ pub async fn prepare(binary: &Path, mode: Mode, dir: &Path) -> anyhow::Result<Pr
         dir.join("mcs-conformance.kubeconfig"),
     )?;
     Ok(Prepared {
+        _controllers: controllers,
         west,
         east,
         kubeconfig,
-        controllers,
         pod_steps,
         mode,
     })
@@ -240,12 +255,19 @@ async fn install_mcs_crds(client: &Client, name: &str) -> anyhow::Result<()> {
     anyhow::bail!("the ServiceExport and ClusterProperty CRDs are not served after 10 s")
 }
 
-/// `binary run` for `cluster`, as its admin, logging to its directory: no MCS flag
-/// (the default finds the CRD and the ClusterProperty). With a data plane its
-/// clusterset.local DNS server listens on the host's fabric address, where the
-/// cluster's CoreDNS forwards the zone.
-async fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Child> {
-    let log = std::fs::File::create(Prepared::controller_log(cluster))?;
+/// `binary run` for `cluster`, as its admin, logging to its directory, added to
+/// `started`: no MCS flag (the default finds the CRD and the ClusterProperty). With a
+/// data plane its clusterset.local DNS server listens on the host's fabric address,
+/// where the cluster's CoreDNS forwards the zone; it returns once that server answers
+/// (a port lost to a race between choosing and binding it is an error here, not a
+/// silent failure of every DNS spec later).
+async fn controller(
+    binary: &Path,
+    cluster: &LocalCluster,
+    started: &mut Controllers,
+) -> anyhow::Result<()> {
+    let log_path = Prepared::controller_log(cluster);
+    let log = std::fs::File::create(&log_path)?;
     let mut cmd = Command::new(binary);
     cmd.arg("run")
         .arg("--kubeconfig")
@@ -256,11 +278,15 @@ async fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Chi
             "--metrics-addr",
             "127.0.0.1:0",
         ]);
-    if let Some(plane) = cluster.data_plane() {
-        let dns = plane.free_host_port()?;
-        plane.forward_zone("clusterset.local", dns).await?;
-        cmd.args(["--clusterset-dns-addr", &dns.to_string()]);
-    }
+    let dns = match cluster.data_plane() {
+        Some(plane) => {
+            let dns = plane.free_host_port()?;
+            plane.forward_zone("clusterset.local", dns).await?;
+            cmd.args(["--clusterset-dns-addr", &dns.to_string()]);
+            Some(dns)
+        }
+        None => None,
+    };
     let child = cmd
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())
@@ -268,7 +294,34 @@ async fn controller(binary: &Path, cluster: &LocalCluster) -> anyhow::Result<Chi
         .stderr(log)
         .spawn()
         .with_context(|| format!("starting {} run", binary.display()))?;
-    Ok(child)
+    started.0.push(child);
+    let Some(dns) = dns else {
+        return Ok(());
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = started
+            .0
+            .last_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            anyhow::bail!(
+                "{}'s controller exited ({status}); its log: {}",
+                cluster.name(),
+                log_path.display()
+            );
+        }
+        if tokio::net::TcpStream::connect(dns).await.is_ok() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{}'s controller does not serve clusterset.local on {dns} after 30 s; its log: {}",
+            cluster.name(),
+            log_path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The address the Pod-status step gives Pods of `cluster`: its node's, else

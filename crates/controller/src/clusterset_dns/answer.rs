@@ -7,7 +7,7 @@
 //!
 //! | name | records |
 //! |---|---|
-//! | `<svc>.<ns>.svc.clusterset.local` | ClusterSetIP: A/AAAA of the import's `ips`; Headless: A/AAAA of every ready endpoint (none: NXDOMAIN, as the spec says); SRV: one per port (named or not) and target: the service name, or each endpoint's name |
+//! | `<svc>.<ns>.svc.clusterset.local` | ClusterSetIP: A/AAAA of the import's `ips`; Headless: A/AAAA of every ready endpoint (none: NXDOMAIN, as the spec says); SRV: one per port number (named or not; two protocols on one number give one record) and target: the service name, or each endpoint's name |
 //! | `_<port>._<proto>.<svc>.<ns>.svc.clusterset.local` | SRV of the named port `<port>` with protocol `<proto>`, targets as above (an unnamed port has none) |
 //! | `<hostname>.<clusterid>.<svc>.<ns>.svc.clusterset.local` | Headless only: A/AAAA of that endpoint (the spec forbids per-cluster names of a ClusterSetIP service) |
 //! | `dns-version.clusterset.local` | TXT `1.0.0` |

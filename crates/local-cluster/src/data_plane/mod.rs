@@ -530,11 +530,12 @@ impl DataPlane {
     /// `--clusterset-dns-addr`) that the nodes reach.
     ///
     /// Racy by nature: the sockets are closed before the server binds the port, so
-    /// another process could take it in between. Accepted: the fabric address is this
-    /// cluster's own (nothing else binds on it but other servers asking the kernel for a
-    /// fresh ephemeral port the same way, and the kernel does not hand out a
-    /// just-released one again at once); a lost race fails the server's start loudly
-    /// (the controller's "binding the clusterset.local DNS server"), not a check later.
+    /// another socket could take it in between: the fabric address is this process's
+    /// (shared by its clusters), where other servers ask the kernel for a fresh port the
+    /// same way and the host's connections to the nodes take ephemeral ports, and the
+    /// kernel does not hand a just-released port out again at once. Rare, not
+    /// impossible: a caller waits for its server to answer on the port (a lost race
+    /// fails the controller's start: "binding the clusterset.local DNS server").
     pub fn free_host_port(&self) -> Result<SocketAddr> {
         let host = self.host_ip();
         for _ in 0..20 {

@@ -258,16 +258,22 @@ async fn on_real_nodes_the_request_pods_resolve_the_clusterset_names_of_the_dns_
         let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
         pods.create(&PostParams::default(), &request).await.unwrap();
     }
-    // The suite's hello pod: its socat listener answers "pod ip <ip>" on 42.
+    // The suite's hello pod: its socat listeners (TCP and UDP) answer "pod ip <ip>" on 42.
+    let containers: Vec<serde_json::Value> = ["TCP", "UDP"]
+        .map(|p| {
+            let listen = format!(
+                "socat -v -v {p}-LISTEN:42,crlf,reuseaddr,fork SYSTEM:'echo \"pod ip $MY_POD_IP\"'"
+            );
+            serde_json::json!({"name": format!("hello-{}", p.to_lowercase()),
+                "image": "alpine/socat:1.7.4.4", "command": ["/bin/sh"], "args": ["-c", listen],
+                "env": [{"name": "MY_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]})
+        })
+        .into();
     let hello = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "hello", "namespace": ns},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "hello"}},
             "template": {"metadata": {"labels": {"app": "hello"}}, "spec": {
-                "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "hello-tcp", "image": "alpine/socat:1.7.4.4",
-                    "command": ["/bin/sh"],
-                    "args": ["-c", "socat -v -v TCP-LISTEN:42,crlf,reuseaddr,fork SYSTEM:'echo \"pod ip $MY_POD_IP\"'"],
-                    "env": [{"name": "MY_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}}}});
+                "terminationGracePeriodSeconds": 1, "containers": containers}}}});
     local_cluster::apply_yaml(&clients[0].1, &hello.to_string())
         .await
         .unwrap();
@@ -318,8 +324,12 @@ async fn on_real_nodes_the_request_pods_resolve_the_clusterset_names_of_the_dns_
     let out = exec(&clients[0].1, &ns, &local).await;
     assert_eq!(nslookup_addresses(&out), [local_ip], "west:\n{out}");
     let out = exec(&clients[1].1, &ns, &local).await;
-    assert!(nslookup_addresses(&out).is_empty(), "east:\n{out}");
-    // The socat stand-in serves as the suite's hello does: its listener answers through
+    assert!(
+        nslookup_addresses(&out).is_empty() && out.contains("NXDOMAIN"),
+        "east:\n{out}"
+    );
+    // The socat stand-in serves as the suite's hello does: the Pod is Ready (its UDP
+    // listener, not served, keeps its container up) and its TCP listener answers through
     // west's kube-proxy. (The suite's own client, `nc -v -4`, is rejected by busybox nc:
     // docs/operations.md.)
     let nc = format!("echo hi | nc -w 2 hello.{ns}.svc.cluster.local 42 2>&1");
