@@ -86,8 +86,18 @@ pub struct LinkStatus {
 }
 
 impl LinkStatus {
-    /// A link this replica keeps in cold standby, not running it.
+    /// A link this replica keeps in cold standby, not running it (known to run
+    /// elsewhere): ready.
     pub(super) fn standby() -> Self {
+        Self {
+            standby: true,
+            ..Self::parked()
+        }
+    }
+
+    /// A link not running here whose place is not judged yet (a replica's start, before
+    /// its first Lease pass): nothing listed, not ready.
+    pub(super) fn parked() -> Self {
         Self {
             remote_synced: false,
             local_synced: false,
@@ -97,7 +107,7 @@ impl LinkStatus {
             queue_depth: 0,
             failing: 0,
             relists: 0,
-            standby: true,
+            standby: false,
         }
     }
 }

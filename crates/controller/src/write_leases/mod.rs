@@ -205,6 +205,9 @@ pub struct WriteGates {
     sharded: bool,
     /// The links whose Lease a foreign writer holds (sharded: only those are kept out).
     foreign: Arc<Mutex<BTreeSet<String>>>,
+    /// The links the last complete sharded pass looked at (took, kept, or found held
+    /// elsewhere): until then a closed gate says nothing about where the link runs.
+    judged: Arc<Mutex<BTreeSet<String>>>,
     /// Sharded in cold standby (`--shard-standby=cold`): a link's watches run only
     /// while its Lease is held here, and stop once it has stayed elsewhere this long
     /// (see `link_controller/standby.rs`). `None`: every link watched (warm).
@@ -308,6 +311,23 @@ impl WriteGates {
             return self.foreign.lock().contains(cluster);
         }
         self.in_charge.load(std::sync::atomic::Ordering::Acquire) && !self.is_open(cluster)
+    }
+
+    /// Whether a complete sharded pass has looked at `cluster`'s Lease: a cold standby
+    /// link not running here is then known to run elsewhere (or to be kept out by a
+    /// foreign writer), and counts as ready; before, it may be about to run here.
+    fn judged(&self, cluster: &str) -> bool {
+        self.judged.lock().contains(cluster)
+    }
+
+    /// Whether `cluster`'s link, not running here, is known to run elsewhere: judged by a
+    /// complete pass and its gate closed (open, it is about to run here).
+    pub fn runs_elsewhere(&self, cluster: &str) -> bool {
+        self.judged(cluster) && !self.is_open(cluster)
+    }
+
+    fn set_judged(&self, clusters: BTreeSet<String>) {
+        *self.judged.lock() = clusters;
     }
 
     fn set_foreign(&self, clusters: BTreeSet<String>) {
@@ -970,6 +990,27 @@ fn view_of(lease: &Lease) -> LeaseView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A replica's readiness counts a cold standby link ready only once a Lease pass has
+    /// judged where it runs: before (a start), a link parked here may be one this replica
+    /// is about to take; its gate open, it is taken and about to run here.
+    #[test]
+    fn a_link_runs_elsewhere_only_once_a_pass_judged_it_and_its_gate_is_closed() {
+        let gates = WriteGates::sharded();
+        let _rx = gates.receiver("east");
+        assert!(!gates.runs_elsewhere("east"), "no pass yet");
+        gates.set_judged(["east".to_string()].into());
+        assert!(gates.runs_elsewhere("east"));
+        assert!(!gates.runs_elsewhere("west"), "not judged");
+        let later = Instant::now() + Duration::from_secs(10);
+        gates.set("east", Some(later));
+        assert!(!gates.runs_elsewhere("east"), "held here");
+        gates.set("east", None);
+        assert!(gates.runs_elsewhere("east"));
+        // A pass without the link (unlinked) forgets it.
+        gates.set_judged(Default::default());
+        assert!(!gates.runs_elsewhere("east"));
+    }
 
     #[test]
     fn the_gate_and_renewals_follow_the_whole_seconds_the_lease_stores() {

@@ -180,6 +180,7 @@ impl WriteLeases {
         self.renew_due().await;
         self.gates
             .set_foreign(self.foreign.keys().cloned().collect());
+        self.gates.set_judged(holders.into_keys().collect());
         self.metrics.write_leases.held.set(self.held.len() as i64);
         self.metrics.write_leases.live.set(live as i64);
     }
