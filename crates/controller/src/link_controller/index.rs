@@ -5,89 +5,176 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Which remote Services use which gateway, and which local objects mirror which key.
+///
+/// Every table names a remote key by an `Arc` of one shared copy ([`Keys`]), and a
+/// gateway by an `Arc` of one copy per gateway: at fleet scale the keys were most of
+/// the tables (heaptrack at 10 links x 1,000 Services: 309 bytes per local object and
+/// 323 per exported remote Service, each table holding its own copies of a key's two
+/// strings; see BENCHMARKS.md, "What the live heap holds at fleet scale").
 #[derive(Debug, Default)]
 pub(crate) struct Index {
-    gateway_of: HashMap<ServiceKey, GatewayRef>,
-    users_of: HashMap<GatewayRef, HashSet<ServiceKey>>,
+    keys: Keys,
+    gateway_of: HashMap<Arc<ServiceKey>, Arc<GatewayRef>>,
+    users_of: HashMap<Arc<GatewayRef>, HashSet<Arc<ServiceKey>>>,
     /// Remote Services a Link selects for remote discovery (mirrored without a gateway).
-    discovery: HashSet<ServiceKey>,
+    discovery: HashSet<Arc<ServiceKey>>,
     services: LocalIndex,
     endpoints: LocalIndex,
     slices: LocalIndex,
 }
 
+/// One shared copy of each remote key the tables name.
+#[derive(Debug, Default)]
+pub(crate) struct Keys {
+    set: HashSet<Arc<ServiceKey>>,
+    /// Keys let go by a table since the last sweep.
+    released: usize,
+}
+
+impl Keys {
+    /// The shared copy of `key` (made on first use).
+    fn intern(&mut self, key: &ServiceKey) -> Arc<ServiceKey> {
+        if let Some(k) = self.set.get(key) {
+            return k.clone();
+        }
+        let k = Arc::new(key.clone());
+        self.set.insert(k.clone());
+        k
+    }
+
+    /// A table let go of a key. The copies no table holds any more are dropped in a
+    /// sweep once the releases reach half the keys (at least 1,024): amortized O(1).
+    fn release(&mut self) {
+        self.released += 1;
+        if self.released >= (self.set.len() / 2).max(1024) {
+            self.sweep();
+        }
+    }
+
+    /// Drops the copies no table holds (only this set's reference is left).
+    fn sweep(&mut self) {
+        self.set.retain(|k| Arc::strong_count(k) > 1);
+        self.released = 0;
+    }
+}
+
 /// Local objects (by namespace and name) and the remote key each one mirrors.
 ///
 /// Kept lean: one entry per local object of a link, three kinds, so 30,000 entries for
-/// 10,000 mirrors. The key is shared by both maps (`Arc`), and a key's names are a
-/// sorted vector (almost always one name) rather than a `BTreeSet`, whose first leaf
-/// alone is a ~270-byte allocation for 11 slots. Measured with heaptrack at 2,000 Link
-/// mirrors in `both` mode: see docs/operations.md (Memory).
+/// 10,000 mirrors. The key is the index's shared copy, each object's name one `Arc<str>`
+/// held by both maps, the names of a key a boxed sorted slice (almost always one name)
+/// rather than a `BTreeSet`, whose first leaf alone is a ~270-byte allocation for 11
+/// slots, and the namespace a map level (a link's mirrors are in few namespaces) rather
+/// than a string per object.
 #[derive(Debug, Default)]
 pub(crate) struct LocalIndex {
-    key_of: HashMap<(String, String), Arc<ServiceKey>>,
+    key_of: HashMap<Box<str>, HashMap<Arc<str>, Arc<ServiceKey>>>,
     names_of: HashMap<Arc<ServiceKey>, Names>,
 }
 
 /// The names of a key's local objects, sorted, without duplicates.
-type Names = Vec<String>;
+type Names = Box<[Arc<str>]>;
 
 impl LocalIndex {
-    /// Records that local object `ns/name` mirrors `key`; returns the key it had before.
-    pub(crate) fn set(&mut self, ns: &str, name: &str, key: ServiceKey) -> Option<ServiceKey> {
+    fn get(&self, ns: &str, name: &str) -> Option<&Arc<ServiceKey>> {
+        self.key_of.get(ns)?.get(name)
+    }
+
+    fn set(
+        &mut self,
+        keys: &mut Keys,
+        ns: &str,
+        name: &str,
+        key: &ServiceKey,
+    ) -> Option<ServiceKey> {
         // Every update of a mirror comes back as an event: the same key again changes
         // nothing (a remove and an insert would churn both tables' slots and allocate
         // the names again: 20,000 times when a gateway move rewrites 10,000 mirrors).
-        if let Some(same) = self
-            .key_of
-            .get(&(ns.to_string(), name.to_string()))
-            .filter(|k| ***k == key)
-        {
+        if let Some(same) = self.get(ns, name).filter(|k| ***k == *key) {
             return Some((**same).clone());
         }
-        let old = self.remove(ns, name);
-        // One shared key per mirrored Service, whichever object of it came first.
-        let key = match self.names_of.get_key_value(&key) {
+        let old = self.remove(keys, ns, name);
+        let key = match self.names_of.get_key_value(key) {
             Some((shared, _)) => shared.clone(),
-            None => Arc::new(key),
+            None => keys.intern(key),
         };
+        let name: Arc<str> = Arc::from(name);
         let names = self.names_of.entry(key.clone()).or_default();
-        if let Err(at) = names.binary_search_by(|n| n.as_str().cmp(name)) {
-            names.insert(at, name.to_string());
-            names.shrink_to_fit();
+        if let Err(at) = names.binary_search_by(|n| (**n).cmp(&*name)) {
+            let mut v = std::mem::take(names).into_vec();
+            v.insert(at, name.clone());
+            *names = v.into_boxed_slice();
         }
-        self.key_of.insert((ns.to_string(), name.to_string()), key);
+        self.key_of.entry(ns.into()).or_default().insert(name, key);
         old
     }
 
-    /// Forgets local object `ns/name`; returns the key it mirrored.
-    pub(crate) fn remove(&mut self, ns: &str, name: &str) -> Option<ServiceKey> {
-        let key = self.key_of.remove(&(ns.to_string(), name.to_string()))?;
+    fn remove(&mut self, keys: &mut Keys, ns: &str, name: &str) -> Option<ServiceKey> {
+        let in_ns = self.key_of.get_mut(ns)?;
+        let key = in_ns.remove(name)?;
+        if in_ns.is_empty() {
+            self.key_of.remove(ns);
+        }
         if let Some(names) = self.names_of.get_mut(&key) {
-            if let Ok(at) = names.binary_search_by(|n| n.as_str().cmp(name)) {
-                names.remove(at);
+            if let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) {
+                let mut v = std::mem::take(names).into_vec();
+                v.remove(at);
+                *names = v.into_boxed_slice();
             }
             if names.is_empty() {
                 self.names_of.remove(&key);
             }
         }
-        Some(Arc::unwrap_or_clone(key))
+        let removed = (*key).clone();
+        drop(key);
+        keys.release();
+        Some(removed)
+    }
+
+    fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &str> {
+        self.names_of
+            .get(key)
+            .into_iter()
+            .flat_map(|names| names.iter().map(|n| &**n))
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.names_of.keys().map(|k| &**k)
+    }
+}
+
+/// One kind's local objects table, with the index's shared keys.
+pub(crate) struct Local<'a> {
+    table: &'a mut LocalIndex,
+    keys: &'a mut Keys,
+}
+
+impl Local<'_> {
+    /// Records that local object `ns/name` mirrors `key`; returns the key it had before.
+    pub(crate) fn set(&mut self, ns: &str, name: &str, key: ServiceKey) -> Option<ServiceKey> {
+        self.table.set(self.keys, ns, name, &key)
+    }
+
+    /// Forgets local object `ns/name`; returns the key it mirrored.
+    pub(crate) fn remove(&mut self, ns: &str, name: &str) -> Option<ServiceKey> {
+        self.table.remove(self.keys, ns, name)
     }
 
     /// Names of the local objects that mirror `key`, in order.
-    pub(crate) fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &String> {
-        self.names_of.get(key).into_iter().flatten()
+    pub(crate) fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &str> {
+        self.table.names(key)
     }
 
     /// Every key some local object mirrors.
     pub(crate) fn keys(&self) -> impl Iterator<Item = &ServiceKey> {
-        self.names_of.keys().map(|k| &**k)
+        self.table.keys()
     }
 
-    /// Empties the index (before a rebuild after a relist).
+    /// Empties the table (before a rebuild after a relist).
     pub(crate) fn clear(&mut self) {
-        self.key_of.clear();
-        self.names_of.clear();
+        self.table.key_of.clear();
+        self.table.names_of.clear();
+        self.keys.sweep();
     }
 }
 
@@ -99,6 +186,13 @@ impl Index {
         key: &ServiceKey,
         gateway: Option<GatewayRef>,
     ) -> Option<GatewayRef> {
+        // Every event of an exported Service sets its gateway again: unchanged, nothing
+        // moves.
+        if let (Some(now), Some(gw)) = (self.gateway_of.get(key), &gateway)
+            && **now == *gw
+        {
+            return gateway;
+        }
         let old = self.gateway_of.remove(key);
         if let Some(old) = &old
             && let Some(users) = self.users_of.get_mut(old)
@@ -109,20 +203,28 @@ impl Index {
             }
         }
         if let Some(gw) = gateway {
+            let key = self.keys.intern(key);
+            let gw = match self.users_of.get_key_value(&gw) {
+                Some((shared, _)) => shared.clone(),
+                None => Arc::new(gw),
+            };
             self.users_of
                 .entry(gw.clone())
                 .or_default()
                 .insert(key.clone());
-            self.gateway_of.insert(key.clone(), gw);
+            self.gateway_of.insert(key, gw);
         }
-        old
+        old.map(|old| {
+            self.keys.release();
+            Arc::unwrap_or_clone(old)
+        })
     }
 
     /// Remote Services exported through `gateway`.
     pub(crate) fn users_of(&self, gateway: &GatewayRef) -> Vec<ServiceKey> {
         self.users_of
             .get(gateway)
-            .map(|u| u.iter().cloned().collect())
+            .map(|u| u.iter().map(|k| (**k).clone()).collect())
             .unwrap_or_default()
     }
 
@@ -135,27 +237,34 @@ impl Index {
                     .iter()
                     .filter(|k| self.services.names(k).next().is_some())
                     .count();
-                (gw.clone(), mirrored)
+                ((**gw).clone(), mirrored)
             })
             .collect()
     }
 
     /// Every gateway in use.
     pub(crate) fn gateways(&self) -> Vec<GatewayRef> {
-        self.users_of.keys().cloned().collect()
+        self.users_of.keys().map(|g| (**g).clone()).collect()
     }
 
     /// Records whether a remote Service is selected for remote discovery.
     pub(crate) fn set_discovery(&mut self, key: &ServiceKey, selected: bool) {
-        match selected {
-            true => self.discovery.insert(key.clone()),
-            false => self.discovery.remove(key),
-        };
+        if selected {
+            if !self.discovery.contains(key) {
+                let key = self.keys.intern(key);
+                self.discovery.insert(key);
+            }
+        } else if self.discovery.remove(key) {
+            self.keys.release();
+        }
     }
 
     /// Every exported remote Service (through a gateway or for remote discovery).
     pub(crate) fn exported(&self) -> impl Iterator<Item = &ServiceKey> {
-        self.gateway_of.keys().chain(self.discovery.iter())
+        self.gateway_of
+            .keys()
+            .chain(self.discovery.iter())
+            .map(|k| &**k)
     }
 
     /// Every key with something to do: the exported ones and those with local mirrors
@@ -172,34 +281,44 @@ impl Index {
         self.discovery.clear();
         self.gateway_of.clear();
         self.users_of.clear();
+        self.keys.sweep();
     }
 
     /// The local Services index.
-    pub(crate) fn services(&mut self) -> &mut LocalIndex {
-        &mut self.services
+    pub(crate) fn services(&mut self) -> Local<'_> {
+        Local {
+            table: &mut self.services,
+            keys: &mut self.keys,
+        }
     }
 
     /// The local Endpoints index.
-    pub(crate) fn endpoints(&mut self) -> &mut LocalIndex {
-        &mut self.endpoints
+    pub(crate) fn endpoints(&mut self) -> Local<'_> {
+        Local {
+            table: &mut self.endpoints,
+            keys: &mut self.keys,
+        }
     }
 
     /// The local EndpointSlices index.
-    pub(crate) fn slices(&mut self) -> &mut LocalIndex {
-        &mut self.slices
+    pub(crate) fn slices(&mut self) -> Local<'_> {
+        Local {
+            table: &mut self.slices,
+            keys: &mut self.keys,
+        }
     }
 
     /// Names of local Services and Endpoints that mirror `key`.
     pub(crate) fn local_names(&self, key: &ServiceKey) -> (Vec<String>, Vec<String>) {
         (
-            self.services.names(key).cloned().collect(),
-            self.endpoints.names(key).cloned().collect(),
+            self.services.names(key).map(str::to_string).collect(),
+            self.endpoints.names(key).map(str::to_string).collect(),
         )
     }
 
     /// Names of our local EndpointSlices that stand for `key`.
     pub(crate) fn slice_names(&self, key: &ServiceKey) -> Vec<String> {
-        self.slices.names(key).cloned().collect()
+        self.slices.names(key).map(str::to_string).collect()
     }
 
     /// Every key a local object mirrors.
@@ -223,7 +342,8 @@ mod tests {
 
     #[test]
     fn setting_an_object_to_the_key_it_has_changes_nothing_and_another_key_moves_it() {
-        let mut i = LocalIndex::default();
+        let mut index = Index::default();
+        let mut i = index.services();
         assert_eq!(i.set("ns", "web-east", key("web")), None);
         for _ in 0..3 {
             assert_eq!(i.set("ns", "web-east", key("web")), Some(key("web")));
@@ -270,7 +390,8 @@ mod tests {
         use std::collections::{BTreeMap, BTreeSet};
         // The model: what the index stood for before it was made lean.
         let mut model: BTreeMap<(String, String), ServiceKey> = BTreeMap::new();
-        let mut i = LocalIndex::default();
+        let mut index = Index::default();
+        let mut i = index.services();
         // A deterministic walk over 4 keys and 12 objects in 2 namespaces: sets, moves
         // between keys, repeated sets and removes (xorshift, no dependency).
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -287,17 +408,58 @@ mod tests {
             } else {
                 assert_eq!(i.set(ns, &name, key.clone()), model.insert(at, key));
             }
-            let mut names_of: BTreeMap<&ServiceKey, BTreeSet<&String>> = BTreeMap::new();
+            let mut names_of: BTreeMap<&ServiceKey, BTreeSet<&str>> = BTreeMap::new();
             for ((_, n), k) in &model {
                 names_of.entry(k).or_default().insert(n);
             }
             let keys: BTreeSet<&ServiceKey> = i.keys().collect();
             assert_eq!(keys, names_of.keys().copied().collect());
             for (k, want) in &names_of {
-                let got: Vec<&String> = i.names(k).collect();
+                let got: Vec<&str> = i.names(k).collect();
                 assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "{k}");
             }
         }
+    }
+
+    /// Every table names a key by one shared copy, and the copies no table holds are
+    /// dropped (by the amortized sweep, or at a rebuild's clear).
+    #[test]
+    fn the_tables_share_one_copy_of_a_key_and_let_it_go_when_none_holds_it() {
+        let mut i = Index::default();
+        let gw = GatewayRef::new("gw", "one");
+        i.set_gateway(&key("web"), Some(gw.clone()));
+        i.services().set("ns", "web-east", key("web"));
+        i.endpoints().set("ns", "web-east", key("web"));
+        i.set_discovery(&key("web"), true);
+        assert_eq!(i.keys.set.len(), 1);
+        let shared = i.keys.set.iter().next().unwrap().clone();
+        // The set, the gateway index (both of its tables), discovery, two local tables
+        // (both maps of each) and this test's handle: one copy, nine holders.
+        assert_eq!(Arc::strong_count(&shared), 9);
+        // The same gateway again: nothing moves.
+        assert_eq!(i.set_gateway(&key("web"), Some(gw.clone())), Some(gw));
+        assert_eq!(Arc::strong_count(&shared), 9);
+        i.set_gateway(&key("web"), None);
+        i.set_discovery(&key("web"), false);
+        i.services().remove("ns", "web-east");
+        i.endpoints().remove("ns", "web-east");
+        assert_eq!(
+            Arc::strong_count(&shared),
+            2,
+            "only the set and this handle"
+        );
+        drop(shared);
+        i.keys.sweep();
+        assert!(i.keys.set.is_empty());
+        // 2,000 keys set and removed: the sweeps keep the set from growing with them.
+        for n in 0..2_000 {
+            let k = key(&format!("k{n}"));
+            i.services().set("ns", &format!("k{n}-east"), k);
+            i.services().remove("ns", &format!("k{n}-east"));
+        }
+        assert!(i.keys.set.len() < 1_100, "{}", i.keys.set.len());
+        i.services().clear();
+        assert!(i.keys.set.is_empty());
     }
 
     #[test]

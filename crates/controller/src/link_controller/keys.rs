@@ -4,7 +4,7 @@
 
 use super::cache::Cache;
 use super::expect::LocalObject;
-use super::index::{Index, LocalIndex};
+use super::index::{Index, Local};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::ObjectRef;
@@ -117,14 +117,14 @@ pub(super) trait LocalKind:
     /// The kind, for the expectations.
     const OBJECT: LocalObject;
     /// Its part of the index.
-    fn index(index: &mut Index) -> &mut LocalIndex;
+    fn index(index: &mut Index) -> Local<'_>;
     /// The key `obj` stands for (an Endpoints may need the local Services cache).
     fn key(local_services: &Cache<Service>, obj: &Self) -> ServiceKey;
 }
 
 impl LocalKind for Service {
     const OBJECT: LocalObject = LocalObject::Service;
-    fn index(index: &mut Index) -> &mut LocalIndex {
+    fn index(index: &mut Index) -> Local<'_> {
         index.services()
     }
     fn key(_: &Cache<Service>, obj: &Self) -> ServiceKey {
@@ -134,7 +134,7 @@ impl LocalKind for Service {
 
 impl LocalKind for Endpoints {
     const OBJECT: LocalObject = LocalObject::Endpoints;
-    fn index(index: &mut Index) -> &mut LocalIndex {
+    fn index(index: &mut Index) -> Local<'_> {
         index.endpoints()
     }
     fn key(local_services: &Cache<Service>, obj: &Self) -> ServiceKey {
@@ -144,7 +144,7 @@ impl LocalKind for Endpoints {
 
 impl LocalKind for EndpointSlice {
     const OBJECT: LocalObject = LocalObject::EndpointSlice;
-    fn index(index: &mut Index) -> &mut LocalIndex {
+    fn index(index: &mut Index) -> Local<'_> {
         index.slices()
     }
     fn key(local_services: &Cache<Service>, obj: &Self) -> ServiceKey {
@@ -164,7 +164,7 @@ pub(super) fn keys_for_local<K: LocalKind>(
     if matches!(ev, watcher::Event::InitDone) {
         keys.extend(index.exported().cloned());
     }
-    let local = K::index(index);
+    let mut local = K::index(index);
     match ev {
         watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
             let key = K::key(local_services, o);
