@@ -105,7 +105,10 @@ impl LocalIndex {
             v.insert(at, name.clone());
             *names = v.into_boxed_slice();
         }
-        self.key_of.entry(ns.into()).or_default().insert(name, key);
+        match self.key_of.get_mut(ns) {
+            Some(in_ns) => in_ns.insert(name, key),
+            None => self.key_of.entry(ns.into()).or_default().insert(name, key),
+        };
         old
     }
 

@@ -260,6 +260,7 @@ impl Running {
             failing: self.rec.fx.queue.failing(),
             relists: self.relists.load(Ordering::SeqCst),
             standby: false,
+            unplaced: false,
         }
     }
 

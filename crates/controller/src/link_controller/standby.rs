@@ -242,10 +242,10 @@ impl Standby {
         self.source.as_ref()
     }
 
-    /// The run's status; not running here, a standby's (ready) once the Lease task has
-    /// judged the link held elsewhere, else a start's (not ready: at a replica's start
-    /// every link is parked until the first Lease pass, and one it takes is about to
-    /// run here).
+    /// The run's status; not running here, a standby's, placed (ready) once the Lease
+    /// task has judged the link held elsewhere. Unplaced (not ready) before: at a
+    /// replica's start every link is parked until the first Lease pass, and one it takes
+    /// is about to run here.
     pub(super) fn status(&self) -> LinkStatus {
         let running = self.shared.running.lock();
         if let Some(run) = running.as_ref() {
@@ -253,10 +253,7 @@ impl Standby {
         }
         let p = self.shared.parts.lock();
         let gates = p.deps.write_gates.as_ref();
-        match gates.is_some_and(|g| g.runs_elsewhere(&self.link.cluster_name)) {
-            true => LinkStatus::standby(),
-            false => LinkStatus::parked(),
-        }
+        LinkStatus::standby(!gates.is_some_and(|g| g.runs_elsewhere(&self.link.cluster_name)))
     }
 
     pub(super) fn remote_state(&self) -> service_mirror_core::RemoteState {

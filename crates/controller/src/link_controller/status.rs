@@ -36,7 +36,23 @@ impl Synced {
 
 #[cfg(test)]
 mod tests {
-    use super::Synced;
+    use super::{LinkStatus, Synced};
+
+    /// A replica is ready for a link synced here, or run elsewhere as far as its Lease
+    /// passes know; not for one unplaced (before its first pass, or about to run here).
+    #[test]
+    fn a_link_is_ready_synced_here_or_placed_elsewhere() {
+        let running = |synced: bool| LinkStatus {
+            local_synced: synced,
+            standby: false,
+            unplaced: false,
+            ..LinkStatus::standby(false)
+        };
+        assert!(running(true).ready());
+        assert!(!running(false).ready());
+        assert!(LinkStatus::standby(false).ready());
+        assert!(!LinkStatus::standby(true).ready());
+    }
 
     #[test]
     fn only_endpoints_mode_is_local_synced_without_the_slice_cache() {
@@ -81,23 +97,19 @@ pub struct LinkStatus {
     /// Full lists of the remote after the first (watch resume point expired).
     pub relists: u64,
     /// A standby replica that does not run the link now (cold standby: its write Lease
-    /// is held by another replica): nothing is watched here, every count is 0.
+    /// is held by another replica, or not yet taken): nothing is watched here, every
+    /// count is 0.
     pub standby: bool,
+    /// In standby, but not known to run elsewhere: no complete Lease pass of this
+    /// replica has judged the link held by a peer or a foreign writer, or its gate is
+    /// open here (taken, about to run). Such a link is not ready.
+    pub unplaced: bool,
 }
 
 impl LinkStatus {
-    /// A link this replica keeps in cold standby, not running it (known to run
-    /// elsewhere): ready.
-    pub(super) fn standby() -> Self {
-        Self {
-            standby: true,
-            ..Self::parked()
-        }
-    }
-
-    /// A link not running here whose place is not judged yet (a replica's start, before
-    /// its first Lease pass): nothing listed, not ready.
-    pub(super) fn parked() -> Self {
+    /// A link this replica keeps in cold standby, not running it; `unplaced`: not known
+    /// to run elsewhere (see [`LinkStatus::unplaced`]).
+    pub(super) fn standby(unplaced: bool) -> Self {
         Self {
             remote_synced: false,
             local_synced: false,
@@ -107,8 +119,15 @@ impl LinkStatus {
             queue_depth: 0,
             failing: 0,
             relists: 0,
-            standby: false,
+            standby: true,
+            unplaced,
         }
+    }
+
+    /// Whether the link counts toward the replica's readiness as ready: its local
+    /// caches are synced here, or it runs elsewhere.
+    pub fn ready(&self) -> bool {
+        self.local_synced || (self.standby && !self.unplaced)
     }
 }
 

@@ -349,10 +349,11 @@ impl LinkManager {
     /// on a remote cluster.
     pub fn ready(&self) -> bool {
         self.inner.listed()
-            && self.inner.active().values().all(|a| {
-                let s = a.controller.status();
-                s.local_synced || s.standby
-            })
+            && self
+                .inner
+                .active()
+                .values()
+                .all(|a| a.controller.status().ready())
     }
 
     /// The linked clusters and their link controllers' state.

@@ -180,7 +180,14 @@ impl WriteLeases {
         self.renew_due().await;
         self.gates
             .set_foreign(self.foreign.keys().cloned().collect());
-        self.gates.set_judged(holders.into_keys().collect());
+        // Judged: every link looked at, except one this pass meant to take and did not
+        // (a failed read or write, a backoff): it runs nowhere yet, and is this
+        // replica's to take next.
+        let judged = holders
+            .into_keys()
+            .filter(|c| !plan.take.contains(c) || self.held.contains_key(c))
+            .collect();
+        self.gates.set_judged(judged);
         self.metrics.write_leases.held.set(self.held.len() as i64);
         self.metrics.write_leases.live.set(live as i64);
     }
