@@ -87,17 +87,20 @@ async fn until_clusters(clients: &[(&str, kube::Client)], ns: &str, want: &[&str
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_harness_runs_the_suites_first_required_spec_on_two_linked_clusters() {
+/// The harness in `mode` (its files in `dir`), clients of both contexts, and the
+/// namespace `ns` made in both clusters.
+async fn harness(
+    mode: Mode,
+    dir: &Path,
+    ns: &str,
+) -> (Prepared, [(&'static str, kube::Client); 2]) {
     support::init_tracing();
-    let dir = tempfile::tempdir().unwrap();
     let binary = Path::new(env!("CARGO_BIN_EXE_service-mirror"));
-    let prepared = prepare(binary, Mode::Story, dir.path()).await.unwrap();
+    let prepared = prepare(binary, mode, dir).await.unwrap();
     let clients = [
         ("west", client(&prepared, "west").await),
         ("east", client(&prepared, "east").await),
     ];
-    let ns = format!("{SUITE_NAMESPACE_PREFIX}{}", std::process::id());
     for (_, c) in &clients {
         let body =
             serde_json::from_value::<Namespace>(serde_json::json!({"metadata": {"name": ns}}));
@@ -106,6 +109,14 @@ async fn the_harness_runs_the_suites_first_required_spec_on_two_linked_clusters(
             .await
             .unwrap();
     }
+    (prepared, clients)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_runs_the_suites_first_required_spec_on_two_linked_clusters() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = format!("{SUITE_NAMESPACE_PREFIX}{}", std::process::id());
+    let (prepared, clients) = harness(Mode::Story, dir.path(), &ns).await;
     // The request Pod of every spec: Running in each cluster within the suite's 60 s.
     let request: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "request", "labels": {"app": "request"}},
@@ -232,15 +243,9 @@ async fn on_real_nodes_the_request_pods_resolve_the_clusterset_names_of_the_dns_
     ) {
         return;
     }
-    support::init_tracing();
     let dir = tempfile::tempdir().unwrap();
-    let binary = Path::new(env!("CARGO_BIN_EXE_service-mirror"));
-    let prepared = prepare(binary, Mode::Nodes, dir.path()).await.unwrap();
-    let clients = [
-        ("west", client(&prepared, "west").await),
-        ("east", client(&prepared, "east").await),
-    ];
     let ns = format!("{SUITE_NAMESPACE_PREFIX}dns-{}", std::process::id());
+    let (_prepared, clients) = harness(Mode::Nodes, dir.path(), &ns).await;
     let request: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "request", "labels": {"app": "request"}},
         "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "request",
@@ -249,12 +254,6 @@ async fn on_real_nodes_the_request_pods_resolve_the_clusterset_names_of_the_dns_
     }))
     .unwrap();
     for (_, c) in &clients {
-        let body =
-            serde_json::from_value::<Namespace>(serde_json::json!({"metadata": {"name": ns}}));
-        Api::<Namespace>::all(c.clone())
-            .create(&PostParams::default(), &body.unwrap())
-            .await
-            .unwrap();
         let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
         pods.create(&PostParams::default(), &request).await.unwrap();
     }
