@@ -423,6 +423,16 @@ impl World {
         api.create(&PostParams::default(), &svc).await.unwrap();
     }
 
+    /// Annotates the remote Service `name` with `service-mirror.io/export-to: <to>`.
+    async fn export_to(&self, client: &Client, name: &str, to: &str) {
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {"service-mirror.io/export-to": to}}});
+        Api::<Service>::namespaced(client.clone(), &self.ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
     async fn client(&self, c: &LocalCluster) -> Client {
         c.client().await.unwrap()
     }
@@ -765,11 +775,7 @@ async fn bad_members_headless_or_with_an_invalid_export_to_are_said_and_the_othe
     w.member(&ec, "db", &[("pg", 5432)], "east", true).await;
     w.member(&nc, "db", &[("pg", 5432)], "north", false).await;
     w.member(&nc, "api", &[("http", 80)], "north", false).await;
-    let invalid = serde_json::json!({"metadata": {"annotations": {"service-mirror.io/export-to": "Bad_Name"}}});
-    Api::<Service>::namespaced(nc.clone(), &w.ns)
-        .patch("api", &PatchParams::default(), &Patch::Merge(&invalid))
-        .await
-        .unwrap();
+    w.export_to(&nc, "api", "Bad_Name").await;
     let (east, north) = w.east_and_north(&fed, 65, 66).await;
     let note = wait_event(&w.lc, &w.ctl_ns, "north", "InvalidExportTo").await;
     assert!(
@@ -1788,11 +1794,7 @@ async fn a_links_status_lists_its_federated_members_and_keeps_other_controllers_
     // A member with an invalid export-to: said by an Event, but in neither list (it is
     // no mirror, and the federation leaves it out).
     w.member(&ec, "api", &[("http", 80)], "east", false).await;
-    let invalid = serde_json::json!({"metadata": {"annotations": {"service-mirror.io/export-to": "Bad_Name"}}});
-    Api::<Service>::namespaced(ec.clone(), &w.ns)
-        .patch("api", &PatchParams::default(), &Patch::Merge(&invalid))
-        .await
-        .unwrap();
+    w.export_to(&ec, "api", "Bad_Name").await;
     let east = w
         .start_link(&fed, &w.spec("east", &w.east, 69), &w.east, 100)
         .await;

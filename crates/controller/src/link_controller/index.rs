@@ -94,10 +94,7 @@ impl LocalIndex {
             return Some((**same).clone());
         }
         let old = self.remove(keys, ns, name);
-        let key = match self.names_of.get_key_value(key) {
-            Some((shared, _)) => shared.clone(),
-            None => keys.intern(key),
-        };
+        let key = keys.intern(key);
         let name: Arc<str> = Arc::from(name);
         let names = self.names_of.entry(key.clone()).or_default();
         if let Err(at) = names.binary_search_by(|n| (**n).cmp(&*name)) {

@@ -139,34 +139,24 @@ mod tests {
         // Not listed: nothing known, the episode neither starts nor ends.
         assert_eq!(invalid_step(None, None), InvalidStep::Nothing);
         assert_eq!(invalid_step(None, told("a").as_ref()), InvalidStep::Nothing);
-        // Starts, lasts, changes.
-        assert_eq!(
-            invalid_step(Some(&invalid("a")), None),
-            InvalidStep::Tell("a".into())
-        );
-        assert_eq!(
-            invalid_step(Some(&invalid("a")), told("a").as_ref()),
-            InvalidStep::Nothing
-        );
-        assert_eq!(
-            invalid_step(Some(&invalid("b")), told("a").as_ref()),
-            InvalidStep::Tell("b".into())
-        );
-        // A federated member's invalid list is the same episode: told once, and a
-        // Service that stops being mirrored but stays a member is not told again.
+        // Starts, lasts, changes; a federated member's invalid list the same, and the
+        // same episode: a Service that stops being mirrored but stays a member is not
+        // told again.
         let member = |r: &str| ExportDecision::InvalidMemberExportTo(r.into());
-        assert_eq!(
-            invalid_step(Some(&member("a")), None),
-            InvalidStep::Tell("a".into())
-        );
-        assert_eq!(
-            invalid_step(Some(&member("a")), told("a").as_ref()),
-            InvalidStep::Nothing
-        );
-        assert_eq!(
-            invalid_step(Some(&member("b")), told("a").as_ref()),
-            InvalidStep::Tell("b".into())
-        );
+        for bad in [invalid, member] {
+            assert_eq!(
+                invalid_step(Some(&bad("a")), None),
+                InvalidStep::Tell("a".into())
+            );
+            assert_eq!(
+                invalid_step(Some(&bad("a")), told("a").as_ref()),
+                InvalidStep::Nothing
+            );
+            assert_eq!(
+                invalid_step(Some(&bad("b")), told("a").as_ref()),
+                InvalidStep::Tell("b".into())
+            );
+        }
         // Ends with anything else; nothing to forget without an episode.
         for other in &others {
             assert_eq!(
