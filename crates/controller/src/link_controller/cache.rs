@@ -23,6 +23,7 @@
 //! mirror changes because of it), and the caller stops the watch (watches.rs).
 
 use crate::runtime::watch::OverCap;
+use hashbrown::{HashTable, hash_table};
 use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -30,59 +31,103 @@ use parking_lot::RwLock;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// Each object as its JSON compressed against the cache's dictionary, the JSON's length
-/// first (`lz4_flex`'s size-prepended block format), by namespace, then name. A link's
-/// objects are in few namespaces: an entry keeps only its name (a namespace `String` per
-/// entry was about 40 bytes of each of 30,000 entries at 10,000 mirrors), and a lookup
-/// by a borrowed namespace and name allocates nothing.
+/// Each object as one allocation, by namespace, then name: its name's length (4 bytes,
+/// little-endian), its name, then its JSON compressed against the cache's dictionary,
+/// the JSON's length first (`lz4_flex`'s size-prepended block format). A link's objects
+/// are in few namespaces: an entry keeps only its name, inside the entry, so an object
+/// costs one allocation and a 16-byte table slot (a `Box<str>` name beside the entry
+/// was a second allocation and 16 bytes more of slot: about 50 bytes of each of 30,000
+/// objects at 10,000 mirrors). A lookup by a borrowed namespace and name allocates
+/// nothing.
 #[derive(Default)]
-struct Objects(HashMap<Box<str>, Entries>);
+struct Objects {
+    by_ns: HashMap<Box<str>, HashTable<Box<[u8]>>>,
+    hasher: RandomState,
+}
 
-/// One namespace's entries, by name.
-type Entries = HashMap<Box<str>, Box<[u8]>>;
+/// Bytes before an entry's name: its length.
+const NAME_LEN_BYTES: usize = 4;
+
+/// The name an entry holds.
+fn entry_name(entry: &[u8]) -> &[u8] {
+    let len = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]) as usize;
+    &entry[NAME_LEN_BYTES..NAME_LEN_BYTES + len]
+}
+
+/// The compressed JSON an entry holds.
+fn entry_body(entry: &[u8]) -> &[u8] {
+    &entry[NAME_LEN_BYTES + entry_name(entry).len()..]
+}
 
 impl Objects {
-    fn get(&self, ns: &str, name: &str) -> Option<&[u8]> {
-        self.0.get(ns)?.get(name).map(|e| &**e)
+    fn hash(&self, name: &str) -> u64 {
+        self.hasher.hash_one(name.as_bytes())
     }
 
-    fn insert(&mut self, ns: &str, name: &str, entry: Box<[u8]>) {
-        match self.0.get_mut(ns) {
-            Some(in_ns) => match in_ns.get_mut(name) {
-                Some(slot) => *slot = entry,
-                None => {
-                    in_ns.insert(name.into(), entry);
-                }
-            },
-            None => {
-                self.0
-                    .entry(ns.into())
-                    .or_default()
-                    .insert(name.into(), entry);
+    fn get(&self, ns: &str, name: &str) -> Option<&[u8]> {
+        let in_ns = self.by_ns.get(ns)?;
+        in_ns
+            .find(self.hash(name), |e| entry_name(e) == name.as_bytes())
+            .map(|e| entry_body(e))
+    }
+
+    /// Stores `body` (a compressed JSON) as `ns/name`'s entry.
+    fn insert(&mut self, ns: &str, name: &str, body: &[u8]) {
+        // A name past 4 GiB cannot reach here (the JSON holding it would be refused
+        // first: no apiserver sends such a response whole), but never a wrong length.
+        let Ok(len) = u32::try_from(name.len()) else {
+            return;
+        };
+        let mut entry = Vec::with_capacity(NAME_LEN_BYTES + name.len() + body.len());
+        entry.extend_from_slice(&len.to_le_bytes());
+        entry.extend_from_slice(name.as_bytes());
+        entry.extend_from_slice(body);
+        let entry = entry.into_boxed_slice();
+        let hash = self.hash(name);
+        let hasher = &self.hasher;
+        let in_ns = match self.by_ns.get_mut(ns) {
+            Some(in_ns) => in_ns,
+            None => self.by_ns.entry(ns.into()).or_default(),
+        };
+        match in_ns.entry(
+            hash,
+            |e| entry_name(e) == name.as_bytes(),
+            |e| hasher.hash_one(entry_name(e)),
+        ) {
+            hash_table::Entry::Occupied(mut slot) => *slot.get_mut() = entry,
+            hash_table::Entry::Vacant(slot) => {
+                slot.insert(entry);
             }
         }
     }
 
-    fn remove(&mut self, ns: &str, name: &str) -> Option<Box<[u8]>> {
-        let in_ns = self.0.get_mut(ns)?;
-        let entry = in_ns.remove(name)?;
+    /// Forgets `ns/name`; returns the JSON length its entry held.
+    fn remove(&mut self, ns: &str, name: &str) -> Option<usize> {
+        let hash = self.hash(name);
+        let in_ns = self.by_ns.get_mut(ns)?;
+        let (entry, _) = in_ns
+            .find_entry(hash, |e| entry_name(e) == name.as_bytes())
+            .ok()?
+            .remove();
         if in_ns.is_empty() {
-            self.0.remove(ns);
+            self.by_ns.remove(ns);
         }
-        Some(entry)
+        Some(json_len(entry_body(&entry)))
     }
 
     fn len(&self) -> usize {
-        self.0.values().map(Entries::len).sum()
+        self.by_ns.values().map(HashTable::len).sum()
     }
 
+    /// Every entry's compressed JSON.
     fn values(&self) -> impl Iterator<Item = &[u8]> {
-        self.0
+        self.by_ns
             .values()
-            .flat_map(|in_ns| in_ns.values().map(|e| &**e))
+            .flat_map(|in_ns| in_ns.iter().map(|e| entry_body(e)))
     }
 }
 
@@ -104,8 +149,10 @@ const MAX_DICT_BYTES: usize = 16 << 10;
 /// slope three links at their cap come to about 215 MiB, under the install's 256 MiB.
 pub const DEFAULT_MAX_REMOTE_CACHE_BYTES: usize = 48 << 20;
 
-/// What an entry costs besides its JSON: the key's two strings and a map slot
-/// (measured with the allocator's rounding: about 64 bytes plus the names).
+/// What an entry counts besides its JSON and names: the key's two strings and a map
+/// slot, as measured when an entry was those (about 64 bytes with the allocator's
+/// rounding). An entry now costs less (a 4-byte name length and a 16-byte slot): the
+/// cap stays what the numbers below were measured with, a little conservative.
 const ENTRY_OVERHEAD: usize = 64;
 
 /// What an entry counts against the cap: its JSON's length, not what it takes
@@ -231,9 +278,9 @@ where
         }
     }
 
-    /// `obj` as an entry, and its JSON's length; the first object small enough
-    /// becomes the dictionary.
-    fn encode(obj: &K, dict: &mut Option<Box<[u8]>>) -> Option<(Box<[u8]>, usize)> {
+    /// `obj`'s JSON compressed (an entry's body), and the JSON's length; the first
+    /// object small enough becomes the dictionary.
+    fn encode(obj: &K, dict: &mut Option<Box<[u8]>>) -> Option<(Vec<u8>, usize)> {
         let json = match serde_json::to_vec(obj) {
             Ok(v) => v,
             Err(e) => {
@@ -248,7 +295,7 @@ where
             &json,
             dict.as_deref().unwrap_or_default(),
         );
-        Some((entry.into_boxed_slice(), json.len()))
+        Some((entry, json.len()))
     }
 
     /// The object `r` refers to.
@@ -321,13 +368,13 @@ where
                     state.listing_bytes = 0;
                     return Err(OverCap { cap, would_hold });
                 }
-                map.insert(ns, name, entry);
+                map.insert(ns, name, &entry);
                 *held = *held - replaced + added;
             }
             watcher::Event::Delete(obj) => {
                 let (ns, name) = key_of(obj);
                 if let Some(old) = state.objects.remove(ns, name) {
-                    state.objects_bytes -= entry_bytes(ns, name, json_len(&old));
+                    state.objects_bytes -= entry_bytes(ns, name, old);
                 }
             }
             watcher::Event::Init => {

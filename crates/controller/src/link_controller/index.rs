@@ -60,24 +60,53 @@ impl Keys {
 
 /// Local objects (by namespace and name) and the remote key each one mirrors.
 ///
-/// Kept lean: one entry per local object of a link, three kinds, so 30,000 entries for
-/// 10,000 mirrors. The key is the index's shared copy, each object's name one `Arc<str>`
-/// held by both maps, the names of a key a boxed sorted slice (almost always one name)
-/// rather than a `BTreeSet`, whose first leaf alone is a ~270-byte allocation for 11
-/// slots, and the namespace a map level (a link's mirrors are in few namespaces) rather
-/// than a string per object.
+/// Kept lean: one entry per local object of a link, three kinds, so 20,000 to 30,000
+/// entries for 10,000 mirrors. Almost every object is named as its key's mirror is,
+/// `<key name>-<cluster>` in the key's namespace: such an object is only its key in
+/// `derived` (an 8-byte slot; the name is made again when asked). Only the others (a
+/// long name's hashed mirror name, a headless Service's endpoint mirrors, slices, a
+/// stranger's labels) are in the maps: the key the index's shared copy, each name one
+/// `Arc<str>` held by both maps, the names of a key a boxed sorted slice (a `BTreeSet`'s
+/// first leaf alone is a ~270-byte allocation for 11 slots) and the namespace a map
+/// level rather than a string per object. The maps took about 145 bytes of each object
+/// (heaptrack at 10 links x 1,000 Services, before `derived`).
 #[derive(Debug, Default)]
 pub(crate) struct LocalIndex {
+    /// `-<cluster>`: what a derived object's name adds to its key's name.
+    suffix: Arc<str>,
+    /// Keys whose object is named `<key name><suffix>` in the key's namespace.
+    derived: HashSet<Arc<ServiceKey>>,
     key_of: HashMap<Box<str>, HashMap<Arc<str>, Arc<ServiceKey>>>,
     names_of: HashMap<Arc<ServiceKey>, Names>,
 }
 
-/// The names of a key's local objects, sorted, without duplicates.
+/// The names of a key's local objects, sorted, one per object.
 type Names = Box<[Arc<str>]>;
 
 impl LocalIndex {
-    fn get(&self, ns: &str, name: &str) -> Option<&Arc<ServiceKey>> {
-        self.key_of.get(ns)?.get(name)
+    fn with_suffix(suffix: Arc<str>) -> Self {
+        Self {
+            suffix,
+            ..Self::default()
+        }
+    }
+
+    /// Whether object `ns/name` is `key`'s derived one.
+    fn derives(&self, ns: &str, name: &str, key: &ServiceKey) -> bool {
+        ns == key.namespace && name.strip_suffix(&*self.suffix) == Some(key.name.as_str())
+    }
+
+    /// The key of the derived object `ns/name` would be, if its name can be one.
+    fn derived_key(&self, ns: &str, name: &str) -> Option<ServiceKey> {
+        let base = name.strip_suffix(&*self.suffix)?;
+        Some(ServiceKey::new(ns, base))
+    }
+
+    fn get(&self, ns: &str, name: &str) -> Option<Arc<ServiceKey>> {
+        if let Some(key) = self.key_of.get(ns).and_then(|in_ns| in_ns.get(name)) {
+            return Some(key.clone());
+        }
+        self.derived.get(&self.derived_key(ns, name)?).cloned()
     }
 
     fn set(
@@ -88,20 +117,29 @@ impl LocalIndex {
         key: &ServiceKey,
     ) -> Option<ServiceKey> {
         // Every update of a mirror comes back as an event: the same key again changes
-        // nothing (a remove and an insert would churn both tables' slots and allocate
+        // nothing (a remove and an insert would churn the tables' slots and allocate
         // the names again: 20,000 times when a gateway move rewrites 10,000 mirrors).
-        if let Some(same) = self.get(ns, name).filter(|k| ***k == *key) {
-            return Some((**same).clone());
+        let derived = self.derives(ns, name, key);
+        if derived && self.derived.contains(key) {
+            return Some(key.clone());
+        }
+        if !derived && let Some(same) = self.get(ns, name).filter(|k| **k == *key) {
+            return Some((*same).clone());
         }
         let old = self.remove(keys, ns, name);
         let key = keys.intern(key);
-        let name: Arc<str> = Arc::from(name);
-        let names = self.names_of.entry(key.clone()).or_default();
-        if let Err(at) = names.binary_search_by(|n| (**n).cmp(&*name)) {
-            let mut v = std::mem::take(names).into_vec();
-            v.insert(at, name.clone());
-            *names = v.into_boxed_slice();
+        if derived {
+            self.derived.insert(key);
+            return old;
         }
+        let name: Arc<str> = Arc::from(name);
+        // One name per object, so a name twice when objects of two namespaces claim
+        // the key: removing one keeps the other's.
+        let names = self.names_of.entry(key.clone()).or_default();
+        let at = names.partition_point(|n| **n < *name);
+        let mut v = std::mem::take(names).into_vec();
+        v.insert(at, name.clone());
+        *names = v.into_boxed_slice();
         match self.key_of.get_mut(ns) {
             Some(in_ns) => in_ns.insert(name, key),
             None => self.key_of.entry(ns.into()).or_default().insert(name, key),
@@ -110,36 +148,67 @@ impl LocalIndex {
     }
 
     fn remove(&mut self, keys: &mut Keys, ns: &str, name: &str) -> Option<ServiceKey> {
-        let in_ns = self.key_of.get_mut(ns)?;
-        let key = in_ns.remove(name)?;
-        if in_ns.is_empty() {
-            self.key_of.remove(ns);
-        }
-        if let Some(names) = self.names_of.get_mut(&key) {
-            if let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) {
-                let mut v = std::mem::take(names).into_vec();
-                v.remove(at);
-                *names = v.into_boxed_slice();
+        let key = match self.key_of.get_mut(ns).and_then(|in_ns| in_ns.remove(name)) {
+            Some(key) => {
+                if self.key_of.get(ns).is_some_and(HashMap::is_empty) {
+                    self.key_of.remove(ns);
+                }
+                if let Some(names) = self.names_of.get_mut(&key) {
+                    if let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) {
+                        let mut v = std::mem::take(names).into_vec();
+                        v.remove(at);
+                        *names = v.into_boxed_slice();
+                    }
+                    if names.is_empty() {
+                        self.names_of.remove(&key);
+                    }
+                }
+                key
             }
-            if names.is_empty() {
-                self.names_of.remove(&key);
-            }
-        }
+            None => self.derived.take(&self.derived_key(ns, name)?)?,
+        };
         let removed = (*key).clone();
         drop(key);
         keys.release();
         Some(removed)
     }
 
-    fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &str> {
-        self.names_of
+    /// The names of `key`'s objects, sorted, each once.
+    fn names(&self, key: &ServiceKey) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .names_of
             .get(key)
             .into_iter()
-            .flat_map(|names| names.iter().map(|n| &**n))
+            .flat_map(|names| names.iter().map(|n| n.to_string()))
+            .collect();
+        names.dedup();
+        if self.derived.contains(key) {
+            let name = format!("{}{}", key.name, self.suffix);
+            if let Err(at) = names.binary_search(&name) {
+                names.insert(at, name);
+            }
+        }
+        names
     }
 
-    fn keys(&self) -> impl Iterator<Item = &ServiceKey> {
-        self.names_of.keys().map(|k| &**k)
+    /// How many objects `key` has.
+    fn count(&self, key: &ServiceKey) -> usize {
+        usize::from(self.derived.contains(key)) + self.names_of.get(key).map_or(0, |n| n.len())
+    }
+
+    /// Every key with an object, once each.
+    fn keys(&self) -> impl Iterator<Item = &Arc<ServiceKey>> {
+        self.derived.iter().chain(
+            self.names_of
+                .keys()
+                .filter(|k| !self.derived.contains(&***k)),
+        )
+    }
+
+    fn clear(&mut self) {
+        self.derived.clear();
+        self.key_of.clear();
+        self.names_of.clear();
     }
 }
 
@@ -161,24 +230,47 @@ impl Local<'_> {
     }
 
     /// Names of the local objects that mirror `key`, in order.
-    pub(crate) fn names(&self, key: &ServiceKey) -> impl Iterator<Item = &str> {
+    #[cfg(test)]
+    pub(crate) fn names(&self, key: &ServiceKey) -> Vec<String> {
         self.table.names(key)
     }
 
-    /// Every key some local object mirrors.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &ServiceKey> {
+    /// How many local objects mirror `key`.
+    pub(crate) fn count(&self, key: &ServiceKey) -> usize {
+        self.table.count(key)
+    }
+
+    /// Every key some local object mirrors (the index's shared copies).
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &Arc<ServiceKey>> {
         self.table.keys()
+    }
+
+    /// The index's shared copy of `key` (for a table outside the index, such as the
+    /// mirror limit's, so it keeps no copy of its own).
+    pub(crate) fn shared(&mut self, key: &ServiceKey) -> Arc<ServiceKey> {
+        self.keys.intern(key)
     }
 
     /// Empties the table (before a rebuild after a relist).
     pub(crate) fn clear(&mut self) {
-        self.table.key_of.clear();
-        self.table.names_of.clear();
+        self.table.clear();
         self.keys.sweep();
     }
 }
 
 impl Index {
+    /// An empty index of the link to cluster `cluster` (whose mirrors are named
+    /// `<remote name>-<cluster>`).
+    pub(crate) fn new(cluster: &str) -> Self {
+        let suffix: Arc<str> = format!("-{cluster}").into();
+        Self {
+            services: LocalIndex::with_suffix(suffix.clone()),
+            endpoints: LocalIndex::with_suffix(suffix.clone()),
+            slices: LocalIndex::with_suffix(suffix),
+            ..Self::default()
+        }
+    }
+
     /// Records the gateway a remote Service is exported through (None: not exported or
     /// deleted). Returns the gateway it used before, if any.
     pub(crate) fn set_gateway(
@@ -233,10 +325,7 @@ impl Index {
         self.users_of
             .iter()
             .map(|(gw, users)| {
-                let mirrored = users
-                    .iter()
-                    .filter(|k| self.services.names(k).next().is_some())
-                    .count();
+                let mirrored = users.iter().filter(|k| self.services.count(k) > 0).count();
                 ((**gw).clone(), mirrored)
             })
             .collect()
@@ -310,15 +399,12 @@ impl Index {
 
     /// Names of local Services and Endpoints that mirror `key`.
     pub(crate) fn local_names(&self, key: &ServiceKey) -> (Vec<String>, Vec<String>) {
-        (
-            self.services.names(key).map(str::to_string).collect(),
-            self.endpoints.names(key).map(str::to_string).collect(),
-        )
+        (self.services.names(key), self.endpoints.names(key))
     }
 
     /// Names of our local EndpointSlices that stand for `key`.
     pub(crate) fn slice_names(&self, key: &ServiceKey) -> Vec<String> {
-        self.slices.names(key).map(str::to_string).collect()
+        self.slices.names(key)
     }
 
     /// Every key a local object mirrors.
@@ -327,7 +413,7 @@ impl Index {
             .keys()
             .chain(self.endpoints.keys())
             .chain(self.slices.keys())
-            .cloned()
+            .map(|k| (**k).clone())
             .collect()
     }
 }
@@ -342,17 +428,21 @@ mod tests {
 
     #[test]
     fn setting_an_object_to_the_key_it_has_changes_nothing_and_another_key_moves_it() {
-        let mut index = Index::default();
+        let mut index = Index::new("east");
         let mut i = index.services();
         assert_eq!(i.set("ns", "web-east", key("web")), None);
         for _ in 0..3 {
             assert_eq!(i.set("ns", "web-east", key("web")), Some(key("web")));
         }
-        assert_eq!(i.names(&key("web")).collect::<Vec<_>>(), ["web-east"]);
+        assert_eq!(i.names(&key("web")), ["web-east"]);
         assert_eq!(i.set("ns", "web-east", key("api")), Some(key("web")));
-        assert_eq!(i.names(&key("web")).count(), 0);
-        assert_eq!(i.names(&key("api")).collect::<Vec<_>>(), ["web-east"]);
+        assert_eq!(i.count(&key("web")), 0);
+        assert_eq!(i.names(&key("api")), ["web-east"]);
         assert_eq!(i.keys().count(), 1);
+        // And back to the key it is named for.
+        assert_eq!(i.set("ns", "web-east", key("web")), Some(key("api")));
+        assert_eq!(i.names(&key("web")), ["web-east"]);
+        assert_eq!(i.count(&key("api")), 0);
     }
 
     #[test]
@@ -372,7 +462,7 @@ mod tests {
 
     #[test]
     fn local_objects_map_to_keys_and_back() {
-        let mut i = Index::default();
+        let mut i = Index::new("east");
         i.services().set("ns", "a-east", key("a"));
         i.services().set("ns", "legacy", key("a"));
         assert_eq!(
@@ -390,42 +480,61 @@ mod tests {
         use std::collections::{BTreeMap, BTreeSet};
         // The model: what the index stood for before it was made lean.
         let mut model: BTreeMap<(String, String), ServiceKey> = BTreeMap::new();
-        let mut index = Index::default();
+        let mut index = Index::new("east");
         let mut i = index.services();
-        // A deterministic walk over 4 keys and 12 objects in 2 namespaces: sets, moves
-        // between keys, repeated sets and removes (xorshift, no dependency).
+        // A deterministic walk over 4 keys and 16 objects in 2 namespaces: sets, moves
+        // between keys, repeated sets and removes (xorshift, no dependency). Half the
+        // names are a key's mirror name (`k<n>-east`), in either namespace, so objects
+        // move between the derived set and the maps.
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let (mut derived, mut mapped) = (false, false);
         for _ in 0..5_000 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
+            derived |= !i.table.derived.is_empty();
+            mapped |= !i.table.names_of.is_empty();
             let ns = ["a", "b"][(x % 2) as usize];
-            let name = format!("o{}", (x >> 8) % 12);
-            let key = ServiceKey::new(ns, format!("k{}", (x >> 16) % 4));
+            let n = (x >> 8) % 16;
+            let name = match n < 8 {
+                true => format!("o{n}"),
+                false => format!("k{}-east", n % 4),
+            };
+            let key = ServiceKey::new(
+                ["a", "b"][((x >> 12) % 2) as usize],
+                format!("k{}", (x >> 16) % 4),
+            );
             let at = (ns.to_string(), name.clone());
             if (x >> 24).is_multiple_of(3) {
                 assert_eq!(i.remove(ns, &name), model.remove(&at));
             } else {
                 assert_eq!(i.set(ns, &name, key.clone()), model.insert(at, key));
             }
-            let mut names_of: BTreeMap<&ServiceKey, BTreeSet<&str>> = BTreeMap::new();
-            for ((_, n), k) in &model {
-                names_of.entry(k).or_default().insert(n);
+            let mut objects_of: BTreeMap<&ServiceKey, BTreeSet<(&str, &str)>> = BTreeMap::new();
+            for ((ns, n), k) in &model {
+                objects_of.entry(k).or_default().insert((ns, n));
             }
-            let keys: BTreeSet<&ServiceKey> = i.keys().collect();
-            assert_eq!(keys, names_of.keys().copied().collect());
-            for (k, want) in &names_of {
-                let got: Vec<&str> = i.names(k).collect();
-                assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "{k}");
+            let keys: Vec<&ServiceKey> = i.keys().map(|k| &**k).collect();
+            let unique: BTreeSet<&ServiceKey> = keys.iter().copied().collect();
+            assert_eq!(keys.len(), unique.len(), "each key once");
+            assert_eq!(unique, objects_of.keys().copied().collect());
+            for (k, objects) in &objects_of {
+                let names: BTreeSet<&str> = objects.iter().map(|(_, n)| *n).collect();
+                assert_eq!(i.names(k), names.into_iter().collect::<Vec<_>>(), "{k}");
+                assert_eq!(i.count(k), objects.len(), "{k}");
             }
         }
+        assert!(
+            derived && mapped,
+            "the walk used the derived set and the maps"
+        );
     }
 
     /// Every table names a key by one shared copy, and the copies no table holds are
     /// dropped (by the amortized sweep, or at a rebuild's clear).
     #[test]
     fn the_tables_share_one_copy_of_a_key_and_let_it_go_when_none_holds_it() {
-        let mut i = Index::default();
+        let mut i = Index::new("east");
         let gw = GatewayRef::new("gw", "one");
         i.set_gateway(&key("web"), Some(gw.clone()));
         i.services().set("ns", "web-east", key("web"));
@@ -434,11 +543,16 @@ mod tests {
         assert_eq!(i.keys.set.len(), 1);
         let shared = i.keys.set.iter().next().unwrap().clone();
         // The set, the gateway index (both of its tables), discovery, two local tables
-        // (both maps of each) and this test's handle: one copy, nine holders.
-        assert_eq!(Arc::strong_count(&shared), 9);
+        // (their derived sets: both objects are named as web's mirror) and this
+        // test's handle: one copy, seven holders.
+        assert_eq!(Arc::strong_count(&shared), 7);
         // The same gateway again: nothing moves.
         assert_eq!(i.set_gateway(&key("web"), Some(gw.clone())), Some(gw));
+        assert_eq!(Arc::strong_count(&shared), 7);
+        // An object named otherwise is in both maps of its table.
+        i.services().set("ns", "legacy", key("web"));
         assert_eq!(Arc::strong_count(&shared), 9);
+        i.services().remove("ns", "legacy");
         i.set_gateway(&key("web"), None);
         i.set_discovery(&key("web"), false);
         i.services().remove("ns", "web-east");

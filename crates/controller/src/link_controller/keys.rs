@@ -187,7 +187,7 @@ pub(super) fn keys_for_local<K: LocalKind>(
         watcher::Event::InitDone => {
             // Keys of objects gone while we were not watching are looked at too (so a
             // mirror deleted meanwhile is recreated), as is every exported key (above).
-            keys.extend(local.keys().cloned());
+            keys.extend(local.keys().map(|k| (**k).clone()));
             local.clear();
             store.for_each(|o| {
                 local.set(
@@ -196,7 +196,7 @@ pub(super) fn keys_for_local<K: LocalKind>(
                     K::key(local_services, o),
                 );
             });
-            keys.extend(local.keys().cloned());
+            keys.extend(local.keys().map(|k| (**k).clone()));
         }
     }
     keys

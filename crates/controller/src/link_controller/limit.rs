@@ -6,6 +6,7 @@
 use parking_lot::Mutex;
 use service_mirror_core::{DesiredMirror, ServiceKey};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// What [`MirrorLimit::admit`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,8 +20,12 @@ pub(super) enum Admission {
 #[derive(Debug, Default)]
 struct Slots {
     /// Slots per key: one per mirror Service (a headless mirror's endpoint mirrors each
-    /// take one: every one costs a Service and a ClusterIP).
-    held: HashMap<ServiceKey, usize>,
+    /// take one: every one costs a Service and a ClusterIP). A key with a mirror is the
+    /// link index's shared copy ([`MirrorLimit::hold`]): an entry is then 16 bytes of
+    /// slot, where a copy of its own was about 110 bytes of each mirror (heaptrack at
+    /// 10 links x 1,000 Services). A key admitted before its mirror exists has its own
+    /// copy until its mirror's event holds it.
+    held: HashMap<Arc<ServiceKey>, usize>,
     /// The sum of `held`.
     total: usize,
     /// Ordered, so keys are admitted again in a stable order as slots free.
@@ -51,10 +56,19 @@ pub(super) struct MirrorLimit {
 impl Slots {
     /// Sets the slots of `key` (0: none).
     fn set(&mut self, key: &ServiceKey, count: usize) {
-        let had = match count {
-            0 => self.held.remove(key),
-            n => self.held.insert(key.clone(), n),
+        let had = match (count, self.held.get_mut(key)) {
+            (0, _) => self.held.remove(key),
+            (n, Some(held)) => Some(std::mem::replace(held, n)),
+            (n, None) => self.held.insert(Arc::new(key.clone()), n),
         };
+        self.total = self.total - had.unwrap_or_default() + count;
+    }
+
+    /// Sets the slots of `key` (at least 1), held by the shared copy `key`.
+    fn set_shared(&mut self, key: Arc<ServiceKey>, count: usize) {
+        // The map keeps the key it has on an insert: the copy of its own goes first.
+        let had = self.held.remove(&*key);
+        self.held.insert(key, count);
         self.total = self.total - had.unwrap_or_default() + count;
     }
 }
@@ -77,17 +91,21 @@ impl MirrorLimit {
         self.max
     }
 
-    /// `key` has `count` mirror Services: it holds that many slots whatever the count.
-    pub(super) fn hold(&self, key: &ServiceKey, count: usize) {
+    /// `key` (the link index's shared copy) has `count` mirror Services, at least 1:
+    /// it holds that many slots whatever the count.
+    pub(super) fn hold(&self, key: Arc<ServiceKey>, count: usize) {
         let mut s = self.slots();
-        s.set(key, count);
-        s.refused.remove(key);
+        s.refused.remove(&*key);
+        s.set_shared(key, count.max(1));
     }
 
     /// After writing was paused (a follower, a rotated link syncing): slots are held
     /// by exactly the keys with a mirror now (with their Service counts), not by those
     /// seen meanwhile.
-    pub(super) fn reset_held(&self, with_mirror: impl IntoIterator<Item = (ServiceKey, usize)>) {
+    pub(super) fn reset_held(
+        &self,
+        with_mirror: impl IntoIterator<Item = (Arc<ServiceKey>, usize)>,
+    ) {
         let mut s = self.slots();
         s.held = with_mirror.into_iter().collect();
         s.total = s.held.values().sum();
@@ -242,8 +260,8 @@ mod tests {
     #[test]
     fn existing_mirrors_keep_their_slots_above_the_limit() {
         let l = MirrorLimit::new(Some(1));
-        l.hold(&k("a"), 1);
-        l.hold(&k("b"), 1);
+        l.hold(Arc::new(k("a")), 1);
+        l.hold(Arc::new(k("b")), 1);
         assert_eq!(l.admit(&k("b"), 1), Admission::Admitted);
         assert_eq!(l.admit(&k("c"), 1), Admission::Refused { first: true });
         // One slot freed of two held over a limit of one: still full, nobody woken.
@@ -256,11 +274,11 @@ mod tests {
     #[test]
     fn a_reset_forgets_slots_of_mirrors_gone_meanwhile() {
         let l = MirrorLimit::new(Some(2));
-        l.hold(&k("a"), 1);
-        l.hold(&k("b"), 1);
-        l.hold(&k("c"), 1);
+        l.hold(Arc::new(k("a")), 1);
+        l.hold(Arc::new(k("b")), 1);
+        l.hold(Arc::new(k("c")), 1);
         assert_eq!(l.admit(&k("d"), 1), Admission::Refused { first: true });
-        l.reset_held([(k("b"), 1), (k("d"), 1)]);
+        l.reset_held([(Arc::new(k("b")), 1), (Arc::new(k("d")), 1)]);
         assert_eq!(l.refused(), 0);
         assert_eq!(l.admit(&k("a"), 1), Admission::Refused { first: true });
         assert_eq!(l.admit(&k("d"), 1), Admission::Admitted);
@@ -284,7 +302,7 @@ mod tests {
         assert_eq!(l.admit(&k("web"), 4), Admission::Refused { first: false });
         assert_eq!(l.admit(&k("web"), 3), Admission::Admitted);
         // web shrinks (the watch counts its Services): slots free for others.
-        l.hold(&k("web"), 1);
+        l.hold(Arc::new(k("web")), 1);
         assert_eq!(l.admit(&k("api"), 2), Admission::Admitted);
         // A release frees every slot of the key.
         assert_eq!(l.release(&k("db")), vec![]);
@@ -295,8 +313,8 @@ mod tests {
     fn a_headless_key_with_mirrors_keeps_them_and_is_refused_only_its_new_ones() {
         let l = MirrorLimit::new(Some(5));
         assert_eq!(l.admit_members(&k("web"), 3), None, "no slot held: admit");
-        l.hold(&k("web"), 3);
-        l.hold(&k("db"), 1);
+        l.hold(Arc::new(k("web")), 3);
+        l.hold(Arc::new(k("db")), 1);
         // (wanted, decision, refused keys) in order: web grows past the limit, shrinks.
         let table = [
             (4, Members::All, 0),
@@ -332,7 +350,7 @@ mod tests {
             assert_eq!(l.refused(), refused, "step {i}");
         }
         // A local event re-counting web's Services does not end the partial refusal.
-        l.hold(&k("web"), 4);
+        l.hold(Arc::new(k("web")), 4);
         assert!(l.is_refused(&k("web")));
         assert_eq!(l.refused(), 1);
         // db goes: its slot wakes web, which then fits.

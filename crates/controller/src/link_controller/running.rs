@@ -54,7 +54,7 @@ impl Running {
         }
         let cancel = CancellationToken::new();
         let metrics = metrics::LinkMetrics::new(deps.metrics.clone(), &cluster);
-        let index = Arc::new(parking_lot::Mutex::new(index::Index::default()));
+        let index = Arc::new(parking_lot::Mutex::new(index::Index::new(&cluster)));
         let (gateways, verdicts) =
             wiring::gateways(&cluster, &config, &deps, &index, feed.clone(), &cancel);
         // A Link's status is written on it; a Secret link has none. Its federated

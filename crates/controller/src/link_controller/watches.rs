@@ -474,8 +474,9 @@ impl LocalEvents {
                 // A mirror that exists keeps its slots under the mirror limit: one per
                 // Service of its key (a headless mirror's endpoint mirrors count).
                 let key = K::key(&self.local_services, o);
-                let count = index.services().names(&key).count().max(1);
-                self.limit.hold(&key, count);
+                let mut services = index.services();
+                let count = services.count(&key).max(1);
+                self.limit.hold(services.shared(&key), count);
             }
             // An endpoint mirror gone: its key holds one slot less (the last one goes
             // when the key releases it, which wakes refused keys).
@@ -483,9 +484,10 @@ impl LocalEvents {
                 && K::OBJECT == LocalObject::Service
             {
                 let key = K::key(&self.local_services, o);
-                let count = index.services().names(&key).count();
+                let mut services = index.services();
+                let count = services.count(&key);
                 if count > 0 {
-                    self.limit.hold(&key, count);
+                    self.limit.hold(services.shared(&key), count);
                 }
             }
             if matches!(ev, watcher::Event::InitDone) {

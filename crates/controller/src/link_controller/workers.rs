@@ -122,12 +122,12 @@ impl Reconcile<ServiceKey> for Reconciler {
 /// Before writing again after a pause: mirror-limit slots from the local mirrors as
 /// they are now (mirrors another writer deleted meanwhile hold none).
 pub(super) fn reset_slots(index: &Mutex<Index>, limit: &MirrorLimit) {
-    let keys: Vec<(ServiceKey, usize)> = {
+    let keys: Vec<(Arc<ServiceKey>, usize)> = {
         let mut index = index.lock();
         let services = index.services();
         services
             .keys()
-            .map(|k| (k.clone(), services.names(k).count()))
+            .map(|k| (k.clone(), services.count(k)))
             .collect()
     };
     limit.reset_held(keys);

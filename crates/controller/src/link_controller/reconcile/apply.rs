@@ -137,7 +137,7 @@ impl Reconciler {
                 }
             }
             false => {
-                self.memory.mirroring_waits.lock().remove(key);
+                memory::forget(&self.memory.mirroring_waits, key);
             }
         }
         // `slots`: None when the key's slots are taken already (`admit_members`).
@@ -158,7 +158,7 @@ impl Reconciler {
             false => None,
         };
         if second_pass {
-            self.memory.endpoints_first.lock().remove(key);
+            memory::forget(&self.memory.endpoints_first, key);
         }
         let done = requeue.map_or(Outcome::Done, Outcome::RequeueAfter);
         // Reported once the writes are made (the mirror's namespace may be new).
