@@ -126,7 +126,14 @@ impl LocalIndex {
         if !derived && let Some(same) = self.get(ns, name).filter(|k| **k == *key) {
             return Some((*same).clone());
         }
-        let old = self.remove(keys, ns, name);
+        // A derived object not in the derived set can only be in the maps: no key to
+        // make for the set's lookup (a mirror's first event).
+        let old = match derived {
+            true => self
+                .remove_mapped(ns, name)
+                .map(|k| Self::released(keys, k)),
+            false => self.remove(keys, ns, name),
+        };
         let key = keys.intern(key);
         if derived {
             self.derived.insert(key);
@@ -148,29 +155,39 @@ impl LocalIndex {
     }
 
     fn remove(&mut self, keys: &mut Keys, ns: &str, name: &str) -> Option<ServiceKey> {
-        let key = match self.key_of.get_mut(ns).and_then(|in_ns| in_ns.remove(name)) {
-            Some(key) => {
-                if self.key_of.get(ns).is_some_and(HashMap::is_empty) {
-                    self.key_of.remove(ns);
-                }
-                if let Some(names) = self.names_of.get_mut(&key) {
-                    if let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) {
-                        let mut v = std::mem::take(names).into_vec();
-                        v.remove(at);
-                        *names = v.into_boxed_slice();
-                    }
-                    if names.is_empty() {
-                        self.names_of.remove(&key);
-                    }
-                }
-                key
-            }
+        let key = match self.remove_mapped(ns, name) {
+            Some(key) => key,
             None => self.derived.take(&self.derived_key(ns, name)?)?,
         };
+        Some(Self::released(keys, key))
+    }
+
+    /// Takes `ns/name` out of the maps (not the derived set).
+    fn remove_mapped(&mut self, ns: &str, name: &str) -> Option<Arc<ServiceKey>> {
+        let in_ns = self.key_of.get_mut(ns)?;
+        let key = in_ns.remove(name)?;
+        if in_ns.is_empty() {
+            self.key_of.remove(ns);
+        }
+        if let Some(names) = self.names_of.get_mut(&key) {
+            if let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) {
+                let mut v = std::mem::take(names).into_vec();
+                v.remove(at);
+                *names = v.into_boxed_slice();
+            }
+            if names.is_empty() {
+                self.names_of.remove(&key);
+            }
+        }
+        Some(key)
+    }
+
+    /// A table let go of `key`: the key, for the caller.
+    fn released(keys: &mut Keys, key: Arc<ServiceKey>) -> ServiceKey {
         let removed = (*key).clone();
         drop(key);
         keys.release();
-        Some(removed)
+        removed
     }
 
     /// The names of `key`'s objects, sorted, each once.
@@ -395,6 +412,11 @@ impl Index {
             table: &mut self.slices,
             keys: &mut self.keys,
         }
+    }
+
+    /// Whether a local Service mirrors `key`.
+    pub(crate) fn has_local_services(&self, key: &ServiceKey) -> bool {
+        self.services.count(key) > 0
     }
 
     /// Names of local Services and Endpoints that mirror `key`.

@@ -44,7 +44,7 @@ impl View {
                 export_decision(svc, &self.export)
             });
         if let ExportDecision::Refused { .. } = export {
-            g.has_local_services = !self.index.lock().local_names(key).0.is_empty();
+            g.has_local_services = self.index.lock().has_local_services(key);
             g.export = Some(export);
             return (g, notes);
         }
