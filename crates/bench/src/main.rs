@@ -14,6 +14,7 @@ mod args;
 mod audit;
 mod baseline;
 mod calibrate;
+mod handover;
 mod headless;
 mod machine;
 mod mcs;

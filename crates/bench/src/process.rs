@@ -192,6 +192,19 @@ impl Controller {
         Ok(first)
     }
 
+    /// Kills replica `i` (`bench-replica-<i>`, not the first) with SIGKILL, as a node
+    /// lost would, and leaves it out of every later reading and check.
+    pub(crate) fn kill_replica(&mut self, i: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=self.others.len()).contains(&i),
+            "no replica {i} to kill (the first cannot be)"
+        );
+        let mut gone = self.others.remove(i - 1);
+        gone.child.kill()?;
+        gone.child.wait()?;
+        Ok(())
+    }
+
     /// Every replica's process id.
     pub(crate) fn pids(&self) -> Vec<u32> {
         std::iter::once(self.pid)

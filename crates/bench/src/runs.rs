@@ -442,6 +442,18 @@ pub(super) async fn run_controller(
         per_mirror_and_link(out, "peak", peak, total, remotes.len());
     }
     out.set("cpu_total_s", controller.cpu());
+    if fleet && replicas > 1 {
+        crate::handover::measure(
+            &bench,
+            CONTROLLER_NAMESPACE,
+            observer,
+            remotes,
+            &mut controller,
+            &mut audit,
+            out,
+        )
+        .await?;
+    }
     controller.check_running()?;
     let status = controller.stop()?;
     out.controller_warnings = controller.warnings();

@@ -1,0 +1,150 @@
+//! The hand-over of a killed replica's links (fleet mode with `--replicas` > 1), after
+//! the run's other phases: the replica holding the most links (of those besides the
+//! first, whose admin server the bench reads) is killed with SIGKILL, one Service of
+//! each remote apiserver serving one of its links changes a port at once, and the
+//! bench times
+//! - until every write Lease it held (`service-mirror-write-<link>`) names another
+//!   replica: the links moved (a lease duration and a pass, at most);
+//! - until that Service's mirror is current in every one of its links: the takers have
+//!   listed the links' remotes and local mirrors (cold standby: nothing was cached) and
+//!   written.
+//!
+//! Every mirror write of the window and every delete among them are counted from the
+//! audit log: a hand-over deletes no mirror.
+
+use crate::audit::AuditLog;
+use crate::calibrate::{latest, wait_met};
+use crate::observe::{ObjKey, Observer, Want};
+use crate::process::Controller;
+use crate::remote::{self, NAMESPACE, Remote};
+use crate::report::Rep;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// The identity of replica `i` (`POD_NAME`, see `process.rs`).
+fn replica(i: usize) -> String {
+    format!("bench-replica-{i}")
+}
+
+/// The holder of each link's write Lease, by link (empty: none).
+async fn holders(leases: &Api<Lease>, remotes: &[Remote]) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::with_capacity(remotes.len());
+    for r in remotes {
+        let lease = leases
+            .get_opt(&format!("service-mirror-write-{}", r.name))
+            .await?;
+        out.push(
+            lease
+                .and_then(|l| l.spec?.holder_identity)
+                .unwrap_or_default(),
+        );
+    }
+    Ok(out)
+}
+
+/// Longest wait for the links to move and their mirrors to be current: lease
+/// durations and the takers' lists with room.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Kills the busiest replica but the first and times its links' hand-over (see the
+/// module's comment).
+pub(crate) async fn measure(
+    client: &kube::Client,
+    controller_namespace: &str,
+    observer: &Observer,
+    remotes: &mut [Remote],
+    controller: &mut Controller,
+    audit: &mut AuditLog,
+    out: &mut Rep,
+) -> anyhow::Result<()> {
+    let replicas = controller.pids().len();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), controller_namespace);
+    let before = holders(&leases, remotes).await?;
+    let mut held: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (r, holder) in before.iter().enumerate() {
+        if let Some(i) = (1..replicas).find(|i| *holder == replica(*i)) {
+            held.entry(i).or_default().push(r);
+        }
+    }
+    let Some((victim, links)) = held.into_iter().max_by_key(|(_, links)| links.len()) else {
+        anyhow::bail!("hand-over: no replica but the first holds a link: {before:?}");
+    };
+    // One exported Service per remote apiserver of the victim's links; its mirror in
+    // every one of those links is what the takers must write. The links of one
+    // apiserver share its Services (and their ports).
+    let servers: BTreeSet<usize> = links.iter().map(|r| remotes[*r].server_index).collect();
+    let mut changes = Vec::new();
+    let mut wants = Vec::new();
+    for server in &servers {
+        let on_server: Vec<usize> = links
+            .iter()
+            .copied()
+            .filter(|r| remotes[*r].server_index == *server)
+            .collect();
+        let r = on_server[0];
+        let Some(i) = (0..remotes[r].len()).find(|i| remotes[r].exported[*i]) else {
+            continue;
+        };
+        let next = match remotes[r].http_ports[i] == remote::HTTP_PORT {
+            true => 8080,
+            false => remote::HTTP_PORT,
+        };
+        let mut ports = vec![next, remote::GRPC_PORT];
+        ports.sort_unstable();
+        for l in on_server {
+            let key = ObjKey::service(NAMESPACE, &remotes[l].mirror(i));
+            wants.push((
+                key,
+                Want::Service {
+                    ports: ports.clone(),
+                },
+            ));
+        }
+        changes.push((r, i));
+    }
+    observer.expect(wants);
+    audit.skip();
+    let killed_at = Instant::now();
+    controller.kill_replica(victim)?;
+    for (r, i) in changes {
+        remotes[r].change_port(i).await?;
+        remote::propagate(remotes, r);
+    }
+    let gone = replica(victim);
+    let moved = loop {
+        let now = holders(&leases, remotes).await?;
+        if links.iter().all(|r| !now[*r].is_empty() && now[*r] != gone) {
+            break killed_at.elapsed();
+        }
+        if killed_at.elapsed() > HANDOVER_TIMEOUT {
+            anyhow::bail!("hand-over: links of {gone} not taken in {HANDOVER_TIMEOUT:?}: {now:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let met = wait_met(observer, Some(controller), HANDOVER_TIMEOUT).await?;
+    let synced = latest(&met, killed_at);
+    // Audit lines are written as requests complete, a moment after their effect shows.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counts = audit.count();
+    let deletes: u64 = counts
+        .by_kind
+        .iter()
+        .filter(|(k, _)| k.starts_with("delete "))
+        .map(|(_, n)| n)
+        .sum();
+    out.set("handover_links", links.len() as f64);
+    out.set("handover_moved_s", moved.as_secs_f64());
+    out.set("handover_synced_s", synced.as_secs_f64());
+    out.set("handover_mirror_writes", counts.mirror_writes() as f64);
+    out.set("handover_deletes", deletes as f64);
+    println!(
+        "hand-over: {gone} killed (SIGKILL) holding {} links; all held by the others after {:.2} s, their changed mirrors current after {:.2} s; {} mirror writes, {deletes} deletes",
+        links.len(),
+        moved.as_secs_f64(),
+        synced.as_secs_f64(),
+        counts.mirror_writes()
+    );
+    Ok(())
+}
