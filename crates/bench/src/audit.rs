@@ -113,16 +113,19 @@ impl AuditLog {
         if f.seek(SeekFrom::Start(self.offset)).is_err() {
             return Vec::new();
         }
-        let mut text = String::new();
-        if f.read_to_string(&mut text).is_err() {
+        // Bytes, not a `String`: one byte that is not UTF-8 (say a line cut inside a
+        // character while the apiserver writes it) would fail the whole read and leave
+        // the offset where it was, so every later count of the run would be 0.
+        let mut bytes = Vec::new();
+        if f.read_to_end(&mut bytes).is_err() {
             return Vec::new();
         }
         // Only complete lines; a partial last line is read next time.
-        let complete = text.rfind('\n').map_or(0, |i| i + 1);
+        let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
         self.offset += complete as u64;
-        text[..complete]
-            .lines()
-            .filter_map(controller_request)
+        bytes[..complete]
+            .split(|b| *b == b'\n')
+            .filter_map(|line| controller_request(&String::from_utf8_lossy(line)))
             .collect()
     }
 }
@@ -272,6 +275,25 @@ mod tests {
         let cut = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(951_868_800_500);
         let (before, after) = log.count_split(cut);
         assert_eq!((before.writes, after.writes), (1, 1));
+    }
+
+    /// A byte that is not UTF-8 (here a line cut inside a character, as a read racing
+    /// the apiserver's write can see) costs its own line only: the counts go on.
+    #[test]
+    fn a_line_that_is_not_utf8_does_not_stop_the_counts() {
+        let create = r#"{"stage":"ResponseComplete","verb":"create","user":{"username":"admin"},"objectRef":{"resource":"services"}}"#;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        std::fs::write(&path, "").unwrap();
+        let mut log = AuditLog::at_end(&path);
+        let mut bytes = format!("{create}\n").into_bytes();
+        bytes.extend_from_slice(b"{\"message\":\"cut \xe2\x80\"}\n");
+        bytes.extend_from_slice(format!("{create}\n").as_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(log.count().writes, 2);
+        bytes.extend_from_slice(format!("{create}\n").as_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(log.count().writes, 1, "the offset moved past the line");
     }
 
     #[test]

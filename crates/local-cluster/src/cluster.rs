@@ -586,6 +586,12 @@ impl LocalCluster {
             "--endpoint-reconciler-type=none".into(),
             format!("--audit-policy-file={}", p("audit-policy.yaml")),
             format!("--audit-log-path={}", p("audit.log")),
+            // Never rotated: the log writer rotates at 100 MB when this is 0 (its
+            // default), keeping every old file anyway, and a reader that follows the
+            // file by offset (the safety monitor, the bench) loses the lines it had not
+            // read yet. The bench's 50 x 1,000 fleet passed 100 MB during its cold sync,
+            // and every count it took afterwards was 0. In megabytes: 1 TiB.
+            "--audit-log-maxsize=1048576".into(),
             "--v=1".into(),
         ];
         if self.nodes > 0 {
