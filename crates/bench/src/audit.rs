@@ -62,14 +62,14 @@ pub(crate) struct AuditLog {
 }
 
 impl AuditLog {
-    /// Starts reading `path` at its current end.
+    /// Starts reading `path` at its current end (not read: the log is never rotated,
+    /// and may be gigabytes). A line being written there is read from its middle and
+    /// skipped as the fragment it is.
     pub(crate) fn at_end(path: &Path) -> Self {
-        let mut log = Self {
+        Self {
             path: path.to_path_buf(),
-            offset: 0,
-        };
-        log.skip();
-        log
+            offset: std::fs::metadata(path).map_or(0, |m| m.len()),
+        }
     }
 
     /// Forgets everything logged so far.

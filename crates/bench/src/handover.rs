@@ -9,8 +9,8 @@
 //!   listed the links' remotes and local mirrors (cold standby: nothing was cached) and
 //!   written.
 //!
-//! Every mirror write of the window and every delete among them are counted from the
-//! audit log: a hand-over deletes no mirror.
+//! Every mirror write and delete of the window (to [`SETTLE`] after the last wanted
+//! mirror) is counted from the audit log: a hand-over deletes no mirror.
 
 use crate::audit::AuditLog;
 use crate::calibrate::{latest, wait_met};
@@ -46,6 +46,9 @@ async fn holders(leases: &Api<Lease>, remotes: &[Remote]) -> anyhow::Result<Vec<
         })
         .collect())
 }
+
+/// How long the window stays open after the last wanted mirror is current.
+const SETTLE: Duration = Duration::from_secs(5);
 
 /// Longest wait for the links to move and their mirrors to be current: lease
 /// durations and the takers' lists with room.
@@ -113,6 +116,12 @@ pub(crate) async fn measure(
         }
         changes.push((r, i));
     }
+    anyhow::ensure!(
+        !wants.is_empty(),
+        "hand-over: no exported Service in the links of {}",
+        replica(victim)
+    );
+    let changed_links = wants.len();
     observer.expect(wants);
     audit.skip();
     let killed_at = Instant::now();
@@ -134,25 +143,39 @@ pub(crate) async fn measure(
     };
     let met = wait_met(observer, Some(controller), HANDOVER_TIMEOUT).await?;
     let synced = latest(&met, killed_at);
-    // Audit lines are written as requests complete, a moment after their effect shows.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The window stays open a while after the last wanted mirror: a taker's first pass
+    // over its links may go on writing (it should not: nothing else changed).
+    tokio::time::sleep(SETTLE).await;
     let counts = audit.count();
-    let deleted: BTreeMap<&String, &u64> = counts
-        .by_kind
-        .iter()
-        .filter(|(k, _)| k.starts_with("delete"))
-        .collect();
-    let deletes: u64 = deleted.values().copied().sum();
+    let deletes = |mirrors: bool| -> u64 {
+        counts
+            .by_kind
+            .iter()
+            .filter(|(k, _)| {
+                let mut it = k.split(' ');
+                let (verb, resource) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+                verb.starts_with("delete")
+                    && mirrors == matches!(resource, "services" | "endpoints" | "endpointslices")
+            })
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (mirror_deletes, other_deletes) = (deletes(true), deletes(false));
     out.set("handover_links", links.len() as f64);
+    out.set("handover_changed_apiservers", servers.len() as f64);
+    out.set("handover_changed_mirrors", changed_links as f64);
     out.set("handover_moved_s", moved.as_secs_f64());
     out.set("handover_synced_s", synced.as_secs_f64());
     out.set("handover_mirror_writes", counts.mirror_writes() as f64);
-    out.set("handover_deletes", deletes as f64);
+    out.set("handover_mirror_deletes", mirror_deletes as f64);
+    out.set("handover_other_deletes", other_deletes as f64);
     println!(
-        "hand-over: {gone} killed (SIGKILL) holding {} links; all held by the others after {:.2} s, their changed mirrors current after {:.2} s; {} mirror writes, {deletes} deletes {deleted:?}",
+        "hand-over: {gone} killed (SIGKILL) holding {} links; all held by the others after {:.2} s; the {changed_links} changed mirrors of its links (one Service on each of {} remote apiservers) current after {:.2} s; in the window (to {} s after that): {} mirror writes, {mirror_deletes} mirror deletes, {other_deletes} other deletes",
         links.len(),
         moved.as_secs_f64(),
+        servers.len(),
         synced.as_secs_f64(),
+        SETTLE.as_secs(),
         counts.mirror_writes()
     );
     Ok(())

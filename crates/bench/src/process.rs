@@ -133,6 +133,8 @@ pub(crate) struct Controller {
     pub(crate) log: PathBuf,
     /// The other replicas (`run --shard-links`), if any.
     others: Vec<Controller>,
+    /// Replicas [`Controller::kill_replica`] killed: only their logs are read.
+    killed: Vec<Controller>,
 }
 
 impl Controller {
@@ -193,8 +195,10 @@ impl Controller {
     }
 
     /// Kills replica `i` (`bench-replica-<i>`, not the first) with SIGKILL, as a node
-    /// lost would, and leaves it out of every later reading and check.
+    /// lost would, and leaves it out of every later reading and check but its log's
+    /// warnings. Once a run: the numbers are those the replicas started with.
     pub(crate) fn kill_replica(&mut self, i: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(self.killed.is_empty(), "a replica was killed already");
         anyhow::ensure!(
             (1..=self.others.len()).contains(&i),
             "no replica {i} to kill (the first cannot be)"
@@ -202,6 +206,7 @@ impl Controller {
         let mut gone = self.others.remove(i - 1);
         gone.child.kill()?;
         gone.child.wait()?;
+        self.killed.push(gone);
         Ok(())
     }
 
@@ -281,6 +286,7 @@ impl Controller {
             child,
             log: log.to_path_buf(),
             others: Vec::new(),
+            killed: Vec::new(),
         })
     }
 
@@ -315,7 +321,12 @@ impl Controller {
                 let level = l.split_whitespace().nth(1);
                 level == Some("WARN") || level == Some("ERROR")
             })
-            .chain(self.others.iter().flat_map(Controller::warnings))
+            .chain(
+                self.others
+                    .iter()
+                    .chain(&self.killed)
+                    .flat_map(Controller::warnings),
+            )
             .collect()
     }
 

@@ -516,7 +516,8 @@ impl Monitor {
         };
         // The apiserver's log backend is blocking: a write's line is in the file once
         // its response is sent. A partial last line waits for the next call. A file
-        // shorter than what was read was rotated (100 MB by default): start it over.
+        // shorter than what was read was rotated: start it over (local-cluster's
+        // apiservers never rotate it, `--audit-log-maxsize`; another harness's may).
         if f.metadata().is_ok_and(|m| m.len() < self.offset) {
             self.offset = 0;
         }
