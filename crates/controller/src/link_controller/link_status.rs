@@ -136,6 +136,23 @@ impl StatusBook {
 /// A link's rendered `mirrorServices` and `federatedServices` (ours only).
 pub(crate) type Rendered = (Vec<LinkServiceStatus>, Vec<LinkServiceStatus>);
 
+/// Two 64-bit SipHash values, under two prefixes, of rendered lists' JSON: lists that
+/// differ share it with a chance too small to matter (about 2^-128), so a change is not
+/// taken for the last write (which would leave the status stale until the next change).
+type Fingerprint = (u64, u64);
+
+fn fingerprint(rendered: &Rendered) -> Fingerprint {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
+    let json = serde_json::to_vec(rendered).unwrap_or_default();
+    let keyed = |key: u64| {
+        let mut h = BuildHasherDefault::<DefaultHasher>::default().build_hasher();
+        h.write_u64(key);
+        h.write(&json);
+        h.finish()
+    };
+    (keyed(0x9e37_79b9_7f4a_7c15), keyed(0xc2b2_ae3d_27d4_eb4f))
+}
+
 /// `entries` failures first then by key, within `budget` bytes of JSON; and how many
 /// were left out.
 fn render(entries: &BTreeMap<ServiceKey, Entry>, budget: usize) -> (Vec<LinkServiceStatus>, usize) {
@@ -216,7 +233,10 @@ pub(super) async fn write_status(
     metrics: super::metrics::LinkMetrics,
     cancel: CancellationToken,
 ) {
-    let mut written: Option<Rendered> = None;
+    // What was written last, as a fingerprint: the rendered lists themselves were
+    // about 430 bytes a mirror held for the link's life (heaptrack, 10 Link-linked
+    // clusters x 1,000 Services: 4.27 MiB of a 30.9 MiB live heap).
+    let mut written: Option<Fingerprint> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -231,7 +251,8 @@ pub(super) async fn write_status(
             return;
         }
         let (ours, left_out) = book.render_all(MAX_STATUS_BYTES);
-        if written.as_ref() == Some(&ours) {
+        let print = fingerprint(&ours);
+        if written == Some(print) {
             continue;
         }
         match patch(&api, &name, &ours, &gate).await {
@@ -241,7 +262,7 @@ pub(super) async fn write_status(
                 if bytes > 0 {
                     metrics.status_written(bytes, left_out);
                 }
-                written = Some(ours);
+                written = Some(print);
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep(interval_after(bytes).saturating_sub(MIN_INTERVAL)) => {}
@@ -311,6 +332,27 @@ mod tests {
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey::new("shop", name)
+    }
+
+    #[test]
+    fn the_fingerprint_of_what_was_written_tells_every_change() {
+        let book = StatusBook::default();
+        let key = ServiceKey::new("ns", "web");
+        book.observe(
+            &key,
+            Observed::Mirrored {
+                local: "web-east".into(),
+            },
+        );
+        let (first, _) = book.render_all(MAX_STATUS_BYTES);
+        assert_eq!(fingerprint(&first), fingerprint(&first.clone()));
+        book.observe(&key, Observed::Error("boom".into()));
+        let (second, _) = book.render_all(MAX_STATUS_BYTES);
+        assert_ne!(fingerprint(&first), fingerprint(&second));
+        // The same entries in the other list are another status.
+        let swapped = (first.1.clone(), first.0.clone());
+        assert_ne!(fingerprint(&first), fingerprint(&swapped));
+        assert_ne!(fingerprint(&(vec![], vec![])), fingerprint(&first));
     }
 
     #[test]
