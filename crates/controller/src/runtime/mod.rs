@@ -24,6 +24,7 @@ pub(crate) mod metrics;
 pub(crate) mod once;
 pub(crate) mod queue;
 pub(crate) mod relist;
+pub(crate) mod slots;
 pub(crate) mod watch;
 pub(crate) mod worker;
 

@@ -24,9 +24,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-/// The slots an emptied set of queued keys keeps (beyond that, given back).
-const EMPTY_CAPACITY_KEPT: usize = 64;
-
 #[derive(Debug)]
 struct State<K> {
     queued: HashSet<K>,
@@ -138,12 +135,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         };
         let mut s = self.lock();
         s.queued.remove(&key);
-        // A burst (a list queues every key of its link) grows the set to as many slots,
-        // which a HashSet keeps once drained: about 100 bytes a mirror at 1,000 Services
-        // a link (heap profile, 10 x 1,000). Given back when it empties.
-        if s.queued.is_empty() && s.queued.capacity() > EMPTY_CAPACITY_KEPT {
-            s.queued.shrink_to(EMPTY_CAPACITY_KEPT);
-        }
+        // A burst (a list queues every key of its link) grows the set to as many slots.
+        super::slots::give_back(&mut s.queued);
         s.active.insert(key.clone());
         Some(key)
     }
@@ -293,7 +286,7 @@ mod tests {
             q.done(k, Outcome::Done);
         }
         assert_eq!(q.depth(), 0);
-        assert!(q.lock().queued.capacity() <= EMPTY_CAPACITY_KEPT * 2);
+        assert!(q.lock().queued.capacity() <= super::super::slots::CAPACITY_KEPT * 2);
     }
 
     #[tokio::test]

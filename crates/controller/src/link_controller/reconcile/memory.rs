@@ -18,26 +18,21 @@ pub(in crate::link_controller) struct Memory {
     pub(in crate::link_controller) export_to: super::export_to::ExportToMemory,
 }
 
-/// Forgets `key` in one of [`Memory`]'s per-key maps. A map a burst left mostly empty
-/// gives its slots back: a gateway move puts every key of the link in
-/// `endpoints_first` for one pass, and after the bench's move at 10 links x 1,000
-/// Services the emptied maps held 0.71 MB of slots for the links' lives (heaptrack).
-/// Shrunk once under an eighth full, not only when empty: a key refused between its
-/// two passes keeps its entry.
+/// Forgets `key` in one of [`Memory`]'s per-key maps, giving back the slots a burst
+/// left: a gateway move puts every key of the link in `endpoints_first` for one pass,
+/// and after the bench's move at 10 links x 1,000 Services the emptied maps held 0.71
+/// MB of slots for the links' lives (heaptrack).
 pub(in crate::link_controller) fn forget<V>(map: &Mutex<HashMap<ServiceKey, V>>, key: &ServiceKey) {
     let mut map = map.lock();
-    if map.remove(key).is_some() && map.capacity() > CAPACITY_KEPT && map.len() * 8 < map.capacity()
-    {
-        map.shrink_to_fit();
+    if map.remove(key).is_some() {
+        crate::runtime::slots::give_back(&mut *map);
     }
 }
-
-/// Slots a map keeps however empty (a few keys coming and going do not reallocate).
-const CAPACITY_KEPT: usize = 64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::slots::CAPACITY_KEPT;
 
     #[test]
     fn a_map_a_burst_left_mostly_empty_gives_its_slots_back_and_a_small_one_keeps_them() {
