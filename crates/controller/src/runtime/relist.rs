@@ -19,8 +19,67 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// The entries of one key, by name.
-pub(crate) type Entries<V> = HashMap<String, V>;
+/// The entries of one key, by name: a vector kept sorted by name, as a key (a Service)
+/// has one entry (EndpointSlice) in most clusters and a few at most in nearly all. A
+/// `HashMap<String, V>` here cost its 48 bytes inline and, for one entry, an allocation
+/// of four buckets and their control bytes (160 bytes with a `bool`): with the key and
+/// the name, about 350 bytes a mirror on every Link-linked cluster (heap profile, 10
+/// links x 1,000 Services). Equal entries compare equal whatever their arrival order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Entries<V>(Vec<(Box<str>, V)>);
+
+impl<V> Default for Entries<V> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<V> Entries<V> {
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| (**n).cmp(name))
+    }
+
+    /// The entry `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<&V> {
+        self.find(name).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Sets the entry `name`.
+    pub(crate) fn insert(&mut self, name: String, v: V) {
+        match self.find(&name) {
+            Ok(i) => self.0[i].1 = v,
+            Err(i) => {
+                // Exactly as many slots as entries while few: a first push would
+                // allocate four.
+                if self.0.len() < 4 {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(i, (name.into_boxed_str(), v))
+            }
+        }
+    }
+
+    /// Removes the entry `name`; whether there was one.
+    pub(crate) fn remove(&mut self, name: &str) -> bool {
+        match self.find(name) {
+            Ok(i) => {
+                self.0.remove(i);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether there is no entry.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entries, by name.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+}
 
 /// What readers see of a key's entries, when less than all of them: a change that
 /// leaves it alone is no change.
@@ -143,7 +202,7 @@ impl<K: Clone + Eq + Hash + Ord, V: Clone + PartialEq> Relisted<K, V> {
         let Some(entries) = self.rows.get_mut(key) else {
             return;
         };
-        let removed = entries.remove(name).is_some();
+        let removed = entries.remove(name);
         if entries.is_empty() {
             self.rows.remove(key);
         }

@@ -195,3 +195,25 @@ fn holds_are_numbered_and_each_timer_ends_only_its_own() {
     h.list_complete(|| false);
     assert_eq!(h.after_list(), AfterList::Release);
 }
+
+#[test]
+fn entries_compare_equal_whatever_their_order_and_one_entry_holds_one_slot() {
+    let mut a = Entries::default();
+    a.insert("s-2".to_string(), 2);
+    a.insert("s-1".to_string(), 1);
+    let mut b = Entries::default();
+    b.insert("s-1".to_string(), 1);
+    assert_eq!(b.0.capacity(), 1, "a key with one slice allocates one slot");
+    b.insert("s-2".to_string(), 2);
+    assert_eq!(a, b);
+    b.insert("s-2".to_string(), 3);
+    assert_ne!(a, b, "replaced");
+    assert_eq!(b.get("s-2"), Some(&3));
+    assert_eq!(b.values().copied().collect::<Vec<_>>(), [1, 3], "by name");
+    assert!(b.remove("s-1"));
+    assert!(!b.remove("s-1"), "gone already");
+    assert_eq!(b.get("s-1"), None);
+    assert!(!b.is_empty());
+    assert!(b.remove("s-2"));
+    assert!(b.is_empty());
+}
