@@ -61,53 +61,153 @@ pub(crate) enum Observed {
     Gone,
 }
 
+/// What the book keeps of an observation: strings boxed, and a mirror's name only when it
+/// is not the one its list derives from the key (`<name>-<cluster>` for the link's
+/// mirrors, `<name>-federated` for its federated members): every mirror but a long
+/// name's hashed one. With the key shared with the link's index, an entry of 10,000 is a
+/// slot of a B-tree node and no allocation of its own (a `String` name and a key's two
+/// strings were about 100 bytes a mirror on top of the slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kept {
+    /// Mirrored under the name the list derives.
+    Derived,
+    /// Mirrored under another name.
+    Mirrored(Box<str>),
+    Invalid(Box<str>),
+    MissingNamespace,
+    Error(Box<str>),
+}
+
+impl Kept {
+    /// `None` for [`Observed::Gone`] (no entry).
+    fn of(observed: Observed, key: &ServiceKey, suffix: &str) -> Option<Self> {
+        Some(match observed {
+            Observed::Mirrored { local } => match derived(&local, key, suffix) {
+                true => Kept::Derived,
+                false => Kept::Mirrored(local.into_boxed_str()),
+            },
+            Observed::Invalid(m) => Kept::Invalid(m.into_boxed_str()),
+            Observed::MissingNamespace => Kept::MissingNamespace,
+            Observed::Error(m) => Kept::Error(m.into_boxed_str()),
+            Observed::Gone => return None,
+        })
+    }
+
+    /// Whether `observed` is what this says (without building a `Kept` of it).
+    fn says(&self, observed: &Observed, key: &ServiceKey, suffix: &str) -> bool {
+        match (self, observed) {
+            (Kept::Derived, Observed::Mirrored { local }) => derived(local, key, suffix),
+            (Kept::Mirrored(a), Observed::Mirrored { local }) => {
+                **a == *local && !derived(local, key, suffix)
+            }
+            (Kept::Invalid(a), Observed::Invalid(b)) | (Kept::Error(a), Observed::Error(b)) => {
+                **a == *b
+            }
+            (Kept::MissingNamespace, Observed::MissingNamespace) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Whether `local` is the name a list with `suffix` derives from `key`.
+fn derived(local: &str, key: &ServiceKey, suffix: &str) -> bool {
+    local.strip_prefix(key.name.as_str()) == Some(suffix)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
-    observed: Observed,
+    kept: Kept,
     since: Time,
 }
 
+/// One list of the book: its entries by key, and the suffix its mirrors' names add to
+/// their keys' names.
+#[derive(Debug)]
+struct List {
+    suffix: Box<str>,
+    entries: BTreeMap<Arc<ServiceKey>, Entry>,
+}
+
 /// The status entries of one link, recorded by reconciles.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct StatusBook {
-    entries: Mutex<BTreeMap<ServiceKey, Entry>>,
+    entries: Mutex<List>,
     /// The link's federated members (`federatedServices`), recorded by the federation.
-    federated: Mutex<BTreeMap<ServiceKey, Entry>>,
+    federated: Mutex<List>,
     changed: Notify,
 }
 
 impl StatusBook {
+    /// The book of the link to `cluster` (whose mirrors are named `<name>-<cluster>`).
+    pub(crate) fn new(cluster: &str) -> Self {
+        let list = |suffix: String| {
+            Mutex::new(List {
+                suffix: suffix.into_boxed_str(),
+                entries: BTreeMap::new(),
+            })
+        };
+        Self {
+            entries: list(format!("-{cluster}")),
+            federated: list("-federated".to_string()),
+            changed: Notify::new(),
+        }
+    }
+
     /// Records what a reconcile of `key` found; the writer is woken only on a change,
     /// so an idle link writes nothing.
+    #[cfg(test)]
     pub(crate) fn observe(&self, key: &ServiceKey, observed: Observed) {
-        self.record(&self.entries, key, observed);
+        self.observe_shared(key, || Arc::new(key.clone()), observed);
+    }
+
+    /// As [`StatusBook::observe`], a new entry keyed by `shared` (the link index's copy
+    /// of `key`, so the book keeps none of its own).
+    pub(crate) fn observe_shared(
+        &self,
+        key: &ServiceKey,
+        shared: impl FnOnce() -> Arc<ServiceKey>,
+        observed: Observed,
+    ) {
+        self.record(&self.entries, key, shared, observed);
     }
 
     /// Records what the federation found for the link's federated member `key`
     /// (`Mirrored` into `<svc>-federated`, `InvalidService`, `Error`); same rules.
     pub(crate) fn observe_federated(&self, key: &ServiceKey, observed: Observed) {
-        self.record(&self.federated, key, observed);
+        self.record(&self.federated, key, || Arc::new(key.clone()), observed);
     }
 
     fn record(
         &self,
-        entries: &Mutex<BTreeMap<ServiceKey, Entry>>,
+        list: &Mutex<List>,
         key: &ServiceKey,
+        shared: impl FnOnce() -> Arc<ServiceKey>,
         observed: Observed,
     ) {
-        let mut entries = entries.lock();
-        let changed = match observed {
-            Observed::Gone => entries.remove(key).is_some(),
-            observed => match entries.get(key) {
-                Some(e) if e.observed == observed => false,
-                _ => {
-                    let since = Time(k8s_openapi::jiff::Timestamp::now());
-                    entries.insert(key.clone(), Entry { observed, since });
+        let mut list = list.lock();
+        let List { suffix, entries } = &mut *list;
+        let changed = match entries.get_mut(key) {
+            Some(e) if e.kept.says(&observed, key, suffix) => false,
+            Some(e) => match Kept::of(observed, key, suffix) {
+                Some(kept) => {
+                    *e = Entry {
+                        kept,
+                        since: Time(k8s_openapi::jiff::Timestamp::now()),
+                    };
                     true
                 }
+                None => entries.remove(key).is_some(),
+            },
+            None => match Kept::of(observed, key, suffix) {
+                Some(kept) => {
+                    let since = Time(k8s_openapi::jiff::Timestamp::now());
+                    entries.insert(shared(), Entry { kept, since });
+                    true
+                }
+                None => false,
             },
         };
-        drop(entries);
+        drop(list);
         if changed {
             self.changed.notify_one();
         }
@@ -153,17 +253,18 @@ fn fingerprint(rendered: &Rendered) -> Fingerprint {
     (keyed(0x9e37_79b9_7f4a_7c15), keyed(0xc2b2_ae3d_27d4_eb4f))
 }
 
-/// `entries` failures first then by key, within `budget` bytes of JSON; and how many
-/// were left out.
-fn render(entries: &BTreeMap<ServiceKey, Entry>, budget: usize) -> (Vec<LinkServiceStatus>, usize) {
-    let (failing, mirrored): (Vec<_>, Vec<_>) = entries
+/// `list`'s entries, failures first then by key, within `budget` bytes of JSON; and how
+/// many were left out.
+fn render(list: &List, budget: usize) -> (Vec<LinkServiceStatus>, usize) {
+    let (failing, mirrored): (Vec<_>, Vec<_>) = list
+        .entries
         .iter()
-        .partition(|(_, e)| !matches!(e.observed, Observed::Mirrored { .. }));
+        .partition(|(_, e)| !matches!(e.kept, Kept::Derived | Kept::Mirrored(_)));
     let mut out = Vec::new();
     let mut bytes = 0;
     let mut left_out = 0;
     for (key, entry) in failing.into_iter().chain(mirrored) {
-        let status = service_status(key, entry);
+        let status = service_status(key, entry, &list.suffix);
         let size = serde_json::to_vec(&status).map_or(0, |v| v.len() + 1);
         if bytes + size > budget {
             left_out += 1;
@@ -182,18 +283,23 @@ fn bounded(message: &str) -> String {
         .collect()
 }
 
-fn service_status(key: &ServiceKey, entry: &Entry) -> LinkServiceStatus {
-    let (status, reason, message, local) = match &entry.observed {
-        Observed::Mirrored { local } => ("True", "Mirrored", String::new(), Some(local)),
-        Observed::Invalid(m) => ("False", "InvalidService", bounded(m), None),
-        Observed::MissingNamespace => (
+fn service_status(key: &ServiceKey, entry: &Entry, suffix: &str) -> LinkServiceStatus {
+    let (status, reason, message, local) = match &entry.kept {
+        Kept::Derived => (
+            "True",
+            "Mirrored",
+            String::new(),
+            Some(format!("{}{suffix}", key.name)),
+        ),
+        Kept::Mirrored(local) => ("True", "Mirrored", String::new(), Some(local.to_string())),
+        Kept::Invalid(m) => ("False", "InvalidService", bounded(m), None),
+        Kept::MissingNamespace => (
             "False",
             "MissingNamespace",
             "Namespace does not exist".to_owned(),
             None,
         ),
-        Observed::Error(m) => ("False", "Error", bounded(m), None),
-        Observed::Gone => unreachable!("gone entries are removed"),
+        Kept::Error(m) => ("False", "Error", bounded(m), None),
     };
     let service_ref = |name: &str| LinkObjectRef {
         group: String::new(),
@@ -211,7 +317,7 @@ fn service_status(key: &ServiceKey, entry: &Entry) -> LinkServiceStatus {
             last_probe_time: None,
             reason: reason.into(),
             message,
-            local_ref: local.map(|l| service_ref(l)),
+            local_ref: local.map(|l| service_ref(&l)),
         }],
     }
 }
@@ -336,7 +442,7 @@ mod tests {
 
     #[test]
     fn the_fingerprint_of_what_was_written_tells_every_change() {
-        let book = StatusBook::default();
+        let book = StatusBook::new("east");
         let key = ServiceKey::new("ns", "web");
         book.observe(
             &key,
@@ -357,7 +463,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_observation_is_no_change() {
-        let book = StatusBook::default();
+        let book = StatusBook::new("east");
         book.observe(
             &key("web"),
             Observed::Mirrored {
@@ -382,7 +488,7 @@ mod tests {
 
     #[test]
     fn entries_say_linkerds_reasons_with_our_controller_name() {
-        let book = StatusBook::default();
+        let book = StatusBook::new("east");
         let cases = [
             (
                 "a",
@@ -424,7 +530,7 @@ mod tests {
 
     #[test]
     fn over_budget_failures_come_first_and_the_rest_is_counted() {
-        let book = StatusBook::default();
+        let book = StatusBook::new("east");
         for i in 0..100 {
             book.observe(
                 &key(&format!("ok-{i:03}")),
@@ -446,7 +552,7 @@ mod tests {
 
     #[test]
     fn a_gone_service_loses_its_entry_and_messages_are_bounded() {
-        let book = StatusBook::default();
+        let book = StatusBook::new("east");
         book.observe(&key("web"), Observed::Error("x".repeat(10_000)));
         let (list, _) = book.render(MAX_STATUS_BYTES);
         assert!(list[0].conditions[0].message.chars().count() <= MAX_MESSAGE_CHARS);
@@ -456,7 +562,7 @@ mod tests {
 
     #[test]
     fn federated_entries_are_a_list_of_their_own_sharing_the_budget() {
-        let book = StatusBook::default();
+        let book = StatusBook::new("east");
         let mirrored = Observed::Mirrored {
             local: "web-east".into(),
         };
@@ -493,5 +599,74 @@ mod tests {
         assert_eq!(interval_after(0), MIN_INTERVAL);
         assert_eq!(interval_after(MAX_STATUS_BYTES), Duration::from_secs(16));
         assert_eq!(interval_after(64 * 1024), MIN_INTERVAL);
+    }
+
+    #[test]
+    fn a_derived_mirror_name_is_kept_as_a_mark_and_any_other_name_whole() {
+        let book = StatusBook::new("east");
+        let long = "a".repeat(60);
+        let hashed = format!("{}-0123456789-east", &long[..40]);
+        book.observe(
+            &key("web"),
+            Observed::Mirrored {
+                local: "web-east".into(),
+            },
+        );
+        book.observe(
+            &key(&long),
+            Observed::Mirrored {
+                local: hashed.clone(),
+            },
+        );
+        // `web-eastern` is not `web` + `-east`: kept whole.
+        book.observe(
+            &key("web-e"),
+            Observed::Mirrored {
+                local: "web-eastern".into(),
+            },
+        );
+        {
+            let list = book.entries.lock();
+            let kept = |name: &str| list.entries.get(&key(name)).unwrap().kept.clone();
+            assert_eq!(kept("web"), Kept::Derived);
+            assert_eq!(kept(&long), Kept::Mirrored(hashed.clone().into()));
+            assert_eq!(kept("web-e"), Kept::Mirrored("web-eastern".into()));
+        }
+        let (list, _) = book.render(MAX_STATUS_BYTES);
+        let local = |name: &str| {
+            let e = list.iter().find(|e| e.remote_ref.name == name).unwrap();
+            e.conditions[0].local_ref.as_ref().unwrap().name.clone()
+        };
+        assert_eq!(local("web"), "web-east");
+        assert_eq!(local(&long), hashed);
+        assert_eq!(local("web-e"), "web-eastern");
+        // The same observation again is no change; another name is one.
+        let since = |b: &StatusBook| {
+            b.entries
+                .lock()
+                .entries
+                .get(&key("web"))
+                .unwrap()
+                .since
+                .clone()
+        };
+        let before = since(&book);
+        book.observe(
+            &key("web"),
+            Observed::Mirrored {
+                local: "web-east".into(),
+            },
+        );
+        assert_eq!(since(&book), before);
+        book.observe(
+            &key("web"),
+            Observed::Mirrored {
+                local: "web-x".into(),
+            },
+        );
+        assert_eq!(
+            book.entries.lock().entries.get(&key("web")).unwrap().kept,
+            Kept::Mirrored("web-x".into())
+        );
     }
 }

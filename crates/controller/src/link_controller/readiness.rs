@@ -5,19 +5,27 @@
 //! Only a flag per slice is kept, not the slices: a remote with 10,000 Services has at
 //! least as many slices, and the caches are most of the controller's memory.
 
+use super::index::Index;
 use crate::runtime::relist::{Entries, Relisted, Row};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::runtime::watcher;
+use parking_lot::Mutex;
 use service_mirror_core::ServiceKey;
 use service_mirror_core::labels::SERVICE_NAME_LABEL;
+use std::sync::Arc;
 
 /// The readiness of remote Services, fed by a watch of the remote EndpointSlices: per
 /// remote Service key, its slices by name and whether each has a ready endpoint. Readers
 /// see only whether one has: a change that leaves that alone changes no key.
+///
+/// Keys are the link index's shared copies (an `Arc` each): a key of its own was two
+/// strings and 48 bytes inline a remote Service on every Link-linked cluster.
 #[derive(Debug)]
 pub(crate) struct RemoteReadiness {
-    table: Relisted<ServiceKey, bool>,
+    table: Relisted<Arc<ServiceKey>, bool>,
+    /// The index whose copies of the keys the table holds (`None`: copies of its own).
+    keys: Option<Arc<Mutex<Index>>>,
     /// The remote refused the slice watch (credentials from before Links): readiness is
     /// unknown, and every Service counts as ready (mirrored as before) rather than none.
     unavailable: bool,
@@ -27,6 +35,7 @@ impl Default for RemoteReadiness {
     fn default() -> Self {
         Self {
             table: Relisted::with_view(any_ready),
+            keys: None,
             unavailable: false,
         }
     }
@@ -56,6 +65,14 @@ fn any_ready(slices: Option<&Entries<bool>>) -> bool {
 }
 
 impl RemoteReadiness {
+    /// A table keyed by `index`'s shared copies of the keys.
+    pub(crate) fn sharing(index: Arc<Mutex<Index>>) -> Self {
+        Self {
+            keys: Some(index),
+            ..Self::default()
+        }
+    }
+
     /// Whether the remote has listed its slices (or refused to): until then a gateway
     /// mirror cannot be planned, as its endpoints depend on it.
     pub(crate) fn listed(&self) -> bool {
@@ -75,7 +92,7 @@ impl RemoteReadiness {
 
     /// Ends a hold: the keys whose view changed.
     pub(crate) fn release(&mut self) -> Vec<ServiceKey> {
-        self.table.release()
+        owned(self.table.release())
     }
 
     /// The remote refused the watch: count every Service as ready from now on.
@@ -91,13 +108,28 @@ impl RemoteReadiness {
         if !matches!(ev, watcher::Event::Init) {
             self.unavailable = false;
         }
-        self.table.apply(ev, row);
+        let keys = self.keys.clone();
+        self.table.apply(ev, |slice| {
+            let (key, name, ready) = row(slice)?;
+            let key = match &keys {
+                Some(index) => index.lock().services().shared(&key),
+                None => Arc::new(key),
+            };
+            Some((key, name, ready))
+        });
     }
 
     /// The keys whose readiness changed since the last call.
     pub(crate) fn take_changed(&mut self) -> Vec<ServiceKey> {
-        self.table.take_changed()
+        owned(self.table.take_changed())
     }
+}
+
+/// Keys as the work queue takes them.
+fn owned(keys: Vec<Arc<ServiceKey>>) -> Vec<ServiceKey> {
+    keys.into_iter()
+        .map(|k| Arc::try_unwrap(k).unwrap_or_else(|k| (*k).clone()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -119,6 +151,46 @@ mod tests {
 
     fn key(name: &str) -> ServiceKey {
         ServiceKey::new("shop", name)
+    }
+
+    #[test]
+    fn the_table_holds_the_indexs_copy_of_a_key_and_not_one_of_its_own() {
+        let index = Arc::new(Mutex::new(Index::new("east")));
+        let mut r = RemoteReadiness::sharing(index.clone());
+        r.apply(&watcher::Event::Init);
+        r.apply(&watcher::Event::InitApply(slice(
+            "shop",
+            "web-1",
+            Some("web"),
+            &[Some(true)],
+        )));
+        r.apply(&watcher::Event::InitApply(slice(
+            "shop",
+            "web-2",
+            Some("web"),
+            &[Some(false)],
+        )));
+        r.apply(&watcher::Event::InitDone);
+        assert!(r.ready(&key("web")));
+        assert_eq!(r.take_changed(), [key("web")]);
+        // The index's set, the table's row and this handle: one copy, three holders.
+        let shared = index.lock().services().shared(&key("web"));
+        assert_eq!(Arc::strong_count(&shared), 3);
+        r.apply(&watcher::Event::Delete(slice(
+            "shop",
+            "web-1",
+            Some("web"),
+            &[Some(true)],
+        )));
+        r.apply(&watcher::Event::Delete(slice(
+            "shop",
+            "web-2",
+            Some("web"),
+            &[Some(false)],
+        )));
+        assert!(!r.ready(&key("web")));
+        assert_eq!(r.take_changed(), [key("web")]);
+        assert_eq!(Arc::strong_count(&shared), 2, "the row went, and its hold");
     }
 
     #[test]

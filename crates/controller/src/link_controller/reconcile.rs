@@ -184,8 +184,9 @@ impl Reconciler {
             )
             .await;
         if let (Some(book), Some(observed)) = (&self.fx.status, observed) {
-            book.observe(
+            book.observe_shared(
                 key,
+                || self.view.index.lock().services().shared(key),
                 match &result {
                     Ok(_) if self.fx.limit.is_refused(key) => Observed::Error(format!(
                         "not mirrored: the link holds its limit of {} mirrors (--max-mirrors-per-link)",

@@ -62,7 +62,7 @@ impl Running {
         let status_of = wiring::status_object(&deps);
         let status = status_of
             .as_ref()
-            .map(|_| Arc::new(link_status::StatusBook::default()));
+            .map(|_| Arc::new(link_status::StatusBook::new(&cluster)));
         if let (Some(fed), Some(book), Some(_)) = (&deps.federation, &status, &feed) {
             fed.report_status(&cluster, book.clone());
         }

@@ -8,6 +8,7 @@ use super::index::Index;
 use super::limit::MirrorLimit;
 use super::link_status::StatusBook;
 use super::metrics::LinkMetrics;
+use super::readiness::RemoteReadiness;
 use super::reconcile::{Effects, Reconciler, View};
 use super::remote_state::RemoteHealth;
 use super::{LinkConfig, LinkDeps, Synced, WorkQueue};
@@ -118,7 +119,8 @@ pub(super) fn view(
         link_gateway,
         mode: config.endpoints_mode,
         // Link mirrors follow the remote's readiness (as Linkerd's do).
-        readiness: matches!(config.export_rule, ExportRule::Selectors { .. }).then(Arc::default),
+        readiness: matches!(config.export_rule, ExportRule::Selectors { .. })
+            .then(|| Arc::new(Mutex::new(RemoteReadiness::sharing(index.clone())))),
         // Headless services read the remote slices' hostnames, on every link.
         hostnames: config.enable_headless_services.then(|| {
             Arc::new(Mutex::new(RemoteHostnames::new(

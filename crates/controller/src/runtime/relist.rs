@@ -138,7 +138,11 @@ impl<K: Clone + Eq + Hash + Ord, V: Clone + PartialEq> Relisted<K, V> {
     }
 
     /// The entries of `key` as readers see them (the held table during a hold).
-    pub(crate) fn get(&self, key: &K) -> Option<&Entries<V>> {
+    pub(crate) fn get<Q>(&self, key: &Q) -> Option<&Entries<V>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.held.as_ref().unwrap_or(&self.rows).get(key)
     }
 
