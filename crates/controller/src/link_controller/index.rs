@@ -23,12 +23,13 @@ pub(crate) struct Index {
     slices: LocalIndex,
 }
 
-/// One shared copy of each remote key the tables name.
+/// One shared copy of each remote key the tables name (the index's, and outside it the
+/// mirror limit's, the Link status book's and the remote readiness table's).
 #[derive(Debug, Default)]
 pub(crate) struct Keys {
     set: HashSet<Arc<ServiceKey>>,
-    /// Keys let go by a table since the last sweep.
-    released: usize,
+    /// Keys made, or let go by an index table, since the last sweep.
+    churn: usize,
 }
 
 impl Keys {
@@ -39,14 +40,25 @@ impl Keys {
         }
         let k = Arc::new(key.clone());
         self.set.insert(k.clone());
+        // A new key counts toward the sweep: a table outside the index (the readiness
+        // table holds a key for every remote Service with a slice, mirrored or not)
+        // lets its keys go without telling, so without this its dead keys would wait
+        // for the index's own releases. With it the set holds at most about twice the
+        // keys held since the last sweep, plus 1,024.
+        self.churned();
         k
     }
 
-    /// A table let go of a key. The copies no table holds any more are dropped in a
-    /// sweep once the releases reach half the keys (at least 1,024): amortized O(1).
+    /// A table let go of a key.
     fn release(&mut self) {
-        self.released += 1;
-        if self.released >= (self.set.len() / 2).max(1024) {
+        self.churned();
+    }
+
+    /// The copies no table holds any more are dropped in a sweep once the keys made or
+    /// let go reach half the keys (at least 1,024): amortized O(1).
+    fn churned(&mut self) {
+        self.churn += 1;
+        if self.churn >= (self.set.len() / 2).max(1024) {
             self.sweep();
         }
     }
@@ -54,7 +66,7 @@ impl Keys {
     /// Drops the copies no table holds (only this set's reference is left).
     fn sweep(&mut self) {
         self.set.retain(|k| Arc::strong_count(k) > 1);
-        self.released = 0;
+        self.churn = 0;
     }
 }
 
@@ -480,6 +492,25 @@ mod tests {
         i.set_gateway(&key("b"), None);
         assert!(i.users_of(&g1).is_empty());
         assert_eq!(i.gateways(), vec![g2]);
+    }
+
+    #[test]
+    fn keys_an_outside_table_made_and_dropped_are_swept_as_new_keys_come() {
+        // The readiness table interns a key per remote Service and drops it without
+        // telling the index: the new keys alone must bring the sweep.
+        let mut i = Index::new("east");
+        let mut most = 0;
+        for n in 0..3000 {
+            drop(i.services().shared(&key(&format!("svc-{n}"))));
+            most = most.max(i.keys.set.len());
+        }
+        assert!(most <= 1024, "at most the sweep's floor: {most}");
+        // A key still held survives every sweep.
+        let held = i.services().shared(&key("held"));
+        for n in 0..3000 {
+            drop(i.services().shared(&key(&format!("more-{n}"))));
+        }
+        assert!(Arc::ptr_eq(&held, &i.services().shared(&key("held"))));
     }
 
     #[test]

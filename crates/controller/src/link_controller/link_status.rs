@@ -1,7 +1,7 @@
 //! A `Link`'s status: one `Mirrored` condition per remote Service the Link selects, on
 //! the Link's status subresource, as Linkerd's tools read it.
 //!
-//! Reconciles only record what they saw ([`StatusBook::observe`], no I/O); one task per
+//! Reconciles only record what they saw ([`StatusBook::observe_shared`], no I/O); one task per
 //! link writes the book, debounced and bounded. Linkerd patches the whole list once per
 //! Service, so a cold sync of n Services writes O(n²) bytes (10,000 Services: ~16 GB)
 //! and the list outgrows etcd's 1.5 MiB object limit near 4,500 Services. Here: at most
@@ -153,15 +153,15 @@ impl StatusBook {
         }
     }
 
-    /// Records what a reconcile of `key` found; the writer is woken only on a change,
-    /// so an idle link writes nothing.
+    /// As [`StatusBook::observe_shared`], with a copy of the key of its own.
     #[cfg(test)]
     pub(crate) fn observe(&self, key: &ServiceKey, observed: Observed) {
         self.observe_shared(key, || Arc::new(key.clone()), observed);
     }
 
-    /// As [`StatusBook::observe`], a new entry keyed by `shared` (the link index's copy
-    /// of `key`, so the book keeps none of its own).
+    /// Records what a reconcile of `key` found, a new entry keyed by what `shared` gives
+    /// (the link index's copy of `key`, so the book keeps none of its own); the writer
+    /// is woken only on a change, so an idle link writes nothing.
     pub(crate) fn observe_shared(
         &self,
         key: &ServiceKey,

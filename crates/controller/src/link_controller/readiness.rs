@@ -108,10 +108,10 @@ impl RemoteReadiness {
         if !matches!(ev, watcher::Event::Init) {
             self.unavailable = false;
         }
-        let keys = self.keys.clone();
+        let keys = &self.keys;
         self.table.apply(ev, |slice| {
             let (key, name, ready) = row(slice)?;
-            let key = match &keys {
+            let key = match keys {
                 Some(index) => index.lock().services().shared(&key),
                 None => Arc::new(key),
             };

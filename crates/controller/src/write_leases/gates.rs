@@ -200,7 +200,7 @@ mod tests {
     /// judged where it runs: before (a start), a link parked here may be one this replica
     /// is about to take; its gate open, it is taken and about to run here.
     #[test]
-    pub(super) fn a_link_runs_elsewhere_only_once_a_pass_judged_it_and_its_gate_is_closed() {
+    fn a_link_runs_elsewhere_only_once_a_pass_judged_it_and_its_gate_is_closed() {
         let gates = WriteGates::sharded();
         let _rx = gates.receiver("east");
         assert!(!gates.runs_elsewhere("east"), "no pass yet");
