@@ -58,9 +58,24 @@ const fn conf_c() -> [u8; CONF.len() + 1] {
     out
 }
 
+/// jemalloc's account of the heap now, in bytes: `(allocated, resident)`. `allocated`:
+/// what live objects hold; `resident`: jemalloc's pages in memory (the live objects,
+/// the free slots of their slabs, its metadata). `None` if jemalloc cannot say.
+pub fn heap() -> Option<(u64, u64)> {
+    // The figures are a snapshot jemalloc refreshes when its epoch advances.
+    tikv_jemalloc_ctl::epoch::advance().ok()?;
+    let allocated = tikv_jemalloc_ctl::stats::allocated::read().ok()?;
+    let resident = tikv_jemalloc_ctl::stats::resident::read().ok()?;
+    Some((allocated as u64, resident as u64))
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
     use std::time::{Duration, Instant};
+
+    /// The memory tests measure the whole process: one at a time.
+    static MEASURING: Mutex<()> = Mutex::new(());
 
     /// Resident anonymous memory of this process, in KiB.
     fn rss_anon_kib() -> u64 {
@@ -94,11 +109,33 @@ mod tests {
         assert_eq!((dirty, muzzy), (1000, 0));
     }
 
+    /// `heap()` counts what live objects hold, and resident pages hold at least that.
+    #[test]
+    fn the_heap_figures_follow_a_live_allocation() {
+        let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+        let (before, _) = super::heap().unwrap();
+        let block = vec![1u8; 32 << 20];
+        let (during, resident) = super::heap().unwrap();
+        assert!(
+            // Within 1 MiB: the test harness allocates and frees beside it.
+            during >= before + (31 << 20),
+            "allocated {before} -> {during} with 32 MiB live"
+        );
+        assert!(
+            resident >= during,
+            "resident {resident} < allocated {during}"
+        );
+        drop(block);
+        let (after, _) = super::heap().unwrap();
+        assert!(after + (31 << 20) <= during, "freed: {during} -> {after}");
+    }
+
     /// What the options are for: memory a burst freed leaves RSS within seconds while
     /// nothing else is allocated (the background thread's purge; jemalloc's defaults
     /// would keep it 10 s and, idle, longer).
     #[test]
     fn a_bursts_freed_memory_leaves_rss_within_seconds_of_idling() {
+        let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
         let before = rss_anon_kib();
         // 64 MiB in 64 KiB blocks, each written so its pages are resident.
         let burst: Vec<Vec<u8>> = (0..1024).map(|i| vec![i as u8; 64 << 10]).collect();

@@ -6,7 +6,10 @@
 //! under the `service_mirror_` prefix except Linkerd's gateway series, which keep their
 //! unprefixed names so its dashboards and `linkerd multicluster gateways` work.
 
+mod heap;
 pub(crate) mod text_format;
+
+pub use heap::{HeapSource, HeapStats, set_heap_source};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::registry::Registry;
@@ -68,6 +71,8 @@ pub struct Metrics {
     pub(crate) runtime: RuntimeFamilies,
     /// The clusterset.local DNS server.
     pub(crate) dns: DnsFamilies,
+    /// The allocator's account of the heap.
+    heap: heap::HeapFamilies,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -86,6 +91,7 @@ impl Metrics {
         let local_networks = LocalNetworkFamilies::default();
         let runtime = RuntimeFamilies::default();
         let dns = DnsFamilies::default();
+        let heap = heap::HeapFamilies::default();
         let m = {
             let mut m = Self {
                 registry: Registry::default(),
@@ -101,6 +107,7 @@ impl Metrics {
                 local_networks,
                 runtime,
                 dns,
+                heap,
             };
             m.gateway.register(&mut registry);
             let prefixed = registry.sub_registry_with_prefix("service_mirror");
@@ -115,6 +122,7 @@ impl Metrics {
             m.local_networks.register(prefixed);
             m.runtime.register(prefixed);
             m.dns.register(prefixed);
+            m.heap.register(prefixed);
             m.registry = registry;
             m
         };
@@ -123,6 +131,7 @@ impl Metrics {
 
     /// The metrics in the OpenMetrics text format.
     pub fn encode(&self) -> String {
+        self.heap.update();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");

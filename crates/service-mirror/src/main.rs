@@ -11,6 +11,15 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // `service_mirror_heap_bytes`: jemalloc's own figures, beside the process's RSS.
+    service_mirror_controller::metrics::set_heap_source(|| {
+        service_mirror_allocator::heap().map(|(allocated, resident)| {
+            service_mirror_controller::metrics::HeapStats {
+                allocated,
+                resident,
+            }
+        })
+    });
     let cli = cli::Cli::parse();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
