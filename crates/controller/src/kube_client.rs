@@ -291,10 +291,7 @@ mod tests {
             .await;
         assert_eq!(metrics.requests("east", "create", "409"), 1);
         assert_eq!(metrics.requests("east", "list", "error"), 1);
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = crate::metrics::registered_text(|r| metrics.register(r));
         assert!(
             text.contains("kube_request_duration_seconds_count{client=\"east\",verb=\"create\"} 1"),
             "{text}"

@@ -28,6 +28,17 @@ use crate::runtime::metrics::RuntimeFamilies;
 use crate::write_leases::WriteLeaseFamilies;
 use crate::writer::WriterFamilies;
 
+/// The text of what `register` registers in a registry of its own (tests of one
+/// component's families).
+#[cfg(test)]
+pub(crate) fn registered_text(register: impl FnOnce(&mut Registry)) -> String {
+    let mut r = Registry::default();
+    register(&mut r);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+    out
+}
+
 /// Labels of per-cluster series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabels {

@@ -78,11 +78,7 @@ mod tests {
     use super::*;
 
     fn encoded(f: &HeapFamilies) -> String {
-        let mut r = Registry::default();
-        f.register(&mut r);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
-        out
+        crate::metrics::registered_text(|r| f.register(r))
     }
 
     #[test]

@@ -107,11 +107,7 @@ mod tests {
     use super::*;
 
     fn encoded(f: &RuntimeFamilies) -> String {
-        let mut r = Registry::default();
-        f.register(&mut r);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
-        out
+        crate::metrics::registered_text(|r| f.register(r))
     }
 
     #[test]
