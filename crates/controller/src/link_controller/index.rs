@@ -92,6 +92,13 @@ pub(crate) struct LocalIndex {
     names_of: HashMap<Arc<ServiceKey>, Names>,
 }
 
+/// Whether `name` is the one `key`'s mirror gets from `suffix`: `<key name><suffix>`
+/// (`-<cluster>` for a link's mirrors). Such names are kept as marks, not strings, here
+/// and in the Link status book.
+pub(crate) fn derived_name(name: &str, key: &ServiceKey, suffix: &str) -> bool {
+    name.strip_suffix(suffix) == Some(key.name.as_str())
+}
+
 /// The names of a key's local objects, sorted, one per object.
 type Names = Box<[Arc<str>]>;
 
@@ -105,7 +112,7 @@ impl LocalIndex {
 
     /// Whether object `ns/name` is `key`'s derived one.
     fn derives(&self, ns: &str, name: &str, key: &ServiceKey) -> bool {
-        ns == key.namespace && name.strip_suffix(&*self.suffix) == Some(key.name.as_str())
+        ns == key.namespace && derived_name(name, key, &self.suffix)
     }
 
     /// The key of the derived object `ns/name` would be, if its name can be one.

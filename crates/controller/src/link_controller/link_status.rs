@@ -9,6 +9,7 @@
 //! most [`BYTES_PER_SECOND`] on average), only when it changed, and at most
 //! [`MAX_STATUS_BYTES`] of entries, failures first (the count left out is a metric).
 
+use super::index::derived_name;
 use super::workers::Gate;
 use crate::links::{LinkCondition, LinkObjectRef, LinkServiceStatus};
 use crate::writer::link_status::LinkStatusWriter;
@@ -82,7 +83,7 @@ impl Kept {
     /// `None` for [`Observed::Gone`] (no entry).
     fn of(observed: Observed, key: &ServiceKey, suffix: &str) -> Option<Self> {
         Some(match observed {
-            Observed::Mirrored { local } => match derived(&local, key, suffix) {
+            Observed::Mirrored { local } => match derived_name(&local, key, suffix) {
                 true => Kept::Derived,
                 false => Kept::Mirrored(local.into_boxed_str()),
             },
@@ -96,9 +97,9 @@ impl Kept {
     /// Whether `observed` is what this says (without building a `Kept` of it).
     fn says(&self, observed: &Observed, key: &ServiceKey, suffix: &str) -> bool {
         match (self, observed) {
-            (Kept::Derived, Observed::Mirrored { local }) => derived(local, key, suffix),
+            (Kept::Derived, Observed::Mirrored { local }) => derived_name(local, key, suffix),
             (Kept::Mirrored(a), Observed::Mirrored { local }) => {
-                **a == *local && !derived(local, key, suffix)
+                **a == *local && !derived_name(local, key, suffix)
             }
             (Kept::Invalid(a), Observed::Invalid(b)) | (Kept::Error(a), Observed::Error(b)) => {
                 **a == *b
@@ -107,11 +108,6 @@ impl Kept {
             _ => false,
         }
     }
-}
-
-/// Whether `local` is the name a list with `suffix` derives from `key`.
-fn derived(local: &str, key: &ServiceKey, suffix: &str) -> bool {
-    local.strip_prefix(key.name.as_str()) == Some(suffix)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
