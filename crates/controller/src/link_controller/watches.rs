@@ -274,6 +274,8 @@ pub(super) struct RemoteSliceEvents {
     pub(super) readiness: Option<Arc<Mutex<RemoteReadiness>>>,
     pub(super) hostnames: Option<Arc<Mutex<RemoteHostnames>>>,
     pub(super) index: Arc<Mutex<Index>>,
+    /// The remote Services: their keys too wait for the slices' list.
+    pub(super) remote: Cache<Service>,
     pub(super) queue: WorkQueue<ServiceKey>,
     /// For the length of the hold of an empty relist.
     pub(super) health: Arc<RemoteHealth>,
@@ -345,7 +347,7 @@ impl RemoteSliceEvents {
             // it) and a key that waited is not queued again by anything else: all keys,
             // also those whose mirrors go (a Link's selector edit restarted the link and
             // a no longer selected Service's key waited here: its mirror stayed).
-            keys.extend(self.index.lock().all_keys());
+            keys.extend(self.waited());
             match self.holds.after_list() {
                 AfterList::Release => keys.extend(release(&self.readiness, &self.hostnames)),
                 AfterList::Started(hold) => self.hold_started(hold),
@@ -355,6 +357,22 @@ impl RemoteSliceEvents {
         for k in keys {
             self.queue.add(k);
         }
+    }
+
+    /// The keys that waited for the slices' list, which nothing else queues again: the
+    /// index's, and every remote Service's (one with nothing in the index, such as a
+    /// federated member with an invalid export-to, was decided "not listed" and waited
+    /// too; under CI load its reconcile came before the slices' list and it was never
+    /// decided again).
+    fn waited(&self) -> Vec<ServiceKey> {
+        let mut keys: Vec<ServiceKey> = self.index.lock().all_keys().into_iter().collect();
+        self.remote.for_each(|s| {
+            keys.push(ServiceKey::new(
+                s.metadata.namespace.as_deref().unwrap_or_default(),
+                s.metadata.name.as_deref().unwrap_or_default(),
+            ))
+        });
+        keys
     }
 
     /// Hold number `hold` began: it ends when it runs out unless a list ended it.
@@ -384,8 +402,7 @@ impl RemoteSliceEvents {
         {
             tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: new headless services get ClusterIP mirrors through the gateway, existing headless mirrors are kept as they are (grant it with `service-mirror allow`)");
             // Keys waited for the slices' list: they are planned without it now.
-            let keys = self.index.lock().all_keys();
-            for k in keys {
+            for k in self.waited() {
                 self.queue.add(k);
             }
         }
@@ -394,8 +411,7 @@ impl RemoteSliceEvents {
             && readiness.lock().set_unavailable()
         {
             tracing::warn!(cluster = %self.cluster, error = %e, "the remote credentials may not watch endpointslices: mirrors get the gateway's endpoints whether or not the remote Service has ready endpoints (grant it with `service-mirror allow`)");
-            let keys = self.index.lock().all_keys();
-            for k in keys {
+            for k in self.waited() {
                 self.queue.add(k);
             }
         } else if !forbidden {
@@ -555,6 +571,7 @@ pub(super) fn spawn(
             readiness: rec.view.readiness.clone(),
             hostnames: rec.view.hostnames.clone(),
             index: rec.view.index.clone(),
+            remote: rec.view.remote.clone(),
             queue: rec.fx.queue.clone(),
             health: rec.view.health.clone(),
             holds: Arc::default(),

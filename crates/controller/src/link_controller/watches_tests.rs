@@ -51,6 +51,7 @@ impl Harness {
             readiness: Some(readiness.clone()),
             hostnames: Some(hostnames.clone()),
             index: Arc::default(),
+            remote: Cache::default(),
             queue: queue.clone(),
             health: Arc::new(RemoteHealth::new(StalePolicy::default())),
             holds: holds.clone(),
@@ -134,6 +135,21 @@ async fn slice_events_queue_the_keys_whose_readiness_or_hostnames_changed() {
         h.event(ev);
         assert_eq!(h.queued().await, keys(want), "{what}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_slices_list_queues_every_remote_service_also_one_the_index_does_not_know() {
+    let h = Harness::new();
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "api", "namespace": "shop"},
+    }))
+    .unwrap();
+    h.events
+        .remote
+        .apply_watcher_event(&watcher::Event::Apply(svc));
+    let mut h = h;
+    h.list(vec![slice("web", "web-1", true, false)]);
+    assert_eq!(h.queued().await, keys(&["api", "web"]));
 }
 
 #[tokio::test(start_paused = true)]
